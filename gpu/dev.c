@@ -1,0 +1,209 @@
+/*
+ * gpu/dev.c — the public device wrappers: validate once, then dispatch.
+ *
+ * Validation here is for programmer-visible argument errors (shapes, NULL
+ * buffers, out-of-range layer or position). Each failure is logged once with
+ * the op and the field, and returns KVT_EINVAL; backends never re-check.
+ */
+#include "dev_impl.h"
+
+#include <stdlib.h>
+
+#define BAD(op, ...)                                   \
+	do {                                           \
+		KVT_LOGE("dev." op ": " __VA_ARGS__);  \
+		return KVT_EINVAL;                     \
+	} while (0)
+
+int kvt_dev_create(const kvt_dev_config *cfg, kvt_dev **out)
+{
+	kvt_dev_config c = cfg ? *cfg : (kvt_dev_config){ 0 };
+
+	if (c.kind == KVT_DEV_CUDA) {
+#ifdef KVT_HAVE_CUDA
+		return kvt_dev_cuda_create(&c, out);
+#else
+		KVT_LOGE("device cuda: this build has no CUDA backend");
+		return KVT_EDEVICE;
+#endif
+	}
+	if (c.kind == KVT_DEV_AUTO) {
+#ifdef KVT_HAVE_CUDA
+		if (kvt_dev_cuda_create(&c, out) == KVT_OK)
+			return KVT_OK;
+		KVT_LOGI("device auto: no usable GPU, using the CPU backend");
+#endif
+		c.kind = KVT_DEV_CPU;
+	}
+	if (c.kind != KVT_DEV_CPU) {
+		KVT_LOGE("device: unknown kind %d", c.kind);
+		return KVT_EINVAL;
+	}
+	return kvt_dev_cpu_create(&c, out);
+}
+
+void kvt_dev_destroy(kvt_dev *d)
+{
+	if (d)
+		d->ops->destroy(d);
+}
+
+int kvt_dev_kind(const kvt_dev *d) { return d->kind; }
+const char *kvt_dev_name(const kvt_dev *d) { return d->name; }
+int kvt_dev_n_threads(const kvt_dev *d) { return d->n_threads; }
+
+int kvt_dev_alloc(kvt_dev *d, size_t n_bytes, void **out)
+{
+	if (n_bytes == 0)
+		BAD("alloc", "zero bytes");
+	return d->ops->alloc(d, n_bytes, out);
+}
+
+void kvt_dev_free(kvt_dev *d, void *p)
+{
+	if (p)
+		d->ops->free(d, p);
+}
+
+int kvt_dev_copy_h2d(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	if (n && (!dst || !src))
+		BAD("copy_h2d", "NULL buffer");
+	return n ? d->ops->copy_h2d(d, dst, src, n) : KVT_OK;
+}
+
+int kvt_dev_copy_d2h(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	if (n && (!dst || !src))
+		BAD("copy_d2h", "NULL buffer");
+	return n ? d->ops->copy_d2h(d, dst, src, n) : KVT_OK;
+}
+
+int kvt_dev_copy_d2d(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	if (n && (!dst || !src))
+		BAD("copy_d2d", "NULL buffer");
+	return n ? d->ops->copy_d2d(d, dst, src, n) : KVT_OK;
+}
+
+int kvt_dev_sync(kvt_dev *d)
+{
+	return d->ops->sync(d);
+}
+
+size_t kvt_dev_matmul_workspace_bytes(const kvt_dev *d, const kvt_matmul_args *a)
+{
+	return d->ops->matmul_workspace(d, a);
+}
+
+int kvt_dev_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+{
+	if (!a->n_rows || !a->n_in || !a->n_out)
+		BAD("matmul", "empty shape %ux%ux%u", a->n_rows, a->n_in, a->n_out);
+	if (!a->w || !a->x || !a->y)
+		BAD("matmul", "NULL buffer");
+	if (a->w_dtype != KVT_DTYPE_F32 && a->w_dtype != KVT_DTYPE_F16)
+		BAD("matmul", "weight dtype %d", a->w_dtype);
+	if ((const void *)a->x == (void *)a->y)
+		BAD("matmul", "y aliases x");
+	if (!ws && d->ops->matmul_workspace(d, a))
+		BAD("matmul", "missing workspace");
+	return d->ops->matmul(d, a, ws);
+}
+
+int kvt_dev_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a)
+{
+	if (!a->n_rows || !a->n_dim || !a->w || !a->x || !a->y || !(a->eps >= 0))
+		BAD("rmsnorm", "bad arguments (rows %u dim %u)", a->n_rows, a->n_dim);
+	return d->ops->rmsnorm(d, a);
+}
+
+int kvt_dev_rope(kvt_dev *d, const kvt_rope_args *a)
+{
+	if (!a->n_rows || !a->n_heads || !a->x || !a->pos)
+		BAD("rope", "bad arguments");
+	if (a->n_rot % 2 || a->n_rot > a->head_dim || !a->n_rot)
+		BAD("rope", "n_rot %u with head_dim %u", a->n_rot, a->head_dim);
+	if (!(a->freq_base > 0))
+		BAD("rope", "freq_base %g", a->freq_base);
+	return d->ops->rope(d, a);
+}
+
+int kvt_dev_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
+{
+	if (!a->n || !a->gate || !a->up || !a->y)
+		BAD("swiglu", "bad arguments");
+	return d->ops->swiglu(d, a);
+}
+
+int kvt_dev_add(kvt_dev *d, const kvt_add_args *a)
+{
+	if (!a->n || !a->x || !a->y)
+		BAD("add", "bad arguments");
+	return d->ops->add(d, a);
+}
+
+int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a)
+{
+	if (!a->n_rows || !a->n_dim || !a->n_vocab || !a->table || !a->ids || !a->y)
+		BAD("embed", "bad arguments");
+	if (a->table_dtype != KVT_DTYPE_F32 && a->table_dtype != KVT_DTYPE_F16)
+		BAD("embed", "table dtype %d", a->table_dtype);
+	return d->ops->embed(d, a);
+}
+
+size_t kvt_kv_block_bytes(const kvt_kv_layout *l)
+{
+	return (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens * l->head_dim * sizeof(uint16_t);
+}
+
+static int check_kv(const char *op, const kvt_kv_layout *kv, uint32_t layer, const int32_t *table)
+{
+	if (!kv || !kv->pool || !kv->n_slots || !kv->block_tokens || !kv->head_dim || !kv->n_kv_heads) {
+		KVT_LOGE("dev.%s: bad KV layout", op);
+		return KVT_EINVAL;
+	}
+	if (layer >= kv->n_layers) {
+		KVT_LOGE("dev.%s: layer %u of %u", op, layer, kv->n_layers);
+		return KVT_EINVAL;
+	}
+	if (!table) {
+		KVT_LOGE("dev.%s: NULL block table", op);
+		return KVT_EINVAL;
+	}
+	return KVT_OK;
+}
+
+int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
+{
+	int rc = check_kv("kv_store", a->kv, a->layer, a->block_table);
+	if (rc)
+		return rc;
+	if (!a->n_rows || !a->k || !a->v)
+		BAD("kv_store", "bad arguments");
+	return d->ops->kv_store(d, a);
+}
+
+size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a)
+{
+	return d->ops->attention_workspace(d, a);
+}
+
+int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
+{
+	int rc = check_kv("attention", a->kv, a->layer, a->block_table);
+	if (rc)
+		return rc;
+	if (!a->n_rows || !a->q || !a->out || !a->n_heads || a->n_heads % a->kv->n_kv_heads)
+		BAD("attention", "bad arguments (rows %u heads %u)", a->n_rows, a->n_heads);
+	if (!ws && d->ops->attention_workspace(d, a))
+		BAD("attention", "missing workspace");
+	return d->ops->attention(d, a, ws);
+}
+
+int kvt_dev_argmax(kvt_dev *d, const kvt_argmax_args *a)
+{
+	if (!a->n_rows || !a->n_cols || !a->x || !a->out)
+		BAD("argmax", "bad arguments");
+	return d->ops->argmax(d, a);
+}

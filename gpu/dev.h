@@ -1,0 +1,193 @@
+/*
+ * gpu/dev.h — the device interface: everything that touches device memory.
+ *
+ * engine/ and tiers/ call only these functions; nothing above gpu/ knows
+ * which backend runs. Two backends implement the ops table in dev_impl.h:
+ *   - CPU (dev_cpu.c): plain C, the reference; a fast path (BLAS GEMMs,
+ *     OpenMP threads) sits behind use_ref = false, and the plain path stays
+ *     available as the oracle (use_ref = true).
+ *   - CUDA (dev_cuda.cu): the product, added by the CUDA backend work.
+ *
+ * Conventions:
+ *   - Ops take one argument struct, never allocate, and run on caller
+ *     buffers in device memory ("d_" pointers). Scratch space comes from a
+ *     caller workspace sized by kvt_dev_*_workspace_bytes().
+ *   - Activations are fp32, row-major [token][feature]. Weights are [out][in]
+ *     row-major (a GGUF tensor with ne = {in, out}), in fp32 or fp16.
+ *   - Paged KV: a block holds block_tokens tokens of K and V for all layers,
+ *     one contiguous record laid out [layer][K,V][kv_head][token][dim] in
+ *     fp16. A sequence addresses its blocks through a block table (slot
+ *     numbers into a pool of equal-sized blocks); token p of the sequence is
+ *     token p % block_tokens of slot table[p / block_tokens].
+ *   - Every wrapper validates its arguments once (KVT_EINVAL, logged naming
+ *     the op and the bad field) and then dispatches. On the CPU backend ops
+ *     complete before returning; on a GPU backend they are ordered on the
+ *     device's compute stream, and kvt_dev_sync() waits for them.
+ *   - Thread rules: one kvt_dev is driven by one thread at a time.
+ */
+#ifndef KVT_DEV_H
+#define KVT_DEV_H
+
+#include "kvt.h"
+
+enum kvt_dev_kind {
+	KVT_DEV_AUTO = 0, /* CUDA when a GPU is present, else CPU */
+	KVT_DEV_CPU = 1,
+	KVT_DEV_CUDA = 2,
+};
+
+enum kvt_dtype {
+	KVT_DTYPE_F32 = 0,
+	KVT_DTYPE_F16 = 1,
+};
+
+typedef struct kvt_dev_config {
+	int kind;      /* enum kvt_dev_kind */
+	int n_threads; /* CPU worker threads; 0: all online cores */
+	bool use_ref;  /* CPU: plain single-threaded reference kernels */
+} kvt_dev_config;
+
+typedef struct kvt_dev kvt_dev;
+
+/* KVT_EDEVICE when the requested kind is not available (logged). */
+int kvt_dev_create(const kvt_dev_config *cfg, kvt_dev **out);
+void kvt_dev_destroy(kvt_dev *d); /* NULL is a no-op */
+int kvt_dev_kind(const kvt_dev *d);
+const char *kvt_dev_name(const kvt_dev *d); /* "cpu (2 threads, openblas)" */
+int kvt_dev_n_threads(const kvt_dev *d);
+
+/* Device memory. KVT_ENOMEM (logged with the size) when it cannot be had. */
+int kvt_dev_alloc(kvt_dev *d, size_t n_bytes, void **out);
+void kvt_dev_free(kvt_dev *d, void *p); /* NULL is a no-op */
+/* Copies between host and device memory, and within the device. */
+int kvt_dev_copy_h2d(kvt_dev *d, void *d_dst, const void *h_src, size_t n_bytes);
+int kvt_dev_copy_d2h(kvt_dev *d, void *h_dst, const void *d_src, size_t n_bytes);
+int kvt_dev_copy_d2d(kvt_dev *d, void *d_dst, const void *d_src, size_t n_bytes);
+/* Wait until every op issued so far has completed. */
+int kvt_dev_sync(kvt_dev *d);
+
+/* y[m][n] = sum_k x[m][k] * w[n][k]  (+ y[m][n] when accumulate) */
+typedef struct kvt_matmul_args {
+	uint32_t n_rows;  /* M: tokens */
+	uint32_t n_in;    /* K */
+	uint32_t n_out;   /* N */
+	int w_dtype;      /* enum kvt_dtype of w */
+	const void *w;    /* [n_out][n_in], device */
+	const float *x;   /* [n_rows][n_in], device */
+	float *y;         /* [n_rows][n_out], device; must not alias x */
+	bool accumulate;  /* add into y instead of overwriting */
+} kvt_matmul_args;
+size_t kvt_dev_matmul_workspace_bytes(const kvt_dev *d, const kvt_matmul_args *a);
+int kvt_dev_matmul(kvt_dev *d, const kvt_matmul_args *a, void *d_workspace);
+
+/* y[m] = x[m] / sqrt(mean(x[m]^2) + eps) * w   (y may equal x) */
+typedef struct kvt_rmsnorm_args {
+	uint32_t n_rows;  /* tokens */
+	uint32_t n_dim;   /* features */
+	float eps;        /* added to the mean square */
+	const float *w;   /* [n_dim], device */
+	const float *x;   /* [n_rows][n_dim], device */
+	float *y;         /* [n_rows][n_dim], device */
+} kvt_rmsnorm_args;
+int kvt_dev_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a);
+
+/*
+ * Rotary embedding in GGUF's "normal" mode: within each head, adjacent pairs
+ * (x[2i], x[2i+1]) rotate by pos * base^(-2i/n_rot). Dims >= n_rot are left.
+ * In place on x.
+ */
+typedef struct kvt_rope_args {
+	uint32_t n_rows;    /* tokens */
+	uint32_t n_heads;   /* heads per token */
+	uint32_t head_dim;  /* dims per head */
+	uint32_t n_rot;     /* rotated dims per head (even, <= head_dim) */
+	float freq_base;    /* theta base */
+	const int32_t *pos; /* [n_rows] absolute positions, device */
+	float *x;           /* [n_rows][n_heads][head_dim], device, in place */
+} kvt_rope_args;
+int kvt_dev_rope(kvt_dev *d, const kvt_rope_args *a);
+
+/* y = silu(gate) * up, elementwise over n floats (y may equal gate or up). */
+typedef struct kvt_swiglu_args {
+	uint64_t n;          /* elements */
+	const float *gate;   /* device */
+	const float *up;     /* device */
+	float *y;            /* device */
+} kvt_swiglu_args;
+int kvt_dev_swiglu(kvt_dev *d, const kvt_swiglu_args *a);
+
+/* y += x over n floats. */
+typedef struct kvt_add_args {
+	uint64_t n;       /* elements */
+	const float *x;   /* device */
+	float *y;         /* device, in place */
+} kvt_add_args;
+int kvt_dev_add(kvt_dev *d, const kvt_add_args *a);
+
+/* y[m] = table[ids[m]] (rows of n_dim), ids checked against n_vocab. */
+typedef struct kvt_embed_args {
+	uint32_t n_rows;      /* tokens */
+	uint32_t n_dim;       /* row width */
+	uint32_t n_vocab;     /* rows in the table */
+	int table_dtype;      /* enum kvt_dtype */
+	const void *table;    /* [n_vocab][n_dim], device */
+	const int32_t *ids;   /* [n_rows], device */
+	float *y;             /* [n_rows][n_dim], device */
+} kvt_embed_args;
+int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a);
+
+/* The shape of a paged KV pool; shared by kv_store and attention. */
+typedef struct kvt_kv_layout {
+	uint32_t n_layers;     /* layers in a block */
+	uint32_t n_kv_heads;   /* K/V heads */
+	uint32_t head_dim;     /* dims per head */
+	uint32_t block_tokens; /* tokens per block */
+	uint32_t n_slots;      /* blocks in the pool */
+	void *pool;            /* [n_slots][n_layers][2][n_kv_heads][block_tokens][head_dim] fp16, device */
+} kvt_kv_layout;
+/* Bytes of one block record for a layout (fp16). */
+size_t kvt_kv_block_bytes(const kvt_kv_layout *l);
+
+/* Store K and V of n_rows new tokens at positions pos0.. of one layer. */
+typedef struct kvt_kv_store_args {
+	const kvt_kv_layout *kv;    /* borrowed */
+	uint32_t layer;             /* layer index */
+	const int32_t *block_table; /* slots covering positions 0..pos0+n_rows-1, device */
+	uint32_t pos0;              /* position of the first row */
+	uint32_t n_rows;            /* tokens */
+	const float *k;             /* [n_rows][n_kv_heads][head_dim], device */
+	const float *v;             /* same shape */
+} kvt_kv_store_args;
+int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
+
+/*
+ * Causal GQA attention over paged KV. Query row m sits at position pos0 + m
+ * and attends to positions 0..pos0+m of the sequence (their K/V already
+ * stored). Query head h reads KV head h / (n_heads / n_kv_heads).
+ * One op serves prefill (n_rows > 1, over a cached prefix plus the new
+ * tokens) and decode (n_rows = 1).
+ */
+typedef struct kvt_attention_args {
+	const kvt_kv_layout *kv;    /* borrowed */
+	uint32_t layer;             /* layer index */
+	const int32_t *block_table; /* device */
+	uint32_t pos0;              /* position of query row 0 */
+	uint32_t n_rows;            /* query tokens */
+	uint32_t n_heads;           /* query heads (a multiple of n_kv_heads) */
+	float scale;                /* usually 1/sqrt(head_dim) */
+	const float *q;             /* [n_rows][n_heads][head_dim], device */
+	float *out;                 /* [n_rows][n_heads][head_dim], device */
+} kvt_attention_args;
+size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a);
+int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace);
+
+/* out[m] = index of the largest x[m][*] (lowest index on ties). */
+typedef struct kvt_argmax_args {
+	uint32_t n_rows;  /* rows */
+	uint32_t n_cols;  /* columns */
+	const float *x;   /* [n_rows][n_cols], device */
+	int32_t *out;     /* [n_rows], device */
+} kvt_argmax_args;
+int kvt_dev_argmax(kvt_dev *d, const kvt_argmax_args *a);
+
+#endif

@@ -1,0 +1,404 @@
+/*
+ * gpu/dev_cpu.c — the CPU backend: the reference every other backend is
+ * tested against, and the fallback where no GPU is present.
+ *
+ * Two paths per op, chosen by use_ref at creation:
+ *   - reference: plain single-threaded loops, as readable as llama2.c; this
+ *     is the oracle the parity tests trust;
+ *   - fast: GEMMs through OpenBLAS (fp16 weights are widened tile by tile
+ *     into the workspace, or read directly by an F16C GEMV when only a few
+ *     rows multiply them), the rest parallelised with OpenMP.
+ * "Device" memory is ordinary 64-byte-aligned host memory, and every op
+ * completes before it returns, so sync has nothing to wait for.
+ */
+#include "dev_impl.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#if defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define KVT_HAVE_F16C 1
+#endif
+
+/* Rows multiplied by an F16C GEMV; more go through widened tiles and sgemm. */
+#define GEMV_MAX_ROWS 4
+/* Weight rows widened to fp32 per sgemm call on the fp16 path. */
+#define F16_TILE_ROWS 256
+
+static int cpu_n_threads(const kvt_dev *d)
+{
+	return d->use_ref ? 1 : d->n_threads;
+}
+
+static void cpu_destroy(kvt_dev *d)
+{
+	free(d);
+}
+
+static int cpu_alloc(kvt_dev *d, size_t n, void **out)
+{
+	size_t rounded = (n + 63) & ~(size_t)63;
+	void *p = rounded >= n ? aligned_alloc(64, rounded) : NULL;
+
+	if (!p) {
+		KVT_LOGE("cpu: cannot allocate %zu bytes", n);
+		return KVT_ENOMEM;
+	}
+	*out = p;
+	return KVT_OK;
+}
+
+static void cpu_free(kvt_dev *d, void *p)
+{
+	free(p);
+}
+
+static int cpu_copy(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	memmove(dst, src, n);
+	return KVT_OK;
+}
+
+static int cpu_sync(kvt_dev *d)
+{
+	return KVT_OK;
+}
+
+/* ---- fp16 helpers ---- */
+
+static void f16_to_f32_row(const uint16_t *src, float *dst, size_t n)
+{
+	size_t i = 0;
+#ifdef KVT_HAVE_F16C
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+	for (; i < n; i++)
+		dst[i] = kvt_f16_to_f32(src[i]);
+}
+
+/* Dot product of fp32 a with fp16 b over n elements. */
+static float dot_f32_f16(const float *a, const uint16_t *b, size_t n)
+{
+	size_t i = 0;
+	float s = 0;
+#ifdef KVT_HAVE_F16C
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	for (; i + 16 <= n; i += 16) {
+		__m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+		__m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i + 8)));
+		acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
+	}
+	acc0 = _mm256_add_ps(acc0, acc1);
+	__m128 h = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_add_ss(h, _mm_movehdup_ps(h));
+	s = _mm_cvtss_f32(h);
+#endif
+	for (; i < n; i++)
+		s += a[i] * kvt_f16_to_f32(b[i]);
+	return s;
+}
+
+/* y[i] += p * b[i] over n elements, b fp16. */
+static void axpy_f16(float *y, float p, const uint16_t *b, size_t n)
+{
+	size_t i = 0;
+#ifdef KVT_HAVE_F16C
+	__m256 vp = _mm256_set1_ps(p);
+	for (; i + 8 <= n; i += 8) {
+		__m256 vb = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, vb, _mm256_loadu_ps(y + i)));
+	}
+#endif
+	for (; i < n; i++)
+		y[i] += p * kvt_f16_to_f32(b[i]);
+}
+
+/* ---- matmul ---- */
+
+static size_t cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
+{
+	if (d->use_ref || a->w_dtype != KVT_DTYPE_F16 || a->n_rows <= GEMV_MAX_ROWS)
+		return 0;
+	return (size_t)F16_TILE_ROWS * a->n_in * sizeof(float);
+}
+
+static float w_at(const kvt_matmul_args *a, size_t n, size_t k)
+{
+	size_t i = n * a->n_in + k;
+	return a->w_dtype == KVT_DTYPE_F32 ? ((const float *)a->w)[i]
+					   : kvt_f16_to_f32(((const uint16_t *)a->w)[i]);
+}
+
+static int matmul_ref(const kvt_matmul_args *a)
+{
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		const float *x = a->x + (size_t)m * a->n_in;
+		for (uint32_t n = 0; n < a->n_out; n++) {
+			float s = 0;
+			for (uint32_t k = 0; k < a->n_in; k++)
+				s += x[k] * w_at(a, n, k);
+			float *y = &a->y[(size_t)m * a->n_out + n];
+			*y = a->accumulate ? *y + s : s;
+		}
+	}
+	return KVT_OK;
+}
+
+static int matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+{
+	const int M = (int)a->n_rows, K = (int)a->n_in, N = (int)a->n_out;
+	const float beta = a->accumulate ? 1.0f : 0.0f;
+
+	if (a->w_dtype == KVT_DTYPE_F32) {
+		if (M == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, a->w, K, a->x, 1, beta, a->y, 1);
+		else
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a->x, K, a->w, K,
+				    beta, a->y, N);
+		return KVT_OK;
+	}
+	const uint16_t *w = a->w;
+	if (M <= GEMV_MAX_ROWS) {
+		/* Memory-bound: read each fp16 weight row once, for every input row. */
+#pragma omp parallel for num_threads(d->n_threads) schedule(static)
+		for (int n = 0; n < N; n++) {
+			for (int m = 0; m < M; m++) {
+				float s = dot_f32_f16(a->x + (size_t)m * K, w + (size_t)n * K, K);
+				float *y = &a->y[(size_t)m * N + n];
+				*y = a->accumulate ? *y + s : s;
+			}
+		}
+		return KVT_OK;
+	}
+	/* Compute-bound: widen a tile of weight rows, then one sgemm per tile. */
+	float *tile = ws;
+	for (int n0 = 0; n0 < N; n0 += F16_TILE_ROWS) {
+		int nt = N - n0 < F16_TILE_ROWS ? N - n0 : F16_TILE_ROWS;
+#pragma omp parallel for num_threads(d->n_threads) schedule(static)
+		for (int r = 0; r < nt; r++)
+			f16_to_f32_row(w + (size_t)(n0 + r) * K, tile + (size_t)r * K, K);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nt, K, 1.0f, a->x, K, tile, K, beta,
+			    a->y + n0, N);
+	}
+	return KVT_OK;
+}
+
+static int cpu_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+{
+	return d->use_ref ? matmul_ref(a) : matmul_fast(d, a, ws);
+}
+
+/* ---- elementwise and row ops ---- */
+
+static int cpu_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a)
+{
+#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		const float *x = a->x + (size_t)m * a->n_dim;
+		float *y = a->y + (size_t)m * a->n_dim;
+		double ss = 0; /* double: the mean square of up to 8K features, summed once */
+		for (uint32_t i = 0; i < a->n_dim; i++)
+			ss += (double)x[i] * x[i];
+		float r = 1.0f / sqrtf((float)(ss / a->n_dim) + a->eps);
+		for (uint32_t i = 0; i < a->n_dim; i++)
+			y[i] = x[i] * r * a->w[i];
+	}
+	return KVT_OK;
+}
+
+static int cpu_rope(kvt_dev *d, const kvt_rope_args *a)
+{
+	/* NOTE: theta advances by repeated fp32 multiplication, as ggml's rope
+	 * cache does, so angles round the same way as llama.cpp's. */
+	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
+
+#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		float theta = (float)a->pos[m];
+		for (uint32_t i = 0; i < a->n_rot; i += 2) {
+			float c = cosf(theta), s = sinf(theta);
+			for (uint32_t h = 0; h < a->n_heads; h++) {
+				float *x = a->x + ((size_t)m * a->n_heads + h) * a->head_dim + i;
+				float x0 = x[0], x1 = x[1];
+				x[0] = x0 * c - x1 * s;
+				x[1] = x0 * s + x1 * c;
+			}
+			theta *= theta_scale;
+		}
+	}
+	return KVT_OK;
+}
+
+static int cpu_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
+{
+#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
+	for (uint64_t i = 0; i < a->n; i++) {
+		float g = a->gate[i];
+		a->y[i] = g / (1.0f + expf(-g)) * a->up[i];
+	}
+	return KVT_OK;
+}
+
+static int cpu_add(kvt_dev *d, const kvt_add_args *a)
+{
+#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
+	for (uint64_t i = 0; i < a->n; i++)
+		a->y[i] += a->x[i];
+	return KVT_OK;
+}
+
+static int cpu_embed(kvt_dev *d, const kvt_embed_args *a)
+{
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		int32_t id = a->ids[m];
+		if (id < 0 || (uint32_t)id >= a->n_vocab) {
+			KVT_LOGE("dev.embed: token id %d out of range (vocab %u)", id, a->n_vocab);
+			return KVT_EINVAL;
+		}
+		float *y = a->y + (size_t)m * a->n_dim;
+		if (a->table_dtype == KVT_DTYPE_F32)
+			memcpy(y, (const float *)a->table + (size_t)id * a->n_dim, a->n_dim * sizeof(float));
+		else
+			f16_to_f32_row((const uint16_t *)a->table + (size_t)id * a->n_dim, y, a->n_dim);
+	}
+	return KVT_OK;
+}
+
+/* ---- paged KV ---- */
+
+/* fp16 K (kv = 0) or V (kv = 1) row of one token and head inside a block. */
+static uint16_t *kv_row(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t)
+{
+	KVT_ASSERT(slot >= 0 && (uint32_t)slot < l->n_slots);
+	size_t off = (size_t)slot * l->n_layers;
+	off = ((off + layer) * 2 + kv) * l->n_kv_heads + head;
+	off = (off * l->block_tokens + t) * l->head_dim;
+	return (uint16_t *)l->pool + off;
+}
+
+static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
+{
+	const kvt_kv_layout *l = a->kv;
+	const uint32_t hd = l->head_dim;
+
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		uint32_t pos = a->pos0 + m;
+		int32_t slot = a->block_table[pos / l->block_tokens];
+		for (uint32_t h = 0; h < l->n_kv_heads; h++) {
+			const size_t src = ((size_t)m * l->n_kv_heads + h) * hd;
+			uint16_t *k = kv_row(l, slot, a->layer, 0, h, pos % l->block_tokens);
+			uint16_t *v = kv_row(l, slot, a->layer, 1, h, pos % l->block_tokens);
+			for (uint32_t i = 0; i < hd; i++) {
+				k[i] = kvt_f32_to_f16(a->k[src + i]);
+				v[i] = kvt_f32_to_f16(a->v[src + i]);
+			}
+		}
+	}
+	return KVT_OK;
+}
+
+static size_t cpu_attention_workspace(const kvt_dev *d, const kvt_attention_args *a)
+{
+	/* per thread: scores for every visible position, plus one fp32 output row */
+	size_t n_ctx = (size_t)a->pos0 + a->n_rows;
+	return (size_t)cpu_n_threads(d) * (n_ctx + a->kv->head_dim) * sizeof(float);
+}
+
+static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
+{
+	const kvt_kv_layout *l = a->kv;
+	const uint32_t hd = l->head_dim, bt = l->block_tokens;
+	const uint32_t group = a->n_heads / l->n_kv_heads;
+	const size_t n_ctx = (size_t)a->pos0 + a->n_rows;
+	const int n_work = (int)(a->n_rows * a->n_heads);
+
+#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(dynamic, 1)
+	for (int w = 0; w < n_work; w++) {
+		const uint32_t m = (uint32_t)w / a->n_heads, h = (uint32_t)w % a->n_heads;
+		const uint32_t kh = h / group;
+		const uint32_t n_vis = a->pos0 + m + 1; /* causal: positions 0..pos0+m */
+		float *scores = (float *)ws + (size_t)omp_get_thread_num() * (n_ctx + hd);
+		float *acc = scores + n_ctx;
+		const float *q = a->q + ((size_t)m * a->n_heads + h) * hd;
+		float mx = -INFINITY;
+
+		for (uint32_t p = 0; p < n_vis; p++) {
+			const uint16_t *k = kv_row(l, a->block_table[p / bt], a->layer, 0, kh, p % bt);
+			float s = dot_f32_f16(q, k, hd) * a->scale;
+			scores[p] = s;
+			mx = s > mx ? s : mx;
+		}
+		float sum = 0;
+		for (uint32_t p = 0; p < n_vis; p++) {
+			scores[p] = expf(scores[p] - mx);
+			sum += scores[p];
+		}
+		memset(acc, 0, hd * sizeof(float));
+		for (uint32_t p = 0; p < n_vis; p++)
+			axpy_f16(acc, scores[p] / sum, kv_row(l, a->block_table[p / bt], a->layer, 1, kh, p % bt), hd);
+		memcpy(a->out + ((size_t)m * a->n_heads + h) * hd, acc, hd * sizeof(float));
+	}
+	return KVT_OK;
+}
+
+static int cpu_argmax(kvt_dev *d, const kvt_argmax_args *a)
+{
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		const float *x = a->x + (size_t)m * a->n_cols;
+		uint32_t best = 0;
+		for (uint32_t i = 1; i < a->n_cols; i++)
+			if (x[i] > x[best])
+				best = i;
+		a->out[m] = (int32_t)best;
+	}
+	return KVT_OK;
+}
+
+static const struct kvt_dev_ops cpu_ops = {
+	.name = "cpu",
+	.destroy = cpu_destroy,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.copy_h2d = cpu_copy,
+	.copy_d2h = cpu_copy,
+	.copy_d2d = cpu_copy,
+	.sync = cpu_sync,
+	.matmul_workspace = cpu_matmul_workspace,
+	.matmul = cpu_matmul,
+	.rmsnorm = cpu_rmsnorm,
+	.rope = cpu_rope,
+	.swiglu = cpu_swiglu,
+	.add = cpu_add,
+	.embed = cpu_embed,
+	.kv_store = cpu_kv_store,
+	.attention_workspace = cpu_attention_workspace,
+	.attention = cpu_attention,
+	.argmax = cpu_argmax,
+};
+
+int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
+{
+	kvt_dev *d = calloc(1, sizeof(*d));
+	long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (!d)
+		return KVT_ENOMEM;
+	d->ops = &cpu_ops;
+	d->kind = KVT_DEV_CPU;
+	d->use_ref = cfg->use_ref;
+	d->n_threads = cfg->n_threads > 0 ? cfg->n_threads : (n_cpu > 0 ? (int)n_cpu : 1);
+	if (!d->use_ref)
+		openblas_set_num_threads(d->n_threads);
+	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s)", cpu_n_threads(d),
+		 cpu_n_threads(d) == 1 ? "" : "s", d->use_ref ? "reference kernels" : "openblas");
+	*out = d;
+	return KVT_OK;
+}

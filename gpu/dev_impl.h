@@ -1,0 +1,51 @@
+/*
+ * gpu/dev_impl.h — the backend ops table. Backends only; engine/ and tiers/
+ * use dev.h.
+ *
+ * dev.c owns argument validation: an op here receives arguments that already
+ * passed it, so a backend checks nothing twice. Each op completes in order on
+ * the backend's compute queue; none allocates.
+ */
+#ifndef KVT_DEV_IMPL_H
+#define KVT_DEV_IMPL_H
+
+#include "dev.h"
+
+struct kvt_dev_ops {
+	const char *name;                                    /* backend name, e.g. "cpu" */
+	void (*destroy)(kvt_dev *d);                         /* free backend state */
+	int (*alloc)(kvt_dev *d, size_t n, void **out);      /* device memory */
+	void (*free)(kvt_dev *d, void *p);                   /* release device memory */
+	int (*copy_h2d)(kvt_dev *d, void *dst, const void *src, size_t n); /* host -> device */
+	int (*copy_d2h)(kvt_dev *d, void *dst, const void *src, size_t n); /* device -> host */
+	int (*copy_d2d)(kvt_dev *d, void *dst, const void *src, size_t n); /* device -> device */
+	int (*sync)(kvt_dev *d);                             /* wait for issued work */
+	size_t (*matmul_workspace)(const kvt_dev *d, const kvt_matmul_args *a); /* scratch bytes */
+	int (*matmul)(kvt_dev *d, const kvt_matmul_args *a, void *ws);          /* GEMM */
+	int (*rmsnorm)(kvt_dev *d, const kvt_rmsnorm_args *a);                 /* RMSNorm */
+	int (*rope)(kvt_dev *d, const kvt_rope_args *a);                       /* rotary, normal mode */
+	int (*swiglu)(kvt_dev *d, const kvt_swiglu_args *a);                   /* silu(g)*u */
+	int (*add)(kvt_dev *d, const kvt_add_args *a);                         /* y += x */
+	int (*embed)(kvt_dev *d, const kvt_embed_args *a);                     /* row gather */
+	int (*kv_store)(kvt_dev *d, const kvt_kv_store_args *a);               /* K/V into blocks */
+	size_t (*attention_workspace)(const kvt_dev *d, const kvt_attention_args *a); /* scratch bytes */
+	int (*attention)(kvt_dev *d, const kvt_attention_args *a, void *ws);   /* paged causal GQA */
+	int (*argmax)(kvt_dev *d, const kvt_argmax_args *a);                   /* row argmax */
+};
+
+/* The common head of every backend's device object. */
+struct kvt_dev {
+	const struct kvt_dev_ops *ops; /* the backend's table */
+	int kind;                      /* enum kvt_dev_kind actually in use */
+	int n_threads;                 /* worker threads (CPU) */
+	bool use_ref;                  /* CPU: plain reference kernels */
+	char name[96];                 /* human-readable description */
+};
+
+/* Backend constructors: fill a zeroed, backend-sized object. */
+int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out);
+#ifdef KVT_HAVE_CUDA
+int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out);
+#endif
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * tests/check.h — the small harness every test executable is built on.
+ *
+ * CHECK(x) records a failure (file:line and the expression) and carries on, so
+ * one run reports every broken case. check_done() prints a summary line
+ * ("N passed, N failed") and returns the exit code: 0 pass, 1 fail.
+ * A test that cannot run here (no GPU, no model file) exits 77: CTest
+ * reports it as skipped (SKIP_RETURN_CODE).
+ */
+#ifndef KVT_CHECK_H
+#define KVT_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK_SKIP 77
+
+static int check_n_pass, check_n_fail;
+
+#define CHECK(x)                                                                 \
+	do {                                                                     \
+		if (x) {                                                         \
+			check_n_pass++;                                          \
+		} else {                                                         \
+			check_n_fail++;                                          \
+			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #x); \
+		}                                                                \
+	} while (0)
+
+/* CHECK with a printf-style explanation on failure. */
+#define CHECKF(x, ...)                                                           \
+	do {                                                                     \
+		if (x) {                                                         \
+			check_n_pass++;                                          \
+		} else {                                                         \
+			check_n_fail++;                                          \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #x); \
+			fprintf(stderr, __VA_ARGS__);                            \
+			fputc('\n', stderr);                                     \
+		}                                                                \
+	} while (0)
+
+#define CHECK_EQ_INT(a, b) CHECKF((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
+
+static inline int check_done(const char *name)
+{
+	printf("%s: %d passed, %d failed\n", name, check_n_pass, check_n_fail);
+	return check_n_fail ? 1 : 0;
+}
+
+static inline int check_skip(const char *name, const char *why)
+{
+	printf("%s: skipped: %s\n", name, why);
+	return CHECK_SKIP;
+}
+
+/* Deterministic xorshift64* generator for seeded test inputs. */
+typedef struct { unsigned long long s; } check_rng;
+static inline unsigned long long check_rng_u64(check_rng *r)
+{
+	r->s ^= r->s >> 12;
+	r->s ^= r->s << 25;
+	r->s ^= r->s >> 27;
+	return r->s * 2685821657736338717ULL;
+}
+/* Uniform in [-1, 1). */
+static inline float check_rng_f32(check_rng *r)
+{
+	return (float)((check_rng_u64(r) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+/* Path of the default model (env KVTIER_MODEL overrides), NULL if absent. */
+static inline const char *check_default_model(void)
+{
+	const char *env = getenv("KVTIER_MODEL");
+	if (env && *env)
+		return env;
+#ifdef KVT_SOURCE_DIR
+	static char buf[4096];
+	snprintf(buf, sizeof(buf), "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf", KVT_SOURCE_DIR);
+	FILE *f = fopen(buf, "rb");
+	if (f) {
+		fclose(f);
+		return buf;
+	}
+#endif
+	return NULL;
+}
+
+#endif

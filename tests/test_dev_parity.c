@@ -1,0 +1,412 @@
+/* ctest-labels: unit parity */
+/*
+ * tests/test_dev_parity.c — every device op of a backend under test against
+ * the CPU reference kernels, on the same seeded inputs, over a grid of
+ * shapes: 1 token, a partial block, several GQA ratios, head_dim 64 and 128,
+ * a long context. Copies and KV stores must match bitwise; arithmetic gets a
+ * per-op NMSE tolerance. Every output buffer is fenced by sentinel bytes that
+ * must survive.
+ *
+ * Without a GPU, the backend under test is the CPU fast path (OpenBLAS and
+ * OpenMP); with the CUDA backend built and a GPU present, the CUDA parity
+ * test covers it the same way.
+ */
+#include "check.h"
+#include "dev.h"
+
+#include <stdint.h>
+
+#define FENCE 64 /* sentinel bytes before and after each output */
+#define SENTINEL 0xA5
+
+static kvt_dev *ref, *dut;
+static check_rng rng = { 0x1234567ull };
+
+/* A buffer in one device with fences; returns the usable pointer. */
+typedef struct fbuf {
+	kvt_dev *d;          /* owner */
+	unsigned char *base; /* allocation */
+	size_t n;            /* usable bytes */
+} fbuf;
+
+static void *fb_alloc(fbuf *b, kvt_dev *d, size_t n)
+{
+	void *p;
+	KVT_ASSERT(kvt_dev_alloc(d, n + 2 * FENCE, &p) == KVT_OK);
+	b->d = d;
+	b->base = p;
+	b->n = n;
+	memset(b->base, SENTINEL, n + 2 * FENCE); /* CPU: host-addressable */
+	return b->base + FENCE;
+}
+
+static bool fb_fences_ok(const fbuf *b)
+{
+	for (size_t i = 0; i < FENCE; i++)
+		if (b->base[i] != SENTINEL || b->base[FENCE + b->n + i] != SENTINEL)
+			return false;
+	return true;
+}
+
+static void fb_free(fbuf *b)
+{
+	kvt_dev_free(b->d, b->base);
+}
+
+static void fill_f32(float *x, size_t n, float scale)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = check_rng_f32(&rng) * scale;
+}
+
+/* Normalised mean squared error of b against reference a. */
+static double nmse(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)a[i] - b[i];
+		num += d * d;
+		den += (double)a[i] * a[i];
+	}
+	return den > 0 ? num / den : num;
+}
+
+/* Copy host data into a fenced buffer on device d. */
+static void *upload(fbuf *b, kvt_dev *d, const void *h, size_t n)
+{
+	void *p = fb_alloc(b, d, n);
+	KVT_ASSERT(kvt_dev_copy_h2d(d, p, h, n) == KVT_OK);
+	return p;
+}
+
+static void test_matmul(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc)
+{
+	size_t wn = (size_t)N * K;
+	float *wf = malloc(wn * 4), *x = malloc((size_t)M * K * 4), *y0 = malloc((size_t)M * N * 4);
+	uint16_t *wh = malloc(wn * 2);
+	float *out[2];
+	fill_f32(wf, wn, 0.5f);
+	fill_f32(x, (size_t)M * K, 1.0f);
+	fill_f32(y0, (size_t)M * N, 1.0f);
+	for (size_t i = 0; i < wn; i++)
+		wh[i] = kvt_f32_to_f16(wf[i]);
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bw, bx, by, bws;
+		kvt_matmul_args a = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = wdt, .accumulate = acc };
+		a.w = upload(&bw, devs[i], wdt == KVT_DTYPE_F16 ? (void *)wh : (void *)wf, wn * (wdt == KVT_DTYPE_F16 ? 2 : 4));
+		a.x = upload(&bx, devs[i], x, (size_t)M * K * 4);
+		a.y = upload(&by, devs[i], y0, (size_t)M * N * 4);
+		size_t wsb = kvt_dev_matmul_workspace_bytes(devs[i], &a);
+		void *ws = wsb ? fb_alloc(&bws, devs[i], wsb) : NULL;
+		CHECK(kvt_dev_matmul(devs[i], &a, ws) == KVT_OK);
+		out[i] = malloc((size_t)M * N * 4);
+		kvt_dev_copy_d2h(devs[i], out[i], a.y, (size_t)M * N * 4);
+		CHECKF(fb_fences_ok(&by), "matmul %ux%ux%u fence", M, K, N);
+		if (ws) {
+			CHECK(fb_fences_ok(&bws));
+			fb_free(&bws);
+		}
+		fb_free(&bw), fb_free(&bx), fb_free(&by);
+	}
+	double e = nmse(out[0], out[1], (size_t)M * N);
+	CHECKF(e < 1e-10, "matmul M%u K%u N%u wdt %d acc %d: nmse %g", M, K, N, wdt, acc, e);
+	free(out[0]), free(out[1]), free(wf), free(wh), free(x), free(y0);
+}
+
+static void test_rows(uint32_t M, uint32_t D)
+{
+	size_t n = (size_t)M * D;
+	float *x = malloc(n * 4), *w = malloc(D * 4), *u = malloc(n * 4), *o[2][3];
+	fill_f32(x, n, 3.0f);
+	fill_f32(w, D, 1.0f);
+	fill_f32(u, n, 2.0f);
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bx, bw, bu, by, bz;
+		float *dx = upload(&bx, devs[i], x, n * 4), *dw = upload(&bw, devs[i], w, D * 4);
+		float *du = upload(&bu, devs[i], u, n * 4), *dy = fb_alloc(&by, devs[i], n * 4);
+		float *dz = upload(&bz, devs[i], u, n * 4);
+		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = D, .eps = 1e-5f, .w = dw, .x = dx, .y = dy };
+		kvt_swiglu_args sw = { .n = n, .gate = dx, .up = du, .y = du };
+		kvt_add_args ad = { .n = n, .x = dx, .y = dz };
+		CHECK(kvt_dev_rmsnorm(devs[i], &rn) == KVT_OK);
+		CHECK(kvt_dev_swiglu(devs[i], &sw) == KVT_OK);
+		CHECK(kvt_dev_add(devs[i], &ad) == KVT_OK);
+		for (int j = 0; j < 3; j++)
+			o[i][j] = malloc(n * 4);
+		kvt_dev_copy_d2h(devs[i], o[i][0], dy, n * 4);
+		kvt_dev_copy_d2h(devs[i], o[i][1], du, n * 4);
+		kvt_dev_copy_d2h(devs[i], o[i][2], dz, n * 4);
+		CHECK(fb_fences_ok(&by) && fb_fences_ok(&bu) && fb_fences_ok(&bz));
+		fb_free(&bx), fb_free(&bw), fb_free(&bu), fb_free(&by), fb_free(&bz);
+	}
+	CHECKF(nmse(o[0][0], o[1][0], n) < 1e-12, "rmsnorm M%u D%u", M, D);
+	CHECKF(nmse(o[0][1], o[1][1], n) < 1e-12, "swiglu M%u D%u", M, D);
+	CHECKF(!memcmp(o[0][2], o[1][2], n * 4), "add M%u D%u", M, D);
+	/* rmsnorm against the formula, in double */
+	for (uint32_t m = 0; m < M; m++) {
+		double ss = 0;
+		for (uint32_t k = 0; k < D; k++)
+			ss += (double)x[m * D + k] * x[m * D + k];
+		double r = 1.0 / sqrt(ss / D + 1e-5);
+		double worst = 0;
+		for (uint32_t k = 0; k < D; k++)
+			worst = fmax(worst, fabs(o[0][0][m * D + k] - x[m * D + k] * r * w[k]));
+		CHECKF(worst < 1e-5, "rmsnorm formula row %u: %g", m, worst);
+	}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 3; j++)
+			free(o[i][j]);
+	free(x), free(w), free(u);
+}
+
+static void test_rope(uint32_t M, uint32_t H, uint32_t hd, uint32_t n_rot, float base, uint32_t pos0)
+{
+	size_t n = (size_t)M * H * hd;
+	float *x = malloc(n * 4), *o[2];
+	int32_t *pos = malloc(M * 4);
+	fill_f32(x, n, 1.0f);
+	for (uint32_t m = 0; m < M; m++)
+		pos[m] = (int32_t)(pos0 + m);
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bx, bp;
+		kvt_rope_args a = { .n_rows = M, .n_heads = H, .head_dim = hd, .n_rot = n_rot, .freq_base = base };
+		a.x = upload(&bx, devs[i], x, n * 4);
+		a.pos = upload(&bp, devs[i], pos, M * 4);
+		CHECK(kvt_dev_rope(devs[i], &a) == KVT_OK);
+		o[i] = malloc(n * 4);
+		kvt_dev_copy_d2h(devs[i], o[i], a.x, n * 4);
+		CHECK(fb_fences_ok(&bx));
+		fb_free(&bx), fb_free(&bp);
+	}
+	CHECKF(nmse(o[0], o[1], n) < 1e-12, "rope M%u H%u hd%u", M, H, hd);
+	/* against the closed form in double: pair i rotates by pos * base^(-2i/n_rot) */
+	double worst = 0;
+	for (uint32_t m = 0; m < M; m++)
+		for (uint32_t h = 0; h < H; h++)
+			for (uint32_t i = 0; i < hd; i += 2) {
+				const float *xi = x + ((size_t)m * H + h) * hd + i;
+				const float *oi = o[0] + ((size_t)m * H + h) * hd + i;
+				double e0 = xi[0], e1 = xi[1];
+				if (i < n_rot) {
+					double th = pos[m] * pow(base, -(double)i / n_rot);
+					e0 = xi[0] * cos(th) - xi[1] * sin(th);
+					e1 = xi[0] * sin(th) + xi[1] * cos(th);
+				}
+				worst = fmax(worst, fmax(fabs(e0 - oi[0]), fabs(e1 - oi[1])));
+			}
+	/* fp32 angle accumulation at position ~4K loses a few ulps of a radian */
+	CHECKF(worst < 2e-3, "rope closed form M%u pos0 %u: %g", M, pos0, worst);
+	free(o[0]), free(o[1]), free(x), free(pos);
+}
+
+static void test_embed(uint32_t V, uint32_t D, int dt)
+{
+	const uint32_t M = 7;
+	size_t tn = (size_t)V * D;
+	float *tf = malloc(tn * 4);
+	uint16_t *th = malloc(tn * 2);
+	int32_t ids[7] = { 0, 1, (int32_t)V - 1, 3 % V, 0, (int32_t)(V / 2), 2 % V };
+	float *o[2];
+	fill_f32(tf, tn, 1.0f);
+	for (size_t i = 0; i < tn; i++)
+		th[i] = kvt_f32_to_f16(tf[i]);
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bt, bi, by;
+		kvt_embed_args a = { .n_rows = M, .n_dim = D, .n_vocab = V, .table_dtype = dt };
+		a.table = upload(&bt, devs[i], dt == KVT_DTYPE_F16 ? (void *)th : (void *)tf, tn * (dt == KVT_DTYPE_F16 ? 2 : 4));
+		a.ids = upload(&bi, devs[i], ids, sizeof(ids));
+		a.y = fb_alloc(&by, devs[i], (size_t)M * D * 4);
+		CHECK(kvt_dev_embed(devs[i], &a) == KVT_OK);
+		o[i] = malloc((size_t)M * D * 4);
+		kvt_dev_copy_d2h(devs[i], o[i], a.y, (size_t)M * D * 4);
+		CHECK(fb_fences_ok(&by));
+		/* an id outside the vocabulary is refused, not read */
+		int32_t bad = (int32_t)V;
+		kvt_dev_copy_h2d(devs[i], (void *)a.ids, &bad, 4);
+		CHECK(kvt_dev_embed(devs[i], &a) == KVT_EINVAL);
+		fb_free(&bt), fb_free(&bi), fb_free(&by);
+	}
+	CHECKF(!memcmp(o[0], o[1], (size_t)M * D * 4), "embed V%u D%u dt%d", V, D, dt);
+	free(o[0]), free(o[1]), free(tf), free(th);
+}
+
+/*
+ * Paged attention: n_ctx tokens already stored (written in two kv_store
+ * calls, the second a partial block), then n_rows queries at the end.
+ * The block table is a shuffled permutation of the pool's slots so paging is
+ * really exercised. Compared: the K/V pool bytes (bitwise) and the outputs
+ * (NMSE), and both against a dense attention computed here in double.
+ */
+static void test_attention(uint32_t n_kv, uint32_t group, uint32_t hd, uint32_t bt, uint32_t n_prev, uint32_t n_rows)
+{
+	const uint32_t L = 2, layer = 1, H = n_kv * group, n_ctx = n_prev + n_rows;
+	const uint32_t n_blocks = (n_ctx + bt - 1) / bt, n_slots = n_blocks + 3;
+	int32_t *table = malloc(n_blocks * 4);
+	int32_t *perm = malloc(n_slots * 4);
+	for (uint32_t i = 0; i < n_slots; i++)
+		perm[i] = (int32_t)i;
+	for (uint32_t i = n_slots - 1; i > 0; i--) {
+		uint32_t j = (uint32_t)(check_rng_u64(&rng) % (i + 1));
+		int32_t t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	memcpy(table, perm, n_blocks * 4);
+	size_t kvn = (size_t)n_ctx * n_kv * hd, qn = (size_t)n_rows * H * hd;
+	float *k = malloc(kvn * 4), *v = malloc(kvn * 4), *q = malloc(qn * 4), *o[2];
+	fill_f32(k, kvn, 2.0f);
+	fill_f32(v, kvn, 1.0f);
+	fill_f32(q, qn, 2.0f);
+	kvt_kv_layout lay = { .n_layers = L, .n_kv_heads = n_kv, .head_dim = hd, .block_tokens = bt, .n_slots = n_slots };
+	size_t pool_bytes = kvt_kv_block_bytes(&lay) * n_slots;
+	unsigned char *pools[2];
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bp, bt_, bk, bv, bq, bo, bws;
+		kvt_kv_layout l = lay;
+		l.pool = fb_alloc(&bp, devs[i], pool_bytes);
+		int32_t *dtab = upload(&bt_, devs[i], table, n_blocks * 4);
+		float *dk = upload(&bk, devs[i], k, kvn * 4), *dv = upload(&bv, devs[i], v, kvn * 4);
+		float *dq = upload(&bq, devs[i], q, qn * 4), *dout = fb_alloc(&bo, devs[i], qn * 4);
+		/* store in two pieces: positions [0, n_prev) and [n_prev, n_ctx) */
+		uint32_t cut[3] = { 0, n_prev, n_ctx };
+		for (int s = 0; s < 2; s++) {
+			if (cut[s + 1] == cut[s])
+				continue;
+			size_t off = (size_t)cut[s] * n_kv * hd;
+			kvt_kv_store_args st = { .kv = &l, .layer = layer, .block_table = dtab, .pos0 = cut[s],
+						 .n_rows = cut[s + 1] - cut[s], .k = dk + off, .v = dv + off };
+			CHECK(kvt_dev_kv_store(devs[i], &st) == KVT_OK);
+		}
+		kvt_attention_args at = { .kv = &l, .layer = layer, .block_table = dtab, .pos0 = n_prev, .n_rows = n_rows,
+					  .n_heads = H, .scale = 1.0f / sqrtf((float)hd), .q = dq, .out = dout };
+		size_t wsb = kvt_dev_attention_workspace_bytes(devs[i], &at);
+		void *ws = wsb ? fb_alloc(&bws, devs[i], wsb) : NULL;
+		CHECK(kvt_dev_attention(devs[i], &at, ws) == KVT_OK);
+		o[i] = malloc(qn * 4);
+		pools[i] = malloc(pool_bytes);
+		kvt_dev_copy_d2h(devs[i], o[i], dout, qn * 4);
+		kvt_dev_copy_d2h(devs[i], pools[i], l.pool, pool_bytes);
+		CHECK(fb_fences_ok(&bp) && fb_fences_ok(&bo));
+		if (ws) {
+			CHECK(fb_fences_ok(&bws));
+			fb_free(&bws);
+		}
+		fb_free(&bp), fb_free(&bt_), fb_free(&bk), fb_free(&bv), fb_free(&bq), fb_free(&bo);
+	}
+	CHECKF(!memcmp(pools[0], pools[1], pool_bytes), "kv_store bytes kv%u hd%u bt%u ctx%u", n_kv, hd, bt, n_ctx);
+	double e = nmse(o[0], o[1], qn);
+	CHECKF(e < 1e-10, "attention kv%u g%u hd%u bt%u prev%u rows%u: nmse %g", n_kv, group, hd, bt, n_prev, n_rows, e);
+
+	/* dense reference in double, with K/V rounded to fp16 as stored */
+	double num = 0, den = 0;
+	double *sc = malloc(n_ctx * sizeof(double));
+	for (uint32_t m = 0; m < n_rows; m++)
+		for (uint32_t h = 0; h < H; h++) {
+			uint32_t kh = h / group, vis = n_prev + m + 1;
+			const float *qq = q + ((size_t)m * H + h) * hd;
+			double mx = -1e300, sum = 0;
+			for (uint32_t p = 0; p < vis; p++) {
+				double s = 0;
+				for (uint32_t j = 0; j < hd; j++)
+					s += qq[j] * (double)kvt_f16_to_f32(kvt_f32_to_f16(k[((size_t)p * n_kv + kh) * hd + j]));
+				sc[p] = s / sqrt((double)hd);
+				mx = fmax(mx, sc[p]);
+			}
+			for (uint32_t p = 0; p < vis; p++)
+				sum += (sc[p] = exp(sc[p] - mx));
+			for (uint32_t j = 0; j < hd; j++) {
+				double acc = 0;
+				for (uint32_t p = 0; p < vis; p++)
+					acc += sc[p] / sum * kvt_f16_to_f32(kvt_f32_to_f16(v[((size_t)p * n_kv + kh) * hd + j]));
+				double got = o[0][((size_t)m * H + h) * hd + j];
+				num += (acc - got) * (acc - got);
+				den += acc * acc;
+			}
+		}
+	CHECKF(num / den < 1e-10, "attention vs dense kv%u g%u hd%u: nmse %g", n_kv, group, hd, num / den);
+	free(sc), free(o[0]), free(o[1]), free(pools[0]), free(pools[1]);
+	free(k), free(v), free(q), free(table), free(perm);
+}
+
+static void test_argmax(void)
+{
+	const uint32_t R = 3, C = 1000;
+	float x[3000];
+	fill_f32(x, R * C, 1.0f);
+	x[17] = 5, x[1000 + 999] = 5, x[2000 + 3] = 5, x[2000 + 4] = 5; /* tie: lowest index wins */
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bx, bo;
+		kvt_argmax_args a = { .n_rows = R, .n_cols = C };
+		a.x = upload(&bx, devs[i], x, sizeof(x));
+		a.out = fb_alloc(&bo, devs[i], R * 4);
+		CHECK(kvt_dev_argmax(devs[i], &a) == KVT_OK);
+		int32_t got[3];
+		kvt_dev_copy_d2h(devs[i], got, a.out, sizeof(got));
+		CHECK(got[0] == 17 && got[1] == 999 && got[2] == 3);
+		CHECK(fb_fences_ok(&bo));
+		fb_free(&bx), fb_free(&bo);
+	}
+}
+
+static void test_f16_exhaustive(void)
+{
+	/* every finite half survives half -> float -> half exactly */
+	int bad = 0;
+	for (uint32_t h = 0; h < 65536; h++) {
+		if ((h & 0x7c00) == 0x7c00)
+			continue;
+		bad += kvt_f32_to_f16(kvt_f16_to_f32((uint16_t)h)) != h;
+	}
+	CHECK_EQ_INT(bad, 0);
+	/* round to nearest even at a tie, overflow, underflow, subnormals */
+	CHECK(kvt_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00);        /* tie -> even (down) */
+	CHECK(kvt_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);        /* tie -> even (up) */
+	CHECK(kvt_f32_to_f16(65520.0f) == 0x7c00);                  /* rounds to inf */
+	CHECK(kvt_f32_to_f16(65504.0f) == 0x7bff);
+	CHECK(kvt_f32_to_f16(5.9604645e-8f) == 0x0001);              /* smallest subnormal */
+	CHECK(kvt_f32_to_f16(2.0e-8f) == 0x0000);
+	CHECK(kvt_f16_to_f32(0x0001) == 5.9604645e-8f);
+	CHECK(isnan(kvt_f16_to_f32(kvt_f32_to_f16(NAN))));
+}
+
+int main(void)
+{
+	kvt_dev_config rc = { .kind = KVT_DEV_CPU, .use_ref = true };
+	kvt_dev_config fc = { .kind = KVT_DEV_CPU, .use_ref = false, .n_threads = 2 };
+	if (kvt_dev_create(&rc, &ref) || kvt_dev_create(&fc, &dut))
+		return 1;
+	printf("reference: %s\nunder test: %s\n", kvt_dev_name(ref), kvt_dev_name(dut));
+
+	test_f16_exhaustive();
+	static const uint32_t rows[] = { 1, 3, 4, 5, 17, 64 };
+	for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++) {
+		test_matmul(rows[i], 64, 96, KVT_DTYPE_F32, false);
+		test_matmul(rows[i], 96, 300, KVT_DTYPE_F16, i % 2);
+		test_matmul(rows[i], 100, 33, KVT_DTYPE_F32, true);
+	}
+	test_matmul(9, 576, 600, KVT_DTYPE_F16, false); /* more than one fp16 tile */
+	test_rows(1, 64);
+	test_rows(13, 576);
+	test_rope(1, 9, 64, 64, 100000.0f, 0);
+	test_rope(5, 4, 128, 128, 10000.0f, 4093);
+	test_rope(3, 2, 64, 32, 10000.0f, 7); /* partial rotary dims */
+	test_embed(50, 64, KVT_DTYPE_F32);
+	test_embed(50, 72, KVT_DTYPE_F16);
+	/* n_kv, group, head_dim, block_tokens, previous tokens, new rows */
+	test_attention(1, 1, 64, 16, 0, 1);     /* one token */
+	test_attention(3, 3, 64, 16, 0, 21);    /* prefill, partial block, SmolLM2's GQA */
+	test_attention(2, 4, 128, 16, 37, 1);   /* decode after a partial block */
+	test_attention(4, 1, 128, 8, 40, 9);    /* MHA, prefill on a cached prefix */
+	test_attention(2, 2, 64, 16, 4096, 1);  /* long context */
+	test_argmax();
+
+	kvt_dev_destroy(ref);
+	kvt_dev_destroy(dut);
+	return check_done("test_dev_parity");
+}
