@@ -7,7 +7,8 @@
  *     is the oracle the parity tests trust;
  *   - fast: GEMMs through OpenBLAS (fp16 weights are widened tile by tile
  *     into the workspace, or read directly by an F16C GEMV when only a few
- *     rows multiply them), the rest parallelised with OpenMP.
+ *     rows multiply them), everything parallelised with one OpenMP team:
+ *     each thread runs single-threaded OpenBLAS on its slice of columns.
  * "Device" memory is ordinary 64-byte-aligned host memory, and every op
  * completes before it returns, so sync has nothing to wait for.
  */
@@ -127,7 +128,7 @@ static size_t cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	if (d->use_ref || a->w_dtype != KVT_DTYPE_F16 || a->n_rows <= GEMV_MAX_ROWS)
 		return 0;
-	return (size_t)F16_TILE_ROWS * a->n_in * sizeof(float);
+	return (size_t)d->n_threads * F16_TILE_ROWS * a->n_in * sizeof(float);
 }
 
 static float w_at(const kvt_matmul_args *a, size_t n, size_t k)
@@ -152,41 +153,61 @@ static int matmul_ref(const kvt_matmul_args *a)
 	return KVT_OK;
 }
 
-static int matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+/*
+ * y[:, n0:n1] for one thread's slice of output columns. OpenBLAS runs
+ * single-threaded inside: all parallelism is OpenMP's, so two thread pools
+ * never fight over the cores (with both spinning, small ops ran 10x slower).
+ */
+static void matmul_slice(const kvt_matmul_args *a, int n0, int n1, float *tile)
 {
 	const int M = (int)a->n_rows, K = (int)a->n_in, N = (int)a->n_out;
 	const float beta = a->accumulate ? 1.0f : 0.0f;
 
 	if (a->w_dtype == KVT_DTYPE_F32) {
+		const float *w = (const float *)a->w + (size_t)n0 * K;
 		if (M == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, a->w, K, a->x, 1, beta, a->y, 1);
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, K, 1.0f, w, K, a->x, 1, beta, a->y + n0, 1);
 		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a->x, K, a->w, K,
-				    beta, a->y, N);
-		return KVT_OK;
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n1 - n0, K, 1.0f, a->x, K, w, K,
+				    beta, a->y + n0, N);
+		return;
 	}
 	const uint16_t *w = a->w;
 	if (M <= GEMV_MAX_ROWS) {
-		/* Memory-bound: read each fp16 weight row once, for every input row. */
-#pragma omp parallel for num_threads(d->n_threads) schedule(static)
-		for (int n = 0; n < N; n++) {
+		/* memory-bound: read each fp16 weight row once, for every input row */
+		for (int n = n0; n < n1; n++)
 			for (int m = 0; m < M; m++) {
 				float s = dot_f32_f16(a->x + (size_t)m * K, w + (size_t)n * K, K);
 				float *y = &a->y[(size_t)m * N + n];
 				*y = a->accumulate ? *y + s : s;
 			}
-		}
-		return KVT_OK;
+		return;
 	}
-	/* Compute-bound: widen a tile of weight rows, then one sgemm per tile. */
-	float *tile = ws;
-	for (int n0 = 0; n0 < N; n0 += F16_TILE_ROWS) {
-		int nt = N - n0 < F16_TILE_ROWS ? N - n0 : F16_TILE_ROWS;
-#pragma omp parallel for num_threads(d->n_threads) schedule(static)
+	/* compute-bound: widen a tile of weight rows, then one sgemm per tile */
+	for (int t0 = n0; t0 < n1; t0 += F16_TILE_ROWS) {
+		int nt = n1 - t0 < F16_TILE_ROWS ? n1 - t0 : F16_TILE_ROWS;
 		for (int r = 0; r < nt; r++)
-			f16_to_f32_row(w + (size_t)(n0 + r) * K, tile + (size_t)r * K, K);
+			f16_to_f32_row(w + (size_t)(t0 + r) * K, tile + (size_t)r * K, K);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nt, K, 1.0f, a->x, K, tile, K, beta,
-			    a->y + n0, N);
+			    a->y + t0, N);
+	}
+}
+
+static int matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+{
+	const int N = (int)a->n_out;
+	/* slices of whole 16-column groups, at least 64 columns each */
+	int nt = d->n_threads;
+	while (nt > 1 && N / nt < 64)
+		nt--;
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), n_t = omp_get_num_threads();
+		int per = ((N + n_t - 1) / n_t + 15) & ~15;
+		int n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
+		float *tile = ws ? (float *)ws + (size_t)t * F16_TILE_ROWS * a->n_in : NULL;
+		if (n0 < n1)
+			matmul_slice(a, n0, n1, tile);
 	}
 	return KVT_OK;
 }
@@ -395,8 +416,8 @@ int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 	d->kind = KVT_DEV_CPU;
 	d->use_ref = cfg->use_ref;
 	d->n_threads = cfg->n_threads > 0 ? cfg->n_threads : (n_cpu > 0 ? (int)n_cpu : 1);
-	if (!d->use_ref)
-		openblas_set_num_threads(d->n_threads);
+	/* OpenBLAS runs single-threaded inside our OpenMP slices (see matmul_fast) */
+	openblas_set_num_threads(1);
 	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s)", cpu_n_threads(d),
 		 cpu_n_threads(d) == 1 ? "" : "s", d->use_ref ? "reference kernels" : "openblas");
 	*out = d;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls exactly this):
+#  1. dependencies and the default model (the model tests need it);
+#  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
+#     every CTest test;
+#  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/fetch_model.sh
+jobs=$(nproc)
+
+cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON >/dev/null
+cmake --build build-ci -j"$jobs"
+ctest --test-dir build-ci --output-on-failure -j"$jobs"
+
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_WERROR=ON -DKVT_DEBUG=ON \
+	-DKVT_SANITIZE=address,undefined -DKVT_CUDA=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	ctest --test-dir build-asan --output-on-failure -j"$jobs" -L 'unit|parity|fuzz'

@@ -1,0 +1,220 @@
+/* ctest-labels: model */
+/*
+ * tests/test_engine_model.c — the engine on the real default model against
+ * llama.cpp (tests/ref/greedy_ref.txt, made by tests/ref/gen_refs.py).
+ *
+ * For each reference prompt the engine runs the prompt ids, then is fed
+ * llama.cpp's 16 greedy tokens one by one (teacher forcing), so the logits of
+ * every step can be compared even if an argmax were to differ. At each step:
+ *   - our argmax must equal llama.cpp's token — unless the two engines' best
+ *     candidates are a near tie in llama.cpp's own logits (NEAR_TIE), which
+ *     is the one way two correct engines with different rounding diverge;
+ *   - our logits for llama.cpp's top-10 ids must be within LOGIT_TOL.
+ * llama.cpp multiplies Q4_1 weights with activations quantized to 8 bits;
+ * kvtier dequantizes weights at load and multiplies in fp32, so the logits
+ * differ by that quantization noise, not by a different computation.
+ * The largest difference seen is printed (and quoted in the issue notes).
+ *
+ * Then "The capital of France is", tokenized by our tokenizer, must continue
+ * with " Paris".
+ */
+#include "check.h"
+#include "generate.h"
+#include "gguf.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define LOGIT_TOL 1.0f
+#define NEAR_TIE 0.25f
+#define N_STEPS 16
+
+typedef struct ref_case {
+	char prompt[1024];        /* decoded P line */
+	int32_t ids[512];         /* I line */
+	uint32_t n_ids;           /* count */
+	int32_t gen[N_STEPS];     /* G line */
+	int32_t top_id[N_STEPS][10];  /* L lines: ids */
+	float top_logit[N_STEPS][10]; /* L lines: logits */
+} ref_case;
+
+static int parse_ids(const char *s, int32_t *out, uint32_t cap)
+{
+	uint32_t n = 0;
+	char *end;
+	for (;;) {
+		long v = strtol(s, &end, 10);
+		if (end == s)
+			break;
+		if (n == cap)
+			return -1;
+		out[n++] = (int32_t)v;
+		s = end;
+	}
+	return (int)n;
+}
+
+static int load_refs(const char *path, ref_case *cases, int cap)
+{
+	FILE *f = fopen(path, "r");
+	static char line[1 << 16];
+	int n = -1;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		if (line[0] == 'P' && n + 1 < cap) {
+			ref_case *c = &cases[++n];
+			memset(c, 0, sizeof(*c));
+			size_t len = 0;
+			for (const char *h = line + 2; h[0] && h[1] && h[0] != '\n' && len + 1 < sizeof(c->prompt); h += 2) {
+				unsigned v;
+				sscanf(h, "%2x", &v);
+				c->prompt[len++] = (char)v;
+			}
+		} else if (line[0] == 'I' && n >= 0) {
+			int k = parse_ids(line + 1, cases[n].ids, 512);
+			cases[n].n_ids = k > 0 ? (uint32_t)k : 0;
+		} else if (line[0] == 'G' && n >= 0) {
+			if (parse_ids(line + 1, cases[n].gen, N_STEPS) != N_STEPS)
+				return -1;
+		} else if (line[0] == 'L' && n >= 0) {
+			char *p = line + 1;
+			long step = strtol(p, &p, 10);
+			if (step < 0 || step >= N_STEPS)
+				return -1;
+			for (int j = 0; j < 10; j++) {
+				cases[n].top_id[step][j] = (int32_t)strtol(p, &p, 10);
+				if (*p++ != ':')
+					return -1;
+				cases[n].top_logit[step][j] = strtof(p, &p);
+			}
+		}
+	}
+	fclose(f);
+	return n + 1;
+}
+
+/* llama.cpp's logit for id at a step, if id is in its top 10. */
+static bool ref_logit(const ref_case *c, int step, int32_t id, float *out)
+{
+	for (int j = 0; j < 10; j++)
+		if (c->top_id[step][j] == id) {
+			*out = c->top_logit[step][j];
+			return true;
+		}
+	return false;
+}
+
+static void run_cases(kvt_model *m, kvt_t0_pool *pool, kvt_dev *dev, ref_case *cases, int n_cases, const char *what)
+{
+	const uint32_t V = kvt_model_hparams_get(m)->n_vocab;
+	float *logits = malloc(V * sizeof(float));
+	float worst = 0;
+	int n_match = 0, n_steps = 0, n_tie = 0;
+
+	for (int i = 0; i < n_cases; i++) {
+		ref_case *c = &cases[i];
+		kvt_seq s;
+		kvt_seq_init(&s, dev, pool, 1024);
+		CHECK(kvt_model_forward(m, &s, c->ids, c->n_ids, logits, 1) == KVT_OK);
+		for (int step = 0; step < N_STEPS; step++) {
+			int32_t ours = kvt_argmax(logits, V);
+			n_steps++;
+			if (ours == c->gen[step]) {
+				n_match++;
+			} else {
+				float lo = 0, lr = 0;
+				bool known = ref_logit(c, step, ours, &lo) && ref_logit(c, step, c->gen[step], &lr);
+				CHECKF(known && lr - lo < NEAR_TIE,
+				       "%s: prompt %d step %d: ours %d, llama.cpp %d (llama.cpp margin %.3f)", what, i, step,
+				       ours, c->gen[step], known ? lr - lo : -1.0f);
+				n_tie += known && lr - lo < NEAR_TIE;
+			}
+			for (int j = 0; j < 10; j++)
+				worst = fmaxf(worst, fabsf(logits[c->top_id[step][j]] - c->top_logit[step][j]));
+			if (step + 1 < N_STEPS)
+				CHECK(kvt_model_forward(m, &s, &c->gen[step], 1, logits, 1) == KVT_OK);
+		}
+		kvt_seq_deinit(&s);
+	}
+	printf("%s: %d/%d greedy steps equal llama.cpp's (%d near ties), max |logit diff| on llama.cpp's "
+	       "top-10 = %.4f\n", what, n_match, n_steps, n_tie, worst);
+	CHECKF(worst < LOGIT_TOL, "%s: logits differ from llama.cpp's by %.4f", what, worst);
+	free(logits);
+}
+
+typedef struct text_acc {
+	const kvt_tok *tok;      /* borrowed */
+	kvt_tok_stream st;       /* stream state */
+	char text[4096];         /* decoded output */
+	size_t len;              /* bytes in text */
+} text_acc;
+
+static int on_token(int32_t id, void *user)
+{
+	text_acc *a = user;
+	size_t n = 0;
+	if (a->len + 512 < sizeof(a->text))
+		kvt_tok_stream_push(a->tok, &a->st, id, a->text + a->len, sizeof(a->text) - a->len, &n);
+	a->len += n;
+	a->text[a->len] = 0;
+	return 0;
+}
+
+int main(void)
+{
+	const char *path = check_default_model();
+	static ref_case cases[16];
+	char ref_path[4096];
+	kvt_gguf *g;
+	kvt_tok *tok;
+	kvt_dev *dev;
+
+	if (!path)
+		return check_skip("test_engine_model", "default model not fetched (scripts/fetch_model.sh)");
+	snprintf(ref_path, sizeof(ref_path), "%s/tests/ref/greedy_ref.txt", KVT_SOURCE_DIR);
+	int n_cases = load_refs(ref_path, cases, 16);
+	CHECKF(n_cases >= 5, "need >= 5 reference prompts in %s, got %d", ref_path, n_cases);
+	if (n_cases < 5)
+		return check_done("test_engine_model");
+
+	kvt_dev_config dc = { .kind = KVT_DEV_CPU };
+	if (kvt_gguf_open(path, &g) || kvt_tok_create_from_gguf(g, &tok) || kvt_dev_create(&dc, &dev))
+		return 1;
+	for (int w = 0; w < 2; w++) {
+		kvt_model_config mc;
+		kvt_model *m;
+		kvt_t0_pool *pool;
+		kvt_kv_layout shape;
+		kvt_model_config_default(&mc);
+		mc.weight_dtype = w ? KVT_DTYPE_F32 : KVT_DTYPE_F16;
+		mc.max_ctx = 1024;
+		CHECK(kvt_model_load(dev, g, &mc, &m) == KVT_OK);
+		kvt_model_kv_shape(m, 16, &shape);
+		CHECK(kvt_t0_create(dev, &shape, 64, &pool) == KVT_OK);
+		run_cases(m, pool, dev, cases, n_cases, w ? "fp32 weights" : "fp16 weights");
+
+		if (!w) {
+			/* end to end, through our tokenizer: Paris */
+			const char *prompt = "The capital of France is";
+			int32_t ids[64];
+			size_t n = 0;
+			CHECK(kvt_tok_encode(tok, prompt, strlen(prompt), true, ids, 64, &n) == KVT_OK);
+			kvt_seq s;
+			kvt_seq_init(&s, dev, pool, 1024);
+			kvt_gen_params gp = { .n_predict = 8, .stop_at_eog = true };
+			kvt_gen_stats gs;
+			text_acc acc = { .tok = tok };
+			kvt_tok_stream_init(&acc.st);
+			CHECK(kvt_generate(m, &s, tok, ids, (uint32_t)n, &gp, on_token, &acc, &gs) == KVT_OK);
+			printf("\"%s\" -> \"%s\"\n", prompt, acc.text);
+			CHECKF(strncmp(acc.text, " Paris", 6) == 0, "continuation is \"%s\"", acc.text);
+			kvt_seq_deinit(&s);
+		}
+		kvt_t0_destroy(pool);
+		kvt_model_destroy(m);
+	}
+	kvt_dev_destroy(dev);
+	kvt_tok_destroy(tok);
+	kvt_gguf_close(g);
+	return check_done("test_engine_model");
+}
