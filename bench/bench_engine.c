@@ -1,13 +1,14 @@
 /*
  * bench/bench_engine.c — kvtier's side of the engine speed comparison.
  *
- *   bench_engine --model M --prompt-ids-file F [--threads N] [--gen-tokens 64]
- *                [--decode-prompt 8] [--reps 3] [--weights f16|f32]
+ *   bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N]
+ *                [--gen-tokens 64] [--reps 3] [--weights f16|f32]
  *
  * prefill: the ids in F (one forward pass over all of them, a fresh
  *          sequence each rep); tokens/s = n / time.
- * decode:  the first --decode-prompt ids of F as the prompt, then
- *          --gen-tokens greedy steps; tokens/s over the steps alone.
+ * decode:  the ids in D (default: the first 8 of F) as the prompt, then
+ *          --gen-tokens greedy steps (argmax included); tokens/s over the
+ *          steps alone.
  * One warm-up rep, then the median of --reps. Prints one JSON object.
  * Not a test: bench/compare_llamacpp.py runs it beside llama.cpp and prints
  * the ratios.
@@ -26,6 +27,21 @@ static int cmp_d(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* Read up to cap whitespace-separated ids; returns the count or -1. */
+static int read_ids(const char *path, int32_t *ids, int cap)
+{
+	FILE *f = fopen(path, "r");
+	int n = 0;
+	if (!f) {
+		perror(path);
+		return -1;
+	}
+	while (n < cap && fscanf(f, "%d", &ids[n]) == 1)
+		n++;
+	fclose(f);
+	return n;
+}
+
 static double median(double *v, int n)
 {
 	qsort(v, n, sizeof(*v), cmp_d);
@@ -34,7 +50,7 @@ static double median(double *v, int n)
 
 int main(int argc, char **argv)
 {
-	const char *model = NULL, *ids_file = NULL;
+	const char *model = NULL, *ids_file = NULL, *dec_file = NULL;
 	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
@@ -42,7 +58,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--prompt-ids-file")) ids_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--gen-tokens")) n_gen = atoi(argv[i + 1]);
-		else if (!strcmp(argv[i], "--decode-prompt")) n_dprompt = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--decode-ids-file")) dec_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--weights")) wdt = strcmp(argv[i + 1], "f32") ? KVT_DTYPE_F16 : KVT_DTYPE_F32;
 		else {
@@ -50,23 +66,19 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!model || !ids_file || reps < 1 || reps > 100 || n_gen < 1 || n_dprompt < 1) {
-		fprintf(stderr, "usage: bench_engine --model M --prompt-ids-file F [--threads N] [--gen-tokens N] "
-				"[--decode-prompt N] [--reps N] [--weights f16|f32]\n");
+	if (!model || !ids_file || reps < 1 || reps > 100 || n_gen < 1) {
+		fprintf(stderr, "usage: bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N] "
+				"[--gen-tokens N] [--reps N] [--weights f16|f32]\n");
 		return 2;
 	}
-	static int32_t ids[8192];
-	int n_ids = 0;
-	FILE *f = fopen(ids_file, "r");
-	if (!f) {
-		perror(ids_file);
-		return 1;
-	}
-	while (n_ids < 8192 && fscanf(f, "%d", &ids[n_ids]) == 1)
-		n_ids++;
-	fclose(f);
-	if (n_ids < n_dprompt) {
-		fprintf(stderr, "bench_engine: %s holds %d ids\n", ids_file, n_ids);
+	static int32_t ids[8192], dec[256];
+	int n_ids = read_ids(ids_file, ids, 8192);
+	if (dec_file)
+		n_dprompt = read_ids(dec_file, dec, 256);
+	else
+		memcpy(dec, ids, sizeof(int32_t) * (size_t)(n_dprompt = n_ids < 8 ? n_ids : 8));
+	if (n_ids < 1 || n_dprompt < 1) {
+		fprintf(stderr, "bench_engine: no prompt ids\n");
 		return 1;
 	}
 
@@ -101,7 +113,7 @@ int main(int argc, char **argv)
 		t_pre[r] = kvt_now_s() - t0;
 
 		kvt_seq_reset(&s);
-		if (kvt_model_forward(m, &s, ids, (uint32_t)n_dprompt, logits, 1))
+		if (kvt_model_forward(m, &s, dec, (uint32_t)n_dprompt, logits, 1))
 			return 1;
 		t0 = kvt_now_s();
 		for (int i = 0; i < n_gen; i++) {
@@ -111,11 +123,11 @@ int main(int argc, char **argv)
 		}
 		t_dec[r] = kvt_now_s() - t0;
 	}
-	double pre = median(t_pre + 1, reps), dec = median(t_dec + 1, reps);
+	double pre = median(t_pre + 1, reps), dcd = median(t_dec + 1, reps);
 	printf("{\"engine\": \"kvtier\", \"device\": \"%s\", \"weights\": \"%s\", \"threads\": %d, "
 	       "\"n_prompt\": %d, \"n_gen\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}\n",
 	       kvt_dev_name(dev), wdt == KVT_DTYPE_F16 ? "f16" : "f32", kvt_dev_n_threads(dev), n_ids, n_gen,
-	       n_ids / pre, n_gen / dec);
+	       n_ids / pre, n_gen / dcd);
 	kvt_seq_deinit(&s);
 	free(logits);
 	kvt_t0_destroy(pool);

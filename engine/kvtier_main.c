@@ -103,6 +103,8 @@ static int print_token(int32_t id, void *user)
 	const char *bytes;
 	size_t len;
 
+	if (kvt_tok_is_eog(c->tok, id))
+		return 0; /* the end-of-turn marker is not part of the text */
 	if (kvt_tok_token_bytes(c->tok, id, &bytes, &len) == KVT_OK && len + 8 > sizeof(buf)) {
 		fwrite(bytes, 1, len, stdout); /* a token longer than the buffer: pass it through */
 	} else if (kvt_tok_stream_push(c->tok, &c->st, id, buf, sizeof(buf), &n) == KVT_OK) {

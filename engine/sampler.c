@@ -22,12 +22,14 @@ int32_t kvt_argmax(const float *x, uint32_t n)
 
 int kvt_sampler_init(kvt_sampler *s, const kvt_sampler_params *p, uint32_t n_vocab)
 {
-	if (!(p->temp >= 0) || !(p->top_p > 0 && p->top_p <= 1) || p->top_k > n_vocab || !n_vocab) {
+	if (!(p->temp >= 0) || !(p->top_p >= 0 && p->top_p <= 1) || p->top_k > n_vocab || !n_vocab) {
 		KVT_LOGE("sampler: bad parameters: temperature %g, top_p %g, top_k %u (vocab %u)", p->temp, p->top_p,
 			 p->top_k, n_vocab);
 		return KVT_EINVAL;
 	}
 	s->p = *p;
+	if (s->p.top_p == 0)
+		s->p.top_p = 1;
 	s->rng = p->seed ? p->seed : 0x9e3779b97f4a7c15ull;
 	s->n_vocab = n_vocab;
 	s->prob = malloc(n_vocab * sizeof(float));

@@ -14,7 +14,7 @@
 
 typedef struct kvt_sampler_params {
 	float temp;     /* 0: greedy */
-	float top_p;    /* (0, 1]; 1 disables */
+	float top_p;    /* (0, 1]; 0 or 1 disables */
 	uint32_t top_k; /* 0 disables */
 	uint64_t seed;  /* generator seed */
 } kvt_sampler_params;
@@ -27,7 +27,7 @@ typedef struct kvt_sampler {
 	int32_t *idx;          /* [n_vocab] scratch */
 } kvt_sampler;
 
-/* KVT_EINVAL (logged) for temp < 0, top_p outside (0, 1], top_k > n_vocab. */
+/* KVT_EINVAL (logged) for temp < 0, top_p outside [0, 1], top_k > n_vocab. */
 int kvt_sampler_init(kvt_sampler *s, const kvt_sampler_params *p, uint32_t n_vocab);
 void kvt_sampler_deinit(kvt_sampler *s);
 /* The next token for one row of n_vocab logits (host memory). */

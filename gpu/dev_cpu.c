@@ -7,17 +7,18 @@
  *     is the oracle the parity tests trust;
  *   - fast: GEMMs through OpenBLAS (fp16 weights are widened tile by tile
  *     into the workspace, or read directly by an F16C GEMV when only a few
- *     rows multiply them), everything parallelised with one OpenMP team:
- *     each thread runs single-threaded OpenBLAS on its slice of columns.
+ *     rows multiply them); every op split into tasks for the backend's own
+ *     worker threads (cpu_pool.c). OpenBLAS runs single-threaded inside a
+ *     task, so one set of threads owns the cores.
  * "Device" memory is ordinary 64-byte-aligned host memory, and every op
  * completes before it returns, so sync has nothing to wait for.
  */
+#include "cpu_pool.h"
 #include "dev_impl.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,13 +32,47 @@
 /* Weight rows widened to fp32 per sgemm call on the fp16 path. */
 #define F16_TILE_ROWS 256
 
+typedef struct cpu_dev {
+	kvt_dev base;        /* common head; must be first */
+	kvt_cpu_pool *pool;  /* workers (fast path only) */
+} cpu_dev;
+
 static int cpu_n_threads(const kvt_dev *d)
 {
 	return d->use_ref ? 1 : d->n_threads;
 }
 
+/* Run tasks on the pool, or in order on this thread for the reference path. */
+static void par_run(kvt_dev *d, uint32_t n_tasks, kvt_cpu_task_fn fn, void *ctx)
+{
+	cpu_dev *c = (cpu_dev *)d;
+	if (d->use_ref) {
+		for (uint32_t t = 0; t < n_tasks; t++)
+			fn(ctx, t, 0);
+		return;
+	}
+	kvt_cpu_pool_run(c->pool, n_tasks, fn, ctx);
+}
+
+/* Split n items into tasks of at least min_per items, a few per thread. */
+static uint32_t split(const kvt_dev *d, uint64_t n, uint64_t min_per)
+{
+	uint64_t t = (uint64_t)cpu_n_threads(d) * 4;
+	if (t > n / min_per)
+		t = n / min_per;
+	return t ? (uint32_t)t : 1;
+}
+
+/* [lo, hi) of task t of n_tasks over n items. */
+static void task_range(uint64_t n, uint32_t n_tasks, uint32_t t, uint64_t *lo, uint64_t *hi)
+{
+	*lo = n * t / n_tasks;
+	*hi = n * (t + 1) / n_tasks;
+}
+
 static void cpu_destroy(kvt_dev *d)
 {
+	kvt_cpu_pool_destroy(((cpu_dev *)d)->pool);
 	free(d);
 }
 
@@ -153,11 +188,7 @@ static int matmul_ref(const kvt_matmul_args *a)
 	return KVT_OK;
 }
 
-/*
- * y[:, n0:n1] for one thread's slice of output columns. OpenBLAS runs
- * single-threaded inside: all parallelism is OpenMP's, so two thread pools
- * never fight over the cores (with both spinning, small ops ran 10x slower).
- */
+/* y[:, n0:n1], one task's slice of output columns (OpenBLAS single-threaded). */
 static void matmul_slice(const kvt_matmul_args *a, int n0, int n1, float *tile)
 {
 	const int M = (int)a->n_rows, K = (int)a->n_in, N = (int)a->n_out;
@@ -193,22 +224,28 @@ static void matmul_slice(const kvt_matmul_args *a, int n0, int n1, float *tile)
 	}
 }
 
+typedef struct matmul_job {
+	const kvt_matmul_args *a; /* the op */
+	uint32_t n_slices;        /* column slices */
+	float *ws;                /* per-worker tiles */
+} matmul_job;
+
+static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const matmul_job *j = ctx;
+	const uint32_t N = j->a->n_out;
+	/* slice edges on 16-column boundaries */
+	uint32_t n0 = (uint32_t)((uint64_t)N * t / j->n_slices) & ~15u;
+	uint32_t n1 = t + 1 == j->n_slices ? N : (uint32_t)((uint64_t)N * (t + 1) / j->n_slices) & ~15u;
+	float *tile = j->ws ? j->ws + (size_t)worker * F16_TILE_ROWS * j->a->n_in : NULL;
+	if (n0 < n1)
+		matmul_slice(j->a, (int)n0, (int)n1, tile);
+}
+
 static int matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
-	const int N = (int)a->n_out;
-	/* slices of whole 16-column groups, at least 64 columns each */
-	int nt = d->n_threads;
-	while (nt > 1 && N / nt < 64)
-		nt--;
-#pragma omp parallel num_threads(nt)
-	{
-		int t = omp_get_thread_num(), n_t = omp_get_num_threads();
-		int per = ((N + n_t - 1) / n_t + 15) & ~15;
-		int n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
-		float *tile = ws ? (float *)ws + (size_t)t * F16_TILE_ROWS * a->n_in : NULL;
-		if (n0 < n1)
-			matmul_slice(a, n0, n1, tile);
-	}
+	matmul_job j = { .a = a, .ws = ws, .n_slices = split(d, a->n_out, 64) };
+	par_run(d, j.n_slices, matmul_task, &j);
 	return KVT_OK;
 }
 
@@ -219,60 +256,89 @@ static int cpu_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 
 /* ---- elementwise and row ops ---- */
 
+static void rmsnorm_task(void *ctx, uint32_t m, uint32_t worker)
+{
+	const kvt_rmsnorm_args *a = ctx;
+	const float *x = a->x + (size_t)m * a->n_dim;
+	float *y = a->y + (size_t)m * a->n_dim;
+	double ss = 0; /* double: the mean square of up to 64K features, summed once */
+	for (uint32_t i = 0; i < a->n_dim; i++)
+		ss += (double)x[i] * x[i];
+	float r = 1.0f / sqrtf((float)(ss / a->n_dim) + a->eps);
+	for (uint32_t i = 0; i < a->n_dim; i++)
+		y[i] = x[i] * r * a->w[i];
+}
+
 static int cpu_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a)
 {
-#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
-	for (uint32_t m = 0; m < a->n_rows; m++) {
-		const float *x = a->x + (size_t)m * a->n_dim;
-		float *y = a->y + (size_t)m * a->n_dim;
-		double ss = 0; /* double: the mean square of up to 8K features, summed once */
-		for (uint32_t i = 0; i < a->n_dim; i++)
-			ss += (double)x[i] * x[i];
-		float r = 1.0f / sqrtf((float)(ss / a->n_dim) + a->eps);
-		for (uint32_t i = 0; i < a->n_dim; i++)
-			y[i] = x[i] * r * a->w[i];
-	}
+	par_run(d, a->n_rows, rmsnorm_task, (void *)a);
 	return KVT_OK;
+}
+
+static void rope_task(void *ctx, uint32_t m, uint32_t worker)
+{
+	/* NOTE: theta advances by repeated fp32 multiplication, as ggml's rope
+	 * cache does, so angles round the same way as llama.cpp's. */
+	const kvt_rope_args *a = ctx;
+	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
+	float theta = (float)a->pos[m];
+	for (uint32_t i = 0; i < a->n_rot; i += 2) {
+		float c = cosf(theta), s = sinf(theta);
+		for (uint32_t h = 0; h < a->n_heads; h++) {
+			float *x = a->x + ((size_t)m * a->n_heads + h) * a->head_dim + i;
+			float x0 = x[0], x1 = x[1];
+			x[0] = x0 * c - x1 * s;
+			x[1] = x0 * s + x1 * c;
+		}
+		theta *= theta_scale;
+	}
 }
 
 static int cpu_rope(kvt_dev *d, const kvt_rope_args *a)
 {
-	/* NOTE: theta advances by repeated fp32 multiplication, as ggml's rope
-	 * cache does, so angles round the same way as llama.cpp's. */
-	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
-
-#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
-	for (uint32_t m = 0; m < a->n_rows; m++) {
-		float theta = (float)a->pos[m];
-		for (uint32_t i = 0; i < a->n_rot; i += 2) {
-			float c = cosf(theta), s = sinf(theta);
-			for (uint32_t h = 0; h < a->n_heads; h++) {
-				float *x = a->x + ((size_t)m * a->n_heads + h) * a->head_dim + i;
-				float x0 = x[0], x1 = x[1];
-				x[0] = x0 * c - x1 * s;
-				x[1] = x0 * s + x1 * c;
-			}
-			theta *= theta_scale;
-		}
-	}
+	par_run(d, a->n_rows, rope_task, (void *)a);
 	return KVT_OK;
+}
+
+typedef struct elem_job {
+	const void *args;   /* kvt_swiglu_args or kvt_add_args */
+	uint64_t n;         /* elements */
+	uint32_t n_tasks;   /* chunks */
+} elem_job;
+
+static void swiglu_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const elem_job *j = ctx;
+	const kvt_swiglu_args *a = j->args;
+	uint64_t lo, hi;
+	task_range(j->n, j->n_tasks, t, &lo, &hi);
+	for (uint64_t i = lo; i < hi; i++) {
+		float g = a->gate[i];
+		a->y[i] = g / (1.0f + expf(-g)) * a->up[i];
+	}
 }
 
 static int cpu_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
 {
-#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
-	for (uint64_t i = 0; i < a->n; i++) {
-		float g = a->gate[i];
-		a->y[i] = g / (1.0f + expf(-g)) * a->up[i];
-	}
+	elem_job j = { .args = a, .n = a->n, .n_tasks = split(d, a->n, 4096) };
+	par_run(d, j.n_tasks, swiglu_task, &j);
 	return KVT_OK;
+}
+
+static void add_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const elem_job *j = ctx;
+	const kvt_add_args *a = j->args;
+	uint64_t lo, hi;
+	task_range(j->n, j->n_tasks, t, &lo, &hi);
+	for (uint64_t i = lo; i < hi; i++)
+		a->y[i] += a->x[i];
 }
 
 static int cpu_add(kvt_dev *d, const kvt_add_args *a)
 {
-#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(static)
-	for (uint64_t i = 0; i < a->n; i++)
-		a->y[i] += a->x[i];
+	elem_job j = { .args = a, .n = a->n, .n_tasks = split(d, a->n, 16384) };
+	par_run(d, j.n_tasks, add_task, &j);
 	return KVT_OK;
 }
 
@@ -333,40 +399,48 @@ static size_t cpu_attention_workspace(const kvt_dev *d, const kvt_attention_args
 	return (size_t)cpu_n_threads(d) * (n_ctx + a->kv->head_dim) * sizeof(float);
 }
 
-static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
+typedef struct attn_job {
+	const kvt_attention_args *a; /* the op */
+	float *ws;                   /* per-worker scratch */
+} attn_job;
+
+/* One (query row, head) pair: softmax(q K^T * scale) V over the visible positions. */
+static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 {
+	const attn_job *j = ctx;
+	const kvt_attention_args *a = j->a;
 	const kvt_kv_layout *l = a->kv;
 	const uint32_t hd = l->head_dim, bt = l->block_tokens;
 	const uint32_t group = a->n_heads / l->n_kv_heads;
 	const size_t n_ctx = (size_t)a->pos0 + a->n_rows;
-	const int n_work = (int)(a->n_rows * a->n_heads);
+	const uint32_t m = w / a->n_heads, h = w % a->n_heads, kh = h / group;
+	const uint32_t n_vis = a->pos0 + m + 1; /* causal: positions 0..pos0+m */
+	float *scores = j->ws + (size_t)worker * (n_ctx + hd);
+	float *acc = scores + n_ctx;
+	const float *q = a->q + ((size_t)m * a->n_heads + h) * hd;
+	float mx = -INFINITY;
 
-#pragma omp parallel for num_threads(cpu_n_threads(d)) schedule(dynamic, 1)
-	for (int w = 0; w < n_work; w++) {
-		const uint32_t m = (uint32_t)w / a->n_heads, h = (uint32_t)w % a->n_heads;
-		const uint32_t kh = h / group;
-		const uint32_t n_vis = a->pos0 + m + 1; /* causal: positions 0..pos0+m */
-		float *scores = (float *)ws + (size_t)omp_get_thread_num() * (n_ctx + hd);
-		float *acc = scores + n_ctx;
-		const float *q = a->q + ((size_t)m * a->n_heads + h) * hd;
-		float mx = -INFINITY;
-
-		for (uint32_t p = 0; p < n_vis; p++) {
-			const uint16_t *k = kv_row(l, a->block_table[p / bt], a->layer, 0, kh, p % bt);
-			float s = dot_f32_f16(q, k, hd) * a->scale;
-			scores[p] = s;
-			mx = s > mx ? s : mx;
-		}
-		float sum = 0;
-		for (uint32_t p = 0; p < n_vis; p++) {
-			scores[p] = expf(scores[p] - mx);
-			sum += scores[p];
-		}
-		memset(acc, 0, hd * sizeof(float));
-		for (uint32_t p = 0; p < n_vis; p++)
-			axpy_f16(acc, scores[p] / sum, kv_row(l, a->block_table[p / bt], a->layer, 1, kh, p % bt), hd);
-		memcpy(a->out + ((size_t)m * a->n_heads + h) * hd, acc, hd * sizeof(float));
+	for (uint32_t p = 0; p < n_vis; p++) {
+		const uint16_t *k = kv_row(l, a->block_table[p / bt], a->layer, 0, kh, p % bt);
+		float s = dot_f32_f16(q, k, hd) * a->scale;
+		scores[p] = s;
+		mx = s > mx ? s : mx;
 	}
+	float sum = 0;
+	for (uint32_t p = 0; p < n_vis; p++) {
+		scores[p] = expf(scores[p] - mx);
+		sum += scores[p];
+	}
+	memset(acc, 0, hd * sizeof(float));
+	for (uint32_t p = 0; p < n_vis; p++)
+		axpy_f16(acc, scores[p] / sum, kv_row(l, a->block_table[p / bt], a->layer, 1, kh, p % bt), hd);
+	memcpy(a->out + ((size_t)m * a->n_heads + h) * hd, acc, hd * sizeof(float));
+}
+
+static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
+{
+	attn_job j = { .a = a, .ws = ws };
+	par_run(d, a->n_rows * a->n_heads, attention_task, &j);
 	return KVT_OK;
 }
 
@@ -407,16 +481,24 @@ static const struct kvt_dev_ops cpu_ops = {
 
 int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 {
-	kvt_dev *d = calloc(1, sizeof(*d));
+	cpu_dev *c = calloc(1, sizeof(*c));
 	long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
 
-	if (!d)
+	if (!c)
 		return KVT_ENOMEM;
+	kvt_dev *d = &c->base;
 	d->ops = &cpu_ops;
 	d->kind = KVT_DEV_CPU;
 	d->use_ref = cfg->use_ref;
 	d->n_threads = cfg->n_threads > 0 ? cfg->n_threads : (n_cpu > 0 ? (int)n_cpu : 1);
-	/* OpenBLAS runs single-threaded inside our OpenMP slices (see matmul_fast) */
+	if (!d->use_ref) {
+		int rc = kvt_cpu_pool_create((uint32_t)d->n_threads, &c->pool);
+		if (rc) {
+			free(c);
+			return rc;
+		}
+	}
+	/* OpenBLAS runs single-threaded inside our tasks (see matmul_fast) */
 	openblas_set_num_threads(1);
 	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s)", cpu_n_threads(d),
 		 cpu_n_threads(d) == 1 ? "" : "s", d->use_ref ? "reference kernels" : "openblas");
