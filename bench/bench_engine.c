@@ -2,7 +2,7 @@
  * bench/bench_engine.c — kvtier's side of the engine speed comparison.
  *
  *   bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N]
- *                [--gen-tokens 64] [--reps 3] [--weights f16|f32]
+ *                [--gen-tokens 64] [--reps 3] [--weights native|f16|f32]
  *
  * prefill: the ids in F (one forward pass over all of them, a fresh
  *          sequence each rep); tokens/s = n / time.
@@ -52,6 +52,7 @@ int main(int argc, char **argv)
 {
 	const char *model = NULL, *ids_file = NULL, *dec_file = NULL;
 	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16;
+	bool keep = true;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -60,7 +61,10 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--gen-tokens")) n_gen = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--decode-ids-file")) dec_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-		else if (!strcmp(argv[i], "--weights")) wdt = strcmp(argv[i + 1], "f32") ? KVT_DTYPE_F16 : KVT_DTYPE_F32;
+		else if (!strcmp(argv[i], "--weights")) {
+			keep = !strcmp(argv[i + 1], "native");
+			wdt = strcmp(argv[i + 1], "f32") ? KVT_DTYPE_F16 : KVT_DTYPE_F32;
+		}
 		else {
 			fprintf(stderr, "bench_engine: unknown option %s\n", argv[i]);
 			return 2;
@@ -68,7 +72,7 @@ int main(int argc, char **argv)
 	}
 	if (!model || !ids_file || reps < 1 || reps > 100 || n_gen < 1) {
 		fprintf(stderr, "usage: bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N] "
-				"[--gen-tokens N] [--reps N] [--weights f16|f32]\n");
+				"[--gen-tokens N] [--reps N] [--weights native|f16|f32]\n");
 		return 2;
 	}
 	static int32_t ids[8192], dec[256];
@@ -91,6 +95,7 @@ int main(int argc, char **argv)
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = wdt;
+	mc.keep_quantized = keep;
 	mc.max_batch = (uint32_t)n_ids;
 	mc.max_ctx = (uint32_t)(n_ids > n_dprompt + n_gen ? n_ids : n_dprompt + n_gen);
 	if (kvt_gguf_open(model, &g) || kvt_dev_create(&dc, &dev) || kvt_model_load(dev, g, &mc, &m))
@@ -126,7 +131,7 @@ int main(int argc, char **argv)
 	double pre = median(t_pre + 1, reps), dcd = median(t_dec + 1, reps);
 	printf("{\"engine\": \"kvtier\", \"device\": \"%s\", \"weights\": \"%s\", \"threads\": %d, "
 	       "\"n_prompt\": %d, \"n_gen\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}\n",
-	       kvt_dev_name(dev), wdt == KVT_DTYPE_F16 ? "f16" : "f32", kvt_dev_n_threads(dev), n_ids, n_gen,
+	       kvt_dev_name(dev), keep ? "native" : wdt == KVT_DTYPE_F16 ? "f16" : "f32", kvt_dev_n_threads(dev), n_ids, n_gen,
 	       n_ids / pre, n_gen / dcd);
 	kvt_seq_deinit(&s);
 	free(logits);

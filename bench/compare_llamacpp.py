@@ -8,7 +8,7 @@ that machine noise hits both alike. Each engine reports the median of its reps p
 round; the ratio printed is the median over rounds of kvtier / llama.cpp.
 
 Usage: python3 bench/compare_llamacpp.py [--build build] [--threads 2] [--rounds 3]
-       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--weights f16|f32]
+       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--weights native|f16|f32]
 Needs: pip install llama-cpp-python; bench_engine built (cmake --build build).
 """
 import argparse
@@ -38,7 +38,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=64)
-    ap.add_argument("--weights", default="f16", choices=["f16", "f32"])
+    ap.add_argument("--weights", default="native", choices=["native", "f16", "f32"])
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="kvt_bench_")

@@ -30,7 +30,7 @@ static void usage(FILE *f)
 		"usage:\n"
 		"  kvtier generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K]\n"
 		"                  [--seed S] [--chat] [--no-kv-cache] [--threads N]\n"
-		"                  [--weights f16|f32] [--device auto|cpu|cuda] [--ref]\n"
+		"                  [--weights native|f16|f32] [--device auto|cpu|cuda] [--ref]\n"
 		"  kvtier size --model MODEL [--context N] [--hbm BYTES] [--host BYTES] [--nvme BYTES]\n"
 		"BYTES takes K, M, G, T suffixes (powers of 1024), e.g. 80G.\n");
 }
@@ -121,6 +121,7 @@ static int cmd_generate(int argc, char **argv)
 	float temp = 0, top_p = 1;
 	bool chat = false, no_kv = false, use_ref = false;
 	int weights = KVT_DTYPE_F16, device = KVT_DEV_AUTO;
+	bool keep_quantized = true;
 
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -147,9 +148,10 @@ static int cmd_generate(int argc, char **argv)
 		else if (!strcmp(a, "--seed")) { if (!parse_u64(a, v, UINT64_MAX, &seed)) return 2; }
 		else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) { if (!parse_u64(a, v, 1024, &threads)) return 2; }
 		else if (!strcmp(a, "--weights")) {
-			if (!strcmp(v, "f16")) weights = KVT_DTYPE_F16;
+			keep_quantized = !strcmp(v, "native");
+			if (!strcmp(v, "f16") || keep_quantized) weights = KVT_DTYPE_F16;
 			else if (!strcmp(v, "f32")) weights = KVT_DTYPE_F32;
-			else { fprintf(stderr, "kvtier: --weights: '%s' is not f16 or f32\n", v); return 2; }
+			else { fprintf(stderr, "kvtier: --weights: '%s' is not native, f16 or f32\n", v); return 2; }
 		} else if (!strcmp(a, "--device")) {
 			if (!strcmp(v, "auto")) device = KVT_DEV_AUTO;
 			else if (!strcmp(v, "cpu")) device = KVT_DEV_CPU;
@@ -185,6 +187,7 @@ static int cmd_generate(int argc, char **argv)
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = weights;
+	mc.keep_quantized = keep_quantized;
 	double tl = kvt_now_s();
 	if ((rc = kvt_model_load(dev, g, &mc, &m)))
 		goto out;
@@ -230,7 +233,7 @@ static int cmd_generate(int argc, char **argv)
 		goto out;
 
 	fprintf(stderr, "kvtier: %s on %s, %s weights (%.0f MiB, loaded in %.2f s)\n", model_path,
-		kvt_dev_name(dev), weights == KVT_DTYPE_F16 ? "fp16" : "fp32",
+		kvt_dev_name(dev), keep_quantized ? "native (quantized kept)" : weights == KVT_DTYPE_F16 ? "fp16" : "fp32",
 		kvt_model_weight_bytes(m) / 1048576.0, tl);
 	fwrite(in, 1, len, stdout);
 	fflush(stdout);

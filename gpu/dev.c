@@ -52,6 +52,37 @@ int kvt_dev_kind(const kvt_dev *d) { return d->kind; }
 const char *kvt_dev_name(const kvt_dev *d) { return d->name; }
 int kvt_dev_n_threads(const kvt_dev *d) { return d->n_threads; }
 
+size_t kvt_dtype_row_bytes(int dtype, size_t n)
+{
+	switch (dtype) {
+	case KVT_DTYPE_F32: return n * 4;
+	case KVT_DTYPE_F16: return n * 2;
+	case KVT_DTYPE_Q8_0: return n / KVT_QBLOCK * 34;
+	case KVT_DTYPE_Q4_0: return n / KVT_QBLOCK * 18;
+	case KVT_DTYPE_Q4_1: return n / KVT_QBLOCK * 20;
+	}
+	return 0;
+}
+
+const char *kvt_dtype_name(int dtype)
+{
+	static const char *const names[KVT_DTYPE_COUNT] = { "f32", "f16", "q8_0", "q4_0", "q4_1" };
+	return dtype >= 0 && dtype < KVT_DTYPE_COUNT ? names[dtype] : "?";
+}
+
+bool kvt_dev_supports_dtype(const kvt_dev *d, int dtype)
+{
+	return dtype >= 0 && dtype < KVT_DTYPE_COUNT && d->ops->supports_dtype(d, dtype);
+}
+
+/* A weight dtype the backend takes, with rows of n elements. */
+static bool weight_ok(const kvt_dev *d, int dtype, uint32_t n)
+{
+	if (!kvt_dev_supports_dtype(d, dtype))
+		return false;
+	return dtype <= KVT_DTYPE_F16 || n % KVT_QBLOCK == 0;
+}
+
 int kvt_dev_alloc(kvt_dev *d, size_t n_bytes, void **out)
 {
 	if (n_bytes == 0)
@@ -102,8 +133,8 @@ int kvt_dev_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 		BAD("matmul", "empty shape %ux%ux%u", a->n_rows, a->n_in, a->n_out);
 	if (!a->w || !a->x || !a->y)
 		BAD("matmul", "NULL buffer");
-	if (a->w_dtype != KVT_DTYPE_F32 && a->w_dtype != KVT_DTYPE_F16)
-		BAD("matmul", "weight dtype %d", a->w_dtype);
+	if (!weight_ok(d, a->w_dtype, a->n_in))
+		BAD("matmul", "weight dtype %s with rows of %u", kvt_dtype_name(a->w_dtype), a->n_in);
 	if ((const void *)a->x == (void *)a->y)
 		BAD("matmul", "y aliases x");
 	if (!ws && d->ops->matmul_workspace(d, a))
@@ -147,8 +178,8 @@ int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a)
 {
 	if (!a->n_rows || !a->n_dim || !a->n_vocab || !a->table || !a->ids || !a->y)
 		BAD("embed", "bad arguments");
-	if (a->table_dtype != KVT_DTYPE_F32 && a->table_dtype != KVT_DTYPE_F16)
-		BAD("embed", "table dtype %d", a->table_dtype);
+	if (!weight_ok(d, a->table_dtype, a->n_dim))
+		BAD("embed", "table dtype %s with rows of %u", kvt_dtype_name(a->table_dtype), a->n_dim);
 	return d->ops->embed(d, a);
 }
 

@@ -36,10 +36,31 @@ enum kvt_dev_kind {
 	KVT_DEV_CUDA = 2,
 };
 
+/*
+ * Element types of device buffers. The block-quantized weight types keep a
+ * GGUF tensor's bytes as stored (ggml's layouts, 32 elements per block,
+ * blocks packed along a row; element j < 16 of a 4-bit block is the low
+ * nibble of qs[j], element j + 16 the high nibble):
+ *   Q8_0: { fp16 d; int8 qs[32] }        x = d * q                34 bytes
+ *   Q4_0: { fp16 d; uint8 qs[16] }       x = d * (q - 8)          18 bytes
+ *   Q4_1: { fp16 d; fp16 m; uint8 qs[16] } x = d * q + m          20 bytes
+ * They are valid for matmul weights and embedding tables whose rows are a
+ * multiple of 32 elements. kvt_dev_supports_dtype() says whether a backend
+ * multiplies one directly; if not, load them dequantized to fp16.
+ */
 enum kvt_dtype {
 	KVT_DTYPE_F32 = 0,
 	KVT_DTYPE_F16 = 1,
+	KVT_DTYPE_Q8_0 = 2,
+	KVT_DTYPE_Q4_0 = 3,
+	KVT_DTYPE_Q4_1 = 4,
+	KVT_DTYPE_COUNT
 };
+#define KVT_QBLOCK 32 /* elements per quantized block */
+
+/* Bytes of a row of n elements (n a multiple of KVT_QBLOCK for quantized types). */
+size_t kvt_dtype_row_bytes(int dtype, size_t n);
+const char *kvt_dtype_name(int dtype);
 
 typedef struct kvt_dev_config {
 	int kind;      /* enum kvt_dev_kind */
@@ -55,6 +76,8 @@ void kvt_dev_destroy(kvt_dev *d); /* NULL is a no-op */
 int kvt_dev_kind(const kvt_dev *d);
 const char *kvt_dev_name(const kvt_dev *d); /* "cpu (2 threads, openblas)" */
 int kvt_dev_n_threads(const kvt_dev *d);
+/* Whether matmul and embed take weights of this dtype on this backend. */
+bool kvt_dev_supports_dtype(const kvt_dev *d, int dtype);
 
 /* Device memory. KVT_ENOMEM (logged with the size) when it cannot be had. */
 int kvt_dev_alloc(kvt_dev *d, size_t n_bytes, void **out);
@@ -71,8 +94,8 @@ typedef struct kvt_matmul_args {
 	uint32_t n_rows;  /* M: tokens */
 	uint32_t n_in;    /* K */
 	uint32_t n_out;   /* N */
-	int w_dtype;      /* enum kvt_dtype of w */
-	const void *w;    /* [n_out][n_in], device */
+	int w_dtype;      /* enum kvt_dtype of w (quantized: n_in % 32 == 0) */
+	const void *w;    /* [n_out] rows of n_in elements, device */
 	const float *x;   /* [n_rows][n_in], device */
 	float *y;         /* [n_rows][n_out], device; must not alias x */
 	bool accumulate;  /* add into y instead of overwriting */
@@ -129,8 +152,8 @@ typedef struct kvt_embed_args {
 	uint32_t n_rows;      /* tokens */
 	uint32_t n_dim;       /* row width */
 	uint32_t n_vocab;     /* rows in the table */
-	int table_dtype;      /* enum kvt_dtype */
-	const void *table;    /* [n_vocab][n_dim], device */
+	int table_dtype;      /* enum kvt_dtype (quantized: n_dim % 32 == 0) */
+	const void *table;    /* [n_vocab] rows of n_dim elements, device */
 	const int32_t *ids;   /* [n_rows], device */
 	float *y;             /* [n_rows][n_dim], device */
 } kvt_embed_args;

@@ -14,6 +14,7 @@
 struct kvt_dev_ops {
 	const char *name;                                    /* backend name, e.g. "cpu" */
 	void (*destroy)(kvt_dev *d);                         /* free backend state */
+	bool (*supports_dtype)(const kvt_dev *d, int dtype); /* weight dtypes matmul/embed take */
 	int (*alloc)(kvt_dev *d, size_t n, void **out);      /* device memory */
 	void (*free)(kvt_dev *d, void *p);                   /* release device memory */
 	int (*copy_h2d)(kvt_dev *d, void *dst, const void *src, size_t n); /* host -> device */
