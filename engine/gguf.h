@@ -104,11 +104,21 @@ typedef struct kvt_gguf kvt_gguf;
  * Open and fully validate a GGUF file. Returns KVT_OK and *out, or:
  * KVT_ENOTFOUND / KVT_EIO (cannot open/map), KVT_ECORRUPT (bad magic, truncation,
  * bad counts, overlapping or out-of-file tensors, duplicate keys or tensor
- * names, bad type numbers), KVT_EUNSUPPORTED (version other than 2 or 3).
+ * names, bad type numbers), KVT_EUNSUPPORTED (version other than 2 or 3,
+ * big-endian files, arrays of arrays), KVT_ENOMEM.
  * Tensor *types* are validated for size (a known ggml type) but whether one
- * can be loaded is checked by kvt_gguf_tensor_to_f32(). Logs once on failure.
+ * can be loaded is checked by kvt_gguf_tensor_to_f32(). A dimension of 0 is
+ * accepted (as llama.cpp does): such a tensor has n_elems == n_bytes == 0.
+ * Logs once on failure. The file must not be truncated while it is open
+ * (reads of the mapping would fault).
  */
 int kvt_gguf_open(const char *path, kvt_gguf **out);
+/*
+ * The same over n_bytes in memory (borrowed; must outlive the kvt_gguf and
+ * stay unchanged). name stands for the path in messages and kvt_gguf_path().
+ * For fuzzing and for files that are already in memory.
+ */
+int kvt_gguf_open_mem(const void *data, uint64_t n_bytes, const char *name, kvt_gguf **out);
 void kvt_gguf_close(kvt_gguf *g); /* NULL is a no-op */
 
 const char *kvt_gguf_path(const kvt_gguf *g);
@@ -134,7 +144,11 @@ int kvt_gguf_get_bool(const kvt_gguf *g, const char *key, bool *out);
 int kvt_gguf_get_str(const kvt_gguf *g, const char *key, kvt_gguf_str *out);
 /* An array whose element type is elem_type; *out is its kv. */
 int kvt_gguf_get_arr(const kvt_gguf *g, const char *key, uint32_t elem_type, const kvt_gguf_kv **out);
-/* Element i of a numeric array, widened; i must be < kv->n (asserted). */
+/*
+ * Element i of a numeric array, widened; i must be < kv->n (asserted).
+ * arr_i64 needs an integer or BOOL array (asserted; UINT64 values above
+ * INT64_MAX wrap); arr_f64 takes any numeric or BOOL array.
+ */
 int64_t kvt_gguf_arr_i64(const kvt_gguf_kv *kv, uint64_t i);
 double kvt_gguf_arr_f64(const kvt_gguf_kv *kv, uint64_t i);
 
@@ -143,7 +157,7 @@ const kvt_gguf_tensor *kvt_gguf_tensor_at(const kvt_gguf *g, uint64_t i);
 /* NULL when absent. */
 const kvt_gguf_tensor *kvt_gguf_find_tensor(const kvt_gguf *g, const char *name);
 
-/* "F32", "Q4_1", ...; "type<N>" style static string for unknown numbers. */
+/* "F32", "Q4_1", ...; "type<N>" for unknown numbers (a per-thread buffer, reused by the next call). */
 const char *kvt_ggml_type_name(uint32_t type);
 const char *kvt_gguf_type_name(uint32_t type);
 /* Elements per block and bytes per block of a ggml type; false if unknown. */
@@ -158,9 +172,18 @@ bool kvt_ggml_type_supported(uint32_t type);
  * "<file>: <tensor>: type <T> is not supported".
  */
 int kvt_gguf_tensor_to_f32(const kvt_gguf *g, const kvt_gguf_tensor *t, float *dst);
-/* Dequantize n elements (a multiple of the type's block) from raw blocks. */
+/*
+ * Dequantize n elements (a multiple of the type's block) from raw blocks.
+ * KVT_EUNSUPPORTED for a type kvt_ggml_type_supported() rejects, KVT_EINVAL
+ * for a partial block; both logged. Runs OpenMP threads over large inputs.
+ */
 int kvt_ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
-/* Quantize n floats (a multiple of the block) to F32/F16/BF16/Q8_0/Q4_0/Q4_1. */
+/*
+ * Quantize n floats (a multiple of the block) to F32/F16/BF16/Q8_0/Q4_0/Q4_1
+ * with ggml's reference quantizers' arithmetic (byte-identical to llama.cpp
+ * and gguf-py). KVT_EUNSUPPORTED for other types, KVT_EINVAL for a partial
+ * block or a non-finite input to a block type; both logged.
+ */
 int kvt_ggml_quantize(uint32_t type, const float *src, void *dst, uint64_t n);
 
 /* ---- writer (tests, benchmarks, synthetic models) ---- */
@@ -179,7 +202,11 @@ int kvt_gguf_writer_add_str(kvt_gguf_writer *w, const char *key, const char *v);
 int kvt_gguf_writer_add_arr_str(kvt_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 int kvt_gguf_writer_add_arr_i32(kvt_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
 int kvt_gguf_writer_add_arr_f32(kvt_gguf_writer *w, const char *key, const float *v, uint64_t n);
-/* Raw metadata of any type: bytes are the value's encoding (for corrupt-file tests). */
+/*
+ * Raw metadata of any type: bytes are the value's encoding (for corrupt-file
+ * tests). It never changes the writer's own layout alignment, so a bad
+ * general.alignment can be written this way.
+ */
 int kvt_gguf_writer_add_raw(kvt_gguf_writer *w, const char *key, uint32_t type, const void *bytes, uint64_t n_bytes);
 /* A tensor with already-encoded data (n_bytes must match type and ne). */
 int kvt_gguf_writer_add_tensor(kvt_gguf_writer *w, const char *name, uint32_t type,
@@ -187,7 +214,11 @@ int kvt_gguf_writer_add_tensor(kvt_gguf_writer *w, const char *name, uint32_t ty
 /* A tensor given as floats, quantized to type with kvt_ggml_quantize. */
 int kvt_gguf_writer_add_tensor_f32(kvt_gguf_writer *w, const char *name, uint32_t type,
 				   uint32_t n_dims, const uint64_t *ne, const float *data);
-/* Write the file (v3, general.alignment honoured if added as u32, else 32). */
+/*
+ * Write the file (v3, general.alignment honoured if added as u32, else 32;
+ * add_u32 rejects an alignment that is not a power of two). Each tensor's data
+ * starts aligned, padding is zeros, and the file ends padded to the alignment.
+ */
 int kvt_gguf_writer_write(kvt_gguf_writer *w, const char *path);
 
 #endif
