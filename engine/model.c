@@ -32,16 +32,22 @@
 #define MAX_DIM (1u << 16)
 #define MAX_VOCAB (1u << 22)
 
+/* A weight matrix on the device: [out] rows of [in] elements of dtype. */
+typedef struct wmat {
+	void *p;    /* device */
+	int dtype;  /* enum kvt_dtype */
+} wmat;
+
 typedef struct layer_w {
 	float *attn_norm;  /* [n_embd], device fp32 */
-	void *wq;          /* [n_embd][n_embd] */
-	void *wk;          /* [kv_dim][n_embd] */
-	void *wv;          /* [kv_dim][n_embd] */
-	void *wo;          /* [n_embd][n_embd] */
+	wmat wq;           /* [n_embd][n_embd] */
+	wmat wk;           /* [kv_dim][n_embd] */
+	wmat wv;           /* [kv_dim][n_embd] */
+	wmat wo;           /* [n_embd][n_embd] */
 	float *ffn_norm;   /* [n_embd], device fp32 */
-	void *w_gate;      /* [n_ff][n_embd] */
-	void *w_up;        /* [n_ff][n_embd] */
-	void *w_down;      /* [n_embd][n_ff] */
+	wmat w_gate;       /* [n_ff][n_embd] */
+	wmat w_up;         /* [n_ff][n_embd] */
+	wmat w_down;       /* [n_embd][n_ff] */
 } layer_w;
 
 struct kvt_model {
@@ -49,8 +55,8 @@ struct kvt_model {
 	kvt_model_hparams hp;     /* hyperparameters */
 	kvt_model_config cfg;     /* effective config */
 	size_t weight_bytes;      /* device bytes of weights */
-	void *tok_embd;           /* [n_vocab][n_embd], weight dtype, device */
-	void *output;             /* [n_vocab][n_embd] or == tok_embd when tied */
+	wmat tok_embd;            /* [n_vocab][n_embd] */
+	wmat output;              /* [n_vocab][n_embd]; the same pointer as tok_embd when tied */
 	float *output_norm;       /* [n_embd], device */
 	layer_w *layers;          /* [n_layer] */
 	/* activations, device, sized for cfg.max_batch rows */
@@ -75,6 +81,7 @@ struct kvt_model {
 void kvt_model_config_default(kvt_model_config *c)
 {
 	c->weight_dtype = KVT_DTYPE_F16;
+	c->keep_quantized = true;
 	c->max_batch = 512;
 	c->max_ctx = 0;
 }
@@ -172,9 +179,24 @@ static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 	return KVT_OK;
 }
 
-/* Check a tensor's shape, dequantize it and upload it in dtype. */
+/* The device dtype that holds a GGUF tensor type as stored, or -1. */
+static int stored_dtype(uint32_t ggml_type)
+{
+	switch (ggml_type) {
+	case KVT_GGML_Q8_0: return KVT_DTYPE_Q8_0;
+	case KVT_GGML_Q4_0: return KVT_DTYPE_Q4_0;
+	case KVT_GGML_Q4_1: return KVT_DTYPE_Q4_1;
+	}
+	return -1;
+}
+
+/*
+ * Check a tensor's shape and values and upload it. A matrix (out_dtype set)
+ * keeps its stored block-quantized form when the config allows and the
+ * backend multiplies it directly; everything else is dequantized to dtype.
+ */
 static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
-		       int dtype, float *tmp, void **out)
+		       int dtype, float *tmp, void **out, int *out_dtype)
 {
 	const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
 	const char *path = kvt_gguf_path(g);
@@ -191,18 +213,22 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			 (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
 		return KVT_ECORRUPT;
 	}
+	/* dequantize even when the stored form is kept: it checks every value */
 	rc = kvt_gguf_tensor_to_f32(g, t, tmp);
 	if (rc)
 		return rc;
 	size_t n = (size_t)t->n_elems;
-	size_t bytes = n * (dtype == KVT_DTYPE_F16 ? 2 : 4);
+	int keep = stored_dtype(t->type);
+	if (out_dtype && m->cfg.keep_quantized && keep >= 0 && kvt_dev_supports_dtype(m->dev, keep))
+		dtype = keep;
+	size_t bytes = kvt_dtype_row_bytes(dtype, n);
 	for (size_t i = 0; i < n; i++) {
 		if (!isfinite(tmp[i])) {
 			KVT_LOGE("%s: %s: element %zu is not finite", path, name, i);
 			return KVT_ECORRUPT;
 		}
 	}
-	if (dtype == KVT_DTYPE_F16) {
+	if (dtype == KVT_DTYPE_F16 && dtype != keep) {
 		/* narrow in place: the fp16 values fill the front half of tmp */
 		uint16_t *h = (uint16_t *)tmp;
 		for (size_t i = 0; i < n; i++) {
@@ -218,7 +244,9 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 	if (rc)
 		return rc;
 	m->weight_bytes += bytes;
-	return kvt_dev_copy_h2d(m->dev, *out, tmp, bytes);
+	if (out_dtype)
+		*out_dtype = dtype;
+	return kvt_dev_copy_h2d(m->dev, *out, dtype == keep ? t->data : (const void *)tmp, bytes);
 }
 
 static int alloc_act(kvt_model *m, size_t n_floats, void *out)
@@ -243,15 +271,17 @@ static int alloc_buffers(kvt_model *m)
 
 	/* The workspace must cover the largest matmul and the longest attention. */
 	const uint32_t widest_in = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
-	kvt_matmul_args mm = { .n_rows = m->cfg.max_batch, .n_in = widest_in, .n_out = hp->n_vocab,
-			       .w_dtype = m->cfg.weight_dtype };
 	kvt_kv_layout shape;
 	kvt_model_kv_shape(m, 16, &shape);
 	kvt_attention_args at = { .kv = &shape, .pos0 = m->cfg.max_ctx, .n_rows = m->cfg.max_batch,
 				  .n_heads = hp->n_head };
-	size_t a = kvt_dev_matmul_workspace_bytes(m->dev, &mm);
-	size_t b = kvt_dev_attention_workspace_bytes(m->dev, &at);
-	m->ws_bytes = a > b ? a : b;
+	m->ws_bytes = kvt_dev_attention_workspace_bytes(m->dev, &at);
+	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++) { /* whichever dtypes the matrices ended up in */
+		kvt_matmul_args mm = { .n_rows = m->cfg.max_batch, .n_in = widest_in, .n_out = hp->n_vocab,
+				       .w_dtype = dt };
+		size_t a = kvt_dev_matmul_workspace_bytes(m->dev, &mm);
+		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
+	}
 	if (m->ws_bytes)
 		return kvt_dev_alloc(m->dev, m->ws_bytes, &m->ws);
 	return KVT_OK;
@@ -293,30 +323,35 @@ int kvt_model_load(kvt_dev *d, const kvt_gguf *g, const kvt_model_config *cfg, k
 		goto fail;
 	}
 	const int wd = m->cfg.weight_dtype;
-	if ((rc = load_tensor(m, g, "token_embd.weight", E, V, wd, tmp, &m->tok_embd)) ||
-	    (rc = load_tensor(m, g, "output_norm.weight", E, 0, KVT_DTYPE_F32, tmp, (void **)&m->output_norm)))
+	if ((rc = load_tensor(m, g, "token_embd.weight", E, V, wd, tmp, &m->tok_embd.p, &m->tok_embd.dtype)) ||
+	    (rc = load_tensor(m, g, "output_norm.weight", E, 0, KVT_DTYPE_F32, tmp, (void **)&m->output_norm, NULL)))
 		goto fail;
 	if (hp->tied_embeddings)
 		m->output = m->tok_embd;
-	else if ((rc = load_tensor(m, g, "output.weight", E, V, wd, tmp, &m->output)))
+	else if ((rc = load_tensor(m, g, "output.weight", E, V, wd, tmp, &m->output.p, &m->output.dtype)))
 		goto fail;
 	for (uint32_t i = 0; i < hp->n_layer; i++) {
 		layer_w *L = &m->layers[i];
 		char name[96];
-#define LOAD(field, suffix, ne0, ne1, dt)                                                   \
-	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                  \
-	if ((rc = load_tensor(m, g, name, ne0, ne1, dt, tmp, (void **)&L->field)))          \
+#define LOAD_NORM(field, suffix)                                                                 \
+	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                       \
+	if ((rc = load_tensor(m, g, name, E, 0, KVT_DTYPE_F32, tmp, (void **)&L->field, NULL)))  \
 		goto fail;
-		LOAD(attn_norm, "attn_norm.weight", E, 0, KVT_DTYPE_F32)
-		LOAD(wq, "attn_q.weight", E, E, wd)
-		LOAD(wk, "attn_k.weight", E, KV, wd)
-		LOAD(wv, "attn_v.weight", E, KV, wd)
-		LOAD(wo, "attn_output.weight", E, E, wd)
-		LOAD(ffn_norm, "ffn_norm.weight", E, 0, KVT_DTYPE_F32)
-		LOAD(w_gate, "ffn_gate.weight", E, F, wd)
-		LOAD(w_up, "ffn_up.weight", E, F, wd)
-		LOAD(w_down, "ffn_down.weight", F, E, wd)
-#undef LOAD
+#define LOAD_MAT(field, suffix, ne0, ne1)                                                        \
+	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                       \
+	if ((rc = load_tensor(m, g, name, ne0, ne1, wd, tmp, &L->field.p, &L->field.dtype)))      \
+		goto fail;
+		LOAD_NORM(attn_norm, "attn_norm.weight")
+		LOAD_MAT(wq, "attn_q.weight", E, E)
+		LOAD_MAT(wk, "attn_k.weight", E, KV)
+		LOAD_MAT(wv, "attn_v.weight", E, KV)
+		LOAD_MAT(wo, "attn_output.weight", E, E)
+		LOAD_NORM(ffn_norm, "ffn_norm.weight")
+		LOAD_MAT(w_gate, "ffn_gate.weight", E, F)
+		LOAD_MAT(w_up, "ffn_up.weight", E, F)
+		LOAD_MAT(w_down, "ffn_down.weight", F, E)
+#undef LOAD_NORM
+#undef LOAD_MAT
 	}
 	free(tmp);
 	tmp = NULL;
@@ -339,15 +374,16 @@ void kvt_model_destroy(kvt_model *m)
 	if (m->layers) {
 		for (uint32_t i = 0; i < m->hp.n_layer; i++) {
 			layer_w *L = &m->layers[i];
-			void *ptrs[] = { L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down };
+			void *ptrs[] = { L->attn_norm, L->wq.p, L->wk.p, L->wv.p, L->wo.p, L->ffn_norm, L->w_gate.p,
+					 L->w_up.p, L->w_down.p };
 			for (size_t j = 0; j < sizeof(ptrs) / sizeof(*ptrs); j++)
 				kvt_dev_free(d, ptrs[j]);
 		}
 		free(m->layers);
 	}
-	if (m->output != m->tok_embd)
-		kvt_dev_free(d, m->output);
-	void *bufs[] = { m->tok_embd, m->output_norm, m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
+	if (m->output.p != m->tok_embd.p)
+		kvt_dev_free(d, m->output.p);
+	void *bufs[] = { m->tok_embd.p, m->output_norm, m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
 			 m->up, m->logits, m->ids, m->pos, m->ws };
 	for (size_t j = 0; j < sizeof(bufs) / sizeof(*bufs); j++)
 		kvt_dev_free(d, bufs[j]);
@@ -463,11 +499,11 @@ static int seq_reserve(kvt_seq *s, uint32_t n_total)
 
 /* ---- forward ---- */
 
-static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, const void *w, const float *x,
+static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w, const float *x,
 	      float *y, bool acc)
 {
-	kvt_matmul_args a = { .n_rows = rows, .n_in = n_in, .n_out = n_out, .w_dtype = m->cfg.weight_dtype,
-			      .w = w, .x = x, .y = y, .accumulate = acc };
+	kvt_matmul_args a = { .n_rows = rows, .n_in = n_in, .n_out = n_out, .w_dtype = w.dtype,
+			      .w = w.p, .x = x, .y = y, .accumulate = acc };
 	return kvt_dev_matmul(m->dev, &a, m->ws);
 }
 
@@ -490,8 +526,8 @@ static int forward_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32
 		if ((rc = kvt_dev_copy_h2d(m->dev, m->pos + done, pos, c * sizeof(int32_t))))
 			return rc;
 	}
-	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->cfg.weight_dtype,
-			      .table = m->tok_embd, .ids = m->ids, .y = m->x };
+	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->tok_embd.dtype,
+			      .table = m->tok_embd.p, .ids = m->ids, .y = m->x };
 	if ((rc = kvt_dev_embed(m->dev, &ea)))
 		return rc;
 

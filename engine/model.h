@@ -3,9 +3,12 @@
  * pass over paged KV, and the per-sequence block table.
  *
  * Loading reads the architecture from GGUF metadata ({arch}.block_count,
- * ...), checks every tensor's presence and shape, dequantizes each one and
- * stores it on the device in the weight dtype (fp16 by default, fp32 on
- * request). All activation buffers and the op workspace are allocated once
+ * ...), checks every tensor's presence, shape and values, and stores it on the
+ * device: a matrix stored block-quantized (Q8_0, Q4_0, Q4_1) stays so when the
+ * backend multiplies that form directly (a decode step is bound by reading
+ * the weights: Q4_1 is 4.5 bits a weight against fp16's 16); every other
+ * tensor is dequantized to the weight dtype (fp16 by default, fp32 on
+ * request). Norm weights are fp32. All activation buffers and the op workspace are allocated once
  * here, for a maximum batch of max_batch tokens and a context of max_ctx, so
  * the forward pass allocates nothing.
  *
@@ -44,12 +47,14 @@ typedef struct kvt_model_hparams {
 } kvt_model_hparams;
 
 typedef struct kvt_model_config {
-	int weight_dtype;    /* enum kvt_dtype: KVT_DTYPE_F16 (default 0 means F32; see kvt_model_config_default) */
+	int weight_dtype;    /* enum kvt_dtype for dequantized matrices: F16 (default) or F32 */
+	bool keep_quantized; /* keep Q8_0/Q4_0/Q4_1 matrices as stored where the backend takes them (default) */
 	uint32_t max_batch;  /* tokens per forward chunk (prefill is split into chunks of this) */
 	uint32_t max_ctx;    /* longest sequence (0: the trained context) */
 } kvt_model_config;
 
-void kvt_model_config_default(kvt_model_config *c); /* fp16 weights, batch 512, trained context */
+/* fp16 weights (quantized ones kept as stored), batch 512, trained context. */
+void kvt_model_config_default(kvt_model_config *c);
 
 typedef struct kvt_model kvt_model;
 
