@@ -1,8 +1,9 @@
 /*
  * engine/tokenizer.h — GPT-2 byte-level BPE, as stored in a GGUF.
  *
- * Encoding: special tokens (CONTROL and USER_DEFINED token types) are split
- * out of the raw text first when parse_special is set; each remaining span is
+ * Encoding: special tokens (CONTROL, USER_DEFINED and UNKNOWN token types,
+ * longest text first) are split out of the raw text first when parse_special
+ * is set (USER_DEFINED ones always, as llama.cpp does); each remaining span is
  * split by the model's pre-tokenizer regexes (chosen by tokenizer.ggml.pre,
  * run with PCRE2 in UTF + UCP mode, each regex applied to the pieces the
  * previous one produced), each piece is mapped byte -> printable unicode
@@ -54,8 +55,11 @@ typedef struct kvt_tok kvt_tok;
 
 /*
  * Build a tokenizer. KVT_EUNSUPPORTED (logged) for an unknown pre-tokenizer
- * name; KVT_ECORRUPT for a merge that names a token not in the vocabulary or a
- * token id out of range; KVT_ENOMEM.
+ * name; KVT_ECORRUPT for a merge that names a token not in the vocabulary (or
+ * has no "left right" form), two tokens with the same text, or a token id out
+ * of range; KVT_EINVAL for an empty vocabulary; KVT_ENOMEM. Every failure is
+ * logged. Tokens whose text llama.cpp treats as end of generation
+ * (<|im_end|>, <|endoftext|>, <|eot_id|>, ...) become CONTROL and EOG.
  */
 int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out);
 /*
@@ -74,11 +78,14 @@ bool kvt_tok_add_bos(const kvt_tok *t);
 
 /*
  * Tokenize len bytes of text. With parse_special, CONTROL/USER_DEFINED token
- * texts found in the input become those tokens; otherwise they are ordinary
- * text. BOS is never added here (callers decide via kvt_tok_add_bos()).
+ * texts found in the input become those tokens; otherwise CONTROL texts are
+ * ordinary text (USER_DEFINED ones are still split out, as in llama.cpp).
+ * BOS is never added here (callers decide via kvt_tok_add_bos()).
  * Writes at most cap ids to out; *n_out is always set to the number of ids the
  * full encoding has, and KVT_EFULL is returned when it exceeds cap.
- * Invalid UTF-8 input is encoded byte by byte (never rejected).
+ * Invalid UTF-8 input is never rejected: as in llama.cpp, each byte that does
+ * not start a sequence becomes U+FFFD before pre-tokenization, so decoding
+ * gives back valid UTF-8 input exactly but not invalid bytes.
  */
 int kvt_tok_encode(const kvt_tok *t, const char *text, size_t len, bool parse_special,
 		   int32_t *out, size_t cap, size_t *n_out);
@@ -95,11 +102,13 @@ typedef struct kvt_tok_stream {
 void kvt_tok_stream_init(kvt_tok_stream *s);
 /*
  * Append the text of token id. Writes up to cap bytes to out and sets *n_out.
- * Needs cap >= the token's byte length + 8. Bytes that cannot start or continue
- * a valid UTF-8 character are passed through as U+FFFD.
+ * A byte that cannot start a character, and a held-back character cut short,
+ * each come out as one U+FFFD. cap >= the token's byte length + 8 is enough
+ * for valid UTF-8; cap >= 3 * length + 3 is always enough. KVT_EFULL when out
+ * is too small (nothing consumed, s unchanged); KVT_EINVAL for a bad id.
  */
 int kvt_tok_stream_push(const kvt_tok *t, kvt_tok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out);
-/* At the end of a stream: emit what is held back (as U+FFFD per invalid byte). */
+/* At the end of a stream: an incomplete character held back comes out as one U+FFFD (cap >= 3). */
 int kvt_tok_stream_flush(kvt_tok_stream *s, char *out, size_t cap, size_t *n_out);
 
 /* Chat formatting with the model's template. */

@@ -1,0 +1,295 @@
+/*
+ * tests/test_tok_model.c — the tokenizer of the default model against llama.cpp.
+ * ctest-labels: model
+ *
+ * Loads the default GGUF (SmolLM2-135M-Instruct, exit 77 when absent), builds
+ * the tokenizer from it and checks every case of tests/ref/tokenizer_ref.tsv
+ * (token ids from llama.cpp via llama-cpp-python, parse_special=true, no BOS):
+ * the ids must match exactly, and decoding them (kvt_tok_token_bytes and the
+ * streaming decoder) must give the input back. A mismatch prints the input and
+ * both id lists. It also checks the model's special ids, the chat format with
+ * the template stored in the file, and prints encode speed on ~100 KB of text
+ * (information, not an assertion).
+ */
+#include "check.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+#include <ctype.h>
+
+#define MAX_IDS 65536
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Decode hex s[0..n) into out; returns the byte count or -1. */
+static long unhex(const char *s, size_t n, unsigned char *out, size_t cap)
+{
+	if (n % 2 || n / 2 > cap)
+		return -1;
+	for (size_t i = 0; i < n; i += 2) {
+		int hi = hexval(s[i]), lo = hexval(s[i + 1]);
+
+		if (hi < 0 || lo < 0)
+			return -1;
+		out[i / 2] = (unsigned char)(hi << 4 | lo);
+	}
+	return (long)(n / 2);
+}
+
+static void print_bytes(const char *label, const unsigned char *b, size_t n)
+{
+	fprintf(stderr, "  %s \"", label);
+	for (size_t i = 0; i < n; i++) {
+		if (b[i] == '\n')
+			fputs("\\n", stderr);
+		else if (b[i] == '\\' || b[i] == '"')
+			fprintf(stderr, "\\%c", b[i]);
+		else if (b[i] < 0x20 || b[i] == 0x7f)
+			fprintf(stderr, "\\x%02x", b[i]);
+		else
+			fputc(b[i], stderr);
+	}
+	fputs("\"\n", stderr);
+}
+
+static void print_ids(const char *label, const int32_t *ids, size_t n)
+{
+	fprintf(stderr, "  %s [", label);
+	for (size_t i = 0; i < n; i++)
+		fprintf(stderr, "%s%d", i ? " " : "", ids[i]);
+	fputs("]\n", stderr);
+}
+
+/* Decode ids with kvt_tok_token_bytes into out; returns the length. */
+static size_t decode_all(const kvt_tok *t, const int32_t *ids, size_t n, unsigned char *out, size_t cap)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *b;
+		size_t len;
+
+		if (kvt_tok_token_bytes(t, ids[i], &b, &len) != KVT_OK || k + len > cap)
+			return (size_t)-1;
+		memcpy(out + k, b, len);
+		k += len;
+	}
+	return k;
+}
+
+/* Decode ids with the streaming decoder; returns the length. */
+static size_t decode_stream(const kvt_tok *t, const int32_t *ids, size_t n, unsigned char *out, size_t cap)
+{
+	kvt_tok_stream st;
+	char buf[1024];
+	size_t k = 0, got;
+
+	kvt_tok_stream_init(&st);
+	for (size_t i = 0; i < n; i++) {
+		if (kvt_tok_stream_push(t, &st, ids[i], buf, sizeof(buf), &got) != KVT_OK || k + got > cap)
+			return (size_t)-1;
+		memcpy(out + k, buf, got);
+		k += got;
+	}
+	if (kvt_tok_stream_flush(&st, buf, sizeof(buf), &got) != KVT_OK || k + got > cap)
+		return (size_t)-1;
+	memcpy(out + k, buf, got);
+	return k + got;
+}
+
+/* Strictly valid UTF-8 (the only inputs whose bytes decoding gives back). */
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned char b = s[i];
+		size_t l = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 :
+			   b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+
+		if (!l || i + l > n)
+			return false;
+		for (size_t j = 1; j < l; j++)
+			if ((s[i + j] & 0xc0) != 0x80)
+				return false;
+		if ((b == 0xe0 && s[i + 1] < 0xa0) || (b == 0xed && s[i + 1] > 0x9f) ||
+		    (b == 0xf0 && s[i + 1] < 0x90) || (b == 0xf4 && s[i + 1] > 0x8f))
+			return false;
+		i += l;
+	}
+	return true;
+}
+
+static void check_reference(const kvt_tok *t)
+{
+	static unsigned char input[1 << 16], back[1 << 16];
+	static int32_t want[MAX_IDS], got[MAX_IDS];
+	char path[4096], line[1 << 17];
+	size_t n_cases = 0, n_bad = 0, n_skip_rt = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/tests/ref/tokenizer_ref.tsv", KVT_SOURCE_DIR);
+	f = fopen(path, "r");
+	CHECKF(f != NULL, "cannot open %s", path);
+	if (!f)
+		return;
+	for (size_t lineno = 1; fgets(line, sizeof(line), f); lineno++) {
+		size_t len = strcspn(line, "\r\n");
+		char *tab, *p;
+		long n_in;
+		size_t n_want = 0, n_got;
+		int rc;
+
+		line[len] = '\0';
+		if (line[0] == '#' || len == 0)
+			continue;
+		tab = strchr(line, '\t');
+		CHECKF(tab != NULL, "%s:%zu: no tab", path, lineno);
+		if (!tab)
+			continue;
+		n_in = unhex(line, (size_t)(tab - line), input, sizeof(input));
+		CHECKF(n_in >= 0, "%s:%zu: bad hex", path, lineno);
+		if (n_in < 0)
+			continue;
+		for (p = tab + 1; *p;) {
+			char *end;
+			long id = strtol(p, &end, 10);
+
+			if (end == p)
+				break;
+			if (n_want < MAX_IDS)
+				want[n_want++] = (int32_t)id;
+			p = end;
+			while (*p == ' ')
+				p++;
+		}
+		n_cases++;
+
+		rc = kvt_tok_encode(t, (const char *)input, (size_t)n_in, true, got, MAX_IDS, &n_got);
+		bool same = rc == KVT_OK && n_got == n_want && memcmp(got, want, n_want * sizeof(int32_t)) == 0;
+
+		CHECKF(same, "%s:%zu: token ids differ from llama.cpp (rc %d)", path, lineno, rc);
+		if (!same) {
+			n_bad++;
+			print_bytes("input", input, (size_t)n_in);
+			print_ids("llama.cpp", want, n_want);
+			print_ids("kvtier   ", got, n_got < MAX_IDS ? n_got : MAX_IDS);
+		}
+		if (!valid_utf8(input, (size_t)n_in)) {
+			n_skip_rt++; /* invalid bytes become U+FFFD, as in llama.cpp */
+			continue;
+		}
+		size_t n_back = decode_all(t, want, n_want, back, sizeof(back));
+
+		CHECKF(n_back == (size_t)n_in && memcmp(back, input, (size_t)n_in) == 0,
+		       "%s:%zu: decode(ids) is not the input", path, lineno);
+		n_back = decode_stream(t, want, n_want, back, sizeof(back));
+		CHECKF(n_back == (size_t)n_in && memcmp(back, input, (size_t)n_in) == 0,
+		       "%s:%zu: streaming decode(ids) is not the input", path, lineno);
+	}
+	fclose(f);
+	CHECKF(n_cases >= 50, "only %zu reference cases in %s", n_cases, path);
+	printf("reference: %zu cases, %zu mismatches, %zu not round-tripped (invalid UTF-8)\n", n_cases,
+	       n_bad, n_skip_rt);
+}
+
+static void check_specials(const kvt_tok *t)
+{
+	int32_t ids[8];
+	size_t n;
+
+	CHECK_EQ_INT(kvt_tok_n_vocab(t), 49152);
+	CHECK_EQ_INT(kvt_tok_bos(t), 1);
+	CHECK_EQ_INT(kvt_tok_eos(t), 2);
+	CHECK(!kvt_tok_add_bos(t));
+	CHECK(kvt_tok_is_eog(t, 2));  /* <|im_end|> */
+	CHECK(kvt_tok_is_eog(t, 0));  /* <|endoftext|> */
+	CHECK(!kvt_tok_is_eog(t, 1)); /* <|im_start|> */
+	CHECK(!kvt_tok_is_eog(t, 198));
+	CHECK(kvt_tok_encode(t, "<|im_end|>", 10, true, ids, 8, &n) == KVT_OK && n == 1 && ids[0] == 2);
+	CHECK(kvt_tok_encode(t, "<|im_end|>", 10, false, ids, 8, &n) == KVT_OK && n > 1);
+}
+
+static void check_chat(const kvt_tok *t)
+{
+	kvt_chat_msg user[] = { { "user", "What is the capital of France?" } };
+	kvt_chat_msg sys[] = { { "system", "Be brief." }, { "user", "Hi" } };
+	char *s = NULL;
+
+	CHECK(kvt_tok_chat_format(t, user, 1, true, &s) == KVT_OK);
+	CHECKF(s && strcmp(s, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+			      "Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?"
+			      "<|im_end|>\n<|im_start|>assistant\n") == 0,
+	       "got \"%s\"", s ? s : "(null)");
+	free(s);
+	s = NULL;
+	CHECK(kvt_tok_chat_format(t, sys, 2, false, &s) == KVT_OK);
+	CHECKF(s && strcmp(s, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n") == 0,
+	       "got \"%s\"", s ? s : "(null)");
+	free(s);
+}
+
+/* Encode speed on ~100 KB of mixed text and a 10 KB run without spaces (printed only). */
+static void report_speed(const kvt_tok *t)
+{
+	static const char para[] =
+		"The quick brown fox jumps over the lazy dog; it's 2024, and caf\xc3\xa9s serve 3.14 pies. "
+		"\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c! int main(void) { return 0; }\n\n";
+	size_t len = 100 * 1024, n_ids = 0;
+	char *text = malloc(len + 1);
+	int32_t *ids = malloc(len * sizeof(int32_t));
+	double t0, dt;
+
+	if (!text || !ids) {
+		free(text);
+		free(ids);
+		CHECK(!"out of memory");
+		return;
+	}
+	for (size_t i = 0; i < len; i++)
+		text[i] = para[i % (sizeof(para) - 1)];
+	while (len && (text[len - 1] & 0xc0) == 0x80)
+		len--; /* do not end inside a character */
+	t0 = kvt_now_s();
+	CHECK(kvt_tok_encode(t, text, len, true, ids, len, &n_ids) == KVT_OK);
+	dt = kvt_now_s() - t0;
+	printf("encode: %zu bytes -> %zu tokens in %.3f ms (%.0f tokens/s, %.1f MB/s)\n", len, n_ids,
+	       dt * 1e3, n_ids / dt, len / dt / 1e6);
+
+	memset(text, 'x', 10 * 1024);
+	t0 = kvt_now_s();
+	CHECK(kvt_tok_encode(t, text, 10 * 1024, true, ids, len, &n_ids) == KVT_OK);
+	dt = kvt_now_s() - t0;
+	printf("encode: 10 KB without spaces -> %zu tokens in %.3f ms\n", n_ids, dt * 1e3);
+	free(text);
+	free(ids);
+}
+
+int main(void)
+{
+	const char *path = check_default_model();
+	kvt_gguf *g = NULL;
+	kvt_tok *t = NULL;
+
+	if (!path)
+		return check_skip("test_tok_model", "default model not present (models/ or KVTIER_MODEL)");
+	CHECK(kvt_gguf_open(path, &g) == KVT_OK);
+	if (g)
+		CHECK(kvt_tok_create_from_gguf(g, &t) == KVT_OK);
+	if (t) {
+		check_reference(t);
+		check_specials(t);
+		check_chat(t);
+		report_speed(t);
+	}
+	kvt_tok_destroy(t);
+	kvt_gguf_close(g);
+	return check_done("test_tok_model");
+}
