@@ -407,23 +407,10 @@ bool kvt_ggml_type_supported(uint32_t type)
 	return ti && ti->dequant;
 }
 
-/* Elements per parallel work item: big enough to amortise the scheduling. */
-#define DEQUANT_CHUNK_ELEMS 16384
-
-/* Dequantize n_blocks whole blocks of a supported type; OpenMP across chunks. */
+/* Dequantize n_blocks whole blocks of a supported type. */
 static void dequant_blocks(const ggml_type_info *ti, const uint8_t *src, float *dst, uint64_t n_blocks)
 {
-	uint64_t per = DEQUANT_CHUNK_ELEMS / ti->block_elems;
-	int64_t n_chunks = (int64_t)((n_blocks + per - 1) / per);
-
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (n_chunks > 1)
-#endif
-	for (int64_t c = 0; c < n_chunks; c++) {
-		uint64_t b0 = (uint64_t)c * per;
-		uint64_t nb = n_blocks - b0 < per ? n_blocks - b0 : per;
-		ti->dequant(src + b0 * ti->block_bytes, dst + b0 * ti->block_elems, nb);
-	}
+	ti->dequant(src, dst, n_blocks);
 }
 
 int kvt_ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n)

@@ -3,7 +3,9 @@
 #  1. dependencies and the default model (the model tests need it);
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test;
-#  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests.
+#  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests;
+#  4. a ThreadSanitizer build running the unit, parity and integration tests
+#     (the CPU backend's worker pool, the T0 pool, shared tokenizers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -19,3 +21,8 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_WERROR=ON -DKVT_DEBUG=ON
 cmake --build build-asan -j"$jobs"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	ctest --test-dir build-asan --output-on-failure -j"$jobs" -L 'unit|parity|fuzz'
+
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON -DKVT_DEBUG=ON \
+	-DKVT_SANITIZE=thread -DKVT_CUDA=OFF >/dev/null
+cmake --build build-tsan -j"$jobs"
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L 'unit|parity|integration'

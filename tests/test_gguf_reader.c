@@ -556,7 +556,7 @@ static void write_and_check_tensors(uint32_t alignment)
 	CHECK(t && t->n_elems == 0 && t->n_bytes == 0 && t->ne[0] == 0 && t->ne[1] == 4);
 	out[0] = 42.0f;
 	CHECK(kvt_gguf_tensor_to_f32(g, t, out) == KVT_OK && out[0] == 42.0f);
-	/* Many chunks: the OpenMP path must equal an independent scalar decode. */
+	/* A large tensor: the dequantizer must equal an independent scalar decode. */
 	t = kvt_gguf_find_tensor(g, "big.q4_1");
 	CHECK(t && t->n_elems == (uint64_t)BIG_ROWS * BIG_COLS && kvt_gguf_tensor_to_f32(g, t, out) == KVT_OK);
 	int bad = 0;
