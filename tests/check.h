@@ -10,6 +10,8 @@
 #ifndef KVT_CHECK_H
 #define KVT_CHECK_H
 
+#include "kvt.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +56,34 @@ static inline int check_skip(const char *name, const char *why)
 {
 	printf("%s: skipped: %s\n", name, why);
 	return CHECK_SKIP;
+}
+
+/*
+ * Log capture, for tests that check the exact error a bad input produces:
+ * check_log_capture() routes the log here; check_log_text holds every line
+ * since check_log_reset(), check_log_n_errors counts the error lines.
+ */
+static char check_log_text[8192] __attribute__((unused));
+static int check_log_n_errors __attribute__((unused));
+
+static inline void check_log_sink(int level, const char *msg, void *user)
+{
+	size_t n = strlen(check_log_text);
+	if (level == KVT_LOG_ERROR)
+		check_log_n_errors++;
+	snprintf(check_log_text + n, sizeof(check_log_text) - n, "%s\n", msg);
+}
+
+static inline void check_log_reset(void)
+{
+	check_log_text[0] = '\0';
+	check_log_n_errors = 0;
+}
+
+static inline void check_log_capture(void)
+{
+	check_log_reset();
+	kvt_log_set_sink(check_log_sink, NULL);
 }
 
 /* Deterministic xorshift64* generator for seeded test inputs. */

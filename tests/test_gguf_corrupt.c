@@ -11,6 +11,7 @@
 /* ctest-labels: unit fuzz */
 #include "check.h"
 #include "gguf.h"
+#include "gguf_walk.h"
 
 #include <dirent.h>
 #include <stdint.h>
@@ -18,23 +19,6 @@
 
 static char tmp_dir[256];
 static char tmp_file[512];
-
-static char log_text[8192];
-static int log_n_errors;
-
-static void log_sink(int level, const char *msg, void *user)
-{
-	size_t n = strlen(log_text);
-	if (level == KVT_LOG_ERROR)
-		log_n_errors++;
-	snprintf(log_text + n, sizeof(log_text) - n, "%s\n", msg);
-}
-
-static void log_reset(void)
-{
-	log_text[0] = '\0';
-	log_n_errors = 0;
-}
 
 /* ---- byte builder ---- */
 
@@ -128,39 +112,6 @@ static void write_file(const char *path, const void *p, size_t n)
 	}
 }
 
-/* Walk everything a successful open exposes; must not crash on any input that opened. */
-static void touch_all(const kvt_gguf *g)
-{
-	volatile double sink = 0;
-
-	for (uint64_t i = 0; i < kvt_gguf_n_kv(g); i++) {
-		const kvt_gguf_kv *kv = kvt_gguf_kv_at(g, i);
-		sink += (double)kv->key.ptr[kv->key.len - 1];
-		if (kv->type == KVT_GGUF_STRING && kv->v.str.len)
-			sink += (double)kv->v.str.ptr[kv->v.str.len - 1];
-		if (kv->type != KVT_GGUF_ARRAY)
-			continue;
-		for (uint64_t j = 0; j < kv->n; j++) {
-			if (kv->arr_type == KVT_GGUF_STRING) {
-				if (kv->v.arr.strs[j].len)
-					sink += (double)kv->v.arr.strs[j].ptr[kv->v.arr.strs[j].len - 1];
-			} else {
-				sink += kvt_gguf_arr_f64(kv, j);
-			}
-		}
-	}
-	for (uint64_t i = 0; i < kvt_gguf_n_tensors(g); i++) {
-		const kvt_gguf_tensor *t = kvt_gguf_tensor_at(g, i);
-		if (!kvt_ggml_type_supported(t->type) || t->n_elems > (1u << 24))
-			continue;
-		float *x = malloc((t->n_elems ? t->n_elems : 1) * sizeof(float));
-		if (x && kvt_gguf_tensor_to_f32(g, t, x) == KVT_OK && t->n_elems)
-			sink += x[t->n_elems - 1];
-		free(x);
-	}
-	(void)sink;
-}
-
 /*
  * Open b's bytes; expect rc and one error line containing every word in
  * words (NULL-terminated).
@@ -173,14 +124,14 @@ static void expect_at(int line, const buf *b, int want_rc, const char **words)
 	int rc;
 
 	write_file(tmp_file, b->p, b->n);
-	log_reset();
+	check_log_reset();
 	rc = kvt_gguf_open(tmp_file, &g);
 	CHECKF(rc == want_rc, "line %d: rc %s, expected %s (log: %s)", line, kvt_strerror(rc),
-	       kvt_strerror(want_rc), log_text);
-	CHECKF(log_n_errors == 1, "line %d: %d error lines: %s", line, log_n_errors, log_text);
-	CHECKF(strstr(log_text, tmp_file) != NULL, "line %d: log does not name the file: %s", line, log_text);
+	       kvt_strerror(want_rc), check_log_text);
+	CHECKF(check_log_n_errors == 1, "line %d: %d error lines: %s", line, check_log_n_errors, check_log_text);
+	CHECKF(strstr(check_log_text, tmp_file) != NULL, "line %d: log does not name the file: %s", line, check_log_text);
 	for (const char **w = words; *w; w++)
-		CHECKF(strstr(log_text, *w) != NULL, "line %d: log lacks \"%s\": %s", line, *w, log_text);
+		CHECKF(strstr(check_log_text, *w) != NULL, "line %d: log lacks \"%s\": %s", line, *w, check_log_text);
 	if (rc == KVT_OK)
 		kvt_gguf_close(g);
 	else
@@ -402,8 +353,8 @@ static void test_categories(void)
 	kv_str(&b, "k", "v");
 	write_file(tmp_file, b.p, b.n);
 	kvt_gguf *g = NULL;
-	log_reset();
-	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && log_n_errors == 0);
+	check_log_reset();
+	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && check_log_n_errors == 0);
 	kvt_gguf_close(g);
 	hdr(&b, 3, 2, 0);
 	ti(&b, "w", 1, ne1, KVT_GGML_F32, 0);
@@ -412,11 +363,11 @@ static void test_categories(void)
 	b_zeros(&b, 64);
 	write_file(tmp_file, b.p, b.n);
 	g = NULL;
-	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && log_n_errors == 0);
+	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && check_log_n_errors == 0);
 	if (g) {
 		const kvt_gguf_tensor *e = kvt_gguf_find_tensor(g, "e");
 		CHECK(e && e->n_elems == 0 && e->n_bytes == 0);
-		touch_all(g);
+		(void)gguf_walk(g);
 		kvt_gguf_close(g);
 	}
 	free(b.p);
@@ -437,14 +388,14 @@ static void test_unsupported_type(void)
 	b_pad(&b, 32);
 	b_zeros(&b, 352 + 34);
 	write_file(tmp_file, b.p, b.n);
-	log_reset();
-	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && log_n_errors == 0);
+	check_log_reset();
+	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && check_log_n_errors == 0);
 	if (g) {
 		const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, "blk.7.attn_q.weight");
 		CHECK(t && t->type == KVT_GGML_Q5_K && t->n_bytes == 352);
 		CHECK(kvt_gguf_tensor_to_f32(g, t, out) == KVT_EUNSUPPORTED);
 		snprintf(want, sizeof(want), "%s: blk.7.attn_q.weight: type Q5_K is not supported", tmp_file);
-		CHECKF(log_n_errors == 1 && strstr(log_text, want), "log: %s", log_text);
+		CHECKF(check_log_n_errors == 1 && strstr(check_log_text, want), "log: %s", check_log_text);
 		t = kvt_gguf_find_tensor(g, "blk.7.attn_k.weight");
 		CHECK(t && kvt_gguf_tensor_to_f32(g, t, out) == KVT_OK && out[0] == 0.0f);
 		kvt_gguf_close(g);
@@ -504,10 +455,10 @@ static void test_truncation(void)
 
 	build_small_valid(&b, &end);
 	write_file(tmp_file, b.p, b.n);
-	log_reset();
-	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && log_n_errors == 0);
+	check_log_reset();
+	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && check_log_n_errors == 0);
 	if (g) {
-		touch_all(g);
+		(void)gguf_walk(g);
 		kvt_gguf_close(g);
 	}
 	/*
@@ -517,14 +468,14 @@ static void test_truncation(void)
 	int bad = 0;
 	for (uint64_t n = 0; n < end; n++) {
 		write_file(tmp_file, b.p, n);
-		log_reset();
+		check_log_reset();
 		g = NULL;
 		int rc = kvt_gguf_open(tmp_file, &g);
-		if (rc != KVT_ECORRUPT || log_n_errors != 1 ||
-		    (!strstr(log_text, "truncated") && !strstr(log_text, "bytes left can hold"))) {
+		if (rc != KVT_ECORRUPT || check_log_n_errors != 1 ||
+		    (!strstr(check_log_text, "truncated") && !strstr(check_log_text, "bytes left can hold"))) {
 			if (bad++ < 5)
 				CHECKF(false, "cut at %llu: rc %s, %d errors: %s", (unsigned long long)n,
-				       kvt_strerror(rc), log_n_errors, log_text);
+				       kvt_strerror(rc), check_log_n_errors, check_log_text);
 			if (rc == KVT_OK)
 				kvt_gguf_close(g);
 		}
@@ -561,15 +512,15 @@ static void test_mutations(void)
 			}
 		}
 		write_file(tmp_file, m, b.n);
-		log_reset();
+		check_log_reset();
 		kvt_gguf *g = NULL;
 		int rc = kvt_gguf_open(tmp_file, &g);
 		if (rc == KVT_OK) {
 			n_ok++;
-			touch_all(g);
+			(void)gguf_walk(g);
 			kvt_gguf_close(g);
 		} else {
-			CHECK(g == NULL && log_n_errors == 1);
+			CHECK(g == NULL && check_log_n_errors == 1);
 		}
 	}
 	kvt_log_set_level(level);
@@ -595,14 +546,14 @@ static void test_regressions(void)
 		if (e->d_name[0] == '.')
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		log_reset();
+		check_log_reset();
 		kvt_gguf *g = NULL;
 		int rc = kvt_gguf_open(path, &g);
 		if (rc == KVT_OK) {
-			touch_all(g);
+			(void)gguf_walk(g);
 			kvt_gguf_close(g);
 		} else {
-			CHECKF(log_n_errors == 1, "%s: %d error lines", e->d_name, log_n_errors);
+			CHECKF(check_log_n_errors == 1, "%s: %d error lines", e->d_name, check_log_n_errors);
 		}
 		n++;
 	}
@@ -621,7 +572,7 @@ int main(void)
 		return 1;
 	}
 	snprintf(tmp_file, sizeof(tmp_file), "%s/bad.gguf", tmp_dir);
-	kvt_log_set_sink(log_sink, NULL);
+	kvt_log_set_sink(check_log_sink, NULL);
 	test_categories();
 	test_unsupported_type();
 	test_truncation();

@@ -26,24 +26,6 @@ static void tmp_path(char *buf, size_t cap, const char *name)
 	snprintf(buf, cap, "%s/%s", tmp_dir, name);
 }
 
-/* Log capture: every line, and how many error lines since the last reset. */
-static char log_text[8192];
-static int log_n_errors;
-
-static void log_sink(int level, const char *msg, void *user)
-{
-	size_t n = strlen(log_text);
-	if (level == KVT_LOG_ERROR)
-		log_n_errors++;
-	snprintf(log_text + n, sizeof(log_text) - n, "%s\n", msg);
-}
-
-static void log_reset(void)
-{
-	log_text[0] = '\0';
-	log_n_errors = 0;
-}
-
 static bool str_is(kvt_gguf_str s, const char *c)
 {
 	return s.len == strlen(c) && memcmp(s.ptr, c, s.len) == 0;
@@ -109,9 +91,9 @@ static void test_metadata(void)
 		CHECK(kvt_gguf_writer_add_raw(w, "t.abool", KVT_GGUF_ARRAY, rawb, sizeof(rawb)) == KVT_OK);
 	}
 	/* Writer rejections. */
-	log_reset();
+	check_log_reset();
 	CHECK(kvt_gguf_writer_add_u32(w, "t.u32", 1) == KVT_EINVAL);
-	CHECK(strstr(log_text, "duplicate key 't.u32'") != NULL);
+	CHECK(strstr(check_log_text, "duplicate key 't.u32'") != NULL);
 	CHECK(kvt_gguf_writer_add_str(w, "", "x") == KVT_EINVAL);
 	CHECK(kvt_gguf_writer_add_u32(w, "general.alignment", 48) == KVT_EINVAL);
 	CHECK(kvt_gguf_writer_write(w, path) == KVT_OK);
@@ -175,23 +157,23 @@ static void test_metadata(void)
 	CHECK(kvt_gguf_get_str(g, "t.str", &s) == KVT_OK && str_is(s, "hello"));
 
 	/* Absent keys: KVT_ENOTFOUND, not logged, *out untouched. */
-	log_reset();
+	check_log_reset();
 	u32 = 77;
 	CHECK(kvt_gguf_get_u32(g, "nope", &u32) == KVT_ENOTFOUND && u32 == 77);
 	CHECK(kvt_gguf_get_str(g, "nope", &s) == KVT_ENOTFOUND);
 	CHECK(kvt_gguf_get_arr(g, "nope", KVT_GGUF_STRING, &arr) == KVT_ENOTFOUND);
-	CHECK(log_n_errors == 0);
+	CHECK(check_log_n_errors == 0);
 
 	/* Wrong types and values that do not fit: KVT_EINVAL, logged once naming the key and types. */
-	log_reset();
+	check_log_reset();
 	CHECK(kvt_gguf_get_u32(g, "t.str", &u32) == KVT_EINVAL && u32 == 77);
-	CHECK(log_n_errors == 1 && strstr(log_text, "'t.str' has type STRING, expected UINT32"));
-	log_reset();
+	CHECK(check_log_n_errors == 1 && strstr(check_log_text, "'t.str' has type STRING, expected UINT32"));
+	check_log_reset();
 	CHECK(kvt_gguf_get_u32(g, "t.u64", &u32) == KVT_EINVAL);
-	CHECK(log_n_errors == 1 && strstr(log_text, "'t.u64'") && strstr(log_text, "does not fit UINT32"));
-	log_reset();
+	CHECK(check_log_n_errors == 1 && strstr(check_log_text, "'t.u64'") && strstr(check_log_text, "does not fit UINT32"));
+	check_log_reset();
 	CHECK(kvt_gguf_get_u32(g, "t.i32", &u32) == KVT_EINVAL);
-	CHECK(strstr(log_text, "INT32 value -7 does not fit UINT32") != NULL);
+	CHECK(strstr(check_log_text, "INT32 value -7 does not fit UINT32") != NULL);
 	CHECK(kvt_gguf_get_u64(g, "t.i8", &u64) == KVT_EINVAL);
 	CHECK(kvt_gguf_get_i64(g, "t.u64", &s64) == KVT_EINVAL);
 	CHECK(kvt_gguf_get_i64(g, "t.f32", &s64) == KVT_EINVAL);
@@ -200,12 +182,12 @@ static void test_metadata(void)
 	CHECK(kvt_gguf_get_f32(g, "t.bool", &f) == KVT_EINVAL);
 	CHECK(kvt_gguf_get_bool(g, "t.u8", &b) == KVT_EINVAL);
 	CHECK(kvt_gguf_get_str(g, "t.u32", &s) == KVT_EINVAL);
-	log_reset();
+	check_log_reset();
 	CHECK(kvt_gguf_get_str(g, "t.astr", &s) == KVT_EINVAL);
-	CHECK(strstr(log_text, "'t.astr' has type ARRAY of STRING, expected STRING") != NULL);
-	log_reset();
+	CHECK(strstr(check_log_text, "'t.astr' has type ARRAY of STRING, expected STRING") != NULL);
+	check_log_reset();
 	CHECK(kvt_gguf_get_arr(g, "t.ai32", KVT_GGUF_FLOAT32, &arr) == KVT_EINVAL);
-	CHECK(strstr(log_text, "'t.ai32' has type ARRAY of INT32, expected ARRAY of FLOAT32") != NULL);
+	CHECK(strstr(check_log_text, "'t.ai32' has type ARRAY of INT32, expected ARRAY of FLOAT32") != NULL);
 	CHECK(kvt_gguf_get_arr(g, "t.u32", KVT_GGUF_UINT32, &arr) == KVT_EINVAL);
 
 	/* Arrays. */
@@ -314,11 +296,11 @@ static void test_dequant_blocks(void)
 		       (double)ref_q6k[i]);
 
 	/* Argument errors. */
-	log_reset();
+	check_log_reset();
 	CHECK(kvt_ggml_dequantize(KVT_GGML_Q8_0, q8, out, 31) == KVT_EINVAL);
 	CHECK(kvt_ggml_dequantize(KVT_GGML_Q5_K, q8, out, 256) == KVT_EUNSUPPORTED);
 	CHECK(kvt_ggml_dequantize(99, q8, out, 32) == KVT_EUNSUPPORTED);
-	CHECK(log_n_errors == 3 && strstr(log_text, "type Q5_K is not supported") && strstr(log_text, "type99"));
+	CHECK(check_log_n_errors == 3 && strstr(check_log_text, "type Q5_K is not supported") && strstr(check_log_text, "type99"));
 	CHECK(!kvt_ggml_type_supported(KVT_GGML_Q5_K) && !kvt_ggml_type_supported(4));
 	uint32_t be, bb;
 	CHECK(kvt_ggml_type_block(KVT_GGML_Q5_K, &be, &bb) && be == 256 && bb == 176);
@@ -414,12 +396,12 @@ static void test_quantize(void)
 	}
 
 	/* Argument errors. */
-	log_reset();
+	check_log_reset();
 	CHECK(kvt_ggml_quantize(KVT_GGML_Q8_0, x, q, 33) == KVT_EINVAL);
 	CHECK(kvt_ggml_quantize(KVT_GGML_Q4_K, x, q, 256) == KVT_EUNSUPPORTED);
 	x[5] = NAN;
 	CHECK(kvt_ggml_quantize(KVT_GGML_Q4_1, x, q, 32) == KVT_EINVAL);
-	CHECK(log_n_errors == 3 && strstr(log_text, "element 5 is not finite"));
+	CHECK(check_log_n_errors == 3 && strstr(check_log_text, "element 5 is not finite"));
 	CHECK(kvt_ggml_quantize(KVT_GGML_F32, x, q, 32) == KVT_OK); /* floats keep NaN */
 	x[5] = INFINITY;
 	CHECK(kvt_ggml_quantize(KVT_GGML_F16, x, q, 32) == KVT_OK);
@@ -487,14 +469,14 @@ static void write_and_check_tensors(uint32_t alignment)
 	CHECK(kvt_gguf_writer_add_tensor(w, "empty", KVT_GGML_F32, 2, ne0, NULL, 0) == KVT_OK);
 	CHECK(kvt_gguf_writer_add_tensor_f32(w, "big.q4_1", KVT_GGML_Q4_1, 2, nebig, big) == KVT_OK);
 	/* Writer rejections. */
-	log_reset();
+	check_log_reset();
 	CHECK(kvt_gguf_writer_add_tensor_f32(w, "odd.f32", KVT_GGML_F32, 1, ne1, f3) == KVT_EINVAL);
-	CHECK(strstr(log_text, "duplicate tensor name 'odd.f32'") != NULL);
+	CHECK(strstr(check_log_text, "duplicate tensor name 'odd.f32'") != NULL);
 	CHECK(kvt_gguf_writer_add_tensor(w, "bad.size", KVT_GGML_Q8_0, 1, (uint64_t[]){ 32 }, q8, 33) == KVT_EINVAL);
 	CHECK(kvt_gguf_writer_add_tensor_f32(w, "bad.block", KVT_GGML_Q8_0, 1, ne5, f16v) == KVT_EINVAL);
 	CHECK(kvt_gguf_writer_add_tensor_f32(w, "bad.dims", KVT_GGML_F32, 5, ne3, f24) == KVT_EINVAL);
 	CHECK(kvt_gguf_writer_add_tensor_f32(w, "bad.type", 4, 1, ne1, f3) == KVT_EINVAL);
-	CHECK(log_n_errors == 5);
+	CHECK(check_log_n_errors == 5);
 	CHECK(kvt_gguf_writer_write(w, path) == KVT_OK);
 	kvt_gguf_writer_destroy(w);
 
@@ -612,28 +594,28 @@ static void test_version2_and_misc(void)
 			CHECK(t && kvt_gguf_tensor_to_f32(g, t, o) == KVT_OK && o[0] == 1.0f && o[1] == 2.0f);
 			kvt_gguf_close(g);
 		}
-		log_reset();
+		check_log_reset();
 		g = NULL;
 		CHECK(kvt_gguf_open_mem(mem, 60, "mem:cut", &g) == KVT_ECORRUPT && g == NULL);
-		CHECK(log_n_errors == 1 && strstr(log_text, "mem:cut: truncated"));
+		CHECK(check_log_n_errors == 1 && strstr(check_log_text, "mem:cut: truncated"));
 		CHECK(kvt_gguf_open_mem(NULL, 0, "mem:empty", &g) == KVT_ECORRUPT && g == NULL);
 	}
 	unlink(path);
 
 	/* Opening what is not there, or not a file. */
-	log_reset();
+	check_log_reset();
 	g = NULL;
 	tmp_path(path, sizeof(path), "does-not-exist.gguf");
 	CHECK(kvt_gguf_open(path, &g) == KVT_ENOTFOUND && g == NULL);
-	CHECK(log_n_errors == 1 && strstr(log_text, "does-not-exist.gguf: cannot open"));
-	log_reset();
+	CHECK(check_log_n_errors == 1 && strstr(check_log_text, "does-not-exist.gguf: cannot open"));
+	check_log_reset();
 	CHECK(kvt_gguf_open(tmp_dir, &g) == KVT_EIO && g == NULL);
-	CHECK(log_n_errors == 1 && strstr(log_text, "not a regular file"));
-	log_reset();
+	CHECK(check_log_n_errors == 1 && strstr(check_log_text, "not a regular file"));
+	check_log_reset();
 	tmp_path(path, sizeof(path), "no-such-dir/x.gguf");
 	CHECK(kvt_gguf_writer_create(&w) == KVT_OK);
 	CHECK(kvt_gguf_writer_write(w, path) == KVT_EIO);
-	CHECK(log_n_errors == 1 && strstr(log_text, "cannot create"));
+	CHECK(check_log_n_errors == 1 && strstr(check_log_text, "cannot create"));
 	kvt_gguf_writer_destroy(w);
 	kvt_gguf_writer_destroy(NULL);
 }
@@ -793,7 +775,7 @@ static void test_synth(void)
 	/* Bad configs are rejected before anything is written. */
 	tmp_path(pbad, sizeof(pbad), "synth_bad.gguf");
 	kvt_synth_llama bad = c;
-	log_reset();
+	check_log_reset();
 	bad.n_head = 3;
 	CHECK(kvt_synth_llama_write(&bad, pbad) == KVT_EINVAL);
 	bad = c;
@@ -809,7 +791,7 @@ static void test_synth(void)
 	bad = c;
 	bad.n_layer = 0;
 	CHECK(kvt_synth_llama_write(&bad, pbad) == KVT_EINVAL);
-	CHECK(log_n_errors == 5 && access(pbad, F_OK) != 0);
+	CHECK(check_log_n_errors == 5 && access(pbad, F_OK) != 0);
 	unlink(p32);
 	unlink(p8);
 }
@@ -823,7 +805,7 @@ int main(void)
 		perror("mkdtemp");
 		return 1;
 	}
-	kvt_log_set_sink(log_sink, NULL);
+	kvt_log_set_sink(check_log_sink, NULL);
 	test_metadata();
 	test_dequant_blocks();
 	test_quantize();
