@@ -134,3 +134,34 @@ uint32_t kvt_t0_refcount(const kvt_t0_pool *p, int32_t slot)
 	pthread_mutex_unlock(&mp->mu);
 	return n;
 }
+
+int kvt_t0_check(const kvt_t0_pool *p)
+{
+	kvt_t0_pool *mp = (kvt_t0_pool *)p;
+	const uint32_t n = p->layout.n_slots;
+	unsigned char *listed = calloc(n, 1);
+	uint32_t n_zero = 0;
+	int rc = KVT_OK;
+
+	if (!listed)
+		return KVT_ENOMEM;
+	pthread_mutex_lock(&mp->mu);
+	for (uint32_t i = 0; i < p->n_free && rc == KVT_OK; i++) {
+		int32_t s = p->free_stack[i];
+		if (s < 0 || (uint32_t)s >= n || listed[s] || p->refs[s]) {
+			KVT_LOGE("t0 slot %d: bad free-list entry %u (listed twice, out of range or in use)", s, i);
+			rc = KVT_ECORRUPT;
+			break;
+		}
+		listed[s] = 1;
+	}
+	for (uint32_t s = 0; s < n && rc == KVT_OK; s++)
+		n_zero += p->refs[s] == 0;
+	if (rc == KVT_OK && n_zero != p->n_free) {
+		KVT_LOGE("t0: %u slots have no holder but %u are free", n_zero, p->n_free);
+		rc = KVT_ECORRUPT;
+	}
+	pthread_mutex_unlock(&mp->mu);
+	free(listed);
+	return rc;
+}

@@ -41,5 +41,12 @@ void kvt_t0_ref(kvt_t0_pool *p, int32_t slot);
 /* Drop a holder; at zero the slot is free again. */
 void kvt_t0_unref(kvt_t0_pool *p, int32_t slot);
 uint32_t kvt_t0_refcount(const kvt_t0_pool *p, int32_t slot);
+/*
+ * Walk the pool and check its invariants: every free-list entry is a slot in
+ * range with count 0, listed once, and the slots with count 0 are exactly
+ * those listed. KVT_ECORRUPT (logged, naming the slot) if not. Debug and test
+ * builds call it; it takes the pool's mutex.
+ */
+int kvt_t0_check(const kvt_t0_pool *p);
 
 #endif
