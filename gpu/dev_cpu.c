@@ -688,19 +688,224 @@ static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 	return KVT_OK;
 }
 
+/* Query rows per task of the blocked (prefill) attention kernel. */
+#define ATTN_ROWS 8
+
+/* Per-thread scratch floats of the row-by-row kernel: every score, one output row. */
+static size_t attn_row_floats(const kvt_attention_args *a)
+{
+	return (size_t)a->pos0 + a->n_rows + a->kv->head_dim;
+}
+
+/*
+ * Per-thread scratch floats of the blocked kernel: for ATTN_ROWS x group
+ * query vectors an accumulator row, a running max and a running sum; one KV
+ * block's K and V widened to fp32; its scores.
+ */
+static size_t attn_block_floats(const kvt_attention_args *a)
+{
+	const size_t nq = (size_t)ATTN_ROWS * (a->n_heads / a->kv->n_kv_heads);
+	const size_t hd = a->kv->head_dim, bt = a->kv->block_tokens;
+	return nq * (hd + 2) + 2 * bt * hd + bt;
+}
+
 static size_t cpu_attention_workspace(const kvt_dev *d, const kvt_attention_args *a)
 {
-	/* per thread: scores for every visible position, plus one fp32 output row */
-	size_t n_ctx = (size_t)a->pos0 + a->n_rows;
-	return (size_t)cpu_n_threads(d) * (n_ctx + a->kv->head_dim) * sizeof(float);
+	size_t r = attn_row_floats(a), b = attn_block_floats(a);
+	return (size_t)cpu_n_threads(d) * (r > b ? r : b) * sizeof(float);
 }
 
 typedef struct attn_job {
 	const kvt_attention_args *a; /* the op */
 	float *ws;                   /* per-worker scratch */
+	size_t ws_floats;            /* floats of scratch per worker */
+	uint32_t n_row_blocks;       /* blocked kernel: ceil(n_rows / ATTN_ROWS) */
 } attn_job;
 
-/* One (query row, head) pair: softmax(q K^T * scale) V over the visible positions. */
+static float dot_f32(const float *a, const float *b, size_t n)
+{
+	size_t i = 0;
+	float s = 0;
+#ifdef KVT_HAVE_F16C
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	for (; i + 16 <= n; i += 16) {
+		acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+		acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+	}
+	acc0 = _mm256_add_ps(acc0, acc1);
+	__m128 h = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_add_ss(h, _mm_movehdup_ps(h));
+	s = _mm_cvtss_f32(h);
+#endif
+	for (; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+/* y = y * c + p * b over n elements. */
+static void scale_axpy_f32(float *y, float c, float p, const float *b, size_t n)
+{
+	size_t i = 0;
+#ifdef KVT_HAVE_F16C
+	__m256 vc = _mm256_set1_ps(c), vp = _mm256_set1_ps(p);
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(b + i), _mm256_mul_ps(vc, _mm256_loadu_ps(y + i))));
+#endif
+	for (; i < n; i++)
+		y[i] = y[i] * c + p * b[i];
+}
+
+#ifdef KVT_HAVE_F16C
+/*
+ * e^x for 8 floats: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6
+ * Taylor polynomial (error < 1.3e-7 relative, about one ulp), times 2^n built
+ * in the exponent bits. Inputs below -87 give 0 (as expf's do, near enough
+ * for softmax weights); the attention kernel only feeds values <= 0.
+ */
+static inline __m256 exp8(__m256 x)
+{
+	const __m256 lo = _mm256_set1_ps(-87.0f);
+	__m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+	x = _mm256_max_ps(x, lo);
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+	__m256 p = _mm256_set1_ps(1.0f / 720);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Scores of q against 4 consecutive rows of k (row stride hd): 4 independent FMA chains. */
+static inline __m128 dot4_f32(const float *q, const float *k, size_t hd)
+{
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	for (size_t i = 0; i < hd; i += 8) {
+		__m256 qv = _mm256_loadu_ps(q + i);
+		a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i), a0);
+		a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + hd + i), a1);
+		a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * hd + i), a2);
+		a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * hd + i), a3);
+	}
+	__m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+	return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+#endif
+
+/* sc[k] = q . kb[k] * scale for k < n; returns the largest. */
+static float block_scores(const float *q, const float *kb, uint32_t n, size_t hd, float scale, float *sc)
+{
+	uint32_t k = 0;
+	float bmax = -INFINITY;
+#ifdef KVT_HAVE_F16C
+	if (hd % 8 == 0)
+		for (; k + 4 <= n; k += 4)
+			_mm_storeu_ps(sc + k, _mm_mul_ps(dot4_f32(q, kb + (size_t)k * hd, hd), _mm_set1_ps(scale)));
+#endif
+	for (; k < n; k++)
+		sc[k] = dot_f32(q, kb + (size_t)k * hd, hd) * scale;
+	for (k = 0; k < n; k++)
+		bmax = sc[k] > bmax ? sc[k] : bmax;
+	return bmax;
+}
+
+/* sc[k] = exp(sc[k] - m) for k < n; returns their sum. */
+static float block_exp(float *sc, uint32_t n, float m)
+{
+	uint32_t k = 0;
+	float sum = 0;
+#ifdef KVT_HAVE_F16C
+	__m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+	for (; k + 8 <= n; k += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + k), vm));
+		_mm256_storeu_ps(sc + k, e);
+		vs = _mm256_add_ps(vs, e);
+	}
+	float part[8];
+	_mm256_storeu_ps(part, vs);
+	for (int i = 0; i < 8; i++)
+		sum += part[i];
+#endif
+	for (; k < n; k++)
+		sum += sc[k] = expf(sc[k] - m);
+	return sum;
+}
+
+/*
+ * Blocked causal attention for prefill: one task is ATTN_ROWS query rows x
+ * the `group` query heads that share one KV head. Each KV block is widened to
+ * fp32 once and used by all of them, with an online softmax (running max and
+ * sum per query, rescaled as each block arrives), so a task reads each K/V
+ * row once instead of once per query. Late row blocks see the most keys, so
+ * they are handed out first.
+ */
+static void attention_block_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const attn_job *j = ctx;
+	const kvt_attention_args *a = j->a;
+	const kvt_kv_layout *l = a->kv;
+	const uint32_t hd = l->head_dim, bt = l->block_tokens, G = a->n_heads / l->n_kv_heads;
+	const uint32_t kh = t % l->n_kv_heads, rb = j->n_row_blocks - 1 - t / l->n_kv_heads;
+	const uint32_t r0 = rb * ATTN_ROWS, nr = a->n_rows - r0 < ATTN_ROWS ? a->n_rows - r0 : ATTN_ROWS;
+	const uint32_t nq = nr * G, n_vis_max = a->pos0 + r0 + nr;
+	float *acc = j->ws + (size_t)worker * j->ws_floats; /* [nq][hd] */
+	float *mx = acc + (size_t)ATTN_ROWS * G * hd;        /* [nq] running max */
+	float *sum = mx + (size_t)ATTN_ROWS * G;             /* [nq] running sum of exp */
+	float *kb = sum + (size_t)ATTN_ROWS * G;             /* [bt][hd] */
+	float *vb = kb + (size_t)bt * hd;                    /* [bt][hd] */
+	float *sc = vb + (size_t)bt * hd;                    /* [bt] */
+
+	memset(acc, 0, (size_t)nq * hd * sizeof(float));
+	for (uint32_t i = 0; i < nq; i++) {
+		mx[i] = -INFINITY;
+		sum[i] = 0;
+	}
+	for (uint32_t p0 = 0; p0 < n_vis_max; p0 += bt) {
+		const uint32_t nk = n_vis_max - p0 < bt ? n_vis_max - p0 : bt;
+		const int32_t slot = a->block_table[p0 / bt];
+		/* a head's K (and V) rows for consecutive tokens are contiguous in a block */
+		f16_to_f32_row(kv_row(l, slot, a->layer, 0, kh, 0), kb, (size_t)nk * hd);
+		f16_to_f32_row(kv_row(l, slot, a->layer, 1, kh, 0), vb, (size_t)nk * hd);
+		for (uint32_t r = 0; r < nr; r++) {
+			const uint32_t n_vis = a->pos0 + r0 + r + 1; /* causal: positions 0..pos0+r0+r */
+			if (n_vis <= p0)
+				continue;
+			const uint32_t kmax = n_vis - p0 < nk ? n_vis - p0 : nk;
+			for (uint32_t g = 0; g < G; g++) {
+				const uint32_t qi = r * G + g;
+				const float *q = a->q + ((size_t)(r0 + r) * a->n_heads + kh * G + g) * hd;
+				const float bmax = block_scores(q, kb, kmax, hd, a->scale, sc);
+				const float m_new = bmax > mx[qi] ? bmax : mx[qi];
+				float c = expf(mx[qi] - m_new); /* 0 for the first block: mx is -inf */
+				float *y = acc + (size_t)qi * hd;
+				sum[qi] = sum[qi] * c + block_exp(sc, kmax, m_new);
+				for (uint32_t k = 0; k < kmax; k++) {
+					scale_axpy_f32(y, c, sc[k], vb + (size_t)k * hd, hd);
+					c = 1.0f;
+				}
+				mx[qi] = m_new;
+			}
+		}
+	}
+	for (uint32_t r = 0; r < nr; r++)
+		for (uint32_t g = 0; g < G; g++) {
+			const uint32_t qi = r * G + g;
+			float *out = a->out + ((size_t)(r0 + r) * a->n_heads + kh * G + g) * hd;
+			const float inv = 1.0f / sum[qi];
+			for (uint32_t i = 0; i < hd; i++)
+				out[i] = acc[(size_t)qi * hd + i] * inv;
+		}
+}
+
+/* One (query row, head) pair: softmax(q K^T * scale) V over the visible positions.
+ * The reference kernel, and the decode kernel of the fast path. */
 static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 {
 	const attn_job *j = ctx;
@@ -711,7 +916,7 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 	const size_t n_ctx = (size_t)a->pos0 + a->n_rows;
 	const uint32_t m = w / a->n_heads, h = w % a->n_heads, kh = h / group;
 	const uint32_t n_vis = a->pos0 + m + 1; /* causal: positions 0..pos0+m */
-	float *scores = j->ws + (size_t)worker * (n_ctx + hd);
+	float *scores = j->ws + (size_t)worker * j->ws_floats;
 	float *acc = scores + n_ctx;
 	const float *q = a->q + ((size_t)m * a->n_heads + h) * hd;
 	float mx = -INFINITY;
@@ -735,8 +940,15 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 
 static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 {
-	attn_job j = { .a = a, .ws = ws };
-	par_run(d, a->n_rows * a->n_heads, attention_task, &j);
+	size_t r = attn_row_floats(a), b = attn_block_floats(a);
+	attn_job j = { .a = a, .ws = ws, .ws_floats = r > b ? r : b };
+	/* the reference, and decode (one row: nothing to share), run row by row */
+	if (d->use_ref || a->n_rows == 1) {
+		par_run(d, a->n_rows * a->n_heads, attention_task, &j);
+		return KVT_OK;
+	}
+	j.n_row_blocks = (a->n_rows + ATTN_ROWS - 1) / ATTN_ROWS;
+	par_run(d, j.n_row_blocks * a->kv->n_kv_heads, attention_block_task, &j);
 	return KVT_OK;
 }
 

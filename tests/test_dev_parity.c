@@ -253,7 +253,8 @@ static void test_embed(uint32_t V, uint32_t D, int dt)
 }
 
 /*
- * Paged attention: n_ctx tokens already stored (written in two kv_store
+ * Paged attention (decode: one row; prefill: the blocked online-softmax
+ * kernel of the fast path): n_ctx tokens already stored (written in two kv_store
  * calls, the second a partial block), then n_rows queries at the end.
  * The block table is a shuffled permutation of the pool's slots so paging is
  * really exercised. Compared: the K/V pool bytes (bitwise) and the outputs
@@ -477,6 +478,9 @@ int main(void)
 	test_attention(2, 4, 128, 16, 37, 1);   /* decode after a partial block */
 	test_attention(4, 1, 128, 8, 40, 9);    /* MHA, prefill on a cached prefix */
 	test_attention(2, 2, 64, 16, 4096, 1);  /* long context */
+	test_attention(3, 3, 64, 16, 200, 100); /* long prefill on a prefix: many row blocks */
+	test_attention(2, 4, 128, 16, 5, 13);   /* a partial row block, GQA 4 */
+	test_attention(1, 2, 64, 16, 0, 300);   /* a long prompt from nothing */
 	test_argmax();
 
 	kvt_dev_destroy(ref);
