@@ -709,17 +709,30 @@ static size_t attn_block_floats(const kvt_attention_args *a)
 	return nq * (hd + 2) + 2 * bt * hd + bt;
 }
 
+/* Decode key splits per KV head: about two tasks per thread, at least 4 blocks each. */
+static uint32_t attn_n_splits(const kvt_dev *d, const kvt_attention_args *a)
+{
+	const uint32_t n_blk = (a->pos0 + a->n_rows + a->kv->block_tokens - 1) / a->kv->block_tokens;
+	uint32_t n = (2 * (uint32_t)cpu_n_threads(d) + a->kv->n_kv_heads - 1) / a->kv->n_kv_heads;
+	if (n > n_blk / 4)
+		n = n_blk / 4;
+	return n ? n : 1;
+}
+
 static size_t cpu_attention_workspace(const kvt_dev *d, const kvt_attention_args *a)
 {
 	size_t r = attn_row_floats(a), b = attn_block_floats(a);
-	return (size_t)cpu_n_threads(d) * (r > b ? r : b) * sizeof(float);
+	size_t partial = (size_t)a->n_heads * attn_n_splits(d, a) * (a->kv->head_dim + 2);
+	return ((size_t)cpu_n_threads(d) * (r > b ? r : b) + partial) * sizeof(float);
 }
 
 typedef struct attn_job {
 	const kvt_attention_args *a; /* the op */
 	float *ws;                   /* per-worker scratch */
 	size_t ws_floats;            /* floats of scratch per worker */
-	uint32_t n_row_blocks;       /* blocked kernel: ceil(n_rows / ATTN_ROWS) */
+	uint32_t n_row_blocks;       /* prefill: ceil(n_rows / ATTN_ROWS) */
+	uint32_t n_splits;           /* decode: key splits per KV head */
+	float *partial;              /* decode: [n_kv_heads][n_splits][group][head_dim + 2] */
 } attn_job;
 
 static float dot_f32(const float *a, const float *b, size_t n)
@@ -839,21 +852,21 @@ static float block_exp(float *sc, uint32_t n, float m)
 }
 
 /*
- * Blocked causal attention for prefill: one task is ATTN_ROWS query rows x
- * the `group` query heads that share one KV head. Each KV block is widened to
- * fp32 once and used by all of them, with an online softmax (running max and
- * sum per query, rescaled as each block arrives), so a task reads each K/V
- * row once instead of once per query. Late row blocks see the most keys, so
- * they are handed out first.
+ * Blocked causal attention, the fast path's kernel. One call covers nr query
+ * rows from r0 and the G query heads h0.. that share one KV head, over the
+ * KV blocks [blk0, blk1). Each KV block is widened to fp32 once and used by
+ * all those queries, with an online softmax (running max and sum per query,
+ * the accumulator rescaled as each block arrives), scores four keys at a time
+ * and a vectorised exp. The result is either final (out) or, for a split of
+ * the keys, the unnormalised partial state (m, l, acc) that
+ * attention_combine() merges.
  */
-static void attention_block_task(void *ctx, uint32_t t, uint32_t worker)
+static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t h0, uint32_t blk0, uint32_t blk1,
+			  uint32_t worker, float *partial)
 {
-	const attn_job *j = ctx;
 	const kvt_attention_args *a = j->a;
 	const kvt_kv_layout *l = a->kv;
-	const uint32_t hd = l->head_dim, bt = l->block_tokens, G = a->n_heads / l->n_kv_heads;
-	const uint32_t kh = t % l->n_kv_heads, rb = j->n_row_blocks - 1 - t / l->n_kv_heads;
-	const uint32_t r0 = rb * ATTN_ROWS, nr = a->n_rows - r0 < ATTN_ROWS ? a->n_rows - r0 : ATTN_ROWS;
+	const uint32_t hd = l->head_dim, bt = l->block_tokens, G = a->n_heads / l->n_kv_heads, kh = h0 / G;
 	const uint32_t nq = nr * G, n_vis_max = a->pos0 + r0 + nr;
 	float *acc = j->ws + (size_t)worker * j->ws_floats; /* [nq][hd] */
 	float *mx = acc + (size_t)ATTN_ROWS * G * hd;        /* [nq] running max */
@@ -867,9 +880,10 @@ static void attention_block_task(void *ctx, uint32_t t, uint32_t worker)
 		mx[i] = -INFINITY;
 		sum[i] = 0;
 	}
-	for (uint32_t p0 = 0; p0 < n_vis_max; p0 += bt) {
+	for (uint32_t blk = blk0; blk < blk1; blk++) {
+		const uint32_t p0 = blk * bt;
 		const uint32_t nk = n_vis_max - p0 < bt ? n_vis_max - p0 : bt;
-		const int32_t slot = a->block_table[p0 / bt];
+		const int32_t slot = a->block_table[blk];
 		/* a head's K (and V) rows for consecutive tokens are contiguous in a block */
 		f16_to_f32_row(kv_row(l, slot, a->layer, 0, kh, 0), kb, (size_t)nk * hd);
 		f16_to_f32_row(kv_row(l, slot, a->layer, 1, kh, 0), vb, (size_t)nk * hd);
@@ -880,32 +894,92 @@ static void attention_block_task(void *ctx, uint32_t t, uint32_t worker)
 			const uint32_t kmax = n_vis - p0 < nk ? n_vis - p0 : nk;
 			for (uint32_t g = 0; g < G; g++) {
 				const uint32_t qi = r * G + g;
-				const float *q = a->q + ((size_t)(r0 + r) * a->n_heads + kh * G + g) * hd;
+				const float *q = a->q + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
 				const float bmax = block_scores(q, kb, kmax, hd, a->scale, sc);
 				const float m_new = bmax > mx[qi] ? bmax : mx[qi];
-				float c = expf(mx[qi] - m_new); /* 0 for the first block: mx is -inf */
+				const float c = expf(mx[qi] - m_new); /* 0 for the first block: mx is -inf */
 				float *y = acc + (size_t)qi * hd;
 				sum[qi] = sum[qi] * c + block_exp(sc, kmax, m_new);
-				for (uint32_t k = 0; k < kmax; k++) {
-					scale_axpy_f32(y, c, sc[k], vb + (size_t)k * hd, hd);
-					c = 1.0f;
-				}
+				scale_axpy_f32(y, c, sc[0], vb, hd);
+				for (uint32_t k = 1; k < kmax; k++)
+					scale_axpy_f32(y, 1.0f, sc[k], vb + (size_t)k * hd, hd);
 				mx[qi] = m_new;
 			}
 		}
 	}
-	for (uint32_t r = 0; r < nr; r++)
-		for (uint32_t g = 0; g < G; g++) {
-			const uint32_t qi = r * G + g;
-			float *out = a->out + ((size_t)(r0 + r) * a->n_heads + kh * G + g) * hd;
+	for (uint32_t qi = 0; qi < nq; qi++) {
+		const uint32_t r = qi / G, g = qi % G;
+		if (partial) {
+			float *st = partial + (size_t)qi * (hd + 2);
+			memcpy(st, acc + (size_t)qi * hd, hd * sizeof(float));
+			st[hd] = mx[qi];
+			st[hd + 1] = sum[qi];
+		} else {
+			float *out = a->out + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
 			const float inv = 1.0f / sum[qi];
 			for (uint32_t i = 0; i < hd; i++)
 				out[i] = acc[(size_t)qi * hd + i] * inv;
 		}
+	}
+}
+
+/* Prefill: task = (row block, KV head); late row blocks see the most keys, so they go first. */
+static void attention_prefill_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const attn_job *j = ctx;
+	const kvt_attention_args *a = j->a;
+	const uint32_t n_kv = a->kv->n_kv_heads, G = a->n_heads / n_kv, bt = a->kv->block_tokens;
+	const uint32_t rb = j->n_row_blocks - 1 - t / n_kv, r0 = rb * ATTN_ROWS;
+	const uint32_t nr = a->n_rows - r0 < ATTN_ROWS ? a->n_rows - r0 : ATTN_ROWS;
+	attend_blocks(j, r0, nr, (t % n_kv) * G, 0, (a->pos0 + r0 + nr + bt - 1) / bt, worker, NULL);
+}
+
+/*
+ * Decode (one row): task = (KV head, a share of the key blocks), the
+ * flash-decoding split, so a long context keeps every thread busy even with
+ * few KV heads while each K/V row is still read once per token.
+ */
+static void attention_decode_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const attn_job *j = ctx;
+	const kvt_attention_args *a = j->a;
+	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
+	const uint32_t kh = t / j->n_splits, sp = t % j->n_splits;
+	const uint32_t n_blk = (a->pos0 + 1 + a->kv->block_tokens - 1) / a->kv->block_tokens;
+	const uint32_t b0 = (uint32_t)((uint64_t)n_blk * sp / j->n_splits);
+	const uint32_t b1 = (uint32_t)((uint64_t)n_blk * (sp + 1) / j->n_splits);
+	attend_blocks(j, 0, 1, kh * G, b0, b1, worker, j->partial + (size_t)t * G * (hd + 2));
+}
+
+/* Merge the splits' (acc, m, l) per query head: out = sum acc_i e^(m_i-M) / sum l_i e^(m_i-M). */
+static void attention_combine(const attn_job *j)
+{
+	const kvt_attention_args *a = j->a;
+	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
+	for (uint32_t h = 0; h < a->n_heads; h++) {
+		const uint32_t kh = h / G, g = h % G;
+		float M = -INFINITY, L = 0, *out = a->out + (size_t)h * hd;
+		for (uint32_t sp = 0; sp < j->n_splits; sp++) {
+			const float *st = j->partial + ((size_t)(kh * j->n_splits + sp) * G + g) * (hd + 2);
+			M = st[hd] > M ? st[hd] : M;
+		}
+		memset(out, 0, hd * sizeof(float));
+		for (uint32_t sp = 0; sp < j->n_splits; sp++) {
+			const float *st = j->partial + ((size_t)(kh * j->n_splits + sp) * G + g) * (hd + 2);
+			if (st[hd + 1] == 0)
+				continue; /* a split with no keys */
+			const float w = expf(st[hd] - M);
+			L += st[hd + 1] * w;
+			for (uint32_t i = 0; i < hd; i++)
+				out[i] += st[i] * w;
+		}
+		for (uint32_t i = 0; i < hd; i++)
+			out[i] /= L;
+	}
 }
 
 /* One (query row, head) pair: softmax(q K^T * scale) V over the visible positions.
- * The reference kernel, and the decode kernel of the fast path. */
+ * The reference kernel. */
 static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 {
 	const attn_job *j = ctx;
@@ -942,13 +1016,19 @@ static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 {
 	size_t r = attn_row_floats(a), b = attn_block_floats(a);
 	attn_job j = { .a = a, .ws = ws, .ws_floats = r > b ? r : b };
-	/* the reference, and decode (one row: nothing to share), run row by row */
-	if (d->use_ref || a->n_rows == 1) {
+	if (d->use_ref) {
 		par_run(d, a->n_rows * a->n_heads, attention_task, &j);
 		return KVT_OK;
 	}
-	j.n_row_blocks = (a->n_rows + ATTN_ROWS - 1) / ATTN_ROWS;
-	par_run(d, j.n_row_blocks * a->kv->n_kv_heads, attention_block_task, &j);
+	if (a->n_rows > 1) {
+		j.n_row_blocks = (a->n_rows + ATTN_ROWS - 1) / ATTN_ROWS;
+		par_run(d, j.n_row_blocks * a->kv->n_kv_heads, attention_prefill_task, &j);
+		return KVT_OK;
+	}
+	j.n_splits = attn_n_splits(d, a);
+	j.partial = (float *)ws + (size_t)cpu_n_threads(d) * j.ws_floats;
+	par_run(d, a->kv->n_kv_heads * j.n_splits, attention_decode_task, &j);
+	attention_combine(&j);
 	return KVT_OK;
 }
 
