@@ -477,7 +477,8 @@ int main(void)
 	test_attention(3, 3, 64, 16, 0, 21);    /* prefill, partial block, SmolLM2's GQA */
 	test_attention(2, 4, 128, 16, 37, 1);   /* decode after a partial block */
 	test_attention(4, 1, 128, 8, 40, 9);    /* MHA, prefill on a cached prefix */
-	test_attention(2, 2, 64, 16, 4096, 1);  /* long context */
+	test_attention(2, 2, 64, 16, 4096, 1);  /* long context: decode keys split in two */
+	test_attention(1, 4, 64, 16, 1000, 1);  /* one KV head: decode keys split in four */
 	test_attention(3, 3, 64, 16, 200, 100); /* long prefill on a prefix: many row blocks */
 	test_attention(2, 4, 128, 16, 5, 13);   /* a partial row block, GQA 4 */
 	test_attention(1, 2, 64, 16, 0, 300);   /* a long prompt from nothing */
