@@ -4,8 +4,9 @@
  * engine/ and tiers/ call only these functions; nothing above gpu/ knows
  * which backend runs. Two backends implement the ops table in dev_impl.h:
  *   - CPU (dev_cpu.c): plain C, the reference; a fast path (BLAS GEMMs,
- *     OpenMP threads) sits behind use_ref = false, and the plain path stays
- *     available as the oracle (use_ref = true).
+ *     SIMD kernels, the backend's own worker threads) sits behind
+ *     use_ref = false, and the plain path stays available as the oracle
+ *     (use_ref = true).
  *   - CUDA (dev_cuda.cu): the product, added by the CUDA backend work.
  *
  * Conventions:
@@ -13,7 +14,8 @@
  *     buffers in device memory ("d_" pointers). Scratch space comes from a
  *     caller workspace sized by kvt_dev_*_workspace_bytes().
  *   - Activations are fp32, row-major [token][feature]. Weights are [out][in]
- *     row-major (a GGUF tensor with ne = {in, out}), in fp32 or fp16.
+ *     row-major (a GGUF tensor with ne = {in, out}), in fp32, fp16 or one of
+ *     the block-quantized dtypes below.
  *   - Paged KV: a block holds block_tokens tokens of K and V for all layers,
  *     one contiguous record laid out [layer][K,V][kv_head][token][dim] in
  *     fp16. A sequence addresses its blocks through a block table (slot
