@@ -109,6 +109,18 @@ static int cpu_sync(kvt_dev *d)
 
 /* ---- fp16 helpers ---- */
 
+#ifdef KVT_HAVE_F16C
+/* Sum of the 8 lanes. */
+static inline float hsum8(__m256 v)
+{
+	__m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_add_ss(h, _mm_movehdup_ps(h));
+	return _mm_cvtss_f32(h);
+}
+#endif
+
+
 static void f16_to_f32_row(const uint16_t *src, float *dst, size_t n)
 {
 	size_t i = 0;
@@ -134,10 +146,7 @@ static float dot_f32_f16(const float *a, const uint16_t *b, size_t n)
 		acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
 	}
 	acc0 = _mm256_add_ps(acc0, acc1);
-	__m128 h = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
-	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-	h = _mm_add_ss(h, _mm_movehdup_ps(h));
-	s = _mm_cvtss_f32(h);
+	s = hsum8(acc0);
 #endif
 	for (; i < n; i++)
 		s += a[i] * kvt_f16_to_f32(b[i]);
@@ -378,10 +387,7 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 		}
 	}
 	for (int m = 0; m < M; m++) {
-		__m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
-		h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-		h = _mm_add_ss(h, _mm_movehdup_ps(h));
-		out[m] = _mm_cvtss_f32(h) + mterm[m];
+		out[m] = hsum8(acc[m]) + mterm[m];
 	}
 }
 
@@ -748,10 +754,7 @@ static float dot_f32(const float *a, const float *b, size_t n)
 		acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
 	}
 	acc0 = _mm256_add_ps(acc0, acc1);
-	__m128 h = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
-	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-	h = _mm_add_ss(h, _mm_movehdup_ps(h));
-	s = _mm_cvtss_f32(h);
+	s = hsum8(acc0);
 #endif
 	for (; i < n; i++)
 		s += a[i] * b[i];
