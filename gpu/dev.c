@@ -238,3 +238,136 @@ int kvt_dev_argmax(kvt_dev *d, const kvt_argmax_args *a)
 		BAD("argmax", "bad arguments");
 	return d->ops->argmax(d, a);
 }
+
+int kvt_dev_host_alloc(kvt_dev *d, size_t n_bytes, void **out)
+{
+	if (n_bytes == 0 || !out)
+		BAD("host_alloc", "zero bytes or NULL out");
+	return d->ops->host_alloc(d, n_bytes, out);
+}
+
+void kvt_dev_host_free(kvt_dev *d, void *h)
+{
+	if (h)
+		d->ops->host_free(d, h);
+}
+
+int kvt_dev_stream_create(kvt_dev *d, kvt_stream **out)
+{
+	return d->ops->stream_create(d, out);
+}
+
+void kvt_dev_stream_destroy(kvt_dev *d, kvt_stream *s)
+{
+	if (s)
+		d->ops->stream_destroy(d, s);
+}
+
+int kvt_dev_stream_sync(kvt_dev *d, kvt_stream *s)
+{
+	return d->ops->stream_sync(d, s);
+}
+
+int kvt_dev_event_create(kvt_dev *d, kvt_event **out)
+{
+	return d->ops->event_create(d, out);
+}
+
+void kvt_dev_event_destroy(kvt_dev *d, kvt_event *e)
+{
+	if (e)
+		d->ops->event_destroy(d, e);
+}
+
+int kvt_dev_event_record(kvt_dev *d, kvt_event *e, kvt_stream *s)
+{
+	if (!e)
+		BAD("event_record", "NULL event");
+	return d->ops->event_record(d, e, s);
+}
+
+int kvt_dev_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e)
+{
+	if (!e)
+		BAD("stream_wait_event", "NULL event");
+	return d->ops->stream_wait_event(d, s, e);
+}
+
+int kvt_dev_event_sync(kvt_dev *d, kvt_event *e)
+{
+	if (!e)
+		BAD("event_sync", "NULL event");
+	return d->ops->event_sync(d, e);
+}
+
+bool kvt_dev_event_done(kvt_dev *d, kvt_event *e)
+{
+	return e && d->ops->event_done(d, e);
+}
+
+int kvt_dev_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n, int dir)
+{
+	if (n && (!dst || !src))
+		BAD("copy_async", "NULL buffer");
+	if (dir < KVT_COPY_H2D || dir > KVT_COPY_D2D)
+		BAD("copy_async", "direction %d", dir);
+	return n ? d->ops->copy_async(d, s, dst, src, n, dir) : KVT_OK;
+}
+
+const char *kvt_kv_codec_name(int codec)
+{
+	static const char *const names[KVT_KV_CODEC_COUNT] = { "f16", "fp8", "int8" };
+	return codec >= 0 && codec < KVT_KV_CODEC_COUNT ? names[codec] : "?";
+}
+
+size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec)
+{
+	size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
+	switch (codec) {
+	case KVT_KV_CODEC_F16: return n_vec * l->head_dim * 2;
+	case KVT_KV_CODEC_FP8:
+	case KVT_KV_CODEC_INT8: return n_vec * l->head_dim + n_vec * sizeof(float);
+	}
+	return 0;
+}
+
+static int check_codec(const char *op, const kvt_kv_layout *kv, int codec, uint32_t n_blocks,
+		       const int32_t *slots, const void *buf)
+{
+	if (!kv || !kv->pool || !kv->n_slots || !kv->block_tokens || !kv->head_dim || !kv->n_kv_heads ||
+	    !kv->n_layers) {
+		KVT_LOGE("dev.%s: bad KV layout", op);
+		return KVT_EINVAL;
+	}
+	if (codec < 0 || codec >= KVT_KV_CODEC_COUNT) {
+		KVT_LOGE("dev.%s: codec %d", op, codec);
+		return KVT_EINVAL;
+	}
+	if (n_blocks && (!slots || !buf)) {
+		KVT_LOGE("dev.%s: NULL slots or buffer", op);
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0; i < n_blocks; i++) {
+		if (slots[i] < 0 || (uint32_t)slots[i] >= kv->n_slots) {
+			KVT_LOGE("dev.%s: slot %d of %u (block %u)", op, slots[i], kv->n_slots, i);
+			return KVT_EINVAL;
+		}
+	}
+	return KVT_OK;
+}
+
+int kvt_dev_kv_pack(kvt_dev *d, kvt_stream *s, const kvt_kv_pack_args *a)
+{
+	int rc = check_codec("kv_pack", a->kv, a->codec, a->n_blocks, a->h_slots, a->dst);
+	if (rc)
+		return rc;
+	return a->n_blocks ? d->ops->kv_pack(d, s, a) : KVT_OK;
+}
+
+int kvt_dev_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a)
+{
+	int rc = check_codec("kv_unpack", a->kv, a->codec, a->n_blocks, a->h_slots, a->src);
+	if (rc)
+		return rc;
+	return a->n_blocks ? d->ops->kv_unpack(d, s, a) : KVT_OK;
+}

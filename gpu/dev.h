@@ -88,8 +88,51 @@ void kvt_dev_free(kvt_dev *d, void *p); /* NULL is a no-op */
 int kvt_dev_copy_h2d(kvt_dev *d, void *d_dst, const void *h_src, size_t n_bytes);
 int kvt_dev_copy_d2h(kvt_dev *d, void *h_dst, const void *d_src, size_t n_bytes);
 int kvt_dev_copy_d2d(kvt_dev *d, void *d_dst, const void *d_src, size_t n_bytes);
-/* Wait until every op issued so far has completed. */
+/* Wait until every op issued so far on the compute stream has completed. */
 int kvt_dev_sync(kvt_dev *d);
+
+/*
+ * Pinned host memory ("h_" pointers): page-locked on CUDA (cudaHostAlloc),
+ * so async copies to and from it run at full bus speed; on the CPU backend
+ * 4 KiB-aligned memory that the backend tries to mlock (a refused mlock is
+ * not an error). KVT_ENOMEM (logged with the size) when it cannot be had.
+ */
+int kvt_dev_host_alloc(kvt_dev *d, size_t n_bytes, void **out);
+void kvt_dev_host_free(kvt_dev *d, void *h); /* NULL is a no-op */
+
+/*
+ * Streams and events. A stream is an ordered queue beside the compute stream
+ * (the one every op above runs on): the tiering manager moves blocks on its
+ * own streams while the engine computes. An event marks a point in a
+ * stream's order; kvt_dev_stream_wait_event() makes later work on a stream
+ * wait for it, on the device, without blocking the host. Ordering between
+ * streams is only ever by events. A NULL stream means the compute stream.
+ *
+ * Thread rules: each stream is driven by one thread at a time, and streams
+ * may be driven concurrently with each other and with the compute stream.
+ * Events may be recorded on one thread and waited on by another once the
+ * record call has returned. On the CPU backend every op completes before it
+ * returns, so events are always complete.
+ */
+typedef struct kvt_stream kvt_stream;
+typedef struct kvt_event kvt_event;
+int kvt_dev_stream_create(kvt_dev *d, kvt_stream **out);
+void kvt_dev_stream_destroy(kvt_dev *d, kvt_stream *s); /* NULL is a no-op; waits for it first */
+int kvt_dev_stream_sync(kvt_dev *d, kvt_stream *s);     /* wait for work issued on s */
+int kvt_dev_event_create(kvt_dev *d, kvt_event **out);
+void kvt_dev_event_destroy(kvt_dev *d, kvt_event *e);   /* NULL is a no-op */
+int kvt_dev_event_record(kvt_dev *d, kvt_event *e, kvt_stream *s);
+int kvt_dev_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e);
+int kvt_dev_event_sync(kvt_dev *d, kvt_event *e);       /* block the host until e completes */
+bool kvt_dev_event_done(kvt_dev *d, kvt_event *e);      /* poll */
+
+enum kvt_copy_dir {
+	KVT_COPY_H2D = 0, /* pinned host -> device */
+	KVT_COPY_D2H = 1, /* device -> pinned host */
+	KVT_COPY_D2D = 2, /* device -> device */
+};
+/* Copy n bytes on stream s, asynchronously where the backend can. */
+int kvt_dev_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n_bytes, int dir);
 
 /* y[m][n] = sum_k x[m][k] * w[n][k]  (+ y[m][n] when accumulate) */
 typedef struct kvt_matmul_args {
@@ -172,6 +215,50 @@ typedef struct kvt_kv_layout {
 } kvt_kv_layout;
 /* Bytes of one block record for a layout (fp16). */
 size_t kvt_kv_block_bytes(const kvt_kv_layout *l);
+
+/*
+ * Block codecs: how a block leaves T0 for the host tier. A packed block is
+ *   F16:  the block record itself, bit for bit (lossless);
+ *   FP8:  codes[layer][K,V][kv_head][token][dim] as FP8 E4M3 (OCP "FN":
+ *         no infinities, saturating at +-448), then
+ *         scales[layer][K,V][kv_head][token] as fp32;
+ *   INT8: the same shape with int8 codes in [-127, 127].
+ * One scale per token and KV head (amax / 448 for FP8, amax / 127 for INT8;
+ * see tiers/README.md for the measurement that chose it). Encoding: with
+ * s = amax / qmax and inv = qmax / amax (both 0 when amax is 0),
+ * code = round_nearest_even(x * inv) (saturated); decoding x' = code * s,
+ * rounded to fp16. Backends are bit-identical: the same fp32 operations in
+ * the same order.
+ */
+enum kvt_kv_codec {
+	KVT_KV_CODEC_F16 = 0,
+	KVT_KV_CODEC_FP8 = 1,
+	KVT_KV_CODEC_INT8 = 2,
+	KVT_KV_CODEC_COUNT
+};
+const char *kvt_kv_codec_name(int codec); /* "f16", "fp8", "int8" */
+/* Bytes of one packed block of this layout and codec. */
+size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec);
+
+/* Pack n_blocks pool slots into dst (packed blocks back to back). */
+typedef struct kvt_kv_pack_args {
+	const kvt_kv_layout *kv; /* borrowed; the pool the slots index */
+	int codec;               /* enum kvt_kv_codec */
+	uint32_t n_blocks;       /* blocks */
+	const int32_t *h_slots;  /* [n_blocks] slots, HOST memory (read before the call returns) */
+	void *dst;               /* [n_blocks] packed blocks, device memory */
+} kvt_kv_pack_args;
+int kvt_dev_kv_pack(kvt_dev *d, kvt_stream *s, const kvt_kv_pack_args *a);
+
+/* Unpack n_blocks packed blocks from src into pool slots. */
+typedef struct kvt_kv_unpack_args {
+	const kvt_kv_layout *kv; /* borrowed */
+	int codec;               /* enum kvt_kv_codec */
+	uint32_t n_blocks;       /* blocks */
+	const int32_t *h_slots;  /* [n_blocks] destination slots, HOST memory */
+	const void *src;         /* [n_blocks] packed blocks, device memory */
+} kvt_kv_unpack_args;
+int kvt_dev_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a);
 
 /* Store K and V of n_rows new tokens at positions pos0.. of one layer. */
 typedef struct kvt_kv_store_args {

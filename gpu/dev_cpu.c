@@ -17,12 +17,14 @@
  */
 #include "cpu_pool.h"
 #include "dev_impl.h"
+#include "kv_codec.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #if defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
@@ -1050,6 +1052,136 @@ static int cpu_argmax(kvt_dev *d, const kvt_argmax_args *a)
 	return KVT_OK;
 }
 
+/*
+ * Pinned host memory, streams and events. Everything completes before it
+ * returns on this backend, so a stream is only a token and an event is
+ * complete as soon as it is recorded. They are still real objects so that
+ * a stream or event misused (destroyed twice, say) shows up under ASan.
+ */
+struct kvt_stream {
+	int unused;
+};
+struct kvt_event {
+	int unused;
+};
+
+static int cpu_host_alloc(kvt_dev *d, size_t n, void **out)
+{
+	size_t rounded = (n + 4095) & ~(size_t)4095;
+	void *p = rounded >= n ? aligned_alloc(4096, rounded) : NULL;
+
+	if (!p) {
+		KVT_LOGE("cpu: cannot allocate %zu bytes of host memory", n);
+		return KVT_ENOMEM;
+	}
+	(void)mlock(p, rounded); /* best effort: RLIMIT_MEMLOCK is often small */
+	*out = p;
+	return KVT_OK;
+}
+
+static void cpu_host_free(kvt_dev *d, void *p)
+{
+	free(p); /* freeing unlocks */
+}
+
+static int cpu_stream_create(kvt_dev *d, kvt_stream **out)
+{
+	*out = calloc(1, sizeof(kvt_stream));
+	return *out ? KVT_OK : KVT_ENOMEM;
+}
+
+static void cpu_stream_destroy(kvt_dev *d, kvt_stream *s) { free(s); }
+static int cpu_stream_sync(kvt_dev *d, kvt_stream *s) { return KVT_OK; }
+
+static int cpu_event_create(kvt_dev *d, kvt_event **out)
+{
+	*out = calloc(1, sizeof(kvt_event));
+	return *out ? KVT_OK : KVT_ENOMEM;
+}
+
+static void cpu_event_destroy(kvt_dev *d, kvt_event *e) { free(e); }
+static int cpu_event_record(kvt_dev *d, kvt_event *e, kvt_stream *s) { return KVT_OK; }
+static int cpu_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e) { return KVT_OK; }
+static int cpu_event_sync(kvt_dev *d, kvt_event *e) { return KVT_OK; }
+static bool cpu_event_done(kvt_dev *d, kvt_event *e) { return true; }
+
+static int cpu_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n, int dir)
+{
+	memcpy(dst, src, n);
+	return KVT_OK;
+}
+
+/*
+ * Block codecs. Plain loops on the calling thread: these run on the tiering
+ * manager's threads, beside the compute thread that owns the worker pool.
+ * One vector is the head_dim values of one (layer, K/V, head, token).
+ */
+static void pack_vec(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
+{
+	float amax = 0.0f, s, inv;
+	for (uint32_t i = 0; i < n; i++) {
+		float a = fabsf(kvt_f16_to_f32(x[i]));
+		amax = a > amax ? a : amax;
+	}
+	kvt_codec_scales(amax, codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &s, &inv);
+	for (uint32_t i = 0; i < n; i++) {
+		float v = kvt_f16_to_f32(x[i]) * inv;
+		codes[i] = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(v) : (uint8_t)kvt_int8_encode(v);
+	}
+	*scale = s;
+}
+
+static void unpack_vec(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		float c = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(codes[i]) : (float)(int8_t)codes[i];
+		x[i] = kvt_f32_to_f16(c * s);
+	}
+}
+
+static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
+{
+	const kvt_kv_layout *l = a->kv;
+	size_t block_bytes = kvt_kv_block_bytes(l), packed = kvt_kv_packed_bytes(l, a->codec);
+	size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
+	for (uint32_t b = 0; b < a->n_blocks; b++) {
+		const uint16_t *src = (const uint16_t *)((const char *)l->pool + (size_t)a->h_slots[b] * block_bytes);
+		uint8_t *dst = (uint8_t *)a->dst + b * packed;
+		if (a->codec == KVT_KV_CODEC_F16) {
+			memcpy(dst, src, block_bytes);
+			continue;
+		}
+		uint8_t *scales = dst + n_vec * l->head_dim; /* fp32, not necessarily aligned */
+		for (size_t v = 0; v < n_vec; v++) {
+			float sc;
+			pack_vec(a->codec, src + v * l->head_dim, l->head_dim, dst + v * l->head_dim, &sc);
+			memcpy(scales + v * sizeof(float), &sc, sizeof(float));
+		}
+	}
+	return KVT_OK;
+}
+
+static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a)
+{
+	const kvt_kv_layout *l = a->kv;
+	size_t block_bytes = kvt_kv_block_bytes(l), packed = kvt_kv_packed_bytes(l, a->codec);
+	size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
+	for (uint32_t b = 0; b < a->n_blocks; b++) {
+		uint16_t *dst = (uint16_t *)((char *)l->pool + (size_t)a->h_slots[b] * block_bytes);
+		const uint8_t *src = (const uint8_t *)a->src + b * packed;
+		if (a->codec == KVT_KV_CODEC_F16) {
+			memcpy(dst, src, block_bytes);
+			continue;
+		}
+		for (size_t v = 0; v < n_vec; v++) {
+			float sc;
+			memcpy(&sc, src + n_vec * l->head_dim + v * sizeof(float), sizeof(float));
+			unpack_vec(a->codec, src + v * l->head_dim, sc, l->head_dim, dst + v * l->head_dim);
+		}
+	}
+	return KVT_OK;
+}
+
 static const struct kvt_dev_ops cpu_ops = {
 	.name = "cpu",
 	.destroy = cpu_destroy,
@@ -1071,6 +1203,20 @@ static const struct kvt_dev_ops cpu_ops = {
 	.attention_workspace = cpu_attention_workspace,
 	.attention = cpu_attention,
 	.argmax = cpu_argmax,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.stream_create = cpu_stream_create,
+	.stream_destroy = cpu_stream_destroy,
+	.stream_sync = cpu_stream_sync,
+	.event_create = cpu_event_create,
+	.event_destroy = cpu_event_destroy,
+	.event_record = cpu_event_record,
+	.stream_wait_event = cpu_stream_wait_event,
+	.event_sync = cpu_event_sync,
+	.event_done = cpu_event_done,
+	.copy_async = cpu_copy_async,
+	.kv_pack = cpu_kv_pack,
+	.kv_unpack = cpu_kv_unpack,
 };
 
 int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)

@@ -32,6 +32,20 @@ struct kvt_dev_ops {
 	size_t (*attention_workspace)(const kvt_dev *d, const kvt_attention_args *a); /* scratch bytes */
 	int (*attention)(kvt_dev *d, const kvt_attention_args *a, void *ws);   /* paged causal GQA */
 	int (*argmax)(kvt_dev *d, const kvt_argmax_args *a);                   /* row argmax */
+	int (*host_alloc)(kvt_dev *d, size_t n, void **out);                   /* pinned host memory */
+	void (*host_free)(kvt_dev *d, void *p);                                /* release it */
+	int (*stream_create)(kvt_dev *d, kvt_stream **out);                    /* a copy/codec stream */
+	void (*stream_destroy)(kvt_dev *d, kvt_stream *s);                     /* after its work */
+	int (*stream_sync)(kvt_dev *d, kvt_stream *s);                         /* NULL: compute stream */
+	int (*event_create)(kvt_dev *d, kvt_event **out);                      /* an event */
+	void (*event_destroy)(kvt_dev *d, kvt_event *e);                       /* release it */
+	int (*event_record)(kvt_dev *d, kvt_event *e, kvt_stream *s);          /* mark s's order */
+	int (*stream_wait_event)(kvt_dev *d, kvt_stream *s, kvt_event *e);     /* s waits for e */
+	int (*event_sync)(kvt_dev *d, kvt_event *e);                           /* host waits for e */
+	bool (*event_done)(kvt_dev *d, kvt_event *e);                          /* poll e */
+	int (*copy_async)(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n, int dir);
+	int (*kv_pack)(kvt_dev *d, kvt_stream *s, const kvt_kv_pack_args *a);     /* T0 -> packed */
+	int (*kv_unpack)(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a); /* packed -> T0 */
 };
 
 /* The common head of every backend's device object. */

@@ -1,0 +1,83 @@
+/*
+ * gpu/kv_codec.h — the scalar arithmetic of the block codecs (dev.h,
+ * enum kvt_kv_codec), shared by the CPU reference and the CUDA kernels so
+ * that both round the same way. Backends only.
+ *
+ * FP8 here is E4M3 in its "FN" form (OCP 8-bit floating point): 1 sign bit,
+ * 4 exponent bits (bias 7), 3 mantissa bits, no infinities, 0x7F/0xFF NaN,
+ * largest finite 448, subnormals m * 2^-9. Encoding rounds to nearest even
+ * and saturates to +-448 (as cuda_fp8.h's __NV_SATFINITE does), so the CUDA
+ * backend may use the hardware conversion and still match bit for bit.
+ */
+#ifndef KVT_KV_CODEC_H
+#define KVT_KV_CODEC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define KVT_HD __host__ __device__
+#else
+#define KVT_HD
+#endif
+
+#define KVT_FP8_MAX 448.0f
+#define KVT_INT8_MAX 127.0f
+
+static inline KVT_HD uint8_t kvt_fp8_e4m3_encode(float x)
+{
+	uint32_t b;
+	memcpy(&b, &x, 4);
+	uint8_t sign = (uint8_t)((b >> 24) & 0x80);
+	b &= 0x7FFFFFFFu;
+	if (b > 0x7F800000u)
+		return 0x7F; /* NaN */
+	float a;
+	memcpy(&a, &b, 4);
+	if (a >= KVT_FP8_MAX)
+		return sign | 0x7E;
+	int e = (int)(b >> 23) - 127;
+	if (e < -6) {
+		/* Subnormal (or zero): a * 2^9 is exact; rint rounds half to even. */
+		return sign | (uint8_t)rintf(a * 512.0f); /* 8 is the smallest normal */
+	}
+	uint32_t mant = b & 0x7FFFFFu;
+	uint32_t m3 = mant >> 20, rem = mant & 0xFFFFFu;
+	if (rem > 0x80000u || (rem == 0x80000u && (m3 & 1)))
+		m3++;
+	if (m3 == 8) {
+		m3 = 0;
+		e++;
+	}
+	uint32_t code = ((uint32_t)(e + 7) << 3) | m3;
+	return sign | (uint8_t)(code > 0x7E ? 0x7E : code);
+}
+
+static inline KVT_HD float kvt_fp8_e4m3_decode(uint8_t c)
+{
+	int ef = (c >> 3) & 0xF, m = c & 7;
+	float v = ef ? ldexpf(1.0f + (float)m * 0.125f, ef - 7) : (float)m * (1.0f / 512.0f);
+	return (c & 0x80) ? -v : v;
+}
+
+static inline KVT_HD int8_t kvt_int8_encode(float x)
+{
+	float r = rintf(x);
+	r = r > KVT_INT8_MAX ? KVT_INT8_MAX : (r < -KVT_INT8_MAX ? -KVT_INT8_MAX : r);
+	return (int8_t)r;
+}
+
+/* scale and its inverse from a vector's largest magnitude. */
+static inline KVT_HD void kvt_codec_scales(float amax, float qmax, float *s, float *inv)
+{
+	if (amax > 0.0f) {
+		*s = amax / qmax;
+		*inv = qmax / amax;
+	} else {
+		*s = 0.0f;
+		*inv = 0.0f;
+	}
+}
+
+#endif
