@@ -1,0 +1,1119 @@
+/*
+ * gpu/dev_cuda.cu — the CUDA backend: the product. Every op of dev.h on the
+ * GPU, tested op by op against the CPU reference (tests/test_gpu_parity.c).
+ *
+ * Streams. Every op runs on the device's compute stream, in issue order;
+ * kvt_dev_sync waits for it. Streams made by kvt_dev_stream_create are
+ * non-blocking streams of their own (the tiering manager's copy and codec
+ * queues); work on them is ordered against the compute stream only by
+ * events, never by timing. Copies to or from host memory that the caller
+ * may reuse at once (copy_h2d, copy_d2h from pageable memory) wait for the
+ * compute stream before returning; copy_async does not wait.
+ *
+ * Memory. cudaMalloc for device memory, cudaHostAlloc for pinned host
+ * memory; no managed memory. The engine allocates its buffers once at load,
+ * so a caching pool would buy nothing on the hot path.
+ *
+ * Errors. Out of memory returns KVT_ENOMEM (recoverable). Errors that leave
+ * the context unusable ("sticky": illegal address, launch failure, ...)
+ * abort the process with the CUDA error string, since nothing computed on
+ * that device afterwards can be trusted. Other errors return KVT_EDEVICE.
+ *
+ * Kernels:
+ *   - matmul: cuBLAS GemmEx (fp16 inputs, fp32 accumulation) when more than
+ *     GEMV_MAX_ROWS rows multiply a weight; fewer rows (decode) use a GEMV
+ *     that reads fp16 weights once with 16-byte loads and keeps the
+ *     activations in fp32. fp32 weights go through cublasSgemm.
+ *   - attention, decode (one query row): flash-decoding. The keys of each KV
+ *     head are split into chunks across CTAs; within a CTA each group of
+ *     lanes owns one key at a time (head_dim / 8 lanes, 16-byte loads) and
+ *     keeps its own online softmax for every query head of the GQA group, so
+ *     K and V are read once per KV head. A second kernel merges the chunks.
+ *   - attention, prefill: a CTA takes a tile of query rows of one KV head,
+ *     stages 32 keys at a time in shared memory and runs an online softmax
+ *     per query vector (one warp per vector, a lane per key), skipping key
+ *     tiles past the tile's last position (causal).
+ *   - codecs: one warp per (layer, K/V, head, token) vector: amax by warp
+ *     reduction, then the shared scalar arithmetic of kv_codec.h, so codes
+ *     match the CPU bit for bit.
+ */
+extern "C" {
+#include "dev_impl.h"
+}
+#include "kv_codec.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GEMV_MAX_ROWS 8
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 16 /* query heads per KV head the decode kernel keeps in registers */
+
+struct kvt_stream {
+	cudaStream_t s;
+};
+struct kvt_event {
+	cudaEvent_t e;
+};
+
+typedef struct cuda_dev {
+	kvt_dev base;          /* common head; must be first */
+	int device;            /* CUDA ordinal */
+	int n_sm;              /* multiprocessors */
+	cudaStream_t stream;   /* compute stream */
+	cublasHandle_t blas;   /* bound to stream */
+	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
+} cuda_dev;
+
+static cuda_dev *C(kvt_dev *d) { return (cuda_dev *)d; }
+static cudaStream_t S(kvt_dev *d, kvt_stream *s) { return s ? s->s : C(d)->stream; }
+
+static bool is_sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorAssert:
+	case cudaErrorECCUncorrectable:
+	case cudaErrorLaunchTimeout:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* Map a CUDA result to ours; abort on an error that poisons the context. */
+static int cu_check(cudaError_t e, const char *what, const char *file, int line)
+{
+	if (e == cudaSuccess)
+		return KVT_OK;
+	if (is_sticky(e)) {
+		fprintf(stderr, "kvtier: fatal CUDA error in %s (%s:%d): %s (%s); the GPU context is unusable\n",
+			what, file, line, cudaGetErrorString(e), cudaGetErrorName(e));
+		abort();
+	}
+	if (e == cudaErrorMemoryAllocation) {
+		(void)cudaGetLastError(); /* clear the non-sticky error */
+		KVT_LOGE("cuda: %s: out of device memory", what);
+		return KVT_ENOMEM;
+	}
+	(void)cudaGetLastError();
+	KVT_LOGE("cuda: %s: %s", what, cudaGetErrorString(e));
+	return KVT_EDEVICE;
+}
+#define CU(call) cu_check((call), #call, __FILE__, __LINE__)
+#define LAUNCHED(what) cu_check(cudaGetLastError(), what, __FILE__, __LINE__)
+
+static int blas_check(cublasStatus_t st, const char *what)
+{
+	if (st == CUBLAS_STATUS_SUCCESS)
+		return KVT_OK;
+	if (st == CUBLAS_STATUS_ALLOC_FAILED) {
+		KVT_LOGE("cuda: %s: cuBLAS out of memory", what);
+		return KVT_ENOMEM;
+	}
+	KVT_LOGE("cuda: %s: cuBLAS status %d", what, (int)st);
+	/* An execution failure may hide a sticky error: let cu_check decide. */
+	int rc = CU(cudaPeekAtLastError());
+	return rc ? rc : KVT_EDEVICE;
+}
+
+static unsigned div_up(uint64_t a, uint64_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* ---- memory, copies, streams, events ---- */
+
+static void cuda_destroy(kvt_dev *d)
+{
+	cuda_dev *c = C(d);
+	if (c->blas)
+		cublasDestroy(c->blas);
+	if (c->d_flag)
+		cudaFree(c->d_flag);
+	if (c->stream) {
+		cudaStreamSynchronize(c->stream);
+		cudaStreamDestroy(c->stream);
+	}
+	free(c);
+}
+
+static bool cuda_supports_dtype(const kvt_dev *d, int dtype)
+{
+	return dtype == KVT_DTYPE_F32 || dtype == KVT_DTYPE_F16;
+}
+
+static int cuda_alloc(kvt_dev *d, size_t n, void **out)
+{
+	int rc = CU(cudaMalloc(out, n));
+	if (rc == KVT_ENOMEM)
+		KVT_LOGE("cuda: cannot allocate %zu bytes of device memory", n);
+	return rc;
+}
+
+static void cuda_free(kvt_dev *d, void *p) { CU(cudaFree(p)); }
+
+static int cuda_copy_sync(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	int rc = CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, C(d)->stream));
+	return rc ? rc : CU(cudaStreamSynchronize(C(d)->stream));
+}
+
+static int cuda_copy_d2d(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	return CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, C(d)->stream));
+}
+
+static int cuda_sync(kvt_dev *d) { return CU(cudaStreamSynchronize(C(d)->stream)); }
+
+static int cuda_host_alloc(kvt_dev *d, size_t n, void **out)
+{
+	int rc = CU(cudaHostAlloc(out, n, cudaHostAllocPortable));
+	if (rc == KVT_ENOMEM)
+		KVT_LOGE("cuda: cannot allocate %zu bytes of pinned host memory", n);
+	return rc;
+}
+
+static void cuda_host_free(kvt_dev *d, void *p) { CU(cudaFreeHost(p)); }
+
+static int cuda_stream_create(kvt_dev *d, kvt_stream **out)
+{
+	kvt_stream *s = (kvt_stream *)calloc(1, sizeof *s);
+	if (!s)
+		return KVT_ENOMEM;
+	int rc = CU(cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking));
+	if (rc) {
+		free(s);
+		return rc;
+	}
+	*out = s;
+	return KVT_OK;
+}
+
+static void cuda_stream_destroy(kvt_dev *d, kvt_stream *s)
+{
+	CU(cudaStreamSynchronize(s->s));
+	CU(cudaStreamDestroy(s->s));
+	free(s);
+}
+
+static int cuda_stream_sync(kvt_dev *d, kvt_stream *s) { return CU(cudaStreamSynchronize(S(d, s))); }
+
+static int cuda_event_create(kvt_dev *d, kvt_event **out)
+{
+	kvt_event *e = (kvt_event *)calloc(1, sizeof *e);
+	if (!e)
+		return KVT_ENOMEM;
+	int rc = CU(cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming));
+	if (rc) {
+		free(e);
+		return rc;
+	}
+	*out = e;
+	return KVT_OK;
+}
+
+static void cuda_event_destroy(kvt_dev *d, kvt_event *e)
+{
+	CU(cudaEventDestroy(e->e));
+	free(e);
+}
+
+static int cuda_event_record(kvt_dev *d, kvt_event *e, kvt_stream *s) { return CU(cudaEventRecord(e->e, S(d, s))); }
+static int cuda_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e)
+{
+	return CU(cudaStreamWaitEvent(S(d, s), e->e, 0));
+}
+static int cuda_event_sync(kvt_dev *d, kvt_event *e) { return CU(cudaEventSynchronize(e->e)); }
+
+static bool cuda_event_done(kvt_dev *d, kvt_event *e)
+{
+	cudaError_t r = cudaEventQuery(e->e);
+	if (r == cudaErrorNotReady)
+		return false;
+	return CU(r) == KVT_OK;
+}
+
+static int cuda_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n, int dir)
+{
+	static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+						cudaMemcpyDeviceToDevice };
+	return CU(cudaMemcpyAsync(dst, src, n, kinds[dir], S(d, s)));
+}
+
+/* ---- reductions ---- */
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Sum over a CTA of up to 1024 threads (blockDim.x a multiple of 32). */
+__device__ float block_sum(float v, float *sh)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_sum(v);
+	__syncthreads();
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.0f;
+	return warp_sum(v);
+}
+
+/* ---- matmul ---- */
+
+__global__ void f32_to_f16_kernel(const float *x, __half *y, uint64_t n)
+{
+	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] = __float2half_rn(x[i]);
+}
+
+/*
+ * y[m][n] (+)= x[m] . w[n] for M <= GEMV_MAX_ROWS rows: one warp per output
+ * column n, lanes strided over k by 8 fp16 weights (one 16-byte load).
+ */
+template <int M>
+__global__ void gemv_f16_kernel(const __half *__restrict__ w, const float *__restrict__ x, float *__restrict__ y,
+				uint32_t K, uint32_t N, bool acc, bool vec)
+{
+	uint32_t n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	int lane = threadIdx.x & 31;
+	if (n >= N)
+		return;
+	const __half *row = w + (size_t)n * K;
+	float s[M];
+#pragma unroll
+	for (int m = 0; m < M; m++)
+		s[m] = 0.0f;
+	if (vec) {
+		for (uint32_t k = lane * 8; k < K; k += 256) {
+			uint4 raw = *(const uint4 *)(row + k);
+			const __half2 *h2 = (const __half2 *)&raw;
+			float wf[8];
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				float2 f = __half22float2(h2[i]);
+				wf[2 * i] = f.x;
+				wf[2 * i + 1] = f.y;
+			}
+#pragma unroll
+			for (int m = 0; m < M; m++) {
+				const float4 *xv = (const float4 *)(x + (size_t)m * K + k);
+				float4 a = xv[0], b = xv[1];
+				s[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+					wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+			}
+		}
+	} else {
+		for (uint32_t k = lane; k < K; k += 32) {
+			float wf = __half2float(row[k]);
+#pragma unroll
+			for (int m = 0; m < M; m++)
+				s[m] += wf * x[(size_t)m * K + k];
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		float v = warp_sum(s[m]);
+		if (lane == 0) {
+			float *o = y + (size_t)m * N + n;
+			*o = acc ? *o + v : v;
+		}
+	}
+}
+
+template <int M>
+static void launch_gemv(cudaStream_t st, const kvt_matmul_args *a, bool vec)
+{
+	const int warps = 8;
+	gemv_f16_kernel<M><<<div_up(a->n_out, warps), warps * 32, 0, st>>>(
+		(const __half *)a->w, a->x, a->y, a->n_in, a->n_out, a->accumulate, vec);
+}
+
+static size_t cuda_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
+{
+	if (a->w_dtype == KVT_DTYPE_F16 && a->n_rows > GEMV_MAX_ROWS)
+		return (size_t)a->n_rows * a->n_in * sizeof(__half);
+	return 0;
+}
+
+static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+{
+	cuda_dev *c = C(d);
+	const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
+	int M = (int)a->n_rows, K = (int)a->n_in, N = (int)a->n_out;
+
+	if (a->w_dtype == KVT_DTYPE_F32) {
+		/* column-major view: y^T (N x M) = W (N x K, stored as K x N) ^T . x^T (K x M) */
+		return blas_check(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const float *)a->w,
+					      K, a->x, K, &beta, a->y, N),
+				  "sgemm");
+	}
+	if (a->n_rows <= GEMV_MAX_ROWS) {
+		bool vec = K % 8 == 0 && ((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0;
+		switch (a->n_rows) {
+		case 1: launch_gemv<1>(c->stream, a, vec); break;
+		case 2: launch_gemv<2>(c->stream, a, vec); break;
+		case 3: launch_gemv<3>(c->stream, a, vec); break;
+		case 4: launch_gemv<4>(c->stream, a, vec); break;
+		case 5: launch_gemv<5>(c->stream, a, vec); break;
+		case 6: launch_gemv<6>(c->stream, a, vec); break;
+		case 7: launch_gemv<7>(c->stream, a, vec); break;
+		default: launch_gemv<8>(c->stream, a, vec); break;
+		}
+		return LAUNCHED("gemv");
+	}
+	uint64_t n = (uint64_t)a->n_rows * a->n_in;
+	f32_to_f16_kernel<<<div_up(n, 256) < 4096 ? div_up(n, 256) : 4096, 256, 0, c->stream>>>(a->x, (__half *)ws, n);
+	int rc = LAUNCHED("f32_to_f16");
+	if (rc)
+		return rc;
+	return blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, a->w, CUDA_R_16F, K, ws,
+				       CUDA_R_16F, K, &beta, a->y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+				       CUBLAS_GEMM_DEFAULT),
+			  "gemm f16");
+}
+
+/* ---- elementwise and row ops ---- */
+
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, uint32_t n, float eps)
+{
+	__shared__ float sh[32];
+	const float *xr = x + (size_t)blockIdx.x * n;
+	float *yr = y + (size_t)blockIdx.x * n;
+	float ss = 0.0f;
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	ss = block_sum(ss, sh);
+	float r = 1.0f / sqrtf(ss / (float)n + eps);
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		yr[i] = xr[i] * r * w[i];
+}
+
+static int cuda_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a)
+{
+	rmsnorm_kernel<<<a->n_rows, 256, 0, C(d)->stream>>>(a->x, a->w, a->y, a->n_dim, a->eps);
+	return LAUNCHED("rmsnorm");
+}
+
+/* One thread per (row, rotated pair); theta advances as the CPU's does. */
+__global__ void rope_kernel(kvt_rope_args a, float theta_scale)
+{
+	uint32_t pairs = a.n_rot / 2;
+	uint64_t idx = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+	if (idx >= (uint64_t)a.n_rows * pairs)
+		return;
+	uint32_t m = (uint32_t)(idx / pairs), i = (uint32_t)(idx % pairs);
+	float theta = (float)a.pos[m];
+	for (uint32_t j = 0; j < i; j++)
+		theta *= theta_scale;
+	float c, s;
+	sincosf(theta, &s, &c);
+	for (uint32_t h = 0; h < a.n_heads; h++) {
+		float *x = a.x + ((size_t)m * a.n_heads + h) * a.head_dim + 2 * i;
+		float x0 = x[0], x1 = x[1];
+		x[0] = x0 * c - x1 * s;
+		x[1] = x0 * s + x1 * c;
+	}
+}
+
+static int cuda_rope(kvt_dev *d, const kvt_rope_args *a)
+{
+	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
+	uint64_t n = (uint64_t)a->n_rows * (a->n_rot / 2);
+	rope_kernel<<<div_up(n, 128), 128, 0, C(d)->stream>>>(*a, theta_scale);
+	return LAUNCHED("rope");
+}
+
+__global__ void swiglu_kernel(const float *g, const float *u, float *y, uint64_t n)
+{
+	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+		float v = g[i];
+		y[i] = v / (1.0f + expf(-v)) * u[i];
+	}
+}
+
+static unsigned grid_for(uint64_t n) { return div_up(n, 256) < 8192 ? div_up(n, 256) : 8192; }
+
+static int cuda_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
+{
+	swiglu_kernel<<<grid_for(a->n), 256, 0, C(d)->stream>>>(a->gate, a->up, a->y, a->n);
+	return LAUNCHED("swiglu");
+}
+
+__global__ void add_kernel(const float *x, float *y, uint64_t n)
+{
+	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] += x[i];
+}
+
+static int cuda_add(kvt_dev *d, const kvt_add_args *a)
+{
+	add_kernel<<<grid_for(a->n), 256, 0, C(d)->stream>>>(a->x, a->y, a->n);
+	return LAUNCHED("add");
+}
+
+/* Out-of-range ids are reported through *bad (the first one seen) and leave their row 0. */
+__global__ void embed_kernel(kvt_embed_args a, int32_t *bad)
+{
+	uint32_t m = blockIdx.x;
+	int32_t id = a.ids[m];
+	float *y = a.y + (size_t)m * a.n_dim;
+	if (id < 0 || (uint32_t)id >= a.n_vocab) {
+		if (threadIdx.x == 0)
+			atomicCAS(bad, INT32_MIN, id);
+		for (uint32_t k = threadIdx.x; k < a.n_dim; k += blockDim.x)
+			y[k] = 0.0f;
+		return;
+	}
+	if (a.table_dtype == KVT_DTYPE_F32) {
+		const float *row = (const float *)a.table + (size_t)id * a.n_dim;
+		for (uint32_t k = threadIdx.x; k < a.n_dim; k += blockDim.x)
+			y[k] = row[k];
+	} else {
+		const __half *row = (const __half *)a.table + (size_t)id * a.n_dim;
+		for (uint32_t k = threadIdx.x; k < a.n_dim; k += blockDim.x)
+			y[k] = __half2float(row[k]);
+	}
+}
+
+static int cuda_embed(kvt_dev *d, const kvt_embed_args *a)
+{
+	/* The CPU backend rejects an out-of-range id with KVT_EINVAL; so does this one,
+	 * at the cost of one small read-back (ids come from the host anyway). */
+	cuda_dev *c = C(d);
+	int32_t h_bad = INT32_MIN;
+	int rc = CU(cudaMemcpyAsync(c->d_flag, &h_bad, sizeof h_bad, cudaMemcpyHostToDevice, c->stream));
+	if (!rc) {
+		embed_kernel<<<a->n_rows, 128, 0, c->stream>>>(*a, c->d_flag);
+		if (!(rc = LAUNCHED("embed")))
+			rc = CU(cudaMemcpyAsync(&h_bad, c->d_flag, sizeof h_bad, cudaMemcpyDeviceToHost, c->stream));
+	}
+	if (!rc)
+		rc = CU(cudaStreamSynchronize(c->stream));
+	if (!rc && h_bad != INT32_MIN) {
+		KVT_LOGE("dev.embed: token id %d out of range (vocab %u)", h_bad, a->n_vocab);
+		return KVT_EINVAL;
+	}
+	return rc;
+}
+
+__global__ void argmax_kernel(const float *x, int32_t *out, uint32_t n)
+{
+	__shared__ float sv[32];
+	__shared__ uint32_t si[32];
+	const float *r = x + (size_t)blockIdx.x * n;
+	float best = -INFINITY;
+	uint32_t bi = UINT32_MAX;
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		if (bi == UINT32_MAX || r[i] > best) { /* increasing i: strict > keeps the lowest index */
+			best = r[i];
+			bi = i;
+		}
+	/* lowest index wins ties */
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(0xffffffffu, best, o);
+		uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+		if (ov > best || (ov == best && oi < bi)) {
+			best = ov;
+			bi = oi;
+		}
+	}
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	if (lane == 0) {
+		sv[w] = best;
+		si[w] = bi;
+	}
+	__syncthreads();
+	if (w == 0) {
+		int nw = blockDim.x >> 5;
+		best = lane < nw ? sv[lane] : -INFINITY;
+		bi = lane < nw ? si[lane] : UINT32_MAX;
+		for (int o = 16; o > 0; o >>= 1) {
+			float ov = __shfl_xor_sync(0xffffffffu, best, o);
+			uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+			if (ov > best || (ov == best && oi < bi)) {
+				best = ov;
+				bi = oi;
+			}
+		}
+		if (lane == 0)
+			out[blockIdx.x] = (int32_t)bi;
+	}
+}
+
+static int cuda_argmax(kvt_dev *d, const kvt_argmax_args *a)
+{
+	argmax_kernel<<<a->n_rows, 256, 0, C(d)->stream>>>(a->x, a->out, a->n_cols);
+	return LAUNCHED("argmax");
+}
+
+/* ---- paged KV ---- */
+
+/* Element offset of (slot, layer, K/V, head, token, 0) in an fp16 pool. */
+__device__ __forceinline__ size_t kv_off(const kvt_kv_layout &l, int32_t slot, uint32_t layer, uint32_t kv,
+					 uint32_t head, uint32_t t)
+{
+	size_t off = (size_t)slot * l.n_layers;
+	off = ((off + layer) * 2 + kv) * l.n_kv_heads + head;
+	return (off * l.block_tokens + t) * l.head_dim;
+}
+
+__global__ void kv_store_kernel(kvt_kv_layout l, kvt_kv_store_args a)
+{
+	uint32_t m = blockIdx.x, h = blockIdx.y;
+	uint32_t pos = a.pos0 + m;
+	int32_t slot = a.block_table[pos / l.block_tokens];
+	__half *pool = (__half *)l.pool;
+	size_t ko = kv_off(l, slot, a.layer, 0, h, pos % l.block_tokens);
+	size_t vo = kv_off(l, slot, a.layer, 1, h, pos % l.block_tokens);
+	size_t src = ((size_t)m * l.n_kv_heads + h) * l.head_dim;
+	for (uint32_t i = threadIdx.x; i < l.head_dim; i += blockDim.x) {
+		pool[ko + i] = __float2half_rn(a.k[src + i]);
+		pool[vo + i] = __float2half_rn(a.v[src + i]);
+	}
+}
+
+static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
+{
+	kv_store_kernel<<<dim3(a->n_rows, a->kv->n_kv_heads), 64, 0, C(d)->stream>>>(*a->kv, *a);
+	return LAUNCHED("kv_store");
+}
+
+/*
+ * Decode attention, split-K. Grid (n_kv_heads, n_splits); 4 warps. Lane
+ * group g of LPK = head_dim / 8 lanes takes keys g, g + n_groups, ... of the
+ * split; each lane holds 8 dims of q for every query head of the GQA group
+ * and 8 dims of its accumulators. Partials go to ws as
+ * [split][query head] { m, l, acc[head_dim] }.
+ */
+template <int LPK, int G>
+__global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
+							  uint32_t keys_per_split, float *ws)
+{
+	constexpr int D = LPK * 8;
+	constexpr int GROUPS = 128 / LPK; /* lane groups in the CTA */
+	const uint32_t kh = blockIdx.x, split = blockIdx.y;
+	const uint32_t n_ctx = a.pos0 + 1;
+	const uint32_t k0 = split * keys_per_split;
+	const uint32_t k1 = min(n_ctx, k0 + keys_per_split);
+	const int tid = threadIdx.x, grp = tid / LPK, sub = tid % LPK;
+	const __half *pool = (const __half *)l.pool;
+	const uint32_t bt = l.block_tokens;
+
+	float q[G][8], acc[G][8], mx[G], sum[G];
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+		const float *qp = a.q + ((size_t)kh * G + g) * D + sub * 8;
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			q[g][i] = qp[i] * a.scale;
+			acc[g][i] = 0.0f;
+		}
+		mx[g] = -INFINITY;
+		sum[g] = 0.0f;
+	}
+	/* Trip counts are uniform per warp (every lane shuffles); a lane group past k1 idles. */
+	constexpr int GPW = 32 / LPK;
+	for (uint32_t base = k0 + (tid >> 5) * GPW; base < k1; base += GROUPS) {
+		const uint32_t p = base + (grp % GPW);
+		const bool valid = p < k1;
+		int32_t slot = a.block_table[(valid ? p : base) / bt];
+		const uint32_t pp = valid ? p : base;
+		size_t ko = kv_off(l, slot, a.layer, 0, kh, pp % bt) + sub * 8;
+		size_t vo = kv_off(l, slot, a.layer, 1, kh, pp % bt) + sub * 8;
+		uint4 kr = *(const uint4 *)(pool + ko), vr = *(const uint4 *)(pool + vo);
+		const __half2 *k2 = (const __half2 *)&kr, *v2 = (const __half2 *)&vr;
+		float kf[8], vf[8];
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			float2 f = __half22float2(k2[i]);
+			kf[2 * i] = f.x;
+			kf[2 * i + 1] = f.y;
+			f = __half22float2(v2[i]);
+			vf[2 * i] = f.x;
+			vf[2 * i + 1] = f.y;
+		}
+#pragma unroll
+		for (int g = 0; g < G; g++) {
+			float s = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				s += q[g][i] * kf[i];
+#pragma unroll
+			for (int o = LPK / 2; o > 0; o >>= 1)
+				s += __shfl_xor_sync(0xffffffffu, s, o, LPK);
+			if (!valid)
+				continue;
+			float nm = fmaxf(mx[g], s);
+			float c = expf(mx[g] - nm), pw = expf(s - nm);
+			sum[g] = sum[g] * c + pw;
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc[g][i] = acc[g][i] * c + pw * vf[i];
+			mx[g] = nm;
+		}
+	}
+	/* Merge the lane groups: through shared memory, one query head at a time. */
+	__shared__ float sm[GROUPS], ssum[GROUPS];
+	__shared__ float sacc[GROUPS][D];
+	for (int g = 0; g < G; g++) {
+		if (sub == 0) {
+			sm[grp] = mx[g];
+			ssum[grp] = sum[g];
+		}
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			sacc[grp][sub * 8 + i] = acc[g][i];
+		__syncthreads();
+		float M = -INFINITY;
+		for (int j = 0; j < GROUPS; j++)
+			M = fmaxf(M, sm[j]);
+		float *out = ws + ((size_t)split * a.n_heads + kh * G + g) * (D + 2);
+		for (int dd = tid; dd < D; dd += 128) {
+			float v = 0.0f;
+			for (int j = 0; j < GROUPS; j++)
+				if (sm[j] != -INFINITY)
+					v += sacc[j][dd] * expf(sm[j] - M);
+			out[2 + dd] = v;
+		}
+		if (tid == 0) {
+			float L = 0.0f;
+			for (int j = 0; j < GROUPS; j++)
+				if (sm[j] != -INFINITY)
+					L += ssum[j] * expf(sm[j] - M);
+			out[0] = M;
+			out[1] = L;
+		}
+		__syncthreads();
+	}
+}
+
+/* Merge n_splits partials per query head into out. Grid n_heads; D threads. */
+__global__ void attn_combine_kernel(const float *ws, float *out, uint32_t n_heads, uint32_t D, uint32_t n_splits)
+{
+	uint32_t h = blockIdx.x;
+	float M = -INFINITY;
+	for (uint32_t s = 0; s < n_splits; s++)
+		M = fmaxf(M, ws[((size_t)s * n_heads + h) * (D + 2)]);
+	float L = 0.0f;
+	for (uint32_t s = 0; s < n_splits; s++) {
+		const float *p = ws + ((size_t)s * n_heads + h) * (D + 2);
+		if (p[0] != -INFINITY)
+			L += p[1] * expf(p[0] - M);
+	}
+	for (uint32_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
+		float v = 0.0f;
+		for (uint32_t s = 0; s < n_splits; s++) {
+			const float *p = ws + ((size_t)s * n_heads + h) * (D + 2);
+			if (p[0] != -INFINITY)
+				v += p[2 + dd] * expf(p[0] - M);
+		}
+		out[(size_t)h * D + dd] = v / L;
+	}
+}
+
+/*
+ * Prefill attention. Grid (n_kv_heads, row tiles); 4 warps. The CTA's query
+ * vectors are QT rows x G heads (at most 32), staged in shared memory; key
+ * tiles of 32 are staged as fp32. Warp w owns query vectors w, w + 4, ...;
+ * within a warp lane j scores key j of the tile, then lanes split the
+ * dimensions for the weighted sum of V.
+ */
+#define PF_KEYS 32
+#define PF_VECS 32
+template <int DPL> /* dims per lane: head_dim / 32, rounded up */
+__global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_attention_args a, uint32_t qt)
+{
+	constexpr int VPW = PF_VECS / 4; /* query vectors per warp, at most */
+	extern __shared__ float shm[];
+	const uint32_t D = l.head_dim, G = a.n_heads / l.n_kv_heads, bt = l.block_tokens;
+	const uint32_t kh = blockIdx.x, r0 = blockIdx.y * qt;
+	const uint32_t rows = min(qt, a.n_rows - r0), nv = rows * G;
+	float *sq = shm;                     /* [PF_VECS][D] */
+	float *sk = sq + PF_VECS * D;        /* [PF_KEYS][D + 1] */
+	float *sv = sk + PF_KEYS * (D + 1);  /* [PF_KEYS][D] */
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+	for (uint32_t i = threadIdx.x; i < nv * D; i += blockDim.x) {
+		uint32_t v = i / D, dd = i % D, r = v / G, g = v % G;
+		sq[i] = a.q[((size_t)(r0 + r) * a.n_heads + kh * G + g) * D + dd] * a.scale;
+	}
+	float mx[VPW], sum[VPW], acc[VPW][DPL];
+#pragma unroll
+	for (int j = 0; j < VPW; j++) {
+		mx[j] = -INFINITY;
+		sum[j] = 0.0f;
+#pragma unroll
+		for (int e = 0; e < DPL; e++)
+			acc[j][e] = 0.0f;
+	}
+	const uint32_t last = a.pos0 + r0 + rows - 1; /* the tile's last visible key */
+	for (uint32_t t0 = 0; t0 <= last; t0 += PF_KEYS) {
+		__syncthreads();
+		for (uint32_t i = threadIdx.x; i < PF_KEYS * D; i += blockDim.x) {
+			uint32_t kk = i / D, dd = i % D, p = t0 + kk;
+			float kvk = 0.0f, kvv = 0.0f;
+			if (p <= last) {
+				int32_t slot = a.block_table[p / bt];
+				const __half *pool = (const __half *)l.pool;
+				kvk = __half2float(pool[kv_off(l, slot, a.layer, 0, kh, p % bt) + dd]);
+				kvv = __half2float(pool[kv_off(l, slot, a.layer, 1, kh, p % bt) + dd]);
+			}
+			sk[kk * (D + 1) + dd] = kvk;
+			sv[kk * D + dd] = kvv;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int j = 0; j < VPW; j++) {
+			uint32_t v = w + 4 * j;
+			if (v >= nv)
+				break;
+			uint32_t pos = a.pos0 + r0 + v / G;
+			uint32_t p = t0 + lane;
+			float s = -INFINITY;
+			if (p <= pos) {
+				s = 0.0f;
+				const float *qv = sq + v * D, *kv = sk + lane * (D + 1);
+				for (uint32_t dd = 0; dd < D; dd++)
+					s += qv[dd] * kv[dd];
+			}
+			float tm = warp_max(s);
+			if (tm == -INFINITY)
+				continue; /* no visible key in this tile for this row */
+			float nm = fmaxf(mx[j], tm);
+			float pw = s == -INFINITY ? 0.0f : expf(s - nm);
+			float c = expf(mx[j] - nm);
+			sum[j] = sum[j] * c + warp_sum(pw);
+#pragma unroll
+			for (int e = 0; e < DPL; e++)
+				acc[j][e] *= c;
+			for (int kk = 0; kk < PF_KEYS; kk++) {
+				float pk = __shfl_sync(0xffffffffu, pw, kk);
+				if (pk == 0.0f)
+					continue;
+#pragma unroll
+				for (int e = 0; e < DPL; e++) {
+					uint32_t dd = lane + 32 * e;
+					if (dd < D)
+						acc[j][e] += pk * sv[kk * D + dd];
+				}
+			}
+			mx[j] = nm;
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < VPW; j++) {
+		uint32_t v = w + 4 * j;
+		if (v >= nv)
+			break;
+		uint32_t r = v / G, g = v % G;
+		float *o = a.out + ((size_t)(r0 + r) * a.n_heads + kh * G + g) * D;
+#pragma unroll
+		for (int e = 0; e < DPL; e++) {
+			uint32_t dd = lane + 32 * e;
+			if (dd < D)
+				o[dd] = acc[j][e] / sum[j];
+		}
+	}
+}
+
+/* Keys per decode split: enough CTAs to fill the GPU twice over, at least 64 keys each. */
+static uint32_t decode_splits(const cuda_dev *c, const kvt_attention_args *a, uint32_t *keys_per_split)
+{
+	uint32_t n_ctx = a->pos0 + 1;
+	uint32_t want = div_up(2u * (uint32_t)c->n_sm, a->kv->n_kv_heads);
+	uint32_t kps = div_up(n_ctx, want);
+	if (kps < 64)
+		kps = 64;
+	*keys_per_split = kps;
+	return div_up(n_ctx, kps);
+}
+
+static bool decode_ok(const kvt_attention_args *a)
+{
+	uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
+	return a->n_rows == 1 && (D == 64 || D == 128 || D == 256) && G <= MAX_GROUP &&
+	       ((uintptr_t)a->kv->pool % 16) == 0;
+}
+
+/* Sized for the most splits any context can take, so one workspace serves every length. */
+static size_t cuda_attention_workspace(const kvt_dev *d, const kvt_attention_args *a)
+{
+	kvt_attention_args one = *a;
+	one.n_rows = 1;
+	if (!decode_ok(&one))
+		return 0;
+	uint32_t most = div_up(2u * (uint32_t)((const cuda_dev *)d)->n_sm, a->kv->n_kv_heads);
+	return (size_t)most * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
+}
+
+template <int LPK, int G>
+static void launch_decode(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
+{
+	attn_decode_kernel<LPK, G><<<dim3(a->kv->n_kv_heads, n_splits), 128, 0, st>>>(*a->kv, *a, kps, ws);
+}
+
+template <int LPK>
+static bool launch_decode_g(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
+{
+	switch (a->n_heads / a->kv->n_kv_heads) {
+	case 1: launch_decode<LPK, 1>(st, a, n_splits, kps, ws); return true;
+	case 2: launch_decode<LPK, 2>(st, a, n_splits, kps, ws); return true;
+	case 3: launch_decode<LPK, 3>(st, a, n_splits, kps, ws); return true;
+	case 4: launch_decode<LPK, 4>(st, a, n_splits, kps, ws); return true;
+	case 5: launch_decode<LPK, 5>(st, a, n_splits, kps, ws); return true;
+	case 6: launch_decode<LPK, 6>(st, a, n_splits, kps, ws); return true;
+	case 7: launch_decode<LPK, 7>(st, a, n_splits, kps, ws); return true;
+	case 8: launch_decode<LPK, 8>(st, a, n_splits, kps, ws); return true;
+	case 16: launch_decode<LPK, 16>(st, a, n_splits, kps, ws); return true;
+	}
+	return false;
+}
+
+static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
+{
+	cuda_dev *c = C(d);
+	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
+	if (D > MAX_HEAD_DIM) {
+		KVT_LOGE("cuda attention: head_dim %u over %d", D, MAX_HEAD_DIM);
+		return KVT_EUNSUPPORTED;
+	}
+	if (decode_ok(a)) {
+		uint32_t kps, n = decode_splits(c, a, &kps);
+		bool ok = D == 64 ? launch_decode_g<8>(c->stream, a, n, kps, (float *)ws)
+			  : D == 128 ? launch_decode_g<16>(c->stream, a, n, kps, (float *)ws)
+				     : launch_decode_g<32>(c->stream, a, n, kps, (float *)ws);
+		if (ok) {
+			int rc = LAUNCHED("attention decode");
+			if (rc)
+				return rc;
+			attn_combine_kernel<<<a->n_heads, D < 128 ? 64 : 128, 0, c->stream>>>((const float *)ws, a->out,
+											  a->n_heads, D, n);
+			return LAUNCHED("attention combine");
+		}
+	}
+	uint32_t qt = G >= PF_VECS ? 1 : PF_VECS / G;
+	if (G > PF_VECS) {
+		KVT_LOGE("cuda attention: %u query heads per KV head (at most %d)", G, PF_VECS);
+		return KVT_EUNSUPPORTED;
+	}
+	size_t shm = ((size_t)PF_VECS * D + (size_t)PF_KEYS * (D + 1) + (size_t)PF_KEYS * D) * sizeof(float);
+	dim3 grid(a->kv->n_kv_heads, div_up(a->n_rows, qt));
+#define PF(DPL)                                                                                              \
+	do {                                                                                                 \
+		cudaFuncSetAttribute(attn_prefill_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,   \
+				     (int)shm);                                                              \
+		attn_prefill_kernel<DPL><<<grid, 128, shm, c->stream>>>(*a->kv, *a, qt);                     \
+	} while (0)
+	if (D <= 32)
+		PF(1);
+	else if (D <= 64)
+		PF(2);
+	else if (D <= 128)
+		PF(4);
+	else
+		PF(8);
+#undef PF
+	return LAUNCHED("attention prefill");
+}
+
+/* ---- block codecs ---- */
+
+/* Slots of one launch travel by value in the kernel's parameters. */
+#define CODEC_SLOTS 64
+struct codec_slots {
+	int32_t slot[CODEC_SLOTS];
+};
+
+/*
+ * One warp per vector of head_dim values. Grid (vectors / 8, blocks); 8 warps.
+ * The packed block: codes[n_vec][D], then fp32 scales[n_vec].
+ */
+__global__ void kv_pack_kernel(kvt_kv_layout l, int codec, codec_slots sl, uint8_t *dst, size_t packed,
+			       uint32_t n_vec)
+{
+	uint32_t v = blockIdx.x * 8 + (threadIdx.x >> 5), b = blockIdx.y;
+	int lane = threadIdx.x & 31;
+	if (v >= n_vec)
+		return;
+	const uint32_t D = l.head_dim;
+	const __half *src = (const __half *)l.pool + (size_t)sl.slot[b] * n_vec * D + (size_t)v * D;
+	uint8_t *out = dst + b * packed;
+	float amax = 0.0f;
+	for (uint32_t i = lane; i < D; i += 32)
+		amax = fmaxf(amax, fabsf(__half2float(src[i])));
+	amax = warp_max(amax);
+	float s, inv;
+	kvt_codec_scales(amax, codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &s, &inv);
+	for (uint32_t i = lane; i < D; i += 32) {
+		float x = __half2float(src[i]) * inv;
+		out[(size_t)v * D + i] = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(x) : (uint8_t)kvt_int8_encode(x);
+	}
+	if (lane == 0)
+		memcpy(out + (size_t)n_vec * D + (size_t)v * 4, &s, 4);
+}
+
+__global__ void kv_unpack_kernel(kvt_kv_layout l, int codec, codec_slots sl, const uint8_t *src, size_t packed,
+				 uint32_t n_vec)
+{
+	uint32_t v = blockIdx.x * 8 + (threadIdx.x >> 5), b = blockIdx.y;
+	int lane = threadIdx.x & 31;
+	if (v >= n_vec)
+		return;
+	const uint32_t D = l.head_dim;
+	__half *dst = (__half *)l.pool + (size_t)sl.slot[b] * n_vec * D + (size_t)v * D;
+	const uint8_t *in = src + b * packed;
+	float s;
+	memcpy(&s, in + (size_t)n_vec * D + (size_t)v * 4, 4);
+	for (uint32_t i = lane; i < D; i += 32) {
+		uint8_t c = in[(size_t)v * D + i];
+		float x = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c;
+		dst[i] = __float2half_rn(x * s);
+	}
+}
+
+static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int codec, uint32_t n_blocks,
+		     const int32_t *slots, void *dst, const void *src, bool pack)
+{
+	cudaStream_t s = S(d, st);
+	const size_t block_bytes = kvt_kv_block_bytes(l), packed = kvt_kv_packed_bytes(l, codec);
+	const uint32_t n_vec = l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
+	if (codec == KVT_KV_CODEC_F16) {
+		for (uint32_t b = 0; b < n_blocks; b++) {
+			char *pool = (char *)l->pool + (size_t)slots[b] * block_bytes;
+			int rc = pack ? CU(cudaMemcpyAsync((char *)dst + b * packed, pool, block_bytes,
+							   cudaMemcpyDeviceToDevice, s))
+				      : CU(cudaMemcpyAsync(pool, (const char *)src + b * packed, block_bytes,
+							   cudaMemcpyDeviceToDevice, s));
+			if (rc)
+				return rc;
+		}
+		return KVT_OK;
+	}
+	for (uint32_t b0 = 0; b0 < n_blocks; b0 += CODEC_SLOTS) {
+		uint32_t nb = n_blocks - b0 < CODEC_SLOTS ? n_blocks - b0 : CODEC_SLOTS;
+		codec_slots sl;
+		memcpy(sl.slot, slots + b0, nb * sizeof(int32_t));
+		dim3 grid(div_up(n_vec, 8), nb);
+		if (pack)
+			kv_pack_kernel<<<grid, 256, 0, s>>>(*l, codec, sl, (uint8_t *)dst + b0 * packed, packed, n_vec);
+		else
+			kv_unpack_kernel<<<grid, 256, 0, s>>>(*l, codec, sl, (const uint8_t *)src + b0 * packed, packed,
+							      n_vec);
+		int rc = LAUNCHED(pack ? "kv_pack" : "kv_unpack");
+		if (rc)
+			return rc;
+	}
+	return KVT_OK;
+}
+
+static int cuda_kv_pack(kvt_dev *d, kvt_stream *s, const kvt_kv_pack_args *a)
+{
+	return codec_run(d, s, a->kv, a->codec, a->n_blocks, a->h_slots, a->dst, NULL, true);
+}
+
+static int cuda_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a)
+{
+	return codec_run(d, s, a->kv, a->codec, a->n_blocks, a->h_slots, NULL, a->src, false);
+}
+
+static const struct kvt_dev_ops cuda_ops = {
+	.name = "cuda",
+	.destroy = cuda_destroy,
+	.supports_dtype = cuda_supports_dtype,
+	.alloc = cuda_alloc,
+	.free = cuda_free,
+	.copy_h2d = cuda_copy_sync,
+	.copy_d2h = cuda_copy_sync,
+	.copy_d2d = cuda_copy_d2d,
+	.sync = cuda_sync,
+	.matmul_workspace = cuda_matmul_workspace,
+	.matmul = cuda_matmul,
+	.rmsnorm = cuda_rmsnorm,
+	.rope = cuda_rope,
+	.swiglu = cuda_swiglu,
+	.add = cuda_add,
+	.embed = cuda_embed,
+	.kv_store = cuda_kv_store,
+	.attention_workspace = cuda_attention_workspace,
+	.attention = cuda_attention,
+	.argmax = cuda_argmax,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.stream_create = cuda_stream_create,
+	.stream_destroy = cuda_stream_destroy,
+	.stream_sync = cuda_stream_sync,
+	.event_create = cuda_event_create,
+	.event_destroy = cuda_event_destroy,
+	.event_record = cuda_event_record,
+	.stream_wait_event = cuda_stream_wait_event,
+	.event_sync = cuda_event_sync,
+	.event_done = cuda_event_done,
+	.copy_async = cuda_copy_async,
+	.kv_pack = cuda_kv_pack,
+	.kv_unpack = cuda_kv_unpack,
+};
+
+extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
+{
+	const bool asked = cfg->kind == KVT_DEV_CUDA; /* auto falls back quietly */
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess || n == 0) {
+		(void)cudaGetLastError();
+		if (asked)
+			KVT_LOGE("device cuda: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+		return KVT_EDEVICE;
+	}
+	cuda_dev *c = (cuda_dev *)calloc(1, sizeof *c);
+	if (!c)
+		return KVT_ENOMEM;
+	c->base.ops = &cuda_ops;
+	c->base.kind = KVT_DEV_CUDA;
+	c->base.n_threads = 1;
+	c->device = 0;
+	cudaDeviceProp prop;
+	int rc = CU(cudaSetDevice(c->device));
+	if (!rc)
+		rc = CU(cudaGetDeviceProperties(&prop, c->device));
+	if (!rc)
+		rc = CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+	if (!rc && cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+		KVT_LOGE("device cuda: cuBLAS did not initialise");
+		rc = KVT_EDEVICE;
+	}
+	if (!rc && cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS)
+		rc = KVT_EDEVICE;
+	if (!rc)
+		cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for the fp32 path */
+	if (!rc)
+		rc = CU(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)));
+	if (rc) {
+		cuda_destroy(&c->base);
+		return rc;
+	}
+	c->n_sm = prop.multiProcessorCount;
+	snprintf(c->base.name, sizeof c->base.name, "cuda (%.48s, sm_%d%d, %.0f GiB)", prop.name, prop.major,
+		 prop.minor, (double)prop.totalGlobalMem / (1u << 30));
+	*out = &c->base;
+	return KVT_OK;
+}

@@ -1,0 +1,524 @@
+/* ctest-labels: parity gpu */
+/*
+ * tests/test_gpu_parity.c — every device op of the CUDA backend against the
+ * CPU reference (use_ref: the plain loops) on the same seeded inputs, over a
+ * grid of shapes, and end-to-end greedy decoding on a synthetic model.
+ *
+ * Tolerances, as normalised mean squared error NMSE = sum (gpu - cpu)^2 /
+ * sum cpu^2 over the output:
+ *   - copies, embedding, kv_store, the block codecs: bitwise (NMSE 0 and
+ *     every byte equal);
+ *   - matmul with fp16 weights and <= 8 rows (fp32 activations): 1e-10;
+ *     more rows (activations rounded to fp16 for the tensor cores): 1e-5;
+ *     fp32 weights (cublasSgemm, no TF32): 1e-10;
+ *   - rmsnorm, swiglu, add: 1e-12; rope (sincosf vs glibc): 1e-10;
+ *   - attention (exp and summation order differ): 1e-9.
+ * argmax must agree exactly (ties go to the lowest index on both).
+ * Exits 77 (skipped) where no GPU is present; the CUDA backend is still
+ * compiled on such machines.
+ */
+#include "check.h"
+#include "dev.h"
+#include "generate.h"
+#include "gguf.h"
+#include "model.h"
+#include "synth_model.h"
+#include "tiers.h"
+
+#include <unistd.h>
+
+static kvt_dev *cpu, *gpu;
+static check_rng rng = { 0x9e3779b97f4a7c15ULL };
+
+static void *up(kvt_dev *d, const void *h, size_t n)
+{
+	void *p = NULL;
+	if (kvt_dev_alloc(d, n, &p) || kvt_dev_copy_h2d(d, p, h, n))
+		abort();
+	return p;
+}
+
+static void down(kvt_dev *d, void *h, const void *p, size_t n)
+{
+	if (kvt_dev_sync(d) || kvt_dev_copy_d2h(d, h, p, n))
+		abort();
+}
+
+static float *rand_f32(size_t n, float amp)
+{
+	float *x = malloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		x[i] = check_rng_f32(&rng) * amp;
+	return x;
+}
+
+static double nmse(const float *got, const float *want, size_t n)
+{
+	double e = 0, s = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)got[i] - want[i];
+		e += d * d;
+		s += (double)want[i] * want[i];
+	}
+	return s > 0 ? e / s : e;
+}
+
+/* Run one op on both devices from the same host inputs: a small harness per op. */
+typedef struct buf2 {
+	void *c, *g; /* cpu and gpu copies */
+	size_t n;    /* bytes */
+} buf2;
+
+static buf2 both(const void *h, size_t n)
+{
+	buf2 b = { up(cpu, h, n), up(gpu, h, n), n };
+	return b;
+}
+
+static void both_free(buf2 *b)
+{
+	kvt_dev_free(cpu, b->c);
+	kvt_dev_free(gpu, b->g);
+}
+
+/* Compare a float output of both devices; returns NMSE. */
+static double cmp_f32(buf2 *b, size_t n_floats)
+{
+	float *hc = malloc(n_floats * 4), *hg = malloc(n_floats * 4);
+	down(cpu, hc, b->c, n_floats * 4);
+	down(gpu, hg, b->g, n_floats * 4);
+	double e = nmse(hg, hc, n_floats);
+	free(hc);
+	free(hg);
+	return e;
+}
+
+static bool cmp_bytes(const void *pc, const void *pg, size_t n)
+{
+	uint8_t *hc = malloc(n), *hg = malloc(n);
+	down(cpu, hc, pc, n);
+	down(gpu, hg, pg, n);
+	bool eq = memcmp(hc, hg, n) == 0;
+	free(hc);
+	free(hg);
+	return eq;
+}
+
+static void *ws(kvt_dev *d, size_t n)
+{
+	void *p = NULL;
+	if (n && kvt_dev_alloc(d, n, &p))
+		abort();
+	return p;
+}
+
+static void test_copies(void)
+{
+	const size_t n = (1 << 20) + 13;
+	uint8_t *h = malloc(n), *back = NULL;
+	for (size_t i = 0; i < n; i++)
+		h[i] = (uint8_t)check_rng_u64(&rng);
+	void *d1 = up(gpu, h, n), *d2 = ws(gpu, n);
+	CHECK(kvt_dev_copy_d2d(gpu, d2, d1, n) == KVT_OK);
+	uint8_t *hb = malloc(n);
+	down(gpu, hb, d2, n);
+	CHECK(memcmp(h, hb, n) == 0);
+
+	/* pinned memory, a copy stream, and events ordering it after the compute stream */
+	kvt_stream *s = NULL;
+	kvt_event *e = NULL;
+	CHECK(kvt_dev_host_alloc(gpu, n, (void **)&back) == KVT_OK);
+	CHECK(kvt_dev_stream_create(gpu, &s) == KVT_OK);
+	CHECK(kvt_dev_event_create(gpu, &e) == KVT_OK);
+	memset(back, 0, n);
+	CHECK(kvt_dev_copy_d2d(gpu, d2, d1, n) == KVT_OK); /* compute stream */
+	CHECK(kvt_dev_event_record(gpu, e, NULL) == KVT_OK);
+	CHECK(kvt_dev_stream_wait_event(gpu, s, e) == KVT_OK);
+	CHECK(kvt_dev_copy_async(gpu, s, back, d2, n, KVT_COPY_D2H) == KVT_OK);
+	CHECK(kvt_dev_event_record(gpu, e, s) == KVT_OK);
+	CHECK(kvt_dev_event_sync(gpu, e) == KVT_OK);
+	CHECK(kvt_dev_event_done(gpu, e));
+	CHECK(memcmp(h, back, n) == 0);
+	back[0] = (uint8_t)(255 - back[0]);
+	CHECK(kvt_dev_copy_async(gpu, s, d2, back, n, KVT_COPY_H2D) == KVT_OK);
+	CHECK(kvt_dev_stream_sync(gpu, s) == KVT_OK);
+	down(gpu, hb, d2, n);
+	int want0 = 255 - h[0];
+	CHECK(hb[0] == want0 && memcmp(h + 1, hb + 1, n - 1) == 0);
+	kvt_dev_event_destroy(gpu, e);
+	kvt_dev_stream_destroy(gpu, s);
+	kvt_dev_host_free(gpu, back);
+	kvt_dev_free(gpu, d1);
+	kvt_dev_free(gpu, d2);
+	free(h);
+	free(hb);
+}
+
+static void test_matmul(void)
+{
+	static const uint32_t Ms[] = { 1, 3, 8, 9, 64 }, Ks[] = { 64, 576, 100 }, Ns[] = { 1, 37, 1536 };
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_F16; dt++)
+		for (size_t mi = 0; mi < 5; mi++)
+			for (size_t ki = 0; ki < 3; ki++)
+				for (size_t ni = 0; ni < 3; ni++) {
+					uint32_t M = Ms[mi], K = Ks[ki], N = Ns[ni];
+					bool acc = (mi + ni) % 2;
+					float *x = rand_f32((size_t)M * K, 1.0f), *wf = rand_f32((size_t)N * K, 0.1f);
+					float *y0 = rand_f32((size_t)M * N, 1.0f);
+					size_t wb = kvt_dtype_row_bytes(dt, K) * N;
+					uint16_t *wh = malloc(wb);
+					if (dt == KVT_DTYPE_F16)
+						for (size_t i = 0; i < (size_t)N * K; i++)
+							wh[i] = kvt_f32_to_f16(wf[i]);
+					buf2 bx = both(x, (size_t)M * K * 4), by = both(y0, (size_t)M * N * 4);
+					buf2 bw = both(dt == KVT_DTYPE_F16 ? (void *)wh : (void *)wf, wb);
+					kvt_matmul_args a = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = dt,
+							      .accumulate = acc };
+					a.w = bw.c, a.x = bx.c, a.y = by.c;
+					void *wc = ws(cpu, kvt_dev_matmul_workspace_bytes(cpu, &a));
+					CHECK(kvt_dev_matmul(cpu, &a, wc) == KVT_OK);
+					a.w = bw.g, a.x = bx.g, a.y = by.g;
+					void *wg = ws(gpu, kvt_dev_matmul_workspace_bytes(gpu, &a));
+					CHECK(kvt_dev_matmul(gpu, &a, wg) == KVT_OK);
+					double e = cmp_f32(&by, (size_t)M * N);
+					double tol = dt == KVT_DTYPE_F16 && M > 8 ? 1e-5 : 1e-10;
+					CHECKF(e <= tol, "matmul %s M%u K%u N%u acc %d: nmse %.3g", kvt_dtype_name(dt), M, K,
+					       N, acc, e);
+					kvt_dev_free(cpu, wc);
+					kvt_dev_free(gpu, wg);
+					both_free(&bx);
+					both_free(&by);
+					both_free(&bw);
+					free(x);
+					free(wf);
+					free(y0);
+					free(wh);
+				}
+}
+
+static void test_rows(void)
+{
+	static const uint32_t dims[] = { 64, 576, 1000 };
+	for (size_t di = 0; di < 3; di++) {
+		uint32_t M = 7, D = dims[di];
+		size_t n = (size_t)M * D;
+		float *x = rand_f32(n, 3.0f), *w = rand_f32(D, 1.0f), *u = rand_f32(n, 2.0f);
+		buf2 bx = both(x, n * 4), bw = both(w, D * 4), by = both(x, n * 4), bu = both(u, n * 4);
+
+		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = D, .eps = 1e-5f, .w = bw.c, .x = bx.c, .y = by.c };
+		CHECK(kvt_dev_rmsnorm(cpu, &rn) == KVT_OK);
+		rn.w = bw.g, rn.x = bx.g, rn.y = by.g;
+		CHECK(kvt_dev_rmsnorm(gpu, &rn) == KVT_OK);
+		double e = cmp_f32(&by, n);
+		CHECKF(e <= 1e-12, "rmsnorm D%u: nmse %.3g", D, e);
+
+		kvt_swiglu_args sw = { .n = n, .gate = bx.c, .up = bu.c, .y = by.c };
+		CHECK(kvt_dev_swiglu(cpu, &sw) == KVT_OK);
+		sw.gate = bx.g, sw.up = bu.g, sw.y = by.g;
+		CHECK(kvt_dev_swiglu(gpu, &sw) == KVT_OK);
+		e = cmp_f32(&by, n);
+		CHECKF(e <= 1e-12, "swiglu n%zu: nmse %.3g", n, e);
+
+		kvt_add_args ad = { .n = n, .x = bu.c, .y = bx.c };
+		CHECK(kvt_dev_add(cpu, &ad) == KVT_OK);
+		ad.x = bu.g, ad.y = bx.g;
+		CHECK(kvt_dev_add(gpu, &ad) == KVT_OK);
+		e = cmp_f32(&bx, n);
+		CHECKF(e <= 1e-12, "add n%zu: nmse %.3g", n, e);
+
+		/* argmax, with planted ties: the lowest index must win on both */
+		for (uint32_t m = 0; m < M; m++) {
+			x[(size_t)m * D + (m * 37) % D] = 50.0f;
+			if (m % 2)
+				x[(size_t)m * D + D - 1] = 50.0f;
+		}
+		buf2 bt = both(x, n * 4), bo = both(x, M * 4);
+		kvt_argmax_args am = { .n_rows = M, .n_cols = D, .x = bt.c, .out = bo.c };
+		CHECK(kvt_dev_argmax(cpu, &am) == KVT_OK);
+		am.x = bt.g, am.out = bo.g;
+		CHECK(kvt_dev_argmax(gpu, &am) == KVT_OK);
+		CHECKF(cmp_bytes(bo.c, bo.g, M * 4), "argmax D%u", D);
+		both_free(&bt);
+		both_free(&bo);
+		both_free(&bx);
+		both_free(&bw);
+		both_free(&by);
+		both_free(&bu);
+		free(x);
+		free(w);
+		free(u);
+	}
+}
+
+static void test_rope_embed(void)
+{
+	static const uint32_t hds[] = { 64, 128 };
+	for (size_t hi = 0; hi < 2; hi++) {
+		uint32_t M = 5, H = 3, hd = hds[hi];
+		size_t n = (size_t)M * H * hd;
+		float *x = rand_f32(n, 1.0f);
+		int32_t pos[5] = { 0, 1, 17, 4095, 70000 };
+		buf2 bx = both(x, n * 4), bp = both(pos, sizeof pos);
+		kvt_rope_args r = { .n_rows = M, .n_heads = H, .head_dim = hd, .n_rot = hd - (hi ? 32 : 0),
+				    .freq_base = 10000.0f, .pos = bp.c, .x = bx.c };
+		CHECK(kvt_dev_rope(cpu, &r) == KVT_OK);
+		r.pos = bp.g, r.x = bx.g;
+		CHECK(kvt_dev_rope(gpu, &r) == KVT_OK);
+		double e = cmp_f32(&bx, n);
+		CHECKF(e <= 1e-10, "rope hd%u: nmse %.3g", hd, e);
+		both_free(&bx);
+		both_free(&bp);
+		free(x);
+	}
+	for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_F16; dt++) {
+		uint32_t V = 300, D = 72, M = 6;
+		float *t = rand_f32((size_t)V * D, 1.0f);
+		uint16_t *t16 = malloc((size_t)V * D * 2);
+		for (size_t i = 0; i < (size_t)V * D; i++)
+			t16[i] = kvt_f32_to_f16(t[i]);
+		int32_t ids[6] = { 0, 299, 5, 5, 150, 1 };
+		buf2 bt = both(dt ? (void *)t16 : (void *)t, kvt_dtype_row_bytes(dt, D) * V), bi = both(ids, sizeof ids);
+		buf2 by = both(t, (size_t)M * D * 4);
+		kvt_embed_args a = { .n_rows = M, .n_dim = D, .n_vocab = V, .table_dtype = dt };
+		a.table = bt.c, a.ids = bi.c, a.y = by.c;
+		CHECK(kvt_dev_embed(cpu, &a) == KVT_OK);
+		a.table = bt.g, a.ids = bi.g, a.y = by.g;
+		CHECK(kvt_dev_embed(gpu, &a) == KVT_OK);
+		CHECKF(cmp_bytes(by.c, by.g, (size_t)M * D * 4), "embed %s", kvt_dtype_name(dt));
+		/* an id out of range is an error on both */
+		ids[2] = 300;
+		kvt_dev_copy_h2d(gpu, bi.g, ids, sizeof ids);
+		check_log_capture();
+		CHECK(kvt_dev_embed(gpu, &a) == KVT_EINVAL);
+		CHECK(strstr(check_log_text, "token id 300 out of range") != NULL);
+		kvt_log_set_sink(NULL, NULL);
+		both_free(&bt);
+		both_free(&bi);
+		both_free(&by);
+		free(t);
+		free(t16);
+	}
+}
+
+/* A pool on each device with the same random contents and a shuffled block table. */
+typedef struct kvpair {
+	kvt_kv_layout lc, lg; /* cpu / gpu layouts */
+	int32_t *table;       /* host */
+	buf2 bt;              /* device block tables */
+	uint32_t n_blocks;    /* table entries */
+} kvpair;
+
+static void kv_open(kvpair *p, uint32_t L, uint32_t H, uint32_t hd, uint32_t bt, uint32_t n_ctx)
+{
+	memset(p, 0, sizeof *p);
+	p->n_blocks = (n_ctx + bt - 1) / bt;
+	kvt_kv_layout l = { .n_layers = L, .n_kv_heads = H, .head_dim = hd, .block_tokens = bt,
+			    .n_slots = p->n_blocks + 3 };
+	size_t bytes = kvt_kv_block_bytes(&l) * l.n_slots;
+	uint16_t *h = malloc(bytes);
+	for (size_t i = 0; i < bytes / 2; i++)
+		h[i] = kvt_f32_to_f16(check_rng_f32(&rng) * 2.0f);
+	p->lc = p->lg = l;
+	p->lc.pool = up(cpu, h, bytes);
+	p->lg.pool = up(gpu, h, bytes);
+	free(h);
+	p->table = malloc(p->n_blocks * 4);
+	for (uint32_t i = 0; i < p->n_blocks; i++)
+		p->table[i] = (int32_t)i;
+	for (uint32_t i = p->n_blocks; i > 1; i--) { /* shuffle: blocks are not contiguous */
+		uint32_t j = (uint32_t)(check_rng_u64(&rng) % i);
+		int32_t t = p->table[i - 1];
+		p->table[i - 1] = p->table[j];
+		p->table[j] = t;
+	}
+	p->bt = both(p->table, p->n_blocks * 4);
+}
+
+static void kv_close(kvpair *p)
+{
+	kvt_dev_free(cpu, p->lc.pool);
+	kvt_dev_free(gpu, p->lg.pool);
+	both_free(&p->bt);
+	free(p->table);
+}
+
+static void test_attention(void)
+{
+	/* {head_dim, kv heads, group, context, query rows} */
+	static const uint32_t cases[][5] = {
+		{ 64, 3, 3, 1, 1 },    { 64, 3, 3, 7, 1 },   { 64, 2, 1, 100, 1 },  { 128, 8, 4, 4096, 1 },
+		{ 128, 2, 8, 333, 1 }, { 64, 3, 3, 16, 16 }, { 64, 3, 3, 57, 7 },   { 128, 8, 4, 300, 45 },
+		{ 64, 1, 2, 700, 33 }, { 128, 4, 1, 50, 50 }, { 64, 3, 3, 20000, 1 }, { 256, 2, 2, 90, 1 },
+	};
+	for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+		const uint32_t hd = cases[ci][0], H = cases[ci][1], G = cases[ci][2], n_ctx = cases[ci][3];
+		const uint32_t R = cases[ci][4], L = 2, layer = 1, pos0 = n_ctx - R;
+		kvpair p;
+		kv_open(&p, L, H, hd, 16, n_ctx);
+
+		/* store the new rows' K/V on both (bitwise), then attend */
+		size_t kvn = (size_t)R * H * hd, qn = (size_t)R * H * G * hd;
+		float *k = rand_f32(kvn, 2.0f), *v = rand_f32(kvn, 2.0f), *q = rand_f32(qn, 1.0f);
+		buf2 bk = both(k, kvn * 4), bv = both(v, kvn * 4), bq = both(q, qn * 4), bo = both(q, qn * 4);
+		kvt_kv_store_args st = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = pos0,
+					 .n_rows = R, .k = bk.c, .v = bv.c };
+		CHECK(kvt_dev_kv_store(cpu, &st) == KVT_OK);
+		st.kv = &p.lg, st.block_table = p.bt.g, st.k = bk.g, st.v = bv.g;
+		CHECK(kvt_dev_kv_store(gpu, &st) == KVT_OK);
+		size_t pool_bytes = kvt_kv_block_bytes(&p.lc) * p.lc.n_slots;
+		CHECKF(cmp_bytes(p.lc.pool, p.lg.pool, pool_bytes), "kv_store case %zu", ci);
+
+		kvt_attention_args a = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = pos0,
+					 .n_rows = R, .n_heads = H * G, .scale = 1.0f / sqrtf((float)hd),
+					 .q = bq.c, .out = bo.c };
+		void *wc = ws(cpu, kvt_dev_attention_workspace_bytes(cpu, &a));
+		CHECK(kvt_dev_attention(cpu, &a, wc) == KVT_OK);
+		a.kv = &p.lg, a.block_table = p.bt.g, a.q = bq.g, a.out = bo.g;
+		void *wg = ws(gpu, kvt_dev_attention_workspace_bytes(gpu, &a));
+		CHECK(kvt_dev_attention(gpu, &a, wg) == KVT_OK);
+		double e = cmp_f32(&bo, qn);
+		CHECKF(e <= 1e-9, "attention hd%u kvh%u G%u ctx%u rows%u: nmse %.3g", hd, H, G, n_ctx, R, e);
+		printf("attention hd%u kvh%u G%u ctx%u rows%u: nmse %.3g\n", hd, H, G, n_ctx, R, e);
+		kvt_dev_free(cpu, wc);
+		kvt_dev_free(gpu, wg);
+		both_free(&bk);
+		both_free(&bv);
+		both_free(&bq);
+		both_free(&bo);
+		free(k);
+		free(v);
+		free(q);
+		kv_close(&p);
+	}
+}
+
+static void test_codecs(void)
+{
+	static const uint32_t hds[] = { 64, 128 };
+	for (size_t hi = 0; hi < 2; hi++)
+		for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+			kvpair p;
+			kv_open(&p, 3, 2, hds[hi], 16, 16 * 70); /* 70 blocks: two launches of 64 slots */
+			uint32_t nb = p.n_blocks;
+			size_t pb = kvt_kv_packed_bytes(&p.lc, codec), pool_bytes = kvt_kv_block_bytes(&p.lc) * p.lc.n_slots;
+			buf2 stage = { ws(cpu, pb * nb), ws(gpu, pb * nb), pb * nb };
+			kvt_stream *s = NULL;
+			CHECK(kvt_dev_stream_create(gpu, &s) == KVT_OK);
+			kvt_kv_pack_args pa = { .kv = &p.lc, .codec = codec, .n_blocks = nb, .h_slots = p.table,
+						.dst = stage.c };
+			CHECK(kvt_dev_kv_pack(cpu, NULL, &pa) == KVT_OK);
+			pa.kv = &p.lg, pa.dst = stage.g;
+			CHECK(kvt_dev_kv_pack(gpu, s, &pa) == KVT_OK);
+			CHECK(kvt_dev_stream_sync(gpu, s) == KVT_OK);
+			CHECKF(cmp_bytes(stage.c, stage.g, pb * nb), "kv_pack %s hd%u", kvt_kv_codec_name(codec), hds[hi]);
+			/* unpack into the slots in reverse order: every block moves */
+			int32_t *rev = malloc(nb * 4);
+			for (uint32_t i = 0; i < nb; i++)
+				rev[i] = p.table[nb - 1 - i];
+			kvt_kv_unpack_args ua = { .kv = &p.lc, .codec = codec, .n_blocks = nb, .h_slots = rev,
+						  .src = stage.c };
+			CHECK(kvt_dev_kv_unpack(cpu, NULL, &ua) == KVT_OK);
+			ua.kv = &p.lg, ua.src = stage.g;
+			CHECK(kvt_dev_kv_unpack(gpu, s, &ua) == KVT_OK);
+			CHECK(kvt_dev_stream_sync(gpu, s) == KVT_OK);
+			CHECKF(cmp_bytes(p.lc.pool, p.lg.pool, pool_bytes), "kv_unpack %s hd%u",
+			       kvt_kv_codec_name(codec), hds[hi]);
+			kvt_dev_stream_destroy(gpu, s);
+			kvt_dev_free(cpu, stage.c);
+			kvt_dev_free(gpu, stage.g);
+			free(rev);
+			kv_close(&p);
+		}
+}
+
+/* Greedy tokens of the synthetic model on the GPU equal the CPU's. */
+static int collect(int32_t id, void *user)
+{
+	int32_t **o = user;
+	*(*o)++ = id;
+	return 0;
+}
+
+static void greedy(kvt_dev *d, const char *path, int wdt, int32_t *out, uint32_t n_gen)
+{
+	kvt_gguf *g = NULL;
+	kvt_model *m = NULL;
+	kvt_t0_pool *pool = NULL;
+	kvt_seq s;
+	kvt_model_config mc;
+	kvt_kv_layout shape;
+	kvt_model_config_default(&mc);
+	mc.weight_dtype = wdt;
+	CHECK(kvt_gguf_open(path, &g) == KVT_OK);
+	CHECK(kvt_model_load(d, g, &mc, &m) == KVT_OK);
+	kvt_gguf_close(g);
+	kvt_model_kv_shape(m, 16, &shape);
+	CHECK(kvt_t0_create(d, &shape, 64, &pool) == KVT_OK);
+	CHECK(kvt_seq_init(&s, d, pool, 1024) == KVT_OK);
+	int32_t prompt[40];
+	for (int i = 0; i < 40; i++)
+		prompt[i] = 3 + (i * 7) % 250;
+	kvt_gen_params gp = { .n_predict = n_gen };
+	int32_t *cur = out;
+	CHECK(kvt_generate(m, &s, NULL, prompt, 40, &gp, collect, &cur, NULL) == KVT_OK);
+	kvt_seq_deinit(&s);
+	kvt_t0_destroy(pool);
+	kvt_model_destroy(m);
+}
+
+static void test_greedy(void)
+{
+	char dir[] = "/tmp/kvt_gpu_XXXXXX", path[64];
+	if (!mkdtemp(dir))
+		abort();
+	snprintf(path, sizeof path, "%s/synth.gguf", dir);
+	kvt_synth_llama cfg;
+	kvt_synth_llama_default(&cfg);
+	cfg.n_layer = 4;
+	cfg.n_embd = 256;
+	cfg.n_head = 4; /* head_dim 64 */
+	cfg.n_head_kv = 2;
+	cfg.n_ff = 512;
+	cfg.n_ctx = 1024;
+	cfg.tied_embeddings = false;
+	cfg.seed = 11;
+	CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
+	for (int wdt = KVT_DTYPE_F32; wdt <= KVT_DTYPE_F16; wdt++) {
+		enum { N = 48 };
+		int32_t tc[N] = { 0 }, tg[N] = { 0 };
+		greedy(cpu, path, wdt, tc, N);
+		greedy(gpu, path, wdt, tg, N);
+		int agree = 0;
+		while (agree < N && tc[agree] == tg[agree])
+			agree++;
+		printf("greedy %s weights: %d of %d tokens agree\n", kvt_dtype_name(wdt), agree, N);
+		CHECKF(agree == N, "greedy %s: first difference at token %d", kvt_dtype_name(wdt), agree);
+	}
+	unlink(path);
+	rmdir(dir);
+}
+
+int main(void)
+{
+	kvt_dev_config gc = { .kind = KVT_DEV_CUDA };
+	kvt_log_set_sink(NULL, NULL);
+	check_log_capture(); /* quiet: "no usable GPU" is expected where there is none */
+	int rc = kvt_dev_create(&gc, &gpu);
+	kvt_log_set_sink(NULL, NULL);
+	if (rc)
+		return check_skip("test_gpu_parity", "no CUDA device (or a build without the CUDA backend)");
+	kvt_dev_config cc = { .kind = KVT_DEV_CPU, .use_ref = true };
+	if (kvt_dev_create(&cc, &cpu))
+		return 1;
+	printf("gpu: %s\n", kvt_dev_name(gpu));
+	test_copies();
+	test_matmul();
+	test_rows();
+	test_rope_embed();
+	test_attention();
+	test_codecs();
+	test_greedy();
+	kvt_dev_destroy(cpu);
+	kvt_dev_destroy(gpu);
+	return check_done("test_gpu_parity");
+}
