@@ -185,13 +185,14 @@ int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a)
 
 size_t kvt_kv_block_bytes(const kvt_kv_layout *l)
 {
-	return (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens * l->head_dim * sizeof(uint16_t);
+	return kvt_kv_packed_bytes(l, l->codec);
 }
 
 static int check_kv(const char *op, const kvt_kv_layout *kv, uint32_t layer, const int32_t *table)
 {
-	if (!kv || !kv->pool || !kv->n_slots || !kv->block_tokens || !kv->head_dim || !kv->n_kv_heads) {
-		KVT_LOGE("dev.%s: bad KV layout", op);
+	if (!kv || !kv->pool || !kv->n_slots || !kv->block_tokens || !kv->head_dim || !kv->n_kv_heads ||
+	    kv->codec < 0 || kv->codec >= KVT_KV_CODEC_COUNT || kv->head_dim % 4) {
+		KVT_LOGE("dev.%s: bad KV layout (codec %d, head_dim %u)", op, kv ? kv->codec : -1, kv ? kv->head_dim : 0);
 		return KVT_EINVAL;
 	}
 	if (layer >= kv->n_layers) {
@@ -339,8 +340,13 @@ static int check_codec(const char *op, const kvt_kv_layout *kv, int codec, uint3
 		KVT_LOGE("dev.%s: bad KV layout", op);
 		return KVT_EINVAL;
 	}
-	if (codec < 0 || codec >= KVT_KV_CODEC_COUNT) {
-		KVT_LOGE("dev.%s: codec %d", op, codec);
+	if (codec < 0 || codec >= KVT_KV_CODEC_COUNT || kv->codec < 0 || kv->codec >= KVT_KV_CODEC_COUNT) {
+		KVT_LOGE("dev.%s: codec %d (pool codec %d)", op, codec, kv->codec);
+		return KVT_EINVAL;
+	}
+	if (kv->codec != KVT_KV_CODEC_F16 && codec != kv->codec) {
+		KVT_LOGE("dev.%s: a %s pool packs only to %s, not %s", op, kvt_kv_codec_name(kv->codec),
+			 kvt_kv_codec_name(kv->codec), kvt_kv_codec_name(codec));
 		return KVT_EINVAL;
 	}
 	if (n_blocks && (!slots || !buf)) {

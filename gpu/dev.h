@@ -211,9 +211,12 @@ typedef struct kvt_kv_layout {
 	uint32_t head_dim;     /* dims per head */
 	uint32_t block_tokens; /* tokens per block */
 	uint32_t n_slots;      /* blocks in the pool */
-	void *pool;            /* [n_slots][n_layers][2][n_kv_heads][block_tokens][head_dim] fp16, device */
+	void *pool;            /* [n_slots] block records, device */
+	int codec;             /* enum kvt_kv_codec of the records: F16 (0, the default) or, for a
+	                          pool that keeps KV in 8 bits, FP8/INT8 packed blocks (below);
+	                          kv_store quantizes each new token, attention dequantizes */
 } kvt_kv_layout;
-/* Bytes of one block record for a layout (fp16). */
+/* Bytes of one block record for a layout (kvt_kv_packed_bytes of its codec). */
 size_t kvt_kv_block_bytes(const kvt_kv_layout *l);
 
 /*
@@ -240,7 +243,11 @@ const char *kvt_kv_codec_name(int codec); /* "f16", "fp8", "int8" */
 /* Bytes of one packed block of this layout and codec. */
 size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec);
 
-/* Pack n_blocks pool slots into dst (packed blocks back to back). */
+/*
+ * Pack n_blocks pool slots into dst (packed blocks back to back). An fp16
+ * pool packs to any codec; a pool that is already 8-bit packs only to its
+ * own codec (a copy). Unpacking follows the same rule.
+ */
 typedef struct kvt_kv_pack_args {
 	const kvt_kv_layout *kv; /* borrowed; the pool the slots index */
 	int codec;               /* enum kvt_kv_codec */

@@ -677,10 +677,73 @@ static uint16_t *kv_row(const kvt_kv_layout *l, int32_t slot, uint32_t layer, ui
 	return (uint16_t *)l->pool + off;
 }
 
+/*
+ * 8-bit pools (codec FP8 or INT8): a block is the packed format of dev.h,
+ * codes of vector vi = ((layer * 2 + kv) * n_kv_heads + head) * block_tokens + t
+ * at vi * head_dim, its fp32 scale at n_vec * head_dim + vi * 4.
+ */
+static void pack_vec(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
+
+static size_t q_vec(const kvt_kv_layout *l, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t)
+{
+	return (((size_t)layer * 2 + kv) * l->n_kv_heads + head) * l->block_tokens + t;
+}
+
+/* K or V of one token and head as fp32, from a pool of any codec. */
+static void kv_vec(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t,
+		   float *out)
+{
+	const uint32_t hd = l->head_dim;
+	if (l->codec == KVT_KV_CODEC_F16) {
+		const uint16_t *r = kv_row(l, slot, layer, kv, head, t);
+		for (uint32_t i = 0; i < hd; i++)
+			out[i] = kvt_f16_to_f32(r[i]);
+		return;
+	}
+	KVT_ASSERT(slot >= 0 && (uint32_t)slot < l->n_slots);
+	const uint8_t *base = (const uint8_t *)l->pool + (size_t)slot * kvt_kv_block_bytes(l);
+	const size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens, vi = q_vec(l, layer, kv, head, t);
+	float sc;
+	memcpy(&sc, base + n_vec * hd + vi * 4, 4);
+	for (uint32_t i = 0; i < hd; i++) {
+		uint8_t c = base[vi * hd + i];
+		out[i] = (l->codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c) * sc;
+	}
+}
+
+/* Quantize one new token's K or V (rounded to fp16 first, as kv_pack sees it). */
+static void kv_store_q(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t,
+		       const float *x)
+{
+	const uint32_t hd = l->head_dim;
+	uint16_t h16[1024];
+	KVT_ASSERT(hd <= 1024 && slot >= 0 && (uint32_t)slot < l->n_slots);
+	for (uint32_t i = 0; i < hd; i++)
+		h16[i] = kvt_f32_to_f16(x[i]);
+	uint8_t *base = (uint8_t *)l->pool + (size_t)slot * kvt_kv_block_bytes(l);
+	const size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens, vi = q_vec(l, layer, kv, head, t);
+	float sc;
+	pack_vec(l->codec, h16, hd, base + vi * hd, &sc);
+	memcpy(base + n_vec * hd + vi * 4, &sc, 4);
+}
+
 static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 {
 	const kvt_kv_layout *l = a->kv;
 	const uint32_t hd = l->head_dim;
+
+	if (l->codec != KVT_KV_CODEC_F16) {
+		for (uint32_t m = 0; m < a->n_rows; m++) {
+			uint32_t pos = a->pos0 + m, t = pos % l->block_tokens;
+			int32_t slot = a->block_table[pos / l->block_tokens];
+			for (uint32_t h = 0; h < l->n_kv_heads; h++) {
+				const size_t src = ((size_t)m * l->n_kv_heads + h) * hd;
+				kv_store_q(l, slot, a->layer, 0, h, t, a->k + src);
+				kv_store_q(l, slot, a->layer, 1, h, t, a->v + src);
+			}
+		}
+		return KVT_OK;
+	}
 
 	for (uint32_t m = 0; m < a->n_rows; m++) {
 		uint32_t pos = a->pos0 + m;
@@ -704,7 +767,7 @@ static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 /* Per-thread scratch floats of the row-by-row kernel: every score, one output row. */
 static size_t attn_row_floats(const kvt_attention_args *a)
 {
-	return (size_t)a->pos0 + a->n_rows + a->kv->head_dim;
+	return (size_t)a->pos0 + a->n_rows + 2 * (size_t)a->kv->head_dim; /* + a dequantized row */
 }
 
 /*
@@ -1002,9 +1065,17 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 	const float *q = a->q + ((size_t)m * a->n_heads + h) * hd;
 	float mx = -INFINITY;
 
+	float *row = acc + hd; /* one K or V row of an 8-bit pool, dequantized */
+	const bool q8 = l->codec != KVT_KV_CODEC_F16;
+
 	for (uint32_t p = 0; p < n_vis; p++) {
-		const uint16_t *k = kv_row(l, a->block_table[p / bt], a->layer, 0, kh, p % bt);
-		float s = dot_f32_f16(q, k, hd) * a->scale;
+		float s;
+		if (q8) {
+			kv_vec(l, a->block_table[p / bt], a->layer, 0, kh, p % bt, row);
+			s = dot_f32(q, row, hd) * a->scale;
+		} else {
+			s = dot_f32_f16(q, kv_row(l, a->block_table[p / bt], a->layer, 0, kh, p % bt), hd) * a->scale;
+		}
 		scores[p] = s;
 		mx = s > mx ? s : mx;
 	}
@@ -1014,8 +1085,14 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 		sum += scores[p];
 	}
 	memset(acc, 0, hd * sizeof(float));
-	for (uint32_t p = 0; p < n_vis; p++)
-		axpy_f16(acc, scores[p] / sum, kv_row(l, a->block_table[p / bt], a->layer, 1, kh, p % bt), hd);
+	for (uint32_t p = 0; p < n_vis; p++) {
+		if (q8) {
+			kv_vec(l, a->block_table[p / bt], a->layer, 1, kh, p % bt, row);
+			scale_axpy_f32(acc, 1.0f, scores[p] / sum, row, hd);
+		} else {
+			axpy_f16(acc, scores[p] / sum, kv_row(l, a->block_table[p / bt], a->layer, 1, kh, p % bt), hd);
+		}
+	}
 	memcpy(a->out + ((size_t)m * a->n_heads + h) * hd, acc, hd * sizeof(float));
 }
 
@@ -1023,7 +1100,7 @@ static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 {
 	size_t r = attn_row_floats(a), b = attn_block_floats(a);
 	attn_job j = { .a = a, .ws = ws, .ws_floats = r > b ? r : b };
-	if (d->use_ref) {
+	if (d->use_ref || a->kv->codec != KVT_KV_CODEC_F16) { /* 8-bit pools: row by row, on the workers */
 		par_run(d, a->n_rows * a->n_heads, attention_task, &j);
 		return KVT_OK;
 	}
@@ -1147,7 +1224,7 @@ static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 	for (uint32_t b = 0; b < a->n_blocks; b++) {
 		const uint16_t *src = (const uint16_t *)((const char *)l->pool + (size_t)a->h_slots[b] * block_bytes);
 		uint8_t *dst = (uint8_t *)a->dst + b * packed;
-		if (a->codec == KVT_KV_CODEC_F16) {
+		if (a->codec == l->codec) { /* the record as it is */
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
@@ -1169,7 +1246,7 @@ static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a
 	for (uint32_t b = 0; b < a->n_blocks; b++) {
 		uint16_t *dst = (uint16_t *)((char *)l->pool + (size_t)a->h_slots[b] * block_bytes);
 		const uint8_t *src = (const uint8_t *)a->src + b * packed;
-		if (a->codec == KVT_KV_CODEC_F16) {
+		if (a->codec == l->codec) {
 			memcpy(dst, src, block_bytes);
 			continue;
 		}

@@ -592,9 +592,60 @@ __global__ void kv_store_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 	}
 }
 
+/*
+ * 8-bit pools: a block is the packed format (dev.h). Vector
+ * vi = ((layer * 2 + kv) * n_kv_heads + head) * block_tokens + t has its codes
+ * at byte vi * head_dim of the block and its fp32 scale at n_vec * head_dim + vi * 4.
+ */
+__device__ __forceinline__ size_t q_nvec(const kvt_kv_layout &l)
+{
+	return (size_t)l.n_layers * 2 * l.n_kv_heads * l.block_tokens;
+}
+
+__device__ __forceinline__ const uint8_t *q_block(const kvt_kv_layout &l, int32_t slot)
+{
+	return (const uint8_t *)l.pool + (size_t)slot * q_nvec(l) * (l.head_dim + 4);
+}
+
+__device__ __forceinline__ size_t q_vi(const kvt_kv_layout &l, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t)
+{
+	return (((size_t)layer * 2 + kv) * l.n_kv_heads + head) * l.block_tokens + t;
+}
+
+__device__ __forceinline__ float q_decode(int codec, uint8_t c)
+{
+	return codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c;
+}
+
+/* One warp per (row, head, K/V): round to fp16, amax, codes, scale — as kv_pack does. */
+__global__ void kv_store_q_kernel(kvt_kv_layout l, kvt_kv_store_args a)
+{
+	const uint32_t m = blockIdx.x, h = blockIdx.y, kv = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const uint32_t pos = a.pos0 + m, t = pos % l.block_tokens, D = l.head_dim;
+	const int32_t slot = a.block_table[pos / l.block_tokens];
+	const float *x = (kv ? a.v : a.k) + ((size_t)m * l.n_kv_heads + h) * D;
+	uint8_t *base = (uint8_t *)q_block(l, slot);
+	const size_t vi = q_vi(l, a.layer, kv, h, t);
+	float amax = 0.0f;
+	for (uint32_t i = lane; i < D; i += 32)
+		amax = fmaxf(amax, fabsf(__half2float(__float2half_rn(x[i]))));
+	amax = warp_max(amax);
+	float sc, inv;
+	kvt_codec_scales(amax, l.codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &sc, &inv);
+	for (uint32_t i = lane; i < D; i += 32) {
+		float v = __half2float(__float2half_rn(x[i])) * inv;
+		base[vi * D + i] = l.codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(v) : (uint8_t)kvt_int8_encode(v);
+	}
+	if (lane == 0)
+		*(float *)(base + q_nvec(l) * D + vi * 4) = sc;
+}
+
 static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 {
-	kv_store_kernel<<<dim3(a->n_rows, a->kv->n_kv_heads), 64, 0, C(d)->stream>>>(*a->kv, *a);
+	if (a->kv->codec != KVT_KV_CODEC_F16)
+		kv_store_q_kernel<<<dim3(a->n_rows, a->kv->n_kv_heads), 64, 0, C(d)->stream>>>(*a->kv, *a);
+	else
+		kv_store_kernel<<<dim3(a->n_rows, a->kv->n_kv_heads), 64, 0, C(d)->stream>>>(*a->kv, *a);
 	return LAUNCHED("kv_store");
 }
 
@@ -605,7 +656,7 @@ static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
  * and 8 dims of its accumulators. Partials go to ws as
  * [split][query head] { m, l, acc[head_dim] }.
  */
-template <int LPK, int G>
+template <int LPK, int G, bool Q8>
 __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
 							  uint32_t keys_per_split, float *ws)
 {
@@ -638,19 +689,33 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 		const bool valid = p < k1;
 		int32_t slot = a.block_table[(valid ? p : base) / bt];
 		const uint32_t pp = valid ? p : base;
-		size_t ko = kv_off(l, slot, a.layer, 0, kh, pp % bt) + sub * 8;
-		size_t vo = kv_off(l, slot, a.layer, 1, kh, pp % bt) + sub * 8;
-		uint4 kr = *(const uint4 *)(pool + ko), vr = *(const uint4 *)(pool + vo);
-		const __half2 *k2 = (const __half2 *)&kr, *v2 = (const __half2 *)&vr;
 		float kf[8], vf[8];
+		if constexpr (Q8) {
+			/* 8 codes per lane (one 8-byte load) and the vector's scale, for K and V */
+			const uint8_t *blk = q_block(l, slot);
+			const size_t nv = q_nvec(l), vk = q_vi(l, a.layer, 0, kh, pp % bt), vv = q_vi(l, a.layer, 1, kh, pp % bt);
+			uint2 kr = *(const uint2 *)(blk + vk * D + sub * 8), vr = *(const uint2 *)(blk + vv * D + sub * 8);
+			float ks = *(const float *)(blk + nv * D + vk * 4), vs = *(const float *)(blk + nv * D + vv * 4);
+			const uint8_t *kc = (const uint8_t *)&kr, *vc = (const uint8_t *)&vr;
 #pragma unroll
-		for (int i = 0; i < 4; i++) {
-			float2 f = __half22float2(k2[i]);
-			kf[2 * i] = f.x;
-			kf[2 * i + 1] = f.y;
-			f = __half22float2(v2[i]);
-			vf[2 * i] = f.x;
-			vf[2 * i + 1] = f.y;
+			for (int i = 0; i < 8; i++) {
+				kf[i] = q_decode(l.codec, kc[i]) * ks;
+				vf[i] = q_decode(l.codec, vc[i]) * vs;
+			}
+		} else {
+			size_t ko = kv_off(l, slot, a.layer, 0, kh, pp % bt) + sub * 8;
+			size_t vo = kv_off(l, slot, a.layer, 1, kh, pp % bt) + sub * 8;
+			uint4 kr = *(const uint4 *)(pool + ko), vr = *(const uint4 *)(pool + vo);
+			const __half2 *k2 = (const __half2 *)&kr, *v2 = (const __half2 *)&vr;
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				float2 f = __half22float2(k2[i]);
+				kf[2 * i] = f.x;
+				kf[2 * i + 1] = f.y;
+				f = __half22float2(v2[i]);
+				vf[2 * i] = f.x;
+				vf[2 * i + 1] = f.y;
+			}
 		}
 #pragma unroll
 		for (int g = 0; g < G; g++) {
@@ -774,9 +839,17 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 			float kvk = 0.0f, kvv = 0.0f;
 			if (p <= last) {
 				int32_t slot = a.block_table[p / bt];
-				const __half *pool = (const __half *)l.pool;
-				kvk = __half2float(pool[kv_off(l, slot, a.layer, 0, kh, p % bt) + dd]);
-				kvv = __half2float(pool[kv_off(l, slot, a.layer, 1, kh, p % bt) + dd]);
+				if (l.codec != KVT_KV_CODEC_F16) {
+					const uint8_t *blk = q_block(l, slot);
+					const size_t nv = q_nvec(l), vk = q_vi(l, a.layer, 0, kh, p % bt);
+					const size_t vv = q_vi(l, a.layer, 1, kh, p % bt);
+					kvk = q_decode(l.codec, blk[vk * D + dd]) * *(const float *)(blk + nv * D + vk * 4);
+					kvv = q_decode(l.codec, blk[vv * D + dd]) * *(const float *)(blk + nv * D + vv * 4);
+				} else {
+					const __half *pool = (const __half *)l.pool;
+					kvk = __half2float(pool[kv_off(l, slot, a.layer, 0, kh, p % bt) + dd]);
+					kvv = __half2float(pool[kv_off(l, slot, a.layer, 1, kh, p % bt) + dd]);
+				}
 			}
 			sk[kk * (D + 1) + dd] = kvk;
 			sv[kk * D + dd] = kvv;
@@ -869,7 +942,10 @@ static size_t cuda_attention_workspace(const kvt_dev *d, const kvt_attention_arg
 template <int LPK, int G>
 static void launch_decode(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
 {
-	attn_decode_kernel<LPK, G><<<dim3(a->kv->n_kv_heads, n_splits), 128, 0, st>>>(*a->kv, *a, kps, ws);
+	if (a->kv->codec != KVT_KV_CODEC_F16)
+		attn_decode_kernel<LPK, G, true><<<dim3(a->kv->n_kv_heads, n_splits), 128, 0, st>>>(*a->kv, *a, kps, ws);
+	else
+		attn_decode_kernel<LPK, G, false><<<dim3(a->kv->n_kv_heads, n_splits), 128, 0, st>>>(*a->kv, *a, kps, ws);
 }
 
 template <int LPK>
@@ -997,7 +1073,7 @@ static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int cod
 	cudaStream_t s = S(d, st);
 	const size_t block_bytes = kvt_kv_block_bytes(l), packed = kvt_kv_packed_bytes(l, codec);
 	const uint32_t n_vec = l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
-	if (codec == KVT_KV_CODEC_F16) {
+	if (codec == l->codec) { /* the records as they are */
 		for (uint32_t b = 0; b < n_blocks; b++) {
 			char *pool = (char *)l->pool + (size_t)slots[b] * block_bytes;
 			int rc = pack ? CU(cudaMemcpyAsync((char *)dst + b * packed, pool, block_bytes,

@@ -1,0 +1,365 @@
+/*
+ * bench/bench_gpu.c — the CUDA backend's benchmarks, each a ratio against a
+ * baseline measured in the same run on the same GPU (issue: CUDA backend):
+ *
+ *   1. paged decode attention, KV bytes read per second, against a
+ *      device-to-device copy (bytes read + written per second: both are the
+ *      memory traffic of the op), at batch 1 x 4K and 1 x 64K context;
+ *   2. decode attention over an FP8 pool against an fp16 pool, 16K-64K context;
+ *   3. kv_pack / kv_unpack (FP8 and INT8) against a d2d copy of the same fp16 bytes;
+ *   4. batched block page-out (one async copy per block into scattered
+ *      pinned slots) and page-in, against one large pinned cudaMemcpyAsync of
+ *      the same bytes; also page-out through FP8 (pack + D2H of the packed bytes);
+ *   5. end-to-end greedy decode tokens/s of a Llama-1B-shaped synthetic model
+ *      (random fp16 weights, written here with the project's GGUF writer),
+ *      with the weight bytes read per second against the copy's bandwidth.
+ *
+ * Times are host wall-clock over many back-to-back launches ending in one
+ * sync (launch overheads included, as the engine pays them). Prints one JSON
+ * object per line; bench/gpu_sdpa.py reads these lines and times PyTorch's
+ * scaled_dot_product_attention on the same shapes.
+ */
+#include "dev.h"
+#include "generate.h"
+#include "gguf.h"
+#include "model.h"
+#include "synth_model.h"
+#include "tiers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static kvt_dev *dev;
+
+static void die(const char *what)
+{
+	fprintf(stderr, "bench_gpu: %s failed\n", what);
+	exit(1);
+}
+
+static void *dalloc(size_t n)
+{
+	void *p = NULL;
+	if (kvt_dev_alloc(dev, n, &p))
+		die("alloc");
+	return p;
+}
+
+/* Seconds per iteration of fn over iters runs after a warm-up. */
+typedef void (*bench_fn)(void *ctx);
+static double time_it(bench_fn fn, void *ctx, int iters)
+{
+	fn(ctx);
+	kvt_dev_sync(dev);
+	double t0 = kvt_now_s();
+	for (int i = 0; i < iters; i++)
+		fn(ctx);
+	kvt_dev_sync(dev);
+	return (kvt_now_s() - t0) / iters;
+}
+
+typedef struct copy_job {
+	void *dst;
+	const void *src;
+	size_t n;
+} copy_job;
+static void do_copy(void *ctx)
+{
+	copy_job *j = ctx;
+	kvt_dev_copy_d2d(dev, j->dst, j->src, j->n);
+}
+
+/* bytes/s of a d2d copy counting read + write */
+static double copy_bw(size_t n)
+{
+	copy_job j = { dalloc(n), dalloc(n), n };
+	kvt_dev_copy_d2d(dev, j.dst, j.src, n); /* touch */
+	double t = time_it(do_copy, &j, 50);
+	kvt_dev_free(dev, j.dst);
+	kvt_dev_free(dev, (void *)j.src);
+	return 2.0 * n / t;
+}
+
+typedef struct attn_job {
+	kvt_attention_args a;
+	void *ws;
+} attn_job;
+static void do_attn(void *ctx)
+{
+	attn_job *j = ctx;
+	if (kvt_dev_attention(dev, &j->a, j->ws))
+		die("attention");
+}
+
+/* Seconds per decode attention call at n_ctx on a pool of this codec; *bytes = KV bytes read. */
+static double attn_time(uint32_t kvh, uint32_t G, uint32_t hd, uint32_t n_ctx, int codec, double *bytes)
+{
+	const uint32_t bt = 16, nb = (n_ctx + bt - 1) / bt;
+	kvt_kv_layout l = { .n_layers = 1, .n_kv_heads = kvh, .head_dim = hd, .block_tokens = bt, .n_slots = nb,
+			    .codec = codec };
+	size_t pool_bytes = kvt_kv_block_bytes(&l) * nb;
+	l.pool = dalloc(pool_bytes);
+	/* contents: pack random fp16 K/V into the pool's codec, via an fp16 staging pool */
+	{
+		kvt_kv_layout f = l;
+		f.codec = KVT_KV_CODEC_F16;
+		f.n_slots = 1;
+		size_t fb = kvt_kv_block_bytes(&f);
+		uint16_t *h = malloc(fb);
+		uint64_t s = 88172645463325252ULL;
+		for (size_t i = 0; i < fb / 2; i++) {
+			s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+			h[i] = kvt_f32_to_f16(((float)(s % 2001) - 1000.0f) / 500.0f);
+		}
+		f.pool = dalloc(fb);
+		kvt_dev_copy_h2d(dev, f.pool, h, fb);
+		int32_t zero = 0;
+		size_t pb = kvt_kv_packed_bytes(&f, codec);
+		void *stage = dalloc(pb);
+		kvt_kv_pack_args pa = { .kv = &f, .codec = codec, .n_blocks = 1, .h_slots = &zero, .dst = stage };
+		if (kvt_dev_kv_pack(dev, NULL, &pa))
+			die("pack");
+		for (uint32_t b = 0; b < nb; b++)
+			kvt_dev_copy_d2d(dev, (char *)l.pool + (size_t)b * pb, stage, pb);
+		kvt_dev_sync(dev);
+		kvt_dev_free(dev, stage);
+		kvt_dev_free(dev, f.pool);
+		free(h);
+	}
+	int32_t *table = malloc(nb * 4);
+	for (uint32_t i = 0; i < nb; i++)
+		table[i] = (int32_t)((i * 7919u) % nb); /* scattered blocks */
+	int32_t *d_table = dalloc(nb * 4);
+	kvt_dev_copy_h2d(dev, d_table, table, nb * 4);
+	float *hq = malloc((size_t)kvh * G * hd * 4);
+	for (size_t i = 0; i < (size_t)kvh * G * hd; i++)
+		hq[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+	attn_job j = { .a = { .kv = &l, .layer = 0, .block_table = d_table, .pos0 = n_ctx - 1, .n_rows = 1,
+			      .n_heads = kvh * G, .scale = 0.088f } };
+	j.a.q = dalloc((size_t)kvh * G * hd * 4);
+	j.a.out = dalloc((size_t)kvh * G * hd * 4);
+	kvt_dev_copy_h2d(dev, (void *)j.a.q, hq, (size_t)kvh * G * hd * 4);
+	size_t wsb = kvt_dev_attention_workspace_bytes(dev, &j.a);
+	j.ws = wsb ? dalloc(wsb) : NULL;
+	int iters = n_ctx >= 16384 ? 200 : 1000;
+	double t = time_it(do_attn, &j, iters);
+	*bytes = (double)n_ctx * kvh * 2 * (codec == KVT_KV_CODEC_F16 ? hd * 2.0 : hd + 4.0);
+	kvt_dev_free(dev, j.ws);
+	kvt_dev_free(dev, (void *)j.a.q);
+	kvt_dev_free(dev, j.a.out);
+	kvt_dev_free(dev, d_table);
+	kvt_dev_free(dev, l.pool);
+	free(table);
+	free(hq);
+	return t;
+}
+
+typedef struct codec_job {
+	kvt_kv_pack_args p;
+	kvt_kv_unpack_args u;
+	bool unpack;
+} codec_job;
+static void do_codec(void *ctx)
+{
+	codec_job *j = ctx;
+	if (j->unpack ? kvt_dev_kv_unpack(dev, NULL, &j->u) : kvt_dev_kv_pack(dev, NULL, &j->p))
+		die("codec");
+}
+
+typedef struct page_job {
+	kvt_stream *s;
+	void *dev_pool, *host;
+	size_t block_bytes;
+	uint32_t n;
+	int mode; /* 0: per-block D2H, 1: per-block H2D, 2: one D2H, 3: FP8 pack + one D2H per block */
+	kvt_kv_pack_args pack;
+	size_t packed;
+} page_job;
+static void do_page(void *ctx)
+{
+	page_job *j = ctx;
+	if (j->mode == 2) {
+		kvt_dev_copy_async(dev, j->s, j->host, j->dev_pool, j->block_bytes * j->n, KVT_COPY_D2H);
+	} else if (j->mode == 3) {
+		kvt_dev_kv_pack(dev, j->s, &j->pack);
+		for (uint32_t b = 0; b < j->n; b++) /* scattered T1 slots, in reverse */
+			kvt_dev_copy_async(dev, j->s, (char *)j->host + (size_t)(j->n - 1 - b) * j->packed,
+					   (char *)j->pack.dst + (size_t)b * j->packed, j->packed, KVT_COPY_D2H);
+	} else {
+		for (uint32_t b = 0; b < j->n; b++) {
+			char *hp = (char *)j->host + (size_t)(j->n - 1 - b) * j->block_bytes;
+			char *dp = (char *)j->dev_pool + (size_t)b * j->block_bytes;
+			if (j->mode == 0)
+				kvt_dev_copy_async(dev, j->s, hp, dp, j->block_bytes, KVT_COPY_D2H);
+			else
+				kvt_dev_copy_async(dev, j->s, dp, hp, j->block_bytes, KVT_COPY_H2D);
+		}
+	}
+	kvt_dev_stream_sync(dev, j->s);
+}
+
+static double page_time(page_job *j, int mode, int iters)
+{
+	j->mode = mode;
+	return time_it(do_page, j, iters);
+}
+
+static int e2e(double copy_bps, const char *dir, int layers)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/llama1b_synth.gguf", dir);
+	kvt_synth_llama c;
+	kvt_synth_llama_default(&c);
+	c.n_layer = (uint32_t)layers; /* Llama-3.2-1B: 16 layers, 2048 wide, 32/8 heads, 8192 ff */
+	c.n_embd = 2048;
+	c.n_head = 32;
+	c.n_head_kv = 8;
+	c.n_ff = 8192;
+	c.n_ctx = 4096;
+	c.weight_type = 1; /* F16 */
+	c.tied_embeddings = false;
+	c.rope_base = 500000.0f;
+	double t0 = kvt_now_s();
+	if (kvt_synth_llama_write(&c, path))
+		die("synth write");
+	double t_write = kvt_now_s() - t0;
+	kvt_gguf *g;
+	kvt_model *m;
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.max_ctx = 4096;
+	if (kvt_gguf_open(path, &g) || kvt_model_load(dev, g, &mc, &m))
+		die("load 1B");
+	kvt_gguf_close(g);
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(m, 16, &shape);
+	kvt_t0_pool *pool;
+	kvt_seq s;
+	if (kvt_t0_create(dev, &shape, 300, &pool) || kvt_seq_init(&s, dev, pool, 4096))
+		die("pool");
+	enum { P = 512, N = 128 };
+	int32_t prompt[P];
+	for (int i = 0; i < P; i++)
+		prompt[i] = 3 + (i * 13) % 290;
+	kvt_gen_params gp = { .n_predict = N };
+	kvt_gen_stats st;
+	/* warm-up run, then the measured one */
+	if (kvt_generate(m, &s, NULL, prompt, P, &gp, NULL, NULL, &st))
+		die("generate");
+	kvt_seq_reset(&s);
+	if (kvt_generate(m, &s, NULL, prompt, P, &gp, NULL, NULL, &st))
+		die("generate");
+	double tps = (st.n_gen - 1) / st.decode_s;
+	double wbytes = (double)kvt_model_weight_bytes(m);
+	printf("{\"bench\":\"e2e_decode\",\"model\":\"synthetic llama-1B shape (%d layers, fp16)\",\"weight_bytes\":%.0f,"
+	       "\"prompt\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"weight_bytes_per_s\":%.4g,"
+	       "\"vs_copy\":%.3f,\"gguf_write_s\":%.1f}\n",
+	       layers, wbytes, P, P / st.prefill_s, tps, wbytes * tps, wbytes * tps / copy_bps, t_write);
+	kvt_seq_deinit(&s);
+	kvt_t0_destroy(pool);
+	kvt_model_destroy(m);
+	unlink(path);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	kvt_dev_config dc = { .kind = KVT_DEV_CUDA };
+	if (kvt_dev_create(&dc, &dev)) {
+		fprintf(stderr, "bench_gpu: no CUDA device\n");
+		return 77;
+	}
+	const char *dir = argc > 1 ? argv[1] : "/tmp";
+	printf("{\"bench\":\"device\",\"name\":\"%s\"}\n", kvt_dev_name(dev));
+	fflush(stdout);
+
+	const double cbw = copy_bw((size_t)1 << 30);
+	printf("{\"bench\":\"d2d_copy\",\"bytes\":%zu,\"bytes_per_s\":%.4g}\n", (size_t)1 << 30, cbw);
+
+	/* 1 + 2: decode attention (Llama-3-8B KV shape: 8 KV heads, group 4, head_dim 128) */
+	static const uint32_t ctxs[] = { 4096, 16384, 32768, 65536 };
+	for (size_t i = 0; i < 4; i++) {
+		double b16, b8;
+		double t16 = attn_time(8, 4, 128, ctxs[i], KVT_KV_CODEC_F16, &b16);
+		double t8 = attn_time(8, 4, 128, ctxs[i], KVT_KV_CODEC_FP8, &b8);
+		printf("{\"bench\":\"decode_attention\",\"batch\":1,\"context\":%u,\"kv_heads\":8,\"group\":4,\"head_dim\":128,"
+		       "\"f16_us\":%.2f,\"f16_bytes_per_s\":%.4g,\"f16_vs_copy\":%.3f,\"fp8_us\":%.2f,"
+		       "\"fp8_speedup\":%.3f}\n",
+		       ctxs[i], t16 * 1e6, b16 / t16, b16 / t16 / cbw, t8 * 1e6, t16 / t8);
+		fflush(stdout);
+	}
+	/* SmolLM2-135M shape too (3 KV heads, group 3, head_dim 64) */
+	{
+		double b16, b8;
+		double t16 = attn_time(3, 3, 64, 65536, KVT_KV_CODEC_F16, &b16);
+		double t8 = attn_time(3, 3, 64, 65536, KVT_KV_CODEC_FP8, &b8);
+		printf("{\"bench\":\"decode_attention\",\"batch\":1,\"context\":65536,\"kv_heads\":3,\"group\":3,\"head_dim\":64,"
+		       "\"f16_us\":%.2f,\"f16_bytes_per_s\":%.4g,\"f16_vs_copy\":%.3f,\"fp8_us\":%.2f,\"fp8_speedup\":%.3f}\n",
+		       t16 * 1e6, b16 / t16, b16 / t16 / cbw, t8 * 1e6, t16 / t8);
+	}
+
+	/* 3: codecs on 512 blocks of the Llama-3-8B shape (2 MiB each, 32 layers) */
+	{
+		const uint32_t nb = 256;
+		kvt_kv_layout l = { .n_layers = 32, .n_kv_heads = 8, .head_dim = 128, .block_tokens = 16, .n_slots = nb };
+		size_t bb = kvt_kv_block_bytes(&l);
+		l.pool = dalloc(bb * nb);
+		{ /* fill with fp16 values from a small pattern (pack of garbage NaNs would be meaningless) */
+			uint16_t *h = malloc(bb);
+			for (size_t i = 0; i < bb / 2; i++)
+				h[i] = kvt_f32_to_f16((float)((int)(i * 2654435761u % 2001) - 1000) / 250.0f);
+			for (uint32_t b = 0; b < nb; b++)
+				kvt_dev_copy_h2d(dev, (char *)l.pool + (size_t)b * bb, h, bb);
+			free(h);
+		}
+		int32_t *slots = malloc(nb * 4);
+		for (uint32_t i = 0; i < nb; i++)
+			slots[i] = (int32_t)(nb - 1 - i);
+		copy_job cj = { dalloc(bb * nb), l.pool, bb * nb };
+		double tc = time_it(do_copy, &cj, 20);
+		kvt_dev_free(dev, cj.dst);
+		for (int codec = KVT_KV_CODEC_FP8; codec <= KVT_KV_CODEC_INT8; codec++) {
+			size_t pb = kvt_kv_packed_bytes(&l, codec);
+			codec_job j = { .p = { .kv = &l, .codec = codec, .n_blocks = nb, .h_slots = slots },
+					.u = { .kv = &l, .codec = codec, .n_blocks = nb, .h_slots = slots } };
+			j.p.dst = dalloc(pb * nb);
+			j.u.src = j.p.dst;
+			double tp = time_it(do_codec, &j, 20);
+			j.unpack = true;
+			double tu = time_it(do_codec, &j, 20);
+			printf("{\"bench\":\"codec\",\"codec\":\"%s\",\"blocks\":%u,\"block_bytes\":%zu,\"copy_us\":%.1f,"
+			       "\"pack_us\":%.1f,\"unpack_us\":%.1f,\"pack_vs_copy\":%.3f,\"unpack_vs_copy\":%.3f}\n",
+			       kvt_kv_codec_name(codec), nb, bb, tc * 1e6, tp * 1e6, tu * 1e6, tc / tp, tc / tu);
+			kvt_dev_free(dev, j.p.dst);
+		}
+
+		/* 4: page-out / page-in of the same 256 blocks (512 MiB) */
+		page_job pj = { .dev_pool = l.pool, .block_bytes = bb, .n = nb };
+		if (kvt_dev_stream_create(dev, &pj.s) || kvt_dev_host_alloc(dev, bb * nb, &pj.host))
+			die("pinned");
+		memset(pj.host, 0, bb * nb);
+		double t_one = page_time(&pj, 2, 5), t_out = page_time(&pj, 0, 5), t_in = page_time(&pj, 1, 5);
+		pj.packed = kvt_kv_packed_bytes(&l, KVT_KV_CODEC_FP8);
+		pj.pack = (kvt_kv_pack_args){ .kv = &l, .codec = KVT_KV_CODEC_FP8, .n_blocks = nb, .h_slots = slots,
+					      .dst = dalloc(pj.packed * nb) };
+		double t_fp8 = page_time(&pj, 3, 5);
+		printf("{\"bench\":\"page\",\"blocks\":%u,\"block_bytes\":%zu,\"one_copy_us\":%.0f,\"one_copy_bytes_per_s\":%.4g,"
+		       "\"page_out_us\":%.0f,\"page_out_vs_one\":%.3f,\"page_in_us\":%.0f,\"page_in_vs_one\":%.3f,"
+		       "\"page_out_fp8_us\":%.0f,\"page_out_fp8_vs_one_f16\":%.3f}\n",
+		       nb, bb, t_one * 1e6, bb * nb / t_one, t_out * 1e6, t_one / t_out, t_in * 1e6, t_one / t_in,
+		       t_fp8 * 1e6, t_one / t_fp8);
+		kvt_dev_free(dev, pj.pack.dst);
+		kvt_dev_host_free(dev, pj.host);
+		kvt_dev_stream_destroy(dev, pj.s);
+		kvt_dev_free(dev, l.pool);
+		free(slots);
+	}
+	fflush(stdout);
+
+	/* 5: end to end */
+	e2e(cbw, dir, 16);
+	kvt_dev_destroy(dev);
+	return 0;
+}
