@@ -15,9 +15,9 @@ if [ "${1:-}" = "--bundle" ]; then
 	# x86-64-v3 (AVX2, FMA, F16C) rather than -march=native: the GPU machine's CPU may differ.
 	cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DKVT_NATIVE=OFF \
 		-DCMAKE_C_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES="${KVT_CUDA_ARCHS:-90}" >/dev/null
-	cmake --build build-device -j"$(nproc)" --target test_gpu_parity bench_gpu kvtier
+	cmake --build build-device -j"$(nproc)" --target test_gpu_parity bench_gpu
 	rm -rf .device
-	../shared/tools/device-bundle.sh .device build-device/test_gpu_parity build-device/bench_gpu build-device/kvtier
+	../shared/tools/device-bundle.sh .device build-device/test_gpu_parity build-device/bench_gpu
 	exit 0
 fi
 out=${OUT:-/tmp/kvt-device-out}
@@ -25,11 +25,11 @@ mkdir -p "$out"
 . .device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee "$out/gpu.txt"
 echo "== parity"
-timeout 240 test_gpu_parity 2>&1 | tee "$out/parity.txt"
+timeout "${KVT_PARITY_S:-150}" test_gpu_parity 2>&1 | tee "$out/parity.txt"
 parity=${PIPESTATUS[0]}
 echo "== benchmarks"
-timeout 300 bench_gpu /tmp 2>&1 | tee "$out/bench_gpu.jsonl"
+timeout "${KVT_BENCH_S:-200}" bench_gpu /tmp 2>&1 | tee "$out/bench_gpu.jsonl"
 echo "== pytorch sdpa"
-timeout 60 python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
+timeout 40 env -u LD_LIBRARY_PATH python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
 echo "parity exit status: $parity"
 exit "$parity"
