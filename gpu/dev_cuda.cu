@@ -44,6 +44,7 @@ extern "C" {
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -304,8 +305,9 @@ __global__ void gemv_f16_kernel(const __half *__restrict__ w, const float *__res
 	for (int m = 0; m < M; m++)
 		s[m] = 0.0f;
 	if (vec) {
+#pragma unroll 4
 		for (uint32_t k = lane * 8; k < K; k += 256) {
-			uint4 raw = *(const uint4 *)(row + k);
+			uint4 raw = __ldg((const uint4 *)(row + k));
 			const __half2 *h2 = (const __half2 *)&raw;
 			float wf[8];
 #pragma unroll
@@ -650,25 +652,78 @@ static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 }
 
 /*
- * Decode attention, split-K. Grid (n_kv_heads, n_splits); 4 warps. Lane
- * group g of LPK = head_dim / 8 lanes takes keys g, g + n_groups, ... of the
- * split; each lane holds 8 dims of q for every query head of the GQA group
- * and 8 dims of its accumulators. Partials go to ws as
- * [split][query head] { m, l, acc[head_dim] }.
+ * Decode attention, split-K. Grid (n_kv_heads, n_splits); 4 warps. A key is
+ * read by LPK = head_dim / 8 lanes, 8 elements each (one 16-byte load of
+ * fp16, or 8 bytes of 8-bit codes plus the vector's scale); a warp covers
+ * GPW = 32 / LPK keys per step and each lane group takes U keys per loop
+ * trip, all loads issued before any arithmetic, so enough bytes are in
+ * flight to stream the pool at memory speed. Every lane keeps 8 dims of q
+ * and of the accumulators for each query head of the GQA group (K and V are
+ * read once per KV head) and an online softmax per head in log2 units
+ * (exp2). Partials go to ws as [split][query head] { max, sum, acc[head_dim] }.
  */
-template <int LPK, int G, bool Q8>
+template <int D, bool Q8>
+__device__ __forceinline__ void load_key(const kvt_kv_layout &l, uint32_t layer, uint32_t kh, int32_t slot,
+					 uint32_t t, int sub, float *kf, float *vf)
+{
+	if constexpr (Q8) {
+		const uint8_t *blk = q_block(l, slot);
+		const size_t nv = q_nvec(l), vk = q_vi(l, layer, 0, kh, t), vv = q_vi(l, layer, 1, kh, t);
+		uint2 kr = __ldg((const uint2 *)(blk + vk * D + sub * 8));
+		uint2 vr = __ldg((const uint2 *)(blk + vv * D + sub * 8));
+		float ks = __ldg((const float *)(blk + nv * D + vk * 4)), vs = __ldg((const float *)(blk + nv * D + vv * 4));
+		const uint8_t *kc = (const uint8_t *)&kr, *vc = (const uint8_t *)&vr;
+		if (l.codec == KVT_KV_CODEC_FP8) {
+#pragma unroll
+			for (int i = 0; i < 8; i += 2) {
+				__half2 kh2 = __half2(__nv_cvt_fp8x2_to_halfraw2(
+					(__nv_fp8x2_storage_t)(kc[i] | (kc[i + 1] << 8)), __NV_E4M3));
+				__half2 vh2 = __half2(__nv_cvt_fp8x2_to_halfraw2(
+					(__nv_fp8x2_storage_t)(vc[i] | (vc[i + 1] << 8)), __NV_E4M3));
+				float2 a = __half22float2(kh2), b = __half22float2(vh2);
+				kf[i] = a.x * ks;
+				kf[i + 1] = a.y * ks;
+				vf[i] = b.x * vs;
+				vf[i + 1] = b.y * vs;
+			}
+		} else {
+#pragma unroll
+			for (int i = 0; i < 8; i++) {
+				kf[i] = (float)(int8_t)kc[i] * ks;
+				vf[i] = (float)(int8_t)vc[i] * vs;
+			}
+		}
+	} else {
+		const __half *pool = (const __half *)l.pool;
+		uint4 kr = __ldg((const uint4 *)(pool + kv_off(l, slot, layer, 0, kh, t) + sub * 8));
+		uint4 vr = __ldg((const uint4 *)(pool + kv_off(l, slot, layer, 1, kh, t) + sub * 8));
+		const __half2 *k2 = (const __half2 *)&kr, *v2 = (const __half2 *)&vr;
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			float2 f = __half22float2(k2[i]);
+			kf[2 * i] = f.x;
+			kf[2 * i + 1] = f.y;
+			f = __half22float2(v2[i]);
+			vf[2 * i] = f.x;
+			vf[2 * i + 1] = f.y;
+		}
+	}
+}
+
+template <int D, int G, bool Q8>
 __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
 							  uint32_t keys_per_split, float *ws)
 {
-	constexpr int D = LPK * 8;
-	constexpr int GROUPS = 128 / LPK; /* lane groups in the CTA */
+	constexpr int LPK = D / 8;      /* lanes per key */
+	constexpr int GPW = 32 / LPK;   /* keys per warp step */
+	constexpr int GROUPS = 4 * GPW; /* lane groups in the CTA */
+	constexpr int U = Q8 ? 4 : 2;   /* keys per lane group per trip */
 	const uint32_t kh = blockIdx.x, split = blockIdx.y;
-	const uint32_t n_ctx = a.pos0 + 1;
 	const uint32_t k0 = split * keys_per_split;
-	const uint32_t k1 = min(n_ctx, k0 + keys_per_split);
-	const int tid = threadIdx.x, grp = tid / LPK, sub = tid % LPK;
-	const __half *pool = (const __half *)l.pool;
+	const uint32_t k1 = min(a.pos0 + 1, k0 + keys_per_split);
+	const int tid = threadIdx.x, grp = tid / LPK, sub = tid % LPK, gi = grp % GPW;
 	const uint32_t bt = l.block_tokens;
+	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
 
 	float q[G][8], acc[G][8], mx[G], sum[G];
 #pragma unroll
@@ -676,64 +731,56 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 		const float *qp = a.q + ((size_t)kh * G + g) * D + sub * 8;
 #pragma unroll
 		for (int i = 0; i < 8; i++) {
-			q[g][i] = qp[i] * a.scale;
+			q[g][i] = qp[i] * qs;
 			acc[g][i] = 0.0f;
 		}
 		mx[g] = -INFINITY;
 		sum[g] = 0.0f;
 	}
-	/* Trip counts are uniform per warp (every lane shuffles); a lane group past k1 idles. */
-	constexpr int GPW = 32 / LPK;
-	for (uint32_t base = k0 + (tid >> 5) * GPW; base < k1; base += GROUPS) {
-		const uint32_t p = base + (grp % GPW);
-		const bool valid = p < k1;
-		int32_t slot = a.block_table[(valid ? p : base) / bt];
-		const uint32_t pp = valid ? p : base;
-		float kf[8], vf[8];
-		if constexpr (Q8) {
-			/* 8 codes per lane (one 8-byte load) and the vector's scale, for K and V */
-			const uint8_t *blk = q_block(l, slot);
-			const size_t nv = q_nvec(l), vk = q_vi(l, a.layer, 0, kh, pp % bt), vv = q_vi(l, a.layer, 1, kh, pp % bt);
-			uint2 kr = *(const uint2 *)(blk + vk * D + sub * 8), vr = *(const uint2 *)(blk + vv * D + sub * 8);
-			float ks = *(const float *)(blk + nv * D + vk * 4), vs = *(const float *)(blk + nv * D + vv * 4);
-			const uint8_t *kc = (const uint8_t *)&kr, *vc = (const uint8_t *)&vr;
+	/* Trip counts are uniform per warp (every lane shuffles); keys past k1 are masked. */
+	for (uint32_t base = k0 + (tid >> 5) * GPW; base < k1; base += U * GROUPS) {
+		float kf[U][8], vf[U][8];
+		bool valid[U];
 #pragma unroll
-			for (int i = 0; i < 8; i++) {
-				kf[i] = q_decode(l.codec, kc[i]) * ks;
-				vf[i] = q_decode(l.codec, vc[i]) * vs;
-			}
-		} else {
-			size_t ko = kv_off(l, slot, a.layer, 0, kh, pp % bt) + sub * 8;
-			size_t vo = kv_off(l, slot, a.layer, 1, kh, pp % bt) + sub * 8;
-			uint4 kr = *(const uint4 *)(pool + ko), vr = *(const uint4 *)(pool + vo);
-			const __half2 *k2 = (const __half2 *)&kr, *v2 = (const __half2 *)&vr;
-#pragma unroll
-			for (int i = 0; i < 4; i++) {
-				float2 f = __half22float2(k2[i]);
-				kf[2 * i] = f.x;
-				kf[2 * i + 1] = f.y;
-				f = __half22float2(v2[i]);
-				vf[2 * i] = f.x;
-				vf[2 * i + 1] = f.y;
-			}
+		for (int u = 0; u < U; u++) {
+			const uint32_t p = base + u * GROUPS + gi;
+			valid[u] = p < k1;
+			const uint32_t pp = valid[u] ? p : k0;
+			load_key<D, Q8>(l, a.layer, kh, a.block_table[pp / bt], pp % bt, sub, kf[u], vf[u]);
 		}
 #pragma unroll
 		for (int g = 0; g < G; g++) {
-			float s = 0.0f;
+			float s[U], nm = mx[g];
 #pragma unroll
-			for (int i = 0; i < 8; i++)
-				s += q[g][i] * kf[i];
+			for (int u = 0; u < U; u++) {
+				float d = 0.0f;
 #pragma unroll
-			for (int o = LPK / 2; o > 0; o >>= 1)
-				s += __shfl_xor_sync(0xffffffffu, s, o, LPK);
-			if (!valid)
-				continue;
-			float nm = fmaxf(mx[g], s);
-			float c = expf(mx[g] - nm), pw = expf(s - nm);
-			sum[g] = sum[g] * c + pw;
+				for (int i = 0; i < 8; i++)
+					d += q[g][i] * kf[u][i];
 #pragma unroll
-			for (int i = 0; i < 8; i++)
-				acc[g][i] = acc[g][i] * c + pw * vf[i];
+				for (int o = LPK / 2; o > 0; o >>= 1)
+					d += __shfl_xor_sync(0xffffffffu, d, o, LPK);
+				s[u] = valid[u] ? d : -INFINITY;
+				nm = fmaxf(nm, s[u]);
+			}
+			if (nm == -INFINITY)
+				continue; /* nothing visible yet for this lane group */
+			const float c = exp2f(mx[g] - nm);
+			float pw[U], ps = 0.0f;
+#pragma unroll
+			for (int u = 0; u < U; u++) {
+				pw[u] = exp2f(s[u] - nm);
+				ps += pw[u];
+			}
+			sum[g] = sum[g] * c + ps;
+#pragma unroll
+			for (int i = 0; i < 8; i++) {
+				float v = acc[g][i] * c;
+#pragma unroll
+				for (int u = 0; u < U; u++)
+					v += pw[u] * vf[u][i];
+				acc[g][i] = v;
+			}
 			mx[g] = nm;
 		}
 	}
@@ -757,14 +804,14 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 			float v = 0.0f;
 			for (int j = 0; j < GROUPS; j++)
 				if (sm[j] != -INFINITY)
-					v += sacc[j][dd] * expf(sm[j] - M);
+					v += sacc[j][dd] * exp2f(sm[j] - M);
 			out[2 + dd] = v;
 		}
 		if (tid == 0) {
 			float L = 0.0f;
 			for (int j = 0; j < GROUPS; j++)
 				if (sm[j] != -INFINITY)
-					L += ssum[j] * expf(sm[j] - M);
+					L += ssum[j] * exp2f(sm[j] - M);
 			out[0] = M;
 			out[1] = L;
 		}
@@ -772,7 +819,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 	}
 }
 
-/* Merge n_splits partials per query head into out. Grid n_heads; D threads. */
+/* Merge n_splits partials per query head into out (maxima in log2 units). Grid n_heads. */
 __global__ void attn_combine_kernel(const float *ws, float *out, uint32_t n_heads, uint32_t D, uint32_t n_splits)
 {
 	uint32_t h = blockIdx.x;
@@ -783,14 +830,14 @@ __global__ void attn_combine_kernel(const float *ws, float *out, uint32_t n_head
 	for (uint32_t s = 0; s < n_splits; s++) {
 		const float *p = ws + ((size_t)s * n_heads + h) * (D + 2);
 		if (p[0] != -INFINITY)
-			L += p[1] * expf(p[0] - M);
+			L += p[1] * exp2f(p[0] - M);
 	}
 	for (uint32_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
 		float v = 0.0f;
 		for (uint32_t s = 0; s < n_splits; s++) {
 			const float *p = ws + ((size_t)s * n_heads + h) * (D + 2);
 			if (p[0] != -INFINITY)
-				v += p[2 + dd] * expf(p[0] - M);
+				v += p[2 + dd] * exp2f(p[0] - M);
 		}
 		out[(size_t)h * D + dd] = v / L;
 	}
@@ -909,12 +956,20 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 	}
 }
 
-/* Keys per decode split: enough CTAs to fill the GPU twice over, at least 64 keys each. */
+/*
+ * Keys per decode split: enough CTAs for about 8 per multiprocessor (the
+ * kernel is bound by memory, and needs many bytes in flight), at least 64
+ * keys each.
+ */
+static uint32_t decode_want(const cuda_dev *c, const kvt_attention_args *a)
+{
+	return div_up(8u * (uint32_t)c->n_sm, a->kv->n_kv_heads);
+}
+
 static uint32_t decode_splits(const cuda_dev *c, const kvt_attention_args *a, uint32_t *keys_per_split)
 {
 	uint32_t n_ctx = a->pos0 + 1;
-	uint32_t want = div_up(2u * (uint32_t)c->n_sm, a->kv->n_kv_heads);
-	uint32_t kps = div_up(n_ctx, want);
+	uint32_t kps = div_up(n_ctx, decode_want(c, a));
 	if (kps < 64)
 		kps = 64;
 	*keys_per_split = kps;
@@ -935,32 +990,33 @@ static size_t cuda_attention_workspace(const kvt_dev *d, const kvt_attention_arg
 	one.n_rows = 1;
 	if (!decode_ok(&one))
 		return 0;
-	uint32_t most = div_up(2u * (uint32_t)((const cuda_dev *)d)->n_sm, a->kv->n_kv_heads);
+	uint32_t most = decode_want((const cuda_dev *)d, a);
 	return (size_t)most * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
 }
 
-template <int LPK, int G>
+template <int D, int G>
 static void launch_decode(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
 {
+	dim3 grid(a->kv->n_kv_heads, n_splits);
 	if (a->kv->codec != KVT_KV_CODEC_F16)
-		attn_decode_kernel<LPK, G, true><<<dim3(a->kv->n_kv_heads, n_splits), 128, 0, st>>>(*a->kv, *a, kps, ws);
+		attn_decode_kernel<D, G, true><<<grid, 128, 0, st>>>(*a->kv, *a, kps, ws);
 	else
-		attn_decode_kernel<LPK, G, false><<<dim3(a->kv->n_kv_heads, n_splits), 128, 0, st>>>(*a->kv, *a, kps, ws);
+		attn_decode_kernel<D, G, false><<<grid, 128, 0, st>>>(*a->kv, *a, kps, ws);
 }
 
-template <int LPK>
+template <int D>
 static bool launch_decode_g(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
 {
 	switch (a->n_heads / a->kv->n_kv_heads) {
-	case 1: launch_decode<LPK, 1>(st, a, n_splits, kps, ws); return true;
-	case 2: launch_decode<LPK, 2>(st, a, n_splits, kps, ws); return true;
-	case 3: launch_decode<LPK, 3>(st, a, n_splits, kps, ws); return true;
-	case 4: launch_decode<LPK, 4>(st, a, n_splits, kps, ws); return true;
-	case 5: launch_decode<LPK, 5>(st, a, n_splits, kps, ws); return true;
-	case 6: launch_decode<LPK, 6>(st, a, n_splits, kps, ws); return true;
-	case 7: launch_decode<LPK, 7>(st, a, n_splits, kps, ws); return true;
-	case 8: launch_decode<LPK, 8>(st, a, n_splits, kps, ws); return true;
-	case 16: launch_decode<LPK, 16>(st, a, n_splits, kps, ws); return true;
+	case 1: launch_decode<D, 1>(st, a, n_splits, kps, ws); return true;
+	case 2: launch_decode<D, 2>(st, a, n_splits, kps, ws); return true;
+	case 3: launch_decode<D, 3>(st, a, n_splits, kps, ws); return true;
+	case 4: launch_decode<D, 4>(st, a, n_splits, kps, ws); return true;
+	case 5: launch_decode<D, 5>(st, a, n_splits, kps, ws); return true;
+	case 6: launch_decode<D, 6>(st, a, n_splits, kps, ws); return true;
+	case 7: launch_decode<D, 7>(st, a, n_splits, kps, ws); return true;
+	case 8: launch_decode<D, 8>(st, a, n_splits, kps, ws); return true;
+	case 16: launch_decode<D, 16>(st, a, n_splits, kps, ws); return true;
 	}
 	return false;
 }
@@ -975,9 +1031,9 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 	}
 	if (decode_ok(a)) {
 		uint32_t kps, n = decode_splits(c, a, &kps);
-		bool ok = D == 64 ? launch_decode_g<8>(c->stream, a, n, kps, (float *)ws)
-			  : D == 128 ? launch_decode_g<16>(c->stream, a, n, kps, (float *)ws)
-				     : launch_decode_g<32>(c->stream, a, n, kps, (float *)ws);
+		bool ok = D == 64 ? launch_decode_g<64>(c->stream, a, n, kps, (float *)ws)
+			  : D == 128 ? launch_decode_g<128>(c->stream, a, n, kps, (float *)ws)
+				     : launch_decode_g<256>(c->stream, a, n, kps, (float *)ws);
 		if (ok) {
 			int rc = LAUNCHED("attention decode");
 			if (rc)
@@ -1067,6 +1123,97 @@ __global__ void kv_unpack_kernel(kvt_kv_layout l, int codec, codec_slots sl, con
 	}
 }
 
+/*
+ * The vectorised codecs, for head_dim / 8 lanes per vector dividing a warp:
+ * a thread converts 8 consecutive values (a 16-byte fp16 load, an 8-byte
+ * code store), the vector's lanes share amax by shuffles, and FP8 goes
+ * through the hardware conversion (round to nearest even, saturating), which
+ * gives the same bytes as kv_codec.h's software encoder. Threads past the
+ * end still shuffle (masked stores), so every lane takes part.
+ */
+template <int LPV>
+__global__ void kv_pack_fast(kvt_kv_layout l, int codec, codec_slots sl, uint8_t *dst, size_t packed,
+			     uint32_t n_vec, uint32_t n_blocks)
+{
+	const uint32_t D = LPV * 8;
+	const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+	const uint64_t total = (uint64_t)n_blocks * n_vec * LPV;
+	const bool live = t < total;
+	const uint64_t tt = live ? t : 0;
+	const uint32_t sub = (uint32_t)(tt % LPV);
+	const uint64_t v = tt / LPV;
+	const uint32_t b = (uint32_t)(v / n_vec), vi = (uint32_t)(v % n_vec);
+	const __half *src = (const __half *)l.pool + ((size_t)sl.slot[b] * n_vec + vi) * D + sub * 8;
+	uint4 raw = *(const uint4 *)src;
+	const __half2 *h2 = (const __half2 *)&raw;
+	float x[8], amax = 0.0f;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		float2 f = __half22float2(h2[i]);
+		x[2 * i] = f.x;
+		x[2 * i + 1] = f.y;
+		amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+	}
+#pragma unroll
+	for (int o = LPV / 2; o > 0; o >>= 1)
+		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, LPV));
+	float sc, inv;
+	kvt_codec_scales(amax, codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &sc, &inv);
+	uint8_t c[8];
+	if (codec == KVT_KV_CODEC_FP8) {
+#pragma unroll
+		for (int i = 0; i < 8; i += 2) {
+			__nv_fp8x2_storage_t p2 = __nv_cvt_float2_to_fp8x2(make_float2(x[i] * inv, x[i + 1] * inv),
+									   __NV_SATFINITE, __NV_E4M3);
+			c[i] = (uint8_t)(p2 & 0xff);
+			c[i + 1] = (uint8_t)(p2 >> 8);
+		}
+	} else {
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			int r = __float2int_rn(x[i] * inv);
+			c[i] = (uint8_t)(int8_t)(r > 127 ? 127 : (r < -127 ? -127 : r));
+		}
+	}
+	if (!live)
+		return;
+	uint8_t *out = dst + (size_t)b * packed;
+	*(uint2 *)(out + (size_t)vi * D + sub * 8) = *(const uint2 *)c;
+	if (sub == 0)
+		memcpy(out + (size_t)n_vec * D + (size_t)vi * 4, &sc, 4);
+}
+
+template <int LPV>
+__global__ void kv_unpack_fast(kvt_kv_layout l, int codec, codec_slots sl, const uint8_t *src, size_t packed,
+			       uint32_t n_vec, uint32_t n_blocks)
+{
+	const uint32_t D = LPV * 8;
+	const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+	if (t >= (uint64_t)n_blocks * n_vec * LPV)
+		return;
+	const uint32_t sub = (uint32_t)(t % LPV);
+	const uint64_t v = t / LPV;
+	const uint32_t b = (uint32_t)(v / n_vec), vi = (uint32_t)(v % n_vec);
+	const uint8_t *in = src + (size_t)b * packed;
+	uint2 raw = *(const uint2 *)(in + (size_t)vi * D + sub * 8);
+	float sc;
+	memcpy(&sc, in + (size_t)n_vec * D + (size_t)vi * 4, 4);
+	const uint8_t *c = (const uint8_t *)&raw;
+	__half2 o[4];
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		float2 f;
+		if (codec == KVT_KV_CODEC_FP8)
+			f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+				(__nv_fp8x2_storage_t)(c[2 * i] | (c[2 * i + 1] << 8)), __NV_E4M3)));
+		else
+			f = make_float2((float)(int8_t)c[2 * i], (float)(int8_t)c[2 * i + 1]);
+		o[i] = __floats2half2_rn(f.x * sc, f.y * sc);
+	}
+	__half *dstp = (__half *)l.pool + ((size_t)sl.slot[b] * n_vec + vi) * D + sub * 8;
+	*(uint4 *)dstp = *(const uint4 *)o;
+}
+
 static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int codec, uint32_t n_blocks,
 		     const int32_t *slots, void *dst, const void *src, bool pack)
 {
@@ -1089,12 +1236,30 @@ static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int cod
 		uint32_t nb = n_blocks - b0 < CODEC_SLOTS ? n_blocks - b0 : CODEC_SLOTS;
 		codec_slots sl;
 		memcpy(sl.slot, slots + b0, nb * sizeof(int32_t));
-		dim3 grid(div_up(n_vec, 8), nb);
-		if (pack)
-			kv_pack_kernel<<<grid, 256, 0, s>>>(*l, codec, sl, (uint8_t *)dst + b0 * packed, packed, n_vec);
+		uint8_t *d8 = (uint8_t *)dst + b0 * packed;
+		const uint8_t *s8 = (const uint8_t *)src + b0 * packed;
+		const uint32_t lpv = l->head_dim / 8;
+		const unsigned g = div_up((uint64_t)nb * n_vec * lpv, 256);
+		const bool aligned = ((uintptr_t)l->pool % 16) == 0 && ((uintptr_t)(pack ? (const void *)d8 : s8) % 8) == 0 &&
+				     packed % 8 == 0;
+#define FAST(LPV)                                                                                        \
+	do {                                                                                             \
+		if (pack)                                                                                \
+			kv_pack_fast<LPV><<<g, 256, 0, s>>>(*l, codec, sl, d8, packed, n_vec, nb);       \
+		else                                                                                     \
+			kv_unpack_fast<LPV><<<g, 256, 0, s>>>(*l, codec, sl, s8, packed, n_vec, nb);     \
+	} while (0)
+		if (aligned && l->head_dim == 64)
+			FAST(8);
+		else if (aligned && l->head_dim == 128)
+			FAST(16);
+		else if (aligned && l->head_dim == 256)
+			FAST(32);
+		else if (pack)
+			kv_pack_kernel<<<dim3(div_up(n_vec, 8), nb), 256, 0, s>>>(*l, codec, sl, d8, packed, n_vec);
 		else
-			kv_unpack_kernel<<<grid, 256, 0, s>>>(*l, codec, sl, (const uint8_t *)src + b0 * packed, packed,
-							      n_vec);
+			kv_unpack_kernel<<<dim3(div_up(n_vec, 8), nb), 256, 0, s>>>(*l, codec, sl, s8, packed, n_vec);
+#undef FAST
 		int rc = LAUNCHED(pack ? "kv_pack" : "kv_unpack");
 		if (rc)
 			return rc;

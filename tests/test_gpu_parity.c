@@ -478,7 +478,8 @@ static void greedy(kvt_dev *d, const char *path, int wdt, int32_t *out, uint32_t
 		prompt[i] = 3 + (i * 7) % 250;
 	kvt_gen_params gp = { .n_predict = n_gen };
 	int32_t *cur = out;
-	CHECK(kvt_generate(m, &s, NULL, prompt, 40, &gp, collect, &cur, NULL) == KVT_OK);
+	kvt_gen_stats gs;
+	CHECK(kvt_generate(m, &s, NULL, prompt, 40, &gp, collect, &cur, &gs) == KVT_OK);
 	kvt_seq_deinit(&s);
 	kvt_t0_destroy(pool);
 	kvt_model_destroy(m);
@@ -518,7 +519,11 @@ static void test_greedy(void)
 
 int main(void)
 {
-	kvt_dev_config gc = { .kind = KVT_DEV_CUDA };
+	/* KVT_PARITY_SELFTEST=1 puts the CPU fast path in the GPU's place: a dry run
+	 * of this harness on machines without a GPU. */
+	const char *self = getenv("KVT_PARITY_SELFTEST");
+	kvt_dev_config gc = { .kind = self && *self == '1' ? KVT_DEV_CPU : KVT_DEV_CUDA, .n_threads = 2 };
+	setvbuf(stdout, NULL, _IONBF, 0);
 	kvt_log_set_sink(NULL, NULL);
 	check_log_capture(); /* quiet: "no usable GPU" is expected where there is none */
 	int rc = kvt_dev_create(&gc, &gpu);
@@ -529,6 +534,16 @@ int main(void)
 	if (kvt_dev_create(&cc, &cpu))
 		return 1;
 	printf("gpu: %s\n", kvt_dev_name(gpu));
+	if (!(self && *self == '1')) { /* out of memory is an error to recover from, not an abort */
+		void *huge = NULL;
+		check_log_capture();
+		CHECK(kvt_dev_alloc(gpu, (size_t)1 << 50, &huge) == KVT_ENOMEM && huge == NULL);
+		CHECK(strstr(check_log_text, "cannot allocate") != NULL);
+		kvt_log_set_sink(NULL, NULL);
+		void *ok = NULL;
+		CHECK(kvt_dev_alloc(gpu, 1 << 20, &ok) == KVT_OK); /* and the device still works */
+		kvt_dev_free(gpu, ok);
+	}
 	test_copies();
 	test_matmul();
 	test_rows();
