@@ -240,6 +240,23 @@ int kvt_dev_argmax(kvt_dev *d, const kvt_argmax_args *a)
 	return d->ops->argmax(d, a);
 }
 
+size_t kvt_dev_sample_workspace_bytes(const kvt_dev *d, const kvt_sample_args *a)
+{
+	return d->ops->sample_workspace(d, a);
+}
+
+int kvt_dev_sample(kvt_dev *d, const kvt_sample_args *a, void *ws)
+{
+	if (!a->n_rows || !a->n_cols || !a->x || !a->u || !a->out)
+		BAD("sample", "bad arguments");
+	if (!(a->temperature > 0) || !(a->top_p > 0 && a->top_p <= 1))
+		BAD("sample", "temperature %g top_p %g (need temperature > 0, 0 < top_p <= 1)", a->temperature,
+		    a->top_p);
+	if (!ws && d->ops->sample_workspace(d, a))
+		BAD("sample", "missing workspace");
+	return d->ops->sample(d, a, ws);
+}
+
 int kvt_dev_host_alloc(kvt_dev *d, size_t n_bytes, void **out)
 {
 	if (n_bytes == 0 || !out)

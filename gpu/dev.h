@@ -309,4 +309,31 @@ typedef struct kvt_argmax_args {
 } kvt_argmax_args;
 int kvt_dev_argmax(kvt_dev *d, const kvt_argmax_args *a);
 
+/*
+ * Sample one token per row from softmax(x / temperature), restricted by
+ * top_k and top_p, with the caller's uniform draw u[m] in [0, 1). Defined by
+ * thresholds so that every backend picks the same token:
+ *   w_i = exp((x_i - max x) / temperature);
+ *   tk  = the top_k-th largest w (0 when top_k is 0 or >= n_cols);
+ *   tp  = the largest w_j such that the w's >= w_j (among those >= tk) sum
+ *         to at least top_p of the w's >= tk (0 when top_p >= 1);
+ *   the candidates are the i with w_i >= max(tk, tp) (ties all kept); the
+ *   token is the first candidate, in index order, at which the running sum
+ *   of candidate weights exceeds u * (their total).
+ * Sums are taken in fp64. NaN logits are never candidates; a row with no
+ * logit above -inf gives -1.
+ */
+typedef struct kvt_sample_args {
+	uint32_t n_rows;   /* rows */
+	uint32_t n_cols;   /* vocabulary */
+	const float *x;    /* [n_rows][n_cols] logits, device */
+	float temperature; /* > 0 */
+	uint32_t top_k;    /* 0: no limit */
+	float top_p;       /* in (0, 1]; 1: no limit */
+	const float *u;    /* [n_rows] uniform draws in [0, 1), device */
+	int32_t *out;      /* [n_rows] token ids, device */
+} kvt_sample_args;
+size_t kvt_dev_sample_workspace_bytes(const kvt_dev *d, const kvt_sample_args *a);
+int kvt_dev_sample(kvt_dev *d, const kvt_sample_args *a, void *d_workspace);
+
 #endif

@@ -1130,6 +1130,80 @@ static int cpu_argmax(kvt_dev *d, const kvt_argmax_args *a)
 }
 
 /*
+ * Sampling, plainly: weights, a sorted copy for the top-k value and the
+ * top-p cut, then a walk in index order (the definition in dev.h).
+ * NaN logits get weight -1, below every threshold.
+ */
+static size_t cpu_sample_workspace(const kvt_dev *d, const kvt_sample_args *a)
+{
+	return (size_t)a->n_cols * 2 * sizeof(float);
+}
+
+static int cmp_desc(const void *pa, const void *pb)
+{
+	float x = *(const float *)pa, y = *(const float *)pb;
+	return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+static int cpu_sample(kvt_dev *d, const kvt_sample_args *a, void *ws)
+{
+	const uint32_t n = a->n_cols;
+	float *w = ws, *srt = w + n;
+	for (uint32_t r = 0; r < a->n_rows; r++) {
+		const float *x = a->x + (size_t)r * n;
+		float m = -INFINITY;
+		uint32_t nv = 0;
+		for (uint32_t i = 0; i < n; i++)
+			if (x[i] == x[i]) {
+				m = x[i] > m ? x[i] : m;
+				nv++;
+			}
+		if (!nv || m == -INFINITY) {
+			a->out[r] = -1; /* nothing to draw from */
+			continue;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			w[i] = x[i] == x[i] ? expf((x[i] - m) / a->temperature) : -1.0f;
+		memcpy(srt, w, n * sizeof(float));
+		qsort(srt, n, sizeof(float), cmp_desc);
+		float tk = a->top_k && a->top_k < nv ? srt[a->top_k - 1] : 0.0f, tp = 0.0f;
+		if (a->top_p < 1.0f) {
+			double zk = 0, acc = 0;
+			for (uint32_t i = 0; i < n; i++)
+				if (w[i] >= tk)
+					zk += w[i];
+			const double target = (double)a->top_p * zk;
+			for (uint32_t j = 0; j < nv && srt[j] >= tk;) {
+				float v = srt[j];
+				while (j < nv && srt[j] == v)
+					acc += srt[j++];
+				if (acc >= target) {
+					tp = v;
+					break;
+				}
+			}
+		}
+		const float thr = tk > tp ? tk : tp;
+		double z = 0, c = 0;
+		for (uint32_t i = 0; i < n; i++)
+			if (w[i] >= thr)
+				z += w[i];
+		const double target = (double)a->u[r] * z;
+		int32_t pick = -1;
+		for (uint32_t i = 0; i < n; i++) {
+			if (w[i] < thr)
+				continue;
+			pick = (int32_t)i;
+			c += w[i];
+			if (c > target)
+				break;
+		}
+		a->out[r] = pick;
+	}
+	return KVT_OK;
+}
+
+/*
  * Pinned host memory, streams and events. Everything completes before it
  * returns on this backend, so a stream is only a token and an event is
  * complete as soon as it is recorded. They are still real objects so that
@@ -1294,6 +1368,8 @@ static const struct kvt_dev_ops cpu_ops = {
 	.copy_async = cpu_copy_async,
 	.kv_pack = cpu_kv_pack,
 	.kv_unpack = cpu_kv_unpack,
+	.sample_workspace = cpu_sample_workspace,
+	.sample = cpu_sample,
 };
 
 int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)

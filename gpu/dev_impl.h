@@ -46,6 +46,8 @@ struct kvt_dev_ops {
 	int (*copy_async)(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n, int dir);
 	int (*kv_pack)(kvt_dev *d, kvt_stream *s, const kvt_kv_pack_args *a);     /* T0 -> packed */
 	int (*kv_unpack)(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a); /* packed -> T0 */
+	size_t (*sample_workspace)(const kvt_dev *d, const kvt_sample_args *a);  /* scratch bytes */
+	int (*sample)(kvt_dev *d, const kvt_sample_args *a, void *ws);          /* top-k/top-p draw */
 };
 
 /* The common head of every backend's device object. */

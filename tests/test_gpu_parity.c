@@ -13,7 +13,8 @@
  *     fp32 weights (cublasSgemm, no TF32): 1e-10;
  *   - rmsnorm, swiglu, add: 1e-12; rope (sincosf vs glibc): 1e-10;
  *   - attention (exp and summation order differ): 1e-9.
- * argmax must agree exactly (ties go to the lowest index on both).
+ * argmax must agree exactly (ties go to the lowest index on both), and so
+ * must sampling (the op is defined by thresholds, not by a sort order).
  * Exits 77 (skipped) where no GPU is present; the CUDA backend is still
  * compiled on such machines.
  */
@@ -449,6 +450,38 @@ static void test_codecs(void)
 		}
 }
 
+/* Sampling: the same token on both for the same logits and draws. */
+static void test_sample(void)
+{
+	static const uint32_t cols[] = { 305, 49152 };
+	static const float params[][3] = { { 1, 0, 1 }, { 0.7f, 40, 1 }, { 1, 0, 0.9f }, { 0.8f, 50, 0.95f }, { 1.3f, 1, 1 } };
+	for (size_t ci = 0; ci < 2; ci++)
+		for (size_t pi = 0; pi < 5; pi++) {
+			const uint32_t R = 8, V = cols[ci];
+			float *x = rand_f32((size_t)R * V, 6.0f), u[8];
+			x[3] = NAN; /* never a candidate */
+			for (uint32_t r = 0; r < R; r++)
+				u[r] = (check_rng_f32(&rng) + 1.0f) * 0.5f;
+			buf2 bx = both(x, (size_t)R * V * 4), bu = both(u, sizeof u), bo = both(u, R * 4);
+			kvt_sample_args a = { .n_rows = R, .n_cols = V, .temperature = params[pi][0],
+					      .top_k = (uint32_t)params[pi][1], .top_p = params[pi][2] };
+			a.x = bx.c, a.u = bu.c, a.out = bo.c;
+			void *wc = ws(cpu, kvt_dev_sample_workspace_bytes(cpu, &a));
+			CHECK(kvt_dev_sample(cpu, &a, wc) == KVT_OK);
+			a.x = bx.g, a.u = bu.g, a.out = bo.g;
+			void *wg = ws(gpu, kvt_dev_sample_workspace_bytes(gpu, &a));
+			CHECK(kvt_dev_sample(gpu, &a, wg) == KVT_OK);
+			CHECKF(cmp_bytes(bo.c, bo.g, R * 4), "sample V%u T%.2f k%u p%.2f", V, a.temperature, a.top_k,
+			       a.top_p);
+			kvt_dev_free(cpu, wc);
+			kvt_dev_free(gpu, wg);
+			both_free(&bx);
+			both_free(&bu);
+			both_free(&bo);
+			free(x);
+		}
+}
+
 /* Greedy tokens of the synthetic model on the GPU equal the CPU's. */
 static int collect(int32_t id, void *user)
 {
@@ -550,6 +583,7 @@ int main(void)
 	test_rope_embed();
 	test_attention();
 	test_codecs();
+	test_sample();
 	test_greedy();
 	kvt_dev_destroy(cpu);
 	kvt_dev_destroy(gpu);
