@@ -21,6 +21,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1290,6 +1291,80 @@ static void unpack_vec(int codec, const uint8_t *codes, float s, uint32_t n, uin
 	}
 }
 
+#if defined(KVT_HAVE_F16C) && defined(__AVX2__)
+#define KVT_HAVE_CODEC8 1
+/*
+ * The fast path of the codecs, 8 values at a time, giving the reference's
+ * bytes: F16C conversions (round to nearest even, as kvt_f32_to_f16), the
+ * integer conversions in the default rounding mode (nearest even, as rintf),
+ * and FP8 encoding by integer arithmetic on the float's bits: adding
+ * 0x7FFFF plus the kept mantissa's lowest bit rounds the mantissa to 3 bits,
+ * nearest even, with the carry running into the exponent.
+ */
+static inline __m256i fp8_encode8(__m256 v)
+{
+	const __m256i b = _mm256_castps_si256(v);
+	const __m256i ab = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+	const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
+	__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(ab, 20), _mm256_set1_epi32(1));
+	__m256i r = _mm256_add_epi32(ab, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF), lsb));
+	__m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(120 << 3));
+	normal = _mm256_min_epi32(normal, _mm256_set1_epi32(0x7E)); /* saturate at 448 */
+	__m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(ab), _mm256_set1_ps(512.0f)));
+	__m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), ab); /* |v| < 2^-6 */
+	__m256i code = _mm256_or_si256(_mm256_blendv_epi8(normal, sub, is_sub), sign);
+	__m256i is_nan = _mm256_cmpgt_epi32(ab, _mm256_set1_epi32(0x7F800000));
+	return _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), is_nan);
+}
+
+static void pack_vec8(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
+{
+	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+	__m256 mx = _mm256_setzero_ps();
+	for (uint32_t i = 0; i < n; i += 8)
+		mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), absm));
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_movehdup_ps(h));
+	float s, inv;
+	kvt_codec_scales(_mm_cvtss_f32(h), codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &s, &inv);
+	const __m256 vinv = _mm256_set1_ps(inv);
+	for (uint32_t i = 0; i < n; i += 8) {
+		__m256 v = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), vinv);
+		__m256i c = codec == KVT_KV_CODEC_FP8 ? fp8_encode8(v)
+						       : _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(v),
+											   _mm256_set1_epi32(127)),
+									  _mm256_set1_epi32(-127));
+		/* 8 x int32 -> 8 bytes (low byte of each lane) */
+		__m128i lo = _mm256_castsi256_si128(c), hi = _mm256_extracti128_si256(c, 1);
+		__m128i w16 = _mm_packs_epi32(_mm_and_si128(lo, _mm_set1_epi32(0xFF)), _mm_and_si128(hi, _mm_set1_epi32(0xFF)));
+		__m128i w8 = _mm_packus_epi16(w16, w16);
+		_mm_storel_epi64((__m128i *)(codes + i), w8);
+	}
+	*scale = s;
+}
+
+static float fp8_lut[256];
+static pthread_once_t fp8_lut_once = PTHREAD_ONCE_INIT;
+static void fp8_lut_init(void)
+{
+	for (int c = 0; c < 256; c++)
+		fp8_lut[c] = kvt_fp8_e4m3_decode((uint8_t)c);
+}
+
+static void unpack_vec8(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
+{
+	const __m256 vs = _mm256_set1_ps(s);
+	for (uint32_t i = 0; i < n; i += 8) {
+		__m128i c8 = _mm_loadl_epi64((const __m128i *)(codes + i));
+		__m256 c = codec == KVT_KV_CODEC_FP8 ? _mm256_i32gather_ps(fp8_lut, _mm256_cvtepu8_epi32(c8), 4)
+						      : _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c8));
+		_mm_storeu_si128((__m128i *)(x + i),
+				 _mm256_cvtps_ph(_mm256_mul_ps(c, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+	}
+}
+#endif
+
 static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 {
 	const kvt_kv_layout *l = a->kv;
@@ -1303,9 +1378,14 @@ static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 			continue;
 		}
 		uint8_t *scales = dst + n_vec * l->head_dim; /* fp32, not necessarily aligned */
+		void (*pack)(int, const uint16_t *, uint32_t, uint8_t *, float *) = pack_vec;
+#ifdef KVT_HAVE_CODEC8
+		if (!d->use_ref && l->head_dim % 8 == 0)
+			pack = pack_vec8;
+#endif
 		for (size_t v = 0; v < n_vec; v++) {
 			float sc;
-			pack_vec(a->codec, src + v * l->head_dim, l->head_dim, dst + v * l->head_dim, &sc);
+			pack(a->codec, src + v * l->head_dim, l->head_dim, dst + v * l->head_dim, &sc);
 			memcpy(scales + v * sizeof(float), &sc, sizeof(float));
 		}
 	}
@@ -1324,10 +1404,17 @@ static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
+		void (*unpack)(int, const uint8_t *, float, uint32_t, uint16_t *) = unpack_vec;
+#ifdef KVT_HAVE_CODEC8
+		if (!d->use_ref && l->head_dim % 8 == 0) {
+			pthread_once(&fp8_lut_once, fp8_lut_init);
+			unpack = unpack_vec8;
+		}
+#endif
 		for (size_t v = 0; v < n_vec; v++) {
 			float sc;
 			memcpy(&sc, src + n_vec * l->head_dim + v * sizeof(float), sizeof(float));
-			unpack_vec(a->codec, src + v * l->head_dim, sc, l->head_dim, dst + v * l->head_dim);
+			unpack(a->codec, src + v * l->head_dim, sc, l->head_dim, dst + v * l->head_dim);
 		}
 	}
 	return KVT_OK;

@@ -202,9 +202,53 @@ static void test_q8_pool(kvt_dev *d)
 	}
 }
 
+/* The fast path's bytes equal the reference's, over every finite fp16 value. */
+static void test_fast_equals_ref(void)
+{
+	kvt_dev *ref, *fast;
+	kvt_dev_config rc = { .kind = KVT_DEV_CPU, .use_ref = true }, fc = { .kind = KVT_DEV_CPU, .n_threads = 2 };
+	if (kvt_dev_create(&rc, &ref) || kvt_dev_create(&fc, &fast))
+		abort();
+	const uint32_t nb = 6;
+	kvt_kv_layout l = pool_make(ref, KVT_KV_CODEC_F16, nb);
+	uint16_t *x = l.pool;
+	const size_t n = kvt_kv_block_bytes(&l) / 2 * nb;
+	for (size_t i = 0; i < n; i++) {
+		uint16_t h = (uint16_t)(i * 40503u); /* a permutation of all 65536 patterns, repeated */
+		x[i] = (h & 0x7c00) == 0x7c00 ? 0 : h; /* no inf or NaN */
+	}
+	int32_t slots[6] = { 0, 1, 2, 3, 4, 5 };
+	for (int codec = KVT_KV_CODEC_FP8; codec <= KVT_KV_CODEC_INT8; codec++) {
+		size_t pb = kvt_kv_packed_bytes(&l, codec);
+		uint8_t *s1 = malloc(pb * nb), *s2 = malloc(pb * nb);
+		kvt_kv_pack_args pa = { .kv = &l, .codec = codec, .n_blocks = nb, .h_slots = slots, .dst = s1 };
+		CHECK(kvt_dev_kv_pack(ref, NULL, &pa) == KVT_OK);
+		pa.dst = s2;
+		CHECK(kvt_dev_kv_pack(fast, NULL, &pa) == KVT_OK);
+		CHECKF(memcmp(s1, s2, pb * nb) == 0, "%s pack: fast path differs from the reference", kvt_kv_codec_name(codec));
+		uint16_t *u1 = malloc(n * 2);
+		kvt_kv_unpack_args ua = { .kv = &l, .codec = codec, .n_blocks = nb, .h_slots = slots, .src = s1 };
+		CHECK(kvt_dev_kv_unpack(ref, NULL, &ua) == KVT_OK);
+		memcpy(u1, l.pool, n * 2);
+		CHECK(kvt_dev_kv_unpack(fast, NULL, &ua) == KVT_OK);
+		CHECKF(memcmp(u1, l.pool, n * 2) == 0, "%s unpack: fast path differs", kvt_kv_codec_name(codec));
+		for (size_t i = 0; i < n; i++) { /* restore the input */
+			uint16_t h = (uint16_t)(i * 40503u);
+			x[i] = (h & 0x7c00) == 0x7c00 ? 0 : h;
+		}
+		free(u1);
+		free(s1);
+		free(s2);
+	}
+	kvt_dev_free(ref, l.pool);
+	kvt_dev_destroy(ref);
+	kvt_dev_destroy(fast);
+}
+
 int main(void)
 {
 	test_fp8_scalar();
+	test_fast_equals_ref();
 	for (int ref = 1; ref >= 0; ref--) {
 		kvt_dev *d;
 		kvt_dev_config c = { .kind = KVT_DEV_CPU, .use_ref = ref, .n_threads = 2 };
