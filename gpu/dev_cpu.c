@@ -318,19 +318,19 @@ typedef struct xq16 {
 	float *sum;     /* [M][K/32] per-block sum of the fp32 x */
 } xq16;
 
-static size_t xq16_bytes(uint32_t M, uint32_t K)
+static inline size_t xq16_bytes(uint32_t M, uint32_t K)
 {
 	return (((size_t)M * K * sizeof(int16_t) + 63) & ~(size_t)63) + 2 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float);
 }
 
-static void xq16_init(xq16 *xq, void *ws, uint32_t M, uint32_t K)
+static inline void xq16_init(xq16 *xq, void *ws, uint32_t M, uint32_t K)
 {
 	xq->q = ws;
 	xq->scale = (float *)((char *)ws + (((size_t)M * K * sizeof(int16_t) + 63) & ~(size_t)63));
 	xq->sum = xq->scale + (size_t)M * (K / KVT_QBLOCK);
 }
 
-static void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t K)
+static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t K)
 {
 	const uint32_t nb = K / KVT_QBLOCK;
 	for (uint32_t m = 0; m < M; m++)
@@ -435,7 +435,7 @@ static bool cpu_supports_dtype(const kvt_dev *d, int dtype)
 	return true; /* every dtype in dev.h */
 }
 
-static bool is_quantized(int dtype)
+static inline bool is_quantized(int dtype)
 {
 	return dtype >= KVT_DTYPE_Q8_0;
 }
