@@ -5,11 +5,14 @@
  *                   [--seed S] [--chat] [--no-kv-cache] [--threads N]
  *                   [--weights f16|f32] [--device auto|cpu|cuda]
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
+ *   kvtier fsck --data-dir DIR [--dry-run]           (engine/cli_index.c)
+ *   kvtier rebuild-index --data-dir DIR [--model M]  (engine/cli_index.c)
  *
  * generate streams text as it is produced (never splitting a UTF-8
  * character), then prints token counts and prefill/decode speeds to stderr.
  * Exit status: 0 success, 1 runtime failure, 2 bad usage.
  */
+#include "cli_index.h"
 #include "generate.h"
 #include "gguf.h"
 #include "model.h"
@@ -32,6 +35,8 @@ static void usage(FILE *f)
 		"                  [--seed S] [--chat] [--no-kv-cache] [--threads N]\n"
 		"                  [--weights native|f16|f32] [--device auto|cpu|cuda] [--ref]\n"
 		"  kvtier size --model MODEL [--context N] [--hbm BYTES] [--host BYTES] [--nvme BYTES]\n"
+		"  kvtier fsck --data-dir DIR [--dry-run]\n"
+		"  kvtier rebuild-index --data-dir DIR [--model MODEL]\n"
 		"BYTES takes K, M, G, T suffixes (powers of 1024), e.g. 80G.\n");
 }
 
@@ -395,6 +400,10 @@ int main(int argc, char **argv)
 		return cmd_generate(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "size"))
 		return cmd_size(argc - 2, argv + 2);
+	if (!strcmp(argv[1], "fsck"))
+		return kvt_cli_fsck(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "rebuild-index"))
+		return kvt_cli_rebuild_index(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

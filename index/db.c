@@ -1,0 +1,1238 @@
+/*
+ * index/db.c — the SQLite index: the durable mirror of the blocks on NVMe,
+ * the sessions and the namespaces (DESIGN.md §4).
+ *
+ * One connection, one writer thread. kvt_db_open opens the file on the
+ * caller's thread (pragmas, integrity check, migrations, namespace), then
+ * hands the connection to the writer thread, which from then on runs every
+ * statement. Writes are queued as heap nodes in ticket order; the writer takes
+ * all consecutive queued writes (up to max_batch) and runs them in one
+ * transaction (BEGIN IMMEDIATE ... COMMIT, synchronous=FULL: durable when
+ * COMMIT returns), then publishes done_ticket and runs the done callbacks.
+ * Reads are queued too, as nodes on the caller's stack: the writer first
+ * commits the writes queued before a read, then runs it outside any
+ * transaction, so a read sees exactly the committed writes queued before it.
+ *
+ * Invariants:
+ *  - done_ticket only grows; a write with ticket t has committed iff
+ *    t <= done_ticket and t < first_failed (the first ticket of the first
+ *    failed transaction; UINT64_MAX when none failed).
+ *  - After a failed transaction the handle is failed: it was rolled back,
+ *    and every later write fails (KVT_EIO) without touching the file, so
+ *    nothing ever commits out of order after a lost write.
+ *  - locking_mode=EXCLUSIVE: the first access takes the file lock for the
+ *    life of the connection; a second process gets "locked" at open.
+ *
+ * The schema (version 2; no index on parent, see migrations[]):
+ *   meta(key, value)                      schema_version
+ *   namespaces(id, model_fp, layout_version, block_tokens, created)
+ *   blocks(id, ns, hash, parent, tokens, off, extent_bytes, stored_bytes,
+ *          generation, checksum, compressed, kv_dtype, codec, scale_layout,
+ *          raw_bytes, last_use, hit_count)          UNIQUE(ns, hash)
+ *   sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)
+ * 64-bit unsigned values (generation, checksum, last_use, hit_count) are
+ * stored as their int64 bit pattern; token ids as int32 little-endian blobs.
+ */
+#include "index_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum op_kind { OP_PUT_BLOCK, OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_PUT_SESSION, OP_DEL_SESSION, OP_READ };
+
+typedef struct db_op db_op;
+typedef int (*read_fn)(kvt_db *db, void *ctx);
+
+struct db_op {
+	db_op *next;          /* queue link */
+	int kind;             /* enum op_kind */
+	uint64_t ticket;      /* writes: queue order, from 1 */
+	kvt_db_done_fn done;  /* writes: optional callback */
+	void *user;           /* writes: callback argument */
+	union {
+		kvt_db_block_row row; /* OP_PUT_BLOCK */
+		struct {
+			int64_t ns_id;                /* namespace of the row */
+			uint8_t hash[KVT_HASH_BYTES]; /* block */
+			uint64_t last_use;            /* OP_TOUCH_BLOCK */
+			uint64_t hit_count;           /* OP_TOUCH_BLOCK */
+		} blk;                /* OP_DEL_BLOCK, OP_TOUCH_BLOCK */
+		kvt_db_session sess;  /* OP_PUT_SESSION (tokens: heap copy), OP_DEL_SESSION (names) */
+		struct {
+			read_fn fn;     /* runs on the writer thread */
+			void *ctx;      /* its argument */
+			int rc;         /* its result */
+			bool finished;  /* set by the writer under mu */
+		} rd;                 /* OP_READ (node on the caller's stack) */
+	} u;
+};
+
+enum {
+	ST_BEGIN,
+	ST_COMMIT,
+	ST_ROLLBACK,
+	ST_PUT_BLOCK,
+	ST_DEL_BLOCK,
+	ST_TOUCH_BLOCK,
+	ST_PUT_SESSION,
+	ST_DEL_SESSION,
+	ST_COUNT
+};
+
+static const char *const stmt_sql[ST_COUNT] = {
+	[ST_BEGIN] = "BEGIN IMMEDIATE",
+	[ST_COMMIT] = "COMMIT",
+	[ST_ROLLBACK] = "ROLLBACK",
+	[ST_PUT_BLOCK] = "INSERT INTO blocks(ns, hash, parent, tokens, off, extent_bytes, stored_bytes, generation,"
+			 " checksum, compressed, kv_dtype, codec, scale_layout, raw_bytes, last_use, hit_count)"
+			 " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
+			 " ON CONFLICT(ns, hash) DO UPDATE SET parent=excluded.parent, tokens=excluded.tokens,"
+			 " off=excluded.off, extent_bytes=excluded.extent_bytes, stored_bytes=excluded.stored_bytes,"
+			 " generation=excluded.generation, checksum=excluded.checksum, compressed=excluded.compressed,"
+			 " kv_dtype=excluded.kv_dtype, codec=excluded.codec, scale_layout=excluded.scale_layout,"
+			 " raw_bytes=excluded.raw_bytes, last_use=excluded.last_use, hit_count=excluded.hit_count",
+	[ST_DEL_BLOCK] = "DELETE FROM blocks WHERE ns=?1 AND hash=?2",
+	[ST_TOUCH_BLOCK] = "UPDATE blocks SET last_use=?3, hit_count=?4 WHERE ns=?1 AND hash=?2",
+	[ST_PUT_SESSION] = "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)"
+			   " VALUES(?1,?2,?3,?4,?5,?6,?7,?7) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
+			   " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
+			   " updated=excluded.updated",
+	[ST_DEL_SESSION] = "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3",
+};
+
+/*
+ * Migrations: step i takes a file from version i to i + 1. Version 1 had the
+ * namespaces and blocks; version 2 added the sessions. NOTE: blocks has no
+ * index on parent on purpose: every put would update a third b-tree at a
+ * random key (measured: group-commit inserts ~1.5x slower), and the block
+ * table links parents and children in any load order.
+ */
+static const char *const migrations[KVT_DB_SCHEMA_VERSION] = {
+	"CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
+	"CREATE TABLE namespaces(id INTEGER PRIMARY KEY, model_fp BLOB NOT NULL,"
+	" layout_version INTEGER NOT NULL, block_tokens INTEGER NOT NULL, created INTEGER NOT NULL,"
+	" UNIQUE(model_fp, layout_version, block_tokens));"
+	"CREATE TABLE blocks(id INTEGER PRIMARY KEY, ns INTEGER NOT NULL REFERENCES namespaces(id),"
+	" hash BLOB NOT NULL, parent BLOB NOT NULL, tokens BLOB NOT NULL, off INTEGER NOT NULL,"
+	" extent_bytes INTEGER NOT NULL, stored_bytes INTEGER NOT NULL, generation INTEGER NOT NULL,"
+	" checksum INTEGER NOT NULL, compressed INTEGER NOT NULL, kv_dtype INTEGER NOT NULL,"
+	" codec INTEGER NOT NULL, scale_layout INTEGER NOT NULL, raw_bytes INTEGER NOT NULL,"
+	" last_use INTEGER NOT NULL, hit_count INTEGER NOT NULL, UNIQUE(ns, hash));",
+	"CREATE TABLE sessions(ns INTEGER NOT NULL REFERENCES namespaces(id), tenant TEXT NOT NULL,"
+	" id TEXT NOT NULL, tokens BLOB NOT NULL, n_tokens INTEGER NOT NULL, last_hash BLOB NOT NULL,"
+	" created INTEGER NOT NULL, updated INTEGER NOT NULL, PRIMARY KEY(ns, tenant, id));",
+};
+
+struct kvt_db {
+	sqlite3 *sql;                /* the one connection; writer thread only after open */
+	sqlite3_stmt *st[ST_COUNT];  /* prepared statements */
+	char *path;                  /* the file, for log lines */
+	char *dir;                   /* its directory, for the rebuild-index hint */
+	int64_t ns_id;               /* this handle's namespace */
+	uint32_t max_batch;          /* writes per transaction */
+	uint32_t max_wait_us;        /* group-commit wait */
+	pthread_t thread;            /* the writer */
+	pthread_mutex_t mu;          /* guards everything below */
+	pthread_cond_t cv_queue;     /* queue non-empty or stopping */
+	pthread_cond_t cv_done;      /* done_ticket advanced or a read finished */
+	db_op *head, *tail;          /* the queue */
+	uint64_t next_ticket;        /* last ticket handed out */
+	uint64_t done_ticket;        /* highest finished ticket */
+	uint64_t first_failed;       /* first ticket of the first failed batch, UINT64_MAX none */
+	bool failed;                 /* a transaction failed: writes refused */
+	bool stop;                   /* close requested */
+	kvt_db_stats stats;          /* counters */
+};
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static bool is_corrupt_code(int rc)
+{
+	rc &= 0xff;
+	return rc == SQLITE_CORRUPT || rc == SQLITE_NOTADB;
+}
+
+/* Log a SQLite failure naming the file and map it to a KVT code. */
+static int sql_fail(const char *path, const char *dir, sqlite3 *sql, int rc, const char *what)
+{
+	const char *msg = sql ? sqlite3_errmsg(sql) : sqlite3_errstr(rc);
+	if (is_corrupt_code(rc)) {
+		KVT_LOGE("index %s: %s: %s: the file is corrupt or truncated; run `kvtier rebuild-index --data-dir %s`",
+			 path, what, msg, dir);
+		return KVT_ECORRUPT;
+	}
+	if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
+		KVT_LOGE("index %s: %s: %s (is another kvtier process using this data directory?)", path, what, msg);
+		return KVT_EIO;
+	}
+	if ((rc & 0xff) == SQLITE_NOMEM)
+		return KVT_ENOMEM;
+	KVT_LOGE("index %s: %s: %s", path, what, msg);
+	return KVT_EIO;
+}
+
+static int fail(kvt_db *db, int rc, const char *what)
+{
+	return sql_fail(db->path, db->dir, db->sql, rc, what);
+}
+
+static void put_u32le(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32le(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Bind n token ids as a little-endian blob (SQLITE_TRANSIENT copies it). */
+static int bind_tokens(sqlite3_stmt *st, int col, const int32_t *tokens, uint32_t n)
+{
+	uint8_t small[4 * KVT_BLOCK_MAX_TOKENS];
+	uint8_t *buf = n <= KVT_BLOCK_MAX_TOKENS ? small : malloc((size_t)n * 4);
+	int rc;
+	if (!buf)
+		return SQLITE_NOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		put_u32le(buf + 4 * i, (uint32_t)tokens[i]);
+	rc = sqlite3_bind_blob(st, col, n ? (const void *)buf : (const void *)"", (int)(4 * n), SQLITE_TRANSIENT);
+	if (buf != small)
+		free(buf);
+	return rc;
+}
+
+static int64_t now_unix(void)
+{
+	return (int64_t)time(NULL);
+}
+
+static int exec(kvt_db *db, const char *sql_text, const char *what)
+{
+	int rc = sqlite3_exec(db->sql, sql_text, NULL, NULL, NULL);
+	return rc == SQLITE_OK ? KVT_OK : fail(db, rc, what);
+}
+
+/* ---- open: pragmas, checks, migrations, namespace ----------------------------- */
+
+/* Cheap structural checks before SQLite sees the file: magic and whole pages. */
+static int precheck_file(const char *path, const char *dir, bool create, bool *exists)
+{
+	struct stat sb;
+	uint8_t hdr[100];
+	FILE *f;
+
+	if (stat(path, &sb) != 0) {
+		if (errno == ENOENT && create) {
+			*exists = false;
+			return KVT_OK;
+		}
+		KVT_LOGE("index %s: %s%s", path, strerror(errno),
+			 errno == ENOENT ? " (no index here; `kvtier rebuild-index` can create one from the T2 file)" : "");
+		return errno == ENOENT ? KVT_ENOTFOUND : KVT_EIO;
+	}
+	*exists = true;
+	if (!S_ISREG(sb.st_mode)) {
+		KVT_LOGE("index %s: not a regular file", path);
+		return KVT_EINVAL;
+	}
+	if (sb.st_size == 0)
+		return KVT_OK; /* SQLite treats an empty file as an empty database */
+	if (sb.st_size < (off_t)sizeof(hdr)) {
+		KVT_LOGE("index %s: truncated (%lld bytes, shorter than the 100-byte SQLite header); run "
+			 "`kvtier rebuild-index --data-dir %s`",
+			 path, (long long)sb.st_size, dir);
+		return KVT_ECORRUPT;
+	}
+	f = fopen(path, "rb");
+	if (!f || fread(hdr, 1, sizeof(hdr), f) != sizeof(hdr)) {
+		KVT_LOGE("index %s: cannot read the header: %s", path, strerror(errno));
+		if (f)
+			fclose(f);
+		return KVT_EIO;
+	}
+	fclose(f);
+	if (memcmp(hdr, "SQLite format 3", 16) != 0) {
+		KVT_LOGE("index %s: not an SQLite database (bad magic); run `kvtier rebuild-index --data-dir %s`", path,
+			 dir);
+		return KVT_ECORRUPT;
+	}
+	uint32_t page = (uint32_t)hdr[16] << 8 | hdr[17];
+	if (page == 1)
+		page = 65536;
+	if (page < 512 || (page & (page - 1)) != 0) {
+		KVT_LOGE("index %s: header page size %u is invalid; run `kvtier rebuild-index --data-dir %s`", path,
+			 page, dir);
+		return KVT_ECORRUPT;
+	}
+	if (sb.st_size % page != 0) {
+		KVT_LOGE("index %s: truncated (%lld bytes is not a whole number of %u-byte pages); run "
+			 "`kvtier rebuild-index --data-dir %s`",
+			 path, (long long)sb.st_size, page, dir);
+		return KVT_ECORRUPT;
+	}
+	return KVT_OK;
+}
+
+/* Run a one-row, one-column text pragma/query; copy its value into out. */
+static int query_text(kvt_db *db, const char *q, char *out, size_t cap)
+{
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(db->sql, q, -1, &st, NULL);
+	if (rc == SQLITE_OK) {
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_ROW) {
+			const unsigned char *t = sqlite3_column_text(st, 0);
+			snprintf(out, cap, "%s", t ? (const char *)t : "");
+			rc = SQLITE_OK;
+		} else if (rc == SQLITE_DONE) {
+			out[0] = '\0';
+			rc = SQLITE_OK;
+		}
+	}
+	if (rc != SQLITE_OK) {
+		int r = fail(db, rc, q);
+		sqlite3_finalize(st);
+		return r;
+	}
+	sqlite3_finalize(st);
+	return KVT_OK;
+}
+
+static int schema_version(kvt_db *db, int64_t *out)
+{
+	char buf[64];
+	int rc = query_text(db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'", buf,
+			    sizeof(buf));
+	if (rc)
+		return rc;
+	if (atoi(buf) == 0) {
+		*out = 0;
+		return KVT_OK;
+	}
+	rc = query_text(db, "SELECT value FROM meta WHERE key='schema_version'", buf, sizeof(buf));
+	if (rc)
+		return rc;
+	char *end;
+	long long v = strtoll(buf, &end, 10);
+	if (buf[0] == '\0' || *end != '\0' || v < 1) {
+		KVT_LOGE("index %s: meta.schema_version \"%s\" is not a version; run `kvtier rebuild-index --data-dir %s`",
+			 db->path, buf, db->dir);
+		return KVT_ECORRUPT;
+	}
+	*out = v;
+	return KVT_OK;
+}
+
+static int migrate(kvt_db *db)
+{
+	int64_t v;
+	int rc = schema_version(db, &v);
+	if (rc)
+		return rc;
+	if (v > KVT_DB_SCHEMA_VERSION) {
+		KVT_LOGE("index %s: schema version %lld is newer than this kvtier understands (%d)", db->path,
+			 (long long)v, KVT_DB_SCHEMA_VERSION);
+		return KVT_EUNSUPPORTED;
+	}
+	int64_t from = v;
+	for (; v < KVT_DB_SCHEMA_VERSION; v++) {
+		char set[160];
+		snprintf(set, sizeof(set), "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', %lld)",
+			 (long long)(v + 1));
+		if ((rc = exec(db, "BEGIN IMMEDIATE", "begin migration")) != KVT_OK)
+			return rc;
+		if ((rc = exec(db, migrations[v], "migration")) != KVT_OK ||
+		    (rc = exec(db, set, "migration: schema_version")) != KVT_OK ||
+		    (rc = exec(db, "COMMIT", "commit migration")) != KVT_OK) {
+			sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+			return rc;
+		}
+		if (from > 0)
+			KVT_LOGI("index %s: migrated schema %lld -> %lld", db->path, (long long)v, (long long)(v + 1));
+	}
+	return KVT_OK;
+}
+
+static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
+{
+	sqlite3_stmt *st = NULL;
+	const char *q = "SELECT id FROM namespaces WHERE model_fp=?1 AND layout_version=?2 AND block_tokens=?3";
+	int rc;
+
+	for (int pass = 0; pass < 2; pass++) {
+		rc = sqlite3_prepare_v2(db->sql, q, -1, &st, NULL);
+		if (rc != SQLITE_OK)
+			return fail(db, rc, "prepare namespace lookup");
+		sqlite3_bind_blob(st, 1, ns->model_fp, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 2, ns->layout_version);
+		sqlite3_bind_int64(st, 3, ns->block_tokens);
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_ROW) {
+			db->ns_id = sqlite3_column_int64(st, 0);
+			sqlite3_finalize(st);
+			return KVT_OK;
+		}
+		sqlite3_finalize(st);
+		if (rc != SQLITE_DONE)
+			return fail(db, rc, "namespace lookup");
+		if (pass == 1)
+			break;
+		rc = sqlite3_prepare_v2(db->sql,
+					"INSERT INTO namespaces(model_fp, layout_version, block_tokens, created)"
+					" VALUES(?1,?2,?3,?4)",
+					-1, &st, NULL);
+		if (rc != SQLITE_OK)
+			return fail(db, rc, "prepare namespace insert");
+		sqlite3_bind_blob(st, 1, ns->model_fp, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 2, ns->layout_version);
+		sqlite3_bind_int64(st, 3, ns->block_tokens);
+		sqlite3_bind_int64(st, 4, now_unix());
+		rc = sqlite3_step(st);
+		sqlite3_finalize(st);
+		if (rc != SQLITE_DONE)
+			return fail(db, rc, "namespace insert");
+	}
+	KVT_LOGE("index %s: namespace row vanished after insert", db->path);
+	return KVT_EIO;
+}
+
+static void *writer_main(void *arg);
+
+static char *dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		return strdup(".");
+	if (slash == path)
+		return strdup("/");
+	return strndup(path, (size_t)(slash - path));
+}
+
+static void db_free(kvt_db *db)
+{
+	for (int i = 0; i < ST_COUNT; i++)
+		sqlite3_finalize(db->st[i]);
+	if (db->sql)
+		sqlite3_close(db->sql);
+	free(db->path);
+	free(db->dir);
+	free(db);
+}
+
+int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
+{
+	kvt_db *db;
+	bool exists = false;
+	char buf[64];
+	int rc;
+
+	if (!cfg || !cfg->path || !cfg->path[0]) {
+		KVT_LOGE("index: no database path given");
+		return KVT_EINVAL;
+	}
+	if (cfg->ns.block_tokens > KVT_BLOCK_MAX_TOKENS) {
+		KVT_LOGE("index %s: namespace block_tokens %u out of range 1..%u", cfg->path, cfg->ns.block_tokens,
+			 KVT_BLOCK_MAX_TOKENS);
+		return KVT_EINVAL;
+	}
+	db = calloc(1, sizeof(*db));
+	if (!db)
+		return KVT_ENOMEM;
+	db->path = strdup(cfg->path);
+	db->dir = dir_of(cfg->path);
+	if (!db->path || !db->dir) {
+		db_free(db);
+		return KVT_ENOMEM;
+	}
+	db->max_batch = cfg->max_batch ? cfg->max_batch : 4096;
+	db->max_wait_us = cfg->max_wait_us;
+	db->first_failed = UINT64_MAX;
+
+	rc = precheck_file(db->path, db->dir, cfg->create, &exists);
+	if (rc)
+		goto fail;
+	int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (cfg->create ? SQLITE_OPEN_CREATE : 0);
+	int src = sqlite3_open_v2(db->path, &db->sql, flags, NULL);
+	if (src != SQLITE_OK) {
+		rc = fail(db, src, "open");
+		goto fail;
+	}
+	sqlite3_extended_result_codes(db->sql, 1);
+	/* NOTE: locking_mode must be EXCLUSIVE before journal_mode=WAL, so WAL uses heap memory, not -shm. */
+	if ((rc = query_text(db, "PRAGMA locking_mode=EXCLUSIVE", buf, sizeof(buf))) != KVT_OK)
+		goto fail;
+	if ((rc = query_text(db, "PRAGMA journal_mode=WAL", buf, sizeof(buf))) != KVT_OK)
+		goto fail;
+	if (strcmp(buf, "wal") != 0) {
+		KVT_LOGE("index %s: cannot switch to WAL (journal_mode is \"%s\")", db->path, buf);
+		rc = KVT_EIO;
+		goto fail;
+	}
+	if ((rc = exec(db, "PRAGMA synchronous=FULL", "synchronous=FULL")) != KVT_OK)
+		goto fail;
+	/*
+	 * A 64 MiB page cache keeps the blocks b-trees' interior pages resident;
+	 * checkpoints every 8,192 WAL pages (32 MiB at 4 KiB) instead of 1,000,
+	 * so a burst of group commits is not interrupted by checkpoint fsyncs.
+	 */
+	if ((rc = exec(db, "PRAGMA cache_size=-65536; PRAGMA wal_autocheckpoint=8192", "cache pragmas")) != KVT_OK)
+		goto fail;
+	if (exists && !cfg->skip_check) {
+		if ((rc = query_text(db, "PRAGMA quick_check", buf, sizeof(buf))) != KVT_OK)
+			goto fail;
+		if (strcmp(buf, "ok") != 0) {
+			KVT_LOGE("index %s: integrity check failed (%s); run `kvtier rebuild-index --data-dir %s`",
+				 db->path, buf, db->dir);
+			rc = KVT_ECORRUPT;
+			goto fail;
+		}
+	}
+	if ((rc = migrate(db)) != KVT_OK)
+		goto fail;
+	if (cfg->ns.block_tokens && (rc = find_or_add_ns(db, &cfg->ns)) != KVT_OK)
+		goto fail;
+	for (int i = 0; i < ST_COUNT; i++) {
+		src = sqlite3_prepare_v3(db->sql, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &db->st[i], NULL);
+		if (src != SQLITE_OK) {
+			rc = fail(db, src, "prepare");
+			goto fail;
+		}
+	}
+	pthread_mutex_init(&db->mu, NULL);
+	pthread_cond_init(&db->cv_queue, NULL);
+	pthread_cond_init(&db->cv_done, NULL);
+	if (pthread_create(&db->thread, NULL, writer_main, db) != 0) {
+		KVT_LOGE("index %s: cannot start the writer thread", db->path);
+		pthread_mutex_destroy(&db->mu);
+		pthread_cond_destroy(&db->cv_queue);
+		pthread_cond_destroy(&db->cv_done);
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	*out = db;
+	return KVT_OK;
+fail:
+	db_free(db);
+	return rc;
+}
+
+int64_t kvt_db_ns_id(const kvt_db *db)
+{
+	return db->ns_id; /* immutable after open */
+}
+
+/* ---- the writer thread ------------------------------------------------------- */
+
+static int run_write(kvt_db *db, db_op *op)
+{
+	sqlite3_stmt *st;
+	int rc;
+
+	switch (op->kind) {
+	case OP_PUT_BLOCK: {
+		const kvt_db_block_row *r = &op->u.row;
+		st = db->st[ST_PUT_BLOCK];
+		sqlite3_bind_int64(st, 1, db->ns_id);
+		sqlite3_bind_blob(st, 2, r->hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_blob(st, 3, r->parent, KVT_HASH_BYTES, SQLITE_STATIC);
+		bind_tokens(st, 4, r->tokens, r->n_tokens);
+		sqlite3_bind_int64(st, 5, (int64_t)r->loc.off);
+		sqlite3_bind_int64(st, 6, r->loc.extent_bytes);
+		sqlite3_bind_int64(st, 7, r->loc.stored_bytes);
+		sqlite3_bind_int64(st, 8, (int64_t)r->loc.generation);
+		sqlite3_bind_int64(st, 9, (int64_t)r->loc.checksum);
+		sqlite3_bind_int(st, 10, r->loc.compressed);
+		sqlite3_bind_int(st, 11, r->kv_dtype);
+		sqlite3_bind_int(st, 12, r->codec);
+		sqlite3_bind_int(st, 13, r->scale_layout);
+		sqlite3_bind_int64(st, 14, r->raw_bytes);
+		sqlite3_bind_int64(st, 15, (int64_t)r->last_use);
+		sqlite3_bind_int64(st, 16, (int64_t)r->hit_count);
+		break;
+	}
+	case OP_DEL_BLOCK:
+		st = db->st[ST_DEL_BLOCK];
+		sqlite3_bind_int64(st, 1, op->u.blk.ns_id);
+		sqlite3_bind_blob(st, 2, op->u.blk.hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		break;
+	case OP_TOUCH_BLOCK:
+		st = db->st[ST_TOUCH_BLOCK];
+		sqlite3_bind_int64(st, 1, db->ns_id);
+		sqlite3_bind_blob(st, 2, op->u.blk.hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 3, (int64_t)op->u.blk.last_use);
+		sqlite3_bind_int64(st, 4, (int64_t)op->u.blk.hit_count);
+		break;
+	case OP_PUT_SESSION: {
+		const kvt_db_session *s = &op->u.sess;
+		st = db->st[ST_PUT_SESSION];
+		sqlite3_bind_int64(st, 1, db->ns_id);
+		sqlite3_bind_text(st, 2, s->tenant, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, s->id, -1, SQLITE_STATIC);
+		bind_tokens(st, 4, s->tokens, s->n_tokens);
+		sqlite3_bind_int64(st, 5, s->n_tokens);
+		sqlite3_bind_blob(st, 6, s->last_hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 7, now_unix());
+		break;
+	}
+	case OP_DEL_SESSION:
+		st = db->st[ST_DEL_SESSION];
+		sqlite3_bind_int64(st, 1, db->ns_id);
+		sqlite3_bind_text(st, 2, op->u.sess.tenant, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, op->u.sess.id, -1, SQLITE_STATIC);
+		break;
+	default:
+		KVT_ASSERT(!"not a write");
+		return KVT_EINVAL;
+	}
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	sqlite3_clear_bindings(st);
+	return rc == SQLITE_DONE ? KVT_OK : fail(db, rc, "write");
+}
+
+static int step_simple(kvt_db *db, int which, const char *what)
+{
+	int rc = sqlite3_step(db->st[which]);
+	sqlite3_reset(db->st[which]);
+	return rc == SQLITE_DONE ? KVT_OK : fail(db, rc, what);
+}
+
+/* One transaction over a chain of n writes; *commit_s gets the COMMIT's seconds. */
+static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
+{
+	int rc = step_simple(db, ST_BEGIN, "begin");
+	db_op *op = first;
+	for (uint32_t i = 0; rc == KVT_OK && i < n; i++, op = op->next)
+		rc = run_write(db, op);
+	if (rc == KVT_OK) {
+		double t0 = kvt_now_s();
+		rc = step_simple(db, ST_COMMIT, "commit");
+		*commit_s = kvt_now_s() - t0;
+	}
+	if (rc != KVT_OK && !sqlite3_get_autocommit(db->sql))
+		step_simple(db, ST_ROLLBACK, "rollback");
+	return rc;
+}
+
+static void free_op(db_op *op)
+{
+	if (op->kind == OP_PUT_SESSION)
+		free(op->u.sess.tokens);
+	free(op);
+}
+
+static void *writer_main(void *arg)
+{
+	kvt_db *db = arg;
+
+	pthread_mutex_lock(&db->mu);
+	for (;;) {
+		while (!db->head && !db->stop)
+			pthread_cond_wait(&db->cv_queue, &db->mu);
+		if (!db->head)
+			break; /* stopping and drained */
+		if (db->head->kind == OP_READ) {
+			db_op *op = db->head;
+			db->head = op->next;
+			if (!db->head)
+				db->tail = NULL;
+			pthread_mutex_unlock(&db->mu);
+			int rc = op->u.rd.fn(db, op->u.rd.ctx);
+			pthread_mutex_lock(&db->mu);
+			op->u.rd.rc = rc;
+			op->u.rd.finished = true;
+			pthread_cond_broadcast(&db->cv_done);
+			continue;
+		}
+		if (db->max_wait_us && !db->stop) {
+			/* Group-commit window: let more writers join this transaction. */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)db->max_wait_us * 1000u;
+			ts.tv_sec += (time_t)(ns / 1000000000u);
+			ts.tv_nsec = (long)(ns % 1000000000u);
+			pthread_cond_timedwait(&db->cv_queue, &db->mu, &ts);
+		}
+		/* Take consecutive writes, up to max_batch, stopping before a read. */
+		db_op *first = db->head, *last = first;
+		uint32_t n = 1;
+		while (n < db->max_batch && last->next && last->next->kind != OP_READ) {
+			last = last->next;
+			n++;
+		}
+		db->head = last->next;
+		if (!db->head)
+			db->tail = NULL;
+		last->next = NULL;
+		bool failed = db->failed;
+		uint64_t first_ticket = first->ticket, last_ticket = last->ticket;
+		pthread_mutex_unlock(&db->mu);
+
+		double commit_s = 0;
+		int rc = failed ? KVT_EIO : run_batch(db, first, n, &commit_s);
+
+		if (rc != KVT_OK)
+			rc = KVT_EIO;
+		/* Callbacks first, so that when kvt_db_wait returns the write's callback has run. */
+		for (db_op *op = first; op;) {
+			db_op *next = op->next;
+			if (op->done)
+				op->done(op->user, rc);
+			free_op(op);
+			op = next;
+		}
+		pthread_mutex_lock(&db->mu);
+		if (rc != KVT_OK) {
+			if (!db->failed)
+				KVT_LOGE("index %s: a transaction of %u writes failed; the index refuses writes until reopened",
+					 db->path, n);
+			db->failed = true;
+			if (db->first_failed == UINT64_MAX)
+				db->first_failed = first_ticket;
+			db->stats.n_failed += n;
+		} else {
+			db->stats.n_commits++;
+			db->stats.commit_s += commit_s;
+			db->stats.n_writes += n;
+			if (n > db->stats.max_batch_seen)
+				db->stats.max_batch_seen = n;
+		}
+		db->done_ticket = last_ticket;
+		pthread_cond_broadcast(&db->cv_done);
+	}
+	pthread_mutex_unlock(&db->mu);
+	return NULL;
+}
+
+void kvt_db_close(kvt_db *db)
+{
+	if (!db)
+		return;
+	pthread_mutex_lock(&db->mu);
+	db->stop = true;
+	pthread_cond_broadcast(&db->cv_queue);
+	pthread_mutex_unlock(&db->mu);
+	pthread_join(db->thread, NULL);
+	pthread_mutex_destroy(&db->mu);
+	pthread_cond_destroy(&db->cv_queue);
+	pthread_cond_destroy(&db->cv_done);
+	db_free(db);
+}
+
+/* ---- queueing --------------------------------------------------------------- */
+
+static int enqueue(kvt_db *db, db_op *op, uint64_t *ticket)
+{
+	pthread_mutex_lock(&db->mu);
+	if (db->failed || db->stop) {
+		pthread_mutex_unlock(&db->mu);
+		free_op(op);
+		return KVT_EIO;
+	}
+	op->next = NULL;
+	op->ticket = ++db->next_ticket;
+	if (db->tail)
+		db->tail->next = op;
+	else
+		db->head = op;
+	db->tail = op;
+	if (ticket)
+		*ticket = op->ticket;
+	pthread_cond_signal(&db->cv_queue);
+	pthread_mutex_unlock(&db->mu);
+	return KVT_OK;
+}
+
+static db_op *new_op(int kind, kvt_db_done_fn done, void *user)
+{
+	db_op *op = calloc(1, sizeof(*op));
+	if (op) {
+		op->kind = kind;
+		op->done = done;
+		op->user = user;
+	}
+	return op;
+}
+
+int kvt_db_put_block(kvt_db *db, const kvt_db_block_row *row, kvt_db_done_fn done, void *user, uint64_t *ticket)
+{
+	if (!db->ns_id) {
+		KVT_LOGE("index %s: this handle has no namespace (opened with block_tokens 0): cannot write", db->path);
+		return KVT_EINVAL;
+	}
+	if (row->n_tokens < 1 || row->n_tokens > KVT_BLOCK_MAX_TOKENS) {
+		KVT_LOGE("index %s: block row with %u tokens (1..%u)", db->path, row->n_tokens, KVT_BLOCK_MAX_TOKENS);
+		return KVT_EINVAL;
+	}
+	db_op *op = new_op(OP_PUT_BLOCK, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	op->u.row = *row;
+	return enqueue(db, op, ticket);
+}
+
+int kvt_db_delete_block_ns(kvt_db *db, int64_t ns_id, const uint8_t hash[KVT_HASH_BYTES], kvt_db_done_fn done,
+			   void *user, uint64_t *ticket)
+{
+	db_op *op = new_op(OP_DEL_BLOCK, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	op->u.blk.ns_id = ns_id;
+	memcpy(op->u.blk.hash, hash, KVT_HASH_BYTES);
+	return enqueue(db, op, ticket);
+}
+
+int kvt_db_delete_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], kvt_db_done_fn done, void *user,
+			uint64_t *ticket)
+{
+	return kvt_db_delete_block_ns(db, db->ns_id, hash, done, user, ticket);
+}
+
+int kvt_db_touch_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], uint64_t last_use, uint64_t hit_count,
+		       kvt_db_done_fn done, void *user, uint64_t *ticket)
+{
+	db_op *op = new_op(OP_TOUCH_BLOCK, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	memcpy(op->u.blk.hash, hash, KVT_HASH_BYTES);
+	op->u.blk.last_use = last_use;
+	op->u.blk.hit_count = hit_count;
+	return enqueue(db, op, ticket);
+}
+
+int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done, void *user, uint64_t *ticket)
+{
+	if (!db->ns_id) {
+		KVT_LOGE("index %s: this handle has no namespace (opened with block_tokens 0): cannot write", db->path);
+		return KVT_EINVAL;
+	}
+	if (kvt_name_check("session id", s->id) || kvt_name_check("tenant", s->tenant))
+		return KVT_EINVAL;
+	if (s->n_tokens && !s->tokens) {
+		KVT_LOGE("index %s: session %s: %u tokens but no token array", db->path, s->id, s->n_tokens);
+		return KVT_EINVAL;
+	}
+	db_op *op = new_op(OP_PUT_SESSION, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	op->u.sess = *s;
+	op->u.sess.tokens = NULL;
+	if (s->n_tokens) {
+		op->u.sess.tokens = malloc((size_t)s->n_tokens * sizeof(int32_t));
+		if (!op->u.sess.tokens) {
+			free(op);
+			return KVT_ENOMEM;
+		}
+		memcpy(op->u.sess.tokens, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
+	}
+	return enqueue(db, op, ticket);
+}
+
+int kvt_db_delete_session(kvt_db *db, const char *tenant, const char *id, kvt_db_done_fn done, void *user,
+			  uint64_t *ticket)
+{
+	if (kvt_name_check("session id", id) || kvt_name_check("tenant", tenant))
+		return KVT_EINVAL;
+	db_op *op = new_op(OP_DEL_SESSION, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	snprintf(op->u.sess.tenant, sizeof(op->u.sess.tenant), "%s", tenant);
+	snprintf(op->u.sess.id, sizeof(op->u.sess.id), "%s", id);
+	return enqueue(db, op, ticket);
+}
+
+int kvt_db_wait(kvt_db *db, uint64_t ticket)
+{
+	int rc;
+	pthread_mutex_lock(&db->mu);
+	if (ticket > db->next_ticket) {
+		pthread_mutex_unlock(&db->mu);
+		KVT_LOGE("index %s: wait for ticket %llu, which was never handed out", db->path,
+			 (unsigned long long)ticket);
+		return KVT_EINVAL;
+	}
+	while (db->done_ticket < ticket)
+		pthread_cond_wait(&db->cv_done, &db->mu);
+	rc = ticket >= db->first_failed ? KVT_EIO : KVT_OK;
+	pthread_mutex_unlock(&db->mu);
+	return rc;
+}
+
+int kvt_db_flush(kvt_db *db)
+{
+	uint64_t t;
+	pthread_mutex_lock(&db->mu);
+	t = db->next_ticket;
+	pthread_mutex_unlock(&db->mu);
+	return kvt_db_wait(db, t);
+}
+
+uint64_t kvt_db_done_ticket(kvt_db *db)
+{
+	pthread_mutex_lock(&db->mu);
+	uint64_t t = db->done_ticket;
+	pthread_mutex_unlock(&db->mu);
+	return t;
+}
+
+void kvt_db_get_stats(kvt_db *db, kvt_db_stats *st)
+{
+	pthread_mutex_lock(&db->mu);
+	*st = db->stats;
+	pthread_mutex_unlock(&db->mu);
+}
+
+/* Run fn on the writer thread after every write queued before it has finished. */
+static int run_read(kvt_db *db, read_fn fn, void *ctx)
+{
+	db_op op;
+	memset(&op, 0, sizeof(op));
+	op.kind = OP_READ;
+	op.u.rd.fn = fn;
+	op.u.rd.ctx = ctx;
+	pthread_mutex_lock(&db->mu);
+	if (db->stop) {
+		pthread_mutex_unlock(&db->mu);
+		return KVT_EIO;
+	}
+	if (db->tail)
+		db->tail->next = &op;
+	else
+		db->head = &op;
+	db->tail = &op;
+	pthread_cond_signal(&db->cv_queue);
+	while (!op.u.rd.finished)
+		pthread_cond_wait(&db->cv_done, &db->mu);
+	pthread_mutex_unlock(&db->mu);
+	return op.u.rd.rc;
+}
+
+/* ---- reads (writer thread) ------------------------------------------------------ */
+
+/* Decode a token blob; KVT_ECORRUPT if its length is not whole ids or over max. */
+static int column_tokens(kvt_db *db, sqlite3_stmt *st, int col, uint32_t max, int32_t *out, uint32_t *n_out,
+			 const char *what)
+{
+	const uint8_t *p = sqlite3_column_blob(st, col);
+	int n_bytes = sqlite3_column_bytes(st, col);
+	if (n_bytes < 0 || n_bytes % 4 != 0 || (uint32_t)n_bytes / 4 > max) {
+		KVT_LOGE("index %s: %s: token blob of %d bytes (need a multiple of 4, at most %u ids); run "
+			 "`kvtier rebuild-index --data-dir %s`",
+			 db->path, what, n_bytes, max, db->dir);
+		return KVT_ECORRUPT;
+	}
+	for (int i = 0; i < n_bytes / 4; i++)
+		out[i] = (int32_t)get_u32le(p + 4 * i);
+	*n_out = (uint32_t)n_bytes / 4;
+	return KVT_OK;
+}
+
+static int column_hash(kvt_db *db, sqlite3_stmt *st, int col, uint8_t out[KVT_HASH_BYTES], const char *what)
+{
+	if (sqlite3_column_bytes(st, col) != KVT_HASH_BYTES) {
+		KVT_LOGE("index %s: %s: hash of %d bytes, expected %d; run `kvtier rebuild-index --data-dir %s`",
+			 db->path, what, sqlite3_column_bytes(st, col), KVT_HASH_BYTES, db->dir);
+		return KVT_ECORRUPT;
+	}
+	memcpy(out, sqlite3_column_blob(st, col), KVT_HASH_BYTES);
+	return KVT_OK;
+}
+
+struct session_get_ctx {
+	const char *tenant, *id; /* key */
+	kvt_db_session *out;     /* result */
+};
+
+static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int32_t **tokens_heap)
+{
+	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated */
+	int n_bytes = sqlite3_column_bytes(st, 2);
+	uint32_t n = 0;
+	const char *tenant = (const char *)sqlite3_column_text(st, 0);
+	const char *id = (const char *)sqlite3_column_text(st, 1);
+	if (!tenant || !id || !kvt_name_valid(tenant) || !kvt_name_valid(id)) {
+		KVT_LOGE("index %s: a session row has an invalid tenant or id; run `kvtier rebuild-index --data-dir %s`",
+			 db->path, db->dir);
+		return KVT_ECORRUPT;
+	}
+	snprintf(s->tenant, sizeof(s->tenant), "%s", tenant);
+	snprintf(s->id, sizeof(s->id), "%s", id);
+	int32_t *t = malloc(n_bytes > 0 ? (size_t)n_bytes : 1);
+	if (!t)
+		return KVT_ENOMEM;
+	int rc = column_tokens(db, st, 2, (uint32_t)(n_bytes / 4), t, &n, "session tokens");
+	if (rc == KVT_OK && (int64_t)n != sqlite3_column_int64(st, 3)) {
+		KVT_LOGE("index %s: session %s: n_tokens %lld but %u token ids stored; run `kvtier rebuild-index "
+			 "--data-dir %s`",
+			 db->path, s->id, (long long)sqlite3_column_int64(st, 3), n, db->dir);
+		rc = KVT_ECORRUPT;
+	}
+	if (rc == KVT_OK)
+		rc = column_hash(db, st, 4, s->last_hash, "session last_hash");
+	if (rc) {
+		free(t);
+		return rc;
+	}
+	s->tokens = t;
+	s->n_tokens = n;
+	s->created = sqlite3_column_int64(st, 5);
+	s->updated = sqlite3_column_int64(st, 6);
+	*tokens_heap = t;
+	return KVT_OK;
+}
+
+static int session_get_fn(kvt_db *db, void *arg)
+{
+	struct session_get_ctx *c = arg;
+	sqlite3_stmt *st = NULL;
+	int32_t *heap = NULL;
+	int rc = sqlite3_prepare_v2(db->sql,
+				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated FROM sessions"
+				    " WHERE ns=?1 AND tenant=?2 AND id=?3",
+				    -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return fail(db, rc, "prepare session get");
+	sqlite3_bind_int64(st, 1, db->ns_id);
+	sqlite3_bind_text(st, 2, c->tenant, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, c->id, -1, SQLITE_STATIC);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		rc = session_from_row(db, st, c->out, &heap);
+	else if (rc == SQLITE_DONE)
+		rc = KVT_ENOTFOUND;
+	else
+		rc = fail(db, rc, "session get");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int kvt_db_get_session(kvt_db *db, const char *tenant, const char *id, kvt_db_session *out)
+{
+	kvt_db_session s;
+	struct session_get_ctx c = { tenant, id, &s };
+	if (kvt_name_check("session id", id) || kvt_name_check("tenant", tenant))
+		return KVT_EINVAL;
+	memset(&s, 0, sizeof(s));
+	int rc = run_read(db, session_get_fn, &c);
+	if (rc == KVT_OK)
+		*out = s;
+	return rc;
+}
+
+void kvt_db_session_deinit(kvt_db_session *s)
+{
+	if (!s)
+		return;
+	free(s->tokens);
+	s->tokens = NULL;
+	s->n_tokens = 0;
+}
+
+struct session_list_ctx {
+	const char *tenant;                              /* filter or NULL */
+	int (*fn)(void *ctx, const kvt_db_session *s);   /* user callback */
+	void *ctx;                                       /* its argument */
+};
+
+static int session_list_fn(kvt_db *db, void *arg)
+{
+	struct session_list_ctx *c = arg;
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(db->sql,
+				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated FROM sessions"
+				    " WHERE ns=?1 AND (?2 IS NULL OR tenant=?2) ORDER BY tenant, id",
+				    -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return fail(db, rc, "prepare session list");
+	sqlite3_bind_int64(st, 1, db->ns_id);
+	if (c->tenant)
+		sqlite3_bind_text(st, 2, c->tenant, -1, SQLITE_STATIC);
+	for (;;) {
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_DONE) {
+			rc = KVT_OK;
+			break;
+		}
+		if (rc != SQLITE_ROW) {
+			rc = fail(db, rc, "session list");
+			break;
+		}
+		kvt_db_session s;
+		int32_t *heap = NULL;
+		memset(&s, 0, sizeof(s));
+		rc = session_from_row(db, st, &s, &heap);
+		if (rc)
+			break;
+		rc = c->fn(c->ctx, &s);
+		free(heap);
+		if (rc)
+			break;
+	}
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int kvt_db_list_sessions(kvt_db *db, const char *tenant, int (*fn)(void *ctx, const kvt_db_session *s), void *ctx)
+{
+	struct session_list_ctx c = { tenant, fn, ctx };
+	if (tenant && kvt_name_check("tenant", tenant))
+		return KVT_EINVAL;
+	return run_read(db, session_list_fn, &c);
+}
+
+struct block_walk_ctx {
+	unsigned flags;                                       /* KVT_DB_ALL_NS */
+	int (*fn)(void *ctx, const kvt_db_block_row *row);    /* user callback */
+	void *ctx;                                            /* its argument */
+	uint64_t n;                                           /* kvt_db_count_blocks result */
+};
+
+#define BLOCK_COLS                                                                                     \
+	"b.ns, b.hash, b.parent, b.tokens, b.off, b.extent_bytes, b.stored_bytes, b.generation, b.checksum, " \
+	"b.compressed, b.kv_dtype, b.codec, b.scale_layout, b.raw_bytes, b.last_use, b.hit_count, b.id"
+
+static int block_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_block_row *r)
+{
+	char what[64];
+	int64_t rowid = sqlite3_column_int64(st, 16);
+	int rc;
+	snprintf(what, sizeof(what), "block row %lld", (long long)rowid);
+	r->ns_id = sqlite3_column_int64(st, 0);
+	r->this_ns = r->ns_id == db->ns_id;
+	if ((rc = column_hash(db, st, 1, r->hash, what)) || (rc = column_hash(db, st, 2, r->parent, what)) ||
+	    (rc = column_tokens(db, st, 3, KVT_BLOCK_MAX_TOKENS, r->tokens, &r->n_tokens, what)))
+		return rc;
+	int64_t off = sqlite3_column_int64(st, 4), ext = sqlite3_column_int64(st, 5), sto = sqlite3_column_int64(st, 6);
+	int64_t raw = sqlite3_column_int64(st, 13);
+	if (r->n_tokens == 0 || off < 0 || ext <= 0 || ext > UINT32_MAX || sto < 0 || sto > ext || raw < 0 ||
+	    raw > UINT32_MAX) {
+		KVT_LOGE("index %s: %s: impossible location (off %lld, extent %lld, stored %lld, raw %lld, %u tokens); "
+			 "run `kvtier rebuild-index --data-dir %s`",
+			 db->path, what, (long long)off, (long long)ext, (long long)sto, (long long)raw, r->n_tokens,
+			 db->dir);
+		return KVT_ECORRUPT;
+	}
+	r->loc.off = (uint64_t)off;
+	r->loc.extent_bytes = (uint32_t)ext;
+	r->loc.stored_bytes = (uint32_t)sto;
+	r->loc.generation = (uint64_t)sqlite3_column_int64(st, 7);
+	r->loc.checksum = (uint64_t)sqlite3_column_int64(st, 8);
+	r->loc.compressed = (uint8_t)sqlite3_column_int(st, 9);
+	r->kv_dtype = (uint8_t)sqlite3_column_int(st, 10);
+	r->codec = (uint8_t)sqlite3_column_int(st, 11);
+	r->scale_layout = (uint8_t)sqlite3_column_int(st, 12);
+	r->raw_bytes = (uint32_t)raw;
+	r->last_use = (uint64_t)sqlite3_column_int64(st, 14);
+	r->hit_count = (uint64_t)sqlite3_column_int64(st, 15);
+	return KVT_OK;
+}
+
+static int block_walk_fn(kvt_db *db, void *arg)
+{
+	struct block_walk_ctx *c = arg;
+	sqlite3_stmt *st = NULL;
+	kvt_db_block_row *row = malloc(sizeof(*row));
+	const char *q_all = "SELECT " BLOCK_COLS " FROM blocks b";
+	const char *q_model = "SELECT " BLOCK_COLS " FROM blocks b JOIN namespaces n ON n.id=b.ns"
+			      " WHERE n.model_fp=(SELECT model_fp FROM namespaces WHERE id=?1)";
+	const char *q_ns = "SELECT " BLOCK_COLS " FROM blocks b WHERE b.ns=?1";
+	int rc;
+	if (!row)
+		return KVT_ENOMEM;
+	rc = sqlite3_prepare_v2(db->sql,
+				(c->flags & KVT_DB_ALL_NS) ? q_all : (c->flags & KVT_DB_MODEL_NS) ? q_model : q_ns, -1,
+				&st, NULL);
+	if (rc != SQLITE_OK) {
+		free(row);
+		return fail(db, rc, "prepare block walk");
+	}
+	if (!(c->flags & KVT_DB_ALL_NS))
+		sqlite3_bind_int64(st, 1, db->ns_id);
+	for (;;) {
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_DONE) {
+			rc = KVT_OK;
+			break;
+		}
+		if (rc != SQLITE_ROW) {
+			rc = fail(db, rc, "block walk");
+			break;
+		}
+		memset(row, 0, sizeof(*row));
+		if ((rc = block_from_row(db, st, row)) != KVT_OK)
+			break;
+		if ((rc = c->fn(c->ctx, row)) != 0)
+			break;
+	}
+	sqlite3_finalize(st);
+	free(row);
+	return rc;
+}
+
+int kvt_db_for_each_block(kvt_db *db, unsigned flags, int (*fn)(void *ctx, const kvt_db_block_row *row), void *ctx)
+{
+	struct block_walk_ctx c = { flags, fn, ctx, 0 };
+	return run_read(db, block_walk_fn, &c);
+}
+
+static int count_fn(kvt_db *db, void *arg)
+{
+	struct block_walk_ctx *c = arg;
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v2(db->sql,
+				    (c->flags & KVT_DB_ALL_NS)     ? "SELECT count(*) FROM blocks"
+				    : (c->flags & KVT_DB_MODEL_NS) ? "SELECT count(*) FROM blocks b JOIN namespaces n"
+								     " ON n.id=b.ns WHERE n.model_fp="
+								     "(SELECT model_fp FROM namespaces WHERE id=?1)"
+								   : "SELECT count(*) FROM blocks WHERE ns=?1",
+				    -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return fail(db, rc, "prepare count");
+	if (!(c->flags & KVT_DB_ALL_NS))
+		sqlite3_bind_int64(st, 1, db->ns_id);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		c->n = (uint64_t)sqlite3_column_int64(st, 0);
+		rc = KVT_OK;
+	} else {
+		rc = fail(db, rc, "count");
+	}
+	sqlite3_finalize(st);
+	return rc;
+}
+
+int kvt_db_count_blocks(kvt_db *db, unsigned flags, uint64_t *n_out)
+{
+	struct block_walk_ctx c = { flags, NULL, NULL, 0 };
+	int rc = run_read(db, count_fn, &c);
+	if (rc == KVT_OK)
+		*n_out = c.n;
+	return rc;
+}
+
+int kvt_index_paths(const char *data_dir, char *t2_path, char *index_path, size_t cap)
+{
+	if (!data_dir || !data_dir[0]) {
+		KVT_LOGE("data directory: empty path");
+		return KVT_EINVAL;
+	}
+	int a = snprintf(t2_path, cap, "%s/%s", data_dir, KVT_DATA_T2_FILE);
+	int b = snprintf(index_path, cap, "%s/%s", data_dir, KVT_DATA_INDEX_FILE);
+	if (a < 0 || b < 0 || (size_t)a >= cap || (size_t)b >= cap) {
+		KVT_LOGE("data directory %s: path too long", data_dir);
+		return KVT_EINVAL;
+	}
+	return KVT_OK;
+}

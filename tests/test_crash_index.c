@@ -1,0 +1,487 @@
+/*
+ * tests/test_crash_index.c — crash consistency of T2 + index (DESIGN.md §8.3).
+ *
+ * Each trial forks a child (also runnable by hand: --child DIR SEED) that
+ * runs start-up recovery on one data directory (kept across trials), then
+ * writes blocks through the REAL T2 store and rows through the index in the
+ * required order — bytes durable (kvt_t2_write_batch), then the row, and the
+ * block counts as acknowledged only once its row committed (kvt_db_wait) —
+ * and deletes rows (row delete committed, then kvt_t2_free). It reports each
+ * step on a pipe: "A <hash>" after a put committed, "d <hash>" before a delete
+ * is queued. The parent SIGKILLs the child at a random moment, reopens
+ * everything and checks:
+ *   - 0 rows pointing at bytes that fail verification (kvt_t2_read with the
+ *     row's hash, the row's token ids, and the payload regenerated from the
+ *     hash), and no two rows sharing an extent;
+ *   - 100% of acknowledged blocks (not since marked for deletion) present.
+ * 200 trials by default; KVT_CRASH_TRIALS=N for more (bench/stress runs).
+ */
+/* ctest-labels: integration */
+#include "check.h"
+#include "cli_index.h"
+#include "index.h"
+#include "t2_store.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BLOCK_TOKENS 4
+#define T2_CAPACITY (2u << 20)
+
+static void fixed_fp(uint8_t fp[32])
+{
+	for (int i = 0; i < 32; i++)
+		fp[i] = (uint8_t)(0x40 + i);
+}
+
+/* Payload size and bytes are a function of the hash, so the parent can regenerate them. */
+static uint32_t payload_bytes_of(const uint8_t h[32])
+{
+	return 1000 + ((uint32_t)h[8] | (uint32_t)h[9] << 8) % 15000;
+}
+
+static void payload_fill(const uint8_t h[32], uint8_t *p, uint32_t n)
+{
+	check_rng r;
+	memcpy(&r.s, h, 8);
+	r.s |= 1;
+	for (uint32_t i = 0; i < n; i += 8) {
+		uint64_t x = check_rng_u64(&r);
+		memcpy(p + i, &x, n - i < 8 ? n - i : 8);
+	}
+}
+
+static int open_all(const char *dir, kvt_t2_store **t2, kvt_db **db)
+{
+	char t2_path[1024], idx_path[1024];
+	kvt_t2_config tc;
+	kvt_db_config dc;
+	int rc = kvt_index_paths(dir, t2_path, idx_path, sizeof(t2_path));
+	if (rc)
+		return rc;
+	memset(&tc, 0, sizeof(tc));
+	tc.path = t2_path;
+	tc.capacity_bytes = T2_CAPACITY;
+	tc.io_mode = KVT_T2_IO_AUTO;
+	tc.buffered_ok = true;
+	tc.max_raw_bytes = 64 << 10;
+	fixed_fp(tc.model_fp);
+	if ((rc = kvt_t2_open(&tc, t2)) != KVT_OK)
+		return rc;
+	memset(&dc, 0, sizeof(dc));
+	dc.path = idx_path;
+	dc.create = true;
+	fixed_fp(dc.ns.model_fp);
+	dc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
+	dc.ns.block_tokens = BLOCK_TOKENS;
+	if ((rc = kvt_db_open(&dc, db)) != KVT_OK) {
+		kvt_t2_close(*t2);
+		*t2 = NULL;
+	}
+	return rc;
+}
+
+/* ---- the child -------------------------------------------------------------- */
+
+struct known {
+	uint8_t hash[32];  /* block */
+	kvt_nvme_loc loc;  /* where */
+};
+
+struct child_rows {
+	struct known *v; /* current rows */
+	size_t n, cap;
+};
+
+static int collect_known(void *ctx, const kvt_db_block_row *row)
+{
+	struct child_rows *k = ctx;
+	if (k->n == k->cap) {
+		k->cap = k->cap ? 2 * k->cap : 256;
+		k->v = realloc(k->v, k->cap * sizeof(*k->v));
+		KVT_ASSERT(k->v);
+	}
+	memcpy(k->v[k->n].hash, row->hash, 32);
+	k->v[k->n].loc = row->loc;
+	k->n++;
+	return 0;
+}
+
+static int g_out_fd = 1; /* the child's end of the pipe */
+
+static void say(char kind, const uint8_t h[32])
+{
+	char line[80];
+	line[0] = kind;
+	line[1] = ' ';
+	kvt_hash_hex(h, line + 2);
+	line[66] = '\n';
+	/* one write() of < PIPE_BUF bytes: the parent never sees half a line */
+	if (write(g_out_fd, line, 67) != 67)
+		_exit(3);
+}
+
+static int child_main(const char *dir, unsigned long long seed)
+{
+	kvt_t2_store *t2;
+	kvt_db *db;
+	kvt_btable *bt;
+	kvt_recover_stats rs;
+	struct child_rows rows = { 0 };
+	check_rng r = { seed | 1 };
+	uint8_t fp[32], root[32], salt[32] = { 0 };
+
+	kvt_log_set_level(KVT_LOG_ERROR);
+	if (open_all(dir, &t2, &db) != KVT_OK)
+		return 10;
+	if (kvt_btable_create(BLOCK_TOKENS, 0, &bt) != KVT_OK || kvt_index_recover(db, t2, bt, &rs) != KVT_OK)
+		return 11;
+	if (kvt_db_for_each_block(db, 0, collect_known, &rows) != KVT_OK)
+		return 12;
+	fixed_fp(fp);
+	kvt_hash_root(fp, KVT_KV_LAYOUT_VERSION, BLOCK_TOKENS, salt, root);
+	say('R', salt); /* recovered: the parent may time its kill from here */
+
+	static kvt_t2_block_meta metas[8];
+	static uint8_t payloads[8][16384];
+	for (int op = 0; op < 400; op++) {
+		bool del = rows.n > 0 && (check_rng_u64(&r) % 4 == 0);
+		if (!del) {
+			uint32_t n = 1 + (uint32_t)(check_rng_u64(&r) % 8);
+			kvt_t2_write_req reqs[8];
+			kvt_t2_loc locs[8];
+			int res[8];
+			uint64_t tickets[8];
+			for (uint32_t i = 0; i < n; i++) {
+				kvt_t2_block_meta *m = &metas[i];
+				memset(m, 0, sizeof(*m));
+				/* parent: a random current row (a chain continues) or the root */
+				const uint8_t *par = rows.n && (check_rng_u64(&r) & 1) ? rows.v[check_rng_u64(&r) % rows.n].hash
+										       : root;
+				memcpy(m->parent, par, 32);
+				m->n_tokens = BLOCK_TOKENS;
+				for (int k = 0; k < BLOCK_TOKENS; k++)
+					m->tokens[k] = (int32_t)(check_rng_u64(&r) % 49152);
+				kvt_hash_block(m->parent, m->tokens, BLOCK_TOKENS, m->hash);
+				m->raw_bytes = payload_bytes_of(m->hash);
+				m->kv_dtype = 1;
+				payload_fill(m->hash, payloads[i], m->raw_bytes);
+				reqs[i].meta = m;
+				reqs[i].payload = payloads[i];
+			}
+			kvt_t2_write_batch(t2, n, reqs, locs, res);
+			bool full = false;
+			for (uint32_t i = 0; i < n; i++) {
+				tickets[i] = 0;
+				if (res[i] == KVT_EFULL)
+					full = true;
+				if (res[i] != KVT_OK)
+					continue;
+				kvt_db_block_row row;
+				memset(&row, 0, sizeof(row));
+				memcpy(row.hash, metas[i].hash, 32);
+				memcpy(row.parent, metas[i].parent, 32);
+				row.n_tokens = BLOCK_TOKENS;
+				memcpy(row.tokens, metas[i].tokens, sizeof(int32_t) * BLOCK_TOKENS);
+				row.loc.off = locs[i].off;
+				row.loc.extent_bytes = locs[i].extent_bytes;
+				row.loc.stored_bytes = locs[i].stored_bytes;
+				row.loc.generation = locs[i].generation;
+				row.loc.checksum = locs[i].checksum;
+				row.loc.compressed = locs[i].compressed;
+				row.kv_dtype = 1;
+				row.raw_bytes = metas[i].raw_bytes;
+				if (kvt_db_put_block(db, &row, NULL, NULL, &tickets[i]) != KVT_OK)
+					return 13;
+			}
+			for (uint32_t i = 0; i < n; i++) {
+				if (!tickets[i])
+					continue;
+				if (kvt_db_wait(db, tickets[i]) != KVT_OK)
+					return 14;
+				say('A', metas[i].hash);
+				struct known k;
+				memcpy(k.hash, metas[i].hash, 32);
+				k.loc.off = locs[i].off;
+				k.loc.extent_bytes = locs[i].extent_bytes;
+				k.loc.stored_bytes = locs[i].stored_bytes;
+				k.loc.generation = locs[i].generation;
+				k.loc.checksum = locs[i].checksum;
+				k.loc.compressed = locs[i].compressed;
+				kvt_db_block_row dummy;
+				memset(&dummy, 0, sizeof(dummy));
+				memcpy(dummy.hash, k.hash, 32);
+				dummy.loc = k.loc;
+				collect_known(&rows, &dummy);
+			}
+			if (!full)
+				continue;
+		}
+		/* delete 1..4 rows: intent, row delete committed, then the extent freed */
+		uint32_t n_del = 1 + (uint32_t)(check_rng_u64(&r) % 4);
+		for (uint32_t d = 0; d < n_del && rows.n; d++) {
+			size_t j = check_rng_u64(&r) % rows.n;
+			struct known k = rows.v[j];
+			uint64_t t;
+			say('d', k.hash);
+			if (kvt_db_delete_block(db, k.hash, NULL, NULL, &t) != KVT_OK || kvt_db_wait(db, t) != KVT_OK)
+				return 15;
+			kvt_t2_loc loc = { k.loc.off, k.loc.extent_bytes, k.loc.stored_bytes, k.loc.generation,
+					   k.loc.checksum, k.loc.compressed };
+			kvt_t2_free(t2, &loc);
+			rows.v[j] = rows.v[--rows.n];
+		}
+	}
+	kvt_db_close(db);
+	kvt_t2_close(t2);
+	kvt_btable_destroy(bt);
+	free(rows.v);
+	return 0;
+}
+
+/* ---- the parent --------------------------------------------------------------- */
+
+struct hset {
+	uint8_t (*v)[32]; /* acknowledged, not marked for deletion */
+	size_t n, cap;
+};
+
+static void hset_add(struct hset *s, const uint8_t h[32])
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (memcmp(s->v[i], h, 32) == 0)
+			return;
+	if (s->n == s->cap) {
+		s->cap = s->cap ? 2 * s->cap : 1024;
+		s->v = realloc(s->v, s->cap * 32);
+		KVT_ASSERT(s->v);
+	}
+	memcpy(s->v[s->n++], h, 32);
+}
+
+static void hset_del(struct hset *s, const uint8_t h[32])
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (memcmp(s->v[i], h, 32) == 0) {
+			memcpy(s->v[i], s->v[--s->n], 32);
+			return;
+		}
+}
+
+static bool parse_hex(const char *p, uint8_t h[32])
+{
+	for (int i = 0; i < 32; i++) {
+		unsigned v;
+		if (sscanf(p + 2 * i, "%2x", &v) != 1)
+			return false;
+		h[i] = (uint8_t)v;
+	}
+	return true;
+}
+
+struct verify {
+	kvt_db_block_row *rows; /* this trial's rows */
+	size_t n_rows, cap_rows;
+	uint8_t (*hashes)[32];  /* their hashes, sorted after the walk */
+	uint64_t n_bad;         /* rows pointing at bad bytes, all trials */
+};
+
+static int collect_row(void *ctx, const kvt_db_block_row *row)
+{
+	struct verify *v = ctx;
+	if (v->n_rows == v->cap_rows) {
+		v->cap_rows = v->cap_rows ? 2 * v->cap_rows : 1024;
+		v->rows = realloc(v->rows, v->cap_rows * sizeof(*v->rows));
+		v->hashes = realloc(v->hashes, v->cap_rows * 32);
+		KVT_ASSERT(v->rows && v->hashes);
+	}
+	v->rows[v->n_rows] = *row;
+	memcpy(v->hashes[v->n_rows], row->hash, 32);
+	v->n_rows++;
+	return 0;
+}
+
+/* Read every row's record in batches (kvt_t2_read_batch) and check it against the row and the expected payload. */
+static void verify_rows(struct verify *v, kvt_t2_store *t2)
+{
+	enum { CHUNK = 64, CAP = 16384 };
+	static kvt_t2_loc locs[CHUNK];
+	static uint8_t want_hash[CHUNK][32];
+	static kvt_t2_block_meta metas[CHUNK];
+	static uint8_t bufs[CHUNK][CAP], want[CAP];
+	void *ptrs[CHUNK];
+	int res[CHUNK];
+	for (int i = 0; i < CHUNK; i++)
+		ptrs[i] = bufs[i];
+	for (size_t base = 0; base < v->n_rows; base += CHUNK) {
+		uint32_t n = (uint32_t)(v->n_rows - base < CHUNK ? v->n_rows - base : CHUNK);
+		for (uint32_t i = 0; i < n; i++) {
+			const kvt_nvme_loc *l = &v->rows[base + i].loc;
+			locs[i] = (kvt_t2_loc){ l->off, l->extent_bytes, l->stored_bytes, l->generation, l->checksum,
+						l->compressed };
+			memcpy(want_hash[i], v->rows[base + i].hash, 32);
+		}
+		kvt_t2_read_batch(t2, n, locs, (const uint8_t(*)[32])want_hash, metas, ptrs, CAP, res);
+		for (uint32_t i = 0; i < n; i++) {
+			const kvt_db_block_row *row = &v->rows[base + i];
+			uint32_t nb = payload_bytes_of(row->hash);
+			bool ok = res[i] == KVT_OK && metas[i].raw_bytes == nb && metas[i].n_tokens == row->n_tokens &&
+				  memcmp(metas[i].tokens, row->tokens, sizeof(int32_t) * row->n_tokens) == 0;
+			if (ok) {
+				payload_fill(row->hash, want, nb);
+				ok = memcmp(want, bufs[i], nb) == 0;
+			}
+			if (!ok) {
+				char hex[65];
+				kvt_hash_hex(row->hash, hex);
+				fprintf(stderr, "bad row %s at %llu: %s\n", hex, (unsigned long long)row->loc.off,
+					kvt_strerror(res[i]));
+				v->n_bad++;
+			}
+		}
+	}
+}
+
+static int cmp32(const void *a, const void *b)
+{
+	return memcmp(a, b, 32);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 4 && strcmp(argv[1], "--child") == 0)
+		return child_main(argv[2], strtoull(argv[3], NULL, 10));
+
+	char dir[] = "/tmp/kvt_crash_XXXXXX";
+	int n_trials = 200;
+	const char *env = getenv("KVT_CRASH_TRIALS");
+	if (env && atoi(env) > 0)
+		n_trials = atoi(env);
+	if (!mkdtemp(dir))
+		return check_skip("test_crash_index", "mkdtemp failed");
+
+	struct hset must = { 0 };
+	struct verify v = { 0 };
+	check_rng r = { 0xC0FFEEull };
+	uint64_t n_acks = 0, n_killed_busy = 0, n_exited = 0, max_rows = 0, bad_child = 0, n_dels = 0;
+	double t0 = kvt_now_s(), t_startup = 0, t_verify = 0;
+
+	for (int trial = 0; trial < n_trials; trial++) {
+		int fds[2];
+		if (pipe(fds) != 0)
+			return 1;
+		char seed[32];
+		snprintf(seed, sizeof(seed), "%llu", check_rng_u64(&r));
+		fflush(stdout);
+		fflush(stderr);
+		double t_fork = kvt_now_s();
+		pid_t pid = fork();
+		if (pid == 0) {
+			/*
+			 * The parent holds no threads here (store and index are
+			 * closed between trials), so the child can run straight
+			 * from the fork; exec'ing would cost a sanitizer runtime
+			 * start per trial. `--child DIR SEED` runs one by hand.
+			 */
+			close(fds[0]);
+			g_out_fd = fds[1];
+			_exit(child_main(dir, strtoull(seed, NULL, 10)));
+		}
+		close(fds[1]);
+		FILE *f = fdopen(fds[0], "r");
+		char line[128];
+		bool have_line = false;
+		/*
+		 * One trial in four is killed 0..60 ms after the fork (start-up and
+		 * recovery included); the others 0..40 ms after the child reports it
+		 * has recovered (writes, commits, deletes), so slow builds
+		 * (sanitizers) still crash mid-write.
+		 */
+		if (trial % 4 != 0) {
+			have_line = fgets(line, sizeof(line), f) != NULL;
+			t_startup += kvt_now_s() - t_fork;
+		}
+		struct timespec ts = { 0, (long)(check_rng_u64(&r) % (trial % 4 ? 40000 : 60000)) * 1000L };
+		nanosleep(&ts, NULL);
+		kill(pid, SIGKILL);
+		int st = 0;
+		/* drain every line the child managed to write before it died */
+		while (have_line || fgets(line, sizeof(line), f)) {
+			have_line = false;
+			uint8_t h[32];
+			if (strlen(line) != 67 || !parse_hex(line + 2, h)) {
+				CHECKF(0, "trial %d: garbled line from the child: %s", trial, line);
+				continue;
+			}
+			if (line[0] == 'A') {
+				hset_add(&must, h);
+				n_acks++;
+			} else if (line[0] == 'd') {
+				hset_del(&must, h);
+				n_dels++;
+			}
+		}
+		fclose(f);
+		waitpid(pid, &st, 0);
+		if (WIFSIGNALED(st))
+			n_killed_busy++;
+		else if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+			n_exited++;
+		else {
+			bad_child++;
+			fprintf(stderr, "trial %d: child exited with %d\n", trial, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		}
+
+		/* reopen and verify */
+		double t_v0 = kvt_now_s();
+		kvt_t2_store *t2;
+		kvt_db *db;
+		int rc = open_all(dir, &t2, &db);
+		CHECKF(rc == KVT_OK, "trial %d: reopen failed: %s", trial, kvt_strerror(rc));
+		if (rc)
+			break;
+		kvt_recover_stats rs;
+		CHECK(kvt_index_recover(db, t2, NULL, &rs) == KVT_OK);
+		CHECKF(rs.n_bad_extent == 0, "trial %d: %llu rows share or misplace extents", trial,
+		       (unsigned long long)rs.n_bad_extent);
+		v.n_rows = 0;
+		uint64_t bad_before = v.n_bad;
+		CHECK(kvt_db_for_each_block(db, 0, collect_row, &v) == KVT_OK);
+		verify_rows(&v, t2);
+		CHECKF(v.n_bad == bad_before, "trial %d: %llu rows point at bad bytes", trial,
+		       (unsigned long long)(v.n_bad - bad_before));
+		if (v.n_rows)
+			qsort(v.hashes, v.n_rows, 32, cmp32);
+		uint64_t missing = 0;
+		for (size_t i = 0; i < must.n; i++)
+			if (!v.n_rows || !bsearch(must.v[i], v.hashes, v.n_rows, 32, cmp32))
+				missing++;
+		CHECKF(missing == 0, "trial %d: %llu acknowledged blocks missing", trial, (unsigned long long)missing);
+		if (v.n_rows > max_rows)
+			max_rows = v.n_rows;
+		kvt_db_close(db);
+		kvt_t2_close(t2);
+		t_verify += kvt_now_s() - t_v0;
+	}
+	CHECK_EQ_INT(bad_child, 0);
+	CHECK(n_acks > 0);
+	printf("crash: child start-up to recovered %.1f ms (mean of the waited-for trials), parent verification %.1f ms "
+	       "per trial\n",
+	       1e3 * t_startup / (n_trials - (n_trials + 3) / 4), 1e3 * t_verify / n_trials);
+	printf("crash: %d trials in %.1f s: %llu killed while running, %llu finished first; %llu puts acknowledged, "
+	       "%llu deletes started, up to %llu rows, %llu must-have blocks at the end\n",
+	       n_trials, kvt_now_s() - t0, (unsigned long long)n_killed_busy, (unsigned long long)n_exited,
+	       (unsigned long long)n_acks, (unsigned long long)n_dels, (unsigned long long)max_rows,
+	       (unsigned long long)must.n);
+	free(must.v);
+	free(v.rows);
+	free(v.hashes);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", dir);
+	return check_done("test_crash_index");
+}

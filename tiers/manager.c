@@ -1,0 +1,1632 @@
+/*
+ * tiers/manager.c — the tiering manager (see manager.h for the contract).
+ *
+ * Concurrency design:
+ *  - tm->mu guards the job queue, the busy set, the pending list, flush
+ *    generations and the counters. It is never held across I/O, device work
+ *    or a kvt_db_wait.
+ *  - The busy set names the blocks some thread is moving. Only one blocking
+ *    acquisition is ever held at a time (a promotion or a registration holds
+ *    exactly one); eviction and persistence only try-acquire and skip busy
+ *    blocks, so no thread waits while holding a block another thread waits
+ *    for: there is no cycle, hence no deadlock.
+ *  - tm->maint_mu serializes maintenance passes (the thread's and
+ *    kvt_tm_maintain's): a pass owns the due prefix of the pending list.
+ *  - tm->pin_mu makes "pins == 0, so clear the slot" atomic against
+ *    kvt_tm_pin / kvt_tm_lookup(KVT_BT_PIN). Lock order: pin_mu, then the
+ *    table's own mutex (and the pools' mutexes); tm->mu is never taken with
+ *    pin_mu held.
+ *  - Each moving thread has a tm_ctx: its own mover (device stream + device
+ *    staging) and a pinned host staging buffer. Workers own theirs; the
+ *    maintenance thread owns one; calls on the engine's thread
+ *    (kvt_tm_reserve_t0) share one under ctx_inline.mu.
+ *
+ * Slot ownership: for every block the table says is in T0 (T1), the manager
+ * holds exactly one reference on that T0 (T1) slot, taken before the table
+ * names the slot and dropped only after the table stops naming it. So a slot
+ * the table names is never free, and a free slot is never named.
+ */
+#include "manager.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct tm_ctx {
+	kvt_t1_mover *mv;      /* own stream and device staging */
+	unsigned char *h_stage;/* [batch][packed_bytes], pinned host */
+	pthread_mutex_t mu;    /* only used by the shared inline ctx */
+} tm_ctx;
+
+struct kvt_tm_ticket {
+	uint32_t n;                       /* blocks */
+	uint8_t (*hashes)[KVT_HASH_BYTES];/* [n] copies of the caller's hashes */
+	int tier;                         /* target tier */
+	bool take_refs;                   /* hand T0 references to the caller */
+	bool collected;                   /* the caller took the references */
+	int *results;                     /* [n] per block */
+	int32_t *slots;                   /* [n] T0 slot (with a reference when take_refs and OK) */
+	uint32_t next;                    /* next index a worker claims (tm->mu) */
+	uint32_t n_done;                  /* indices finished (tm->mu) */
+	kvt_tm_ticket *qnext;             /* job queue link (tm->mu) */
+};
+
+typedef struct tm_pending {
+	uint8_t hash[KVT_HASH_BYTES]; /* a registered block not yet known durable */
+	double due_t;                 /* when it became due for write-through (0: not due) */
+} tm_pending;
+
+struct kvt_tm {
+	kvt_tm_config cfg;             /* copy (borrowed handles inside) */
+	kvt_t1_pool *t1;               /* owned */
+	size_t block_bytes;            /* the block in fp16 (the compression baseline) */
+	size_t packed_bytes;           /* T1 slot / T2 payload */
+	pthread_mutex_t mu;            /* see the file comment */
+	pthread_cond_t cv_work;        /* workers: a ticket queued, or stop */
+	pthread_cond_t cv_done;        /* ticket progress, busy released, flush progress */
+	pthread_cond_t cv_maint;       /* wakes the maintenance thread */
+	pthread_mutex_t pin_mu;        /* pins vs eviction */
+	pthread_mutex_t maint_mu;      /* one maintenance pass at a time (the thread, kvt_tm_maintain) */
+	kvt_event *ev_compute;         /* recorded on the compute stream by kvt_tm_register */
+	uint8_t (*busy)[KVT_HASH_BYTES];/* [cap_busy] blocks being moved */
+	uint32_t n_busy, cap_busy;     /* entries, capacity */
+	kvt_tm_ticket *q_head, *q_tail;/* tickets with unclaimed indices */
+	tm_pending *pend;              /* [cap_pend] registered, not yet durable; due ones first */
+	uint32_t n_pend, n_due, cap_pend; /* entries, due prefix, capacity */
+	uint64_t flush_req, flush_done;/* flush generations */
+	int persist_err;               /* first persistence failure since the last flush began */
+	bool maint_kick;               /* work for the maintenance thread */
+	bool stop;                     /* threads exit */
+	bool t2_full;                  /* the last T2 write found no space */
+	double t2_full_t;              /* when */
+	bool warned_codec;             /* logged a record of another codec once */
+	pthread_t maint;               /* maintenance thread */
+	pthread_t *workers;            /* [n_io_threads] */
+	uint32_t n_workers;            /* started */
+	bool maint_started;            /* maint is running */
+	tm_ctx *wctx;                  /* [n_io_threads + 1]: workers, then maintenance */
+	tm_ctx ctx_inline;             /* engine-thread calls */
+	kvt_tm_stats st;               /* counters (capacity/used filled by get_stats) */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static void t2loc_to_nvme(const kvt_t2_loc *a, kvt_nvme_loc *b)
+{
+	b->off = a->off;
+	b->extent_bytes = a->extent_bytes;
+	b->stored_bytes = a->stored_bytes;
+	b->generation = a->generation;
+	b->checksum = a->checksum;
+	b->compressed = a->compressed;
+}
+
+static void nvme_to_t2loc(const kvt_nvme_loc *a, kvt_t2_loc *b)
+{
+	b->off = a->off;
+	b->extent_bytes = a->extent_bytes;
+	b->stored_bytes = a->stored_bytes;
+	b->generation = a->generation;
+	b->checksum = a->checksum;
+	b->compressed = a->compressed;
+}
+
+static int busy_find(const kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	for (uint32_t i = 0; i < tm->n_busy; i++)
+		if (!memcmp(tm->busy[i], h, KVT_HASH_BYTES))
+			return (int)i;
+	return -1;
+}
+
+/* Under tm->mu. */
+static int busy_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	if (tm->n_busy == tm->cap_busy) {
+		uint32_t cap = tm->cap_busy ? 2 * tm->cap_busy : 64;
+		void *p = realloc(tm->busy, cap * sizeof(*tm->busy));
+		if (!p)
+			return KVT_ENOMEM;
+		tm->busy = p;
+		tm->cap_busy = cap;
+	}
+	memcpy(tm->busy[tm->n_busy++], h, KVT_HASH_BYTES);
+	return KVT_OK;
+}
+
+static bool busy_try(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	bool ok = false;
+	pthread_mutex_lock(&tm->mu);
+	if (busy_find(tm, h) < 0)
+		ok = busy_add_locked(tm, h) == KVT_OK;
+	pthread_mutex_unlock(&tm->mu);
+	return ok;
+}
+
+static int busy_wait(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	pthread_mutex_lock(&tm->mu);
+	while (busy_find(tm, h) >= 0)
+		pthread_cond_wait(&tm->cv_done, &tm->mu);
+	int rc = busy_add_locked(tm, h);
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+static void busy_release(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	pthread_mutex_lock(&tm->mu);
+	int i = busy_find(tm, h);
+	KVT_ASSERT(i >= 0);
+	memcpy(tm->busy[i], tm->busy[--tm->n_busy], KVT_HASH_BYTES);
+	pthread_cond_broadcast(&tm->cv_done);
+	pthread_mutex_unlock(&tm->mu);
+}
+
+static bool t2_writable(kvt_tm *tm)
+{
+	if (!tm->cfg.t2)
+		return false;
+	kvt_t2_stats s;
+	kvt_t2_get_stats(tm->cfg.t2, &s);
+	if (s.read_only)
+		return false;
+	pthread_mutex_lock(&tm->mu);
+	/* A full store is retried once a second, or as soon as we free an extent. */
+	bool full = tm->t2_full && kvt_now_s() - tm->t2_full_t < 1.0;
+	pthread_mutex_unlock(&tm->mu);
+	return !full;
+}
+
+/* Order the mover after the engine's writes of registered blocks. */
+static int wait_compute(kvt_tm *tm, tm_ctx *c)
+{
+	pthread_mutex_lock(&tm->mu);
+	int rc = kvt_t1_mover_wait_event(c->mv, tm->ev_compute);
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+/*
+ * The block left tier: clear the table's slot if the block is (still)
+ * unpinned, and drop the manager's reference. Returns true if it left.
+ * If the block is then in no tier, it leaves the table when it can (a parent
+ * of live children stays as metadata).
+ */
+static bool leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped)
+{
+	kvt_btable_entry e;
+	int32_t old = -1;
+	bool left = false;
+
+	*dropped = false;
+	pthread_mutex_lock(&tm->pin_mu);
+	if (kvt_btable_get(tm->cfg.bt, h, &e) == KVT_OK && e.pins == 0 && e.slot[tier] >= 0 &&
+	    kvt_btable_clear_slot(tm->cfg.bt, h, tier, &old, NULL) == KVT_OK) {
+		left = true;
+		if (tier == KVT_TIER_HBM)
+			kvt_t0_unref(tm->cfg.t0, old);
+		else if (tier == KVT_TIER_HOST)
+			kvt_t1_unref(tm->t1, old);
+		bool any = false;
+		for (int t = 0; t < KVT_TIER_COUNT; t++)
+			any |= t != tier && e.slot[t] >= 0;
+		if (!any) {
+			*dropped = true;
+			(void)kvt_btable_remove(tm->cfg.bt, h); /* KVT_EINVAL: has children; stays as metadata */
+		}
+	}
+	pthread_mutex_unlock(&tm->pin_mu);
+	return left;
+}
+
+static void count_leave(kvt_tm *tm, int tier, bool dropped)
+{
+	pthread_mutex_lock(&tm->mu);
+	tm->st.tier[tier].n_evictions++;
+	tm->st.tier[tier].n_dropped += dropped;
+	pthread_mutex_unlock(&tm->mu);
+}
+
+/*
+ * Coldest unpinned leaves of tier that are not busy: acquire up to want of
+ * them. *saw_busy (may be NULL) is set when a candidate was skipped because
+ * another thread is moving it.
+ */
+static uint32_t pick_victims(kvt_tm *tm, int tier, uint32_t want, uint8_t (*out)[KVT_HASH_BYTES], bool *saw_busy)
+{
+	uint32_t n_busy, n_cand = 0, n = 0;
+	pthread_mutex_lock(&tm->mu);
+	n_busy = tm->n_busy;
+	pthread_mutex_unlock(&tm->mu);
+	uint32_t cap = want + n_busy + 8;
+	uint8_t (*cand)[KVT_HASH_BYTES] = malloc(cap * sizeof(*cand));
+	if (!cand)
+		return 0;
+	if (kvt_btable_coldest(tm->cfg.bt, tier, cap, cand, &n_cand) == KVT_OK)
+		for (uint32_t i = 0; i < n_cand && n < want; i++) {
+			if (busy_try(tm, cand[i]))
+				memcpy(out[n++], cand[i], KVT_HASH_BYTES);
+			else if (saw_busy)
+				*saw_busy = true;
+		}
+	free(cand);
+	return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Persistence: T1/T0 -> T2, then the index row                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Make n blocks (busy-held by the caller, n <= batch) durable: write their
+ * records, put their rows, and once a row commits mark the block clean in
+ * the table. ok[i] says whether block i is durable afterwards (true also for
+ * a block that already was). Returns the first failure (KVT_EFULL, KVT_EIO)
+ * or KVT_OK.
+ */
+static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HASH_BYTES], bool *ok)
+{
+	const uint32_t B = tm->cfg.batch_blocks;
+	kvt_btable_entry *e = malloc((size_t)n * sizeof(*e));
+	kvt_t2_block_meta *meta = malloc((size_t)n * sizeof(*meta));
+	kvt_t2_write_req *req = malloc((size_t)n * sizeof(*req));
+	kvt_t2_loc *loc = calloc(n, sizeof(*loc));
+	int *res = malloc((size_t)n * sizeof(*res));
+	uint32_t *widx = malloc((size_t)n * sizeof(*widx));
+	uint64_t *tick = malloc((size_t)n * sizeof(*tick));
+	int32_t *pack_slots = malloc((size_t)n * sizeof(*pack_slots));
+	void **pack_dst = malloc((size_t)n * sizeof(*pack_dst));
+	uint32_t n_w = 0, n_pack = 0;
+	int rc = KVT_OK;
+	double t_start = kvt_now_s();
+	uint64_t bytes_t0 = 0, bytes_t1 = 0, n_t0 = 0, n_t1 = 0;
+
+	KVT_ASSERT(n <= B);
+	if (!e || !meta || !req || !loc || !res || !widx || !tick || !pack_slots || !pack_dst) {
+		rc = KVT_ENOMEM;
+		for (uint32_t i = 0; i < n; i++)
+			ok[i] = false;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		ok[i] = false;
+		if (kvt_btable_get(tm->cfg.bt, hashes[i], &e[i]) != KVT_OK)
+			continue; /* gone: nothing to persist */
+		if (e[i].slot[KVT_TIER_NVME] >= 0 || !e[i].dirty) {
+			ok[i] = true;
+			continue;
+		}
+		const void *src;
+		if (e[i].slot[KVT_TIER_HOST] >= 0) {
+			src = kvt_t1_slot_ptr(tm->t1, e[i].slot[KVT_TIER_HOST]);
+			bytes_t1 += tm->packed_bytes;
+			n_t1++;
+		} else if (e[i].slot[KVT_TIER_HBM] >= 0) {
+			pack_slots[n_pack] = e[i].slot[KVT_TIER_HBM];
+			pack_dst[n_pack] = c->h_stage + (size_t)n_pack * tm->packed_bytes;
+			src = pack_dst[n_pack++];
+			bytes_t0 += tm->packed_bytes;
+			n_t0++;
+		} else {
+			continue; /* in no tier: its bytes are gone */
+		}
+		kvt_t2_block_meta *m = &meta[n_w];
+		memset(m, 0, sizeof(*m));
+		memcpy(m->hash, e[i].hash, KVT_HASH_BYTES);
+		memcpy(m->parent, e[i].parent, KVT_HASH_BYTES);
+		m->n_tokens = e[i].n_tokens;
+		memcpy(m->tokens, e[i].tokens, e[i].n_tokens * sizeof(int32_t));
+		m->kv_dtype = KVT_DTYPE_F16;
+		m->codec = (uint8_t)tm->cfg.t1_codec;
+		m->scale_layout = tm->cfg.t1_codec == KVT_KV_CODEC_F16 ? 0 : KVT_TM_SCALE_LAYOUT_TOKEN_HEAD;
+		m->raw_bytes = (uint32_t)tm->packed_bytes;
+		req[n_w].meta = m;
+		req[n_w].payload = src;
+		widx[n_w++] = i;
+	}
+	if (!n_w)
+		goto out;
+	if (n_pack) {
+		rc = wait_compute(tm, c);
+		if (rc == KVT_OK)
+			rc = kvt_t1_mover_pack(c->mv, n_pack, pack_slots, pack_dst);
+		if (rc)
+			goto out;
+	}
+	(void)kvt_t2_write_batch(tm->cfg.t2, n_w, req, loc, res);
+	/* Bytes durable: queue the rows of the records that made it. */
+	bool any_full = false;
+	for (uint32_t k = 0; k < n_w; k++) {
+		tick[k] = 0;
+		if (res[k] == KVT_EFULL)
+			any_full = true;
+		if (res[k] != KVT_OK) {
+			if (rc == KVT_OK)
+				rc = res[k];
+			continue;
+		}
+		const kvt_btable_entry *b = &e[widx[k]];
+		kvt_db_block_row row;
+		memset(&row, 0, sizeof(row));
+		memcpy(row.hash, b->hash, KVT_HASH_BYTES);
+		memcpy(row.parent, b->parent, KVT_HASH_BYTES);
+		row.n_tokens = b->n_tokens;
+		memcpy(row.tokens, b->tokens, b->n_tokens * sizeof(int32_t));
+		t2loc_to_nvme(&loc[k], &row.loc);
+		row.kv_dtype = meta[k].kv_dtype;
+		row.codec = meta[k].codec;
+		row.scale_layout = meta[k].scale_layout;
+		row.raw_bytes = meta[k].raw_bytes;
+		row.last_use = (uint64_t)time(NULL);
+		row.hit_count = b->hits;
+		int prc = kvt_db_put_block(tm->cfg.db, &row, NULL, NULL, &tick[k]);
+		if (prc != KVT_OK) {
+			/* No row will point at the extent: it can go back at once. */
+			kvt_t2_free(tm->cfg.t2, &loc[k]);
+			res[k] = prc;
+			tick[k] = 0;
+			if (rc == KVT_OK)
+				rc = prc;
+		}
+	}
+	/* Rows committed: only now is the block clean. */
+	uint64_t n_ok = 0, n_fail = 0;
+	for (uint32_t k = 0; k < n_w; k++) {
+		if (res[k] != KVT_OK) {
+			n_fail++;
+			continue;
+		}
+		int wrc = kvt_db_wait(tm->cfg.db, tick[k]);
+		if (wrc != KVT_OK) {
+			kvt_t2_free(tm->cfg.t2, &loc[k]);
+			n_fail++;
+			if (rc == KVT_OK)
+				rc = wrc;
+			continue;
+		}
+		kvt_nvme_loc nl;
+		t2loc_to_nvme(&loc[k], &nl);
+		(void)kvt_btable_set_nvme(tm->cfg.bt, hashes[widx[k]], &nl);
+		ok[widx[k]] = true;
+		n_ok++;
+	}
+	double dt = kvt_now_s() - t_start;
+	pthread_mutex_lock(&tm->mu);
+	if (any_full) {
+		tm->t2_full = true;
+		tm->t2_full_t = kvt_now_s();
+	} else if (n_ok) {
+		tm->t2_full = false;
+	}
+	tm->st.n_persisted += n_ok;
+	tm->st.n_persist_failed += n_fail;
+	/* Copies out of T1 (or straight out of T0) into T2. */
+	if (n_t1) {
+		tm->st.tier[KVT_TIER_HOST].n_demotions += n_t1;
+		tm->st.tier[KVT_TIER_HOST].demotion_bytes += bytes_t1;
+		tm->st.tier[KVT_TIER_HOST].demotion_s += dt * (double)n_t1 / (double)(n_t0 + n_t1);
+	}
+	if (n_t0) {
+		tm->st.tier[KVT_TIER_HBM].n_demotions += n_t0;
+		tm->st.tier[KVT_TIER_HBM].demotion_bytes += bytes_t0;
+		tm->st.tier[KVT_TIER_HBM].demotion_s += dt * (double)n_t0 / (double)(n_t0 + n_t1);
+	}
+	pthread_mutex_unlock(&tm->mu);
+out:
+	free(e);
+	free(meta);
+	free(req);
+	free(loc);
+	free(res);
+	free(widx);
+	free(tick);
+	free(pack_slots);
+	free(pack_dst);
+	return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Eviction                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static uint32_t evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free);
+
+/* Delete the rows of n busy-held T2 blocks, then free their extents. */
+static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES])
+{
+	uint32_t n_gone = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		kvt_btable_entry e;
+		kvt_nvme_loc old;
+		bool left = false, dropped = false;
+		pthread_mutex_lock(&tm->pin_mu);
+		if (kvt_btable_get(tm->cfg.bt, h[i], &e) == KVT_OK && e.pins == 0 && e.slot[KVT_TIER_NVME] >= 0 &&
+		    kvt_btable_clear_slot(tm->cfg.bt, h[i], KVT_TIER_NVME, NULL, &old) == KVT_OK) {
+			left = true;
+			if (e.slot[KVT_TIER_HBM] < 0 && e.slot[KVT_TIER_HOST] < 0) {
+				dropped = true;
+				(void)kvt_btable_remove(tm->cfg.bt, h[i]);
+			}
+		}
+		pthread_mutex_unlock(&tm->pin_mu);
+		if (!left)
+			continue;
+		uint64_t tk = 0;
+		int rc = kvt_db_delete_block(tm->cfg.db, h[i], NULL, NULL, &tk);
+		if (rc == KVT_OK)
+			rc = kvt_db_wait(tm->cfg.db, tk);
+		if (rc == KVT_OK) {
+			/* The row is gone: nothing points at the extent any more. */
+			kvt_t2_loc l;
+			nvme_to_t2loc(&old, &l);
+			kvt_t2_free(tm->cfg.t2, &l);
+			pthread_mutex_lock(&tm->mu);
+			tm->t2_full = false;
+			pthread_mutex_unlock(&tm->mu);
+		} else {
+			KVT_LOGW("tm: deleting an index row failed (%s): its T2 extent stays allocated until a restart",
+				 kvt_strerror(rc));
+		}
+		count_leave(tm, KVT_TIER_NVME, dropped);
+		n_gone++;
+	}
+	return n_gone;
+}
+
+/* Free T2 space down to bytes_target used. */
+static void evict_t2(kvt_tm *tm, uint64_t bytes_target)
+{
+	const uint32_t B = tm->cfg.batch_blocks;
+	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
+	if (!h)
+		return;
+	for (;;) {
+		kvt_t2_stats s;
+		kvt_t2_get_stats(tm->cfg.t2, &s);
+		if (s.used_bytes <= bytes_target)
+			break;
+		uint32_t n = pick_victims(tm, KVT_TIER_NVME, B, h, NULL);
+		if (!n)
+			break;
+		uint32_t gone = evict_t2_held(tm, n, h);
+		for (uint32_t i = 0; i < n; i++)
+			busy_release(tm, h[i]);
+		if (!gone)
+			break;
+	}
+	free(h);
+}
+
+/*
+ * Make T1 hold at least want_free free slots: drop clean copies, write dirty
+ * ones to T2 first (when it takes writes), drop the rest. Returns the free
+ * slots after.
+ */
+static uint32_t evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free)
+{
+	const uint32_t B = tm->cfg.batch_blocks;
+	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
+	uint8_t (*dirty)[KVT_HASH_BYTES] = malloc(B * sizeof(*dirty));
+	bool *ok = malloc(B * sizeof(*ok));
+	if (!h || !dirty || !ok)
+		goto out;
+	while (kvt_t1_n_free(tm->t1) < want_free) {
+		uint32_t want = want_free - kvt_t1_n_free(tm->t1);
+		uint32_t n = pick_victims(tm, KVT_TIER_HOST, want < B ? want : B, h, NULL);
+		if (!n)
+			break;
+		uint32_t n_dirty = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			kvt_btable_entry e;
+			if (kvt_btable_get(tm->cfg.bt, h[i], &e) == KVT_OK && e.slot[KVT_TIER_HBM] < 0 &&
+			    e.slot[KVT_TIER_NVME] < 0 && e.dirty)
+				memcpy(dirty[n_dirty++], h[i], KVT_HASH_BYTES);
+		}
+		/* Write-back: the only copy goes to T2 before it leaves T1. */
+		if (n_dirty && t2_writable(tm))
+			(void)persist_held(tm, c, n_dirty, dirty, ok);
+		uint32_t n_left = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			bool dropped;
+			if (leave_tier(tm, h[i], KVT_TIER_HOST, &dropped)) {
+				count_leave(tm, KVT_TIER_HOST, dropped);
+				n_left++;
+			}
+			busy_release(tm, h[i]);
+		}
+		if (!n_left)
+			break;
+	}
+out:
+	free(h);
+	free(dirty);
+	free(ok);
+	return kvt_t1_n_free(tm->t1);
+}
+
+/*
+ * Make T0 hold at least want_free free slots by evicting manager-held blocks:
+ * each gets a T1 copy first unless it already has one (or is durable on
+ * NVMe); when T1 cannot make room, it is written to T2 directly (when T2
+ * takes writes) or dropped. Returns the free slots after; *saw_busy (may be
+ * NULL) is set when a candidate was skipped because another thread moves it.
+ */
+static uint32_t evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy)
+{
+	const uint32_t B = tm->cfg.batch_blocks;
+	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
+	int32_t *src = malloc(B * sizeof(*src)), *dst = malloc(B * sizeof(*dst));
+	uint32_t *idx = malloc(B * sizeof(*idx));
+	void **hp = malloc(B * sizeof(*hp));
+	uint8_t (*direct)[KVT_HASH_BYTES] = malloc(B * sizeof(*direct));
+	bool *ok = malloc(B * sizeof(*ok));
+	if (!h || !src || !dst || !idx || !hp || !direct || !ok)
+		goto out;
+	while (kvt_t0_n_free(tm->cfg.t0) < want_free) {
+		uint32_t want = want_free - kvt_t0_n_free(tm->cfg.t0);
+		uint32_t n = pick_victims(tm, KVT_TIER_HBM, want < B ? want : B, h, saw_busy);
+		if (!n)
+			break;
+		uint32_t n_copy = 0, n_direct = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			kvt_btable_entry e;
+			if (kvt_btable_get(tm->cfg.bt, h[i], &e) != KVT_OK || e.pins || e.slot[KVT_TIER_HBM] < 0 ||
+			    e.slot[KVT_TIER_HOST] >= 0 || e.slot[KVT_TIER_NVME] >= 0)
+				continue; /* clean: dropping the T0 copy costs nothing */
+			int32_t s;
+			if (kvt_t1_alloc(tm->t1, &s) != KVT_OK) {
+				evict_t1(tm, c, 1);
+				if (kvt_t1_alloc(tm->t1, &s) != KVT_OK) {
+					/* T1 has no room (all pinned or busy): straight to T2 if it takes writes, else dropped below */
+					memcpy(direct[n_direct++], h[i], KVT_HASH_BYTES);
+					continue;
+				}
+			}
+			src[n_copy] = e.slot[KVT_TIER_HBM];
+			dst[n_copy] = s;
+			hp[n_copy] = kvt_t1_slot_ptr(tm->t1, s);
+			idx[n_copy++] = i;
+		}
+		if (n_direct && t2_writable(tm))
+			(void)persist_held(tm, c, n_direct, direct, ok);
+		if (n_copy) {
+			double t0 = kvt_now_s();
+			int rc = wait_compute(tm, c);
+			if (rc == KVT_OK)
+				rc = kvt_t1_mover_pack(c->mv, n_copy, src, hp);
+			for (uint32_t k = 0; k < n_copy; k++) {
+				if (rc == KVT_OK && kvt_btable_set_slot(tm->cfg.bt, h[idx[k]], KVT_TIER_HOST, dst[k]) == KVT_OK)
+					continue;
+				kvt_t1_unref(tm->t1, dst[k]);
+			}
+			if (rc != KVT_OK) {
+				for (uint32_t i = 0; i < n; i++)
+					busy_release(tm, h[i]);
+				break; /* the device failed: logged by the op; keep T0 as it is */
+			}
+			pthread_mutex_lock(&tm->mu);
+			tm->st.tier[KVT_TIER_HBM].n_demotions += n_copy;
+			tm->st.tier[KVT_TIER_HBM].demotion_bytes += n_copy * tm->packed_bytes;
+			tm->st.tier[KVT_TIER_HBM].demotion_s += kvt_now_s() - t0;
+			pthread_mutex_unlock(&tm->mu);
+		}
+		uint32_t n_left = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			bool dropped;
+			if (leave_tier(tm, h[i], KVT_TIER_HBM, &dropped)) {
+				count_leave(tm, KVT_TIER_HBM, dropped);
+				n_left++;
+			}
+			busy_release(tm, h[i]);
+		}
+		if (!n_left)
+			break;
+	}
+out:
+	free(h);
+	free(src);
+	free(dst);
+	free(idx);
+	free(hp);
+	free(direct);
+	free(ok);
+	return kvt_t0_n_free(tm->cfg.t0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Promotion                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void count_lookup(kvt_tm *tm, int found_tier)
+{
+	pthread_mutex_lock(&tm->mu);
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
+		if (t == found_tier)
+			tm->st.tier[t].hits++;
+		else if (found_tier < 0 || t < found_tier)
+			tm->st.tier[t].misses++;
+	}
+	pthread_mutex_unlock(&tm->mu);
+}
+
+/* A T2 record failed verification: its row goes, then its (quarantined) extent. */
+static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	/* The block is busy-held by the caller; the pin check does not apply to a corrupt record. */
+	kvt_btable_entry e;
+	kvt_nvme_loc old;
+	if (kvt_btable_get(tm->cfg.bt, h, &e) != KVT_OK || e.slot[KVT_TIER_NVME] < 0)
+		return;
+	pthread_mutex_lock(&tm->pin_mu);
+	int rc = kvt_btable_clear_slot(tm->cfg.bt, h, KVT_TIER_NVME, NULL, &old);
+	pthread_mutex_unlock(&tm->pin_mu);
+	if (rc != KVT_OK)
+		return;
+	uint64_t tk = 0;
+	rc = kvt_db_delete_block(tm->cfg.db, h, NULL, NULL, &tk);
+	if (rc == KVT_OK)
+		rc = kvt_db_wait(tm->cfg.db, tk);
+	if (rc == KVT_OK) {
+		kvt_t2_loc l;
+		nvme_to_t2loc(&old, &l);
+		kvt_t2_free(tm->cfg.t2, &l); /* stays quarantined in the store */
+	}
+	pthread_mutex_lock(&tm->mu);
+	tm->st.tier[KVT_TIER_NVME].n_corrupt++;
+	pthread_mutex_unlock(&tm->mu);
+}
+
+/*
+ * Bring one block to tier (HBM or HOST). With take_ref, *t0_slot gets a T0
+ * slot with a caller reference. The block is busy-held for the whole move.
+ */
+static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], int tier, bool take_ref,
+		       int32_t *t0_slot)
+{
+	kvt_btable_entry e;
+	int rc = busy_wait(tm, h);
+	if (rc)
+		return rc;
+	*t0_slot = -1;
+	if (kvt_btable_get(tm->cfg.bt, h, &e) != KVT_OK) {
+		count_lookup(tm, -1);
+		rc = KVT_ENOTFOUND;
+		goto done;
+	}
+	int found = e.slot[KVT_TIER_HBM] >= 0 ? KVT_TIER_HBM
+		  : e.slot[KVT_TIER_HOST] >= 0 ? KVT_TIER_HOST
+		  : e.slot[KVT_TIER_NVME] >= 0 ? KVT_TIER_NVME : -1;
+	count_lookup(tm, found);
+	if (found < 0) {
+		rc = KVT_ENOTFOUND;
+		goto done;
+	}
+	if (found <= tier)
+		goto reached;
+	int32_t s0 = -1;
+	if (tier == KVT_TIER_HBM && kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
+		/* T0 room first: evicting may write through the staging buffer, which may hold the bytes below */
+		evict_t0(tm, c, 1, NULL);
+		if (kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
+			rc = KVT_EFULL;
+			goto done;
+		}
+	}
+
+	/* The packed bytes: the T1 slot, or read from T2 into a new T1 slot (or the staging buffer). */
+	const void *packed;
+	int32_t t1s = e.slot[KVT_TIER_HOST];
+	if (t1s >= 0) {
+		packed = kvt_t1_slot_ptr(tm->t1, t1s);
+	} else {
+		void *buf;
+		if (kvt_t1_alloc(tm->t1, &t1s) != KVT_OK) {
+			evict_t1(tm, c, 1);
+			if (kvt_t1_alloc(tm->t1, &t1s) != KVT_OK)
+				t1s = -1;
+		}
+		buf = t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, t1s) : (void *)c->h_stage;
+		kvt_t2_loc l;
+		kvt_t2_block_meta m;
+		nvme_to_t2loc(&e.nvme, &l);
+		double t_start = kvt_now_s();
+		rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
+		if (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.raw_bytes != tm->packed_bytes ||
+				     m.n_tokens != e.n_tokens ||
+				     memcmp(m.tokens, e.tokens, e.n_tokens * sizeof(int32_t)))) {
+			pthread_mutex_lock(&tm->mu);
+			bool warn = !tm->warned_codec;
+			tm->warned_codec = true;
+			pthread_mutex_unlock(&tm->mu);
+			if (warn)
+				KVT_LOGW("tm: a T2 record holds codec %s, %u bytes; this manager runs %s, %zu bytes: "
+					 "such records are misses", kvt_kv_codec_name(m.codec), m.raw_bytes,
+					 kvt_kv_codec_name(tm->cfg.t1_codec), tm->packed_bytes);
+			rc = KVT_ENOTFOUND;
+		} else if (rc == KVT_ECORRUPT) {
+			drop_corrupt(tm, h);
+		} else if (rc == KVT_EFULL) {
+			rc = KVT_ENOTFOUND; /* a record larger than our slots: not ours */
+		}
+		if (rc != KVT_OK) {
+			if (t1s >= 0)
+				kvt_t1_unref(tm->t1, t1s);
+			goto fail;
+		}
+		if (t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, t1s) != KVT_OK) {
+			kvt_t1_unref(tm->t1, t1s);
+			t1s = -1;
+		}
+		pthread_mutex_lock(&tm->mu);
+		if (t1s >= 0)
+			tm->st.tier[KVT_TIER_HOST].n_promotions++;
+		tm->st.tier[KVT_TIER_HOST].promotion_bytes += e.nvme.extent_bytes;
+		tm->st.tier[KVT_TIER_HOST].promotion_s += kvt_now_s() - t_start;
+		pthread_mutex_unlock(&tm->mu);
+		packed = buf;
+		if (tier == KVT_TIER_HOST && t1s < 0) {
+			rc = KVT_EFULL; /* read and verified, but no T1 room to keep it */
+			goto done;
+		}
+	}
+	if (tier == KVT_TIER_HBM) {
+		int32_t s = s0;
+		s0 = -1; /* from here on, owned by the code below */
+		double t_start = kvt_now_s();
+		rc = kvt_t1_mover_unpack(c->mv, 1, &packed, &s);
+		if (rc == KVT_OK)
+			rc = kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HBM, s);
+		if (rc != KVT_OK) {
+			kvt_t0_unref(tm->cfg.t0, s);
+			goto done;
+		}
+		pthread_mutex_lock(&tm->mu);
+		tm->st.tier[KVT_TIER_HBM].n_promotions++;
+		tm->st.tier[KVT_TIER_HBM].promotion_bytes += tm->packed_bytes;
+		tm->st.tier[KVT_TIER_HBM].promotion_s += kvt_now_s() - t_start;
+		pthread_mutex_unlock(&tm->mu);
+		e.slot[KVT_TIER_HBM] = s;
+	}
+reached:
+	if (take_ref && tier == KVT_TIER_HBM) {
+		/* Busy-held: the slot cannot leave the table (nor be freed) before the ref is taken. */
+		kvt_t0_ref(tm->cfg.t0, e.slot[KVT_TIER_HBM]);
+		*t0_slot = e.slot[KVT_TIER_HBM];
+	}
+	(void)kvt_btable_touch(tm->cfg.bt, h);
+	rc = KVT_OK;
+	goto done;
+fail:
+	if (s0 >= 0)
+		kvt_t0_unref(tm->cfg.t0, s0);
+done:
+	busy_release(tm, h);
+	return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Threads                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tm_worker_arg {
+	kvt_tm *tm;
+	tm_ctx *ctx;
+} tm_worker_arg;
+
+static void *worker_main(void *arg)
+{
+	kvt_tm *tm = ((tm_worker_arg *)arg)->tm;
+	tm_ctx *c = ((tm_worker_arg *)arg)->ctx;
+	free(arg);
+	pthread_mutex_lock(&tm->mu);
+	for (;;) {
+		while (!tm->stop && !tm->q_head)
+			pthread_cond_wait(&tm->cv_work, &tm->mu);
+		if (!tm->q_head)
+			break; /* stop, and the queue is drained */
+		kvt_tm_ticket *t = tm->q_head;
+		uint32_t i = t->next++;
+		if (t->next == t->n) {
+			tm->q_head = t->qnext;
+			if (!tm->q_head)
+				tm->q_tail = NULL;
+		}
+		pthread_mutex_unlock(&tm->mu);
+		int32_t slot = -1;
+		int rc = promote_one(tm, c, t->hashes[i], t->tier, t->take_refs, &slot);
+		pthread_mutex_lock(&tm->mu);
+		t->results[i] = rc;
+		t->slots[i] = slot;
+		t->n_done++;
+		pthread_cond_broadcast(&tm->cv_done);
+	}
+	pthread_mutex_unlock(&tm->mu);
+	return NULL;
+}
+
+/* Write the due prefix of the pending list through to T2, in batches. */
+static void persist_due(kvt_tm *tm, tm_ctx *c)
+{
+	const uint32_t B = tm->cfg.batch_blocks;
+	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
+	double *due_t = malloc(B * sizeof(*due_t));
+	bool *ok = malloc(B * sizeof(*ok));
+	bool *held = malloc(B * sizeof(*held));
+	if (!h || !due_t || !ok || !held)
+		goto out;
+	uint32_t pos = 0; /* due entries before pos were skipped (busy) this pass */
+	for (;;) {
+		pthread_mutex_lock(&tm->mu);
+		uint32_t n = 0;
+		while (pos + n < tm->n_due && n < B) {
+			memcpy(h[n], tm->pend[pos + n].hash, KVT_HASH_BYTES);
+			due_t[n] = tm->pend[pos + n].due_t;
+			n++;
+		}
+		pthread_mutex_unlock(&tm->mu);
+		if (!n)
+			break;
+		/* Take what is not being moved; come back for the rest next pass. */
+		uint8_t (*hh)[KVT_HASH_BYTES] = malloc(n * sizeof(*hh));
+		uint32_t n_held = 0;
+		if (!hh)
+			break;
+		for (uint32_t i = 0; i < n; i++) {
+			held[i] = busy_try(tm, h[i]);
+			if (held[i])
+				memcpy(hh[n_held++], h[i], KVT_HASH_BYTES);
+		}
+		int rc = KVT_OK;
+		bool *okh = ok;
+		if (!t2_writable(tm)) {
+			rc = tm->cfg.t2 ? KVT_EIO : KVT_EUNSUPPORTED;
+			kvt_t2_stats s;
+			if (tm->cfg.t2) {
+				kvt_t2_get_stats(tm->cfg.t2, &s);
+				if (!s.read_only)
+					rc = KVT_EFULL;
+			}
+			for (uint32_t i = 0; i < n_held; i++)
+				okh[i] = false;
+		} else if (n_held) {
+			rc = persist_held(tm, c, n_held, hh, okh);
+		}
+		for (uint32_t i = 0; i < n_held; i++)
+			busy_release(tm, hh[i]);
+		free(hh);
+		/* Remove the handled entries (held ones) from the list; keep the busy ones due. */
+		double now = kvt_now_s();
+		pthread_mutex_lock(&tm->mu);
+		if (rc != KVT_OK && tm->persist_err == KVT_OK)
+			tm->persist_err = rc;
+		uint32_t w = pos, k = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			if (held[i]) {
+				if (ok[k] && due_t[i] > 0) {
+					tm->st.n_turn_late += now - due_t[i] > tm->cfg.end_turn_s;
+					if (now - due_t[i] > tm->st.max_turn_s)
+						tm->st.max_turn_s = now - due_t[i];
+				}
+				k++;
+				continue;
+			}
+			tm->pend[w++] = tm->pend[pos + i];
+		}
+		uint32_t removed = n - (w - pos);
+		memmove(&tm->pend[w], &tm->pend[pos + n], (tm->n_pend - pos - n) * sizeof(*tm->pend));
+		tm->n_pend -= removed;
+		tm->n_due -= removed;
+		pos = w;
+		pthread_mutex_unlock(&tm->mu);
+		if (!removed && pos >= tm->n_due)
+			break;
+	}
+out:
+	free(h);
+	free(due_t);
+	free(ok);
+	free(held);
+}
+
+static void maintain_locked(kvt_tm *tm, tm_ctx *c);
+
+static void maintain(kvt_tm *tm, tm_ctx *c)
+{
+	pthread_mutex_lock(&tm->maint_mu);
+	maintain_locked(tm, c);
+	pthread_mutex_unlock(&tm->maint_mu);
+}
+
+/* One pass: persistence due, then the watermarks. Under maint_mu (the pending list's prefix is ours). */
+static void maintain_locked(kvt_tm *tm, tm_ctx *c)
+{
+	/* Flush requests and turn ends first: they have a deadline. */
+	pthread_mutex_lock(&tm->mu);
+	uint64_t flush_target = tm->flush_req;
+	bool due = tm->n_due > 0;
+	pthread_mutex_unlock(&tm->mu);
+	if (due)
+		persist_due(tm, c);
+	bool writable = t2_writable(tm);
+	pthread_mutex_lock(&tm->mu);
+	if (tm->flush_done < flush_target && (tm->n_due == 0 || !writable)) {
+		tm->flush_done = flush_target;
+		pthread_cond_broadcast(&tm->cv_done);
+	}
+	/* WRITE_BACK keeps every registered block on the list: drop those no longer dirty now and then. */
+	uint32_t n_pend = tm->n_pend;
+	pthread_mutex_unlock(&tm->mu);
+	if (n_pend > 4096) {
+		pthread_mutex_lock(&tm->mu);
+		uint32_t w = tm->n_due;
+		for (uint32_t i = tm->n_due; i < tm->n_pend; i++) {
+			kvt_btable_entry e;
+			if (kvt_btable_get(tm->cfg.bt, tm->pend[i].hash, &e) == KVT_OK && e.dirty &&
+			    (e.slot[KVT_TIER_HBM] >= 0 || e.slot[KVT_TIER_HOST] >= 0))
+				tm->pend[w++] = tm->pend[i];
+		}
+		tm->n_pend = w;
+		pthread_mutex_unlock(&tm->mu);
+	}
+
+	/* Watermarks, top down: what T0 pushes out lands in T1, what T1 pushes out lands in T2. */
+	uint32_t n0 = kvt_t0_n_slots(tm->cfg.t0), used0 = n0 - kvt_t0_n_free(tm->cfg.t0);
+	if (used0 > tm->cfg.high[KVT_TIER_HBM] * n0)
+		evict_t0(tm, c, n0 - (uint32_t)(tm->cfg.low[KVT_TIER_HBM] * n0), NULL);
+	uint32_t n1 = kvt_t1_n_slots(tm->t1), used1 = n1 - kvt_t1_n_free(tm->t1);
+	if (used1 > tm->cfg.high[KVT_TIER_HOST] * n1)
+		evict_t1(tm, c, n1 - (uint32_t)(tm->cfg.low[KVT_TIER_HOST] * n1));
+	if (tm->cfg.t2) {
+		kvt_t2_stats s;
+		kvt_t2_get_stats(tm->cfg.t2, &s);
+		if (s.used_bytes > tm->cfg.high[KVT_TIER_NVME] * (double)s.capacity_bytes)
+			evict_t2(tm, (uint64_t)(tm->cfg.low[KVT_TIER_NVME] * (double)s.capacity_bytes));
+	}
+}
+
+static void *maint_main(void *arg)
+{
+	kvt_tm *tm = arg;
+	tm_ctx *c = &tm->wctx[tm->cfg.n_io_threads];
+	pthread_mutex_lock(&tm->mu);
+	while (!tm->stop) {
+		if (!tm->maint_kick) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			long ns = ts.tv_nsec + (long)(tm->cfg.poll_s * 1e9);
+			ts.tv_sec += ns / 1000000000L;
+			ts.tv_nsec = ns % 1000000000L;
+			pthread_cond_timedwait(&tm->cv_maint, &tm->mu, &ts);
+		}
+		if (tm->stop)
+			break;
+		tm->maint_kick = false;
+		pthread_mutex_unlock(&tm->mu);
+		maintain(tm, c);
+		pthread_mutex_lock(&tm->mu);
+	}
+	pthread_mutex_unlock(&tm->mu);
+	return NULL;
+}
+
+static void kick(kvt_tm *tm)
+{
+	pthread_mutex_lock(&tm->mu);
+	tm->maint_kick = true;
+	pthread_cond_signal(&tm->cv_maint);
+	pthread_mutex_unlock(&tm->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public API                                                               */
+/* ------------------------------------------------------------------------ */
+
+void kvt_tm_config_default(kvt_tm_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->t1_slots = 256;
+	c->t1_codec = KVT_KV_CODEC_FP8;
+	c->high[KVT_TIER_HBM] = 0.90f;
+	c->low[KVT_TIER_HBM] = 0.75f;
+	c->high[KVT_TIER_HOST] = 0.90f;
+	c->low[KVT_TIER_HOST] = 0.80f;
+	c->high[KVT_TIER_NVME] = 0.95f;
+	c->low[KVT_TIER_NVME] = 0.85f;
+	c->persist = KVT_PERSIST_END_OF_TURN;
+	c->end_turn_s = 1.0;
+	c->n_io_threads = 2;
+	c->batch_blocks = 16;
+	c->poll_s = 0.02;
+}
+
+static int ctx_init(kvt_tm *tm, tm_ctx *c)
+{
+	int rc = kvt_t1_mover_create(tm->cfg.dev, tm->cfg.t0, tm->cfg.t1_codec, tm->cfg.batch_blocks, &c->mv);
+	if (rc == KVT_OK)
+		rc = kvt_dev_host_alloc(tm->cfg.dev, tm->packed_bytes * tm->cfg.batch_blocks, (void **)&c->h_stage);
+	pthread_mutex_init(&c->mu, NULL);
+	return rc;
+}
+
+static void ctx_deinit(kvt_tm *tm, tm_ctx *c)
+{
+	kvt_t1_mover_destroy(c->mv);
+	kvt_dev_host_free(tm->cfg.dev, c->h_stage);
+	pthread_mutex_destroy(&c->mu);
+}
+
+static int check_config(const kvt_tm_config *c)
+{
+	static const char *const tier_name[KVT_TIER_COUNT] = { "t0", "t1", "t2" };
+	if (!c->dev || !c->t0 || !c->bt) {
+		KVT_LOGE("tm config: dev, t0 and bt are required");
+		return KVT_EINVAL;
+	}
+	if (c->t2 && !c->db) {
+		KVT_LOGE("tm config: a T2 store needs the index (db): its rows make records durable");
+		return KVT_EINVAL;
+	}
+	if (!c->t1_slots) {
+		KVT_LOGE("tm config: t1_slots is 0");
+		return KVT_EINVAL;
+	}
+	if (c->t1_codec < 0 || c->t1_codec >= KVT_KV_CODEC_COUNT) {
+		KVT_LOGE("tm config: t1_codec %d is not f16, fp8 or int8", c->t1_codec);
+		return KVT_EINVAL;
+	}
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
+		if (!(c->high[t] > 0 && c->high[t] <= 1 && c->low[t] >= 0 && c->low[t] < c->high[t])) {
+			KVT_LOGE("tm config: %s watermarks high %g low %g (need 0 <= low < high <= 1)", tier_name[t],
+				 c->high[t], c->low[t]);
+			return KVT_EINVAL;
+		}
+	}
+	if (c->persist != KVT_PERSIST_END_OF_TURN && c->persist != KVT_PERSIST_WRITE_BACK) {
+		KVT_LOGE("tm config: persist policy %d", c->persist);
+		return KVT_EINVAL;
+	}
+	if (c->n_io_threads < 1 || c->n_io_threads > 16) {
+		KVT_LOGE("tm config: n_io_threads %u (1..16)", c->n_io_threads);
+		return KVT_EINVAL;
+	}
+	if (c->batch_blocks < 1 || c->batch_blocks > 1024) {
+		KVT_LOGE("tm config: batch_blocks %u (1..1024)", c->batch_blocks);
+		return KVT_EINVAL;
+	}
+	if (!(c->end_turn_s > 0) || !(c->poll_s > 0) || c->poll_s > 10) {
+		KVT_LOGE("tm config: end_turn_s %g, poll_s %g (need > 0, poll_s <= 10)", c->end_turn_s, c->poll_s);
+		return KVT_EINVAL;
+	}
+	int t0_codec = kvt_t0_layout(c->t0)->codec;
+	if (t0_codec != KVT_KV_CODEC_F16 && t0_codec != c->t1_codec) {
+		KVT_LOGE("tm config: T0 keeps %s blocks; T1 must use the same codec, not %s", kvt_kv_codec_name(t0_codec),
+			 kvt_kv_codec_name(c->t1_codec));
+		return KVT_EINVAL;
+	}
+	if (kvt_btable_block_tokens(c->bt) != kvt_t0_layout(c->t0)->block_tokens) {
+		KVT_LOGE("tm config: the table's blocks have %u tokens, T0's %u", kvt_btable_block_tokens(c->bt),
+			 kvt_t0_layout(c->t0)->block_tokens);
+		return KVT_EINVAL;
+	}
+	return KVT_OK;
+}
+
+int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
+{
+	int rc = check_config(cfg);
+	if (rc)
+		return rc;
+	kvt_tm *tm = calloc(1, sizeof(*tm));
+	if (!tm)
+		return KVT_ENOMEM;
+	tm->cfg = *cfg;
+	tm->block_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), KVT_KV_CODEC_F16);
+	tm->packed_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), cfg->t1_codec);
+	pthread_mutex_init(&tm->mu, NULL);
+	pthread_mutex_init(&tm->pin_mu, NULL);
+	pthread_mutex_init(&tm->maint_mu, NULL);
+	pthread_cond_init(&tm->cv_work, NULL);
+	pthread_cond_init(&tm->cv_done, NULL);
+	pthread_cond_init(&tm->cv_maint, NULL);
+	tm->wctx = calloc(cfg->n_io_threads + 1, sizeof(*tm->wctx));
+	tm->workers = calloc(cfg->n_io_threads, sizeof(*tm->workers));
+	if (!tm->wctx || !tm->workers) {
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	rc = kvt_t1_create(cfg->dev, kvt_t0_layout(cfg->t0), cfg->t1_codec, cfg->t1_slots, &tm->t1);
+	if (rc == KVT_OK)
+		rc = kvt_dev_event_create(cfg->dev, &tm->ev_compute);
+	if (rc == KVT_OK)
+		rc = kvt_dev_event_record(cfg->dev, tm->ev_compute, NULL);
+	for (uint32_t i = 0; i <= cfg->n_io_threads && rc == KVT_OK; i++)
+		rc = ctx_init(tm, &tm->wctx[i]);
+	if (rc == KVT_OK)
+		rc = ctx_init(tm, &tm->ctx_inline);
+	if (rc)
+		goto fail;
+	for (uint32_t i = 0; i < cfg->n_io_threads; i++) {
+		tm_worker_arg *a = malloc(sizeof(*a));
+		if (!a) {
+			rc = KVT_ENOMEM;
+			goto fail;
+		}
+		a->tm = tm;
+		a->ctx = &tm->wctx[i];
+		if (pthread_create(&tm->workers[i], NULL, worker_main, a)) {
+			free(a);
+			KVT_LOGE("tm: cannot start I/O thread %u", i);
+			rc = KVT_ENOMEM;
+			goto fail;
+		}
+		tm->n_workers++;
+	}
+	if (pthread_create(&tm->maint, NULL, maint_main, tm)) {
+		KVT_LOGE("tm: cannot start the maintenance thread");
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	tm->maint_started = true;
+	*out = tm;
+	return KVT_OK;
+fail:
+	kvt_tm_destroy(tm);
+	return rc;
+}
+
+/* Release every T0/T1 slot the manager holds (shutdown). */
+static void release_tier(kvt_tm *tm, int tier)
+{
+	uint8_t h[64][KVT_HASH_BYTES];
+	uint32_t n;
+	while (kvt_btable_coldest(tm->cfg.bt, tier, 64, h, &n) == KVT_OK && n) {
+		uint32_t n_left = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			bool dropped;
+			n_left += leave_tier(tm, h[i], tier, &dropped);
+		}
+		if (!n_left)
+			break;
+	}
+	kvt_btable_stats s;
+	kvt_btable_get_stats(tm->cfg.bt, &s);
+	if (s.n_in_tier[tier])
+		KVT_LOGW("tm: %llu blocks still pinned in %s at shutdown; their slots are not released",
+			 (unsigned long long)s.n_in_tier[tier], tier == KVT_TIER_HBM ? "T0" : "T1");
+}
+
+void kvt_tm_destroy(kvt_tm *tm)
+{
+	if (!tm)
+		return;
+	if (tm->maint_started && tm->cfg.t2) {
+		int rc = kvt_tm_flush(tm);
+		if (rc != KVT_OK)
+			KVT_LOGW("tm: shutdown flush: %s (the unflushed blocks are lost)", kvt_strerror(rc));
+	}
+	pthread_mutex_lock(&tm->mu);
+	tm->stop = true;
+	pthread_cond_broadcast(&tm->cv_work);
+	pthread_cond_broadcast(&tm->cv_maint);
+	pthread_mutex_unlock(&tm->mu);
+	for (uint32_t i = 0; i < tm->n_workers; i++)
+		pthread_join(tm->workers[i], NULL);
+	if (tm->maint_started)
+		pthread_join(tm->maint, NULL);
+	if (tm->t1) {
+		release_tier(tm, KVT_TIER_HBM);
+		release_tier(tm, KVT_TIER_HOST);
+	}
+	if (tm->wctx)
+		for (uint32_t i = 0; i <= tm->cfg.n_io_threads; i++)
+			if (tm->wctx[i].mv || tm->wctx[i].h_stage)
+				ctx_deinit(tm, &tm->wctx[i]);
+	if (tm->ctx_inline.mv || tm->ctx_inline.h_stage)
+		ctx_deinit(tm, &tm->ctx_inline);
+	kvt_dev_event_destroy(tm->cfg.dev, tm->ev_compute);
+	kvt_t1_destroy(tm->t1);
+	pthread_mutex_destroy(&tm->mu);
+	pthread_mutex_destroy(&tm->pin_mu);
+	pthread_mutex_destroy(&tm->maint_mu);
+	pthread_cond_destroy(&tm->cv_work);
+	pthread_cond_destroy(&tm->cv_done);
+	pthread_cond_destroy(&tm->cv_maint);
+	free(tm->wctx);
+	free(tm->workers);
+	free(tm->busy);
+	free(tm->pend);
+	free(tm);
+}
+
+kvt_t1_pool *kvt_tm_t1(kvt_tm *tm) { return tm->t1; }
+
+typedef struct recover_ctx {
+	kvt_tm *tm;   /* the manager */
+	uint64_t n;   /* blocks inserted */
+	int rc;       /* first failure */
+} recover_ctx;
+
+static int recover_mark(void *arg, const kvt_db_block_row *row)
+{
+	recover_ctx *r = arg;
+	kvt_t2_loc l;
+	nvme_to_t2loc(&row->loc, &l);
+	int rc = kvt_t2_mark_used(r->tm->cfg.t2, &l);
+	if (rc != KVT_OK && r->rc == KVT_OK)
+		r->rc = rc; /* logged by the store; keep going so every other extent is protected */
+	return 0;
+}
+
+static int recover_insert(void *arg, const kvt_db_block_row *row)
+{
+	recover_ctx *r = arg;
+	bool created;
+	if (row->n_tokens != kvt_btable_block_tokens(r->tm->cfg.bt))
+		return 0; /* another block size cannot be in this namespace; skip defensively */
+	int rc = kvt_btable_insert(r->tm->cfg.bt, row->hash, row->parent, row->tokens, &created);
+	if (rc == KVT_OK)
+		rc = kvt_btable_set_nvme(r->tm->cfg.bt, row->hash, &row->loc);
+	if (rc == KVT_OK)
+		r->n++;
+	return 0;
+}
+
+int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
+{
+	if (!tm->cfg.t2) {
+		KVT_LOGE("tm recover: no T2 store configured");
+		return KVT_EINVAL;
+	}
+	recover_ctx r = { .tm = tm };
+	/* The T2 file belongs to one model (its superblock says which), so the extents
+	 * in use are those of this model's rows, in every namespace of it (other
+	 * salts, block sizes); another model's rows never point into this file. */
+	int rc = kvt_db_for_each_block(tm->cfg.db, KVT_DB_MODEL_NS, recover_mark, &r);
+	if (rc == KVT_OK)
+		rc = kvt_db_for_each_block(tm->cfg.db, 0, recover_insert, &r);
+	if (rc == KVT_OK)
+		rc = r.rc;
+	if (rc == KVT_OK && n_blocks)
+		*n_blocks = r.n;
+	return rc;
+}
+
+int kvt_tm_register(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES],
+		    const int32_t *tokens, int32_t t0_slot)
+{
+	bool created;
+	kvt_btable_entry e;
+
+	if (t0_slot < 0 || (uint32_t)t0_slot >= kvt_t0_n_slots(tm->cfg.t0) || kvt_t0_refcount(tm->cfg.t0, t0_slot) == 0) {
+		KVT_LOGE("tm register: T0 slot %d is not a slot in use", t0_slot);
+		return KVT_EINVAL;
+	}
+	/* Busy first: no eviction can remove the entry between its insert and its T0 slot. */
+	int rc = busy_wait(tm, hash);
+	if (rc)
+		return rc;
+	rc = kvt_btable_insert(tm->cfg.bt, hash, parent, tokens, &created);
+	if (rc) {
+		busy_release(tm, hash);
+		return rc;
+	}
+	/* The pack that may follow must see the engine's writes of this slot. */
+	pthread_mutex_lock(&tm->mu);
+	rc = kvt_dev_event_record(tm->cfg.dev, tm->ev_compute, NULL);
+	pthread_mutex_unlock(&tm->mu);
+	if (rc == KVT_OK)
+		rc = kvt_btable_get(tm->cfg.bt, hash, &e);
+	if (rc == KVT_OK && e.slot[KVT_TIER_HBM] < 0) {
+		kvt_t0_ref(tm->cfg.t0, t0_slot);
+		rc = kvt_btable_set_slot(tm->cfg.bt, hash, KVT_TIER_HBM, t0_slot);
+		if (rc != KVT_OK)
+			kvt_t0_unref(tm->cfg.t0, t0_slot);
+	}
+	if (rc == KVT_OK)
+		(void)kvt_btable_touch(tm->cfg.bt, hash);
+	/* A new block, or a known one whose durable copy was lost (e.g. a corrupt record), is pending. */
+	if (rc == KVT_OK && (created || (e.dirty && e.slot[KVT_TIER_NVME] < 0))) {
+		pthread_mutex_lock(&tm->mu);
+		if (tm->n_pend == tm->cap_pend) {
+			uint32_t cap = tm->cap_pend ? 2 * tm->cap_pend : 256;
+			void *p = realloc(tm->pend, cap * sizeof(*tm->pend));
+			if (p) {
+				tm->pend = p;
+				tm->cap_pend = cap;
+			}
+		}
+		if (tm->n_pend < tm->cap_pend) {
+			memcpy(tm->pend[tm->n_pend].hash, hash, KVT_HASH_BYTES);
+			tm->pend[tm->n_pend].due_t = 0;
+			tm->n_pend++;
+		} else {
+			rc = KVT_ENOMEM;
+		}
+		tm->st.n_registered += created;
+		pthread_mutex_unlock(&tm->mu);
+	}
+	busy_release(tm, hash);
+	/* T0 use may have crossed the high watermark. */
+	uint32_t n0 = kvt_t0_n_slots(tm->cfg.t0);
+	if (n0 - kvt_t0_n_free(tm->cfg.t0) > tm->cfg.high[KVT_TIER_HBM] * n0)
+		kick(tm);
+	return rc;
+}
+
+int kvt_tm_pin(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES])
+{
+	pthread_mutex_lock(&tm->pin_mu);
+	int rc = kvt_btable_pin(tm->cfg.bt, hash);
+	pthread_mutex_unlock(&tm->pin_mu);
+	return rc;
+}
+
+int kvt_tm_unpin(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES])
+{
+	return kvt_btable_unpin(tm->cfg.bt, hash);
+}
+
+int kvt_tm_lookup(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const int32_t *tokens, uint32_t n_tokens,
+		  unsigned flags, kvt_btable_match *out, uint32_t cap, uint32_t *n_hashed, uint32_t *n_matched)
+{
+	uint32_t nh = 0, nm = 0;
+	if (flags & KVT_BT_PIN)
+		pthread_mutex_lock(&tm->pin_mu);
+	int rc = kvt_btable_lookup(tm->cfg.bt, root, tokens, n_tokens, flags, out, cap, &nh, &nm);
+	if (flags & KVT_BT_PIN)
+		pthread_mutex_unlock(&tm->pin_mu);
+	if (rc != KVT_OK)
+		return rc;
+	if (nm < nh)
+		count_lookup(tm, -1); /* the first full block past the cached prefix */
+	if (n_hashed)
+		*n_hashed = nh;
+	if (n_matched)
+		*n_matched = nm;
+	return KVT_OK;
+}
+
+int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier, bool take_refs,
+		  kvt_tm_ticket **out)
+{
+	if (tier != KVT_TIER_HBM && tier != KVT_TIER_HOST) {
+		KVT_LOGE("tm submit: tier %d (promotion targets T0 or T1)", tier);
+		return KVT_EINVAL;
+	}
+	if (take_refs && tier != KVT_TIER_HBM) {
+		KVT_LOGE("tm submit: T0 references asked for a promotion to T1");
+		return KVT_EINVAL;
+	}
+	kvt_tm_ticket *t = calloc(1, sizeof(*t));
+	if (!t)
+		return KVT_ENOMEM;
+	t->n = n;
+	t->tier = tier;
+	t->take_refs = take_refs;
+	t->hashes = malloc((n ? n : 1) * sizeof(*t->hashes));
+	t->results = malloc((n ? n : 1) * sizeof(*t->results));
+	t->slots = malloc((n ? n : 1) * sizeof(*t->slots));
+	if (!t->hashes || !t->results || !t->slots) {
+		free(t->hashes);
+		free(t->results);
+		free(t->slots);
+		free(t);
+		return KVT_ENOMEM;
+	}
+	memcpy(t->hashes, hashes, n * sizeof(*t->hashes));
+	for (uint32_t i = 0; i < n; i++) {
+		t->results[i] = KVT_ENOTFOUND;
+		t->slots[i] = -1;
+	}
+	if (n) {
+		pthread_mutex_lock(&tm->mu);
+		if (tm->q_tail)
+			tm->q_tail->qnext = t;
+		else
+			tm->q_head = t;
+		tm->q_tail = t;
+		pthread_cond_broadcast(&tm->cv_work);
+		pthread_mutex_unlock(&tm->mu);
+	}
+	*out = t;
+	return KVT_OK;
+}
+
+int kvt_tm_prefetch(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier,
+		    kvt_tm_ticket **out)
+{
+	return kvt_tm_submit(tm, n, hashes, tier, false, out);
+}
+
+int kvt_tm_ticket_wait(kvt_tm *tm, kvt_tm_ticket *t)
+{
+	int rc = KVT_OK;
+	pthread_mutex_lock(&tm->mu);
+	while (t->n_done < t->n)
+		pthread_cond_wait(&tm->cv_done, &tm->mu);
+	for (uint32_t i = 0; i < t->n && rc == KVT_OK; i++)
+		rc = t->results[i];
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+bool kvt_tm_ticket_done(kvt_tm *tm, kvt_tm_ticket *t, uint32_t *n_done)
+{
+	pthread_mutex_lock(&tm->mu);
+	uint32_t d = t->n_done;
+	pthread_mutex_unlock(&tm->mu);
+	if (n_done)
+		*n_done = d;
+	return d == t->n;
+}
+
+void kvt_tm_ticket_results(kvt_tm *tm, kvt_tm_ticket *t, int32_t *t0_slots, int *results)
+{
+	(void)kvt_tm_ticket_wait(tm, t);
+	if (results)
+		memcpy(results, t->results, t->n * sizeof(*results));
+	if (t0_slots) {
+		memcpy(t0_slots, t->slots, t->n * sizeof(*t0_slots));
+		t->collected = true;
+	}
+}
+
+void kvt_tm_ticket_free(kvt_tm *tm, kvt_tm_ticket *t)
+{
+	if (!t)
+		return;
+	(void)kvt_tm_ticket_wait(tm, t);
+	if (t->take_refs && !t->collected)
+		for (uint32_t i = 0; i < t->n; i++)
+			if (t->results[i] == KVT_OK)
+				kvt_t0_unref(tm->cfg.t0, t->slots[i]);
+	free(t->hashes);
+	free(t->results);
+	free(t->slots);
+	free(t);
+}
+
+int kvt_tm_promote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int32_t *t0_slots,
+		   int *results)
+{
+	kvt_tm_ticket *t;
+	int rc = kvt_tm_submit(tm, n, hashes, KVT_TIER_HBM, true, &t);
+	if (rc)
+		return rc;
+	rc = kvt_tm_ticket_wait(tm, t);
+	kvt_tm_ticket_results(tm, t, t0_slots, results);
+	kvt_tm_ticket_free(tm, t);
+	return rc;
+}
+
+int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free)
+{
+	if (kvt_t0_n_free(tm->cfg.t0) >= n_free)
+		return KVT_OK;
+	/* A T0 block another thread is moving is skipped by eviction; that is transient, so retry for those. */
+	const double deadline = kvt_now_s() + 2.0;
+	for (;;) {
+		bool saw_busy = false;
+		pthread_mutex_lock(&tm->ctx_inline.mu);
+		uint32_t got = evict_t0(tm, &tm->ctx_inline, n_free, &saw_busy);
+		pthread_mutex_unlock(&tm->ctx_inline.mu);
+		if (got >= n_free)
+			return KVT_OK;
+		pthread_mutex_lock(&tm->mu);
+		bool wait = saw_busy && kvt_now_s() < deadline;
+		if (wait) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 5000000L;
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&tm->cv_done, &tm->mu, &ts);
+		}
+		pthread_mutex_unlock(&tm->mu);
+		if (!wait)
+			return KVT_EFULL;
+	}
+}
+
+void kvt_tm_end_turn(kvt_tm *tm)
+{
+	if (tm->cfg.persist != KVT_PERSIST_END_OF_TURN || !tm->cfg.t2)
+		return;
+	double now = kvt_now_s();
+	pthread_mutex_lock(&tm->mu);
+	for (uint32_t i = tm->n_due; i < tm->n_pend; i++)
+		tm->pend[i].due_t = now;
+	tm->n_due = tm->n_pend;
+	tm->maint_kick = true;
+	pthread_cond_signal(&tm->cv_maint);
+	pthread_mutex_unlock(&tm->mu);
+}
+
+int kvt_tm_flush(kvt_tm *tm)
+{
+	if (!tm->cfg.t2)
+		return KVT_EUNSUPPORTED;
+	pthread_mutex_lock(&tm->mu);
+	tm->n_due = tm->n_pend;
+	tm->persist_err = KVT_OK;
+	uint64_t target = ++tm->flush_req;
+	tm->maint_kick = true;
+	pthread_cond_signal(&tm->cv_maint);
+	while (tm->flush_done < target && !tm->stop)
+		pthread_cond_wait(&tm->cv_done, &tm->mu);
+	int rc = tm->persist_err;
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+void kvt_tm_maintain(kvt_tm *tm)
+{
+	pthread_mutex_lock(&tm->ctx_inline.mu);
+	maintain(tm, &tm->ctx_inline);
+	pthread_mutex_unlock(&tm->ctx_inline.mu);
+}
+
+void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
+{
+	pthread_mutex_lock(&tm->mu);
+	*st = tm->st;
+	bool full = tm->t2_full;
+	pthread_mutex_unlock(&tm->mu);
+	kvt_tm_tier_stats *t0 = &st->tier[KVT_TIER_HBM], *t1 = &st->tier[KVT_TIER_HOST], *t2 = &st->tier[KVT_TIER_NVME];
+	uint32_t n0 = kvt_t0_n_slots(tm->cfg.t0), n1 = kvt_t1_n_slots(tm->t1);
+	t0->capacity_blocks = n0;
+	t0->used_blocks = n0 - kvt_t0_n_free(tm->cfg.t0);
+	size_t t0_bytes = kvt_t0_block_bytes(tm->cfg.t0);
+	t0->capacity_bytes = (uint64_t)n0 * t0_bytes;
+	t0->used_bytes = t0->used_blocks * t0_bytes;
+	t0->compression_ratio = (double)tm->block_bytes / (double)t0_bytes;
+	t1->capacity_blocks = n1;
+	t1->used_blocks = n1 - kvt_t1_n_free(tm->t1);
+	t1->capacity_bytes = (uint64_t)n1 * tm->packed_bytes;
+	t1->used_bytes = t1->used_blocks * tm->packed_bytes;
+	t1->compression_ratio = (double)tm->block_bytes / (double)tm->packed_bytes;
+	if (tm->cfg.t2) {
+		kvt_t2_stats s;
+		kvt_t2_get_stats(tm->cfg.t2, &s);
+		t2->capacity_bytes = s.capacity_bytes;
+		t2->used_bytes = s.used_bytes;
+		t2->used_blocks = s.n_records;
+		t2->compression_ratio = s.bytes_written ? (double)s.n_writes * tm->block_bytes / (double)s.bytes_written : 0;
+		t2->n_corrupt = s.n_corrupt;
+		t2->degraded = full || s.read_only;
+		st->t2_read_only = s.read_only;
+	}
+}
+
+int kvt_tm_check(kvt_tm *tm)
+{
+	int rc = kvt_btable_check(tm->cfg.bt);
+	if (rc == KVT_OK)
+		rc = kvt_t1_check(tm->t1);
+	if (rc == KVT_OK)
+		rc = kvt_t0_check(tm->cfg.t0);
+	if (rc != KVT_OK)
+		return rc;
+	pthread_mutex_lock(&tm->mu);
+	uint32_t n_busy = tm->n_busy;
+	pthread_mutex_unlock(&tm->mu);
+	if (n_busy)
+		return KVT_OK; /* blocks in motion: the counts below may be between two steps */
+	/* Every T1 slot in use is one the table names (the manager's only T1 holders). */
+	kvt_btable_stats s;
+	kvt_btable_get_stats(tm->cfg.bt, &s);
+	uint32_t used1 = kvt_t1_n_slots(tm->t1) - kvt_t1_n_free(tm->t1);
+	if (s.n_in_tier[KVT_TIER_HOST] != used1) {
+		KVT_LOGE("tm: the table names %llu T1 slots but %u are in use",
+			 (unsigned long long)s.n_in_tier[KVT_TIER_HOST], used1);
+		return KVT_ECORRUPT;
+	}
+	return KVT_OK;
+}

@@ -1,0 +1,242 @@
+/*
+ * tiers/manager.h — the tiering manager: keeps T0 (device), T1 (pinned host)
+ * and T2 (NVMe) between their watermarks, promotes on hit, prefetches, and
+ * persists blocks in the durable write order (DESIGN.md §3, §4).
+ *
+ * State. The residency of every block lives in the index's block table
+ * (kvt_btable, borrowed): slot[T0], slot[T1], the T2 location, pins, LRU and
+ * the dirty flag. The manager keeps no second table; it owns only one
+ * reference on each T0 / T1 slot the table names (so a slot named by the
+ * table is never handed out again) and a small set of blocks being moved
+ * right now ("busy"), which serializes all movement of one block.
+ *
+ * Movement. T0 -> T1: kvt_dev_kv_pack into a device staging buffer on the
+ * mover's own stream, async D2H into the T1 slot (tiers.h, kvt_t1_mover).
+ * T1 -> T2: the T1 slot bytes are the record payload (kvt_t2_write_batch).
+ * Promotion runs the reverse, T2 -> T1 -> T0; a T1 copy is kept, so a later
+ * T0 eviction of an unchanged block costs no I/O. Dropping a clean copy
+ * (the block is also in a lower tier, or durable on NVMe) is free.
+ *
+ * Eviction. When a tier's use passes its high watermark, the manager's
+ * maintenance thread takes the coldest unpinned leaves of that tier
+ * (kvt_btable_coldest: children before parents) until use is at the low
+ * watermark: a T0 block is copied to T1 if T1 lacks it, a dirty T1 block
+ * (its only copy) is written to T2 first (write-back), a T2 block's row is
+ * deleted and then its extent freed. A block that must make room but has no
+ * lower tier to go to (T2 absent, full or read-only) is dropped: the cache
+ * loses it, it is recomputed when needed.
+ *
+ * Pins. A pinned block is never demoted and its slots are never reused: the
+ * eviction path re-reads the pin count and clears the slot in one critical
+ * section that kvt_tm_pin and kvt_tm_lookup(KVT_BT_PIN) also take. Pin through
+ * the manager (not the table directly) to get this guarantee. A T0 slot
+ * handed to the engine by kvt_tm_promote carries a T0 reference of the
+ * engine's own, so even a block evicted later keeps its bytes until the
+ * engine's sequence lets go.
+ *
+ * Durability (never violated): a block's bytes are durable in T2
+ * (kvt_t2_write_batch returned KVT_OK for it) before its index row is queued;
+ * the block counts as persisted (kvt_btable_set_nvme: clean) only once the
+ * row has committed (kvt_db_wait); a T2 extent is freed only after the
+ * deletion of the row that pointed at it has committed. If a row put fails,
+ * the extent no row points at is freed; if a delete fails, the extent is
+ * kept (a restart rebuilds the free map from the rows). A failed fdatasync
+ * turns the store read-only (t2_store.h); the manager then stops writing to
+ * T2 and keeps serving from T0/T1/T2 reads.
+ *
+ * Write policy: KVT_PERSIST_END_OF_TURN (default) writes a finished turn's
+ * new blocks through to T2 right after kvt_tm_end_turn (durable within
+ * end_turn_s, 1 s by default); KVT_PERSIST_WRITE_BACK writes a block only
+ * when it leaves the last tier holding it. Both flush everything at
+ * kvt_tm_destroy (and kvt_tm_flush on demand).
+ *
+ * Threads: one maintenance thread (watermarks, persistence) and n_io_threads
+ * promotion workers, each with its own device stream, device staging buffer
+ * and pinned host staging buffer. The engine's calls (register, pin, lookup,
+ * promote, reserve) may come from any thread. Blocks registered by the engine
+ * are ordered before the manager packs them by an event the manager records
+ * on the compute stream in kvt_tm_register: call it on the thread that drives
+ * the compute stream, after the ops that wrote the block.
+ */
+#ifndef KVT_MANAGER_H
+#define KVT_MANAGER_H
+
+#include "index.h"
+#include "t2_store.h"
+#include "tiers.h"
+
+enum kvt_persist {
+	KVT_PERSIST_END_OF_TURN = 0, /* write-through of each turn's new blocks (default) */
+	KVT_PERSIST_WRITE_BACK = 1,  /* write a block to T2 only when it is evicted from its last tier */
+};
+
+#define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD 1 /* T2 record scale_layout: one scale per token and KV head */
+
+typedef struct kvt_tm_config {
+	kvt_dev *dev;            /* borrowed; must outlive the manager */
+	kvt_t0_pool *t0;         /* borrowed: the engine's T0 pool */
+	kvt_btable *bt;          /* borrowed: the block table (residency state) */
+	kvt_t2_store *t2;        /* borrowed; NULL = no NVMe tier */
+	kvt_db *db;              /* borrowed; required with t2 (the durable rows) */
+	uint32_t t1_slots;       /* T1 capacity in blocks (>= 1) */
+	int t1_codec;            /* enum kvt_kv_codec of T1 and T2 records (default FP8) */
+	float high[KVT_TIER_COUNT]; /* high watermark per tier, fraction of capacity in (0, 1] */
+	float low[KVT_TIER_COUNT];  /* low watermark per tier, < high */
+	int persist;             /* enum kvt_persist */
+	double end_turn_s;       /* END_OF_TURN: a turn's blocks durable within this (default 1.0) */
+	uint32_t n_io_threads;   /* promotion workers (default 2, 1..16) */
+	uint32_t batch_blocks;   /* blocks per move / T2 batch; sizes the staging buffers (default 16) */
+	double poll_s;           /* maintenance period when nothing signals it (default 0.02) */
+} kvt_tm_config;
+
+/* Defaults for everything but the borrowed handles (left NULL). */
+void kvt_tm_config_default(kvt_tm_config *c);
+
+/* Per-tier counters for the statistics report. */
+typedef struct kvt_tm_tier_stats {
+	uint64_t capacity_bytes;  /* T0/T1: slots x slot bytes; T2: record space of the file */
+	uint64_t used_bytes;      /* slots in use x slot bytes; T2: bytes in used extents */
+	uint64_t capacity_blocks; /* T0/T1: slots; T2: 0 (variable-size records) */
+	uint64_t used_blocks;     /* slots in use; T2: records */
+	uint64_t hits;            /* blocks asked for (promote/prefetch) found first in this tier */
+	uint64_t misses;          /* blocks asked for that this tier did not hold */
+	uint64_t n_promotions;    /* blocks copied INTO this tier from the one below */
+	uint64_t promotion_bytes; /* bytes read from the lower tier for them */
+	double promotion_s;       /* wall seconds spent on them */
+	uint64_t n_demotions;     /* blocks copied OUT of this tier to the one below */
+	uint64_t demotion_bytes;  /* bytes written to the lower tier for them */
+	double demotion_s;        /* wall seconds spent on them */
+	uint64_t n_evictions;     /* blocks that left this tier to make room (demoted or dropped) */
+	uint64_t n_dropped;       /* of those, blocks that left every tier (lost from the cache) */
+	double compression_ratio; /* fp16 bytes / bytes held (T1: codec; T2: codec and LZ4) */
+	uint64_t n_corrupt;       /* records that failed verification (T2) */
+	bool degraded;            /* T2: full or read-only, not taking demotions */
+} kvt_tm_tier_stats;
+
+typedef struct kvt_tm_stats {
+	kvt_tm_tier_stats tier[KVT_TIER_COUNT]; /* KVT_TIER_HBM, _HOST, _NVME */
+	uint64_t n_registered;    /* blocks registered by the engine */
+	uint64_t n_persisted;     /* blocks made durable (row committed) */
+	uint64_t n_persist_failed;/* blocks a persist pass could not make durable */
+	bool t2_read_only;        /* the store has turned read-only (failed fsync) */
+	uint64_t n_turn_late;     /* END_OF_TURN blocks made durable later than end_turn_s after their turn ended */
+	double max_turn_s;        /* longest end of turn -> durable (row committed) seen, seconds */
+} kvt_tm_stats;
+
+typedef struct kvt_tm kvt_tm;
+typedef struct kvt_tm_ticket kvt_tm_ticket;
+
+/*
+ * Create the manager: the T1 pool (t1_slots of t1_codec), the movers and
+ * threads. KVT_EINVAL (logged, naming the field) for a bad config; KVT_ENOMEM /
+ * KVT_EDEVICE.
+ */
+int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out);
+/*
+ * Flush (every dirty block written to T2 when there is one), stop the
+ * threads, release every slot the manager holds and clear the table's T0/T1
+ * slots. NULL is a no-op. No other call may be in flight.
+ */
+void kvt_tm_destroy(kvt_tm *tm);
+kvt_t1_pool *kvt_tm_t1(kvt_tm *tm); /* the manager's T1 pool (for tests and the stats report) */
+
+/*
+ * Start-up: rebuild state from the durable index. Marks the T2 extent of
+ * every row of every namespace used, then inserts this namespace's blocks
+ * into the table (parents first) as present in T2 only, clean. Call once,
+ * before anything is registered. KVT_EINVAL (a row's extent overlaps another
+ * or lies outside the store: logged), KVT_EIO.
+ */
+int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks);
+
+/*
+ * The engine computed a new full block in T0 slot t0_slot: enter it in the
+ * table (dirty) and resident in T0. The manager takes its own T0 reference
+ * (the engine keeps its own). If the block is already known and in T0, the
+ * engine's slot is left alone (only touched). Records the compute-stream
+ * event that orders later packs after the writes. KVT_ECORRUPT for a hash
+ * collision (logged by the table), KVT_EINVAL, KVT_ENOMEM.
+ */
+int kvt_tm_register(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES],
+		    const int32_t *tokens, int32_t t0_slot);
+
+/* Pin / unpin (kvt_btable_pin semantics, atomic against eviction). KVT_ENOTFOUND. */
+int kvt_tm_pin(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES]);
+int kvt_tm_unpin(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES]);
+
+/*
+ * Longest cached prefix (kvt_btable_lookup), atomic against eviction when
+ * flags has KVT_BT_PIN. A full block past the matched prefix counts as a miss
+ * in every tier.
+ */
+int kvt_tm_lookup(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const int32_t *tokens, uint32_t n_tokens,
+		  unsigned flags, kvt_btable_match *out, uint32_t cap, uint32_t *n_hashed, uint32_t *n_matched);
+
+/*
+ * Bring n blocks to T0 (blocking). results[i]: KVT_OK and t0_slots[i] a T0
+ * slot holding the block, with ONE T0 reference owned by the caller (put it
+ * in a kvt_seq, or kvt_t0_unref it); KVT_ENOTFOUND (in no tier: a miss);
+ * KVT_ECORRUPT (its T2 record failed verification: counted, its row deleted,
+ * a miss); KVT_EFULL (no T0 slot could be freed). The caller should hold a
+ * pin on each block for as long as it wants it to stay. Returns KVT_OK if
+ * every block is in T0, else the first failure.
+ */
+int kvt_tm_promote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int32_t *t0_slots,
+		   int *results);
+
+/*
+ * Asynchronous promotion / prefetch: the I/O threads bring the n blocks to
+ * tier (KVT_TIER_HBM or KVT_TIER_HOST). With take_refs (tier HBM only), each
+ * block's T0 slot gets a caller reference, collected with
+ * kvt_tm_ticket_results. Wait with kvt_tm_ticket_wait or poll with
+ * kvt_tm_ticket_done; release with kvt_tm_ticket_free (which waits, and drops
+ * references not collected). KVT_EINVAL, KVT_ENOMEM.
+ */
+int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier, bool take_refs,
+		  kvt_tm_ticket **out);
+/* Prefetch: kvt_tm_submit without references. */
+int kvt_tm_prefetch(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier,
+		    kvt_tm_ticket **out);
+/* Block until every block of the ticket is handled; KVT_OK if all reached the tier, else the first failure. */
+int kvt_tm_ticket_wait(kvt_tm *tm, kvt_tm_ticket *t);
+/* Whether every block of the ticket is handled; *n_done (may be NULL) gets how many are. */
+bool kvt_tm_ticket_done(kvt_tm *tm, kvt_tm_ticket *t, uint32_t *n_done);
+/*
+ * After the ticket is done: results[i] as kvt_tm_promote and, with
+ * take_refs, t0_slots[i] (the caller now owns those references). Either
+ * array may be NULL (then the references stay with the ticket and are
+ * dropped by kvt_tm_ticket_free).
+ */
+void kvt_tm_ticket_results(kvt_tm *tm, kvt_tm_ticket *t, int32_t *t0_slots, int *results);
+void kvt_tm_ticket_free(kvt_tm *tm, kvt_tm_ticket *t); /* NULL is a no-op */
+
+/*
+ * Make at least n_free T0 slots free (blocking): evicts the coldest unpinned
+ * manager-held blocks, waiting (up to 2 s) for blocks other threads are
+ * moving. KVT_EFULL if that is not possible (everything pinned or held by
+ * sequences).
+ */
+int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free);
+
+/*
+ * End of a turn: the blocks registered since the last call become due for
+ * write-through (END_OF_TURN: within end_turn_s; WRITE_BACK: nothing).
+ */
+void kvt_tm_end_turn(kvt_tm *tm);
+
+/*
+ * Make every block registered so far durable on T2 (row committed) and wait.
+ * KVT_OK; KVT_EFULL (T2 is full: some blocks stay volatile), KVT_EIO (the
+ * store is read-only or the index failed), KVT_EUNSUPPORTED (no T2).
+ */
+int kvt_tm_flush(kvt_tm *tm);
+
+/* Run one maintenance pass now, on the caller's thread (tests; the thread runs it anyway). */
+void kvt_tm_maintain(kvt_tm *tm);
+
+void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st);
+
+/* Walk the manager's invariants against the table and the pools (tests, debug). KVT_ECORRUPT (logged). */
+int kvt_tm_check(kvt_tm *tm);
+
+#endif

@@ -1,0 +1,330 @@
+/*
+ * tiers/t2_store.h — T2, the NVMe tier: one preallocated file of
+ * self-describing, checksummed block records, written with O_DIRECT over
+ * io_uring (a pread/pwrite thread pool where io_uring is refused).
+ *
+ * This header is the contract shared by the tiering manager (tiers/manager*),
+ * the index (index/: its rows store a kvt_t2_loc) and `kvtier rebuild-index`
+ * (kvt_t2_scan). The store owns bytes on disk and free space; it never decides
+ * what to keep. The index owns the rows; the write order (DESIGN.md §4) is
+ *   1. kvt_t2_write_batch returns KVT_OK for a record: its bytes are durable;
+ *   2. the caller commits the index row holding the returned kvt_t2_loc;
+ *   3. only after a row is deleted does the caller kvt_t2_free its extent.
+ *
+ * ---------------------------------------------------------------------------
+ * On-disk format (version 1; all integers little-endian)
+ *
+ * The file is an array of 4 KiB units (KVT_T2_UNIT_BYTES). Unit 0 is the
+ * superblock; records occupy runs of whole units ("extents") anywhere after it.
+ *
+ * Superblock (unit 0, 4096 bytes):
+ *     0   8  magic "KVT2FILE"
+ *     8   4  format version (1)
+ *    12   4  unit bytes (4096)
+ *    16   8  capacity bytes (file size; a multiple of 4096)
+ *    24  32  model fingerprint
+ *    56   8  generation high-water: every generation ever handed out is below it
+ *    64   8  XXH3-64 of bytes [0, 64), seed 0
+ *    72 ...  zero
+ *   The store reserves generations in chunks (KVT_T2_GEN_CHUNK): it raises the
+ *   high-water, writes and fdatasyncs the superblock, then hands out numbers
+ *   below it, so a generation is never reused, even across a crash.
+ *
+ * Record (an extent of extent_bytes = round_up(header_bytes + stored_bytes, 4096)):
+ *     0   8  magic "KVT2REC\0"
+ *     8   2  format version (1)
+ *    10   2  header bytes (1280 in version 1, required so by version-1 readers)
+ *    12   4  flags (0; reserved)
+ *    16  32  model fingerprint
+ *    48  32  block hash (chained SHA-256, from the index module)
+ *    80  32  parent hash
+ *   112   8  generation
+ *   120   8  file offset the record was written for
+ *   128   4  raw bytes (the block before compression)
+ *   132   4  stored bytes (payload bytes following the header)
+ *   136   4  extent bytes
+ *   140   4  n_tokens (<= KVT_T2_MAX_TOKENS)
+ *   144   1  kv dtype        (opaque to T2; from kvt_t2_block_meta)
+ *   145   1  kv codec        (opaque to T2: fp16/fp8/int8 of the T1 record)
+ *   146   1  scale layout    (opaque to T2)
+ *   147   1  compression     (enum kvt_t2_comp: 0 raw, 1 LZ4, 2 shuffle+LZ4)
+ *   148   4  zero
+ *   152   8  checksum: XXH3-64 over the whole extent (header with this field
+ *            read as zero, payload, padding), seeded with
+ *            XXH3-64(le64 offset || le64 generation, seed 0x6b76743254324b56)
+ *   160 1024 token ids, int32[256] (entries past n_tokens are zero)
+ *  1184  96  zero
+ *  1280 ...  payload (stored bytes), then zero padding to the extent end
+ *
+ * A read accepts a record only if: the magic, version and lengths are sane;
+ * the offset and generation in the header equal the ones asked for; the model
+ * fingerprint equals the store's; the hash equals the expected one; the
+ * checksum recomputed with seed(offset, generation) equals both the header's
+ * and the loc's; and LZ4_decompress_safe yields exactly raw bytes. So a record
+ * written to the wrong slot, a stale record left by an older generation, a
+ * torn write and any flipped bit are all rejected (KVT_ECORRUPT).
+ *
+ * Compression: with cfg.compress, each block is compressed and kept only when
+ * the stored payload is at most 85% of the raw bytes (saves >= 15%) AND the
+ * extent shrinks by at least one 4 KiB unit; otherwise it is stored raw.
+ * Decompression uses LZ4_decompress_safe only. KVT_T2_COMP_SHUF2_LZ4 first
+ * splits the payload into two byte planes (all low bytes of each 16-bit word,
+ * then all high bytes), meant to let LZ4 find repetition in the fp16
+ * sign/exponent bytes; on real KV it did not help (see KVT_T2_COMP_DEFAULT
+ * and bench/README.md, T2).
+ *
+ * Durability: the file is opened O_DIRECT (buffered only with
+ * cfg.buffered_ok, logged); a write batch's records are acknowledged only after
+ * all of its writes completed and an fdatasync of the file returned 0. A new
+ * file is fallocated; on ENOSPC it is created sparse and the tier starts
+ * degraded (writes that meet ENOSPC return KVT_EFULL, and it recovers by
+ * itself when the file system has room again).
+ *
+ * Space allocator: a bitmap of 4 KiB units is the truth (1 = used or
+ * quarantined). Allocation of k units first pops an exact-size free list for
+ * k (extents freed earlier, re-checked against the bitmap), then searches the
+ * bitmap next-fit from a rotor for a run of k free units. Free-space
+ * accounting is in units. A quarantined extent stays set in the bitmap:
+ * kvt_t2_free of it keeps it out of allocation until
+ * kvt_t2_release_quarantine (fsck / rebuild) or a restart (whose free map is
+ * rebuilt from index rows, which no longer point at it).
+ *
+ * ---------------------------------------------------------------------------
+ * Thread rules: every function may be called from any thread, concurrently,
+ * on one store, except kvt_t2_open/kvt_t2_close (no other call may be in
+ * flight) and kvt_t2_mark_used/kvt_t2_scan which are meant for start-up but
+ * are also safe concurrently. The allocator and counters sit under one mutex;
+ * I/O runs on a small pool of I/O contexts (an io_uring each, or the shared
+ * thread pool), so concurrent batches overlap. The caller must not free (or
+ * read after freeing) an extent while another thread writes or reads it.
+ */
+#ifndef KVT_T2_STORE_H
+#define KVT_T2_STORE_H
+
+#include "kvt.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KVT_T2_UNIT_BYTES 4096u    /* allocation unit, O_DIRECT alignment */
+#define KVT_T2_MAX_TOKENS 256u     /* token ids a record can carry */
+#define KVT_T2_HEADER_BYTES 1280u  /* record header bytes, format version 1 */
+#define KVT_T2_FORMAT_VERSION 1u
+#define KVT_T2_MAX_RAW_BYTES (64u << 20) /* largest block payload accepted */
+#define KVT_T2_GEN_CHUNK 65536u    /* generations reserved per superblock sync */
+
+typedef struct kvt_t2_store kvt_t2_store;
+
+enum kvt_t2_io_mode {
+	KVT_T2_IO_AUTO = 0,    /* io_uring; the thread pool if io_uring_setup is refused */
+	KVT_T2_IO_URING = 1,   /* io_uring or fail (KVT_EUNSUPPORTED) */
+	KVT_T2_IO_THREADS = 2, /* pread/pwrite thread pool */
+};
+
+/* How a payload is stored (record byte 147, kvt_t2_loc.compressed). */
+enum kvt_t2_comp {
+	KVT_T2_COMP_NONE = 0,      /* raw */
+	KVT_T2_COMP_LZ4 = 1,       /* LZ4 block format */
+	KVT_T2_COMP_SHUF2_LZ4 = 2, /* 16-bit byte planes (low, high), then LZ4 */
+};
+
+/*
+ * Fault-injection seam: the store's syscalls on its file go through these
+ * (NULL member = the real syscall; NULL table = all real). They return what
+ * the syscall would (-1 with errno set for pread/pwrite/fdatasync/fallocate).
+ * pread/pwrite serve the thread-pool path and the store's synchronous I/O
+ * (superblock, scan); on the io_uring path reads and writes go to the kernel
+ * ring, and uring_result filters each completion instead (the background
+ * fdatasync inside a write batch too: is_write, n == 0).
+ */
+typedef struct kvt_t2_io_ops {
+	ssize_t (*pread)(void *ctx, int fd, void *buf, size_t n, off_t off);         /* thread path + sync I/O */
+	ssize_t (*pwrite)(void *ctx, int fd, const void *buf, size_t n, off_t off);  /* thread path + sync I/O */
+	int (*fdatasync)(void *ctx, int fd);                                         /* a batch's final barrier; thread path: also the background ones */
+	int (*fallocate)(void *ctx, int fd, off_t off, off_t len);                   /* preallocation at open */
+	int (*uring_setup)(void *ctx); /* called before io_uring_queue_init; return -EPERM to simulate a refused io_uring_setup, 0 to go on */
+	/* io_uring path: called with each completion's result res (bytes or -errno)
+	 * for an I/O of n bytes at off; returns the result the store acts on (e.g.
+	 * a short count, -EIO, -EAGAIN). NULL = unchanged. */
+	int (*uring_result)(void *ctx, bool is_write, int res, size_t n, off_t off);
+	void *ctx; /* passed to every hook */
+} kvt_t2_io_ops;
+
+typedef struct kvt_t2_config {
+	const char *path;        /* data file (created if absent); borrowed for open only */
+	uint64_t capacity_bytes; /* file size for a new file (rounded down to 4 KiB; >= 2 units); 0 = keep an existing file's size */
+	uint32_t queue_depth;    /* I/Os in flight per I/O context (0 = 32; max 1024) */
+	int io_mode;             /* enum kvt_t2_io_mode */
+	bool compress;           /* try compression per block (kept only where it saves >= 15%) */
+	uint8_t comp;            /* enum kvt_t2_comp used when compress (0 = the measured default, KVT_T2_COMP_DEFAULT) */
+	bool reset;              /* discard an existing file's contents (new superblock, new model) */
+	bool buffered_ok;        /* if O_DIRECT is refused by the filesystem, fall back to buffered I/O (logged) instead of failing */
+	uint32_t max_raw_bytes;  /* largest payload a write will get and largest record a read accepts (0 = 4 MiB);
+				    sizes the staging slots: round_up(1280 + max_raw_bytes, 4 KiB) each */
+	uint32_t n_io_ctx;       /* concurrent I/O contexts (0 = 2). Memory: each holds 2 x depth staging slots,
+				    depth = min(queue_depth, staging_cap_bytes / (2 x slot)) (at least 1),
+				    registered (pinned) with its io_uring; set max_raw_bytes to the block size */
+	uint64_t staging_cap_bytes; /* staging bytes per I/O context, at most (0 = 32 MiB) */
+	uint32_t sync_every;     /* inside a write batch, also queue an fdatasync in the background after every
+				    sync_every completed writes while more follow (0 = never, the default: on the
+				    virtio disks measured it cost more flushes than it saved; bench/README.md);
+				    the batch always ends with its own fdatasync before anything is acknowledged */
+	const kvt_t2_io_ops *io; /* NULL = real syscalls; borrowed, must outlive the store */
+	uint8_t model_fp[32];    /* model fingerprint; an existing file must match unless reset */
+} kvt_t2_config;
+
+/* What a record carries besides lengths and checksum (all of it is in the on-disk header). */
+typedef struct kvt_t2_block_meta {
+	uint8_t hash[32];                    /* chained SHA-256 block hash */
+	uint8_t parent[32];                  /* parent block's hash (zeros for the first block) */
+	uint32_t n_tokens;                   /* token ids in tokens[] (<= KVT_T2_MAX_TOKENS) */
+	int32_t tokens[KVT_T2_MAX_TOKENS];   /* the block's token ids */
+	uint8_t kv_dtype;                    /* opaque to T2 (e.g. enum kvt_dtype) */
+	uint8_t codec;                       /* opaque to T2: the T1 record codec (fp16/fp8/int8) */
+	uint8_t scale_layout;                /* opaque to T2 */
+	uint32_t raw_bytes;                  /* payload bytes (before compression) */
+} kvt_t2_block_meta;
+
+/* Where a record lives: the durable index row stores exactly these. */
+typedef struct kvt_t2_loc {
+	uint64_t off;          /* file offset of the record (multiple of 4096, > 0) */
+	uint32_t extent_bytes; /* bytes the record occupies (multiple of 4096) */
+	uint32_t stored_bytes; /* payload bytes on disk (after compression) */
+	uint64_t generation;   /* write generation (unique over the file's life) */
+	uint64_t checksum;     /* the record's XXH3-64 checksum */
+	uint8_t compressed;    /* enum kvt_t2_comp (0 = raw) */
+} kvt_t2_loc;
+
+typedef struct kvt_t2_write_req {
+	const kvt_t2_block_meta *meta; /* borrowed for the call */
+	const void *payload;           /* meta->raw_bytes bytes; borrowed for the call; any alignment */
+} kvt_t2_write_req;
+
+/*
+ * Open cfg->path: create it (fallocate to capacity, superblock, fdatasync) or
+ * open an existing file (superblock verified: magic, version, size, model
+ * fingerprint). The free map starts with every record unit FREE: the caller
+ * rebuilds it from its index rows with kvt_t2_mark_used before writing.
+ * I/O: io_uring per cfg->io_mode; when io_uring_queue_init (or the
+ * uring_setup hook) fails in AUTO mode, the thread pool takes over and that
+ * is logged once (warning). O_DIRECT is required unless cfg->buffered_ok.
+ * NOTE: nothing stops two stores (two processes) from opening one file; the
+ * caller must not (a second writer would hand out the same extents). An
+ * flock was tried and dropped: after a kill -9 the kernel tears the dead
+ * process's io_uring down asynchronously, so its lock outlives it and a
+ * restart failed spuriously.
+ * Returns KVT_EINVAL (bad config, superblock of another model or format:
+ * logged), KVT_EFULL (fallocate reports no space), KVT_EIO, KVT_ECORRUPT
+ * (superblock fails its checksum), KVT_EUNSUPPORTED (IO_URING mode refused),
+ * KVT_ENOMEM.
+ */
+int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out);
+/* Close the file and free everything. NULL is a no-op. No call may be in flight. */
+void kvt_t2_close(kvt_t2_store *s);
+
+/*
+ * Start-up: mark loc's extent used (an index row points at it) and raise the
+ * next generation above loc->generation. KVT_EINVAL (logged) if the extent is
+ * misaligned, out of the file or overlaps an extent already marked.
+ */
+int kvt_t2_mark_used(kvt_t2_store *s, const kvt_t2_loc *loc);
+
+/*
+ * Write n records. results[i] (and locs[i] when KVT_OK) per record:
+ *   KVT_OK      the record is DURABLE (O_DIRECT write + fdatasync done) at locs[i];
+ *   KVT_EFULL   no extent free for it (the tier is degraded; not logged per
+ *               record, counted in n_enospc; clears when frees make room);
+ *   KVT_EINVAL  bad meta (n_tokens, raw_bytes 0 or > max_raw_bytes): logged;
+ *   KVT_EIO     the write failed (its extent is released), or the batch's
+ *               fdatasync failed: then EVERY record of the batch is KVT_EIO,
+ *               their extents are quarantined (their bytes are unknown) and
+ *               the store turns read-only (all later writes KVT_EIO); a
+ *               concurrent batch whose fdatasync comes after that failure
+ *               is failed the same way (its 0 cannot be trusted).
+ * Returns KVT_OK if every record is KVT_OK, else the first non-OK result.
+ * Records are independent; n may exceed the queue depth (the store keeps
+ * queue_depth writes in flight). n == 0 is KVT_OK.
+ */
+int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs, kvt_t2_loc *locs, int *results);
+
+/*
+ * Read and verify one record at *loc (see "A read accepts" above); expect_hash
+ * may be NULL to skip the hash check (fsck). On KVT_OK fills *meta_out (may be
+ * NULL) and meta->raw_bytes bytes of payload_out (any alignment).
+ * KVT_ECORRUPT on any mismatch: logged, counted (n_corrupt), the extent
+ * quarantined, *meta_out untouched (payload_out's bytes are unspecified on
+ * any error; never a partially verified block: the checksum is checked before
+ * anything is decompressed). KVT_EFULL if payload_cap is
+ * below the record's raw bytes; KVT_EINVAL for a loc outside the file or
+ * misaligned; KVT_EIO when the read fails.
+ */
+int kvt_t2_read(kvt_t2_store *s, const kvt_t2_loc *loc, const uint8_t expect_hash[32],
+		kvt_t2_block_meta *meta_out, void *payload_out, size_t payload_cap);
+/*
+ * Read n records, up to queue_depth in flight; results[i] as kvt_t2_read.
+ * expect_hash, metas may be NULL (no hash check / no meta out); payloads[i]
+ * each hold payload_cap bytes. Returns KVT_OK or the first non-OK result.
+ */
+int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results);
+
+/*
+ * Release an extent: only after the index row that pointed at it is gone.
+ * A quarantined extent stays out of allocation (see above). Freeing an extent
+ * that is not marked used is a caller bug: logged, ignored.
+ */
+void kvt_t2_free(kvt_t2_store *s, const kvt_t2_loc *loc);
+
+/* Return every quarantined extent that was freed to the free map (fsck decided). */
+void kvt_t2_release_quarantine(kvt_t2_store *s);
+
+/*
+ * Walk every record in the file (rebuild-index, fsck), in offset order:
+ * calls fn for each record that verifies (the checksum, the offset, the model
+ * fingerprint; no expected hash), skipping its extent; a unit that starts
+ * with the record magic but fails verification is counted. fn returns 0 to go
+ * on, a negative code to stop the walk (returned as is). Returns the number of
+ * bad records (>= 0), or a negative KVT_E* (KVT_EIO).
+ * NOTE: an extent freed but not yet overwritten still holds a valid record;
+ * scan reports it (it holds the block it names). For a hash seen twice keep the
+ * highest generation. Scan raises the next generation above every one it saw.
+ * It does not mark anything used: the caller calls kvt_t2_mark_used for the
+ * rows it keeps.
+ */
+int kvt_t2_scan(kvt_t2_store *s, int (*fn)(void *ctx, const kvt_t2_block_meta *meta, const kvt_t2_loc *loc), void *ctx);
+
+typedef struct kvt_t2_stats {
+	uint64_t capacity_bytes;    /* bytes available to records (file size minus the superblock) */
+	uint64_t used_bytes;        /* bytes in used extents (quarantined included) */
+	uint64_t n_records;         /* extents in use */
+	uint64_t n_reads;           /* records read (verified or not) */
+	uint64_t n_writes;          /* records written durably */
+	uint64_t bytes_read;        /* extent bytes read */
+	uint64_t bytes_written;     /* extent bytes written */
+	uint64_t raw_bytes_written; /* payload bytes before compression, of durable writes */
+	uint64_t n_compressed;      /* durable records stored compressed */
+	uint64_t n_corrupt;         /* reads that failed verification */
+	uint64_t n_quarantined;     /* extents held in quarantine now */
+	uint64_t n_enospc;          /* records refused for lack of space */
+	double read_s, write_s;     /* wall seconds inside read / write batches */
+	bool degraded;              /* the last allocation failed for lack of space */
+	bool read_only;             /* a failed fdatasync poisoned the store */
+	bool using_uring;           /* io_uring path (else the thread pool) */
+	bool direct_io;             /* O_DIRECT (else buffered) */
+} kvt_t2_stats;
+void kvt_t2_get_stats(kvt_t2_store *s, kvt_t2_stats *st);
+
+/*
+ * The compression used when cfg.compress and cfg.comp == 0: plain LZ4.
+ * Measured on real KV blocks of SmolLM2-135M over GPL-3 text (bench_t2_lz4,
+ * bench/README.md): neither LZ4 (ratio 0.997) nor shuffle+LZ4 (0.996) saves
+ * anything on fp16, FP8 or INT8 blocks, so no block passes the 15% rule and
+ * compression only costs CPU: callers should leave cfg.compress off for KV.
+ * When it is on, LZ4 is the default as it gives up 5x faster than
+ * shuffle+LZ4 for the same (absent) gain.
+ */
+#define KVT_T2_COMP_DEFAULT KVT_T2_COMP_LZ4
+
+#endif
