@@ -28,26 +28,6 @@
 
 #define PATH_CAP 4096
 
-static void loc_to_t2(const kvt_nvme_loc *a, kvt_t2_loc *b)
-{
-	b->off = a->off;
-	b->extent_bytes = a->extent_bytes;
-	b->stored_bytes = a->stored_bytes;
-	b->generation = a->generation;
-	b->checksum = a->checksum;
-	b->compressed = a->compressed;
-}
-
-static void loc_from_t2(const kvt_t2_loc *a, kvt_nvme_loc *b)
-{
-	b->off = a->off;
-	b->extent_bytes = a->extent_bytes;
-	b->stored_bytes = a->stored_bytes;
-	b->generation = a->generation;
-	b->checksum = a->checksum;
-	b->compressed = a->compressed;
-}
-
 /* ---- start-up recovery ---------------------------------------------------------- */
 
 struct recover_ctx {
@@ -65,7 +45,7 @@ static int mark_fn(void *arg, const kvt_db_block_row *row)
 	struct recover_ctx *c = arg;
 	kvt_t2_loc loc;
 	c->st->n_model_rows++;
-	loc_to_t2(&row->loc, &loc);
+	loc = row->loc;
 	if (kvt_t2_mark_used(c->t2, &loc) == KVT_OK) {
 		c->st->n_marked++;
 		return 0;
@@ -310,7 +290,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 			memcpy(row.parent, m->parent, 32);
 			row.n_tokens = m->n_tokens;
 			memcpy(row.tokens, m->tokens, (size_t)m->n_tokens * sizeof(int32_t));
-			loc_from_t2(&sc.v[i].loc, &row.loc);
+			row.loc = sc.v[i].loc;
 			row.kv_dtype = m->kv_dtype;
 			row.codec = m->codec;
 			row.scale_layout = m->scale_layout;
@@ -420,7 +400,7 @@ int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st)
 		kvt_t2_loc loc;
 		const char *why = NULL;
 		st->n_rows++;
-		loc_to_t2(&r->loc, &loc);
+		loc = r->loc;
 		if (r->raw_bytes > payload_cap) {
 			void *p = realloc(payload, r->raw_bytes);
 			if (!p) {

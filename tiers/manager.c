@@ -94,26 +94,6 @@ struct kvt_tm {
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
-static void t2loc_to_nvme(const kvt_t2_loc *a, kvt_nvme_loc *b)
-{
-	b->off = a->off;
-	b->extent_bytes = a->extent_bytes;
-	b->stored_bytes = a->stored_bytes;
-	b->generation = a->generation;
-	b->checksum = a->checksum;
-	b->compressed = a->compressed;
-}
-
-static void nvme_to_t2loc(const kvt_nvme_loc *a, kvt_t2_loc *b)
-{
-	b->off = a->off;
-	b->extent_bytes = a->extent_bytes;
-	b->stored_bytes = a->stored_bytes;
-	b->generation = a->generation;
-	b->checksum = a->checksum;
-	b->compressed = a->compressed;
-}
-
 static int busy_find(const kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 {
 	for (uint32_t i = 0; i < tm->n_busy; i++)
@@ -357,7 +337,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		memcpy(row.parent, b->parent, KVT_HASH_BYTES);
 		row.n_tokens = b->n_tokens;
 		memcpy(row.tokens, b->tokens, b->n_tokens * sizeof(int32_t));
-		t2loc_to_nvme(&loc[k], &row.loc);
+		row.loc = loc[k];
 		row.kv_dtype = meta[k].kv_dtype;
 		row.codec = meta[k].codec;
 		row.scale_layout = meta[k].scale_layout;
@@ -390,7 +370,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 			continue;
 		}
 		kvt_nvme_loc nl;
-		t2loc_to_nvme(&loc[k], &nl);
+		nl = loc[k];
 		(void)kvt_btable_set_nvme(tm->cfg.bt, hashes[widx[k]], &nl);
 		ok[widx[k]] = true;
 		n_ok++;
@@ -463,7 +443,7 @@ static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTE
 		if (rc == KVT_OK) {
 			/* The row is gone: nothing points at the extent any more. */
 			kvt_t2_loc l;
-			nvme_to_t2loc(&old, &l);
+			l = old;
 			kvt_t2_free(tm->cfg.t2, &l);
 			pthread_mutex_lock(&tm->mu);
 			tm->t2_full = false;
@@ -673,7 +653,7 @@ static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 		rc = kvt_db_wait(tm->cfg.db, tk);
 	if (rc == KVT_OK) {
 		kvt_t2_loc l;
-		nvme_to_t2loc(&old, &l);
+		l = old;
 		kvt_t2_free(tm->cfg.t2, &l); /* stays quarantined in the store */
 	}
 	pthread_mutex_lock(&tm->mu);
@@ -733,7 +713,7 @@ static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], i
 		buf = t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, t1s) : (void *)c->h_stage;
 		kvt_t2_loc l;
 		kvt_t2_block_meta m;
-		nvme_to_t2loc(&e.nvme, &l);
+		l = e.nvme;
 		double t_start = kvt_now_s();
 		rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
 		if (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.raw_bytes != tm->packed_bytes ||
@@ -1255,7 +1235,7 @@ static int recover_mark(void *arg, const kvt_db_block_row *row)
 {
 	recover_ctx *r = arg;
 	kvt_t2_loc l;
-	nvme_to_t2loc(&row->loc, &l);
+	l = row->loc;
 	int rc = kvt_t2_mark_used(r->tm->cfg.t2, &l);
 	if (rc != KVT_OK && r->rc == KVT_OK)
 		r->rc = rc; /* logged by the store; keep going so every other extent is protected */

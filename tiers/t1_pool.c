@@ -8,8 +8,8 @@
  * of a free slot is a programmer error and aborts.
  */
 #include "tiers.h"
+#include "tiers_int.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 
 struct kvt_t1_pool {
@@ -19,10 +19,7 @@ struct kvt_t1_pool {
 	size_t stride_bytes;   /* slot_bytes rounded up to 64 */
 	uint32_t n_slots;      /* slots in the pool */
 	unsigned char *h_base; /* [n_slots][stride_bytes], pinned host */
-	uint32_t *refs;        /* [n_slots] holders per slot */
-	int32_t *free_stack;   /* [n_slots] free slot numbers, top at n_free - 1 */
-	uint32_t n_free;       /* entries on free_stack */
-	pthread_mutex_t mu;    /* guards refs, free_stack, n_free */
+	kvt_slots slots;       /* counts and the free list */
 };
 
 int kvt_t1_create(kvt_dev *d, const kvt_kv_layout *shape, int codec, uint32_t n_slots, kvt_t1_pool **out)
@@ -52,26 +49,17 @@ int kvt_t1_create(kvt_dev *d, const kvt_kv_layout *shape, int codec, uint32_t n_
 		free(p);
 		return KVT_EINVAL;
 	}
-	p->refs = calloc(n_slots, sizeof(*p->refs));
-	p->free_stack = malloc(n_slots * sizeof(*p->free_stack));
-	if (!p->refs || !p->free_stack) {
-		rc = KVT_ENOMEM;
-		goto fail;
+	if ((rc = kvt_slots_init(&p->slots, "t1", n_slots))) {
+		free(p);
+		return rc;
 	}
-	rc = kvt_dev_host_alloc(d, (size_t)total, (void **)&p->h_base);
-	if (rc)
-		goto fail;
-	for (uint32_t i = 0; i < n_slots; i++)
-		p->free_stack[i] = (int32_t)(n_slots - 1 - i);
-	p->n_free = n_slots;
-	pthread_mutex_init(&p->mu, NULL);
+	if ((rc = kvt_dev_host_alloc(d, (size_t)total, (void **)&p->h_base))) {
+		kvt_slots_deinit(&p->slots);
+		free(p);
+		return rc;
+	}
 	*out = p;
 	return KVT_OK;
-fail:
-	free(p->refs);
-	free(p->free_stack);
-	free(p);
-	return rc;
 }
 
 void kvt_t1_destroy(kvt_t1_pool *p)
@@ -79,9 +67,7 @@ void kvt_t1_destroy(kvt_t1_pool *p)
 	if (!p)
 		return;
 	kvt_dev_host_free(p->dev, p->h_base);
-	pthread_mutex_destroy(&p->mu);
-	free(p->refs);
-	free(p->free_stack);
+	kvt_slots_deinit(&p->slots);
 	free(p);
 }
 
@@ -95,87 +81,9 @@ void *kvt_t1_slot_ptr(const kvt_t1_pool *p, int32_t slot)
 	return p->h_base + (size_t)slot * p->stride_bytes;
 }
 
-uint32_t kvt_t1_n_free(const kvt_t1_pool *p)
-{
-	kvt_t1_pool *mp = (kvt_t1_pool *)p;
-	pthread_mutex_lock(&mp->mu);
-	uint32_t n = p->n_free;
-	pthread_mutex_unlock(&mp->mu);
-	return n;
-}
-
-int kvt_t1_alloc(kvt_t1_pool *p, int32_t *slot)
-{
-	int rc = KVT_EFULL;
-
-	pthread_mutex_lock(&p->mu);
-	if (p->n_free) {
-		int32_t s = p->free_stack[--p->n_free];
-		KVT_ASSERT(p->refs[s] == 0);
-		p->refs[s] = 1;
-		*slot = s;
-		rc = KVT_OK;
-	}
-	pthread_mutex_unlock(&p->mu);
-	return rc;
-}
-
-void kvt_t1_ref(kvt_t1_pool *p, int32_t slot)
-{
-	KVT_ASSERT(slot >= 0 && (uint32_t)slot < p->n_slots);
-	pthread_mutex_lock(&p->mu);
-	KVT_ASSERT(p->refs[slot] > 0);
-	p->refs[slot]++;
-	pthread_mutex_unlock(&p->mu);
-}
-
-void kvt_t1_unref(kvt_t1_pool *p, int32_t slot)
-{
-	KVT_ASSERT(slot >= 0 && (uint32_t)slot < p->n_slots);
-	pthread_mutex_lock(&p->mu);
-	KVT_ASSERT(p->refs[slot] > 0);
-	if (--p->refs[slot] == 0)
-		p->free_stack[p->n_free++] = slot;
-	pthread_mutex_unlock(&p->mu);
-}
-
-uint32_t kvt_t1_refcount(const kvt_t1_pool *p, int32_t slot)
-{
-	kvt_t1_pool *mp = (kvt_t1_pool *)p;
-	KVT_ASSERT(slot >= 0 && (uint32_t)slot < p->n_slots);
-	pthread_mutex_lock(&mp->mu);
-	uint32_t n = p->refs[slot];
-	pthread_mutex_unlock(&mp->mu);
-	return n;
-}
-
-int kvt_t1_check(const kvt_t1_pool *p)
-{
-	kvt_t1_pool *mp = (kvt_t1_pool *)p;
-	const uint32_t n = p->n_slots;
-	unsigned char *listed = calloc(n, 1);
-	uint32_t n_zero = 0;
-	int rc = KVT_OK;
-
-	if (!listed)
-		return KVT_ENOMEM;
-	pthread_mutex_lock(&mp->mu);
-	for (uint32_t i = 0; i < p->n_free; i++) {
-		int32_t s = p->free_stack[i];
-		if (s < 0 || (uint32_t)s >= n || listed[s] || p->refs[s]) {
-			KVT_LOGE("t1 slot %d: bad free-list entry %u (listed twice, out of range or in use)", s, i);
-			rc = KVT_ECORRUPT;
-			break;
-		}
-		listed[s] = 1;
-	}
-	for (uint32_t s = 0; s < n && rc == KVT_OK; s++)
-		n_zero += p->refs[s] == 0;
-	if (rc == KVT_OK && n_zero != p->n_free) {
-		KVT_LOGE("t1: %u slots have no holder but %u are free", n_zero, p->n_free);
-		rc = KVT_ECORRUPT;
-	}
-	pthread_mutex_unlock(&mp->mu);
-	free(listed);
-	return rc;
-}
+uint32_t kvt_t1_n_free(const kvt_t1_pool *p) { return kvt_slots_n_free((kvt_slots *)&p->slots); }
+int kvt_t1_alloc(kvt_t1_pool *p, int32_t *slot) { return kvt_slots_alloc(&p->slots, slot); }
+void kvt_t1_ref(kvt_t1_pool *p, int32_t slot) { kvt_slots_ref(&p->slots, slot); }
+void kvt_t1_unref(kvt_t1_pool *p, int32_t slot) { kvt_slots_unref(&p->slots, slot); }
+uint32_t kvt_t1_refcount(const kvt_t1_pool *p, int32_t slot) { return kvt_slots_refcount((kvt_slots *)&p->slots, slot); }
+int kvt_t1_check(const kvt_t1_pool *p) { return kvt_slots_check((kvt_slots *)&p->slots); }

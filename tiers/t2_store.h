@@ -101,6 +101,7 @@
 #ifndef KVT_T2_STORE_H
 #define KVT_T2_STORE_H
 
+#include "index.h"
 #include "kvt.h"
 
 #include <stdbool.h>
@@ -187,15 +188,15 @@ typedef struct kvt_t2_block_meta {
 	uint32_t raw_bytes;                  /* payload bytes (before compression) */
 } kvt_t2_block_meta;
 
-/* Where a record lives: the durable index row stores exactly these. */
-typedef struct kvt_t2_loc {
-	uint64_t off;          /* file offset of the record (multiple of 4096, > 0) */
-	uint32_t extent_bytes; /* bytes the record occupies (multiple of 4096) */
-	uint32_t stored_bytes; /* payload bytes on disk (after compression) */
-	uint64_t generation;   /* write generation (unique over the file's life) */
-	uint64_t checksum;     /* the record's XXH3-64 checksum */
-	uint8_t compressed;    /* enum kvt_t2_comp (0 = raw) */
-} kvt_t2_loc;
+/*
+ * Where a record lives: the durable index row stores exactly these, so the
+ * type is the index's own (index/index.h, kvt_nvme_loc): off is the file
+ * offset of the record (multiple of 4096, > 0), extent_bytes the bytes it
+ * occupies (multiple of 4096), stored_bytes its payload bytes on disk (after
+ * compression), generation its write generation (unique over the file's
+ * life), checksum its XXH3-64, compressed an enum kvt_t2_comp (0 = raw).
+ */
+typedef kvt_nvme_loc kvt_t2_loc;
 
 typedef struct kvt_t2_write_req {
 	const kvt_t2_block_meta *meta; /* borrowed for the call */
