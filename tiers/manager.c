@@ -417,6 +417,21 @@ out:
 static uint32_t evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free);
 
 /* Delete the rows of n busy-held T2 blocks, then free their extents. */
+/* Let each of the n held blocks leave the tier (counted) and release it; how many left. */
+static uint32_t leave_all(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int tier)
+{
+	uint32_t n_left = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		bool dropped;
+		if (leave_tier(tm, h[i], tier, &dropped)) {
+			count_leave(tm, tier, dropped);
+			n_left++;
+		}
+		busy_release(tm, h[i]);
+	}
+	return n_left;
+}
+
 static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES])
 {
 	uint32_t n_gone = 0;
@@ -510,16 +525,7 @@ static uint32_t evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free)
 		/* Write-back: the only copy goes to T2 before it leaves T1. */
 		if (n_dirty && t2_writable(tm))
 			(void)persist_held(tm, c, n_dirty, dirty, ok);
-		uint32_t n_left = 0;
-		for (uint32_t i = 0; i < n; i++) {
-			bool dropped;
-			if (leave_tier(tm, h[i], KVT_TIER_HOST, &dropped)) {
-				count_leave(tm, KVT_TIER_HOST, dropped);
-				n_left++;
-			}
-			busy_release(tm, h[i]);
-		}
-		if (!n_left)
+		if (!leave_all(tm, n, h, KVT_TIER_HOST))
 			break;
 	}
 out:
@@ -595,16 +601,7 @@ static uint32_t evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_bu
 			tm->st.tier[KVT_TIER_HBM].demotion_s += kvt_now_s() - t0;
 			pthread_mutex_unlock(&tm->mu);
 		}
-		uint32_t n_left = 0;
-		for (uint32_t i = 0; i < n; i++) {
-			bool dropped;
-			if (leave_tier(tm, h[i], KVT_TIER_HBM, &dropped)) {
-				count_leave(tm, KVT_TIER_HBM, dropped);
-				n_left++;
-			}
-			busy_release(tm, h[i]);
-		}
-		if (!n_left)
+		if (!leave_all(tm, n, h, KVT_TIER_HBM))
 			break;
 	}
 out:
