@@ -88,6 +88,8 @@ static inline bool kvt_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 
 /* Monotonic clock in seconds. */
 double kvt_now_s(void);
+/* Wall clock in microseconds since the epoch (for times stored on disk). */
+uint64_t kvt_wall_us(void);
 
 /* IEEE half <-> float, round-to-nearest-even; exact for every half value. */
 float kvt_f16_to_f32(uint16_t h);

@@ -82,6 +82,14 @@ void kvt_assert_fail(const char *expr, const char *file, int line)
 	abort();
 }
 
+uint64_t kvt_wall_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 double kvt_now_s(void)
 {
 	struct timespec ts;

@@ -295,7 +295,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 			row.codec = m->codec;
 			row.scale_layout = m->scale_layout;
 			row.raw_bytes = m->raw_bytes;
-			row.last_use = (uint64_t)time(NULL);
+			row.last_use = kvt_wall_us();
 			if ((rc = kvt_db_put_block(db, &row, NULL, NULL, NULL)) != KVT_OK)
 				break;
 			st->n_rows++;

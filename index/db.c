@@ -1148,12 +1148,14 @@ static int block_walk_fn(kvt_db *db, void *arg)
 	const char *q_model = "SELECT " BLOCK_COLS " FROM blocks b JOIN namespaces n ON n.id=b.ns"
 			      " WHERE n.model_fp=(SELECT model_fp FROM namespaces WHERE id=?1)";
 	const char *q_ns = "SELECT " BLOCK_COLS " FROM blocks b WHERE b.ns=?1";
+	char q[512];
 	int rc;
 	if (!row)
 		return KVT_ENOMEM;
-	rc = sqlite3_prepare_v2(db->sql,
-				(c->flags & KVT_DB_ALL_NS) ? q_all : (c->flags & KVT_DB_MODEL_NS) ? q_model : q_ns, -1,
-				&st, NULL);
+	snprintf(q, sizeof(q), "%s%s",
+		 (c->flags & KVT_DB_ALL_NS) ? q_all : (c->flags & KVT_DB_MODEL_NS) ? q_model : q_ns,
+		 (c->flags & KVT_DB_BY_LAST_USE) ? " ORDER BY b.last_use, b.id" : "");
+	rc = sqlite3_prepare_v2(db->sql, q, -1, &st, NULL);
 	if (rc != SQLITE_OK) {
 		free(row);
 		return fail(db, rc, "prepare block walk");

@@ -359,7 +359,7 @@ typedef struct kvt_db_block_row {
 	uint8_t codec;                  /* record's codec */
 	uint8_t scale_layout;           /* record's scale layout */
 	uint32_t raw_bytes;             /* payload bytes before the codec */
-	uint64_t last_use;              /* caller's clock (e.g. unix seconds) of the last use */
+	uint64_t last_use;              /* wall clock of the last use, unix microseconds (kvt_wall_us) */
 	uint64_t hit_count;             /* hits so far */
 	int64_t ns_id;                  /* namespace id (filled by reads; ignored by put) */
 	bool this_ns;                   /* row belongs to the handle's namespace (filled by reads) */
@@ -450,10 +450,11 @@ enum {
 	KVT_DB_ALL_NS = 1u << 0,   /* every namespace of every model (fsck) */
 	KVT_DB_MODEL_NS = 1u << 1, /* every namespace of this handle's model: the rows whose
 				    * records live in this model's T2 file (rebuild T2's free map from these) */
+	KVT_DB_BY_LAST_USE = 1u << 2, /* in last_use order, least recent first (start-up LRU) */
 };
 /*
  * Call fn for every block row: of this namespace, or as KVT_DB_MODEL_NS /
- * KVT_DB_ALL_NS say; in no particular order (kvt_btable_insert links parents
+ * KVT_DB_ALL_NS say; in no particular order unless KVT_DB_BY_LAST_USE (kvt_btable_insert links parents
  * and children in any order). fn returning non-zero stops the walk and is
  * returned. Runs on the writer thread while the caller waits: fn must not
  * call back into the db.

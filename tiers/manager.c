@@ -342,7 +342,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		row.codec = meta[k].codec;
 		row.scale_layout = meta[k].scale_layout;
 		row.raw_bytes = meta[k].raw_bytes;
-		row.last_use = (uint64_t)time(NULL);
+		row.last_use = kvt_wall_us();
 		row.hit_count = b->hits;
 		int prc = kvt_db_put_block(tm->cfg.db, &row, NULL, NULL, &tick[k]);
 		if (prc != KVT_OK) {
@@ -776,6 +776,13 @@ reached:
 		*t0_slot = e.slot[KVT_TIER_HBM];
 	}
 	(void)kvt_btable_touch(tm->cfg.bt, h);
+	/* A hit on a durable block refreshes its row (queued, group-committed, not
+	 * waited for), so the LRU order survives a restart (kvt_tm_recover). */
+	if (tm->cfg.db && e.slot[KVT_TIER_NVME] >= 0) {
+		kvt_btable_entry now;
+		if (kvt_btable_get(tm->cfg.bt, h, &now) == KVT_OK)
+			(void)kvt_db_touch_block(tm->cfg.db, h, kvt_wall_us(), now.hits, NULL, NULL, NULL);
+	}
 	rc = KVT_OK;
 	goto done;
 fail:
@@ -1264,8 +1271,10 @@ int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 	 * in use are those of this model's rows, in every namespace of it (other
 	 * salts, block sizes); another model's rows never point into this file. */
 	int rc = kvt_db_for_each_block(tm->cfg.db, KVT_DB_MODEL_NS, recover_mark, &r);
+	/* Least recently used first: insertion order is the table's LRU order, so
+	 * the blocks used longest ago before the restart are the first to go. */
 	if (rc == KVT_OK)
-		rc = kvt_db_for_each_block(tm->cfg.db, 0, recover_insert, &r);
+		rc = kvt_db_for_each_block(tm->cfg.db, KVT_DB_BY_LAST_USE, recover_insert, &r);
 	if (rc == KVT_OK)
 		rc = r.rc;
 	if (rc == KVT_OK && n_blocks)
