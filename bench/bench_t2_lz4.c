@@ -18,6 +18,7 @@
 #include "dev.h"
 #include "gguf.h"
 #include "model.h"
+#include "t2_int.h" /* the store's own byte shuffle, so the bench measures what it runs */
 #include "t2_store.h"
 #include "tokenizer.h"
 
@@ -37,28 +38,6 @@ static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_d);
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void shuffle2(const uint8_t *src, uint8_t *dst, size_t n)
-{
-	size_t h = n / 2;
-	for (size_t i = 0; i < h; i++) {
-		dst[i] = src[2 * i];
-		dst[h + i] = src[2 * i + 1];
-	}
-	if (n & 1)
-		dst[n - 1] = src[n - 1];
-}
-
-static void unshuffle2(const uint8_t *src, uint8_t *dst, size_t n)
-{
-	size_t h = n / 2;
-	for (size_t i = 0; i < h; i++) {
-		dst[2 * i] = src[i];
-		dst[2 * i + 1] = src[h + i];
-	}
-	if (n & 1)
-		dst[n - 1] = src[n - 1];
 }
 
 static uint64_t extent(uint64_t payload)
@@ -97,14 +76,14 @@ static void measure(const char *codec, const uint8_t *blocks, uint32_t n, size_t
 				double t0 = kvt_now_s();
 				const uint8_t *in = src;
 				if (shuf) {
-					shuffle2(src, tmp, bytes);
+					kvt_t2_shuffle2(src, tmp, bytes);
 					in = tmp;
 				}
 				int c = LZ4_compress_default((const char *)in, (char *)comp, (int)bytes, cap);
 				double t1 = kvt_now_s();
 				int d = LZ4_decompress_safe((const char *)comp, (char *)(shuf ? tmp : out), c, (int)bytes);
 				if (shuf)
-					unshuffle2(tmp, out, bytes);
+					kvt_t2_unshuffle2(tmp, out, bytes);
 				double t2 = kvt_now_s();
 				if (c <= 0 || d != (int)bytes || memcmp(out, src, bytes) != 0) {
 					fprintf(stderr, "bench_t2_lz4: round trip failed (%s block %u)\n", codec, b);
