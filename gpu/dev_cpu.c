@@ -81,17 +81,25 @@ static void cpu_destroy(kvt_dev *d)
 	free(d);
 }
 
-static int cpu_alloc(kvt_dev *d, size_t n, void **out)
+/* n bytes (rounded up to align, a power of two) aligned to align; what names them in the error. */
+static int alloc_aligned(size_t align, size_t n, const char *what, void **out, size_t *rounded_out)
 {
-	size_t rounded = (n + 63) & ~(size_t)63;
-	void *p = rounded >= n ? aligned_alloc(64, rounded) : NULL;
+	size_t rounded = (n + align - 1) & ~(align - 1);
+	void *p = rounded >= n ? aligned_alloc(align, rounded) : NULL;
 
 	if (!p) {
-		KVT_LOGE("cpu: cannot allocate %zu bytes", n);
+		KVT_LOGE("cpu: cannot allocate %zu bytes%s", n, what);
 		return KVT_ENOMEM;
 	}
 	*out = p;
+	if (rounded_out)
+		*rounded_out = rounded;
 	return KVT_OK;
+}
+
+static int cpu_alloc(kvt_dev *d, size_t n, void **out)
+{
+	return alloc_aligned(64, n, "", out, NULL);
 }
 
 static void cpu_free(kvt_dev *d, void *p)
@@ -1219,16 +1227,11 @@ struct kvt_event {
 
 static int cpu_host_alloc(kvt_dev *d, size_t n, void **out)
 {
-	size_t rounded = (n + 4095) & ~(size_t)4095;
-	void *p = rounded >= n ? aligned_alloc(4096, rounded) : NULL;
-
-	if (!p) {
-		KVT_LOGE("cpu: cannot allocate %zu bytes of host memory", n);
-		return KVT_ENOMEM;
-	}
-	(void)mlock(p, rounded); /* best effort: RLIMIT_MEMLOCK is often small */
-	*out = p;
-	return KVT_OK;
+	size_t rounded;
+	int rc = alloc_aligned(4096, n, " of host memory", out, &rounded);
+	if (rc == KVT_OK)
+		(void)mlock(*out, rounded); /* best effort: RLIMIT_MEMLOCK is often small */
+	return rc;
 }
 
 static void cpu_host_free(kvt_dev *d, void *p)
