@@ -400,6 +400,11 @@ int kvt_model_read_hparams(const kvt_gguf *g, kvt_model_hparams *out)
 }
 
 const kvt_model_hparams *kvt_model_hparams_get(const kvt_model *m) { return &m->hp; }
+uint32_t kvt_model_max_batch(const kvt_model *m)
+{
+	return m->cfg.max_batch;
+}
+
 uint32_t kvt_model_max_ctx(const kvt_model *m) { return m->cfg.max_ctx; }
 size_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
 
@@ -507,24 +512,33 @@ static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w
 	return kvt_dev_matmul(m->dev, &a, m->ws);
 }
 
-static int forward_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t M, float *h_logits,
-			 uint32_t n_logits)
+/*
+ * Embed M rows and run every layer over them. The rows are n_seq runs of
+ * consecutive tokens, run i of n[i] tokens appended to seqs[i] (which holds
+ * the blocks for them); the matmuls see all M rows at once, K/V storing and
+ * attention run per sequence on its own rows.
+ */
+static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n, const int32_t *tokens,
+		      uint32_t M)
 {
 	const kvt_model_hparams *hp = &m->hp;
-	const uint32_t E = hp->n_embd, KVD = hp->n_head_kv * hp->head_dim, pos0 = s->n_tokens;
-	const kvt_kv_layout *kv = kvt_t0_layout(s->pool);
+	const uint32_t E = hp->n_embd, KVD = hp->n_head_kv * hp->head_dim;
 	int32_t pos[512];
 	int rc;
 
 	KVT_ASSERT(M <= m->cfg.max_batch);
 	if ((rc = kvt_dev_copy_h2d(m->dev, m->ids, tokens, M * sizeof(int32_t))))
 		return rc;
-	for (uint32_t done = 0; done < M; done += 512) {
-		uint32_t c = M - done < 512 ? M - done : 512;
-		for (uint32_t i = 0; i < c; i++)
-			pos[i] = (int32_t)(pos0 + done + i);
-		if ((rc = kvt_dev_copy_h2d(m->dev, m->pos + done, pos, c * sizeof(int32_t))))
-			return rc;
+	for (uint32_t i = 0, r = 0, done = 0; i < n_seq; i++) {
+		for (uint32_t j = 0; j < n[i]; j++) {
+			pos[r++] = (int32_t)(seqs[i]->n_tokens + j);
+			if (r == 512 || (i == n_seq - 1 && j == n[i] - 1)) {
+				if ((rc = kvt_dev_copy_h2d(m->dev, m->pos + done, pos, r * sizeof(int32_t))))
+					return rc;
+				done += r;
+				r = 0;
+			}
+		}
 	}
 	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->tok_embd.dtype,
 			      .table = m->tok_embd.p, .ids = m->ids, .y = m->x };
@@ -539,16 +553,24 @@ static int forward_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32
 		kvt_rope_args rk = rq;
 		rk.n_heads = hp->n_head_kv;
 		rk.x = m->k;
-		kvt_kv_store_args st = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = pos0, .n_rows = M,
-					 .k = m->k, .v = m->v };
-		kvt_attention_args at = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = pos0, .n_rows = M,
-					  .n_heads = hp->n_head, .scale = 1.0f / sqrtf((float)hp->head_dim),
-					  .q = m->q, .out = m->att };
 		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, E, L->wq, m->h, m->q, false)) ||
 		    (rc = mm(m, M, E, KVD, L->wk, m->h, m->k, false)) ||
 		    (rc = mm(m, M, E, KVD, L->wv, m->h, m->v, false)) || (rc = kvt_dev_rope(m->dev, &rq)) ||
-		    (rc = kvt_dev_rope(m->dev, &rk)) || (rc = kvt_dev_kv_store(m->dev, &st)) ||
-		    (rc = kvt_dev_attention(m->dev, &at, m->ws)) || (rc = mm(m, M, E, E, L->wo, m->att, m->x, true)))
+		    (rc = kvt_dev_rope(m->dev, &rk)))
+			return rc;
+		for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
+			const kvt_seq *s = seqs[i];
+			const kvt_kv_layout *kv = kvt_t0_layout(s->pool);
+			kvt_kv_store_args st = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
+						 .n_rows = n[i], .k = m->k + (size_t)r0 * KVD, .v = m->v + (size_t)r0 * KVD };
+			kvt_attention_args at = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
+						  .n_rows = n[i], .n_heads = hp->n_head,
+						  .scale = 1.0f / sqrtf((float)hp->head_dim),
+						  .q = m->q + (size_t)r0 * E, .out = m->att + (size_t)r0 * E };
+			if ((rc = kvt_dev_kv_store(m->dev, &st)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
+				return rc;
+		}
+		if ((rc = mm(m, M, E, E, L->wo, m->att, m->x, true)))
 			return rc;
 		rn.w = L->ffn_norm;
 		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate };
@@ -557,18 +579,89 @@ static int forward_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32
 		    (rc = mm(m, M, hp->n_ff, E, L->w_down, m->gate, m->x, true)))
 			return rc;
 	}
-	s->n_tokens = pos0 + M;
+	for (uint32_t i = 0; i < n_seq; i++)
+		seqs[i]->n_tokens += n[i];
+	return KVT_OK;
+}
 
+/* Logits of c rows of the residual stream starting at x (contiguous) into h_logits. */
+static int logits_rows(kvt_model *m, const float *x, uint32_t c, float *h_logits)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	kvt_rmsnorm_args rn = { .n_rows = c, .n_dim = hp->n_embd, .eps = hp->rms_eps, .w = m->output_norm, .x = x,
+				.y = m->h };
+	int rc;
+	if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, c, hp->n_embd, hp->n_vocab, m->output, m->h, m->logits, false)))
+		return rc;
+	return kvt_dev_copy_d2h(m->dev, h_logits, m->logits, (size_t)c * hp->n_vocab * sizeof(float));
+}
+
+static int forward_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t M, float *h_logits,
+			 uint32_t n_logits)
+{
+	const uint32_t E = m->hp.n_embd;
+	int rc;
+
+	if ((rc = run_layers(m, 1, &s, &M, tokens, M)))
+		return rc;
 	/* Logits for the last n_logits rows only, LOGIT_ROWS at a time. */
 	for (uint32_t done = 0; done < n_logits; done += LOGIT_ROWS) {
 		uint32_t r0 = M - n_logits + done;
 		uint32_t c = n_logits - done < LOGIT_ROWS ? n_logits - done : LOGIT_ROWS;
-		kvt_rmsnorm_args rn = { .n_rows = c, .n_dim = E, .eps = hp->rms_eps, .w = m->output_norm,
-					.x = m->x + (size_t)r0 * E, .y = m->h };
-		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, c, E, hp->n_vocab, m->output, m->h, m->logits, false)) ||
-		    (rc = kvt_dev_copy_d2h(m->dev, h_logits + (size_t)done * hp->n_vocab, m->logits,
-					   (size_t)c * hp->n_vocab * sizeof(float))))
+		if ((rc = logits_rows(m, m->x + (size_t)r0 * E, c, h_logits + (size_t)done * m->hp.n_vocab)))
 			return rc;
+	}
+	return kvt_dev_sync(m->dev);
+}
+
+int kvt_model_forward_batch(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
+			    const int32_t *tokens, const bool *want_logits, float *h_logits)
+{
+	const uint32_t E = m->hp.n_embd;
+	uint32_t M = 0, n_out = 0, r0, i;
+	int rc;
+
+	for (i = 0; i < n_seq; i++) {
+		if (!n[i] || (uint64_t)seqs[i]->n_tokens + n[i] > m->cfg.max_ctx) {
+			KVT_LOGE("model: batch entry %u: %u tokens on %u do not fit the context of %u", i, n[i],
+				 seqs[i]->n_tokens, m->cfg.max_ctx);
+			return n[i] ? KVT_EFULL : KVT_EINVAL;
+		}
+		M += n[i];
+	}
+	if (!n_seq || M > m->cfg.max_batch) {
+		KVT_LOGE("model: a batch of %u rows in %u sequences (at most %u rows)", M, n_seq, m->cfg.max_batch);
+		return KVT_EINVAL;
+	}
+	for (i = 0; i < M; i++) {
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
+			return KVT_EINVAL;
+		}
+	}
+	for (i = 0; i < n_seq; i++) {
+		if ((rc = seq_reserve(seqs[i], seqs[i]->n_tokens + n[i])))
+			return rc;
+	}
+	if ((rc = run_layers(m, n_seq, seqs, n, tokens, M)))
+		return rc;
+	/* Gather the last row of each sequence that wants logits into att (free now), LOGIT_ROWS at a time. */
+	for (i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
+		if (!want_logits[i])
+			continue;
+		uint32_t g = n_out % LOGIT_ROWS;
+		if ((rc = kvt_dev_copy_d2d(m->dev, m->att + (size_t)g * E, m->x + (size_t)(r0 + n[i] - 1) * E,
+					   E * sizeof(float))))
+			return rc;
+		n_out++;
+		bool last = true;
+		for (uint32_t j = i + 1; j < n_seq; j++)
+			last = last && !want_logits[j];
+		if (g == LOGIT_ROWS - 1 || last) {
+			uint32_t first = n_out - g - 1;
+			if ((rc = logits_rows(m, m->att, g + 1, h_logits + (size_t)first * m->hp.n_vocab)))
+				return rc;
+		}
 	}
 	return kvt_dev_sync(m->dev);
 }

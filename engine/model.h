@@ -71,6 +71,7 @@ void kvt_model_destroy(kvt_model *m); /* NULL is a no-op */
 int kvt_model_read_hparams(const struct kvt_gguf *g, kvt_model_hparams *out);
 const kvt_model_hparams *kvt_model_hparams_get(const kvt_model *m);
 uint32_t kvt_model_max_ctx(const kvt_model *m);
+uint32_t kvt_model_max_batch(const kvt_model *m); /* rows per forward call */
 /* Bytes of weights held on the device. */
 size_t kvt_model_weight_bytes(const kvt_model *m);
 /* The KV block shape this model needs (pool and n_slots left 0). */
@@ -107,5 +108,17 @@ int kvt_seq_share_prefix(kvt_seq *dst, const kvt_seq *src, uint32_t n_blocks);
  */
 int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n,
 		      float *h_logits, uint32_t n_logits);
+
+/*
+ * One step of continuous batching: append n[i] tokens (consecutive in
+ * tokens[]) to each of n_seq distinct sequences and run them through the
+ * model together (sum of n[i] <= max_batch). h_logits receives one row of
+ * n_vocab floats per sequence with want_logits[i], in order: the logits after
+ * that sequence's last token. KVT_EFULL when the pool has no free block (the
+ * sequences that got their blocks keep them, holding no new tokens) or a
+ * sequence would exceed the context; KVT_EINVAL for a bad id or shape.
+ */
+int kvt_model_forward_batch(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
+			    const int32_t *tokens, const bool *want_logits, float *h_logits);
 
 #endif

@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip
       libopenblas-dev libpcre2-dev
       liburing-dev liblz4-dev libsqlite3-dev libssl-dev libxxhash-dev
-      libjansson-dev libmicrohttpd-dev fio)
+      libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio)
 
 missing=()
 for p in "${pkgs[@]}"; do

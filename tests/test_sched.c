@@ -1,0 +1,372 @@
+/* ctest-labels: unit integration */
+/*
+ * tests/test_sched.c — the scheduler on a tiny synthetic Llama, with the
+ * real tiering manager, NVMe store and SQLite index in a temporary folder.
+ *
+ *  - continuous batching: six requests submitted together decode the same
+ *    greedy tokens as each run alone (reference kernels: a row's result does
+ *    not depend on how many rows share a matmul);
+ *  - a conversation of 6 turns: each turn's cached_tokens equals the full
+ *    blocks of the previous turn's prompt and reply;
+ *  - tenants: the same prompt under another tenant gets 0 cached tokens;
+ *  - cancel mid-generation ends the request and the scheduler goes on;
+ *  - sessions: listed with their history, resumed (report by tier), deleted;
+ *  - restart: the stack is closed and reopened; the session's blocks come
+ *    back from NVMe and the next turn produces the tokens the uninterrupted
+ *    run produced (fp16 tiers);
+ *  - bad requests (token out of range, over the context) are refused;
+ *  - drain with a request in flight lets it finish.
+ */
+#include "check.h"
+#include "gguf.h"
+#include "manager.h"
+#include "model.h"
+#include "sched.h"
+#include "synth_model.h"
+#include "tokenizer.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#define BT 16
+
+static char dir[256], model_path[300], t2_path[300], db_path[300];
+static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
+
+typedef struct rig {
+	kvt_dev *dev;
+	kvt_model *m;
+	kvt_tok *tok;
+	kvt_t0_pool *t0;
+	kvt_btable *bt;
+	kvt_t2_store *t2;
+	kvt_db *db;
+	kvt_tm *tm;
+	kvt_sched *s;
+	uint8_t fp[32];
+} rig;
+
+static int rig_open(rig *r, bool reset, uint32_t max_running)
+{
+	kvt_gguf *g = NULL;
+	memset(r, 0, sizeof(*r));
+	memset(r->fp, 0x5a, 32);
+	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .use_ref = true, .n_threads = 2 };
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.max_batch = 128;
+	mc.max_ctx = 512;
+	if (kvt_gguf_open(model_path, &g) || kvt_dev_create(&dc, &r->dev) || kvt_model_load(r->dev, g, &mc, &r->m) ||
+	    kvt_tok_create_from_gguf(g, &r->tok))
+		return 1;
+	kvt_gguf_close(g);
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(r->m, BT, &shape);
+	if (kvt_t0_create(r->dev, &shape, 160, &r->t0) || kvt_btable_create(BT, 0, &r->bt))
+		return 1;
+	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = 16u << 20, .reset = reset, .buffered_ok = true };
+	memcpy(tc.model_fp, r->fp, 32);
+	kvt_db_config dbc = { .path = db_path, .create = true };
+	memcpy(dbc.ns.model_fp, r->fp, 32);
+	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
+	dbc.ns.block_tokens = BT;
+	if (kvt_t2_open(&tc, &r->t2) || kvt_db_open(&dbc, &r->db))
+		return 1;
+	kvt_tm_config c;
+	kvt_tm_config_default(&c);
+	c.dev = r->dev;
+	c.t0 = r->t0;
+	c.bt = r->bt;
+	c.t2 = r->t2;
+	c.db = r->db;
+	c.t1_slots = 64;
+	c.t1_codec = KVT_KV_CODEC_F16;
+	uint64_t n_rec = 0;
+	if (kvt_tm_create(&c, &r->tm) || kvt_tm_recover(r->tm, &n_rec))
+		return 1;
+	kvt_sched_config sc;
+	kvt_sched_config_default(&sc);
+	sc.dev = r->dev;
+	sc.model = r->m;
+	sc.tok = r->tok;
+	sc.t0 = r->t0;
+	sc.tm = r->tm;
+	sc.bt = r->bt;
+	sc.db = r->db;
+	memcpy(sc.model_fp, r->fp, 32);
+	sc.secret = secret;
+	sc.secret_bytes = sizeof(secret);
+	sc.max_running = max_running;
+	sc.prefill_chunk = 48;
+	return kvt_sched_create(&sc, &r->s) != KVT_OK;
+}
+
+static void rig_close(rig *r)
+{
+	kvt_sched_destroy(r->s);
+	kvt_tm_destroy(r->tm);
+	kvt_db_close(r->db);
+	kvt_t2_close(r->t2);
+	kvt_btable_destroy(r->bt);
+	kvt_t0_destroy(r->t0);
+	kvt_model_destroy(r->m);
+	kvt_tok_destroy(r->tok);
+	kvt_dev_destroy(r->dev);
+}
+
+typedef struct result {
+	int32_t out[512];
+	uint32_t n;
+	int finish;
+	kvt_sched_usage u;
+} result;
+
+static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t max_tokens, const char *tenant,
+		     const char *session)
+{
+	memset(q, 0, sizeof(*q));
+	q->prompt = p;
+	q->n_prompt = n;
+	q->max_tokens = max_tokens;
+	q->ignore_eos = true;
+	snprintf(q->tenant, sizeof(q->tenant), "%s", tenant ? tenant : "");
+	snprintf(q->session_id, sizeof(q->session_id), "%s", session ? session : "");
+}
+
+/* Collect a submitted request to its end. */
+static int collect(kvt_sched_handle *h, result *res)
+{
+	memset(res, 0, sizeof(*res));
+	for (int spins = 0; spins < 100000; spins++) {
+		uint32_t n = 0;
+		kvt_sched_next(h, res->out + res->n, 512 - res->n, &n, &res->finish, &res->u, 0.5);
+		res->n += n;
+		if (res->finish)
+			break;
+	}
+	kvt_sched_release(h);
+	return res->finish ? KVT_OK : KVT_EIO;
+}
+
+static int run(rig *r, const kvt_sched_req *q, result *res)
+{
+	kvt_sched_handle *h;
+	int rc = kvt_sched_submit(r->s, q, &h);
+	if (rc)
+		return rc;
+	return collect(h, res);
+}
+
+static void make_prompt(int32_t *p, uint32_t n, uint32_t seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (uint32_t i = 0; i < n; i++) {
+		x = x * 1103515245u + 12345u;
+		p[i] = (int32_t)(3 + (x >> 8) % 250); /* byte tokens */
+	}
+}
+
+static void test_batching(rig *r)
+{
+	enum { N = 6, GEN = 20 };
+	int32_t p[N][80];
+	result alone[N], together[N];
+	kvt_sched_handle *h[N];
+	kvt_sched_req q;
+	for (int i = 0; i < N; i++) {
+		make_prompt(p[i], 20 + 10 * i, 100 + i);
+		req_init(&q, p[i], 20 + 10 * i, GEN, "batch-alone", NULL);
+		CHECK(run(r, &q, &alone[i]) == KVT_OK);
+		CHECK_EQ_INT(alone[i].n, GEN);
+		CHECK_EQ_INT(alone[i].finish, KVT_FINISH_LENGTH);
+	}
+	for (int i = 0; i < N; i++) {
+		req_init(&q, p[i], 20 + 10 * i, GEN, "batch-together", NULL);
+		CHECK(kvt_sched_submit(r->s, &q, &h[i]) == KVT_OK);
+	}
+	for (int i = 0; i < N; i++) {
+		CHECK(collect(h[i], &together[i]) == KVT_OK);
+		CHECKF(together[i].n == alone[i].n && !memcmp(together[i].out, alone[i].out, GEN * 4),
+		       "request %d: batched tokens differ from the request run alone", i);
+		CHECK_EQ_INT(together[i].u.cached_tokens, 0); /* another tenant: nothing shared */
+	}
+}
+
+/* Six turns; returns the history after the last turn in hist (length *n_hist). */
+static void test_conversation(rig *r, const char *session, int32_t *hist, uint32_t *n_hist)
+{
+	uint32_t n = 0, prev_full = 0;
+	for (int turn = 0; turn < 6; turn++) {
+		make_prompt(hist + n, 13 + turn, 7 + turn); /* the user's new message */
+		n += 13 + turn;
+		kvt_sched_req q;
+		result res;
+		req_init(&q, hist, n, 9 + turn, "alice", session);
+		CHECK(run(r, &q, &res) == KVT_OK);
+		CHECKF(res.u.cached_tokens == prev_full, "turn %d: %u cached tokens, expected %u (full blocks of the previous turn)",
+		       turn, res.u.cached_tokens, prev_full);
+		CHECK_EQ_INT(res.u.prompt_tokens, n);
+		memcpy(hist + n, res.out, res.n * sizeof(int32_t));
+		n += res.n;
+		prev_full = n / BT * BT;
+	}
+	*n_hist = n;
+}
+
+static void test_tenants(rig *r, const int32_t *hist, uint32_t n)
+{
+	kvt_sched_req q;
+	result res;
+	req_init(&q, hist, n, 4, "bob", NULL);
+	CHECK(run(r, &q, &res) == KVT_OK);
+	CHECK_EQ_INT(res.u.cached_tokens, 0);
+	req_init(&q, hist, n, 4, "alice", NULL);
+	CHECK(run(r, &q, &res) == KVT_OK);
+	CHECK_EQ_INT(res.u.cached_tokens, (n - 1) / BT * BT);
+}
+
+static void test_cancel_and_errors(rig *r)
+{
+	int32_t p[40];
+	make_prompt(p, 40, 99);
+	kvt_sched_req q;
+	kvt_sched_handle *h;
+	req_init(&q, p, 40, 400, "carol", NULL);
+	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_OK);
+	int32_t buf[512];
+	uint32_t n = 0, got = 0;
+	int fin = 0;
+	while (got < 3 && !fin) {
+		kvt_sched_next(h, buf, 512, &n, &fin, NULL, 1.0);
+		got += n;
+	}
+	kvt_sched_cancel(h);
+	kvt_sched_usage u;
+	for (int i = 0; i < 200 && !fin; i++)
+		kvt_sched_next(h, buf, 512, &n, &fin, &u, 0.1);
+	CHECK_EQ_INT(fin, KVT_FINISH_CANCELLED);
+	kvt_sched_release(h);
+
+	/* a released handle mid-run is freed by the scheduler */
+	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_OK);
+	kvt_sched_release(h);
+
+	p[5] = (int32_t)kvt_sched_n_vocab(r->s);
+	req_init(&q, p, 40, 4, "carol", NULL);
+	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_EINVAL);
+	p[5] = 7;
+	req_init(&q, p, 40, kvt_sched_max_ctx(r->s), "carol", NULL);
+	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_EINVAL);
+	req_init(&q, p, 40, 4, "../etc", NULL);
+	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_EINVAL);
+	/* still serving */
+	result res;
+	req_init(&q, p, 40, 4, "carol", NULL);
+	CHECK(run(r, &q, &res) == KVT_OK && res.n == 4);
+}
+
+static void test_sessions(rig *r, const char *session, uint32_t n_hist)
+{
+	kvt_session_info *info = NULL;
+	size_t n = 0;
+	CHECK(kvt_sched_sessions(r->s, "alice", &info, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 1);
+	if (n == 1) {
+		CHECK(!strcmp(info[0].id, session));
+		CHECK_EQ_INT(info[0].n_tokens, n_hist);
+		CHECK_EQ_INT(info[0].n_blocks, n_hist / BT);
+		CHECK_EQ_INT(info[0].blocks_missing, 0);
+	}
+	free(info);
+	CHECK(kvt_sched_sessions(r->s, "bob", &info, &n) == KVT_OK && n == 0);
+	free(info);
+	kvt_resume_report rep;
+	CHECK(kvt_sched_session_resume(r->s, "bob", session, NULL, NULL, &rep) == KVT_ENOTFOUND);
+	CHECK(kvt_sched_session_delete(r->s, "alice", "nope") == KVT_ENOTFOUND);
+}
+
+static void on_progress(void *user, uint32_t done, uint32_t total)
+{
+	uint32_t *last = user;
+	CHECK(done <= total);
+	*last = done;
+}
+
+int main(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_XXXXXX");
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
+	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
+	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
+	kvt_synth_llama sc;
+	kvt_synth_llama_default(&sc);
+	sc.n_ctx = 512;
+	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
+
+	rig r;
+	static int32_t hist[512], turn[512];
+	uint32_t n_hist = 0;
+	CHECK(rig_open(&r, true, 8) == KVT_OK);
+	test_batching(&r);
+	test_conversation(&r, "conv-1", hist, &n_hist);
+	test_tenants(&r, hist, n_hist);
+	test_cancel_and_errors(&r);
+	test_sessions(&r, "conv-1", n_hist);
+
+	/* the next turn, uninterrupted: its tokens are the reference for after the restart */
+	make_prompt(hist + n_hist, 11, 555);
+	uint32_t n_next = n_hist + 11;
+	kvt_sched_req q;
+	result ref, again;
+	req_init(&q, hist, n_next, 12, "alice", NULL);
+	CHECK(run(&r, &q, &ref) == KVT_OK);
+	CHECK_EQ_INT(ref.u.cached_tokens, n_hist / BT * BT);
+	kvt_sched_stats st;
+	kvt_sched_get_stats(r.s, &st);
+	CHECK(st.requests >= 20 && st.cached_tokens > 0 && st.sessions == 1);
+	CHECK(st.ttft_p50_s > 0 && st.ttft_p99_s >= st.ttft_p50_s);
+	CHECK(kvt_sched_drain(r.s, 5.0) == 0);
+	rig_close(&r); /* flushes every block to NVMe */
+
+	/* restart: the session comes back from NVMe */
+	CHECK(rig_open(&r, false, 8) == KVT_OK);
+	kvt_resume_report rep;
+	uint32_t last = 0;
+	CHECK(kvt_sched_session_resume(r.s, "alice", "conv-1", on_progress, &last, &rep) == KVT_OK);
+	CHECK_EQ_INT(rep.n_tokens, n_hist);
+	CHECK_EQ_INT(rep.tokens_from[KVT_TIER_NVME], n_hist / BT * BT);
+	CHECK_EQ_INT(rep.tokens_missing, n_hist % BT);
+	CHECK(rep.bytes_from[KVT_TIER_NVME] > 0);
+	CHECK_EQ_INT(last, n_hist / BT);
+	printf("  resume: %u tokens from nvme, %llu bytes, %.3f s; prefill avoided %.3f s\n",
+	       rep.tokens_from[KVT_TIER_NVME], (unsigned long long)rep.bytes_from[KVT_TIER_NVME], rep.seconds,
+	       rep.prefill_s);
+	memcpy(turn, hist, n_next * sizeof(int32_t));
+	req_init(&q, turn, n_next, 12, "alice", NULL);
+	CHECK(run(&r, &q, &again) == KVT_OK);
+	CHECK_EQ_INT(again.u.cached_tokens, n_hist / BT * BT);
+	CHECK(again.u.cached_by_tier[KVT_TIER_HBM] == again.u.cached_tokens); /* resumed into T0 first */
+	CHECKF(again.n == ref.n && !memcmp(again.out, ref.out, ref.n * 4),
+	       "after the restart the turn's tokens differ from the uninterrupted run");
+	CHECK(kvt_sched_session_delete(r.s, "alice", "conv-1") == KVT_OK);
+	kvt_session_info *info;
+	size_t n = 0;
+	CHECK(kvt_sched_sessions(r.s, NULL, &info, &n) == KVT_OK && n == 0);
+	free(info);
+
+	/* drain lets an in-flight request finish */
+	kvt_sched_handle *h;
+	req_init(&q, hist, 30, 30, "dave", NULL);
+	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_OK);
+	CHECK(kvt_sched_drain(r.s, 30.0) == 0);
+	result res;
+	CHECK(collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
+	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_EIO); /* draining: refused */
+	rig_close(&r);
+
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+	return check_done("test_sched");
+}
