@@ -12,7 +12,7 @@
 #ifndef KVT_SERVER_H
 #define KVT_SERVER_H
 
-#include "sched.h"
+#include "scheduler.h"
 
 struct kvt_tok;
 

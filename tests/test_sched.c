@@ -21,7 +21,7 @@
 #include "gguf.h"
 #include "manager.h"
 #include "model.h"
-#include "sched.h"
+#include "scheduler.h"
 #include "synth_model.h"
 #include "tokenizer.h"
 
@@ -308,6 +308,7 @@ int main(void)
 	static int32_t hist[512], turn[512];
 	uint32_t n_hist = 0;
 	CHECK(rig_open(&r, true, 8) == KVT_OK);
+	CHECK_EQ_INT(kvt_t0_n_free(r.t0), kvt_t0_n_slots(r.t0)); /* the start-up calibration gave its blocks back */
 	test_batching(&r);
 	test_conversation(&r, "conv-1", hist, &n_hist);
 	test_tenants(&r, hist, n_hist);
@@ -339,6 +340,7 @@ int main(void)
 	CHECK_EQ_INT(rep.tokens_missing, n_hist % BT);
 	CHECK(rep.bytes_from[KVT_TIER_NVME] > 0);
 	CHECK_EQ_INT(last, n_hist / BT);
+	CHECK_EQ_INT(kvt_t0_n_slots(r.t0) - kvt_t0_n_free(r.t0), n_hist / BT); /* exactly the session's blocks in T0 */
 	printf("  resume: %u tokens from nvme, %llu bytes, %.3f s; prefill avoided %.3f s\n",
 	       rep.tokens_from[KVT_TIER_NVME], (unsigned long long)rep.bytes_from[KVT_TIER_NVME], rep.seconds,
 	       rep.prefill_s);

@@ -1,5 +1,5 @@
 /*
- * engine/sched.h — the serving engine: one scheduler thread owns the model,
+ * engine/scheduler.h — the serving engine: one scheduler thread owns the model,
  * runs continuous batching over the requests, reuses cached prefixes through
  * the tiering manager, and keeps the sessions.
  *
@@ -14,8 +14,8 @@
  * Threads: kvt_sched_* calls are safe from any thread (the HTTP server's
  * connection threads). Only the scheduler thread touches the model.
  */
-#ifndef KVT_SCHED_H
-#define KVT_SCHED_H
+#ifndef KVT_SCHEDULER_H
+#define KVT_SCHEDULER_H
 
 #include "index.h"
 #include "manager.h"

@@ -1,6 +1,6 @@
 /*
- * engine/sched.c — continuous batching over the requests, the prefix cache
- * through the tiering manager, and the sessions (sched.h).
+ * engine/scheduler.c — continuous batching over the requests, the prefix cache
+ * through the tiering manager, and the sessions (scheduler.h).
  *
  * One scheduler thread. Each step it:
  *   1. admits queued requests while fewer than max_running run: looks up the
@@ -19,7 +19,7 @@
  * the counters. The model, the sequences and the samplers belong to the
  * scheduler thread alone.
  */
-#include "sched.h"
+#include "scheduler.h"
 
 #include "tokenizer.h"
 
@@ -643,8 +643,16 @@ static void calibrate(kvt_sched *s)
 	for (uint32_t i = 0; i < n; i++)
 		ids[i] = (int32_t)((i * 7919u + 13u) % s->n_vocab);
 	double t0 = kvt_now_s();
-	if (kvt_model_forward(s->cfg.model, &q, ids, n, s->logits, 1) == KVT_OK)
-		s->calib_rate = n / (kvt_now_s() - t0);
+	int rc = kvt_model_forward(s->cfg.model, &q, ids, n, s->logits, 1);
+	if (rc == KVT_OK) {
+		double rate = n / (kvt_now_s() - t0);
+		pthread_mutex_lock(&s->mu);
+		s->calib_rate = rate;
+		pthread_mutex_unlock(&s->mu);
+		KVT_LOGI("sched: prefill rate measured at start: %.0f tokens/s (%u tokens)", rate, n);
+	} else {
+		KVT_LOGW("sched: prefill rate not measured: %s", kvt_strerror(rc));
+	}
 	kvt_seq_deinit(&q);
 	free(ids);
 }
@@ -660,7 +668,6 @@ static void *sched_main(void *arg)
 		s->stop = true;
 		pthread_mutex_unlock(&s->mu);
 	}
-	calibrate(s);
 	for (;;) {
 		/* admit */
 		pthread_mutex_lock(&s->mu);
@@ -749,6 +756,7 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->work, NULL);
 	pthread_cond_init(&s->idle, NULL);
+	calibrate(s); /* before the thread: the model is still ours alone */
 	if (pthread_create(&s->thread, NULL, sched_main, s)) {
 		KVT_LOGE("sched: cannot start the scheduler thread");
 		pthread_mutex_destroy(&s->mu);
@@ -1060,11 +1068,10 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 	rep->tokens_missing = row.n_tokens - nm * s->block_tokens;
 	rep->seconds = kvt_now_s() - t0;
 	{
-		kvt_sched_stats st;
 		pthread_mutex_lock(&s->mu);
-		st = s->st;
+		double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
+									   : s->calib_rate;
 		pthread_mutex_unlock(&s->mu);
-		double rate = st.prefill_s > 0.5 && st.prefill_tokens ? st.prefill_tokens / st.prefill_s : s->calib_rate;
 		rep->prefill_s = rate > 0 ? (double)(nm * s->block_tokens) / rate : 0;
 		rep->prefill_measured = false;
 	}
