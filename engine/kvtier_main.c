@@ -7,11 +7,16 @@
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
  *   kvtier fsck --data-dir DIR [--dry-run]           (engine/cli_index.c)
  *   kvtier rebuild-index --data-dir DIR [--model M]  (engine/cli_index.c)
+ *   kvtier resume SESSION [--json]                   (engine/cli_client.c)
+ *   kvtier stats [--json] [--watch [S]] | --offline --data-dir DIR
+ *   kvtier sessions [--json]
  *
  * generate streams text as it is produced (never splitting a UTF-8
  * character), then prints token counts and prefill/decode speeds to stderr.
- * Exit status: 0 success, 1 runtime failure, 2 bad usage.
+ * Exit status: 0 success, 1 runtime failure, 2 bad usage; the daemon client
+ * commands (resume, stats, sessions) use <sysexits.h> codes (cli_client.h).
  */
+#include "cli_client.h"
 #include "cli_index.h"
 #include "generate.h"
 #include "gguf.h"
@@ -37,6 +42,13 @@ static void usage(FILE *f)
 		"  kvtier size --model MODEL [--context N] [--hbm BYTES] [--host BYTES] [--nvme BYTES]\n"
 		"  kvtier fsck --data-dir DIR [--dry-run]\n"
 		"  kvtier rebuild-index --data-dir DIR [--model MODEL]\n"
+		"  kvtier resume SESSION [--json]                 page a conversation back in (daemon)\n"
+		"  kvtier stats [--json] [--watch [SECONDS]]      tier statistics report (daemon)\n"
+		"  kvtier stats --offline --data-dir DIR [--json] what the index holds (no daemon)\n"
+		"  kvtier sessions [--json]                       the daemon's sessions\n"
+		"  daemon commands take --url URL (default http:// + server.listen of the config),\n"
+		"  --api-key KEY (default $KVTIER_API_KEY), -c FILE (default $KVTIER_CONFIG,\n"
+		"  else /etc/kvtier/kvtier.conf)\n"
 		"BYTES takes K, M, G, T suffixes (powers of 1024), e.g. 80G.\n");
 }
 
@@ -404,6 +416,12 @@ int main(int argc, char **argv)
 		return kvt_cli_fsck(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "rebuild-index"))
 		return kvt_cli_rebuild_index(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "resume"))
+		return kvt_cli_resume(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "stats"))
+		return kvt_cli_stats(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "sessions"))
+		return kvt_cli_sessions(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

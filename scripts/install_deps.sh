@@ -3,7 +3,7 @@
 # skips apt entirely when every package is already installed.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip
+pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip python3-venv
       libopenblas-dev libpcre2-dev
       liburing-dev liblz4-dev libsqlite3-dev libssl-dev libxxhash-dev
       libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio)

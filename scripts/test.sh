@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
 #  1. dependencies and the default model (the model tests need it);
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
-#     every CTest test;
+#     every CTest test, the daemon's end-to-end tests among them (a venv with
+#     the openai client in .venv-test);
 #  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests;
 #  4. a ThreadSanitizer build running the unit, parity and integration tests
 #     (the CPU backend's worker pool, the T0 pool, shared tokenizers).
@@ -12,7 +13,13 @@ scripts/install_deps.sh
 scripts/fetch_model.sh
 jobs=$(nproc)
 
-cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON >/dev/null
+# The daemon tests drive kvtierd with the official openai client (PyPI).
+[ -x .venv-test/bin/python ] || python3 -m venv .venv-test
+.venv-test/bin/python -c 'import openai' 2>/dev/null || .venv-test/bin/pip install -q openai
+export KVT_TEST_STRICT=1
+
+cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON \
+	-DKVT_TEST_PYTHON="$PWD/.venv-test/bin/python" >/dev/null
 cmake --build build-ci -j"$jobs"
 ctest --test-dir build-ci --output-on-failure -j"$jobs"
 

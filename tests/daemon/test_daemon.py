@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""tests/daemon/test_daemon.py — kvtierd end to end, on the default model.
+
+Each case starts the real daemon (the build's kvtierd) on an ephemeral
+loopback port with a temporary data dir and talks to it over HTTP:
+
+  conversation   6 chat turns in one session: each turn's cached_tokens equals
+                 the full blocks of the previous turn's prompt and reply
+  kill9          kill -9 in the middle of a conversation, restart, `kvtier
+                 resume`: the next turn is served from the persisted blocks and,
+                 with fp16 tiers, says what an uninterrupted daemon says
+  sigterm        SIGTERM with several sessions, restart: every session resumes
+  tenants        two tenants, same prompt: 0 cached tokens across them (by
+                 "user", and by API key)
+  openai         the official openai client: completions, chat, streaming
+  errors         malformed JSON, oversize body, unknown session, token ids out
+                 of range, max_tokens out of range, wrong method, bad key:
+                 4xx error objects, and the daemon keeps serving
+
+Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
+(no model). Needs the `openai` package for the openai case (scripts/test.sh
+installs it into .venv-test; KVT_TEST_STRICT=1 makes its absence a failure).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+BT = 16
+FAILS = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+class Daemon:
+    """One kvtierd process on its own data dir and an ephemeral port."""
+
+    def __init__(self, build, data_dir, conf_extra=""):
+        self.build, self.data_dir = build, data_dir
+        os.makedirs(data_dir, exist_ok=True)
+        self.conf = os.path.join(data_dir, "kvtier.conf")
+        self.log = os.path.join(data_dir, "kvtierd.log")
+        with open(self.conf, "w") as f:
+            f.write("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
+                    "[tier.hbm]\ncapacity = 256M\n[tier.host]\ncapacity = 256M\n[tier.nvme]\ncapacity = 256M\n"
+                    "[index]\ndata_dir = %s\n%s" % (MODEL, data_dir, conf_extra))
+        self.proc = None
+        self.url = None
+
+    def start(self, timeout=120):
+        logf = open(self.log, "a")
+        self.proc = subprocess.Popen([os.path.join(self.build, "kvtierd"), "-c", self.conf],
+                                     stdout=logf, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.findall(r"listening on [0-9.]+:(\d+)", open(self.log).read())
+            if m and self.url is None or (m and self.url and not self.url.endswith(":" + m[-1])):
+                self.url = "http://127.0.0.1:%s" % m[-1]
+            if self.url:
+                try:
+                    if http("GET", self.url + "/health")[0] == 200:
+                        return
+                except OSError:
+                    pass
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvtierd exited with %d:\n%s" % (self.proc.returncode, open(self.log).read()))
+            time.sleep(0.2)
+        raise RuntimeError("kvtierd did not become healthy:\n" + open(self.log).read())
+
+    def restart(self):
+        self.url = None
+        self.start()
+
+    def stop(self, sig=signal.SIGTERM, timeout=120):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        rc = self.proc.returncode if self.proc else 0
+        self.proc = None
+        return rc
+
+
+def http(method, url, body=None, headers=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            text = r.read()
+            if r.headers.get_content_type() != "application/json":
+                return r.status, text.decode()
+            return r.status, json.loads(text or b"null")
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text
+
+
+def chat(d, messages, session=None, max_tokens=24, user=None, key=None):
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    if session:
+        body["session_id"] = session
+    if user:
+        body["user"] = user
+    hdr = {"Authorization": "Bearer " + key} if key else {}
+    st, r = http("POST", d.url + "/v1/chat/completions", body, hdr)
+    if not check(st == 200, "chat: status %s: %s" % (st, r)):
+        raise RuntimeError("chat failed")
+    return r
+
+
+USER_TURNS = [
+    "Write two sentences about the sea.",
+    "Now write two sentences about mountains.",
+    "Which of the two do you prefer, and why?",
+    "Name three animals that live in the sea.",
+    "Name three animals that live in mountains.",
+    "Summarize our conversation in one sentence.",
+    "Thank you. One more sentence about rivers, please.",
+]
+
+
+def history_tokens(r):
+    """Tokens the daemon keeps for a turn: prompt + reply (+ the end-of-turn token when it stopped)."""
+    u = r["usage"]
+    return u["prompt_tokens"] + u["completion_tokens"] + (1 if r["choices"][0]["finish_reason"] == "stop" else 0)
+
+
+def converse(d, session, turns, msgs=None, expect_cached=True):
+    """Run chat turns; check each turn's cached tokens against the previous turn's full blocks."""
+    msgs = msgs if msgs is not None else []
+    prev = None
+    replies = []
+    for text in turns:
+        msgs.append({"role": "user", "content": text})
+        r = chat(d, msgs, session=session)
+        u = r["usage"]
+        if prev is not None and expect_cached:
+            want = history_tokens(prev) // BT * BT
+            check(u["prompt_tokens_details"]["cached_tokens"] == want,
+                  "%s turn %d: cached_tokens %d, expected %d (full blocks of the previous prompt and reply)"
+                  % (session, len(replies), u["prompt_tokens_details"]["cached_tokens"], want))
+        reply = r["choices"][0]["message"]["content"]
+        msgs.append({"role": "assistant", "content": reply})
+        replies.append(reply)
+        prev = r
+    return msgs, replies, prev
+
+
+def case_conversation(build, tmp):
+    d = Daemon(build, tmp)
+    d.start()
+    try:
+        msgs, replies, last = converse(d, "conv", USER_TURNS[:6])
+        check(len(replies) == 6, "six turns")
+        by = last["usage"]["kvtier"]["cached_tokens_by_tier"]
+        check(sum(by.values()) == last["usage"]["prompt_tokens_details"]["cached_tokens"],
+              "cached tokens by tier add up: %s" % by)
+        st, s = http("GET", d.url + "/v1/stats")
+        check(st == 200 and s["engine"]["cached_tokens"] > 0, "stats report cached tokens: %s" % s.get("engine"))
+        check({t["name"] for t in s["tiers"]} == {"hbm", "host", "nvme"}, "stats has the three tiers")
+        st, m = http("GET", d.url + "/metrics")
+        check(st == 200 and "kvtier_prefix_cache_hits_tokens_total" in m and 'kvtier_tier_used_bytes{tier="nvme"}' in m,
+              "metrics in Prometheus text")
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+
+
+def kvtier(build, *args):
+    p = subprocess.run([os.path.join(build, "kvtier")] + list(args), capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def case_kill9(build, tmp):
+    conf = "[tier.host]\ndtype = f16\n"
+    # the uninterrupted run
+    a = Daemon(build, os.path.join(tmp, "a"), conf)
+    a.start()
+    try:
+        msgs, _, _ = converse(a, "k9", USER_TURNS[:3])
+        msgs.append({"role": "user", "content": USER_TURNS[3]})
+        ref = chat(a, msgs, session="k9")
+    finally:
+        a.stop()
+    # the interrupted one
+    b = Daemon(build, os.path.join(tmp, "b"), conf)
+    b.start()
+    try:
+        msgs, _, prev = converse(b, "k9", USER_TURNS[:3])
+        time.sleep(1.5)  # end-of-turn write-through: durable within 1 s
+        b.stop(signal.SIGKILL)
+        b.restart()
+        rc, out, err = kvtier(build, "resume", "k9", "--url", b.url, "--json")
+        check(rc == 0, "kvtier resume exit %d: %s" % (rc, err))
+        lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+        done = [l for l in lines if l.get("event") == "done"]
+        full = history_tokens(prev) // BT * BT
+        if check(len(done) == 1, "resume printed a final report: %s" % out):
+            rep = done[0]
+            restored = sum(rep["restored_tokens"].values())
+            check(rep["restored_tokens"]["nvme"] == full and restored == full,
+                  "resume after kill -9 restored %s tokens, expected %d from nvme" % (rep["restored_tokens"], full))
+        msgs.append({"role": "user", "content": USER_TURNS[3]})
+        r = chat(b, msgs, session="k9")
+        check(r["usage"]["prompt_tokens_details"]["cached_tokens"] == full,
+              "after kill -9: cached %d, expected %d" % (r["usage"]["prompt_tokens_details"]["cached_tokens"], full))
+        check(r["choices"][0]["message"]["content"] == ref["choices"][0]["message"]["content"],
+              "after kill -9 the reply differs from the uninterrupted run:\n%r\n%r"
+              % (r["choices"][0]["message"]["content"], ref["choices"][0]["message"]["content"]))
+        rc, out, err = kvtier(build, "fsck", "--data-dir", b.data_dir, "--dry-run")
+    finally:
+        b.stop()
+    rc, out, err = kvtier(build, "fsck", "--data-dir", b.data_dir)
+    check(rc == 0, "fsck clean after the kill -9 run: %d %s %s" % (rc, out, err))
+
+
+def case_sigterm(build, tmp):
+    d = Daemon(build, tmp)
+    d.start()
+    sessions = {}
+    try:
+        for i in range(3):
+            _, _, prev = converse(d, "st%d" % i, [USER_TURNS[i], USER_TURNS[i + 1]])
+            sessions["st%d" % i] = history_tokens(prev) // BT * BT
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+    rc, out, err = kvtier(build, "stats", "--offline", "--data-dir", tmp, "--json")
+    check(rc == 0, "stats --offline: %d %s" % (rc, err))
+    d.restart()
+    try:
+        st, lst = http("GET", d.url + "/v1/sessions")
+        check(st == 200 and {s["id"] for s in lst["data"]} == set(sessions), "sessions listed after restart: %s" % lst)
+        for sid, full in sessions.items():
+            st, rep = http("POST", d.url + "/v1/sessions/%s/resume" % sid, {})
+            check(st == 200 and sum(rep["restored_tokens"].values()) == full and rep["missing_tokens"] < BT + 2,
+                  "session %s resumes %d tokens: %s" % (sid, full, rep))
+        rc, out, err = kvtier(build, "stats", "--url", d.url, "--json")
+        check(rc == 0 and json.loads(out)["tiers"][2]["name"] == "nvme", "kvtier stats --json: %d %s" % (rc, err))
+        rc, out, err = kvtier(build, "sessions", "--url", d.url)
+        check(rc == 0 and all(s in out for s in sessions), "kvtier sessions lists them: %s" % out)
+    finally:
+        d.stop()
+
+
+def case_tenants(build, tmp):
+    d = Daemon(build, os.path.join(tmp, "user"))
+    d.start()
+    prompt = "The quick brown fox jumps over the lazy dog. " * 6
+    try:
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+        st, a1 = http("POST", d.url + "/v1/completions", dict(body, user="alice"))
+        st, a2 = http("POST", d.url + "/v1/completions", dict(body, user="alice"))
+        st, b1 = http("POST", d.url + "/v1/completions", dict(body, user="bob"))
+        check(a2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "same tenant reuses: %s" % a2["usage"])
+        check(b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "other tenant: 0 cached: %s" % b1["usage"])
+    finally:
+        d.stop()
+    d = Daemon(build, os.path.join(tmp, "keys"))
+    with open(d.conf) as f:
+        conf = f.read().replace("[server]\n", "[server]\napi_keys = alice:key-a, bob:key-b\n")
+    with open(d.conf, "w") as f:
+        f.write(conf)
+    d.start()
+    try:
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+        st, _ = http("POST", d.url + "/v1/completions", body)
+        check(st == 401, "no key: 401 (got %s)" % st)
+        for k in ("key-a", "key-a", "key-b"):
+            st, r = http("POST", d.url + "/v1/completions", body, {"Authorization": "Bearer " + k})
+            check(st == 200, "key %s: %s" % (k, st))
+            if k == "key-b":
+                check(r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "key tenant isolation: %s" % r["usage"])
+    finally:
+        d.stop()
+
+
+def case_openai(build, tmp):
+    try:
+        import openai
+    except ImportError:
+        if os.environ.get("KVT_TEST_STRICT") == "1":
+            check(False, "the openai package is not installed")
+        else:
+            print("skip openai case: no openai package")
+        return
+    d = Daemon(build, tmp)
+    d.start()
+    try:
+        c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
+        models = c.models.list()
+        check(len(models.data) == 1, "models.list: %s" % models)
+        r = c.completions.create(model=models.data[0].id, prompt="The capital of France is", max_tokens=6, temperature=0)
+        check("Paris" in r.choices[0].text, "completion says Paris: %r" % r.choices[0].text)
+        check(r.usage.prompt_tokens > 0 and r.usage.completion_tokens == 6, "usage: %s" % r.usage)
+        r = c.chat.completions.create(model=models.data[0].id, temperature=0, max_tokens=16,
+                                      messages=[{"role": "user", "content": "What is the capital of France?"}])
+        check("Paris" in r.choices[0].message.content, "chat says Paris: %r" % r.choices[0].message.content)
+        check(r.usage.prompt_tokens_details is not None, "usage has prompt_tokens_details")
+        chunks = list(c.chat.completions.create(model=models.data[0].id, temperature=0, max_tokens=16, stream=True,
+                                                stream_options={"include_usage": True},
+                                                messages=[{"role": "user", "content": "What is the capital of France?"}]))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        check(text == r.choices[0].message.content, "streamed chat equals the plain one: %r vs %r"
+              % (text, r.choices[0].message.content))
+        check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == r.usage.completion_tokens,
+              "final usage chunk: %s" % chunks[-1])
+        chunks = list(c.completions.create(model=models.data[0].id, prompt="The capital of France is", max_tokens=6,
+                                           temperature=0, stream=True))
+        check("Paris" in "".join(ch.choices[0].text for ch in chunks if ch.choices), "streamed completion")
+    finally:
+        d.stop()
+
+
+def case_errors(build, tmp):
+    d = Daemon(build, tmp, "[server]\n")
+    with open(d.conf) as f:
+        conf = f.read().replace("[server]\n", "[server]\nmax_body_bytes = 64K\nmax_tokens_limit = 512\n", 1)
+    with open(d.conf, "w") as f:
+        f.write(conf)
+    d.start()
+    u = d.url
+    good = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    cases = [
+        ("malformed JSON", "POST", "/v1/completions", b'{"prompt": "x", ', 400),
+        ("oversize body", "POST", "/v1/completions", json.dumps({"prompt": "x" * 100000}).encode(), 413),
+        ("token id out of range", "POST", "/v1/completions", json.dumps({"prompt": [1, 2, 10 ** 7]}).encode(), 400),
+        ("negative token id", "POST", "/v1/completions", json.dumps({"prompt": [1, -5]}).encode(), 400),
+        ("max_tokens 0", "POST", "/v1/completions", json.dumps(dict(good, max_tokens=0)).encode(), 400),
+        ("max_tokens over the limit", "POST", "/v1/completions", json.dumps(dict(good, max_tokens=100000)).encode(), 400),
+        ("max_tokens not a number", "POST", "/v1/completions", json.dumps(dict(good, max_tokens="ten")).encode(), 400),
+        ("no prompt", "POST", "/v1/completions", b"{}", 400),
+        ("bad messages", "POST", "/v1/chat/completions", b'{"messages": "hi"}', 400),
+        ("bad session id", "POST", "/v1/completions", json.dumps(dict(good, session_id="../x")).encode(), 400),
+        ("unknown session resume", "POST", "/v1/sessions/nope/resume", b"{}", 404),
+        ("unknown session delete", "DELETE", "/v1/sessions/nope", None, 404),
+        ("unknown route", "GET", "/v1/nothing", None, 404),
+        ("wrong method", "GET", "/v1/completions", None, 405),
+    ]
+    try:
+        for what, method, path, raw, want in cases:
+            st, r = http(method, u + path, raw=raw)
+            ok = st == want and isinstance(r, dict) and isinstance(r.get("error"), dict) and \
+                isinstance(r["error"].get("message"), str) and "type" in r["error"]
+            check(ok, "%s: expected %d with an error object, got %s %r" % (what, want, st, r))
+            st, r = http("POST", u + "/v1/completions", good)
+            check(st == 200, "after %s the daemon still serves (%s)" % (what, st))
+    finally:
+        check(d.stop() == 0, "exit 0 after the error cases")
+
+
+CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
+         "tenants": case_tenants, "openai": case_openai, "errors": case_errors}
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    if not os.path.exists(MODEL):
+        print("skip: no default model at", MODEL)
+        return 77
+    names = sys.argv[2:] or list(CASES)
+    for name in names:
+        tmp = tempfile.mkdtemp(prefix="kvt_daemon_%s_" % name)
+        t = time.time()
+        try:
+            CASES[name](build, tmp)
+        except Exception as e:  # a crash in a case is a failure of that case
+            check(False, "%s: %s: %s" % (name, type(e).__name__, e))
+        print("%s: %.1f s" % (name, time.time() - t), flush=True)
+        if not FAILS:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("test_daemon: %d failure(s)" % len(FAILS))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

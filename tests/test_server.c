@@ -1,0 +1,967 @@
+/* ctest-labels: integration */
+/*
+ * tests/test_server.c — kvtierd's HTTP API (docs/http-api.md) over real HTTP
+ * on loopback (libcurl, and raw sockets where a client must hang up), against
+ * the real scheduler on a tiny synthetic model (CPU device, T0 pool, tiering
+ * manager, SQLite index for the sessions).
+ *
+ *  - before the engine: /health 503 "loading", every route 503, 404, 405,
+ *    401 with API keys, 413 for an oversized body (with and without
+ *    Content-Length), 431 for oversized headers — and the server keeps serving;
+ *  - with the engine: completions (string and token-array prompts, greedy
+ *    determinism), chat, streaming (SSE, include_usage, [DONE]) equal to the
+ *    non-streamed text, n = 2 (choice i uses seed + i), stop strings (cut
+ *    before the stop text, never partly streamed), sessions (list, resume,
+ *    streamed NDJSON resume, delete, 404), /metrics, /v1/stats;
+ *  - every bad input gets a 4xx error object naming the field, and the next
+ *    good request still works;
+ *  - a client that hangs up cancels its request (non-streaming and
+ *    streaming), 503 + Retry-After beyond max_concurrent, draining.
+ */
+#include "check.h"
+#include "fingerprint.h"
+#include "gguf.h"
+#include "index.h"
+#include "manager.h"
+#include "model.h"
+#include "scheduler.h"
+#include "server.h"
+#include "synth_model.h"
+#include "tokenizer.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BT 16
+
+static char dir[] = "/tmp/kvt_srv_XXXXXX";
+static uint16_t port;
+
+/* ---- HTTP client ---- */
+
+typedef struct http_resp {
+	long status;          /* HTTP status, 0 when the transfer failed */
+	char body[1 << 18];   /* body, NUL-terminated (truncated beyond) */
+	size_t n;             /* body bytes kept */
+	char ctype[128];      /* Content-Type */
+	char retry_after[16]; /* Retry-After */
+} http_resp;
+
+static http_resp R; /* the last response */
+
+static size_t on_body(char *p, size_t sz, size_t nm, void *u)
+{
+	http_resp *r = u;
+	size_t n = sz * nm, k = n < sizeof(r->body) - 1 - r->n ? n : sizeof(r->body) - 1 - r->n;
+	memcpy(r->body + r->n, p, k);
+	r->n += k;
+	r->body[r->n] = 0;
+	return n;
+}
+
+static void header_value(const char *line, size_t n, const char *name, char *out, size_t cap)
+{
+	size_t k = strlen(name);
+	if (n <= k || strncasecmp(line, name, k) != 0)
+		return;
+	line += k;
+	n -= k;
+	while (n && *line == ' ')
+		line++, n--;
+	while (n && (line[n - 1] == '\r' || line[n - 1] == '\n'))
+		n--;
+	snprintf(out, cap, "%.*s", (int)n, line);
+}
+
+static size_t on_header(char *p, size_t sz, size_t nm, void *u)
+{
+	http_resp *r = u;
+	header_value(p, sz * nm, "content-type:", r->ctype, sizeof(r->ctype));
+	header_value(p, sz * nm, "retry-after:", r->retry_after, sizeof(r->retry_after));
+	return sz * nm;
+}
+
+/* One request; extra: an optional header line; body NULL: none. Returns the status. */
+static long http_ex(const char *method, const char *path, const char *body, size_t n_body, const char *extra,
+		    const char *extra2)
+{
+	memset(&R, 0, sizeof(R));
+	CURL *c = curl_easy_init();
+	char url[512];
+	snprintf(url, sizeof(url), "http://127.0.0.1:%u%s", (unsigned)port, path);
+	struct curl_slist *h = NULL;
+	if (body)
+		h = curl_slist_append(h, "Content-Type: application/json");
+	if (extra)
+		h = curl_slist_append(h, extra);
+	if (extra2)
+		h = curl_slist_append(h, extra2);
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+	if (!strcmp(method, "HEAD"))
+		curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+	if (body) {
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)n_body);
+	}
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, &R);
+	curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(c, CURLOPT_HEADERDATA, &R);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+	CURLcode rc = curl_easy_perform(c);
+	if (rc == CURLE_OK)
+		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &R.status);
+	else
+		fprintf(stderr, "  curl %s %s: %s\n", method, path, curl_easy_strerror(rc));
+	curl_slist_free_all(h);
+	curl_easy_cleanup(c);
+	return R.status;
+}
+
+static long http(const char *method, const char *path, const char *body)
+{
+	return http_ex(method, path, body, body ? strlen(body) : 0, NULL, NULL);
+}
+
+static json_t *body_json(void)
+{
+	return json_loads(R.body, 0, NULL);
+}
+
+/* The last response is the error object of the table with this status (and param, code when non-NULL). */
+static bool is_error(long status, const char *param, const char *code)
+{
+	bool ok = R.status == status && !strncmp(R.ctype, "application/json", 16);
+	json_t *v = body_json(), *e = json_object_get(v, "error");
+	json_t *msg = json_object_get(e, "message"), *type = json_object_get(e, "type");
+	json_t *p = json_object_get(e, "param"), *cd = json_object_get(e, "code");
+	ok = ok && json_is_object(e) && json_is_string(msg) && json_string_length(msg) > 0 && json_is_string(type) &&
+	     p && cd;
+	if (ok && param)
+		ok = json_is_string(p) && !strcmp(json_string_value(p), param);
+	if (ok && code)
+		ok = json_is_string(cd) && !strcmp(json_string_value(cd), code);
+	const char *want_type = status == 401 ? "authentication_error" : status >= 500 ? "server_error" :
+											  "invalid_request_error";
+	if (ok)
+		ok = !strcmp(json_string_value(type), want_type);
+	if (ok && status == 503)
+		ok = !strcmp(R.retry_after, "1");
+	if (!ok)
+		fprintf(stderr, "  expected %ld error (param %s, code %s), got %ld [%s]: %s\n", status,
+			param ? param : "-", code ? code : "-", R.status, R.ctype, R.body);
+	json_decref(v);
+	return ok;
+}
+
+/* ---- raw sockets (a client that hangs up) ---- */
+
+static int raw_connect(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int raw_post(const char *path, const char *body)
+{
+	int fd = raw_connect();
+	if (fd < 0)
+		return -1;
+	char req[4096];
+	int n = snprintf(req, sizeof(req),
+			 "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+			 "Content-Length: %zu\r\n\r\n%s",
+			 path, strlen(body), body);
+	if (write(fd, req, (size_t)n) != n) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+	nanosleep(&ts, NULL);
+}
+
+/* Wait until the server's in-flight count equals want (up to timeout_s). */
+static bool wait_in_flight(kvt_server *srv, uint32_t want, double timeout_s)
+{
+	double t0 = kvt_now_s();
+	while (kvt_server_in_flight(srv) != want) {
+		if (kvt_now_s() - t0 > timeout_s)
+			return false;
+		sleep_s(0.005);
+	}
+	return true;
+}
+
+/* ---- part 1: no engine ---- */
+
+static void test_no_engine(void)
+{
+	kvt_server_config sc;
+	kvt_server_config_default(&sc);
+	sc.port = 0;
+	sc.max_body_bytes = 4096;
+	sc.max_header_bytes = 4096;
+	kvt_server *srv;
+	CHECK(kvt_server_start(&sc, &srv) == KVT_OK);
+	port = kvt_server_port(srv);
+	CHECK(port != 0);
+
+	CHECK_EQ_INT(http("GET", "/health", NULL), 503);
+	CHECKF(strstr(R.body, "\"loading\"") && !strncmp(R.ctype, "application/json", 16) &&
+		       !strcmp(R.retry_after, "1"),
+	       "%s", R.body);
+	http("POST", "/v1/completions", "{\"prompt\": \"hi\"}");
+	CHECK(is_error(503, NULL, "loading"));
+	http("GET", "/v1/models", NULL);
+	CHECK(is_error(503, NULL, "loading"));
+	http("GET", "/metrics", NULL);
+	CHECK(is_error(503, NULL, "loading"));
+	http("GET", "/nope", NULL);
+	CHECK(is_error(404, NULL, "not_found"));
+	http("GET", "/v1/sessions/a/b", NULL);
+	CHECK(is_error(404, NULL, "not_found"));
+	http("GET", "/v1/completions", NULL);
+	CHECK(is_error(405, NULL, NULL));
+	http("POST", "/health", "{}");
+	CHECK(is_error(405, NULL, NULL));
+
+	/* 413 with Content-Length, then without (chunked): the server keeps serving */
+	size_t big = 64 << 10;
+	char *huge = malloc(big + 1);
+	memset(huge, ' ', big);
+	huge[big] = 0;
+	huge[0] = '{';
+	huge[big - 1] = '}';
+	http_ex("POST", "/v1/completions", huge, big, NULL, NULL);
+	CHECK(is_error(413, NULL, "request_too_large"));
+	CHECK_EQ_INT(http("GET", "/health", NULL), 503);
+	http_ex("POST", "/v1/completions", huge, big, "Transfer-Encoding: chunked", NULL);
+	CHECK(is_error(413, NULL, "request_too_large"));
+	CHECK_EQ_INT(http("GET", "/health", NULL), 503);
+	free(huge);
+
+	/* headers over the limit: MHD answers 431 (or closes); then it keeps serving */
+	size_t hb = 64 << 10;
+	char *hdr = malloc(hb + 16);
+	strcpy(hdr, "X-Big: ");
+	memset(hdr + 7, 'a', hb);
+	hdr[7 + hb] = 0;
+	long st = http_ex("GET", "/health", NULL, 0, hdr, NULL);
+	CHECKF(st == 431 || st == 0, "oversized headers: %ld", st);
+	free(hdr);
+	CHECK_EQ_INT(http("GET", "/health", NULL), 503);
+	kvt_server_stop(srv);
+
+	/* API keys: /v1 needs one, /health does not */
+	kvt_api_key keys[2];
+	memset(keys, 0, sizeof(keys));
+	strcpy(keys[0].tenant, "alice");
+	strcpy(keys[0].key, "sk-alice");
+	strcpy(keys[1].tenant, "bob");
+	strcpy(keys[1].key, "sk-bob");
+	sc.keys = keys;
+	sc.n_keys = 2;
+	CHECK(kvt_server_start(&sc, &srv) == KVT_OK);
+	port = kvt_server_port(srv);
+	http("POST", "/v1/completions", "{\"prompt\": \"hi\"}");
+	CHECK(is_error(401, NULL, "invalid_api_key"));
+	http_ex("GET", "/v1/models", NULL, 0, "Authorization: Bearer sk-carol", NULL);
+	CHECK(is_error(401, NULL, "invalid_api_key"));
+	http_ex("GET", "/v1/models", NULL, 0, "Authorization: Bearer sk-alic", NULL);
+	CHECK(is_error(401, NULL, "invalid_api_key"));
+	http_ex("GET", "/v1/models", NULL, 0, "Authorization: Bearer sk-alice", NULL);
+	CHECK(is_error(503, NULL, "loading")); /* authenticated; the model is not there yet */
+	CHECK_EQ_INT(http("GET", "/health", NULL), 503);
+	kvt_server_stop(srv);
+
+	/* bad configurations */
+	kvt_server_config bad = sc;
+	bad.host = "localhost"; /* not numeric */
+	CHECK(kvt_server_start(&bad, &srv) == KVT_EINVAL);
+	bad = sc;
+	bad.max_concurrent = 0;
+	CHECK(kvt_server_start(&bad, &srv) == KVT_EINVAL);
+	/* IPv6 loopback, when the host has it */
+	bad = sc;
+	bad.host = "::1";
+	bad.n_keys = 0;
+	if (kvt_server_start(&bad, &srv) == KVT_OK) {
+		CHECK(kvt_server_port(srv) != 0);
+		kvt_server_stop(srv);
+	}
+}
+
+/* ---- part 2: the engine ---- */
+
+typedef struct engine {
+	kvt_dev *dev;
+	kvt_model *m;
+	kvt_tok *tok;
+	kvt_t0_pool *t0;
+	kvt_btable *bt;
+	kvt_db *db;
+	kvt_tm *tm;
+	kvt_sched *sched;
+	uint32_t n_vocab;
+} engine;
+
+static int engine_open(engine *e)
+{
+	char model_path[300], db_path[300];
+	snprintf(model_path, sizeof(model_path), "%s/synth.gguf", dir);
+	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
+	kvt_synth_llama sl;
+	kvt_synth_llama_default(&sl);
+	sl.n_ctx = 512;
+	if (kvt_synth_llama_write(&sl, model_path))
+		return 1;
+	kvt_gguf *g;
+	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .n_threads = 2 };
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.weight_dtype = KVT_DTYPE_F32;
+	uint8_t fp[32];
+	if (kvt_dev_create(&dc, &e->dev) || kvt_gguf_open(model_path, &g))
+		return 1;
+	if (kvt_model_load(e->dev, g, &mc, &e->m) || kvt_tok_create_from_gguf(g, &e->tok) ||
+	    kvt_model_fingerprint_gguf(g, fp))
+		return 1;
+	kvt_gguf_close(g);
+	e->n_vocab = kvt_model_hparams_get(e->m)->n_vocab;
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(e->m, BT, &shape);
+	if (kvt_t0_create(e->dev, &shape, 256, &e->t0) || kvt_btable_create(BT, 0, &e->bt))
+		return 1;
+	kvt_db_config dbc = { .path = db_path, .create = true };
+	memcpy(dbc.ns.model_fp, fp, 32);
+	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
+	dbc.ns.block_tokens = BT;
+	if (kvt_db_open(&dbc, &e->db))
+		return 1;
+	kvt_tm_config tc;
+	kvt_tm_config_default(&tc);
+	tc.dev = e->dev;
+	tc.t0 = e->t0;
+	tc.bt = e->bt;
+	tc.t1_slots = 32;
+	if (kvt_tm_create(&tc, &e->tm))
+		return 1;
+	kvt_sched_config c;
+	kvt_sched_config_default(&c);
+	static const uint8_t secret[32] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
+	c.dev = e->dev;
+	c.model = e->m;
+	c.tok = e->tok;
+	c.t0 = e->t0;
+	c.tm = e->tm;
+	c.bt = e->bt;
+	c.db = e->db;
+	memcpy(c.model_fp, fp, 32);
+	c.layout_version = KVT_KV_LAYOUT_VERSION;
+	c.secret = secret;
+	c.secret_bytes = sizeof(secret);
+	return kvt_sched_create(&c, &e->sched) != KVT_OK;
+}
+
+static void engine_close(engine *e)
+{
+	kvt_sched_destroy(e->sched);
+	kvt_tm_destroy(e->tm);
+	kvt_db_close(e->db);
+	kvt_btable_destroy(e->bt);
+	kvt_t0_destroy(e->t0);
+	kvt_tok_destroy(e->tok);
+	kvt_model_destroy(e->m);
+	kvt_dev_destroy(e->dev);
+}
+
+static kvt_server *serve(engine *e, uint32_t max_concurrent)
+{
+	kvt_server_config sc;
+	kvt_server_config_default(&sc);
+	sc.port = 0;
+	sc.max_concurrent = max_concurrent;
+	sc.model_id = "synth-test";
+	kvt_server *srv = NULL;
+	if (kvt_server_start(&sc, &srv) != KVT_OK)
+		return NULL;
+	port = kvt_server_port(srv);
+	kvt_server_set_engine(srv, e->sched, e->tok);
+	return srv;
+}
+
+/* POST a completion; returns choices[i].text (malloc'd) or NULL; *finish gets its finish_reason. */
+static char *completion_text(const char *path, const char *body, int i, char *finish, size_t cap)
+{
+	if (http("POST", path, body) != 200) {
+		fprintf(stderr, "  %s %s -> %ld %s\n", path, body, R.status, R.body);
+		return NULL;
+	}
+	json_t *v = body_json(), *ch = json_array_get(json_object_get(v, "choices"), (size_t)i);
+	json_t *t = strstr(path, "chat") ? json_object_get(json_object_get(ch, "message"), "content") :
+					   json_object_get(ch, "text");
+	char *s = json_is_string(t) ? strdup(json_string_value(t)) : NULL;
+	if (finish)
+		snprintf(finish, cap, "%s", json_string_value(json_object_get(ch, "finish_reason")) ?: "");
+	json_decref(v);
+	return s;
+}
+
+/* Parse the SSE body of R: text per choice (2 max), finish reasons, usage chunk, [DONE] last. */
+typedef struct sse {
+	char text[2][8192];
+	char finish[2][16];
+	int n_chunks;
+	bool role_first[2];
+	bool usage;
+	long usage_completion;
+	bool done_last;
+	bool bad;
+} sse;
+
+static void sse_parse(sse *s, bool chat)
+{
+	memset(s, 0, sizeof(*s));
+	char *p = R.body;
+	bool seen[2] = { false, false };
+	while (*p) {
+		char *end = strstr(p, "\n\n");
+		if (!end || strncmp(p, "data: ", 6)) {
+			s->bad = true;
+			return;
+		}
+		*end = 0;
+		const char *d = p + 6;
+		s->done_last = !strcmp(d, "[DONE]");
+		if (!s->done_last) {
+			json_t *v = json_loads(d, 0, NULL), *chs = json_object_get(v, "choices");
+			if (!v || !json_is_array(chs)) {
+				s->bad = true;
+			} else if (json_array_size(chs) == 0) {
+				json_t *u = json_object_get(v, "usage");
+				s->usage = json_is_object(u);
+				s->usage_completion = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+			}
+			for (size_t k = 0; v && k < json_array_size(chs); k++) {
+				json_t *c = json_array_get(chs, k);
+				int idx = (int)json_integer_value(json_object_get(c, "index"));
+				if (idx < 0 || idx > 1) {
+					s->bad = true;
+					continue;
+				}
+				json_t *t = chat ? json_object_get(json_object_get(c, "delta"), "content") :
+						   json_object_get(c, "text");
+				if (chat && !seen[idx])
+					s->role_first[idx] = json_is_string(json_object_get(json_object_get(c, "delta"), "role"));
+				seen[idx] = true;
+				if (json_is_string(t))
+					strncat(s->text[idx], json_string_value(t), sizeof(s->text[idx]) - strlen(s->text[idx]) - 1);
+				json_t *f = json_object_get(c, "finish_reason");
+				if (json_is_string(f))
+					snprintf(s->finish[idx], sizeof(s->finish[idx]), "%s", json_string_value(f));
+				if (strcmp(json_string_value(json_object_get(v, "object")) ?: "",
+					   chat ? "chat.completion.chunk" : "text_completion"))
+					s->bad = true;
+			}
+			json_decref(v);
+			s->n_chunks++;
+		}
+		p = end + 2;
+	}
+}
+
+/* A stop string from the middle of text: bytes [a, b) at UTF-8 character boundaries; NULL if too short. */
+static char *stop_from(const char *text, size_t a, size_t len)
+{
+	size_t n = strlen(text);
+	while (a < n && ((unsigned char)text[a] & 0xC0) == 0x80)
+		a++;
+	size_t b = a + len;
+	while (b < n && ((unsigned char)text[b] & 0xC0) == 0x80)
+		b++;
+	if (b > n || b == a)
+		return NULL;
+	return strndup(text + a, b - a);
+}
+
+static void test_completions(engine *e, kvt_server *srv)
+{
+	char finish[16], body[2048];
+	CHECK_EQ_INT(http("GET", "/health", NULL), 200);
+	CHECKF(strstr(R.body, "\"ok\""), "%s", R.body);
+	CHECK_EQ_INT(http("HEAD", "/health", NULL), 200);
+	CHECK_EQ_INT(http("GET", "/v1/models", NULL), 200);
+	json_t *v = body_json();
+	CHECK(!strcmp(json_string_value(json_object_get(v, "object")) ?: "", "list"));
+	CHECK(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "id")) ?: "",
+		      "synth-test"));
+	json_decref(v);
+
+	/* a string prompt: the full response shape */
+	const char *prompt = "hello world, this is a test";
+	snprintf(body, sizeof(body), "{\"model\": \"x\", \"prompt\": \"%s\", \"max_tokens\": 12, \"temperature\": 0}", prompt);
+	CHECK_EQ_INT(http("POST", "/v1/completions", body), 200);
+	CHECK(!strncmp(R.ctype, "application/json", 16));
+	v = body_json();
+	json_t *ch = json_array_get(json_object_get(v, "choices"), 0), *u = json_object_get(v, "usage");
+	int32_t ids[256];
+	size_t n_ids = 0;
+	CHECK(kvt_tok_encode(e->tok, prompt, strlen(prompt), true, ids, 256, &n_ids) == KVT_OK);
+	n_ids += kvt_tok_add_bos(e->tok) ? 1 : 0;
+	CHECK(!strncmp(json_string_value(json_object_get(v, "id")) ?: "", "cmpl-", 5));
+	CHECK(!strcmp(json_string_value(json_object_get(v, "object")) ?: "", "text_completion"));
+	CHECK(!strcmp(json_string_value(json_object_get(v, "model")) ?: "", "synth-test"));
+	CHECK(json_integer_value(json_object_get(v, "created")) > 1600000000);
+	CHECK(json_is_string(json_object_get(ch, "text")) && json_is_null(json_object_get(ch, "logprobs")));
+	const char *fr = json_string_value(json_object_get(ch, "finish_reason")) ?: "";
+	CHECK(!strcmp(fr, "stop") || !strcmp(fr, "length"));
+	long pt = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+	long ct = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+	CHECK_EQ_INT(pt, (long)n_ids);
+	CHECK(ct >= 1 && ct <= 12);
+	CHECK_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")), pt + ct);
+	CHECK(json_is_integer(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+	json_t *kv = json_object_get(u, "kvtier");
+	CHECK(json_is_object(json_object_get(kv, "cached_tokens_by_tier")) && json_is_number(json_object_get(kv, "ttft_ms")));
+	json_decref(v);
+
+	/* greedy is deterministic; the same prompt as token ids gives the same text */
+	snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}",
+		 prompt);
+	char *t1 = completion_text("/v1/completions", body, 0, finish, sizeof(finish));
+	char *t2 = completion_text("/v1/completions", body, 0, NULL, 0);
+	CHECK(t1 && t2 && !strcmp(t1, t2));
+	CHECK(!strcmp(finish, "length"));
+	int off = snprintf(body, sizeof(body), "{\"prompt\": [");
+	for (size_t i = 0, k = kvt_tok_add_bos(e->tok) ? 1 : 0; i < n_ids; i++)
+		off += snprintf(body + off, sizeof(body) - (size_t)off, "%s%d", i ? ", " : "",
+				i == 0 && k ? kvt_tok_bos(e->tok) : ids[i - k]);
+	snprintf(body + off, sizeof(body) - (size_t)off, "], \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}");
+	char *t3 = completion_text("/v1/completions", body, 0, NULL, 0);
+	CHECKF(t1 && t3 && !strcmp(t1, t3), "token-array prompt: '%s' vs '%s'", t3 ? t3 : "(null)", t1 ? t1 : "(null)");
+	/* an array holding one string is that string */
+	snprintf(body, sizeof(body),
+		 "{\"prompt\": [\"%s\"], \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}", prompt);
+	char *t4 = completion_text("/v1/completions", body, 0, NULL, 0);
+	CHECK(t1 && t4 && !strcmp(t1, t4));
+
+	/* streaming: the same text, chunk shapes, include_usage, [DONE] last */
+	snprintf(body, sizeof(body),
+		 "{\"prompt\": \"%s\", \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true, \"stream\": true,"
+		 " \"stream_options\": {\"include_usage\": true}}",
+		 prompt);
+	CHECK_EQ_INT(http("POST", "/v1/completions", body), 200);
+	CHECK(!strcmp(R.ctype, "text/event-stream"));
+	sse s;
+	sse_parse(&s, false);
+	CHECK(!s.bad && s.done_last && s.usage && s.usage_completion == 24);
+	CHECKF(t1 && !strcmp(s.text[0], t1), "streamed '%s' vs '%s'", s.text[0], t1 ? t1 : "");
+	CHECK(!strcmp(s.finish[0], "length"));
+	CHECK(s.n_chunks >= 2);
+
+	/* stop strings: cut before the first occurrence; streamed, never partly sent */
+	char *stop = t1 ? stop_from(t1, strlen(t1) / 2, 3) : NULL;
+	if (stop) {
+		size_t cut = (size_t)(strstr(t1, stop) - t1);
+		json_t *b = json_pack("{s:s, s:i, s:i, s:b, s:[s,s]}", "prompt", prompt, "max_tokens", 24, "temperature", 0,
+				      "ignore_eos", 1, "stop", "\x01never", stop);
+		char *bs = json_dumps(b, 0);
+		char *t5 = completion_text("/v1/completions", bs, 0, finish, sizeof(finish));
+		CHECKF(t5 && strlen(t5) == cut && !strncmp(t5, t1, cut), "stop '%s': '%s' (want %zu bytes of '%s')", stop,
+		       t5 ? t5 : "", cut, t1);
+		CHECK(!strcmp(finish, "stop"));
+		v = body_json();
+		CHECK(json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")) < 24);
+		json_decref(v);
+		json_object_set_new(b, "stream", json_true());
+		free(bs);
+		bs = json_dumps(b, 0);
+		CHECK_EQ_INT(http("POST", "/v1/completions", bs), 200);
+		sse_parse(&s, false);
+		CHECK(!s.bad && s.done_last && !strcmp(s.finish[0], "stop"));
+		CHECKF(strlen(s.text[0]) == cut && !strncmp(s.text[0], t1, cut), "streamed stop: '%s'", s.text[0]);
+		CHECK(!strstr(R.body, stop) || strstr(stop, "\\") || strstr(stop, "\"")); /* no chunk carries it */
+		free(t5);
+		free(bs);
+		json_decref(b);
+		free(stop);
+	} else {
+		fprintf(stderr, "  note: greedy text too short for a stop-string case: '%s'\n", t1 ? t1 : "");
+		CHECK(0);
+	}
+
+	/* n = 2: choice i uses seed + i */
+	char *n2a = completion_text("/v1/completions",
+				    "{\"prompt\": \"abc\", \"max_tokens\": 10, \"n\": 2, \"seed\": 42, \"ignore_eos\": true}", 0,
+				    NULL, 0);
+	v = body_json();
+	CHECK_EQ_INT(json_array_size(json_object_get(v, "choices")), 2);
+	CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(json_object_get(v, "choices"), 1), "index")), 1);
+	char *n2b = strdup(json_string_value(json_object_get(json_array_get(json_object_get(v, "choices"), 1), "text")) ?: "");
+	json_decref(v);
+	char *s42 = completion_text("/v1/completions", "{\"prompt\": \"abc\", \"max_tokens\": 10, \"seed\": 42, \"ignore_eos\": true}",
+				    0, NULL, 0);
+	char *s43 = completion_text("/v1/completions", "{\"prompt\": \"abc\", \"max_tokens\": 10, \"seed\": 43, \"ignore_eos\": true}",
+				    0, NULL, 0);
+	CHECK(n2a && s42 && !strcmp(n2a, s42));
+	CHECK(s43 && !strcmp(n2b, s43));
+	CHECK_EQ_INT(http("POST", "/v1/completions",
+			  "{\"prompt\": \"abc\", \"max_tokens\": 10, \"n\": 2, \"seed\": 42, \"ignore_eos\": true, \"stream\": true}"),
+		     200);
+	sse_parse(&s, false);
+	CHECK(!s.bad && s.done_last && !s.usage && n2a && !strcmp(s.text[0], n2a) && !strcmp(s.text[1], n2b));
+	CHECK(!strcmp(s.finish[0], "length") && !strcmp(s.finish[1], "length"));
+
+	/* chat, plain and streamed */
+	const char *chat = "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", "
+			   "\"content\": [{\"type\": \"text\", \"text\": \"hi \"}, {\"type\": \"text\", \"text\": \"there\"}]}],"
+			   " \"max_completion_tokens\": 16, \"temperature\": 0, \"ignore_eos\": true%s}";
+	snprintf(body, sizeof(body), chat, "");
+	char *c1 = completion_text("/v1/chat/completions", body, 0, finish, sizeof(finish));
+	v = body_json();
+	CHECK(!strncmp(json_string_value(json_object_get(v, "id")) ?: "", "chatcmpl-", 9));
+	CHECK(!strcmp(json_string_value(json_object_get(v, "object")) ?: "", "chat.completion"));
+	CHECK(!strcmp(json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(v, "choices"), 0),
+									"message"),
+							"role")) ?: "",
+		      "assistant"));
+	CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")), 16);
+	json_decref(v);
+	CHECK(c1 && !strcmp(finish, "length"));
+	snprintf(body, sizeof(body), chat, ", \"stream\": true");
+	CHECK_EQ_INT(http("POST", "/v1/chat/completions", body), 200);
+	sse_parse(&s, true);
+	CHECK(!s.bad && s.done_last && s.role_first[0] && !strcmp(s.finish[0], "length"));
+	CHECKF(c1 && !strcmp(s.text[0], c1), "chat streamed '%s' vs '%s'", s.text[0], c1 ? c1 : "");
+
+	free(t1);
+	free(t2);
+	free(t3);
+	free(t4);
+	free(n2a);
+	free(n2b);
+	free(s42);
+	free(s43);
+	free(c1);
+	(void)srv;
+}
+
+/* Each bad request gets its 4xx error, and a good one right after still works. */
+static void test_bad_inputs(engine *e)
+{
+	char big_ids[128];
+	snprintf(big_ids, sizeof(big_ids), "{\"prompt\": [1, %u], \"max_tokens\": 2}", e->n_vocab);
+	static const struct {
+		const char *path;
+		const char *body;
+		const char *param; /* NULL: none expected */
+	} cases[] = {
+		{ "/v1/completions", "{\"prompt\": \"hi\"", NULL },
+		{ "/v1/completions", "[1, 2]", NULL },
+		{ "/v1/completions", "", NULL },
+		{ "/v1/completions", "{\"max_tokens\": 2}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": [1, -1], \"max_tokens\": 2}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": [], \"max_tokens\": 2}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": [\"a\", \"b\"], \"max_tokens\": 2}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": [1, 2.5], \"max_tokens\": 2}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": 7}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": \"\"}", "prompt" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", "max_tokens" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 4097}", "max_tokens" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 600}", "max_tokens" }, /* over the context */
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"5\"}", "max_tokens" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", "temperature" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": 2.5}", "temperature" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"top_p\": 0}", "top_p" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"top_k\": -1}", "top_k" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"n\": 5}", "n" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"n\": 0}", "n" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"stop\": [\"a\", \"b\", \"c\", \"d\", \"e\"]}", "stop" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"stop\": 3}", "stop" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"stream\": \"yes\"}", "stream" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"stream_options\": 1}", "stream_options" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"user\": \".hidden\"}", "user" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"session_id\": \"a/b\"}", "session_id" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"seed\": 1.5}", "seed" },
+		{ "/v1/chat/completions", "{\"prompt\": \"hi\"}", "messages" },
+		{ "/v1/chat/completions", "{\"messages\": []}", "messages" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", "messages[0].role" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages[0].content" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}]}]}",
+		  "messages[0].content" },
+		{ "/v1/chat/completions", "{\"messages\": [\"hi\"]}", "messages[0]" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}",
+		  "max_completion_tokens" },
+	};
+	for (size_t i = 0; i <= sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *path = i < sizeof(cases) / sizeof(cases[0]) ? cases[i].path : "/v1/completions";
+		const char *body = i < sizeof(cases) / sizeof(cases[0]) ? cases[i].body : big_ids;
+		const char *param = i < sizeof(cases) / sizeof(cases[0]) ? cases[i].param : "prompt";
+		http("POST", path, body);
+		CHECKF(is_error(400, param, NULL), "case %zu: %s", i, body);
+		CHECKF(http("POST", path,
+			    strstr(path, "chat") ? "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2}" :
+						   "{\"prompt\": \"x\", \"max_tokens\": 2}") == 200,
+		       "good request after case %zu: %ld %s", i, R.status, R.body);
+	}
+	/* a long-enough prompt is fine right at the context limit */
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": [1], \"max_tokens\": 511, \"ignore_eos\": true}"), 200);
+	json_t *v = body_json();
+	CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")), 511);
+	json_decref(v);
+	/* null is "absent" for optional fields */
+	CHECK_EQ_INT(http("POST", "/v1/completions",
+			  "{\"prompt\": \"x\", \"max_tokens\": 2, \"stop\": null, \"seed\": null, \"user\": null, "
+			  "\"stream_options\": null, \"extra_field\": {\"ignored\": true}}"),
+		     200);
+	http("GET", "/v1/sessions/.bad", NULL);
+	CHECK(is_error(405, NULL, NULL));
+	http("DELETE", "/v1/sessions/.bad", NULL);
+	CHECK(is_error(400, "id", NULL));
+}
+
+static void test_sessions_stats(engine *e)
+{
+	http("DELETE", "/v1/sessions/nosuch", NULL);
+	CHECK(is_error(404, "id", "not_found"));
+	http("POST", "/v1/sessions/nosuch/resume", NULL);
+	CHECK(is_error(404, "id", "not_found"));
+	http("POST", "/v1/sessions/nosuch/resume", "{\"stream\": true}");
+	CHECK(is_error(404, "id", "not_found"));
+	http("POST", "/v1/sessions/nosuch/resume", "{\"stream\": 1}");
+	CHECK(is_error(400, "stream", NULL));
+
+	/* a turn with a session: listed, resumable (plain and streamed), deletable */
+	CHECK_EQ_INT(http("POST", "/v1/completions",
+			  "{\"prompt\": \"the session prompt is long enough to fill two whole blocks of sixteen tokens\","
+			  " \"max_tokens\": 8, \"ignore_eos\": true, \"session_id\": \"s1\", \"user\": \"carol\"}"),
+		     200);
+	json_t *v = body_json();
+	CHECK(!strcmp(json_string_value(json_object_get(json_object_get(json_object_get(v, "usage"), "kvtier"),
+							"session_id")) ?: "",
+		      "s1"));
+	json_decref(v);
+	CHECK_EQ_INT(http("GET", "/v1/sessions?user=carol", NULL), 200);
+	v = body_json();
+	json_t *d0 = json_array_get(json_object_get(v, "data"), 0);
+	CHECKF(!strcmp(json_string_value(json_object_get(d0, "id")) ?: "", "s1"), "%s", R.body);
+	CHECK(!strcmp(json_string_value(json_object_get(d0, "tenant")) ?: "", "carol"));
+	CHECK(json_integer_value(json_object_get(d0, "tokens")) > 16);
+	CHECK(json_is_object(json_object_get(d0, "blocks_in")) && json_is_integer(json_object_get(d0, "updated")));
+	json_decref(v);
+	CHECK_EQ_INT(http("GET", "/v1/sessions", NULL), 200); /* tenant "default": not carol's */
+	CHECKF(!strstr(R.body, "\"s1\""), "%s", R.body);
+	http("DELETE", "/v1/sessions/s1", NULL);
+	CHECK(is_error(404, "id", "not_found"));
+
+	CHECK_EQ_INT(http("POST", "/v1/sessions/s1/resume?user=carol", NULL), 200);
+	v = body_json();
+	CHECKF(!strcmp(json_string_value(json_object_get(v, "id")) ?: "", "s1") &&
+		       json_is_object(json_object_get(v, "restored_tokens")) &&
+		       json_is_object(json_object_get(v, "restored_bytes")) && json_is_number(json_object_get(v, "seconds")) &&
+		       json_is_boolean(json_object_get(v, "prefill_measured")),
+	       "%s", R.body);
+	json_decref(v);
+	CHECK_EQ_INT(http("POST", "/v1/sessions/s1/resume", "{\"stream\": true, \"user\": \"carol\"}"), 200);
+	CHECK(!strcmp(R.ctype, "application/x-ndjson"));
+	{
+		char *last = NULL, *save = NULL;
+		int lines = 0;
+		bool all_json = true;
+		for (char *l = strtok_r(R.body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+			json_t *x = json_loads(l, 0, NULL);
+			all_json = all_json && x && json_is_string(json_object_get(x, "event"));
+			json_decref(x);
+			last = l;
+			lines++;
+		}
+		CHECKF(all_json && lines >= 1 && last && strstr(last, "\"event\":\"done\"") && strstr(last, "\"id\":\"s1\""),
+		       "ndjson: %d lines, last %s", lines, last ? last : "");
+	}
+	CHECK_EQ_INT(http("DELETE", "/v1/sessions/s1?user=carol", NULL), 200);
+	CHECKF(strstr(R.body, "\"deleted\":true"), "%s", R.body);
+	http("DELETE", "/v1/sessions/s1?user=carol", NULL);
+	CHECK(is_error(404, "id", "not_found"));
+
+	/* metrics: Prometheus text, a cumulative histogram */
+	CHECK_EQ_INT(http("GET", "/metrics", NULL), 200);
+	CHECKF(!strncmp(R.ctype, "text/plain; version=0.0.4", 25), "%s", R.ctype);
+	static const char *names[] = { "kvtier_tier_capacity_bytes{tier=\"hbm\"}", "kvtier_tier_used_bytes{tier=\"host\"}",
+				       "kvtier_tier_blocks{tier=\"nvme\"}", "kvtier_tier_hits_total{",
+				       "kvtier_tier_misses_total{", "kvtier_tier_promotions_total{",
+				       "kvtier_tier_promotion_bytes_total{", "kvtier_tier_demotions_total{",
+				       "kvtier_tier_demotion_bytes_total{", "kvtier_tier_evictions_total{",
+				       "kvtier_tier_corrupt_blocks_total{", "kvtier_tier_degraded{", "\nkvtier_requests_total ",
+				       "\nkvtier_requests_running ", "\nkvtier_requests_queued ", "\nkvtier_prompt_tokens_total ",
+				       "\nkvtier_completion_tokens_total ", "\nkvtier_prefix_cache_queries_tokens_total ",
+				       "\nkvtier_prefix_cache_hits_tokens_total ", "kvtier_cached_tokens_total{tier=\"hbm\"}",
+				       "# TYPE kvtier_ttft_seconds histogram", "\nkvtier_ttft_seconds_sum " };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		CHECKF(strstr(R.body, names[i]), "metrics lack %s", names[i]);
+	const char *inf = strstr(R.body, "kvtier_ttft_seconds_bucket{le=\"+Inf\"} ");
+	const char *cnt = strstr(R.body, "kvtier_ttft_seconds_count ");
+	const char *req = strstr(R.body, "\nkvtier_requests_total ");
+	CHECK(inf && cnt && req);
+	if (inf && cnt && req) {
+		long long a = atoll(inf + strlen("kvtier_ttft_seconds_bucket{le=\"+Inf\"} "));
+		long long b = atoll(cnt + strlen("kvtier_ttft_seconds_count "));
+		long long nr = atoll(req + strlen("\nkvtier_requests_total "));
+		CHECK(a == b && a > 0 && nr >= a);
+		/* cumulative: each bucket >= the one before */
+		long long prev = -1;
+		bool mono = true;
+		for (const char *p = strstr(R.body, "kvtier_ttft_seconds_bucket{"); p;
+		     p = strstr(p + 1, "kvtier_ttft_seconds_bucket{")) {
+			long long x = atoll(strchr(p, '}') + 2);
+			mono = mono && x >= prev;
+			prev = x;
+		}
+		CHECK(mono && prev == a);
+	}
+
+	/* /v1/stats */
+	CHECK_EQ_INT(http("GET", "/v1/stats", NULL), 200);
+	v = body_json();
+	json_t *tiers = json_object_get(v, "tiers"), *eng = json_object_get(v, "engine");
+	CHECK_EQ_INT(json_array_size(tiers), 3);
+	CHECK(!strcmp(json_string_value(json_object_get(json_array_get(tiers, 0), "name")) ?: "", "hbm"));
+	CHECK(!strcmp(json_string_value(json_object_get(json_array_get(tiers, 2), "name")) ?: "", "nvme"));
+	CHECK(json_is_number(json_object_get(json_array_get(tiers, 1), "hit_rate")));
+	CHECK(json_integer_value(json_object_get(eng, "requests")) > 10);
+	CHECK(json_integer_value(json_object_get(eng, "completion_tokens")) > 100);
+	CHECK(json_is_object(json_object_get(eng, "cached_tokens_by_tier")));
+	CHECK(json_is_object(json_object_get(v, "persist")) && json_is_number(json_object_get(v, "uptime_s")));
+	CHECK(!strcmp(json_string_value(json_object_get(v, "model")) ?: "", "synth-test"));
+	json_decref(v);
+	(void)e;
+}
+
+/* A client that hangs up cancels its request; the server keeps serving. */
+static void test_disconnect(engine *e, kvt_server *srv)
+{
+	static const char *bodies[2] = {
+		"{\"prompt\": [1, 2, 3], \"max_tokens\": 500, \"ignore_eos\": true}",
+		"{\"prompt\": [1, 2, 3], \"max_tokens\": 500, \"ignore_eos\": true, \"stream\": true}",
+	};
+	for (int k = 0; k < 2; k++) {
+		kvt_sched_stats before, after;
+		kvt_sched_get_stats(e->sched, &before);
+		int fd = raw_post("/v1/completions", bodies[k]);
+		CHECK(fd >= 0);
+		CHECK(wait_in_flight(srv, 1, 10));
+		if (k == 1) { /* streaming: the first bytes arrived before the client leaves */
+			char buf[256];
+			CHECK(read(fd, buf, sizeof(buf)) > 0);
+		}
+		close(fd);
+		CHECKF(wait_in_flight(srv, 0, 10), "in flight after hang-up: %u", kvt_server_in_flight(srv));
+		double t0 = kvt_now_s();
+		do {
+			kvt_sched_get_stats(e->sched, &after);
+		} while (after.requests == before.requests && kvt_now_s() - t0 < 10);
+		CHECK_EQ_INT(after.requests, before.requests + 1);
+		uint64_t gen = after.completion_tokens - before.completion_tokens;
+		printf("  hang-up (%s): request ended after %llu of 500 tokens\n", k ? "stream" : "plain",
+		       (unsigned long long)gen);
+		CHECKF(gen < 500, "the request ran to its end (%llu tokens): not cancelled", (unsigned long long)gen);
+		CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}"), 200);
+	}
+}
+
+/* Beyond max_concurrent: 503 overloaded with Retry-After; then draining. */
+static void test_overload_drain(engine *e)
+{
+	kvt_server *srv = serve(e, 1);
+	CHECK(srv != NULL);
+	if (!srv)
+		return;
+	bool saw503 = false;
+	for (int attempt = 0; attempt < 5 && !saw503; attempt++) {
+		int fd = raw_post("/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 500, \"ignore_eos\": true}");
+		CHECK(fd >= 0 && wait_in_flight(srv, 1, 10));
+		http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}");
+		if (R.status == 503)
+			saw503 = is_error(503, NULL, "overloaded");
+		close(fd);
+		wait_in_flight(srv, 0, 10);
+	}
+	CHECK(saw503);
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}"), 200);
+
+	kvt_server_drain(srv);
+	http("GET", "/health", NULL);
+	CHECKF(R.status == 503 && strstr(R.body, "\"draining\""), "%ld %s", R.status, R.body);
+	http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}");
+	CHECK(is_error(503, NULL, "draining"));
+	CHECK_EQ_INT(http("GET", "/v1/stats", NULL), 200); /* reads still answer */
+	kvt_server_stop(srv);
+}
+
+/* Stopping the server with a request in flight ends it (handles released before the scheduler goes). */
+static void test_stop_in_flight(engine *e)
+{
+	kvt_server *srv = serve(e, 4);
+	CHECK(srv != NULL);
+	if (!srv)
+		return;
+	int fd1 = raw_post("/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 500, \"ignore_eos\": true}");
+	int fd2 = raw_post("/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 500, \"ignore_eos\": true, \"stream\": true}");
+	CHECK(wait_in_flight(srv, 2, 10));
+	double t0 = kvt_now_s();
+	kvt_server_stop(srv);
+	CHECKF(kvt_now_s() - t0 < 5, "stop took %.1f s", kvt_now_s() - t0);
+	close(fd1);
+	close(fd2);
+}
+
+int main(void)
+{
+	if (!mkdtemp(dir))
+		return 1;
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	test_no_engine();
+
+	engine e;
+	memset(&e, 0, sizeof(e));
+	if (engine_open(&e) != 0) {
+		fprintf(stderr, "could not build the engine\n");
+		CHECK(0);
+	} else {
+		kvt_server *srv = serve(&e, 8);
+		CHECK(srv != NULL);
+		if (srv) {
+			test_completions(&e, srv);
+			test_bad_inputs(&e);
+			test_sessions_stats(&e);
+			test_disconnect(&e, srv);
+			kvt_server_stop(srv);
+		}
+		test_overload_drain(&e);
+		test_stop_in_flight(&e);
+	}
+	engine_close(&e);
+	curl_global_cleanup();
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", dir);
+	return check_done("test_server");
+}
