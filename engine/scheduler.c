@@ -79,6 +79,7 @@ struct kvt_sched {
 	bool stop, draining;
 	kvt_sched_handle *q_head, *q_tail;
 	uint32_t n_queued, n_running;
+	uint32_t t0_committed;      /* T0 blocks the running requests may grow to (admission) */
 	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
 	float *logits;              /* [max_running][n_vocab] */
 	double calib_rate;          /* prefill tokens/s measured at start-up */
@@ -113,6 +114,12 @@ uint32_t kvt_sched_n_vocab(const kvt_sched *s) { return s->n_vocab; }
 uint32_t kvt_sched_max_ctx(const kvt_sched *s) { return s->max_ctx; }
 
 static const char *tenant_of(const char *t) { return t && t[0] ? t : "default"; }
+
+/* T0 blocks a request's sequence may hold at its longest. */
+static uint32_t blocks_at_most(const kvt_sched *s, const kvt_sched_handle *h)
+{
+	return (h->req.n_prompt + h->req.max_tokens + s->block_tokens - 1) / s->block_tokens;
+}
 
 static int chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
 {
@@ -156,6 +163,12 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	if ((uint64_t)r->n_prompt + r->max_tokens > s->max_ctx) {
 		KVT_LOGE("sched: %u prompt tokens + %u max_tokens exceed the context of %u", r->n_prompt, r->max_tokens,
 			 s->max_ctx);
+		return KVT_EINVAL;
+	}
+	uint32_t longest = (r->n_prompt + r->max_tokens + s->block_tokens - 1) / s->block_tokens;
+	if (longest > kvt_t0_n_slots(s->cfg.t0)) {
+		KVT_LOGE("sched: %u prompt tokens + %u max_tokens need %u blocks; the device pool has %u (tier.hbm capacity)",
+			 r->n_prompt, r->max_tokens, longest, kvt_t0_n_slots(s->cfg.t0));
 		return KVT_EINVAL;
 	}
 	for (uint32_t i = 0; i < r->n_prompt; i++) {
@@ -617,6 +630,7 @@ static bool prune(kvt_sched *s)
 		pthread_mutex_lock(&s->mu);
 		h->unlinked = true;
 		s->n_running--;
+		s->t0_committed -= blocks_at_most(s, h);
 		bool gone = h->client_gone;
 		pthread_cond_broadcast(&s->idle);
 		pthread_mutex_unlock(&s->mu);
@@ -675,8 +689,15 @@ static void *sched_main(void *arg)
 			pthread_cond_wait(&s->work, &s->mu);
 		bool stop = s->stop;
 		kvt_sched_handle *adm = NULL, **tail = &adm;
+		/* Admission: a request starts only when the T0 pool can hold every
+		 * running sequence at its longest next to it (or nothing runs), so a
+		 * sequence never finds the pool full half way. */
 		while (s->q_head && (stop || s->n_running < s->cfg.max_running)) {
 			kvt_sched_handle *h = s->q_head;
+			uint32_t need = blocks_at_most(s, h);
+			if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0))
+				break;
+			s->t0_committed += need;
 			s->q_head = h->next;
 			if (!s->q_head)
 				s->q_tail = NULL;
