@@ -21,6 +21,7 @@
 #include "model.h"
 #include "scheduler.h"
 #include "sdnotify.h"
+#include "stack.h"
 #include "server.h"
 #include "t2_store.h"
 #include "tokenizer.h"
@@ -164,12 +165,7 @@ typedef struct daemon {
 	kvt_tok *tok;
 	kvt_dev *dev;
 	kvt_model *model;
-	kvt_t0_pool *t0;
-	kvt_btable *bt;
-	kvt_t2_store *t2;
-	kvt_db *db;
-	kvt_tm *tm;
-	kvt_sched *sched;
+	kvt_stack st;      /* index, tiers, scheduler */
 	kvt_api_key *keys; /* config keys plus api_key_file */
 	size_t n_keys;
 } daemon_t;
@@ -301,33 +297,9 @@ static int bring_up(daemon_t *d, int *exit_code)
 	}
 	if (n_t0 > INT32_MAX)
 		n_t0 = INT32_MAX;
-	if ((rc = kvt_t0_create(d->dev, &shape, (uint32_t)n_t0, &d->t0)))
-		return rc;
 
-	/* index and NVMe store */
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = bt;
-	if ((rc = kvt_db_open(&dbc, &d->db))) {
-		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : EX_IOERR;
-		return rc;
-	}
+	/* the stack: index, NVMe store, tiering manager (recovered), scheduler */
 	const size_t packed = kvt_kv_packed_bytes(&shape, c->host_dtype);
-	if (c->nvme.capacity_bytes) {
-		kvt_t2_config tc = { .path = t2_path, .capacity_bytes = c->nvme.capacity_bytes,
-				     .queue_depth = c->nvme_queue_depth, .io_mode = c->nvme_io,
-				     .compress = c->nvme_compression, .buffered_ok = true,
-				     .max_raw_bytes = (uint32_t)packed };
-		memcpy(tc.model_fp, fp, 32);
-		if ((rc = kvt_t2_open(&tc, &d->t2))) {
-			KVT_LOGE("tier.nvme %s: cannot open: %s", t2_path, kvt_strerror(rc));
-			*exit_code = EX_IOERR;
-			return rc;
-		}
-	}
-	if ((rc = kvt_btable_create(bt, (uint32_t)n_t0, &d->bt)))
-		return rc;
 	uint64_t host = c->host.capacity_bytes;
 	if (c->host.capacity_auto || !host)
 		host = 2ull << 30;
@@ -337,52 +309,46 @@ static int bring_up(daemon_t *d, int *exit_code)
 		*exit_code = EX_CONFIG;
 		return KVT_EINVAL;
 	}
-	kvt_tm_config tmc;
-	kvt_tm_config_default(&tmc);
-	tmc.dev = d->dev;
-	tmc.t0 = d->t0;
-	tmc.bt = d->bt;
-	tmc.t2 = d->t2;
-	tmc.db = d->db;
-	tmc.t1_slots = n_t1 > INT32_MAX ? INT32_MAX : (uint32_t)n_t1;
-	tmc.t1_codec = c->host_dtype;
-	tmc.persist = c->persist;
-	tmc.end_turn_s = c->end_turn_s;
-	tmc.n_io_threads = c->io_threads;
-	const kvt_tier_config *tiers[KVT_TIER_COUNT] = { &c->hbm, &c->host, &c->nvme };
-	for (int t = 0; t < KVT_TIER_COUNT; t++) {
-		tmc.high[t] = tiers[t]->high;
-		tmc.low[t] = tiers[t]->low;
-	}
-	if ((rc = kvt_tm_create(&tmc, &d->tm)))
-		return rc;
-	uint64_t n_rec = 0;
-	double tr = kvt_now_s();
-	if ((rc = kvt_tm_recover(d->tm, &n_rec)))
-		return rc;
-	KVT_LOGI("tiers: hbm %llu blocks (%s), host %llu blocks (%s), nvme %s; %llu durable blocks recovered in %.3f s",
-		 (unsigned long long)n_t0, "f16", (unsigned long long)tmc.t1_slots, kvt_kv_codec_name(c->host_dtype),
-		 d->t2 ? t2_path : "off", (unsigned long long)n_rec, kvt_now_s() - tr);
-
-	/* scheduler */
-	kvt_sched_config sc;
-	kvt_sched_config_default(&sc);
+	kvt_stack_config sc;
+	kvt_stack_config_default(&sc);
 	sc.dev = d->dev;
 	sc.model = d->model;
 	sc.tok = d->tok;
-	sc.t0 = d->t0;
-	sc.tm = d->tm;
-	sc.bt = d->bt;
-	sc.db = d->db;
 	memcpy(sc.model_fp, fp, 32);
-	sc.secret = secret;
-	sc.secret_bytes = secret_n;
-	sc.max_running = c->max_running;
-	sc.max_queue = c->max_queue;
-	sc.prefill_chunk = c->prefill_chunk;
-	sc.cache = c->cache_enabled;
-	if ((rc = kvt_sched_create(&sc, &d->sched)))
+	sc.block_tokens = bt;
+	sc.t0_slots = (uint32_t)n_t0;
+	sc.db_path = db_path;
+	sc.t2_path = c->nvme.capacity_bytes ? t2_path : NULL;
+	sc.t2.capacity_bytes = c->nvme.capacity_bytes;
+	sc.t2.queue_depth = c->nvme_queue_depth;
+	sc.t2.io_mode = c->nvme_io;
+	sc.t2.compress = c->nvme_compression;
+	sc.t2.buffered_ok = true;
+	sc.tm.t1_slots = n_t1 > INT32_MAX ? INT32_MAX : (uint32_t)n_t1;
+	sc.tm.t1_codec = c->host_dtype;
+	sc.tm.persist = c->persist;
+	sc.tm.end_turn_s = c->end_turn_s;
+	sc.tm.n_io_threads = c->io_threads;
+	const kvt_tier_config *tiers[KVT_TIER_COUNT] = { &c->hbm, &c->host, &c->nvme };
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
+		sc.tm.high[t] = tiers[t]->high;
+		sc.tm.low[t] = tiers[t]->low;
+	}
+	sc.sched.secret = secret;
+	sc.sched.secret_bytes = secret_n;
+	sc.sched.max_running = c->max_running;
+	sc.sched.max_queue = c->max_queue;
+	sc.sched.prefill_chunk = c->prefill_chunk;
+	sc.sched.cache = c->cache_enabled;
+	double tr = kvt_now_s();
+	if ((rc = kvt_stack_open(&sc, &d->st))) {
+		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EIO ? EX_IOERR : EX_SOFTWARE;
 		return rc;
+	}
+	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s; %llu durable blocks recovered; "
+		 "ready in %.3f s",
+		 (unsigned long long)n_t0, sc.tm.t1_slots, kvt_kv_codec_name(c->host_dtype), sc.t2_path ? t2_path : "off",
+		 (unsigned long long)d->st.n_recovered, kvt_now_s() - tr);
 	memset(secret, 0, sizeof(secret));
 	*exit_code = 0;
 	return KVT_OK;
@@ -392,12 +358,7 @@ static void tear_down(daemon_t *d)
 {
 	kvt_server_stop(d->srv);
 	d->srv = NULL;
-	kvt_sched_destroy(d->sched); /* flushes the cache to NVMe and commits the index */
-	kvt_tm_destroy(d->tm);
-	kvt_db_close(d->db);
-	kvt_t2_close(d->t2);
-	kvt_btable_destroy(d->bt);
-	kvt_t0_destroy(d->t0);
+	kvt_stack_close(&d->st); /* flushes the cache to NVMe and commits the index */
 	kvt_model_destroy(d->model);
 	kvt_dev_destroy(d->dev);
 	kvt_tok_destroy(d->tok);
@@ -522,7 +483,7 @@ int main(int argc, char **argv)
 	KVT_LOGI("listening on %s:%u", d.cfg.listen_host, kvt_server_port(d.srv));
 	if (bring_up(&d, &code))
 		goto out;
-	kvt_server_set_engine(d.srv, d.sched, d.tok);
+	kvt_server_set_engine(d.srv, d.st.sched, d.tok);
 	KVT_LOGI("ready");
 	kvt_sd_notify("READY=1\nSTATUS=serving");
 
@@ -558,7 +519,7 @@ int main(int argc, char **argv)
 		break;
 	}
 	kvt_server_drain(d.srv);
-	uint32_t cancelled = kvt_sched_drain(d.sched, d.cfg.drain_timeout_s);
+	uint32_t cancelled = kvt_sched_drain(d.st.sched, d.cfg.drain_timeout_s);
 	double tf = kvt_now_s();
 	kvt_sd_notify("STATUS=persisting sessions to NVMe");
 	tear_down(&d);

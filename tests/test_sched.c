@@ -22,6 +22,7 @@
 #include "manager.h"
 #include "model.h"
 #include "scheduler.h"
+#include "stack.h"
 #include "synth_model.h"
 #include "tokenizer.h"
 
@@ -37,12 +38,9 @@ typedef struct rig {
 	kvt_dev *dev;
 	kvt_model *m;
 	kvt_tok *tok;
-	kvt_t0_pool *t0;
-	kvt_btable *bt;
-	kvt_t2_store *t2;
-	kvt_db *db;
-	kvt_tm *tm;
-	kvt_sched *s;
+	kvt_stack st;
+	kvt_t0_pool *t0; /* st's, for short */
+	kvt_sched *s;    /* st's */
 	uint8_t fp[32];
 } rig;
 
@@ -60,55 +58,35 @@ static int rig_open(rig *r, bool reset, uint32_t max_running)
 	    kvt_tok_create_from_gguf(g, &r->tok))
 		return 1;
 	kvt_gguf_close(g);
-	kvt_kv_layout shape;
-	kvt_model_kv_shape(r->m, BT, &shape);
-	if (kvt_t0_create(r->dev, &shape, 160, &r->t0) || kvt_btable_create(BT, 0, &r->bt))
-		return 1;
-	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = 16u << 20, .reset = reset, .buffered_ok = true };
-	memcpy(tc.model_fp, r->fp, 32);
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, r->fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = BT;
-	if (kvt_t2_open(&tc, &r->t2) || kvt_db_open(&dbc, &r->db))
-		return 1;
-	kvt_tm_config c;
-	kvt_tm_config_default(&c);
+	kvt_stack_config c;
+	kvt_stack_config_default(&c);
 	c.dev = r->dev;
-	c.t0 = r->t0;
-	c.bt = r->bt;
-	c.t2 = r->t2;
-	c.db = r->db;
-	c.t1_slots = 64;
-	c.t1_codec = KVT_KV_CODEC_F16;
-	uint64_t n_rec = 0;
-	if (kvt_tm_create(&c, &r->tm) || kvt_tm_recover(r->tm, &n_rec))
+	c.model = r->m;
+	c.tok = r->tok;
+	memcpy(c.model_fp, r->fp, 32);
+	c.block_tokens = BT;
+	c.t0_slots = 160;
+	c.db_path = db_path;
+	c.t2_path = t2_path;
+	c.t2.capacity_bytes = 16u << 20;
+	c.t2.reset = reset;
+	c.t2.buffered_ok = true;
+	c.tm.t1_slots = 64;
+	c.tm.t1_codec = KVT_KV_CODEC_F16;
+	c.sched.secret = secret;
+	c.sched.secret_bytes = sizeof(secret);
+	c.sched.max_running = max_running;
+	c.sched.prefill_chunk = 48;
+	if (kvt_stack_open(&c, &r->st))
 		return 1;
-	kvt_sched_config sc;
-	kvt_sched_config_default(&sc);
-	sc.dev = r->dev;
-	sc.model = r->m;
-	sc.tok = r->tok;
-	sc.t0 = r->t0;
-	sc.tm = r->tm;
-	sc.bt = r->bt;
-	sc.db = r->db;
-	memcpy(sc.model_fp, r->fp, 32);
-	sc.secret = secret;
-	sc.secret_bytes = sizeof(secret);
-	sc.max_running = max_running;
-	sc.prefill_chunk = 48;
-	return kvt_sched_create(&sc, &r->s) != KVT_OK;
+	r->t0 = r->st.t0;
+	r->s = r->st.sched;
+	return 0;
 }
 
 static void rig_close(rig *r)
 {
-	kvt_sched_destroy(r->s);
-	kvt_tm_destroy(r->tm);
-	kvt_db_close(r->db);
-	kvt_t2_close(r->t2);
-	kvt_btable_destroy(r->bt);
-	kvt_t0_destroy(r->t0);
+	kvt_stack_close(&r->st);
 	kvt_model_destroy(r->m);
 	kvt_tok_destroy(r->tok);
 	kvt_dev_destroy(r->dev);

@@ -26,6 +26,7 @@
 #include "model.h"
 #include "scheduler.h"
 #include "server.h"
+#include "stack.h"
 #include "synth_model.h"
 #include "tokenizer.h"
 
@@ -315,11 +316,8 @@ typedef struct engine {
 	kvt_dev *dev;
 	kvt_model *m;
 	kvt_tok *tok;
-	kvt_t0_pool *t0;
-	kvt_btable *bt;
-	kvt_db *db;
-	kvt_tm *tm;
-	kvt_sched *sched;
+	kvt_stack st;   /* index, tiers, scheduler */
+	kvt_sched *sched; /* st's */
 	uint32_t n_vocab;
 } engine;
 
@@ -346,48 +344,28 @@ static int engine_open(engine *e)
 		return 1;
 	kvt_gguf_close(g);
 	e->n_vocab = kvt_model_hparams_get(e->m)->n_vocab;
-	kvt_kv_layout shape;
-	kvt_model_kv_shape(e->m, BT, &shape);
-	if (kvt_t0_create(e->dev, &shape, 256, &e->t0) || kvt_btable_create(BT, 0, &e->bt))
-		return 1;
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = BT;
-	if (kvt_db_open(&dbc, &e->db))
-		return 1;
-	kvt_tm_config tc;
-	kvt_tm_config_default(&tc);
-	tc.dev = e->dev;
-	tc.t0 = e->t0;
-	tc.bt = e->bt;
-	tc.t1_slots = 32;
-	if (kvt_tm_create(&tc, &e->tm))
-		return 1;
-	kvt_sched_config c;
-	kvt_sched_config_default(&c);
+	kvt_stack_config c;
+	kvt_stack_config_default(&c);
 	static const uint8_t secret[32] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 	c.dev = e->dev;
 	c.model = e->m;
 	c.tok = e->tok;
-	c.t0 = e->t0;
-	c.tm = e->tm;
-	c.bt = e->bt;
-	c.db = e->db;
 	memcpy(c.model_fp, fp, 32);
-	c.layout_version = KVT_KV_LAYOUT_VERSION;
-	c.secret = secret;
-	c.secret_bytes = sizeof(secret);
-	return kvt_sched_create(&c, &e->sched) != KVT_OK;
+	c.block_tokens = BT;
+	c.t0_slots = 256;
+	c.db_path = db_path;
+	c.tm.t1_slots = 32;
+	c.sched.secret = secret;
+	c.sched.secret_bytes = sizeof(secret);
+	if (kvt_stack_open(&c, &e->st))
+		return 1;
+	e->sched = e->st.sched;
+	return 0;
 }
 
 static void engine_close(engine *e)
 {
-	kvt_sched_destroy(e->sched);
-	kvt_tm_destroy(e->tm);
-	kvt_db_close(e->db);
-	kvt_btable_destroy(e->bt);
-	kvt_t0_destroy(e->t0);
+	kvt_stack_close(&e->st);
 	kvt_tok_destroy(e->tok);
 	kvt_model_destroy(e->m);
 	kvt_dev_destroy(e->dev);
