@@ -36,7 +36,7 @@ const double kvt_ttft_bucket_le[KVT_TTFT_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 
 
 #define TTFT_RING 1024u
 
-enum h_state { H_QUEUED, H_PREFILL, H_DECODE, H_FINISHING, H_DONE };
+enum h_state { H_QUEUED, H_PROMOTE, H_PREFILL, H_DECODE, H_FINISHING, H_DONE };
 
 struct kvt_sched_handle {
 	kvt_sched *s;
@@ -65,6 +65,9 @@ struct kvt_sched_handle {
 	uint8_t (*hashes)[KVT_HASH_BYTES]; /* chain of the full blocks registered so far */
 	uint32_t n_hashes;
 	uint32_t n_pinned;          /* leading hashes[] pinned at admission (the cached prefix) */
+	uint8_t *origin;            /* [blocks] tier each cached block was found in */
+	uint32_t n_usable;          /* cached blocks found in some tier (being promoted) */
+	kvt_tm_ticket *ticket;      /* H_PROMOTE: the manager bringing them to T0 */
 	double t_submit, t_first;
 };
 
@@ -149,6 +152,7 @@ static void handle_free(kvt_sched_handle *h)
 		kvt_seq_deinit(&h->seq);
 	pthread_cond_destroy(&h->cv);
 	free(h->hashes);
+	free(h->origin);
 	free(h->toks);
 	free(h);
 }
@@ -333,6 +337,10 @@ static void put_session(kvt_sched *s, kvt_sched_handle *h)
 /* End a running request: release its blocks and pins, save its session, publish usage. */
 static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 {
+	if (h->ticket) { /* cancelled while promoting: waits, drops the slots' references */
+		kvt_tm_ticket_free(s->cfg.tm, h->ticket);
+		h->ticket = NULL;
+	}
 	if (s->cfg.tm) {
 		for (uint32_t i = 0; i < h->n_pinned; i++)
 			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
@@ -357,29 +365,81 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 }
 
 /*
- * Start a queued request: the cached prefix (pinned and promoted to T0),
- * the sequence on it, the sampler. On failure the request ends with ERROR.
+ * The cached prefix has reached T0 (res[i], slots[i] per usable block): the
+ * blocks up to the first failure become the start of the sequence; the rest
+ * are given back and recomputed.
+ */
+static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots, const int *res)
+{
+	const uint32_t bt = s->block_tokens, usable = h->n_usable;
+	uint32_t ok = 0;
+	while (ok < usable && res[ok] == KVT_OK)
+		ok++;
+	for (uint32_t i = ok; i < usable; i++) {
+		if (res[i] == KVT_OK)
+			kvt_t0_unref(s->cfg.t0, slots[i]);
+		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+	}
+	if (ok < usable)
+		KVT_LOGW("sched: %u of %u cached blocks could not be promoted (%s): recomputing them", usable - ok, usable,
+			 kvt_strerror(res[ok]));
+	memcpy(h->seq.blocks, slots, (size_t)ok * sizeof(int32_t));
+	h->seq.n_blocks = ok;
+	h->seq.n_tokens = ok * bt;
+	h->seq.n_synced = 0;
+	for (uint32_t i = 0; i < ok; i++)
+		h->usage.cached_by_tier[h->origin[i]] += bt;
+	h->n_pinned = ok;
+	h->n_hashes = ok; /* blocks past the served prefix get registered anew */
+	h->usage.cached_tokens = ok * bt;
+	h->state = H_PREFILL;
+}
+
+/* A promotion ticket is done: collect it. */
+static void collect_prefix(kvt_sched *s, kvt_sched_handle *h)
+{
+	int32_t *slots = calloc(h->n_usable, sizeof(*slots));
+	int *res = calloc(h->n_usable, sizeof(*res));
+	if (!slots || !res) {
+		free(slots);
+		free(res);
+		finish_request(s, h, KVT_FINISH_ERROR); /* frees the ticket and its references */
+		return;
+	}
+	kvt_tm_ticket_results(s->cfg.tm, h->ticket, slots, res);
+	kvt_tm_ticket_free(s->cfg.tm, h->ticket);
+	h->ticket = NULL;
+	take_prefix(s, h, slots, res);
+	free(slots);
+	free(res);
+}
+
+/*
+ * Start a queued request: the cached prefix (pinned), the sequence, the
+ * sampler. A prefix already in T0 is taken at once; one that must come up
+ * from T1 or T2 is promoted by the manager's I/O threads while the other
+ * sequences go on decoding (state H_PROMOTE). On failure the request ends
+ * with ERROR.
  */
 static void admit(kvt_sched *s, kvt_sched_handle *h)
 {
 	const uint32_t bt = s->block_tokens;
 	const uint32_t max_blocks = h->cap_toks / bt + 1;
 	kvt_btable_match *mt = NULL;
-	uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
-	int32_t *slots = NULL;
-	int *res = NULL;
 	int rc = KVT_ENOMEM;
 
 	h->usage.prompt_tokens = h->req.n_prompt;
 	h->usage.queue_s = kvt_now_s() - h->t_submit;
 	h->hashes = calloc(max_blocks, KVT_HASH_BYTES);
-	if (!h->hashes || (rc = chain_root(s, h->req.tenant, h->root)) ||
+	h->origin = calloc(max_blocks, 1);
+	if (!h->hashes || !h->origin || (rc = chain_root(s, h->req.tenant, h->root)) ||
 	    (rc = kvt_seq_init(&h->seq, s->cfg.dev, s->cfg.t0, h->cap_toks)))
 		goto fail;
 	h->seq_ready = true;
 	if ((rc = kvt_sampler_init(&h->sampler, &h->req.sample, s->n_vocab)))
 		goto fail;
 	h->sampler_ready = true;
+	h->state = H_PREFILL;
 
 	/* The cached prefix: full blocks of prompt[0..n-1), so the last prompt token is always run. */
 	uint32_t n_look = h->req.n_prompt - 1, n_full = n_look / bt, nh = 0, nm = 0, usable = 0;
@@ -387,61 +447,51 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	s->st.prefix_queries_tokens += h->req.n_prompt;
 	s->st.reusable_tokens += (uint64_t)n_full * bt;
 	pthread_mutex_unlock(&s->mu);
-	if (s->cfg.tm && s->cfg.cache && n_full) {
-		mt = calloc(n_full, sizeof(*mt));
-		hh = calloc(n_full, KVT_HASH_BYTES);
-		slots = calloc(n_full, sizeof(*slots));
-		res = calloc(n_full, sizeof(*res));
-		if (!mt || !hh || !slots || !res) {
-			rc = KVT_ENOMEM;
-			goto fail;
-		}
-		rc = kvt_tm_lookup(s->cfg.tm, h->root, h->toks, n_look, KVT_BT_PIN | KVT_BT_TOUCH, mt, n_full, &nh, &nm);
-		if (rc)
-			goto fail;
-		h->n_pinned = nm; /* every matched block is pinned, usable or not */
-		for (uint32_t i = 0; i < nm; i++)
-			memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
-		while (usable < nm && origin_tier(&mt[usable]) >= 0)
-			usable++;
-		if (usable) {
-			memcpy(hh, h->hashes, (size_t)usable * KVT_HASH_BYTES);
-			kvt_tm_promote(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])hh, slots, res);
-			uint32_t ok = 0;
-			while (ok < usable && res[ok] == KVT_OK)
-				ok++;
-			for (uint32_t i = ok; i < usable; i++) /* past the first failure: not part of the prefix */
-				if (res[i] == KVT_OK)
-					kvt_t0_unref(s->cfg.t0, slots[i]);
-			if (ok < usable)
-				KVT_LOGW("sched: %u of %u cached blocks could not be promoted (%s): recomputing them",
-					 usable - ok, usable, kvt_strerror(res[ok]));
-			usable = ok;
-			memcpy(h->seq.blocks, slots, (size_t)usable * sizeof(int32_t));
-			h->seq.n_blocks = usable;
-			h->seq.n_tokens = usable * bt;
-			h->seq.n_synced = 0;
-			for (uint32_t i = 0; i < usable; i++)
-				h->usage.cached_by_tier[origin_tier(&mt[i])] += bt;
-		}
-		for (uint32_t i = usable; i < nm; i++) /* matched but not served: let them go */
-			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
-		h->n_pinned = usable;
-		h->n_hashes = usable; /* blocks past the usable prefix get registered anew */
-		h->usage.cached_tokens = usable * bt;
+	if (!s->cfg.tm || !s->cfg.cache || !n_full)
+		return;
+	if (!(mt = calloc(n_full, sizeof(*mt)))) {
+		rc = KVT_ENOMEM;
+		goto fail;
 	}
+	if ((rc = kvt_tm_lookup(s->cfg.tm, h->root, h->toks, n_look, KVT_BT_PIN | KVT_BT_TOUCH, mt, n_full, &nh, &nm)))
+		goto fail;
+	bool all_in_t0 = true;
+	for (uint32_t i = 0; i < nm; i++)
+		memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
+	while (usable < nm && origin_tier(&mt[usable]) >= 0) {
+		h->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
+		all_in_t0 = all_in_t0 && h->origin[usable] == KVT_TIER_HBM;
+		usable++;
+	}
+	for (uint32_t i = usable; i < nm; i++) /* matched, but in no tier: let them go */
+		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+	h->n_pinned = h->n_usable = usable;
 	free(mt);
-	free(hh);
+	mt = NULL;
+	if (!usable)
+		return;
+	if (!all_in_t0 &&
+	    kvt_tm_submit(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, KVT_TIER_HBM, true,
+			  &h->ticket) == KVT_OK) {
+		h->state = H_PROMOTE;
+		return;
+	}
+	int32_t *slots = calloc(usable, sizeof(*slots));
+	int *res = calloc(usable, sizeof(*res));
+	if (!slots || !res) {
+		free(slots);
+		free(res);
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	kvt_tm_promote(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, slots, res);
+	take_prefix(s, h, slots, res);
 	free(slots);
 	free(res);
-	h->state = H_PREFILL;
 	return;
 fail:
 	KVT_LOGE("sched: cannot start a request: %s", kvt_strerror(rc));
 	free(mt);
-	free(hh);
-	free(slots);
-	free(res);
 	finish_request(s, h, KVT_FINISH_ERROR);
 }
 
@@ -507,6 +557,10 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows)
 {
 	uint32_t n_ent = 0, n_rows = 0, need = 0;
 	const uint32_t cap_rows = s->max_batch;
+
+	for (kvt_sched_handle *h = s->running; h; h = h->next)
+		if (h->state == H_PROMOTE && kvt_tm_ticket_done(s->cfg.tm, h->ticket, NULL))
+			collect_prefix(s, h);
 
 	/* decoding and finishing sequences: one row each */
 	for (kvt_sched_handle *h = s->running; h; h = h->next) {
@@ -733,8 +787,11 @@ static void *sched_main(void *arg)
 		prune(s);
 		reap_cancelled(s);
 		prune(s);
-		if (ents && rows)
-			step(s, ents, rows);
+		if (ents && rows && !step(s, ents, rows) && s->running) {
+			/* only promotions in flight: look again shortly */
+			struct timespec ts = { 0, 200 * 1000 };
+			nanosleep(&ts, NULL);
+		}
 		if (prune(s) && s->cfg.tm)
 			kvt_tm_end_turn(s->cfg.tm);
 	}

@@ -329,6 +329,14 @@ int main(void)
 	CHECK(again.u.cached_by_tier[KVT_TIER_HBM] == again.u.cached_tokens); /* resumed into T0 first */
 	CHECKF(again.n == ref.n && !memcmp(again.out, ref.out, ref.n * 4),
 	       "after the restart the turn's tokens differ from the uninterrupted run");
+	/* once more, with no explicit resume: the prefix comes up from NVMe while the scheduler runs */
+	rig_close(&r);
+	CHECK(rig_open(&r, false, 8) == KVT_OK);
+	req_init(&q, turn, n_next, 12, "alice", NULL);
+	CHECK(run(&r, &q, &again) == KVT_OK);
+	CHECK_EQ_INT(again.u.cached_by_tier[KVT_TIER_NVME], n_hist / BT * BT);
+	CHECKF(again.n == ref.n && !memcmp(again.out, ref.out, ref.n * 4),
+	       "promoted from NVMe on demand, the turn's tokens differ from the uninterrupted run");
 	CHECK(kvt_sched_session_delete(r.s, "alice", "conv-1") == KVT_OK);
 	kvt_session_info *info;
 	size_t n = 0;
