@@ -13,14 +13,14 @@
  *      fresh T0 slots, and the same continuation is scored on top of THAT
  *      prefix. This is the tiering case exactly: a cached prefix demoted to
  *      T1, promoted, and new tokens computed on it.
- * Variants: the device codecs through the mover the manager uses (f16, fp8,
- * int8 with one scale per token and KV head), and, for the granularity
- * measurement, the same FP8/INT8 arithmetic (gpu/kv_codec.h) applied on the
- * CPU with coarser scales: one per block and KV head (16 tokens x head_dim
- * values), and one per tensor (a layer's K or V over the whole prefix). The
- * CPU per-token-and-head path is checked against the device path bit for bit.
- * One finer INT8 variant (a scale per token, KV head and half of head_dim;
- * not a device format) shows what the INT8 relative-L2 target would take.
+ * Variants: the device codecs through the mover the manager uses (f16; fp8
+ * with one scale per token and KV head; int8 with one scale per token, KV
+ * head and 32 dims), and, for the granularity measurement, the same FP8/INT8
+ * arithmetic (gpu/kv_codec.h) applied on the CPU with other scales: one per
+ * token and KV head (int8's format before group scales), one per block and
+ * KV head (16 tokens x head_dim values), and one per tensor (a layer's K or V
+ * over the whole prefix). The CPU simulation of each device row is checked
+ * against the device path bit for bit.
  *
  * Reported per variant:
  *   - round-trip relative L2 error ||x' - x|| / ||x|| over all prefix KV, K and
@@ -46,8 +46,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_HALF_HEAD = 3 };
-static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x half head" };
+enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_GROUP32 = 3 };
+static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x head x 32" };
 
 typedef struct variant {
 	int codec;   /* enum kvt_kv_codec */
@@ -60,7 +60,7 @@ typedef struct variant {
 	double att_se, att_ref;          /* attention outputs */
 	double nll;                      /* summed NLL of the continuation */
 	uint64_t n_tok, n_agree;         /* scored positions, greedy agreements */
-	uint64_t n_mismatch;             /* CPU simulation vs device bytes (token x head only) */
+	uint64_t n_mismatch;             /* CPU simulation vs device bytes (device rows only) */
 } variant;
 
 static kvt_kv_layout shape;
@@ -90,8 +90,11 @@ static float amax_of(const uint16_t *x, size_t n)
 static void quant_blocks(int codec, int g, uint16_t *kv, uint32_t n_blocks)
 {
 	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
-	if (g == G_TOKEN_HEAD || g == G_BLOCK_HEAD || g == G_HALF_HEAD) {
-		size_t run = g == G_TOKEN_HEAD ? D : g == G_HALF_HEAD ? D / 2 : (size_t)T * D;
+	if (g == G_TOKEN_HEAD || g == G_BLOCK_HEAD || g == G_GROUP32) {
+		/* G_GROUP32: INT8's device groups (32 dims, or the whole head when D % 32 != 0) */
+		size_t run = g == G_TOKEN_HEAD	 ? D
+			     : g == G_GROUP32 ? kvt_codec_group_dims(KVT_KV_CODEC_INT8, D)
+					      : (size_t)T * D;
 		for (size_t off = 0; off < (size_t)n_blocks * n_el; off += run)
 			quant_run(codec, kv + off, run, amax_of(kv + off, run));
 		return;
@@ -287,12 +290,16 @@ int main(int argc, char **argv)
 	const size_t bb = kvt_t0_block_bytes(t0);
 	n_el = bb / 2;
 
+	/* the device rows first: their granularity is the device format's (dev.h) */
 	variant vars[] = {
-		{ .codec = KVT_KV_CODEC_F16, .gran = G_TOKEN_HEAD, .device = true }, { .codec = KVT_KV_CODEC_FP8, .gran = G_TOKEN_HEAD, .device = true },
-		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TOKEN_HEAD, .device = true }, { .codec = KVT_KV_CODEC_FP8, .gran = G_BLOCK_HEAD, .device = false },
-		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TENSOR, .device = false }, { .codec = KVT_KV_CODEC_INT8, .gran = G_BLOCK_HEAD, .device = false },
+		{ .codec = KVT_KV_CODEC_F16, .gran = G_TOKEN_HEAD, .device = true },
+		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TOKEN_HEAD, .device = true },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_GROUP32, .device = true },
+		{ .codec = KVT_KV_CODEC_FP8, .gran = G_BLOCK_HEAD, .device = false },
+		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TENSOR, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TOKEN_HEAD, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_BLOCK_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TENSOR, .device = false },
-		{ .codec = KVT_KV_CODEC_INT8, .gran = G_HALF_HEAD, .device = false },
 	};
 	const int n_var = (int)(sizeof(vars) / sizeof(vars[0]));
 	for (int i = 0; i < n_var; i++)
@@ -356,7 +363,7 @@ int main(int argc, char **argv)
 					kvt_dev_copy_d2h(dev, kv_q + (size_t)b * n_el, (char *)kvt_t0_layout(t0)->pool + (size_t)q.blocks[b] * bb, bb);
 				if (v->codec != KVT_KV_CODEC_F16) {
 					memcpy(kv_sim, kv_ref, (size_t)n_pb * bb);
-					quant_blocks(v->codec, G_TOKEN_HEAD, kv_sim, n_pb);
+					quant_blocks(v->codec, v->gran, kv_sim, n_pb);
 					for (size_t i = 0; i < (size_t)n_pb * n_el; i++)
 						v->n_mismatch += kv_sim[i] != kv_q[i];
 				}
@@ -396,9 +403,9 @@ int main(int argc, char **argv)
 		double ppl = exp(v->nll / (double)v->n_tok), chg = (ppl / ppl_ref - 1) * 100;
 		double cos_mean = v->cos_sum / (double)v->n_vec;
 		const char *target = "-";
-		if (v->gran == G_TOKEN_HEAD && v->codec == KVT_KV_CODEC_FP8)
+		if (v->device && v->codec == KVT_KV_CODEC_FP8)
 			target = rel <= 0.03 && cos_mean >= 0.99 && chg <= 1.0 ? "met" : "MISSED";
-		else if (v->gran == G_TOKEN_HEAD && v->codec == KVT_KV_CODEC_INT8)
+		else if (v->device && v->codec == KVT_KV_CODEC_INT8)
 			target = rel <= 0.01 && chg <= 0.5 ? "met" : "MISSED";
 		else if (v->codec == KVT_KV_CODEC_F16)
 			target = rel == 0 && v->n_agree == (uint64_t)n_windows * n_cont ? "exact" : "NOT EXACT";
@@ -410,8 +417,8 @@ int main(int argc, char **argv)
 	}
 	for (int vi = 0; vi < n_var; vi++)
 		if (vars[vi].device && vars[vi].codec != KVT_KV_CODEC_F16)
-			printf("\nCPU simulation vs device, %s token x head: %llu of %llu values differ",
-			       kvt_kv_codec_name(vars[vi].codec), (unsigned long long)vars[vi].n_mismatch,
+			printf("\nCPU simulation vs device, %s %s: %llu of %llu values differ",
+			       kvt_kv_codec_name(vars[vi].codec), gran_name[vars[vi].gran], (unsigned long long)vars[vi].n_mismatch,
 			       (unsigned long long)n_windows * n_pb * n_el);
 	printf("\n(%.0f s)\n", kvt_now_s() - t_start);
 

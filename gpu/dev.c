@@ -6,6 +6,7 @@
  * the op and the field, and returns KVT_EINVAL; backends never re-check.
  */
 #include "dev_impl.h"
+#include "kv_codec.h"
 
 #include <stdlib.h>
 
@@ -338,13 +339,23 @@ const char *kvt_kv_codec_name(int codec)
 	return codec >= 0 && codec < KVT_KV_CODEC_COUNT ? names[codec] : "?";
 }
 
+uint32_t kvt_kv_group_dims(int codec, uint32_t head_dim)
+{
+	if (codec != KVT_KV_CODEC_FP8 && codec != KVT_KV_CODEC_INT8)
+		return 0;
+	return kvt_codec_group_dims(codec, head_dim);
+}
+
 size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec)
 {
 	size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
 	switch (codec) {
 	case KVT_KV_CODEC_F16: return n_vec * l->head_dim * 2;
 	case KVT_KV_CODEC_FP8:
-	case KVT_KV_CODEC_INT8: return n_vec * l->head_dim + n_vec * sizeof(float);
+	case KVT_KV_CODEC_INT8: /* codes, then one fp32 scale per group */
+		if (!l->head_dim)
+			return 0;
+		return n_vec * l->head_dim + n_vec * (l->head_dim / kvt_codec_group_dims(codec, l->head_dim)) * sizeof(float);
 	}
 	return 0;
 }

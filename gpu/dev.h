@@ -224,11 +224,18 @@ size_t kvt_kv_block_bytes(const kvt_kv_layout *l);
  *   F16:  the block record itself, bit for bit (lossless);
  *   FP8:  codes[layer][K,V][kv_head][token][dim] as FP8 E4M3 (OCP "FN":
  *         no infinities, saturating at +-448), then
- *         scales[layer][K,V][kv_head][token] as fp32;
- *   INT8: the same shape with int8 codes in [-127, 127].
- * One scale per token and KV head (amax / 448 for FP8, amax / 127 for INT8;
- * see tiers/README.md for the measurement that chose it). Encoding: with
- * s = amax / qmax and inv = qmax / amax (both 0 when amax is 0),
+ *         scales[layer][K,V][kv_head][token] as fp32: one scale per token
+ *         and KV head;
+ *   INT8: codes of the same shape in [-127, 127], then
+ *         scales[layer][K,V][kv_head][token][group] as fp32: one scale per
+ *         group of KVT_KV_INT8_GROUP (32) consecutive dims of a token and KV
+ *         head (group g covers dims 32g .. 32g+31). NOTE: when head_dim is
+ *         not a multiple of 32 the whole head is one group (one scale per
+ *         token and KV head, as FP8).
+ * kvt_kv_group_dims() gives the values per scale. A group's scale is
+ * s = amax / qmax over the group's values (qmax 448 for FP8, 127 for INT8;
+ * see tiers/README.md for the measurements that chose these), with
+ * inv = qmax / amax (both 0 when amax is 0). Encoding:
  * code = round_nearest_even(x * inv) (saturated); decoding x' = code * s,
  * rounded to fp16. Backends are bit-identical: the same fp32 operations in
  * the same order.
@@ -240,6 +247,10 @@ enum kvt_kv_codec {
 	KVT_KV_CODEC_COUNT
 };
 const char *kvt_kv_codec_name(int codec); /* "f16", "fp8", "int8" */
+#define KVT_KV_INT8_GROUP 32 /* dims per INT8 scale when head_dim is a multiple of it */
+/* Values per fp32 scale of a packed vector: head_dim for FP8; KVT_KV_INT8_GROUP
+ * for INT8, or head_dim when head_dim is not a multiple of it; 0 for F16. */
+uint32_t kvt_kv_group_dims(int codec, uint32_t head_dim);
 /* Bytes of one packed block of this layout and codec. */
 size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec);
 

@@ -689,9 +689,12 @@ static uint16_t *kv_row(const kvt_kv_layout *l, int32_t slot, uint32_t layer, ui
 /*
  * 8-bit pools (codec FP8 or INT8): a block is the packed format of dev.h,
  * codes of vector vi = ((layer * 2 + kv) * n_kv_heads + head) * block_tokens + t
- * at vi * head_dim, its fp32 scale at n_vec * head_dim + vi * 4.
+ * at vi * head_dim, the fp32 scale of its group g (ng = head_dim /
+ * kvt_codec_group_dims groups: 1 for FP8) at n_vec * head_dim + (vi * ng + g) * 4.
  */
-static void pack_vec(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
+typedef void (*pack_group_fn)(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
+static void pack_group(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
+static void pack_vec(pack_group_fn pack, int codec, const uint16_t *x, uint32_t hd, uint8_t *codes, uint8_t *scales);
 
 static size_t q_vec(const kvt_kv_layout *l, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t)
 {
@@ -712,11 +715,14 @@ static void kv_vec(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uint32_
 	KVT_ASSERT(slot >= 0 && (uint32_t)slot < l->n_slots);
 	const uint8_t *base = (const uint8_t *)l->pool + (size_t)slot * kvt_kv_block_bytes(l);
 	const size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens, vi = q_vec(l, layer, kv, head, t);
-	float sc;
-	memcpy(&sc, base + n_vec * hd + vi * 4, 4);
-	for (uint32_t i = 0; i < hd; i++) {
-		uint8_t c = base[vi * hd + i];
-		out[i] = (l->codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c) * sc;
+	const uint32_t gd = kvt_codec_group_dims(l->codec, hd), ng = hd / gd;
+	for (uint32_t g = 0; g < ng; g++) {
+		float sc;
+		memcpy(&sc, base + n_vec * hd + (vi * ng + g) * 4, 4);
+		for (uint32_t i = g * gd; i < (g + 1) * gd; i++) {
+			uint8_t c = base[vi * hd + i];
+			out[i] = (l->codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c) * sc;
+		}
 	}
 }
 
@@ -731,9 +737,8 @@ static void kv_store_q(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uin
 		h16[i] = kvt_f32_to_f16(x[i]);
 	uint8_t *base = (uint8_t *)l->pool + (size_t)slot * kvt_kv_block_bytes(l);
 	const size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens, vi = q_vec(l, layer, kv, head, t);
-	float sc;
-	pack_vec(l->codec, h16, hd, base + vi * hd, &sc);
-	memcpy(base + n_vec * hd + vi * 4, &sc, 4);
+	const uint32_t ng = hd / kvt_codec_group_dims(l->codec, hd);
+	pack_vec(pack_group, l->codec, h16, hd, base + vi * hd, base + n_vec * hd + vi * ng * 4);
 }
 
 static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
@@ -1269,9 +1274,11 @@ static int cpu_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src,
 /*
  * Block codecs. Plain loops on the calling thread: these run on the tiering
  * manager's threads, beside the compute thread that owns the worker pool.
- * One vector is the head_dim values of one (layer, K/V, head, token).
+ * One vector is the head_dim values of one (layer, K/V, head, token); it is
+ * coded as kvt_codec_group_dims-sized groups, each with its own scale
+ * (pack_group / unpack_group code one group of n values).
  */
-static void pack_vec(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
+static void pack_group(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
 {
 	float amax = 0.0f, s, inv;
 	for (uint32_t i = 0; i < n; i++) {
@@ -1286,11 +1293,34 @@ static void pack_vec(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, f
 	*scale = s;
 }
 
-static void unpack_vec(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
+typedef void (*unpack_group_fn)(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x);
+static void unpack_group(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		float c = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(codes[i]) : (float)(int8_t)codes[i];
 		x[i] = kvt_f32_to_f16(c * s);
+	}
+}
+
+/* One vector of hd values, group after group; scales (fp32) need not be aligned. */
+static void pack_vec(pack_group_fn pack, int codec, const uint16_t *x, uint32_t hd, uint8_t *codes, uint8_t *scales)
+{
+	const uint32_t gd = kvt_codec_group_dims(codec, hd);
+	for (uint32_t g = 0; g < hd / gd; g++) {
+		float sc;
+		pack(codec, x + g * gd, gd, codes + g * gd, &sc);
+		memcpy(scales + g * sizeof(float), &sc, sizeof(float));
+	}
+}
+
+static void unpack_vec(unpack_group_fn unpack, int codec, const uint8_t *codes, const uint8_t *scales, uint32_t hd,
+		       uint16_t *x)
+{
+	const uint32_t gd = kvt_codec_group_dims(codec, hd);
+	for (uint32_t g = 0; g < hd / gd; g++) {
+		float sc;
+		memcpy(&sc, scales + g * sizeof(float), sizeof(float));
+		unpack(codec, codes + g * gd, sc, gd, x + g * gd);
 	}
 }
 
@@ -1320,7 +1350,7 @@ static inline __m256i fp8_encode8(__m256 v)
 	return _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), is_nan);
 }
 
-static void pack_vec8(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
+static void pack_group8(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
 {
 	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
 	__m256 mx = _mm256_setzero_ps();
@@ -1355,7 +1385,7 @@ static void fp8_lut_init(void)
 		fp8_lut[c] = kvt_fp8_e4m3_decode((uint8_t)c);
 }
 
-static void unpack_vec8(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
+static void unpack_group8(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
 {
 	const __m256 vs = _mm256_set1_ps(s);
 	for (uint32_t i = 0; i < n; i += 8) {
@@ -1373,6 +1403,7 @@ static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 	const kvt_kv_layout *l = a->kv;
 	size_t block_bytes = kvt_kv_block_bytes(l), packed = kvt_kv_packed_bytes(l, a->codec);
 	size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
+	const uint32_t hd = l->head_dim, ng = a->codec == KVT_KV_CODEC_F16 ? 0 : hd / kvt_codec_group_dims(a->codec, hd);
 	for (uint32_t b = 0; b < a->n_blocks; b++) {
 		const uint16_t *src = (const uint16_t *)((const char *)l->pool + (size_t)a->h_slots[b] * block_bytes);
 		uint8_t *dst = (uint8_t *)a->dst + b * packed;
@@ -1380,17 +1411,14 @@ static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
-		uint8_t *scales = dst + n_vec * l->head_dim; /* fp32, not necessarily aligned */
-		void (*pack)(int, const uint16_t *, uint32_t, uint8_t *, float *) = pack_vec;
+		uint8_t *scales = dst + n_vec * hd; /* fp32, not necessarily aligned */
+		pack_group_fn pack = pack_group;
 #ifdef KVT_HAVE_CODEC8
-		if (!d->use_ref && l->head_dim % 8 == 0)
-			pack = pack_vec8;
+		if (!d->use_ref && hd % 8 == 0) /* then every group is a multiple of 8 values too */
+			pack = pack_group8;
 #endif
-		for (size_t v = 0; v < n_vec; v++) {
-			float sc;
-			pack(a->codec, src + v * l->head_dim, l->head_dim, dst + v * l->head_dim, &sc);
-			memcpy(scales + v * sizeof(float), &sc, sizeof(float));
-		}
+		for (size_t v = 0; v < n_vec; v++)
+			pack_vec(pack, a->codec, src + v * hd, hd, dst + v * hd, scales + v * ng * sizeof(float));
 	}
 	return KVT_OK;
 }
@@ -1400,6 +1428,7 @@ static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a
 	const kvt_kv_layout *l = a->kv;
 	size_t block_bytes = kvt_kv_block_bytes(l), packed = kvt_kv_packed_bytes(l, a->codec);
 	size_t n_vec = (size_t)l->n_layers * 2 * l->n_kv_heads * l->block_tokens;
+	const uint32_t hd = l->head_dim, ng = a->codec == KVT_KV_CODEC_F16 ? 0 : hd / kvt_codec_group_dims(a->codec, hd);
 	for (uint32_t b = 0; b < a->n_blocks; b++) {
 		uint16_t *dst = (uint16_t *)((char *)l->pool + (size_t)a->h_slots[b] * block_bytes);
 		const uint8_t *src = (const uint8_t *)a->src + b * packed;
@@ -1407,18 +1436,15 @@ static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
-		void (*unpack)(int, const uint8_t *, float, uint32_t, uint16_t *) = unpack_vec;
+		unpack_group_fn unpack = unpack_group;
 #ifdef KVT_HAVE_CODEC8
-		if (!d->use_ref && l->head_dim % 8 == 0) {
+		if (!d->use_ref && hd % 8 == 0) {
 			pthread_once(&fp8_lut_once, fp8_lut_init);
-			unpack = unpack_vec8;
+			unpack = unpack_group8;
 		}
 #endif
-		for (size_t v = 0; v < n_vec; v++) {
-			float sc;
-			memcpy(&sc, src + n_vec * l->head_dim + v * sizeof(float), sizeof(float));
-			unpack(a->codec, src + v * l->head_dim, sc, l->head_dim, dst + v * l->head_dim);
-		}
+		for (size_t v = 0; v < n_vec; v++)
+			unpack_vec(unpack, a->codec, src + v * hd, src + n_vec * hd + v * ng * sizeof(float), hd, dst + v * hd);
 	}
 	return KVT_OK;
 }

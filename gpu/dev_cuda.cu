@@ -33,9 +33,11 @@
  *     stages 32 keys at a time in shared memory and runs an online softmax
  *     per query vector (one warp per vector, a lane per key), skipping key
  *     tiles past the tile's last position (causal).
- *   - codecs: one warp per (layer, K/V, head, token) vector: amax by warp
- *     reduction, then the shared scalar arithmetic of kv_codec.h, so codes
- *     match the CPU bit for bit.
+ *   - codecs: one warp (or, vectorised, head_dim / 8 lanes) per (layer, K/V,
+ *     head, token) vector: the amax of each scale group (kv_codec.h,
+ *     kvt_codec_group_dims: 32 dims for INT8, the whole head for FP8) by
+ *     warp reduction, then the shared scalar arithmetic of kv_codec.h, so
+ *     codes and scales match the CPU bit for bit.
  */
 extern "C" {
 #include "dev_impl.h"
@@ -748,7 +750,9 @@ __global__ void kv_store_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 /*
  * 8-bit pools: a block is the packed format (dev.h). Vector
  * vi = ((layer * 2 + kv) * n_kv_heads + head) * block_tokens + t has its codes
- * at byte vi * head_dim of the block and its fp32 scale at n_vec * head_dim + vi * 4.
+ * at byte vi * head_dim of the block; dim i's fp32 scale is that of its group,
+ * at n_vec * head_dim + (vi * ng + i / gd) * 4 (gd = kvt_codec_group_dims
+ * values per group, ng = head_dim / gd groups per vector: 1 for FP8).
  */
 __device__ __forceinline__ size_t q_nvec(const kvt_kv_layout &l)
 {
@@ -757,7 +761,15 @@ __device__ __forceinline__ size_t q_nvec(const kvt_kv_layout &l)
 
 __device__ __forceinline__ const uint8_t *q_block(const kvt_kv_layout &l, int32_t slot)
 {
-	return (const uint8_t *)l.pool + (size_t)slot * q_nvec(l) * (l.head_dim + 4);
+	const uint32_t ng = l.head_dim / kvt_codec_group_dims(l.codec, l.head_dim);
+	return (const uint8_t *)l.pool + (size_t)slot * q_nvec(l) * (l.head_dim + 4 * ng);
+}
+
+/* Byte offset in a block of the scale of vector vi's dim i. */
+__device__ __forceinline__ size_t q_scale_off(const kvt_kv_layout &l, size_t vi, uint32_t i)
+{
+	const uint32_t gd = kvt_codec_group_dims(l.codec, l.head_dim);
+	return q_nvec(l) * l.head_dim + (vi * (l.head_dim / gd) + i / gd) * 4;
 }
 
 __device__ __forceinline__ size_t q_vi(const kvt_kv_layout &l, uint32_t layer, uint32_t kv, uint32_t head, uint32_t t)
@@ -770,27 +782,34 @@ __device__ __forceinline__ float q_decode(int codec, uint8_t c)
 	return codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c;
 }
 
-/* One warp per (row, head, K/V): round to fp16, amax, codes, scale — as kv_pack does. */
+/*
+ * One warp per (row, head, K/V), one scale group after another: round to
+ * fp16, amax, codes, scale — as kv_pack does. Loop bounds are uniform over
+ * the warp (every lane reaches warp_max).
+ */
 __global__ void kv_store_q_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 {
 	const uint32_t m = blockIdx.x, h = blockIdx.y, kv = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const uint32_t pos = a.pos0 + m, t = pos % l.block_tokens, D = l.head_dim;
+	const uint32_t gd = kvt_codec_group_dims(l.codec, D);
 	const int32_t slot = a.block_table[pos / l.block_tokens];
 	const float *x = (kv ? a.v : a.k) + ((size_t)m * l.n_kv_heads + h) * D;
 	uint8_t *base = (uint8_t *)q_block(l, slot);
 	const size_t vi = q_vi(l, a.layer, kv, h, t);
-	float amax = 0.0f;
-	for (uint32_t i = lane; i < D; i += 32)
-		amax = fmaxf(amax, fabsf(__half2float(__float2half_rn(x[i]))));
-	amax = warp_max(amax);
-	float sc, inv;
-	kvt_codec_scales(amax, l.codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &sc, &inv);
-	for (uint32_t i = lane; i < D; i += 32) {
-		float v = __half2float(__float2half_rn(x[i])) * inv;
-		base[vi * D + i] = l.codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(v) : (uint8_t)kvt_int8_encode(v);
+	for (uint32_t g0 = 0; g0 < D; g0 += gd) {
+		float amax = 0.0f;
+		for (uint32_t i = g0 + lane; i < g0 + gd; i += 32)
+			amax = fmaxf(amax, fabsf(__half2float(__float2half_rn(x[i]))));
+		amax = warp_max(amax);
+		float sc, inv;
+		kvt_codec_scales(amax, l.codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &sc, &inv);
+		for (uint32_t i = g0 + lane; i < g0 + gd; i += 32) {
+			float v = __half2float(__float2half_rn(x[i])) * inv;
+			base[vi * D + i] = l.codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(v) : (uint8_t)kvt_int8_encode(v);
+		}
+		if (lane == 0)
+			*(float *)(base + q_scale_off(l, vi, g0)) = sc;
 	}
-	if (lane == 0)
-		*(float *)(base + q_nvec(l) * D + vi * 4) = sc;
 }
 
 static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
@@ -805,7 +824,8 @@ static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 /*
  * Decode attention, split-K. Grid (n_kv_heads, n_splits); 4 warps. A key is
  * read by LPK = head_dim / 8 lanes, 8 elements each (one 16-byte load of
- * fp16, or 8 bytes of 8-bit codes plus the vector's scale); a warp covers
+ * fp16, or 8 bytes of 8-bit codes plus the scale of their group: a lane's 8
+ * dims never straddle two groups, which are 32 dims or the whole head); a warp covers
  * GPW = 32 / LPK keys per step and each lane group takes U keys per loop
  * trip, all loads issued before any arithmetic, so enough bytes are in
  * flight to stream the pool at memory speed. Every lane keeps 8 dims of q
@@ -819,10 +839,11 @@ __device__ __forceinline__ void load_key(const kvt_kv_layout &l, uint32_t layer,
 {
 	if constexpr (Q8) {
 		const uint8_t *blk = q_block(l, slot);
-		const size_t nv = q_nvec(l), vk = q_vi(l, layer, 0, kh, t), vv = q_vi(l, layer, 1, kh, t);
+		const size_t vk = q_vi(l, layer, 0, kh, t), vv = q_vi(l, layer, 1, kh, t);
 		uint2 kr = __ldg((const uint2 *)(blk + vk * D + sub * 8));
 		uint2 vr = __ldg((const uint2 *)(blk + vv * D + sub * 8));
-		float ks = __ldg((const float *)(blk + nv * D + vk * 4)), vs = __ldg((const float *)(blk + nv * D + vv * 4));
+		float ks = __ldg((const float *)(blk + q_scale_off(l, vk, sub * 8)));
+		float vs = __ldg((const float *)(blk + q_scale_off(l, vv, sub * 8)));
 		const uint8_t *kc = (const uint8_t *)&kr, *vc = (const uint8_t *)&vr;
 		if (l.codec == KVT_KV_CODEC_FP8) {
 #pragma unroll
@@ -1039,10 +1060,10 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 				int32_t slot = a.block_table[p / bt];
 				if (l.codec != KVT_KV_CODEC_F16) {
 					const uint8_t *blk = q_block(l, slot);
-					const size_t nv = q_nvec(l), vk = q_vi(l, a.layer, 0, kh, p % bt);
+					const size_t vk = q_vi(l, a.layer, 0, kh, p % bt);
 					const size_t vv = q_vi(l, a.layer, 1, kh, p % bt);
-					kvk = q_decode(l.codec, blk[vk * D + dd]) * *(const float *)(blk + nv * D + vk * 4);
-					kvv = q_decode(l.codec, blk[vv * D + dd]) * *(const float *)(blk + nv * D + vv * 4);
+					kvk = q_decode(l.codec, blk[vk * D + dd]) * *(const float *)(blk + q_scale_off(l, vk, dd));
+					kvv = q_decode(l.codec, blk[vv * D + dd]) * *(const float *)(blk + q_scale_off(l, vv, dd));
 				} else {
 					const __half *pool = (const __half *)l.pool;
 					kvk = __half2float(pool[kv_off(l, slot, a.layer, 0, kh, p % bt) + dd]);
@@ -1228,8 +1249,9 @@ struct codec_slots {
 };
 
 /*
- * One warp per vector of head_dim values. Grid (vectors / 8, blocks); 8 warps.
- * The packed block: codes[n_vec][D], then fp32 scales[n_vec].
+ * One warp per vector of head_dim values, one scale group after another.
+ * Grid (vectors / 8, blocks); 8 warps. The packed block: codes[n_vec][D],
+ * then fp32 scales[n_vec][ng] (ng = D / gd groups of gd values).
  */
 __global__ void kv_pack_kernel(kvt_kv_layout l, int codec, codec_slots sl, uint8_t *dst, size_t packed,
 			       uint32_t n_vec)
@@ -1237,22 +1259,24 @@ __global__ void kv_pack_kernel(kvt_kv_layout l, int codec, codec_slots sl, uint8
 	uint32_t v = blockIdx.x * 8 + (threadIdx.x >> 5), b = blockIdx.y;
 	int lane = threadIdx.x & 31;
 	if (v >= n_vec)
-		return;
-	const uint32_t D = l.head_dim;
+		return; /* the whole warp: v is per warp */
+	const uint32_t D = l.head_dim, gd = kvt_codec_group_dims(codec, D), ng = D / gd;
 	const __half *src = (const __half *)l.pool + (size_t)sl.slot[b] * n_vec * D + (size_t)v * D;
 	uint8_t *out = dst + b * packed;
-	float amax = 0.0f;
-	for (uint32_t i = lane; i < D; i += 32)
-		amax = fmaxf(amax, fabsf(__half2float(src[i])));
-	amax = warp_max(amax);
-	float s, inv;
-	kvt_codec_scales(amax, codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &s, &inv);
-	for (uint32_t i = lane; i < D; i += 32) {
-		float x = __half2float(src[i]) * inv;
-		out[(size_t)v * D + i] = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(x) : (uint8_t)kvt_int8_encode(x);
+	for (uint32_t g = 0; g < ng; g++) {
+		float amax = 0.0f;
+		for (uint32_t i = g * gd + lane; i < (g + 1) * gd; i += 32)
+			amax = fmaxf(amax, fabsf(__half2float(src[i])));
+		amax = warp_max(amax);
+		float s, inv;
+		kvt_codec_scales(amax, codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &s, &inv);
+		for (uint32_t i = g * gd + lane; i < (g + 1) * gd; i += 32) {
+			float x = __half2float(src[i]) * inv;
+			out[(size_t)v * D + i] = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_encode(x) : (uint8_t)kvt_int8_encode(x);
+		}
+		if (lane == 0)
+			memcpy(out + (size_t)n_vec * D + ((size_t)v * ng + g) * 4, &s, 4);
 	}
-	if (lane == 0)
-		memcpy(out + (size_t)n_vec * D + (size_t)v * 4, &s, 4);
 }
 
 __global__ void kv_unpack_kernel(kvt_kv_layout l, int codec, codec_slots sl, const uint8_t *src, size_t packed,
@@ -1262,12 +1286,12 @@ __global__ void kv_unpack_kernel(kvt_kv_layout l, int codec, codec_slots sl, con
 	int lane = threadIdx.x & 31;
 	if (v >= n_vec)
 		return;
-	const uint32_t D = l.head_dim;
+	const uint32_t D = l.head_dim, gd = kvt_codec_group_dims(codec, D), ng = D / gd;
 	__half *dst = (__half *)l.pool + (size_t)sl.slot[b] * n_vec * D + (size_t)v * D;
 	const uint8_t *in = src + b * packed;
-	float s;
-	memcpy(&s, in + (size_t)n_vec * D + (size_t)v * 4, 4);
 	for (uint32_t i = lane; i < D; i += 32) {
+		float s;
+		memcpy(&s, in + (size_t)n_vec * D + ((size_t)v * ng + i / gd) * 4, 4);
 		uint8_t c = in[(size_t)v * D + i];
 		float x = codec == KVT_KV_CODEC_FP8 ? kvt_fp8_e4m3_decode(c) : (float)(int8_t)c;
 		dst[i] = __float2half_rn(x * s);
@@ -1277,7 +1301,8 @@ __global__ void kv_unpack_kernel(kvt_kv_layout l, int codec, codec_slots sl, con
 /*
  * The vectorised codecs, for head_dim / 8 lanes per vector dividing a warp:
  * a thread converts 8 consecutive values (a 16-byte fp16 load, an 8-byte
- * code store), the vector's lanes share amax by shuffles, and FP8 goes
+ * code store), the lanes of a scale group (gd / 8 of them, aligned, a power
+ * of two: 4 for INT8's 32 dims, all LPV for FP8) share amax by shuffles, and FP8 goes
  * through the hardware conversion (round to nearest even, saturating), which
  * gives the same bytes as kv_codec.h's software encoder. Threads past the
  * end still shuffle (masked stores), so every lane takes part.
@@ -1286,7 +1311,7 @@ template <int LPV>
 __global__ void kv_pack_fast(kvt_kv_layout l, int codec, codec_slots sl, uint8_t *dst, size_t packed,
 			     uint32_t n_vec, uint32_t n_blocks)
 {
-	const uint32_t D = LPV * 8;
+	const uint32_t D = LPV * 8, gd = kvt_codec_group_dims(codec, D), lpg = gd / 8, ng = D / gd;
 	const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
 	const uint64_t total = (uint64_t)n_blocks * n_vec * LPV;
 	const bool live = t < total;
@@ -1305,9 +1330,9 @@ __global__ void kv_pack_fast(kvt_kv_layout l, int codec, codec_slots sl, uint8_t
 		x[2 * i + 1] = f.y;
 		amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
 	}
-#pragma unroll
-	for (int o = LPV / 2; o > 0; o >>= 1)
-		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o, LPV));
+	/* xor offsets below lpg stay within the group's aligned run of lanes */
+	for (uint32_t o = lpg / 2; o > 0; o >>= 1)
+		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, (int)o, LPV));
 	float sc, inv;
 	kvt_codec_scales(amax, codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &sc, &inv);
 	uint8_t c[8];
@@ -1330,15 +1355,15 @@ __global__ void kv_pack_fast(kvt_kv_layout l, int codec, codec_slots sl, uint8_t
 		return;
 	uint8_t *out = dst + (size_t)b * packed;
 	*(uint2 *)(out + (size_t)vi * D + sub * 8) = *(const uint2 *)c;
-	if (sub == 0)
-		memcpy(out + (size_t)n_vec * D + (size_t)vi * 4, &sc, 4);
+	if (sub % lpg == 0)
+		memcpy(out + (size_t)n_vec * D + ((size_t)vi * ng + sub / lpg) * 4, &sc, 4);
 }
 
 template <int LPV>
 __global__ void kv_unpack_fast(kvt_kv_layout l, int codec, codec_slots sl, const uint8_t *src, size_t packed,
 			       uint32_t n_vec, uint32_t n_blocks)
 {
-	const uint32_t D = LPV * 8;
+	const uint32_t D = LPV * 8, gd = kvt_codec_group_dims(codec, D), ng = D / gd;
 	const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
 	if (t >= (uint64_t)n_blocks * n_vec * LPV)
 		return;
@@ -1348,7 +1373,7 @@ __global__ void kv_unpack_fast(kvt_kv_layout l, int codec, codec_slots sl, const
 	const uint8_t *in = src + (size_t)b * packed;
 	uint2 raw = *(const uint2 *)(in + (size_t)vi * D + sub * 8);
 	float sc;
-	memcpy(&sc, in + (size_t)n_vec * D + (size_t)vi * 4, 4);
+	memcpy(&sc, in + (size_t)n_vec * D + ((size_t)vi * ng + sub * 8 / gd) * 4, 4);
 	const uint8_t *c = (const uint8_t *)&raw;
 	__half2 o[4];
 #pragma unroll

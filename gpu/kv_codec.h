@@ -8,6 +8,11 @@
  * largest finite 448, subnormals m * 2^-9. Encoding rounds to nearest even
  * and saturates to +-448 (as cuda_fp8.h's __NV_SATFINITE does), so the CUDA
  * backend may use the hardware conversion and still match bit for bit.
+ *
+ * Scale groups (dev.h, "Block codecs"): FP8 keeps one scale per (token, KV
+ * head) vector; INT8 one per KVT_KV_INT8_GROUP consecutive values of it, or one
+ * for the whole vector when head_dim is not a multiple of KVT_KV_INT8_GROUP.
+ * kvt_codec_group_dims() is the one place that rule is written.
  */
 #ifndef KVT_KV_CODEC_H
 #define KVT_KV_CODEC_H
@@ -15,6 +20,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "dev.h" /* enum kvt_kv_codec; NOTE: C++ includers include it first, inside extern "C" */
 
 #ifdef __CUDACC__
 #define KVT_HD __host__ __device__
@@ -78,6 +85,16 @@ static inline KVT_HD void kvt_codec_scales(float amax, float qmax, float *s, flo
 		*s = 0.0f;
 		*inv = 0.0f;
 	}
+}
+
+/*
+ * Values per scale in a packed vector of head_dim values: KVT_KV_INT8_GROUP for
+ * INT8 when it divides head_dim, else (INT8 otherwise, FP8 always) the whole
+ * vector. codec is an enum kvt_kv_codec (dev.h) other than F16.
+ */
+static inline KVT_HD uint32_t kvt_codec_group_dims(int codec, uint32_t head_dim)
+{
+	return codec == KVT_KV_CODEC_INT8 && head_dim % KVT_KV_INT8_GROUP == 0 ? KVT_KV_INT8_GROUP : head_dim;
 }
 
 #endif

@@ -7,7 +7,8 @@
  * Tolerances, as normalised mean squared error NMSE = sum (gpu - cpu)^2 /
  * sum cpu^2 over the output:
  *   - copies, embedding, kv_store, the block codecs: bitwise (NMSE 0 and
- *     every byte equal);
+ *     every byte equal; INT8 with its scale per 32 dims, and one per vector
+ *     where head_dim is not a multiple of 32);
  *   - matmul with fp16 weights and <= 8 rows (fp32 activations): 1e-10;
  *     more rows (activations rounded to fp16 for the tensor cores): 1e-5;
  *     fp32 weights (cublasSgemm, no TF32): 1e-10;
@@ -320,12 +321,12 @@ static void kv_open(kvpair *p, uint32_t L, uint32_t H, uint32_t hd, uint32_t bt,
 	for (size_t i = 0; i < bytes / 2; i++)
 		h[i] = kvt_f32_to_f16(check_rng_f32(&rng) * 2.0f);
 	if (codec != KVT_KV_CODEC_F16) { /* 8-bit pools: codes anywhere, but sane scales */
-		size_t n_vec = (size_t)L * 2 * H * bt;
+		size_t n_vec = (size_t)L * 2 * H * bt, n_sc = n_vec * (hd / kvt_kv_group_dims(codec, hd));
 		for (size_t i = 0; i < bytes; i++) /* no NaN codes */
 			if ((((uint8_t *)h)[i] & 0x7f) == 0x7f)
 				((uint8_t *)h)[i] = 0x11;
-		for (uint32_t sl = 0; sl < l.n_slots; sl++) /* then the scales */
-			for (size_t v = 0; v < n_vec; v++) {
+		for (uint32_t sl = 0; sl < l.n_slots; sl++) /* then the scales: [vector][group], all different */
+			for (size_t v = 0; v < n_sc; v++) {
 				float sc = 0.01f + 0.001f * (float)(v % 7);
 				memcpy((uint8_t *)h + sl * kvt_kv_block_bytes(&l) + n_vec * hd + v * 4, &sc, 4);
 			}
@@ -361,6 +362,7 @@ static void test_attention(void)
 		{ 64, 3, 3, 1, 1 },    { 64, 3, 3, 7, 1 },   { 64, 2, 1, 100, 1 },  { 128, 8, 4, 4096, 1 },
 		{ 128, 2, 8, 333, 1 }, { 64, 3, 3, 16, 16 }, { 64, 3, 3, 57, 7 },   { 128, 8, 4, 300, 45 },
 		{ 64, 1, 2, 700, 33 }, { 128, 4, 1, 50, 50 }, { 64, 3, 3, 20000, 1 }, { 256, 2, 2, 90, 1 },
+		{ 96, 2, 2, 50, 1 },   { 40, 2, 3, 70, 5 }, /* INT8: 3 groups of 32; one group (40 % 32 != 0) */
 	};
 	for (size_t cc = 0; cc < 3 * sizeof cases / sizeof cases[0]; cc++) {
 		const size_t ci = cc % (sizeof cases / sizeof cases[0]);
@@ -413,8 +415,8 @@ static void test_attention(void)
 
 static void test_codecs(void)
 {
-	static const uint32_t hds[] = { 64, 128 };
-	for (size_t hi = 0; hi < 2; hi++)
+	static const uint32_t hds[] = { 64, 128, 96, 40 }; /* vectorised kernels; generic ones (INT8: 3 groups, 1 group) */
+	for (size_t hi = 0; hi < 4; hi++)
 		for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
 			kvpair p;
 			kv_open(&p, 3, 2, hds[hi], 16, 16 * 70, KVT_KV_CODEC_F16); /* 70 blocks: two launches of 64 */

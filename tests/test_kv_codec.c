@@ -7,8 +7,11 @@
  *     finite code survives decode+encode, and random values encode to the
  *     nearest representable value (checked by brute force);
  *   - kv_pack/kv_unpack: fp16 bit for bit; FP8 and INT8 within their bounds
- *     (per value: half a quantization step of its vector's scale, plus the
- *     fp16 rounding of the result);
+ *     (per value: half a quantization step of its group's scale — the whole
+ *     vector for FP8, 32 dims for INT8 — plus the fp16 rounding of the result);
+ *   - INT8 group scales: a vector with a large outlier in dims 0..31 keeps
+ *     its small dims 32..63 to within their own group's bound, and a
+ *     head_dim that is not a multiple of 32 takes one scale per vector;
  *   - an 8-bit pool: kv_store writes exactly the bytes kv_pack makes of an
  *     fp16 pool holding the same tokens, and attention over it equals
  *     attention over the fp16 pool of its unpacked values;
@@ -59,9 +62,9 @@ static void test_fp8_scalar(void)
 	CHECK(kvt_int8_encode(2.5f) == 2 && kvt_int8_encode(-3.5f) == -4 && kvt_int8_encode(300.0f) == 127);
 }
 
-static kvt_kv_layout pool_make(kvt_dev *d, int codec, uint32_t n_slots)
+static kvt_kv_layout pool_make(kvt_dev *d, int codec, uint32_t n_slots, uint32_t hd)
 {
-	kvt_kv_layout l = { .n_layers = 2, .n_kv_heads = 3, .head_dim = 64, .block_tokens = 16, .n_slots = n_slots,
+	kvt_kv_layout l = { .n_layers = 2, .n_kv_heads = 3, .head_dim = hd, .block_tokens = 16, .n_slots = n_slots,
 			    .codec = codec };
 	if (kvt_dev_alloc(d, kvt_kv_block_bytes(&l) * n_slots, &l.pool))
 		abort();
@@ -69,10 +72,10 @@ static kvt_kv_layout pool_make(kvt_dev *d, int codec, uint32_t n_slots)
 	return l;
 }
 
-static void test_pack_bounds(kvt_dev *d)
+static void test_pack_bounds(kvt_dev *d, uint32_t head_dim)
 {
 	const uint32_t nb = 5;
-	kvt_kv_layout l = pool_make(d, KVT_KV_CODEC_F16, nb);
+	kvt_kv_layout l = pool_make(d, KVT_KV_CODEC_F16, nb, head_dim);
 	const size_t n = kvt_kv_block_bytes(&l) / 2 * nb, hd = l.head_dim;
 	uint16_t *x = l.pool;
 	for (size_t i = 0; i < n; i++) /* a mix of magnitudes, with outliers, like real K */
@@ -92,16 +95,19 @@ static void test_pack_bounds(kvt_dev *d)
 			CHECK(memcmp(l.pool, orig, n * 2) == 0);
 		} else {
 			const float qmax = codec == KVT_KV_CODEC_FP8 ? 448.0f : 127.0f;
+			const size_t gd = kvt_kv_group_dims(codec, (uint32_t)hd); /* values per scale */
+			CHECK(gd == (codec == KVT_KV_CODEC_INT8 && hd % 32 == 0 ? 32 : hd));
+			CHECK_EQ_INT(pb, n / nb + n / nb / gd * 4); /* a code per value, an fp32 scale per group */
 			int over = 0;
 			double e2 = 0, s2 = 0;
-			for (size_t v = 0; v < n / hd; v++) {
+			for (size_t g = 0; g < n / gd; g++) {
 				float amax = 0;
-				for (size_t i = 0; i < hd; i++)
-					amax = fmaxf(amax, fabsf(kvt_f16_to_f32(orig[v * hd + i])));
-				for (size_t i = 0; i < hd; i++) {
-					float a = kvt_f16_to_f32(orig[v * hd + i]), b = kvt_f16_to_f32(x[v * hd + i]);
-					/* INT8: half a step of amax/127; FP8: 2^-4 relative, or half the
-					 * smallest subnormal step; both plus fp16's rounding of the result */
+				for (size_t i = g * gd; i < (g + 1) * gd; i++)
+					amax = fmaxf(amax, fabsf(kvt_f16_to_f32(orig[i])));
+				for (size_t i = g * gd; i < (g + 1) * gd; i++) {
+					float a = kvt_f16_to_f32(orig[i]), b = kvt_f16_to_f32(x[i]);
+					/* INT8: half a step of the group's amax/127; FP8: 2^-4 relative, or
+					 * half the smallest subnormal step; both plus fp16's rounding */
 					float step = codec == KVT_KV_CODEC_INT8 ? amax / qmax * 0.5f
 										: fmaxf(fabsf(a) / 16, amax / qmax / 1024);
 					if (fabsf(a - b) > step * 1.001f + fabsf(a) / 1024 + 1e-7f)
@@ -113,7 +119,8 @@ static void test_pack_bounds(kvt_dev *d)
 			CHECKF(over == 0, "%s: %d values outside the bound", kvt_kv_codec_name(codec), over);
 			/* (this data has 8x outliers in every 61st value, which coarsen INT8's
 			 * step; the accuracy on real KV is bench/bench_kv_accuracy's job) */
-			printf("%s round trip: relative L2 error %.4f%%\n", kvt_kv_codec_name(codec), 100 * sqrt(e2 / s2));
+			printf("%s hd%zu round trip: relative L2 error %.4f%%\n", kvt_kv_codec_name(codec), hd,
+			       100 * sqrt(e2 / s2));
 		}
 		memcpy(l.pool, orig, n * 2);
 		free(stage);
@@ -122,11 +129,11 @@ static void test_pack_bounds(kvt_dev *d)
 	kvt_dev_free(d, l.pool);
 }
 
-static void test_q8_pool(kvt_dev *d)
+static void test_q8_pool(kvt_dev *d, uint32_t hd)
 {
-	const uint32_t n_ctx = 77, nb = 5, H = 3, G = 3, hd = 64, R = 13;
+	const uint32_t n_ctx = 77, nb = 5, H = 3, G = 3, R = 13;
 	for (int codec = KVT_KV_CODEC_FP8; codec <= KVT_KV_CODEC_INT8; codec++) {
-		kvt_kv_layout l16 = pool_make(d, KVT_KV_CODEC_F16, nb), l8 = pool_make(d, codec, nb);
+		kvt_kv_layout l16 = pool_make(d, KVT_KV_CODEC_F16, nb, hd), l8 = pool_make(d, codec, nb, hd);
 		int32_t table[5] = { 3, 0, 4, 1, 2 };
 		float *k = malloc(n_ctx * H * hd * 4), *v = malloc(n_ctx * H * hd * 4), *q = malloc(R * H * G * hd * 4);
 		for (size_t i = 0; i < (size_t)n_ctx * H * hd; i++) {
@@ -154,7 +161,7 @@ static void test_q8_pool(kvt_dev *d)
 		bool same = true;
 		for (uint32_t b = 0; b < nb; b++)
 			same &= memcmp(stage + b * pb, (uint8_t *)l8.pool + (size_t)table[b] * pb, pb) == 0;
-		CHECKF(same, "%s pool differs from the packed fp16 pool", kvt_kv_codec_name(codec));
+		CHECKF(same, "%s hd%u pool differs from the packed fp16 pool", kvt_kv_codec_name(codec), hd);
 		/* packing the 8-bit pool to its own codec is a copy; to another codec an error */
 		uint8_t *stage2 = malloc(pb * nb);
 		pa.kv = &l8;
@@ -187,8 +194,8 @@ static void test_q8_pool(kvt_dev *d)
 			e2 += (double)(o16[i] - o8[i]) * (o16[i] - o8[i]);
 			s2 += (double)o16[i] * o16[i];
 		}
-		CHECKF(e2 / s2 < 1e-6, "%s pool attention: nmse %.3g vs the unpacked fp16 pool", kvt_kv_codec_name(codec),
-		       e2 / s2);
+		CHECKF(e2 / s2 < 1e-6, "%s hd%u pool attention: nmse %.3g vs the unpacked fp16 pool",
+		       kvt_kv_codec_name(codec), hd, e2 / s2);
 		free(ws);
 		free(o16);
 		free(o8);
@@ -202,15 +209,131 @@ static void test_q8_pool(kvt_dev *d)
 	}
 }
 
-/* The fast path's bytes equal the reference's, over every finite fp16 value. */
-static void test_fast_equals_ref(void)
+/*
+ * Why INT8 has a scale per 32 dims: in every vector, dims 0..31 hold one
+ * outlier (100) among values ~1, dims 32..63 values ~0.01. With one scale per
+ * vector (100/127 = 0.79) every small value would round to 0; with a scale per
+ * group, dims 32..63 come back within half a step of THEIR group's scale
+ * (amax2/127 / 2), and the packed scales are amax/127 of each group. Both
+ * through kv_pack/kv_unpack and through an INT8 pool's kv_store + attention.
+ */
+static void test_group_scales(kvt_dev *d)
+{
+	const uint32_t nb = 2, hd = 64;
+	kvt_kv_layout l = pool_make(d, KVT_KV_CODEC_F16, nb, hd);
+	const size_t n = kvt_kv_block_bytes(&l) / 2 * nb, n_vec = n / hd;
+	uint16_t *x = l.pool, *orig = malloc(n * 2);
+	for (size_t v = 0; v < n_vec; v++)
+		for (uint32_t i = 0; i < hd; i++) {
+			float a = i == 3 ? 100.0f : i < 32 ? check_rng_f32(&rng) : check_rng_f32(&rng) * 0.01f;
+			x[v * hd + i] = kvt_f32_to_f16(a);
+		}
+	memcpy(orig, x, n * 2);
+	int32_t slots[2] = { 1, 0 };
+	const size_t pb = kvt_kv_packed_bytes(&l, KVT_KV_CODEC_INT8);
+	CHECK_EQ_INT(pb, n_vec / nb * (hd + 2 * 4));
+	uint8_t *stage = malloc(pb * nb);
+	kvt_kv_pack_args pa = { .kv = &l, .codec = KVT_KV_CODEC_INT8, .n_blocks = nb, .h_slots = slots, .dst = stage };
+	kvt_kv_unpack_args ua = { .kv = &l, .codec = KVT_KV_CODEC_INT8, .n_blocks = nb, .h_slots = slots, .src = stage };
+	CHECK(kvt_dev_kv_pack(d, NULL, &pa) == KVT_OK);
+	/* block b of the stage is slot slots[b]; its scales follow its codes, [vector][group] */
+	int bad_scale = 0;
+	for (uint32_t b = 0; b < nb; b++) {
+		const uint16_t *src = orig + (size_t)slots[b] * (n / nb);
+		const uint8_t *sc8 = stage + b * pb + n_vec / nb * hd;
+		for (size_t v = 0; v < n_vec / nb; v++)
+			for (uint32_t g = 0; g < 2; g++) {
+				float amax = 0, sc;
+				for (uint32_t i = 32 * g; i < 32 * g + 32; i++)
+					amax = fmaxf(amax, fabsf(kvt_f16_to_f32(src[v * hd + i])));
+				memcpy(&sc, sc8 + (v * 2 + g) * 4, 4);
+				bad_scale += sc != amax / 127.0f;
+			}
+	}
+	CHECKF(bad_scale == 0, "int8: %d group scales are not the group's amax / 127", bad_scale);
+	memset(l.pool, 0xff, n * 2);
+	CHECK(kvt_dev_kv_unpack(d, NULL, &ua) == KVT_OK);
+	int over = 0, zeroed = 0;
+	double e2 = 0, s2 = 0;
+	for (size_t v = 0; v < n_vec; v++) {
+		float amax2 = 0;
+		for (uint32_t i = 32; i < hd; i++)
+			amax2 = fmaxf(amax2, fabsf(kvt_f16_to_f32(orig[v * hd + i])));
+		for (uint32_t i = 32; i < hd; i++) {
+			double a = kvt_f16_to_f32(orig[v * hd + i]), b = kvt_f16_to_f32(x[v * hd + i]);
+			double bound = amax2 / 127.0 / 2 + fmax(ldexp(fabs(b), -11), 0x1p-25);
+			over += fabs(a - b) > bound * (1 + 1e-6);
+			zeroed += a != 0 && b == 0 && fabs(a) > amax2 / 127.0;
+			e2 += (a - b) * (a - b);
+			s2 += a * a;
+		}
+	}
+	CHECKF(over == 0, "int8: %d small values outside their own group's bound", over);
+	CHECKF(zeroed == 0, "int8: %d small values lost to the outlier's scale", zeroed);
+	/* one scale per vector would leave about 100% relative error on dims 32..63 */
+	CHECKF(sqrt(e2 / s2) < 0.01, "int8: dims 32..63 relative L2 %.4f", sqrt(e2 / s2));
+	free(stage);
+	free(orig);
+	kvt_dev_free(d, l.pool);
+
+	/* the same through an INT8 pool: kv_store quantizes per group, attention dequantizes per group */
+	const uint32_t H = 3, T = 16, R = 4;
+	kvt_kv_layout l8 = pool_make(d, KVT_KV_CODEC_INT8, 1, hd), l16 = pool_make(d, KVT_KV_CODEC_F16, 1, hd);
+	float *k = malloc(T * H * hd * 4), *vv = malloc(T * H * hd * 4), *q = malloc(R * H * hd * 4);
+	for (size_t i = 0; i < (size_t)T * H * hd; i++) {
+		uint32_t dim = (uint32_t)(i % hd);
+		k[i] = dim == 3 ? 100.0f : dim < 32 ? check_rng_f32(&rng) : check_rng_f32(&rng) * 0.01f;
+		vv[i] = dim == 3 ? 100.0f : dim < 32 ? check_rng_f32(&rng) : check_rng_f32(&rng) * 0.01f;
+	}
+	for (size_t i = 0; i < (size_t)R * H * hd; i++) /* queries that look only at dims 32..63 */
+		q[i] = i % hd < 32 ? 0.0f : check_rng_f32(&rng) * 100.0f;
+	int32_t table[1] = { 0 };
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		kvt_kv_store_args st = { .kv = &l8, .layer = layer, .block_table = table, .n_rows = T, .k = k, .v = vv };
+		CHECK(kvt_dev_kv_store(d, &st) == KVT_OK);
+		st.kv = &l16;
+		CHECK(kvt_dev_kv_store(d, &st) == KVT_OK);
+	}
+	float *o8 = malloc(R * H * hd * 4), *o16 = malloc(R * H * hd * 4);
+	kvt_attention_args at = { .kv = &l16, .layer = 1, .block_table = table, .pos0 = T - R, .n_rows = R,
+				  .n_heads = H, .scale = 0.125f, .q = q, .out = o16 };
+	void *ws = malloc(kvt_dev_attention_workspace_bytes(d, &at) + 64);
+	CHECK(kvt_dev_attention(d, &at, ws) == KVT_OK);
+	free(ws);
+	at.kv = &l8;
+	at.out = o8;
+	ws = malloc(kvt_dev_attention_workspace_bytes(d, &at) + 64);
+	CHECK(kvt_dev_attention(d, &at, ws) == KVT_OK);
+	e2 = s2 = 0;
+	for (size_t i = 0; i < (size_t)R * H * hd; i++)
+		if (i % hd >= 32) {
+			e2 += (double)(o8[i] - o16[i]) * (o8[i] - o16[i]);
+			s2 += (double)o16[i] * o16[i];
+		}
+	/* (a per-vector scale would zero these V dims and flatten the scores: ~100% error) */
+	CHECKF(sqrt(e2 / s2) < 0.02, "int8 pool: attention output dims 32..63 relative L2 %.4f", sqrt(e2 / s2));
+	printf("int8 group scales: dims 32..63 next to an outlier: attention-output relative L2 %.4f%%\n",
+	       100 * sqrt(e2 / s2));
+	free(ws);
+	free(o8);
+	free(o16);
+	free(k);
+	free(vv);
+	free(q);
+	kvt_dev_free(d, l8.pool);
+	kvt_dev_free(d, l16.pool);
+}
+
+/* The fast path's bytes equal the reference's, over every finite fp16 value
+ * (head_dim 64 and 96: INT8 groups of 32; 40: one INT8 group per vector). */
+static void test_fast_equals_ref(uint32_t hd)
 {
 	kvt_dev *ref, *fast;
 	kvt_dev_config rc = { .kind = KVT_DEV_CPU, .use_ref = true }, fc = { .kind = KVT_DEV_CPU, .n_threads = 2 };
 	if (kvt_dev_create(&rc, &ref) || kvt_dev_create(&fc, &fast))
 		abort();
 	const uint32_t nb = 6;
-	kvt_kv_layout l = pool_make(ref, KVT_KV_CODEC_F16, nb);
+	kvt_kv_layout l = pool_make(ref, KVT_KV_CODEC_F16, nb, hd);
 	uint16_t *x = l.pool;
 	const size_t n = kvt_kv_block_bytes(&l) / 2 * nb;
 	for (size_t i = 0; i < n; i++) {
@@ -225,13 +348,14 @@ static void test_fast_equals_ref(void)
 		CHECK(kvt_dev_kv_pack(ref, NULL, &pa) == KVT_OK);
 		pa.dst = s2;
 		CHECK(kvt_dev_kv_pack(fast, NULL, &pa) == KVT_OK);
-		CHECKF(memcmp(s1, s2, pb * nb) == 0, "%s pack: fast path differs from the reference", kvt_kv_codec_name(codec));
+		CHECKF(memcmp(s1, s2, pb * nb) == 0, "%s hd%u pack: fast path differs from the reference",
+		       kvt_kv_codec_name(codec), hd);
 		uint16_t *u1 = malloc(n * 2);
 		kvt_kv_unpack_args ua = { .kv = &l, .codec = codec, .n_blocks = nb, .h_slots = slots, .src = s1 };
 		CHECK(kvt_dev_kv_unpack(ref, NULL, &ua) == KVT_OK);
 		memcpy(u1, l.pool, n * 2);
 		CHECK(kvt_dev_kv_unpack(fast, NULL, &ua) == KVT_OK);
-		CHECKF(memcmp(u1, l.pool, n * 2) == 0, "%s unpack: fast path differs", kvt_kv_codec_name(codec));
+		CHECKF(memcmp(u1, l.pool, n * 2) == 0, "%s hd%u unpack: fast path differs", kvt_kv_codec_name(codec), hd);
 		for (size_t i = 0; i < n; i++) { /* restore the input */
 			uint16_t h = (uint16_t)(i * 40503u);
 			x[i] = (h & 0x7c00) == 0x7c00 ? 0 : h;
@@ -247,15 +371,20 @@ static void test_fast_equals_ref(void)
 
 int main(void)
 {
+	static const uint32_t hds[] = { 64, 96, 40 }; /* INT8: 2 groups, 3 groups, one group (40 % 32 != 0) */
 	test_fp8_scalar();
-	test_fast_equals_ref();
+	for (int i = 0; i < 3; i++)
+		test_fast_equals_ref(hds[i]);
 	for (int ref = 1; ref >= 0; ref--) {
 		kvt_dev *d;
 		kvt_dev_config c = { .kind = KVT_DEV_CPU, .use_ref = ref, .n_threads = 2 };
 		if (kvt_dev_create(&c, &d))
 			return 1;
-		test_pack_bounds(d);
-		test_q8_pool(d);
+		test_group_scales(d);
+		for (int i = 0; i < 3; i++) {
+			test_pack_bounds(d, hds[i]);
+			test_q8_pool(d, hds[i]);
+		}
 		kvt_dev_destroy(d);
 	}
 	return check_done("test_kv_codec");

@@ -9,7 +9,8 @@
  *  - round trip through every tier: T0 -> T1 (demotion by eviction) -> T0;
  *    T0 -> T2 (end-of-turn write-through) -> T1 -> T0; T1 -> T2 by
  *    write-back on T1 eviction -> T0. f16 comes back bit for bit, FP8 and
- *    INT8 within the bound documented in tiers.h, on every element;
+ *    INT8 within the bound documented in tiers.h (s: the scale of the
+ *    element's group), on every element;
  *  - durability ordering: a block is clean in the table only once its row
  *    is in the index; after a restart (new table, reopened store and index,
  *    kvt_tm_recover) every persisted block promotes and matches.
@@ -21,6 +22,8 @@
  *  - a failed fdatasync: the store turns read-only, flush says KVT_EIO, the
  *    manager reports T2 degraded and keeps serving from T0/T1;
  *  - bad configs are refused with a named error.
+ * And an INT8 record of the old scale layout (one scale per token and head,
+ * before INT8 took one per 32 dims) is a logged miss, never decoded.
  */
 #include "check.h"
 #include "manager.h"
@@ -172,7 +175,8 @@ static int compare_slot(fixture *f, int codec, int32_t s, int b)
 	int n_bad = 0;
 	CHECK(kvt_dev_copy_d2h(f->dev, out, (char *)kvt_t0_layout(f->t0)->pool + (size_t)s * n_el * 2, n_el * 2) ==
 	      KVT_OK);
-	const uint32_t D = shape.head_dim;
+	/* values per scale: the whole vector (FP8), 32 dims (INT8); f16 needs none */
+	const uint32_t D = codec == KVT_KV_CODEC_F16 ? shape.head_dim : kvt_kv_group_dims(codec, shape.head_dim);
 	for (size_t v = 0; v < n_el / D; v++) {
 		float amax = 0;
 		for (uint32_t d = 0; d < D; d++)
@@ -561,6 +565,82 @@ static void policy_and_faults(void)
 }
 
 /*
+ * An INT8 record of scale layout 1 (one scale per token and KV head: INT8's
+ * format before it took a scale per 32 dims) is a miss, logged, and never
+ * decoded. With this test's head_dim of 32 the old record even has exactly
+ * the current size, so only scale_layout tells the two apart. A record of the
+ * current layout in the same store promotes as usual.
+ */
+static void old_int8_layout_is_miss(void)
+{
+	fixture f;
+	const int codec = KVT_KV_CODEC_INT8;
+	CHECK(fx_open(&f, codec, true, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+	engine_compute(&f, 0); /* block 0: written by the manager, layout 2 */
+	CHECK(kvt_tm_flush(f.tm) == KVT_OK);
+	/* block 1: an old record (layout 1) with its durable row, written as a manager of before did */
+	const size_t pb = kvt_kv_packed_bytes(&shape, codec);
+	const uint32_t n_vec = shape.n_layers * 2 * shape.n_kv_heads * BT;
+	CHECK_EQ_INT(pb, (size_t)n_vec * (shape.head_dim + 4)); /* one group: the old size */
+	uint8_t *payload = calloc(1, pb);
+	kvt_t2_block_meta m;
+	memset(&m, 0, sizeof(m));
+	memcpy(m.hash, hashes[1], 32);
+	memcpy(m.parent, hashes[0], 32);
+	m.n_tokens = BT;
+	memcpy(m.tokens, toks + BT, BT * sizeof(int32_t));
+	m.kv_dtype = KVT_DTYPE_F16;
+	m.codec = (uint8_t)codec;
+	m.scale_layout = KVT_TM_SCALE_LAYOUT_TOKEN_HEAD;
+	m.raw_bytes = (uint32_t)pb;
+	kvt_t2_write_req req = { .meta = &m, .payload = payload };
+	kvt_t2_loc loc;
+	int wres = -1;
+	CHECK(kvt_t2_write_batch(f.t2, 1, &req, &loc, &wres) == KVT_OK && wres == KVT_OK);
+	kvt_db_block_row row;
+	memset(&row, 0, sizeof(row));
+	memcpy(row.hash, m.hash, 32);
+	memcpy(row.parent, m.parent, 32);
+	row.n_tokens = BT;
+	memcpy(row.tokens, m.tokens, BT * sizeof(int32_t));
+	row.loc = loc;
+	row.kv_dtype = m.kv_dtype;
+	row.codec = m.codec;
+	row.scale_layout = m.scale_layout;
+	row.raw_bytes = m.raw_bytes;
+	row.last_use = kvt_wall_us();
+	uint64_t tick = 0;
+	CHECK(kvt_db_put_block(f.db, &row, NULL, NULL, &tick) == KVT_OK);
+	CHECK(kvt_db_wait(f.db, tick) == KVT_OK);
+	free(payload);
+	fx_close(&f);
+
+	/* restart: both rows recover; block 0 promotes, block 1 is a miss with a log line */
+	CHECK(fx_open(&f, codec, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+	uint64_t n_rec = 0;
+	CHECK(kvt_tm_recover(f.tm, &n_rec) == KVT_OK);
+	CHECK_EQ_INT(n_rec, 2);
+	int32_t slots[2] = { -1, -1 };
+	int res[2] = { -1, -1 };
+	check_log_capture();
+	CHECK(kvt_tm_promote(f.tm, 2, (const uint8_t(*)[32])hashes[0], slots, res) == KVT_ENOTFOUND);
+	CHECKF(strstr(check_log_text, "codec int8, scale layout 1") != NULL &&
+		       strstr(check_log_text, "scale layout 2") != NULL &&
+		       strstr(check_log_text, "such records are misses") != NULL,
+	       "log: %s", check_log_text);
+	kvt_log_set_sink(NULL, NULL);
+	CHECK_EQ_INT(res[0], KVT_OK);
+	CHECK_EQ_INT(res[1], KVT_ENOTFOUND);
+	if (res[0] == KVT_OK) {
+		CHECK(compare_slot(&f, codec, slots[0], 0) == 0);
+		kvt_t0_unref(f.t0, slots[0]);
+	}
+	CHECK(ent(&f, 1).slot[KVT_TIER_HBM] < 0 && ent(&f, 1).slot[KVT_TIER_HOST] < 0); /* nothing decoded */
+	CHECK(kvt_tm_check(f.tm) == KVT_OK);
+	fx_close(&f);
+}
+
+/*
  * The LRU order survives a restart: a block used after it was persisted (a
  * promotion hit refreshes its row) comes back warmer than one that was not,
  * so after the restart the unused one is the first the NVMe tier gives up.
@@ -634,6 +714,8 @@ int main(void)
 	eviction_order();
 	unlink(db_path);
 	policy_and_faults();
+	unlink(db_path);
+	old_int8_layout_is_miss();
 	unlink(db_path);
 	lru_survives_restart();
 	free(data);

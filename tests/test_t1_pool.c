@@ -4,8 +4,10 @@
  * slots and counts as in T0; a round trip T0 -> T1 -> T0 through every codec
  * on blocks shaped like real KV (per-head magnitudes that differ by orders,
  * outliers, an all-zero head, fp16 subnormals): f16 bit for bit, FP8 and INT8
- * within the bound documented in tiers.h on EVERY element; the packed bytes
- * are what dev.h documents (scales after codes); bad arguments are refused
+ * within the bound documented in tiers.h on EVERY element, with s the scale of
+ * the element's group (the whole token-and-head vector for FP8, its 32 dims
+ * for INT8); the packed bytes are what dev.h documents (codes, then a scale
+ * per vector (FP8) or per vector and 32 dims (INT8)); bad arguments are refused
  * with a named error; a concurrent alloc/unref stress run for TSan.
  */
 #include "check.h"
@@ -46,13 +48,17 @@ static int check_bound(int codec, const uint16_t *in, const uint16_t *out, doubl
 {
 	const uint32_t T = shape.block_tokens, D = shape.head_dim;
 	const uint32_t n_vec = shape.n_layers * 2 * shape.n_kv_heads * T;
+	const uint32_t gd = codec == KVT_KV_CODEC_F16 ? D : kvt_kv_group_dims(codec, D); /* values per scale */
 	int n_bad = 0;
 	double num = 0, den = 0;
 	for (uint32_t v = 0; v < n_vec; v++) {
-		float amax = 0;
-		for (uint32_t d = 0; d < D; d++)
-			amax = fmaxf(amax, fabsf(kvt_f16_to_f32(in[v * D + d])));
+		float amax = 0; /* of the current group */
 		for (uint32_t d = 0; d < D; d++) {
+			if (d % gd == 0) {
+				amax = 0;
+				for (uint32_t i = d; i < d + gd; i++)
+					amax = fmaxf(amax, fabsf(kvt_f16_to_f32(in[v * D + i])));
+			}
 			float x = kvt_f16_to_f32(in[v * D + d]), y = kvt_f16_to_f32(out[v * D + d]);
 			double err = fabs((double)y - x), bound;
 			if (codec == KVT_KV_CODEC_F16) {
@@ -134,8 +140,12 @@ int main(void)
 		CHECK(kvt_t1_mover_create(dev, t0, codec, NB, &mv) == KVT_OK);
 		CHECK_EQ_INT(kvt_t1_codec(t1), codec);
 		CHECK_EQ_INT(kvt_t1_slot_bytes(t1), kvt_kv_packed_bytes(kvt_t0_layout(t0), codec));
-		CHECK_EQ_INT(kvt_t1_slot_bytes(t1),
-			     codec == KVT_KV_CODEC_F16 ? bb : (size_t)n_vec * shape.head_dim + (size_t)n_vec * 4);
+		/* codes, then fp32 scales: one per vector (FP8), one per vector and 32 dims (INT8) */
+		const uint32_t n_groups = codec == KVT_KV_CODEC_INT8 ? shape.head_dim / 32 : 1;
+		CHECK_EQ_INT(kvt_kv_group_dims(codec, shape.head_dim), codec == KVT_KV_CODEC_F16 ? 0 : shape.head_dim / n_groups);
+		CHECK_EQ_INT(kvt_t1_slot_bytes(t1), codec == KVT_KV_CODEC_F16
+							? bb
+							: (size_t)n_vec * shape.head_dim + (size_t)n_vec * n_groups * 4);
 
 		/* source slots 0..NB-1, destinations NB..2NB-1 */
 		int32_t src[16], dst[16], t1s[16];
@@ -158,15 +168,19 @@ int main(void)
 		if (codec == KVT_KV_CODEC_F16) {
 			CHECK(memcmp(h[0], in, bb) == 0);
 		} else {
-			/* the scale of vector 0 is amax / qmax, after the codes */
+			/* the scales of vector 0 are amax / qmax of each group, after the codes */
 			const float *sc = (const float *)((const uint8_t *)h[0] + (size_t)n_vec * shape.head_dim);
-			float amax = 0;
-			for (uint32_t d = 0; d < shape.head_dim; d++)
-				amax = fmaxf(amax, fabsf(kvt_f16_to_f32(in[d])));
-			CHECKF(sc[0] == amax / (codec == KVT_KV_CODEC_FP8 ? 448.0f : 127.0f), "scale %g amax %g", sc[0],
-			       amax);
-			/* the all-zero head has scale 0 */
-			CHECK(sc[shape.block_tokens] == 0.0f);
+			const uint32_t gd = shape.head_dim / n_groups;
+			for (uint32_t g = 0; g < n_groups; g++) {
+				float amax = 0;
+				for (uint32_t d = g * gd; d < (g + 1) * gd; d++)
+					amax = fmaxf(amax, fabsf(kvt_f16_to_f32(in[d])));
+				CHECKF(sc[g] == amax / (codec == KVT_KV_CODEC_FP8 ? 448.0f : 127.0f), "group %u scale %g amax %g",
+				       g, sc[g], amax);
+			}
+			/* the all-zero head (vectors block_tokens..) has scale 0 in every group */
+			for (uint32_t g = 0; g < n_groups; g++)
+				CHECK(sc[shape.block_tokens * n_groups + g] == 0.0f);
 		}
 		const void *hs[16];
 		int32_t rdst[16];

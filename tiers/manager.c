@@ -147,6 +147,16 @@ static void busy_release(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 	pthread_mutex_unlock(&tm->mu);
 }
 
+/* The scale_layout a T2 record of this codec carries (manager.h). */
+static uint8_t scale_layout_of(int codec)
+{
+	switch (codec) {
+	case KVT_KV_CODEC_FP8: return KVT_TM_SCALE_LAYOUT_TOKEN_HEAD;
+	case KVT_KV_CODEC_INT8: return KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32;
+	}
+	return 0;
+}
+
 static bool t2_writable(kvt_tm *tm)
 {
 	if (!tm->cfg.t2)
@@ -303,7 +313,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		memcpy(m->tokens, e[i].tokens, e[i].n_tokens * sizeof(int32_t));
 		m->kv_dtype = KVT_DTYPE_F16;
 		m->codec = (uint8_t)tm->cfg.t1_codec;
-		m->scale_layout = tm->cfg.t1_codec == KVT_KV_CODEC_F16 ? 0 : KVT_TM_SCALE_LAYOUT_TOKEN_HEAD;
+		m->scale_layout = scale_layout_of(tm->cfg.t1_codec);
 		m->raw_bytes = (uint32_t)tm->packed_bytes;
 		req[n_w].meta = m;
 		req[n_w].payload = src;
@@ -713,17 +723,21 @@ static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], i
 		l = e.nvme;
 		double t_start = kvt_now_s();
 		rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
-		if (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.raw_bytes != tm->packed_bytes ||
-				     m.n_tokens != e.n_tokens ||
+		/* NOTE: the scale layout must match as well as the codec and size: an INT8
+		 * record of layout 1 may have exactly our size (head_dim 32) and would
+		 * decode to wrong values without an error. */
+		if (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.scale_layout != scale_layout_of(tm->cfg.t1_codec) ||
+				     m.raw_bytes != tm->packed_bytes || m.n_tokens != e.n_tokens ||
 				     memcmp(m.tokens, e.tokens, e.n_tokens * sizeof(int32_t)))) {
 			pthread_mutex_lock(&tm->mu);
 			bool warn = !tm->warned_codec;
 			tm->warned_codec = true;
 			pthread_mutex_unlock(&tm->mu);
 			if (warn)
-				KVT_LOGW("tm: a T2 record holds codec %s, %u bytes; this manager runs %s, %zu bytes: "
-					 "such records are misses", kvt_kv_codec_name(m.codec), m.raw_bytes,
-					 kvt_kv_codec_name(tm->cfg.t1_codec), tm->packed_bytes);
+				KVT_LOGW("tm: a T2 record holds codec %s, scale layout %u, %u bytes; this manager runs %s, "
+					 "scale layout %u, %zu bytes: such records are misses", kvt_kv_codec_name(m.codec),
+					 (unsigned)m.scale_layout, m.raw_bytes, kvt_kv_codec_name(tm->cfg.t1_codec),
+					 (unsigned)scale_layout_of(tm->cfg.t1_codec), tm->packed_bytes);
 			rc = KVT_ENOTFOUND;
 		} else if (rc == KVT_ECORRUPT) {
 			drop_corrupt(tm, h);

@@ -70,7 +70,16 @@ enum kvt_persist {
 	KVT_PERSIST_WRITE_BACK = 1,  /* write a block to T2 only when it is evicted from its last tier */
 };
 
-#define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD 1 /* T2 record scale_layout: one scale per token and KV head */
+/*
+ * T2 record scale_layout (kvt_t2_block_meta.scale_layout): how the scales of
+ * an 8-bit payload are laid out (gpu/dev.h, "Block codecs"). 0 for f16.
+ * A manager reads only records of its own codec AND layout; any other record
+ * (an INT8 record of layout 1, written before INT8 took group scales) is a
+ * miss, logged once, never decoded.
+ */
+#define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD 1 /* one scale per token and KV head: FP8 (and INT8 before group scales) */
+#define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32 2 /* INT8: one scale per token, KV head and 32 dims (the whole head when
+                                               head_dim is not a multiple of 32) */
 
 typedef struct kvt_tm_config {
 	kvt_dev *dev;            /* borrowed; must outlive the manager */

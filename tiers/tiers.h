@@ -61,7 +61,9 @@ int kvt_t0_check(const kvt_t0_pool *p);
 /*
  * A T1 slot holds one packed block (dev.h, kvt_kv_pack: fp16 bit for bit, or
  * FP8 E4M3 / INT8 codes [layer][K,V][kv_head][token][dim] followed by fp32
- * scales [layer][K,V][kv_head][token]) in pinned host memory, so the copies
+ * scales: [layer][K,V][kv_head][token] for FP8, [layer][K,V][kv_head][token][group]
+ * for INT8, a group being 32 dims, or the whole head when head_dim is not a
+ * multiple of 32) in pinned host memory, so the copies
  * to and from the device run asynchronously at bus speed. The slot bytes are
  * also exactly the payload of a T2 record. Slots are carved once at creation
  * from one kvt_dev_host_alloc; each has a reference count with the same rules
@@ -69,7 +71,8 @@ int kvt_t0_check(const kvt_t0_pool *p);
  * out again).
  *
  * Error bound of a round trip T0 -> T1 -> T0 (per element x, fp16 in and
- * out, s = the scale of x's token and KV head = amax / qmax):
+ * out, s = the scale of x's group = amax / qmax over the group: the token and
+ * KV head for FP8, the token, KV head and 32 dims for INT8):
  *   F16:  exact (bit for bit);
  *   INT8: |x' - x| <= s / 2 + r(x')              (s = amax / 127);
  *   FP8:  |x' - x| <= 2^-4 |x| + 2^-10 s + r(x')  (s = amax / 448: 3 mantissa
