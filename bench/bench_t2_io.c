@@ -21,18 +21,30 @@
  * (fallocated) file, so the timed runs, like fio after them, write over
  * extents already written once; seqwrite reopens the store before each run
  * (an empty free map, filled front to back). The median MB/s is reported
- * (bytes = extents = records x bs).
+ * (bytes = extents = records x bs), with cpu_pct: the process's CPU time
+ * (user + system, all threads) over the wall time of the timed runs, to tell
+ * a CPU-bound store (verify, copy, pack on the calling thread) from a
+ * device-bound one.
  */
 #include "t2_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static int cmp_d(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 	return x < y ? -1 : x > y;
+}
+
+static double cpu_s(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+	       ru.ru_stime.tv_usec * 1e-6;
 }
 
 static uint64_t rng_s = 88172645463325252ull;
@@ -124,6 +136,7 @@ int main(int argc, char **argv)
 	 * extents into written ones, so every timed pattern (and fio after us)
 	 * runs on the same file state */
 	for (int pat = 0; pat < 4; pat++) {
+		double cpu_sum = 0, wall_sum = 0;
 		for (int r = pat == 0 ? -1 : 0; r < reps; r++) {
 			for (uint32_t i = 0; i < n_rec; i++)
 				perm[i] = i;
@@ -137,15 +150,16 @@ int main(int argc, char **argv)
 					return 1;
 				}
 			}
-			double t0 = kvt_now_s();
+			double t0 = kvt_now_s(), c0 = cpu_s();
 			for (uint32_t b0 = 0; b0 < n_rec; b0 += batch) {
 				uint32_t n = n_rec - b0 < batch ? n_rec - b0 : batch;
 				if (pat == 0 || pat == 3) {
 					if (pat == 3) {
-						double tf = kvt_now_s();
+						double tf = kvt_now_s(), cf = cpu_s();
 						for (uint32_t i = 0; i < n; i++)
 							kvt_t2_free(s, &loc[perm[b0 + i]]);
 						t0 += kvt_now_s() - tf; /* not timed */
+						c0 += cpu_s() - cf;
 					}
 					for (uint32_t i = 0; i < n; i++) {
 						serial++;
@@ -172,16 +186,19 @@ int main(int argc, char **argv)
 					}
 				}
 			}
-			if (r >= 0)
+			if (r >= 0) {
 				t[r] = kvt_now_s() - t0;
+				cpu_sum += cpu_s() - c0;
+				wall_sum += t[r];
+			}
 		}
 		qsort(t, (size_t)reps, sizeof(double), cmp_d);
 		double med = t[reps / 2];
 		double bytes = (double)n_rec * (double)bs;
 		printf("{\"engine\":\"t2\",\"pattern\":\"%s\",\"bs\":%llu,\"qd\":%u,\"batch\":%u,\"records\":%u,\"MBps\":%.1f,"
-		       "\"payload_MBps\":%.1f,\"iops\":%.0f,\"uring\":%s,\"direct\":%s,\"sync_every\":%ld}\n",
+		       "\"payload_MBps\":%.1f,\"iops\":%.0f,\"cpu_pct\":%.0f,\"uring\":%s,\"direct\":%s,\"sync_every\":%ld}\n",
 		       names[pat], (unsigned long long)bs, qd, batch, n_rec, bytes / med / 1e6,
-		       (double)n_rec * raw / med / 1e6, n_rec / med, st.using_uring ? "true" : "false",
+		       (double)n_rec * raw / med / 1e6, n_rec / med, 100 * cpu_sum / wall_sum, st.using_uring ? "true" : "false",
 		       st.direct_io ? "true" : "false", sync_every);
 		fflush(stdout);
 	}

@@ -166,7 +166,9 @@ typedef struct kvt_t2_config {
 				    sizes the staging slots: round_up(1280 + max_raw_bytes, 4 KiB) each */
 	uint32_t n_io_ctx;       /* concurrent I/O contexts (0 = 2). Memory: each holds 2 x depth staging slots,
 				    depth = min(queue_depth, staging_cap_bytes / (2 x slot)) (at least 1),
-				    registered (pinned) with its io_uring; set max_raw_bytes to the block size */
+				    registered (pinned) with its io_uring, in 2 MiB transparent huge pages where
+				    the kernel allows (the arena is rounded up to 2 MiB; a large record is then
+				    one device request: bench/README.md, T2); set max_raw_bytes to the block size */
 	uint64_t staging_cap_bytes; /* staging bytes per I/O context, at most (0 = 32 MiB) */
 	uint32_t sync_every;     /* inside a write batch, also queue an fdatasync in the background after every
 				    sync_every completed writes while more follow (0 = never, the default: on the
