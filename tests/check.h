@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #define CHECK_SKIP 77
 
@@ -117,6 +118,28 @@ static inline const char *check_default_model(void)
 	}
 #endif
 	return NULL;
+}
+
+/*
+ * Run a shell command line (its stderr redirected to err_path by the
+ * function), capture stdout into out and stderr into err (NUL-terminated,
+ * truncated to the caps); the exit status, or -1 if it did not exit.
+ */
+static inline int check_run_capture(const char *cmdline, const char *err_path, char *out, size_t out_cap, char *err,
+				    size_t err_cap)
+{
+	char cmd[8192];
+	snprintf(cmd, sizeof(cmd), "%s 2>%s </dev/null", cmdline, err_path);
+	FILE *p = popen(cmd, "r");
+	size_t n = p ? fread(out, 1, out_cap - 1, p) : 0;
+	out[n] = 0;
+	int st = p ? pclose(p) : -1;
+	FILE *f = fopen(err_path, "r");
+	n = f ? fread(err, 1, err_cap - 1, f) : 0;
+	err[n] = 0;
+	if (f)
+		fclose(f);
+	return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 #endif

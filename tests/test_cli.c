@@ -23,17 +23,8 @@ static char out[1 << 16], err[1 << 16];
 static int run(const char *args)
 {
 	char cmd[2048];
-	snprintf(cmd, sizeof(cmd), "%s/kvtier %s 2>%s", KVT_BINARY_DIR, args, err_path);
-	FILE *p = popen(cmd, "r");
-	size_t n = fread(out, 1, sizeof(out) - 1, p);
-	out[n] = 0;
-	int st = pclose(p);
-	FILE *f = fopen(err_path, "r");
-	n = f ? fread(err, 1, sizeof(err) - 1, f) : 0;
-	err[n] = 0;
-	if (f)
-		fclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	snprintf(cmd, sizeof(cmd), "%s/kvtier %s", KVT_BINARY_DIR, args);
+	return check_run_capture(cmd, err_path, out, sizeof(out), err, sizeof(err));
 }
 
 int main(void)

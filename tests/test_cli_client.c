@@ -33,18 +33,9 @@ static char out[1 << 16], err[1 << 16];
 static int run(const char *env, const char *args)
 {
 	char cmd[4096];
-	snprintf(cmd, sizeof(cmd), "env -u KVTIER_CONFIG -u KVTIER_API_KEY %s %s/kvtier %s 2>%s </dev/null",
-		 env ? env : "", KVT_BINARY_DIR, args, err_path);
-	FILE *p = popen(cmd, "r");
-	size_t n = fread(out, 1, sizeof(out) - 1, p);
-	out[n] = 0;
-	int st = pclose(p);
-	FILE *f = fopen(err_path, "r");
-	n = f ? fread(err, 1, sizeof(err) - 1, f) : 0;
-	err[n] = 0;
-	if (f)
-		fclose(f);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	snprintf(cmd, sizeof(cmd), "env -u KVTIER_CONFIG -u KVTIER_API_KEY %s %s/kvtier %s", env ? env : "",
+		 KVT_BINARY_DIR, args);
+	return check_run_capture(cmd, err_path, out, sizeof(out), err, sizeof(err));
 }
 
 /* A loopback TCP port nobody listens on (bound, then closed). */
