@@ -29,61 +29,25 @@ import argparse
 import datetime
 import json
 import os
-import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "daemon"))
+from kvtierd_proc import Daemon, http  # noqa: E402
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 BT = 16
 
 
 def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=900) as r:
-        return json.loads(r.read())
-
-
-class Daemon:
-    def __init__(self, build, data_dir, conf):
-        self.build, self.data_dir = build, data_dir
-        os.makedirs(data_dir, exist_ok=True)
-        self.conf = os.path.join(data_dir, "kvtier.conf")
-        self.log = os.path.join(data_dir, "kvtierd.log")
-        with open(self.conf, "w") as f:
-            f.write(conf.replace("@DATA@", data_dir))
-        self.proc, self.url = None, None
-
-    def start(self):
-        n_before = len(re.findall(r"listening on", open(self.log).read())) if os.path.exists(self.log) else 0
-        self.proc = subprocess.Popen([os.path.join(self.build, "kvtierd"), "-c", self.conf],
-                                     stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
-        for _ in range(1200):
-            ports = re.findall(r"listening on [0-9.]+:(\d+)", open(self.log).read())
-            if len(ports) > n_before:
-                self.url = "http://127.0.0.1:" + ports[-1]
-                try:
-                    with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                        if r.status == 200:
-                            return
-                except OSError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvtierd exited:\n" + open(self.log).read()[-3000:])
-            time.sleep(0.1)
-        raise RuntimeError("kvtierd not healthy")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(300)
+    st, r = http("POST", url, body)
+    if st != 200:
+        raise RuntimeError("%s: %s %s" % (url, st, r))
+    return r
 
 
 def chatml(system, turns):
@@ -189,7 +153,7 @@ def main():
     t_start = time.time()
     on.start()
     convs_on, recs = run_workload(on, a, system, users, "on")
-    st_on = json.loads(urllib.request.urlopen(on.url + "/v1/stats").read())
+    st_on = http("GET", on.url + "/v1/stats")[1]
     on.stop()
     off.start()
     _, recs_off = run_workload(off, a, system, users, "off")

@@ -626,13 +626,6 @@ static int offline_row(void *arg, const kvt_db_block_row *row)
 	return 0;
 }
 
-static int count_session(void *arg, const kvt_db_session *s)
-{
-	(void)s;
-	(*(int64_t *)arg)++;
-	return 0;
-}
-
 static json_t *tier_json(const char *name, const char *dtype)
 {
 	return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:s,"
@@ -705,9 +698,9 @@ static int offline_report(const char *dir, json_t **out)
 		if (kvt_db_open(&cfg, &db) != KVT_OK)
 			continue;
 		if (kvt_db_ns_id(db) == a->id) {
-			int64_t n = 0;
-			if (kvt_db_list_sessions(db, NULL, count_session, &n) == KVT_OK)
-				a->sessions = n;
+			uint64_t n = 0;
+			if (kvt_db_count_sessions(db, &n) == KVT_OK)
+				a->sessions = (int64_t)n;
 			a->this_model = true;
 		}
 		kvt_db_close(db);

@@ -17,13 +17,10 @@
 #include "fingerprint.h"
 #include "gguf.h"
 #include "index.h"
-#include "manager.h"
 #include "model.h"
-#include "scheduler.h"
 #include "sdnotify.h"
 #include "stack.h"
 #include "server.h"
-#include "t2_store.h"
 #include "tokenizer.h"
 
 #include <errno.h>

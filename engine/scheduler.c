@@ -906,22 +906,13 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-static int count_session(void *ctx, const kvt_db_session *row)
-{
-	(void)row;
-	(*(uint64_t *)ctx)++;
-	return 0;
-}
-
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 {
-	static double sorted[TTFT_RING];
-	static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+	double sorted[TTFT_RING];
 	uint64_t n_sessions = 0;
 
 	if (s->cfg.db)
-		kvt_db_list_sessions(s->cfg.db, NULL, count_session, &n_sessions);
-	pthread_mutex_lock(&sort_mu);
+		kvt_db_count_sessions(s->cfg.db, &n_sessions);
 	pthread_mutex_lock(&s->mu);
 	*st = s->st;
 	st->running = s->n_running;
@@ -934,7 +925,6 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 		st->ttft_p50_s = sorted[(k - 1) / 2];
 		st->ttft_p99_s = sorted[(uint32_t)ceil(0.99 * k) - 1];
 	}
-	pthread_mutex_unlock(&sort_mu);
 	st->sessions = n_sessions;
 	st->have_tiers = s->cfg.tm != NULL;
 	if (s->cfg.tm)

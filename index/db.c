@@ -1096,7 +1096,6 @@ struct block_walk_ctx {
 	unsigned flags;                                       /* KVT_DB_ALL_NS */
 	int (*fn)(void *ctx, const kvt_db_block_row *row);    /* user callback */
 	void *ctx;                                            /* its argument */
-	uint64_t n;                                           /* kvt_db_count_blocks result */
 };
 
 #define BLOCK_COLS                                                                                     \
@@ -1185,24 +1184,24 @@ static int block_walk_fn(kvt_db *db, void *arg)
 
 int kvt_db_for_each_block(kvt_db *db, unsigned flags, int (*fn)(void *ctx, const kvt_db_block_row *row), void *ctx)
 {
-	struct block_walk_ctx c = { flags, fn, ctx, 0 };
+	struct block_walk_ctx c = { flags, fn, ctx };
 	return run_read(db, block_walk_fn, &c);
 }
 
+struct count_ctx {
+	const char *sql;  /* SELECT count(*) ..., ?1 = this namespace when bind_ns */
+	bool bind_ns;
+	uint64_t n;       /* the result */
+};
+
 static int count_fn(kvt_db *db, void *arg)
 {
-	struct block_walk_ctx *c = arg;
+	struct count_ctx *c = arg;
 	sqlite3_stmt *st = NULL;
-	int rc = sqlite3_prepare_v2(db->sql,
-				    (c->flags & KVT_DB_ALL_NS)     ? "SELECT count(*) FROM blocks"
-				    : (c->flags & KVT_DB_MODEL_NS) ? "SELECT count(*) FROM blocks b JOIN namespaces n"
-								     " ON n.id=b.ns WHERE n.model_fp="
-								     "(SELECT model_fp FROM namespaces WHERE id=?1)"
-								   : "SELECT count(*) FROM blocks WHERE ns=?1",
-				    -1, &st, NULL);
+	int rc = sqlite3_prepare_v2(db->sql, c->sql, -1, &st, NULL);
 	if (rc != SQLITE_OK)
 		return fail(db, rc, "prepare count");
-	if (!(c->flags & KVT_DB_ALL_NS))
+	if (c->bind_ns)
 		sqlite3_bind_int64(st, 1, db->ns_id);
 	rc = sqlite3_step(st);
 	if (rc == SQLITE_ROW) {
@@ -1215,13 +1214,27 @@ static int count_fn(kvt_db *db, void *arg)
 	return rc;
 }
 
-int kvt_db_count_blocks(kvt_db *db, unsigned flags, uint64_t *n_out)
+static int count_rows(kvt_db *db, const char *sql, bool bind_ns, uint64_t *n_out)
 {
-	struct block_walk_ctx c = { flags, NULL, NULL, 0 };
+	struct count_ctx c = { sql, bind_ns, 0 };
 	int rc = run_read(db, count_fn, &c);
 	if (rc == KVT_OK)
 		*n_out = c.n;
 	return rc;
+}
+
+int kvt_db_count_blocks(kvt_db *db, unsigned flags, uint64_t *n_out)
+{
+	const char *sql = (flags & KVT_DB_ALL_NS)     ? "SELECT count(*) FROM blocks"
+			  : (flags & KVT_DB_MODEL_NS) ? "SELECT count(*) FROM blocks b JOIN namespaces n ON n.id=b.ns"
+							" WHERE n.model_fp=(SELECT model_fp FROM namespaces WHERE id=?1)"
+						      : "SELECT count(*) FROM blocks WHERE ns=?1";
+	return count_rows(db, sql, !(flags & KVT_DB_ALL_NS), n_out);
+}
+
+int kvt_db_count_sessions(kvt_db *db, uint64_t *n_out)
+{
+	return count_rows(db, "SELECT count(*) FROM sessions WHERE ns=?1", true, n_out);
 }
 
 int kvt_index_paths(const char *data_dir, char *t2_path, char *index_path, size_t cap)

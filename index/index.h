@@ -463,6 +463,8 @@ int kvt_db_for_each_block(kvt_db *db, unsigned flags, int (*fn)(void *ctx, const
 			  void *ctx);
 /* Count block rows (this namespace, or as the flags of kvt_db_for_each_block say). */
 int kvt_db_count_blocks(kvt_db *db, unsigned flags, uint64_t *n_out);
+/* Count this namespace's sessions. */
+int kvt_db_count_sessions(kvt_db *db, uint64_t *n_out);
 
 void kvt_db_get_stats(kvt_db *db, kvt_db_stats *st);
 

@@ -23,15 +23,15 @@ installs it into .venv-test; KVT_TEST_STRICT=1 makes its absence a failure).
 """
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvtierd_proc import Daemon, http  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -46,75 +46,12 @@ def check(cond, what):
     return cond
 
 
-class Daemon:
-    """One kvtierd process on its own data dir and an ephemeral port."""
-
-    def __init__(self, build, data_dir, conf_extra=""):
-        self.build, self.data_dir = build, data_dir
-        os.makedirs(data_dir, exist_ok=True)
-        self.conf = os.path.join(data_dir, "kvtier.conf")
-        self.log = os.path.join(data_dir, "kvtierd.log")
-        with open(self.conf, "w") as f:
-            f.write("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
-                    "[tier.hbm]\ncapacity = 256M\n[tier.host]\ncapacity = 256M\n[tier.nvme]\ncapacity = 256M\n"
-                    "[index]\ndata_dir = %s\n%s" % (MODEL, data_dir, conf_extra))
-        self.proc = None
-        self.url = None
-
-    def start(self, timeout=120):
-        logf = open(self.log, "a")
-        self.proc = subprocess.Popen([os.path.join(self.build, "kvtierd"), "-c", self.conf],
-                                     stdout=logf, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            m = re.findall(r"listening on [0-9.]+:(\d+)", open(self.log).read())
-            if m and self.url is None or (m and self.url and not self.url.endswith(":" + m[-1])):
-                self.url = "http://127.0.0.1:%s" % m[-1]
-            if self.url:
-                try:
-                    if http("GET", self.url + "/health")[0] == 200:
-                        return
-                except OSError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvtierd exited with %d:\n%s" % (self.proc.returncode, open(self.log).read()))
-            time.sleep(0.2)
-        raise RuntimeError("kvtierd did not become healthy:\n" + open(self.log).read())
-
-    def restart(self):
-        self.url = None
-        self.start()
-
-    def stop(self, sig=signal.SIGTERM, timeout=120):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        rc = self.proc.returncode if self.proc else 0
-        self.proc = None
-        return rc
-
-
-def http(method, url, body=None, headers=None, raw=None):
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            text = r.read()
-            if r.headers.get_content_type() != "application/json":
-                return r.status, text.decode()
-            return r.status, json.loads(text or b"null")
-    except urllib.error.HTTPError as e:
-        text = e.read()
-        try:
-            return e.code, json.loads(text)
-        except ValueError:
-            return e.code, text
+def daemon(build, data_dir, server="", extra=""):
+    """A kvtierd on the default model, small tiers, an ephemeral port; server: more [server] keys."""
+    return Daemon(build, data_dir,
+                  "[server]\nlisten = 127.0.0.1:0\n%s[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
+                  "[tier.hbm]\ncapacity = 256M\n[tier.host]\ncapacity = 256M\n%s[tier.nvme]\ncapacity = 256M\n"
+                  "[index]\ndata_dir = @DATA@\n" % (server, MODEL, extra))
 
 
 def chat(d, messages, session=None, max_tokens=24, user=None, key=None):
@@ -169,7 +106,7 @@ def converse(d, session, turns, msgs=None, expect_cached=True):
 
 
 def case_conversation(build, tmp):
-    d = Daemon(build, tmp)
+    d = daemon(build, tmp)
     d.start()
     try:
         msgs, replies, last = converse(d, "conv", USER_TURNS[:6])
@@ -193,9 +130,9 @@ def kvtier(build, *args):
 
 
 def case_kill9(build, tmp):
-    conf = "[tier.host]\ndtype = f16\n"
+    f16 = "dtype = f16\n"
     # the uninterrupted run
-    a = Daemon(build, os.path.join(tmp, "a"), conf)
+    a = daemon(build, os.path.join(tmp, "a"), extra=f16)
     a.start()
     try:
         msgs, _, _ = converse(a, "k9", USER_TURNS[:3])
@@ -204,7 +141,7 @@ def case_kill9(build, tmp):
     finally:
         a.stop()
     # the interrupted one
-    b = Daemon(build, os.path.join(tmp, "b"), conf)
+    b = daemon(build, os.path.join(tmp, "b"), extra=f16)
     b.start()
     try:
         msgs, _, prev = converse(b, "k9", USER_TURNS[:3])
@@ -236,7 +173,7 @@ def case_kill9(build, tmp):
 
 
 def case_sigterm(build, tmp):
-    d = Daemon(build, tmp)
+    d = daemon(build, tmp)
     d.start()
     sessions = {}
     try:
@@ -264,7 +201,7 @@ def case_sigterm(build, tmp):
 
 
 def case_tenants(build, tmp):
-    d = Daemon(build, os.path.join(tmp, "user"))
+    d = daemon(build, os.path.join(tmp, "user"))
     d.start()
     prompt = "The quick brown fox jumps over the lazy dog. " * 6
     try:
@@ -276,11 +213,7 @@ def case_tenants(build, tmp):
         check(b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "other tenant: 0 cached: %s" % b1["usage"])
     finally:
         d.stop()
-    d = Daemon(build, os.path.join(tmp, "keys"))
-    with open(d.conf) as f:
-        conf = f.read().replace("[server]\n", "[server]\napi_keys = alice:key-a, bob:key-b\n")
-    with open(d.conf, "w") as f:
-        f.write(conf)
+    d = daemon(build, os.path.join(tmp, "keys"), server="api_keys = alice:key-a, bob:key-b\n")
     d.start()
     try:
         body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
@@ -304,7 +237,7 @@ def case_openai(build, tmp):
         else:
             print("skip openai case: no openai package")
         return
-    d = Daemon(build, tmp)
+    d = daemon(build, tmp)
     d.start()
     try:
         c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
@@ -333,11 +266,7 @@ def case_openai(build, tmp):
 
 
 def case_errors(build, tmp):
-    d = Daemon(build, tmp, "[server]\n")
-    with open(d.conf) as f:
-        conf = f.read().replace("[server]\n", "[server]\nmax_body_bytes = 64K\nmax_tokens_limit = 512\n", 1)
-    with open(d.conf, "w") as f:
-        f.write(conf)
+    d = daemon(build, tmp, server="max_body_bytes = 64K\nmax_tokens_limit = 512\n")
     d.start()
     u = d.url
     good = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}

@@ -1,0 +1,84 @@
+"""tests/daemon/kvtierd_proc.py — one kvtierd process for the daemon tests and bench/bench_daemon.py.
+
+Daemon(build, data_dir, conf) writes conf (the whole INI text; "@DATA@" stands for
+data_dir) to DATA_DIR/kvtier.conf, starts BUILD/kvtierd on it, logging to
+DATA_DIR/kvtierd.log, and waits for /health; the port is the one the log says it
+listens on (listen = 127.0.0.1:0 picks an ephemeral one). http() is a JSON client
+that returns (status, body) for errors too.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+
+def http(method, url, body=None, headers=None, raw=None, timeout=900):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read()
+            if r.headers.get_content_type() != "application/json":
+                return r.status, text.decode()
+            return r.status, json.loads(text or b"null")
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text
+
+
+class Daemon:
+    def __init__(self, build, data_dir, conf):
+        self.build, self.data_dir = build, data_dir
+        os.makedirs(data_dir, exist_ok=True)
+        self.conf = os.path.join(data_dir, "kvtier.conf")
+        self.log = os.path.join(data_dir, "kvtierd.log")
+        with open(self.conf, "w") as f:
+            f.write(conf.replace("@DATA@", data_dir))
+        self.proc, self.url = None, None
+
+    def _log(self):
+        return open(self.log).read() if os.path.exists(self.log) else ""
+
+    def start(self, timeout=300):
+        n_before = len(re.findall(r"listening on", self._log()))
+        self.url = None
+        self.proc = subprocess.Popen([os.path.join(self.build, "kvtierd"), "-c", self.conf],
+                                     stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            ports = re.findall(r"listening on [0-9.]+:(\d+)", self._log())
+            if len(ports) > n_before:
+                self.url = "http://127.0.0.1:" + ports[-1]
+                try:
+                    if http("GET", self.url + "/health", timeout=5)[0] == 200:
+                        return
+                except OSError:
+                    pass
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvtierd exited with %d:\n%s" % (self.proc.returncode, self._log()[-3000:]))
+            time.sleep(0.1)
+        raise RuntimeError("kvtierd did not become healthy:\n" + self._log()[-3000:])
+
+    restart = start
+
+    def stop(self, sig=signal.SIGTERM, timeout=300):
+        """Signal the daemon and wait; its exit status (after a kill if it hangs)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        rc = self.proc.returncode if self.proc else 0
+        self.proc = None
+        return rc
