@@ -14,6 +14,11 @@
  *      (random fp16 weights, written here with the project's GGUF writer),
  *      with the weight bytes read per second against the copy's bandwidth.
  *
+ * Decode attention runs on each decode kernel (KVT_CUDA_DECODE=1, 2 and 3;
+ * the "kernel" field). `bench_gpu DIR --attention` stops after it: the quick
+ * loop while tuning a kernel on a GPU whose time is short. `bench_gpu --synth
+ * PATH` only writes the small synthetic model bench/gpu_daemon_smoke.py serves.
+ *
  * Times are host wall-clock over many back-to-back launches ending in one
  * sync (launch overheads included, as the engine pays them). Prints one JSON
  * object per line; bench/gpu_sdpa.py reads these lines and times PyTorch's
@@ -266,6 +271,21 @@ static int e2e(double copy_bps, const char *dir, int layers)
 
 int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "--synth") == 0) {
+		/* The model of bench/gpu_daemon_smoke.py: 4 layers, 512 wide, 8 heads of 64 over 2 KV
+		 * heads (decode attention's kernels, not the fallback), fp16, 2048 context. */
+		kvt_synth_llama c;
+		kvt_synth_llama_default(&c);
+		c.n_layer = 4;
+		c.n_embd = 512;
+		c.n_head = 8;
+		c.n_head_kv = 2;
+		c.n_ff = 1024;
+		c.n_ctx = 2048;
+		c.weight_type = 1; /* F16 */
+		c.seed = 7;
+		return kvt_synth_llama_write(&c, argv[2]) ? 1 : 0;
+	}
 	kvt_dev_config dc = { .kind = KVT_DEV_CUDA };
 	if (kvt_dev_create(&dc, &dev)) {
 		fprintf(stderr, "bench_gpu: no CUDA device\n");
@@ -278,26 +298,44 @@ int main(int argc, char **argv)
 	const double cbw = copy_bw((size_t)1 << 30);
 	printf("{\"bench\":\"d2d_copy\",\"bytes\":%zu,\"bytes_per_s\":%.4g}\n", (size_t)1 << 30, cbw);
 
-	/* 1 + 2: decode attention (Llama-3-8B KV shape: 8 KV heads, group 4, head_dim 128) */
-	static const uint32_t ctxs[] = { 4096, 16384, 32768, 65536 };
-	for (size_t i = 0; i < 4; i++) {
-		double b16, b8;
-		double t16 = attn_time(8, 4, 128, ctxs[i], KVT_KV_CODEC_F16, &b16);
-		double t8 = attn_time(8, 4, 128, ctxs[i], KVT_KV_CODEC_FP8, &b8);
-		printf("{\"bench\":\"decode_attention\",\"batch\":1,\"context\":%u,\"kv_heads\":8,\"group\":4,\"head_dim\":128,"
-		       "\"f16_us\":%.2f,\"f16_bytes_per_s\":%.4g,\"f16_vs_copy\":%.3f,\"fp8_us\":%.2f,"
-		       "\"fp8_speedup\":%.3f}\n",
-		       ctxs[i], t16 * 1e6, b16 / t16, b16 / t16 / cbw, t8 * 1e6, t16 / t8);
-		fflush(stdout);
+	/*
+	 * 1 + 2: decode attention (Llama-3-8B KV shape: 8 KV heads, group 4, head_dim 128; then
+	 * SmolLM2-135M's: 3 KV heads, group 3, head_dim 64), on each decode kernel (KVT_CUDA_DECODE
+	 * 1, 2 and 3: a device each; 3 differs from 2 on 8-bit pools only), every figure against
+	 * the copy measured above.
+	 */
+	kvt_dev *ver[3] = { NULL, NULL, NULL };
+	for (int v = 0; v < 3; v++) {
+		const char name[2] = { (char)('1' + v), 0 };
+		setenv("KVT_CUDA_DECODE", name, 1);
+		if (kvt_dev_create(&dc, &ver[v]))
+			die("device for a decode kernel");
 	}
-	/* SmolLM2-135M shape too (3 KV heads, group 3, head_dim 64) */
-	{
-		double b16, b8;
-		double t16 = attn_time(3, 3, 64, 65536, KVT_KV_CODEC_F16, &b16);
-		double t8 = attn_time(3, 3, 64, 65536, KVT_KV_CODEC_FP8, &b8);
-		printf("{\"bench\":\"decode_attention\",\"batch\":1,\"context\":65536,\"kv_heads\":3,\"group\":3,\"head_dim\":64,"
-		       "\"f16_us\":%.2f,\"f16_bytes_per_s\":%.4g,\"f16_vs_copy\":%.3f,\"fp8_us\":%.2f,\"fp8_speedup\":%.3f}\n",
-		       t16 * 1e6, b16 / t16, b16 / t16 / cbw, t8 * 1e6, t16 / t8);
+	unsetenv("KVT_CUDA_DECODE");
+	kvt_dev *keep = dev;
+	static const uint32_t shapes[][4] = { /* kv heads, group, head_dim, context */
+		{ 8, 4, 128, 4096 }, { 8, 4, 128, 16384 }, { 8, 4, 128, 32768 }, { 8, 4, 128, 65536 }, { 3, 3, 64, 65536 },
+	};
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+		const uint32_t kvh = shapes[i][0], G = shapes[i][1], hd = shapes[i][2], ctx = shapes[i][3];
+		for (int v = 0; v < 3; v++) {
+			double b16, b8;
+			dev = ver[v];
+			double t16 = attn_time(kvh, G, hd, ctx, KVT_KV_CODEC_F16, &b16);
+			double t8 = attn_time(kvh, G, hd, ctx, KVT_KV_CODEC_FP8, &b8);
+			printf("{\"bench\":\"decode_attention\",\"kernel\":%d,\"batch\":1,\"context\":%u,\"kv_heads\":%u,"
+			       "\"group\":%u,\"head_dim\":%u,\"f16_us\":%.2f,\"f16_bytes_per_s\":%.4g,\"f16_vs_copy\":%.3f,"
+			       "\"fp8_us\":%.2f,\"fp8_bytes_per_s\":%.4g,\"fp8_speedup\":%.3f}\n",
+			       v + 1, ctx, kvh, G, hd, t16 * 1e6, b16 / t16, b16 / t16 / cbw, t8 * 1e6, b8 / t8, t16 / t8);
+			fflush(stdout);
+		}
+	}
+	dev = keep;
+	for (int v = 0; v < 3; v++)
+		kvt_dev_destroy(ver[v]);
+	if (argc > 2 && strcmp(argv[2], "--attention") == 0) {
+		kvt_dev_destroy(dev);
+		return 0;
 	}
 
 	/* 3: codecs on 512 blocks of the Llama-3-8B shape (2 MiB each, 32 layers) */

@@ -2,34 +2,59 @@
 # bench/device_check.sh — the CUDA backend's device check, in one go (< 8 min on one H200).
 #
 # Here (the build machine, no GPU needed):
-#   bench/device_check.sh --bundle        # builds build-device/ for sm_90 and packs .device/
-# There (the GPU machine, from the repository root, .device carried):
-#   bench/device_check.sh                 # parity tests, then the benchmarks, figures to $OUT
-# Prints the parity test's summary, then bench_gpu's JSON lines, then PyTorch's
-# SDPA on the same decode shapes (bench/gpu_sdpa.py) where torch is there.
+#   bench/device_check.sh --bundle        # builds build-device/ for sm_90, packs .device/ and
+#                                         # .device.tar.xz (what a device run carries: < 64 MiB)
+# There (the GPU machine, from the repository root, with carry [".device.tar.xz"]):
+#   bench/device_check.sh                 # everything below, figures to $OUT
+#   bench/device_check.sh --attention     # parity, then decode attention only (all kernels)
+# In order: the parity test (every op against the CPU reference, decode kernels 1-3);
+# bench_gpu's JSON lines (decode attention on each decode kernel, codecs, paging,
+# end to end); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
+# torch is there; the tier tests on the CUDA backend (KVTIER_TEST_DEVICE=cuda); and
+# kvtierd end to end on cuda and on cpu (bench/gpu_daemon_smoke.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--bundle" ]; then
 	set -e
-	grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo /.device/ >>.git/info/exclude
+	for p in /.device/ /.device.tar.xz; do
+		grep -qx "$p" .git/info/exclude 2>/dev/null || echo "$p" >>.git/info/exclude
+	done
 	# x86-64-v3 (AVX2, FMA, F16C) rather than -march=native: the GPU machine's CPU may differ.
 	cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DKVT_NATIVE=OFF \
 		-DCMAKE_C_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES="${KVT_CUDA_ARCHS:-90}" >/dev/null
-	cmake --build build-device -j"$(nproc)" --target test_gpu_parity bench_gpu
-	rm -rf .device
-	../shared/tools/device-bundle.sh .device build-device/test_gpu_parity build-device/bench_gpu
+	bins="test_gpu_parity bench_gpu test_t1_pool test_manager_tiers kvtierd"
+	cmake --build build-device -j"$(nproc)" --target $bins
+	rm -rf .device .device.tar.xz
+	../shared/tools/device-bundle.sh .device $(for b in $bins; do echo build-device/$b; done)
+	tar -cJf .device.tar.xz .device
+	ls -l .device.tar.xz
 	exit 0
 fi
 out=${OUT:-/tmp/kvt-device-out}
 mkdir -p "$out"
+[ -d .device ] || tar -xJf .device.tar.xz
 . .device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee "$out/gpu.txt"
 echo "== parity"
 timeout "${KVT_PARITY_S:-150}" test_gpu_parity 2>&1 | tee "$out/parity.txt"
 parity=${PIPESTATUS[0]}
 echo "== benchmarks"
-timeout "${KVT_BENCH_S:-200}" bench_gpu /tmp 2>&1 | tee "$out/bench_gpu.jsonl"
+timeout "${KVT_BENCH_S:-200}" bench_gpu /tmp ${1:-} 2>&1 | tee "$out/bench_gpu.jsonl"
 echo "== pytorch sdpa"
 timeout 40 env -u LD_LIBRARY_PATH python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
-echo "parity exit status: $parity"
-exit "$parity"
+rest=0
+if [ "${1:-}" != "--attention" ]; then
+	echo "== tier tests on the CUDA backend"
+	for t in test_t1_pool test_manager_tiers; do
+		(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout 120 "$t") >"$out/$t.txt" 2>&1
+		st=$?
+		tail -3 "$out/$t.txt"
+		echo "$t exit status: $st"
+		[ "$st" = 0 ] || rest=1
+	done
+	echo "== kvtierd on cuda and cpu"
+	timeout 240 python3 bench/gpu_daemon_smoke.py .device/bin /tmp/kvt-smoke 2>&1 | tee "$out/daemon_smoke.txt"
+	[ "${PIPESTATUS[0]}" = 0 ] || rest=1
+fi
+echo "parity exit status: $parity; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
+[ "$parity" = 0 ] && [ "$rest" = 0 ]

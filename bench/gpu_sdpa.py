@@ -51,7 +51,8 @@ def main():
         b.record()
         torch.cuda.synchronize()
         us = a.elapsed_time(b) * 1000.0 / iters
-        print(json.dumps({"bench": "sdpa", "context": T, "kv_heads": H, "group": G, "head_dim": D,
+        print(json.dumps({"bench": "sdpa", "kernel": r.get("kernel", 1), "context": T, "kv_heads": H,
+                          "group": G, "head_dim": D,
                           "gqa": how, "torch": torch.__version__, "torch_us": round(us, 2),
                           "kvtier_f16_us": r["f16_us"], "kvtier_over_torch": round(r["f16_us"] / us, 3),
                           "kvtier_fp8_over_torch": round(r["fp8_us"] / us, 3)}))

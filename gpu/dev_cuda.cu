@@ -53,6 +53,8 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #define GEMV_MAX_ROWS 8
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16 /* query heads per KV head the decode kernel keeps in registers */
@@ -71,6 +73,8 @@ typedef struct cuda_dev {
 	cudaStream_t stream;   /* compute stream */
 	cublasHandle_t blas;   /* bound to stream */
 	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
+	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE) */
+	int decode2_occ[3][5][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
 } cuda_dev;
 
 static cuda_dev *C(kvt_dev *d) { return (cuda_dev *)d; }
@@ -1016,6 +1020,274 @@ __global__ void attn_combine_kernel(const float *ws, float *out, uint32_t n_head
 }
 
 /*
+ * Decode attention, version 2 (KVT_CUDA_DECODE=2, or 3 for its other 8-bit
+ * variant, below; version 1 above stays the default until a GPU run has
+ * measured them). Work is cut along the pool's
+ * own layout instead of key by key:
+ *   - a split is a run of whole blocks; splits are sized so that one wave of
+ *     CTAs (the kernel's occupancy times the multiprocessors) covers the
+ *     context;
+ *   - a warp takes a chunk of TPT consecutive tokens of one block per trip.
+ *     For one KV head those tokens' K codes are one contiguous run (and so
+ *     are their V codes), read by every lane with U loads of 16 bytes (fp16
+ *     at 8 dims a lane, 8-bit at 16 dims a lane) or 8 bytes (8-bit at 8
+ *     dims a lane, for large GQA groups), all issued before any arithmetic;
+ *   - the next chunk's block-table entry is loaded one trip ahead, so no trip
+ *     waits on a dependent load;
+ *   - 8-bit scales are applied once per key and query head (to a lane's
+ *     partial dot before the lane reduction, whose dims lie in one scale
+ *     group, and to the softmax weight of V), not once per dim;
+ *   - codes are converted to fp32 one key at a time, so the raw loads and
+ *     not U * DPL floats are what stays in registers across the trip.
+ * The query heads of the GQA group are a runtime count up to GMAX, so one
+ * instantiation serves G = 3 and G = 4. Partials go to ws as in version 1,
+ * and attn_combine2_kernel merges them.
+ */
+template <int DPL, bool Q8>
+struct decode2_raw {
+	using type = typename std::conditional<(Q8 ? DPL : 2 * DPL) == 16, uint4, uint2>::type;
+};
+
+/* A lane's DPL values of one key, unscaled (8-bit codes as their code values). */
+template <int DPL, bool Q8, typename R>
+__device__ __forceinline__ void decode2_unpack(const R &r, int codec, float *f)
+{
+	if constexpr (!Q8) {
+		const __half2 *h2 = (const __half2 *)&r;
+#pragma unroll
+		for (int i = 0; i < DPL / 2; i++) {
+			float2 v = __half22float2(h2[i]);
+			f[2 * i] = v.x;
+			f[2 * i + 1] = v.y;
+		}
+	} else {
+		const uint8_t *c = (const uint8_t *)&r;
+		if (codec == KVT_KV_CODEC_FP8) {
+#pragma unroll
+			for (int i = 0; i < DPL; i += 2) {
+				float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+					(__nv_fp8x2_storage_t)(c[i] | (c[i + 1] << 8)), __NV_E4M3)));
+				f[i] = v.x;
+				f[i + 1] = v.y;
+			}
+		} else {
+#pragma unroll
+			for (int i = 0; i < DPL; i++)
+				f[i] = (float)(int8_t)c[i];
+		}
+	}
+}
+
+template <int D, int GMAX, bool Q8, int DPL>
+__global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_attention_args a,
+							   uint32_t blocks_per_split, float *ws)
+{
+	using raw_t = typename decode2_raw<DPL, Q8>::type;
+	constexpr int LPK = D / DPL;    /* lanes per key */
+	constexpr int GPW = 32 / LPK;   /* keys per warp load */
+	constexpr int UMAX = GMAX * DPL <= 32 ? 8 : 4;
+	constexpr int U = 16 / GPW < 1 ? 1 : (16 / GPW > UMAX ? UMAX : 16 / GPW); /* loads per lane per trip */
+	constexpr int TPT = GPW * U;    /* tokens per warp trip */
+	constexpr int GROUPS = 4 * GPW; /* lane groups in the CTA */
+	static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head_dim / DPL lanes must divide a warp");
+	const uint32_t G = a.n_heads / l.n_kv_heads, bt = l.block_tokens, n_ctx = a.pos0 + 1;
+	const uint32_t kh = blockIdx.x, split = blockIdx.y;
+	const uint32_t b0 = split * blocks_per_split;
+	const uint32_t b1 = min(b0 + blocks_per_split, (n_ctx + bt - 1) / bt);
+	const uint32_t cpb = (bt + TPT - 1) / TPT; /* chunks per block */
+	/* Every chunk starts at a visible token: the last block has only as many as it needs. */
+	const uint32_t last_tokens = min(bt, n_ctx - (b1 - 1) * bt);
+	const uint32_t n_chunks = (b1 - b0 - 1) * cpb + (last_tokens + TPT - 1) / TPT;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+	const int sub = lane % LPK, gi = lane / LPK, grp = warp * GPW + gi;
+	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
+
+	float q[GMAX][DPL], acc[GMAX][DPL], mx[GMAX], sum[GMAX];
+#pragma unroll
+	for (int g = 0; g < GMAX; g++) {
+		const float *qp = a.q + ((size_t)kh * G + (g < (int)G ? g : 0)) * D + sub * DPL;
+#pragma unroll
+		for (int i = 0; i < DPL; i++) {
+			q[g][i] = g < (int)G ? qp[i] * qs : 0.0f;
+			acc[g][i] = 0.0f;
+		}
+		mx[g] = -INFINITY;
+		sum[g] = 0.0f;
+	}
+
+	/* Chunk c of the split: block b0 + c / cpb, tokens from (c % cpb) * TPT. Trip counts are uniform per warp. */
+	int32_t next_slot = (uint32_t)warp < n_chunks ? __ldg(a.block_table + b0 + warp / cpb) : 0;
+	for (uint32_t c = warp; c < n_chunks; c += 4) {
+		const int32_t slot = next_slot;
+		if (c + 4 < n_chunks)
+			next_slot = __ldg(a.block_table + b0 + (c + 4) / cpb);
+		const uint32_t blk = b0 + c / cpb, t0 = (c % cpb) * TPT;
+		raw_t kr[U], vr[U];
+		float ks[U], vs[U];
+		bool valid[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const uint32_t t = t0 + u * GPW + gi;
+			valid[u] = t < bt && blk * bt + t < n_ctx;
+			const uint32_t tl = valid[u] ? t : t0; /* a masked key loads a visible one */
+			if constexpr (Q8) {
+				const uint8_t *bp = q_block(l, slot);
+				const size_t vk = q_vi(l, a.layer, 0, kh, tl), vv = q_vi(l, a.layer, 1, kh, tl);
+				kr[u] = __ldg((const raw_t *)(bp + vk * D + sub * DPL));
+				vr[u] = __ldg((const raw_t *)(bp + vv * D + sub * DPL));
+				ks[u] = __ldg((const float *)(bp + q_scale_off(l, vk, sub * DPL)));
+				vs[u] = __ldg((const float *)(bp + q_scale_off(l, vv, sub * DPL)));
+			} else {
+				const __half *pool = (const __half *)l.pool;
+				kr[u] = __ldg((const raw_t *)(pool + kv_off(l, slot, a.layer, 0, kh, tl) + sub * DPL));
+				vr[u] = __ldg((const raw_t *)(pool + kv_off(l, slot, a.layer, 1, kh, tl) + sub * DPL));
+				ks[u] = vs[u] = 1.0f;
+			}
+		}
+		/* scores, one key at a time */
+		float s[GMAX][U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			float kf[DPL];
+			decode2_unpack<DPL, Q8>(kr[u], l.codec, kf);
+#pragma unroll
+			for (int g = 0; g < GMAX; g++) {
+				if (g >= (int)G)
+					break; /* G is uniform, so every lane still shuffles alike */
+				float d = 0.0f;
+#pragma unroll
+				for (int i = 0; i < DPL; i++)
+					d += q[g][i] * kf[i];
+				if constexpr (Q8)
+					d *= ks[u];
+#pragma unroll
+				for (int o = LPK / 2; o > 0; o >>= 1)
+					d += __shfl_xor_sync(0xffffffffu, d, o, LPK);
+				s[g][u] = valid[u] ? d : -INFINITY;
+			}
+		}
+		/* online softmax: s becomes the weight of each key's V (scale included) */
+#pragma unroll
+		for (int g = 0; g < GMAX; g++) {
+			if (g >= (int)G)
+				break;
+			float nm = mx[g];
+#pragma unroll
+			for (int u = 0; u < U; u++)
+				nm = fmaxf(nm, s[g][u]);
+			const float cf = nm == -INFINITY ? 1.0f : exp2f(mx[g] - nm);
+			float ps = 0.0f;
+#pragma unroll
+			for (int u = 0; u < U; u++) {
+				const float pw = s[g][u] == -INFINITY ? 0.0f : exp2f(s[g][u] - nm);
+				ps += pw;
+				s[g][u] = pw * vs[u];
+			}
+			sum[g] = sum[g] * cf + ps;
+			mx[g] = nm;
+#pragma unroll
+			for (int i = 0; i < DPL; i++)
+				acc[g][i] *= cf;
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			float vf[DPL];
+			decode2_unpack<DPL, Q8>(vr[u], l.codec, vf);
+#pragma unroll
+			for (int g = 0; g < GMAX; g++) {
+				if (g >= (int)G)
+					break;
+#pragma unroll
+				for (int i = 0; i < DPL; i++)
+					acc[g][i] += s[g][u] * vf[i];
+			}
+		}
+	}
+	/* Merge the lane groups through shared memory, one query head at a time. */
+	__shared__ float sm[GROUPS], ssum[GROUPS];
+	__shared__ float sacc[GROUPS][D];
+#pragma unroll
+	for (int g = 0; g < GMAX; g++) {
+		if (g >= (int)G)
+			break; /* uniform over the CTA */
+		if (sub == 0) {
+			sm[grp] = mx[g];
+			ssum[grp] = sum[g];
+		}
+#pragma unroll
+		for (int i = 0; i < DPL; i++)
+			sacc[grp][sub * DPL + i] = acc[g][i];
+		__syncthreads();
+		float M = -INFINITY;
+		for (int j = 0; j < GROUPS; j++)
+			M = fmaxf(M, sm[j]);
+		float *out = ws + ((size_t)split * a.n_heads + kh * G + g) * (D + 2);
+		for (int dd = tid; dd < D; dd += 128) {
+			float v = 0.0f;
+			for (int j = 0; j < GROUPS; j++)
+				if (sm[j] != -INFINITY)
+					v += sacc[j][dd] * exp2f(sm[j] - M);
+			out[2 + dd] = v;
+		}
+		if (tid == 0) {
+			float L = 0.0f;
+			for (int j = 0; j < GROUPS; j++)
+				if (sm[j] != -INFINITY)
+					L += ssum[j] * exp2f(sm[j] - M);
+			out[0] = M;
+			out[1] = L;
+		}
+		__syncthreads();
+	}
+}
+
+__device__ float block_max(float v, float *sh)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : -INFINITY;
+	return warp_max(v);
+}
+
+/*
+ * Merge n_splits partials per query head (grid n_heads, 128 threads). Every
+ * split's weight exp2(max_s - M) is computed once into shared memory (the
+ * dynamic n_splits floats), then each thread sums its dims over the splits
+ * with independent loads.
+ */
+__global__ void attn_combine2_kernel(const float *ws, float *out, uint32_t n_heads, uint32_t D, uint32_t n_splits)
+{
+	extern __shared__ float cw[];
+	__shared__ float red[32];
+	const size_t stride = (size_t)n_heads * (D + 2);
+	const float *p = ws + (size_t)blockIdx.x * (D + 2);
+	float m = -INFINITY;
+	for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
+		cw[s] = p[s * stride];
+		m = fmaxf(m, cw[s]);
+	}
+	const float M = block_max(m, red);
+	float L = 0.0f;
+	for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
+		const float w = cw[s] == -INFINITY ? 0.0f : exp2f(cw[s] - M);
+		cw[s] = w;
+		L += p[s * stride + 1] * w;
+	}
+	L = block_sum(L, red); /* its barriers also publish cw */
+	for (uint32_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
+		float v = 0.0f;
+#pragma unroll 8
+		for (uint32_t s = 0; s < n_splits; s++)
+			v += cw[s] * p[s * stride + 2 + dd];
+		out[(size_t)blockIdx.x * D + dd] = v / L;
+	}
+}
+
+/*
  * Prefill attention. Grid (n_kv_heads, row tiles); 4 warps. The CTA's query
  * vectors are QT rows x G heads (at most 32), staged in shared memory; key
  * tiles of 32 are staged as fp32. Warp w owns query vectors w, w + 4, ...;
@@ -1155,6 +1427,59 @@ static bool decode_ok(const kvt_attention_args *a)
 	       ((uintptr_t)a->kv->pool % 16) == 0;
 }
 
+/*
+ * Version 2's kernels by [head_dim 64/128/256][GMAX 1/2/4/8/16][variant]:
+ * fp16 pools; 8-bit pools at 16 dims a lane up to a group of 4 query heads
+ * (8 beyond, where 16 would not fit the accumulators in registers); 8-bit
+ * pools at 8 dims a lane always. KVT_CUDA_DECODE=3 is version 2 with the
+ * last variant for 8-bit pools: more lanes per key and fewer registers
+ * (more CTAs per SM) against more shuffles per key; which wins is for a GPU
+ * run to say (bench_gpu times both).
+ */
+typedef void (*decode2_fn)(kvt_kv_layout, kvt_attention_args, uint32_t, float *);
+#define D2K(D, GM, Q8, DPL) attn_decode2_kernel<D, GM, Q8, DPL>
+#define D2ROW(D)                                                                                              \
+	{ { D2K(D, 1, false, 8), D2K(D, 1, true, 16), D2K(D, 1, true, 8) },                                  \
+	  { D2K(D, 2, false, 8), D2K(D, 2, true, 16), D2K(D, 2, true, 8) },                                  \
+	  { D2K(D, 4, false, 8), D2K(D, 4, true, 16), D2K(D, 4, true, 8) },                                  \
+	  { D2K(D, 8, false, 8), D2K(D, 8, true, 8), D2K(D, 8, true, 8) },                                   \
+	  { D2K(D, 16, false, 8), D2K(D, 16, true, 8), D2K(D, 16, true, 8) } }
+static const decode2_fn decode2_table[3][5][3] = { D2ROW(64), D2ROW(128), D2ROW(256) };
+#undef D2ROW
+#undef D2K
+
+/* The kernel for a decode call (decode_ok), its CTAs per SM in *occ (asked once, then kept). */
+static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int *occ)
+{
+	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
+	const int di = D == 64 ? 0 : D == 128 ? 1 : 2;
+	const int gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
+	const int qi = a->kv->codec == KVT_KV_CODEC_F16 ? 0 : c->decode_version == 3 ? 2 : 1;
+	decode2_fn fn = decode2_table[di][gi][qi];
+	int *slot = &c->decode2_occ[di][gi][qi];
+	int o = __atomic_load_n(slot, __ATOMIC_RELAXED);
+	if (!o) {
+		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fn, 128, 0) != cudaSuccess || o < 1) {
+			(void)cudaGetLastError();
+			o = 1;
+		}
+		__atomic_store_n(slot, o, __ATOMIC_RELAXED);
+	}
+	*occ = o;
+	return fn;
+}
+
+/* Version 2's splits: runs of whole blocks, as many as one wave of CTAs holds for each KV head. */
+static uint32_t decode2_splits(cuda_dev *c, const kvt_attention_args *a, uint32_t *blocks_per_split)
+{
+	int occ;
+	decode2_pick(c, a, &occ);
+	const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens);
+	const uint32_t per_head = div_up((uint64_t)occ * c->n_sm, a->kv->n_kv_heads);
+	*blocks_per_split = div_up(nb, per_head);
+	return div_up(nb, *blocks_per_split);
+}
+
 /* Sized for the most splits any context can take, so one workspace serves every length. */
 static size_t cuda_attention_workspace(const kvt_dev *d, const kvt_attention_args *a)
 {
@@ -1163,6 +1488,11 @@ static size_t cuda_attention_workspace(const kvt_dev *d, const kvt_attention_arg
 	if (!decode_ok(&one))
 		return 0;
 	uint32_t most = decode_want((const cuda_dev *)d, a);
+	if (((const cuda_dev *)d)->decode_version >= 2) {
+		int occ;
+		decode2_pick((cuda_dev *)d, &one, &occ);
+		most = div_up((uint64_t)occ * ((const cuda_dev *)d)->n_sm, a->kv->n_kv_heads);
+	}
 	return (size_t)most * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
 }
 
@@ -1200,6 +1530,18 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 	if (D > MAX_HEAD_DIM) {
 		KVT_LOGE("cuda attention: head_dim %u over %d", D, MAX_HEAD_DIM);
 		return KVT_EUNSUPPORTED;
+	}
+	if (decode_ok(a) && c->decode_version >= 2) {
+		int occ;
+		uint32_t bps, n = decode2_splits(c, a, &bps);
+		decode2_fn fn = decode2_pick(c, a, &occ);
+		fn<<<dim3(a->kv->n_kv_heads, n), 128, 0, c->stream>>>(*a->kv, *a, bps, (float *)ws);
+		int rc = LAUNCHED("attention decode (2/3)");
+		if (rc)
+			return rc;
+		attn_combine2_kernel<<<a->n_heads, 128, n * sizeof(float), c->stream>>>((const float *)ws, a->out,
+											 a->n_heads, D, n);
+		return LAUNCHED("attention combine (2)");
 	}
 	if (decode_ok(a)) {
 		uint32_t kps, n = decode_splits(c, a, &kps);
@@ -1531,6 +1873,12 @@ extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
 		return rc;
 	}
 	c->n_sm = prop.multiProcessorCount;
+	const char *dv = getenv("KVT_CUDA_DECODE");
+	c->decode_version = 1;
+	if (dv && (strcmp(dv, "2") == 0 || strcmp(dv, "3") == 0))
+		c->decode_version = dv[0] - '0';
+	else if (dv && strcmp(dv, "1") != 0)
+		KVT_LOGW("KVT_CUDA_DECODE=%s: not 1, 2 or 3; using decode attention 1", dv);
 	snprintf(c->base.name, sizeof c->base.name, "cuda (%.48s, sm_%d%d, %.0f GiB)", prop.name, prop.major,
 		 prop.minor, (double)prop.totalGlobalMem / (1u << 30));
 	*out = &c->base;

@@ -29,7 +29,7 @@
 
 #include <unistd.h>
 
-static kvt_dev *cpu, *gpu;
+static kvt_dev *cpu, *gpu, *gpu_dec[2]; /* the CUDA backend with KVT_CUDA_DECODE=2 and 3, or NULL */
 static check_rng rng = { 0x9e3779b97f4a7c15ULL };
 
 static void *up(kvt_dev *d, const void *h, size_t n)
@@ -357,22 +357,26 @@ static void kv_close(kvpair *p)
 
 static void test_attention(void)
 {
-	/* {head_dim, kv heads, group, context, query rows} */
-	static const uint32_t cases[][5] = {
+	/* {head_dim, kv heads, group, context, query rows, block tokens (0: 16)} */
+	static const uint32_t cases[][6] = {
 		{ 64, 3, 3, 1, 1 },    { 64, 3, 3, 7, 1 },   { 64, 2, 1, 100, 1 },  { 128, 8, 4, 4096, 1 },
 		{ 128, 2, 8, 333, 1 }, { 64, 3, 3, 16, 16 }, { 64, 3, 3, 57, 7 },   { 128, 8, 4, 300, 45 },
 		{ 64, 1, 2, 700, 33 }, { 128, 4, 1, 50, 50 }, { 64, 3, 3, 20000, 1 }, { 256, 2, 2, 90, 1 },
 		{ 96, 2, 2, 50, 1 },   { 40, 2, 3, 70, 5 }, /* INT8: 3 groups of 32; one group (40 % 32 != 0) */
+		/* decode attention 2: blocks that are not a whole number of its chunks (8, 24, 12 tokens),
+		 * a group that takes a larger GMAX (5 -> 8, 16), head_dim 256 on 8-bit pools (8-token chunks) */
+		{ 128, 2, 4, 203, 1, 8 }, { 128, 2, 4, 203, 1, 24 }, { 64, 3, 3, 150, 1, 12 },
+		{ 128, 1, 5, 777, 1 },    { 64, 1, 16, 129, 1 },      { 256, 2, 4, 1000, 1, 24 },
 	};
 	for (size_t cc = 0; cc < 3 * sizeof cases / sizeof cases[0]; cc++) {
 		const size_t ci = cc % (sizeof cases / sizeof cases[0]);
 		const int codec = (int)(cc / (sizeof cases / sizeof cases[0]));
 		const uint32_t hd = cases[ci][0], H = cases[ci][1], G = cases[ci][2], n_ctx = cases[ci][3];
-		const uint32_t R = cases[ci][4], L = 2, layer = 1, pos0 = n_ctx - R;
+		const uint32_t R = cases[ci][4], L = 2, layer = 1, pos0 = n_ctx - R, bt = cases[ci][5] ? cases[ci][5] : 16;
 		if (codec && n_ctx > 5000)
 			continue; /* the CPU reference is slow on 8-bit pools; long contexts are covered in fp16 */
 		kvpair p;
-		kv_open(&p, L, H, hd, 16, n_ctx, codec);
+		kv_open(&p, L, H, hd, bt, n_ctx, codec);
 
 		/* store the new rows' K/V on both (bitwise), then attend */
 		size_t kvn = (size_t)R * H * hd, qn = (size_t)R * H * G * hd;
@@ -396,10 +400,29 @@ static void test_attention(void)
 		void *wg = ws(gpu, kvt_dev_attention_workspace_bytes(gpu, &a));
 		CHECK(kvt_dev_attention(gpu, &a, wg) == KVT_OK);
 		double e = cmp_f32(&bo, qn);
-		CHECKF(e <= 1e-9, "attention %s hd%u kvh%u G%u ctx%u rows%u: nmse %.3g", kvt_kv_codec_name(codec), hd,
-		       H, G, n_ctx, R, e);
-		printf("attention %s pool hd%u kvh%u G%u ctx%u rows%u: nmse %.3g\n", kvt_kv_codec_name(codec), hd, H,
-		       G, n_ctx, R, e);
+		CHECKF(e <= 1e-9, "attention %s hd%u kvh%u G%u ctx%u rows%u bt%u: nmse %.3g", kvt_kv_codec_name(codec),
+		       hd, H, G, n_ctx, R, bt, e);
+		printf("attention %s pool hd%u kvh%u G%u ctx%u rows%u bt%u: nmse %.3g\n", kvt_kv_codec_name(codec), hd,
+		       H, G, n_ctx, R, bt, e);
+		for (int dk = 0; dk < 2 && R == 1; dk++) { /* the same decode on the other decode kernels */
+			kvt_dev *g2 = gpu_dec[dk];
+			if (!g2 || (dk == 1 && codec == KVT_KV_CODEC_F16))
+				continue; /* 3 differs from 2 on 8-bit pools only */
+			float *poison = malloc(qn * 4);
+			memset(poison, 0xff, qn * 4); /* NaN: an output left unwritten fails */
+			CHECK(kvt_dev_copy_h2d(gpu, bo.g, poison, qn * 4) == KVT_OK);
+			free(poison);
+			CHECK(kvt_dev_sync(gpu) == KVT_OK);
+			void *w2 = ws(g2, kvt_dev_attention_workspace_bytes(g2, &a));
+			CHECK(kvt_dev_attention(g2, &a, w2) == KVT_OK);
+			CHECK(kvt_dev_sync(g2) == KVT_OK);
+			e = cmp_f32(&bo, qn);
+			CHECKF(e <= 1e-9, "attention (decode kernel %d) %s hd%u kvh%u G%u ctx%u bt%u: nmse %.3g", dk + 2,
+			       kvt_kv_codec_name(codec), hd, H, G, n_ctx, bt, e);
+			printf("attention (decode kernel %d) %s pool hd%u kvh%u G%u ctx%u bt%u: nmse %.3g\n", dk + 2,
+			       kvt_kv_codec_name(codec), hd, H, G, n_ctx, bt, e);
+			kvt_dev_free(g2, w2);
+		}
 		kvt_dev_free(cpu, wc);
 		kvt_dev_free(gpu, wg);
 		both_free(&bk);
@@ -561,10 +584,17 @@ int main(void)
 	setvbuf(stdout, NULL, _IONBF, 0);
 	kvt_log_set_sink(NULL, NULL);
 	check_log_capture(); /* quiet: "no usable GPU" is expected where there is none */
+	setenv("KVT_CUDA_DECODE", "1", 1); /* gpu: decode attention 1; gpu_dec: 2 and 3 */
 	int rc = kvt_dev_create(&gc, &gpu);
 	kvt_log_set_sink(NULL, NULL);
 	if (rc)
 		return check_skip("test_gpu_parity", "no CUDA device (or a build without the CUDA backend)");
+	for (int v = 0; v < 2 && gc.kind == KVT_DEV_CUDA; v++) {
+		setenv("KVT_CUDA_DECODE", v ? "3" : "2", 1);
+		if (kvt_dev_create(&gc, &gpu_dec[v]))
+			return 1;
+	}
+	unsetenv("KVT_CUDA_DECODE");
 	kvt_dev_config cc = { .kind = KVT_DEV_CPU, .use_ref = true };
 	if (kvt_dev_create(&cc, &cpu))
 		return 1;
@@ -589,5 +619,7 @@ int main(void)
 	test_greedy();
 	kvt_dev_destroy(cpu);
 	kvt_dev_destroy(gpu);
+	kvt_dev_destroy(gpu_dec[0]);
+	kvt_dev_destroy(gpu_dec[1]);
 	return check_done("test_gpu_parity");
 }
