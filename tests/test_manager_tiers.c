@@ -699,6 +699,7 @@ int main(void)
 	kvt_dev_config pc = { .kind = test_dev_kind(), .n_threads = 1 };
 	if (kvt_dev_create(&pc, &probe))
 		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_tiers", "the requested device is not available");
+	printf("device: %s\n", kvt_dev_name(probe));
 	kvt_dev_destroy(probe);
 	snprintf(dir, sizeof(dir), "/tmp/kvt_tm_XXXXXX");
 	if (!mkdtemp(dir))

@@ -122,6 +122,7 @@ int main(void)
 	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 2 };
 	if (kvt_dev_create(&dc, &dev))
 		return dc.kind == KVT_DEV_CPU ? 1 : check_skip("test_t1_pool", "the requested device is not available");
+	printf("device: %s\n", kvt_dev_name(dev));
 	kvt_t0_pool *t0;
 	const uint32_t NB = 6; /* blocks per round trip */
 	CHECK(kvt_t0_create(dev, &shape, 2 * NB, &t0) == KVT_OK);
