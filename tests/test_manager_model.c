@@ -16,6 +16,7 @@
  * with no cache. Real pieces throughout (CPU device, SQLite index, T2 file).
  */
 #include "check.h"
+#include "test_dev.h"
 #include "gguf.h"
 #include "manager.h"
 #include "model.h"
@@ -35,13 +36,6 @@ static kvt_dev *dev;
 static kvt_model *m;
 static kvt_t0_pool *t0;
 static uint32_t V;
-
-/* The device under test: CPU, or KVTIER_TEST_DEVICE=cuda|auto for a GPU run. */
-static int test_dev_kind(void)
-{
-	const char *e = getenv("KVTIER_TEST_DEVICE");
-	return e && !strcmp(e, "cuda") ? KVT_DEV_CUDA : e && !strcmp(e, "auto") ? KVT_DEV_AUTO : KVT_DEV_CPU;
-}
 
 static int32_t argmax(const float *x)
 {
@@ -174,6 +168,7 @@ int main(void)
 		rmdir_all();
 		return dc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_model", "the requested device is not available");
 	}
+	printf("device: %s\n", kvt_dev_name(dev));
 	if (kvt_gguf_open(model_path, &g) || kvt_model_load(dev, g, &mc, &m))
 		return 1;
 	kvt_gguf_close(g);

@@ -17,18 +17,12 @@
  * registering) one at a time under one mutex, as one engine thread would.
  */
 #include "check.h"
+#include "test_dev.h"
 #include "manager.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
-
-/* The device under test: CPU, or KVTIER_TEST_DEVICE=cuda|auto for a GPU run. */
-static int test_dev_kind(void)
-{
-	const char *e = getenv("KVTIER_TEST_DEVICE");
-	return e && !strcmp(e, "cuda") ? KVT_DEV_CUDA : e && !strcmp(e, "auto") ? KVT_DEV_AUTO : KVT_DEV_CPU;
-}
 
 #define BT 8
 #define N_CHAINS 5

@@ -26,19 +26,13 @@
  * before INT8 took one per 32 dims) is a logged miss, never decoded.
  */
 #include "check.h"
+#include "test_dev.h"
 #include "manager.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <unistd.h>
-
-/* The device under test: CPU, or KVTIER_TEST_DEVICE=cuda|auto for a GPU run. */
-static int test_dev_kind(void)
-{
-	const char *e = getenv("KVTIER_TEST_DEVICE");
-	return e && !strcmp(e, "cuda") ? KVT_DEV_CUDA : e && !strcmp(e, "auto") ? KVT_DEV_AUTO : KVT_DEV_CPU;
-}
 
 #define BT 16        /* tokens per block */
 #define N_T0 8       /* T0 slots */

@@ -5,7 +5,10 @@
  *
  *  - continuous batching: six requests submitted together decode the same
  *    greedy tokens as each run alone (reference kernels: a row's result does
- *    not depend on how many rows share a matmul);
+ *    not depend on how many rows share a matmul; so also on the CUDA
+ *    backend's emulator, whose GEMM is a reference loop, but not necessarily
+ *    on a GPU, where cuBLAS may pick other kernels for other row counts);
+ * The device is the CPU's reference, or KVTIER_TEST_DEVICE's (test_dev.h).
  *  - a conversation of 6 turns: each turn's cached_tokens equals the full
  *    blocks of the previous turn's prompt and reply;
  *  - tenants: the same prompt under another tenant gets 0 cached tokens;
@@ -18,6 +21,7 @@
  *  - drain with a request in flight lets it finish.
  */
 #include "check.h"
+#include "test_dev.h"
 #include "gguf.h"
 #include "manager.h"
 #include "model.h"
@@ -49,7 +53,7 @@ static int rig_open(rig *r, bool reset, uint32_t max_running)
 	kvt_gguf *g = NULL;
 	memset(r, 0, sizeof(*r));
 	memset(r->fp, 0x5a, 32);
-	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .use_ref = true, .n_threads = 2 };
+	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = 2 };
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);
 	mc.max_batch = 128;
@@ -286,6 +290,7 @@ int main(void)
 	static int32_t hist[512], turn[512];
 	uint32_t n_hist = 0;
 	CHECK(rig_open(&r, true, 8) == KVT_OK);
+	printf("device: %s\n", kvt_dev_name(r.dev));
 	CHECK_EQ_INT(kvt_t0_n_free(r.t0), kvt_t0_n_slots(r.t0)); /* the start-up calibration gave its blocks back */
 	test_batching(&r);
 	test_conversation(&r, "conv-1", hist, &n_hist);

@@ -11,16 +11,10 @@
  * with a named error; a concurrent alloc/unref stress run for TSan.
  */
 #include "check.h"
+#include "test_dev.h"
 #include "tiers.h"
 
 #include <pthread.h>
-
-/* The device under test: CPU, or KVTIER_TEST_DEVICE=cuda|auto for a GPU run. */
-static int test_dev_kind(void)
-{
-	const char *e = getenv("KVTIER_TEST_DEVICE");
-	return e && !strcmp(e, "cuda") ? KVT_DEV_CUDA : e && !strcmp(e, "auto") ? KVT_DEV_AUTO : KVT_DEV_CPU;
-}
 
 static const kvt_kv_layout shape = { .n_layers = 3, .n_kv_heads = 2, .head_dim = 64, .block_tokens = 16 };
 
