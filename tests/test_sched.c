@@ -276,6 +276,11 @@ static void on_progress(void *user, uint32_t done, uint32_t total)
 
 int main(void)
 {
+	kvt_dev *probe;
+	kvt_dev_config pc = { .kind = test_dev_kind() };
+	if (kvt_dev_create(&pc, &probe))
+		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_sched", "the requested device is not available");
+	kvt_dev_destroy(probe);
 	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
