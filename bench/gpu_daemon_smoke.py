@@ -22,17 +22,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "daemon"))
-from kvtierd_proc import Daemon, http  # noqa: E402
+from kvtierd_proc import FAILS, Daemon, check, http  # noqa: E402
 
 BT = 16
-FAILS = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
 
 
 def complete(d, prompt):

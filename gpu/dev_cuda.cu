@@ -74,7 +74,7 @@ typedef struct cuda_dev {
 	cublasHandle_t blas;   /* bound to stream */
 	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
 	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE) */
-	int decode2_occ[3][5][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
+	int decode2_occ[3][6][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
 } cuda_dev;
 
 static cuda_dev *C(kvt_dev *d) { return (cuda_dev *)d; }
@@ -886,6 +886,57 @@ __device__ __forceinline__ void load_key(const kvt_kv_layout &l, uint32_t layer,
 	}
 }
 
+/*
+ * The end of a decode CTA (128 threads): merge the online softmaxes of its
+ * GROUPS lane groups (head_dim / DPL lanes each, a lane holding DPL dims of
+ * the accumulators of GMAX query heads, the first G of them real) through
+ * shared memory, one query head at a time, into the split's partial
+ * { max, sum, acc[D] } in ws ([split][query head], maxima in log2 units).
+ */
+template <int D, int GROUPS, int DPL, int GMAX>
+__device__ __forceinline__ void decode_merge(const float (&mx)[GMAX], const float (&sum)[GMAX],
+					     const float (&acc)[GMAX][DPL], uint32_t G, uint32_t kh, uint32_t split,
+					     uint32_t n_heads, float *ws)
+{
+	constexpr int LPK = D / DPL;
+	const int tid = threadIdx.x, sub = tid % LPK, grp = tid / LPK;
+	__shared__ float sm[GROUPS], ssum[GROUPS];
+	__shared__ float sacc[GROUPS][D];
+#pragma unroll
+	for (int g = 0; g < GMAX; g++) {
+		if (g >= (int)G)
+			break; /* uniform over the CTA */
+		if (sub == 0) {
+			sm[grp] = mx[g];
+			ssum[grp] = sum[g];
+		}
+#pragma unroll
+		for (int i = 0; i < DPL; i++)
+			sacc[grp][sub * DPL + i] = acc[g][i];
+		__syncthreads();
+		float M = -INFINITY;
+		for (int j = 0; j < GROUPS; j++)
+			M = fmaxf(M, sm[j]);
+		float *out = ws + ((size_t)split * n_heads + kh * G + g) * (D + 2);
+		for (int dd = tid; dd < D; dd += 128) {
+			float v = 0.0f;
+			for (int j = 0; j < GROUPS; j++)
+				if (sm[j] != -INFINITY)
+					v += sacc[j][dd] * exp2f(sm[j] - M);
+			out[2 + dd] = v;
+		}
+		if (tid == 0) {
+			float L = 0.0f;
+			for (int j = 0; j < GROUPS; j++)
+				if (sm[j] != -INFINITY)
+					L += ssum[j] * exp2f(sm[j] - M);
+			out[0] = M;
+			out[1] = L;
+		}
+		__syncthreads();
+	}
+}
+
 template <int D, int G, bool Q8>
 __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
 							  uint32_t keys_per_split, float *ws)
@@ -960,39 +1011,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 			mx[g] = nm;
 		}
 	}
-	/* Merge the lane groups: through shared memory, one query head at a time. */
-	__shared__ float sm[GROUPS], ssum[GROUPS];
-	__shared__ float sacc[GROUPS][D];
-	for (int g = 0; g < G; g++) {
-		if (sub == 0) {
-			sm[grp] = mx[g];
-			ssum[grp] = sum[g];
-		}
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			sacc[grp][sub * 8 + i] = acc[g][i];
-		__syncthreads();
-		float M = -INFINITY;
-		for (int j = 0; j < GROUPS; j++)
-			M = fmaxf(M, sm[j]);
-		float *out = ws + ((size_t)split * a.n_heads + kh * G + g) * (D + 2);
-		for (int dd = tid; dd < D; dd += 128) {
-			float v = 0.0f;
-			for (int j = 0; j < GROUPS; j++)
-				if (sm[j] != -INFINITY)
-					v += sacc[j][dd] * exp2f(sm[j] - M);
-			out[2 + dd] = v;
-		}
-		if (tid == 0) {
-			float L = 0.0f;
-			for (int j = 0; j < GROUPS; j++)
-				if (sm[j] != -INFINITY)
-					L += ssum[j] * exp2f(sm[j] - M);
-			out[0] = M;
-			out[1] = L;
-		}
-		__syncthreads();
-	}
+	decode_merge<D, GROUPS, 8, G>(mx, sum, acc, G, kh, split, a.n_heads, ws);
 }
 
 /* Merge n_splits partials per query head into out (maxima in log2 units). Grid n_heads. */
@@ -1039,9 +1058,9 @@ __global__ void attn_combine_kernel(const float *ws, float *out, uint32_t n_head
  *     group, and to the softmax weight of V), not once per dim;
  *   - codes are converted to fp32 one key at a time, so the raw loads and
  *     not U * DPL floats are what stays in registers across the trip.
- * The query heads of the GQA group are a runtime count up to GMAX, so one
- * instantiation serves G = 3 and G = 4. Partials go to ws as in version 1,
- * and attn_combine2_kernel merges them.
+ * Groups of up to 4 query heads have a kernel each (GMAX = G); larger ones
+ * share one per bound (GMAX 8 or 16, G a runtime count under it). Partials go
+ * to ws as in version 1, and attn_combine2_kernel merges them.
  */
 template <int DPL, bool Q8>
 struct decode2_raw {
@@ -1090,7 +1109,9 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 	constexpr int TPT = GPW * U;    /* tokens per warp trip */
 	constexpr int GROUPS = 4 * GPW; /* lane groups in the CTA */
 	static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head_dim / DPL lanes must divide a warp");
-	const uint32_t G = a.n_heads / l.n_kv_heads, bt = l.block_tokens, n_ctx = a.pos0 + 1;
+	/* groups up to 4 have a kernel each, so their loops over G unroll without a guard */
+	const uint32_t G = GMAX <= 4 ? GMAX : a.n_heads / l.n_kv_heads;
+	const uint32_t bt = l.block_tokens, n_ctx = a.pos0 + 1;
 	const uint32_t kh = blockIdx.x, split = blockIdx.y;
 	const uint32_t b0 = split * blocks_per_split;
 	const uint32_t b1 = min(b0 + blocks_per_split, (n_ctx + bt - 1) / bt);
@@ -1099,7 +1120,7 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 	const uint32_t last_tokens = min(bt, n_ctx - (b1 - 1) * bt);
 	const uint32_t n_chunks = (b1 - b0 - 1) * cpb + (last_tokens + TPT - 1) / TPT;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-	const int sub = lane % LPK, gi = lane / LPK, grp = warp * GPW + gi;
+	const int sub = lane % LPK, gi = lane / LPK;
 	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
 
 	float q[GMAX][DPL], acc[GMAX][DPL], mx[GMAX], sum[GMAX];
@@ -1203,42 +1224,7 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 			}
 		}
 	}
-	/* Merge the lane groups through shared memory, one query head at a time. */
-	__shared__ float sm[GROUPS], ssum[GROUPS];
-	__shared__ float sacc[GROUPS][D];
-#pragma unroll
-	for (int g = 0; g < GMAX; g++) {
-		if (g >= (int)G)
-			break; /* uniform over the CTA */
-		if (sub == 0) {
-			sm[grp] = mx[g];
-			ssum[grp] = sum[g];
-		}
-#pragma unroll
-		for (int i = 0; i < DPL; i++)
-			sacc[grp][sub * DPL + i] = acc[g][i];
-		__syncthreads();
-		float M = -INFINITY;
-		for (int j = 0; j < GROUPS; j++)
-			M = fmaxf(M, sm[j]);
-		float *out = ws + ((size_t)split * a.n_heads + kh * G + g) * (D + 2);
-		for (int dd = tid; dd < D; dd += 128) {
-			float v = 0.0f;
-			for (int j = 0; j < GROUPS; j++)
-				if (sm[j] != -INFINITY)
-					v += sacc[j][dd] * exp2f(sm[j] - M);
-			out[2 + dd] = v;
-		}
-		if (tid == 0) {
-			float L = 0.0f;
-			for (int j = 0; j < GROUPS; j++)
-				if (sm[j] != -INFINITY)
-					L += ssum[j] * exp2f(sm[j] - M);
-			out[0] = M;
-			out[1] = L;
-		}
-		__syncthreads();
-	}
+	decode_merge<D, GROUPS, DPL, GMAX>(mx, sum, acc, G, kh, split, a.n_heads, ws);
 }
 
 __device__ float block_max(float v, float *sh)
@@ -1428,7 +1414,7 @@ static bool decode_ok(const kvt_attention_args *a)
 }
 
 /*
- * Version 2's kernels by [head_dim 64/128/256][GMAX 1/2/4/8/16][variant]:
+ * Version 2's kernels by [head_dim 64/128/256][GMAX 1/2/3/4/8/16][variant]:
  * fp16 pools; 8-bit pools at 16 dims a lane up to a group of 4 query heads
  * (8 beyond, where 16 would not fit the accumulators in registers); 8-bit
  * pools at 8 dims a lane always. KVT_CUDA_DECODE=3 is version 2 with the
@@ -1441,10 +1427,11 @@ typedef void (*decode2_fn)(kvt_kv_layout, kvt_attention_args, uint32_t, float *)
 #define D2ROW(D)                                                                                              \
 	{ { D2K(D, 1, false, 8), D2K(D, 1, true, 16), D2K(D, 1, true, 8) },                                  \
 	  { D2K(D, 2, false, 8), D2K(D, 2, true, 16), D2K(D, 2, true, 8) },                                  \
+	  { D2K(D, 3, false, 8), D2K(D, 3, true, 16), D2K(D, 3, true, 8) },                                  \
 	  { D2K(D, 4, false, 8), D2K(D, 4, true, 16), D2K(D, 4, true, 8) },                                  \
 	  { D2K(D, 8, false, 8), D2K(D, 8, true, 8), D2K(D, 8, true, 8) },                                   \
 	  { D2K(D, 16, false, 8), D2K(D, 16, true, 8), D2K(D, 16, true, 8) } }
-static const decode2_fn decode2_table[3][5][3] = { D2ROW(64), D2ROW(128), D2ROW(256) };
+static const decode2_fn decode2_table[3][6][3] = { D2ROW(64), D2ROW(128), D2ROW(256) };
 #undef D2ROW
 #undef D2K
 
@@ -1453,7 +1440,7 @@ static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int *oc
 {
 	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
 	const int di = D == 64 ? 0 : D == 128 ? 1 : 2;
-	const int gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
+	const int gi = G <= 4 ? (int)G - 1 : G <= 8 ? 4 : 5;
 	const int qi = a->kv->codec == KVT_KV_CODEC_F16 ? 0 : c->decode_version == 3 ? 2 : 1;
 	decode2_fn fn = decode2_table[di][gi][qi];
 	int *slot = &c->decode2_occ[di][gi][qi];

@@ -4,7 +4,7 @@ Daemon(build, data_dir, conf) writes conf (the whole INI text; "@DATA@" stands f
 data_dir) to DATA_DIR/kvtier.conf, starts BUILD/kvtierd on it, logging to
 DATA_DIR/kvtierd.log, and waits for /health; the port is the one the log says it
 listens on (listen = 127.0.0.1:0 picks an ephemeral one). http() is a JSON client
-that returns (status, body) for errors too.
+that returns (status, body) for errors too; check() records failed checks in FAILS.
 """
 import json
 import os
@@ -14,6 +14,17 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+
+
+FAILS = []
+
+
+def check(cond, what):
+    """Record a failed check (FAILS) and say so; the caller decides the exit status."""
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
 
 
 def http(method, url, body=None, headers=None, raw=None, timeout=900):
