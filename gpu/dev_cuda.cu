@@ -1441,7 +1441,11 @@ static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int *oc
 	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
 	const int di = D == 64 ? 0 : D == 128 ? 1 : 2;
 	const int gi = G <= 4 ? (int)G - 1 : G <= 8 ? 4 : 5;
-	const int qi = a->kv->codec == KVT_KV_CODEC_F16 ? 0 : c->decode_version == 3 ? 2 : 1;
+	/* 16 dims a lane of 8-bit codes is a 16-byte load: blocks must then be 16-byte multiples
+	 * (not so when layers x KV heads x block tokens is odd); 8 dims need 8, which they always are */
+	int qi = 0;
+	if (a->kv->codec != KVT_KV_CODEC_F16)
+		qi = c->decode_version == 3 || kvt_kv_block_bytes(a->kv) % 16 ? 2 : 1;
 	decode2_fn fn = decode2_table[di][gi][qi];
 	int *slot = &c->decode2_occ[di][gi][qi];
 	int o = __atomic_load_n(slot, __ATOMIC_RELAXED);

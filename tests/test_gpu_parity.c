@@ -357,8 +357,8 @@ static void kv_close(kvpair *p)
 
 static void test_attention(void)
 {
-	/* {head_dim, kv heads, group, context, query rows, block tokens (0: 16)} */
-	static const uint32_t cases[][6] = {
+	/* {head_dim, kv heads, group, context, query rows, block tokens (0: 16), layers (0: 2)} */
+	static const uint32_t cases[][7] = {
 		{ 64, 3, 3, 1, 1 },    { 64, 3, 3, 7, 1 },   { 64, 2, 1, 100, 1 },  { 128, 8, 4, 4096, 1 },
 		{ 128, 2, 8, 333, 1 }, { 64, 3, 3, 16, 16 }, { 64, 3, 3, 57, 7 },   { 128, 8, 4, 300, 45 },
 		{ 64, 1, 2, 700, 33 }, { 128, 4, 1, 50, 50 }, { 64, 3, 3, 20000, 1 }, { 256, 2, 2, 90, 1 },
@@ -367,12 +367,15 @@ static void test_attention(void)
 		 * a group that takes a larger GMAX (5 -> 8, 16), head_dim 256 on 8-bit pools (8-token chunks) */
 		{ 128, 2, 4, 203, 1, 8 }, { 128, 2, 4, 203, 1, 24 }, { 64, 3, 3, 150, 1, 12 },
 		{ 128, 1, 5, 777, 1 },    { 64, 1, 16, 129, 1 },      { 256, 2, 4, 1000, 1, 24 },
+		/* 8-bit blocks whose size is not a multiple of 16 bytes (odd layers x heads x tokens) */
+		{ 64, 3, 3, 100, 1, 15, 3 },
 	};
 	for (size_t cc = 0; cc < 3 * sizeof cases / sizeof cases[0]; cc++) {
 		const size_t ci = cc % (sizeof cases / sizeof cases[0]);
 		const int codec = (int)(cc / (sizeof cases / sizeof cases[0]));
 		const uint32_t hd = cases[ci][0], H = cases[ci][1], G = cases[ci][2], n_ctx = cases[ci][3];
-		const uint32_t R = cases[ci][4], L = 2, layer = 1, pos0 = n_ctx - R, bt = cases[ci][5] ? cases[ci][5] : 16;
+		const uint32_t R = cases[ci][4], L = cases[ci][6] ? cases[ci][6] : 2, layer = 1, pos0 = n_ctx - R;
+		const uint32_t bt = cases[ci][5] ? cases[ci][5] : 16;
 		if (codec && n_ctx > 5000)
 			continue; /* the CPU reference is slow on 8-bit pools; long contexts are covered in fp16 */
 		kvpair p;

@@ -277,6 +277,14 @@ void run_block(unsigned n, bool reverse)
 
 } // namespace
 
+void misaligned(const void *p, size_t align)
+{
+	fprintf(stderr, "cuemu: kernel %s, block (%u,%u,%u), thread (%u,%u,%u): a %zu-byte load from %p, not %zu-byte aligned\n",
+		cur_name, g_block.x, g_block.y, g_block.z, g_cur->tid.x, g_cur->tid.y, g_cur->tid.z, align, p, align);
+	fflush(stderr);
+	abort();
+}
+
 void syncthreads(int line)
 {
 	fiber *f = g_cur;

@@ -142,6 +142,7 @@ template <class T> T shfl_t(uint32_t mask, T v, int mode, int b, int width, int 
 }
 
 void register_smem_limit(const void *fn, int bytes);
+[[noreturn]] void misaligned(const void *p, size_t align);
 bool shared_register(void *p, size_t bytes);
 
 #define CUEMU_SHARED_REG(v) [[maybe_unused]] static const bool cuemu_reg_##v = cuemu::shared_register(&(v), sizeof(v))
@@ -162,7 +163,13 @@ static constexpr int warpSize = 32;
 #define __shfl_xor_sync(mask, v, m, ...) cuemu::shfl_t((mask), (v), 3, (int)(m), cuemu_width(__VA_ARGS__), __LINE__)
 static inline int cuemu_width(int w = 32) { return w; }
 
-template <class T> static inline T __ldg(const T *p) { return *p; }
+/* A GPU faults on a vector load from an address its size does not divide; x86 would not. */
+template <class T> static inline T __ldg(const T *p)
+{
+	if ((uintptr_t)p % alignof(T))
+		cuemu::misaligned(p, alignof(T));
+	return *p;
+}
 
 /* Atomics: one emulated thread runs at a time, so read-modify-write is atomic. */
 template <class T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = o + v; return o; }
