@@ -13,7 +13,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target kvtierd kvtier
 cat >&2 <<'HINT'
 kvtierd is starting. Try, from another terminal:
-  curl -s localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"session_id":"demo"}'
+  curl -s localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"session_id":"demo","temperature":0}'
   build/kvtier stats          # the tier statistics report
   build/kvtier sessions       # and, after a restart: build/kvtier resume demo
 HINT
