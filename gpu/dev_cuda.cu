@@ -272,18 +272,22 @@ __device__ __forceinline__ float warp_max(float v)
 	return v;
 }
 
-/* Sum over a CTA of up to 1024 threads (blockDim.x a multiple of 32). */
-__device__ float block_sum(float v, float *sh)
+/* Sum (or MAX: maximum) over a CTA of up to 1024 threads (blockDim.x a multiple of 32). */
+template <bool MAX>
+__device__ float block_reduce(float v, float *sh)
 {
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	v = warp_sum(v);
+	v = MAX ? warp_max(v) : warp_sum(v);
 	__syncthreads();
 	if (lane == 0)
 		sh[w] = v;
 	__syncthreads();
-	v = lane < nw ? sh[lane] : 0.0f;
-	return warp_sum(v);
+	v = lane < nw ? sh[lane] : (MAX ? -INFINITY : 0.0f);
+	return MAX ? warp_max(v) : warp_sum(v);
 }
+
+__device__ float block_sum(float v, float *sh) { return block_reduce<false>(v, sh); }
+__device__ float block_max(float v, float *sh) { return block_reduce<true>(v, sh); }
 
 /* ---- matmul ---- */
 
@@ -1225,18 +1229,6 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 		}
 	}
 	decode_merge<D, GROUPS, DPL, GMAX>(mx, sum, acc, G, kh, split, a.n_heads, ws);
-}
-
-__device__ float block_max(float v, float *sh)
-{
-	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	v = warp_max(v);
-	__syncthreads();
-	if (lane == 0)
-		sh[w] = v;
-	__syncthreads();
-	v = lane < nw ? sh[lane] : -INFINITY;
-	return warp_max(v);
 }
 
 /*
