@@ -8,8 +8,8 @@
  * silent log sink.
  *
  * Build and run by hand (not part of CTest):
- *   clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Icore -Iengine -Itests \
- *     tests/fuzz_gguf.c engine/gguf.c core/log.c core/half.c -lm -lpthread -o fuzz_gguf
+ *   clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Icore -Iengine/model -Itests \
+ *     tests/fuzz_gguf.c engine/model/gguf.c core/log.c core/half.c -lm -lpthread -o fuzz_gguf
  *   mkdir -p corpus && ./fuzz_gguf -max_total_time=60 corpus
  * A crashing input goes into tests/data/gguf_regress/, which
  * test_gguf_corrupt replays.

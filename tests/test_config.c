@@ -1,6 +1,6 @@
 /* ctest-labels: unit */
 /*
- * tests/test_config.c — kvtierd's configuration file (engine/config.h).
+ * tests/test_config.c — kvtierd's configuration file (engine/serve/config.h).
  *
  *  - the built-in defaults are the documented ones;
  *  - configs/kvtier.conf parses to exactly the defaults, and lists every key

@@ -1,0 +1,78 @@
+# cmake/check_layout.cmake — fails the build when an include runs against the
+# dependency graph (STYLE §1, DESIGN §7):
+#
+#   engine/cli -> engine/serve -> engine/model -> tiers -> {index, gpu} -> core
+#
+# The module libraries' include paths already keep a header of a higher room
+# out of reach; this check also catches what include paths cannot: a relative
+# include ("../serve/server.h") and a header moved to the wrong folder. Every
+# quoted include of a C/CUDA file in a module is resolved to a file of the tree
+# (relative to the including file first, then by name in every module); one
+# that resolves only to a module the includer may not use is an error naming
+# both files. Quoted includes that name no file of the tree (toolkit headers)
+# are not ours and are skipped.
+#
+# Run with: cmake -DKVT_LAYOUT_ROOT=<tree> -P cmake/check_layout.cmake
+# (the build runs it on the source tree before compiling anything; the test
+# test_layout_check runs it on a tree with a forbidden include, which must fail).
+if(NOT KVT_LAYOUT_ROOT)
+  message(FATAL_ERROR "check_layout: set -DKVT_LAYOUT_ROOT=<source tree>")
+endif()
+
+# module -> the modules it may include (itself always)
+set(mods core gpu index tiers engine/model engine/serve engine/cli)
+set(allow_core "")
+set(allow_gpu core)
+set(allow_index core)
+set(allow_tiers index gpu core)
+set(allow_engine/model tiers index gpu core)
+set(allow_engine/serve engine/model tiers index gpu core)
+set(allow_engine/cli engine/serve engine/model tiers index gpu core)
+
+# name -> module, for every header of a module
+foreach(m ${mods})
+  file(GLOB hdrs RELATIVE ${KVT_LAYOUT_ROOT}/${m} ${KVT_LAYOUT_ROOT}/${m}/*.h ${KVT_LAYOUT_ROOT}/${m}/*.cuh)
+  foreach(h ${hdrs})
+    if(DEFINED owner_${h})
+      message(FATAL_ERROR "check_layout: header ${h} is in both ${owner_${h}}/ and ${m}/ (one name, one module)")
+    endif()
+    set(owner_${h} ${m})
+  endforeach()
+endforeach()
+
+set(n_bad 0)
+foreach(m ${mods})
+  file(GLOB srcs ${KVT_LAYOUT_ROOT}/${m}/*.c ${KVT_LAYOUT_ROOT}/${m}/*.h
+       ${KVT_LAYOUT_ROOT}/${m}/*.cu ${KVT_LAYOUT_ROOT}/${m}/*.cuh)
+  foreach(src ${srcs})
+    file(STRINGS ${src} incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+    get_filename_component(dir ${src} DIRECTORY)
+    foreach(line ${incs})
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" inc "${line}")
+      set(target_mod "")
+      if(EXISTS ${dir}/${inc})
+        get_filename_component(abs ${dir}/${inc} REALPATH)
+        get_filename_component(absdir ${abs} DIRECTORY)
+        file(RELATIVE_PATH target_mod ${KVT_LAYOUT_ROOT} ${absdir})
+      else()
+        get_filename_component(name ${inc} NAME)
+        if(DEFINED owner_${name})
+          set(target_mod ${owner_${name}})
+        endif()
+      endif()
+      if(target_mod STREQUAL "" OR target_mod STREQUAL m)
+        continue()
+      endif()
+      list(FIND allow_${m} ${target_mod} ok)
+      if(ok EQUAL -1)
+        file(RELATIVE_PATH rel ${KVT_LAYOUT_ROOT} ${src})
+        message(SEND_ERROR "layout: ${rel} includes \"${inc}\" from ${target_mod}/, "
+          "but ${m}/ may use only: ${allow_${m}} (cli -> serve -> model -> tiers -> {index, gpu} -> core)")
+        math(EXPR n_bad "${n_bad} + 1")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(n_bad GREATER 0)
+  message(FATAL_ERROR "check_layout: ${n_bad} include(s) against the dependency graph")
+endif()

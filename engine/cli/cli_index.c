@@ -1,0 +1,541 @@
+/*
+ * engine/cli/cli_index.c — index maintenance over a data directory: start-up
+ * recovery, `kvtier fsck` and `kvtier rebuild-index` (DESIGN.md §4).
+ *
+ * Recovery rebuilds what is not persisted: T2's free map (every extent an
+ * index row of this model points at is used; everything else, including the
+ * extents of blocks whose bytes were written but whose row never committed
+ * before a crash, is free) and the in-memory block table. Rows are trusted
+ * lazily: each T2 read verifies its record, and fsck verifies them all.
+ *
+ * rebuild-index trusts only the T2 file: every record that verifies becomes
+ * a row (the newest generation of each hash). It never deletes the old index:
+ * it renames it aside, builds the new one under a temporary name and renames
+ * it into place, so an interrupted rebuild leaves either no index (run it
+ * again) or a complete one.
+ */
+#include "cli_index.h"
+#include "fingerprint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PATH_CAP 4096
+
+/* ---- start-up recovery ---------------------------------------------------------- */
+
+struct recover_ctx {
+	kvt_t2_store *t2;        /* borrowed */
+	kvt_btable *bt;          /* borrowed, may be NULL */
+	kvt_recover_stats *st;   /* counters */
+	/* extents rejected by mark_used in pass 1, so pass 2 does not load their rows */
+	uint8_t (*bad)[KVT_HASH_BYTES];
+	int64_t *bad_ns;
+	size_t n_bad, cap_bad;
+};
+
+static int mark_fn(void *arg, const kvt_db_block_row *row)
+{
+	struct recover_ctx *c = arg;
+	kvt_t2_loc loc;
+	c->st->n_model_rows++;
+	loc = row->loc;
+	if (kvt_t2_mark_used(c->t2, &loc) == KVT_OK) {
+		c->st->n_marked++;
+		return 0;
+	}
+	c->st->n_bad_extent++;
+	if (c->n_bad == c->cap_bad) {
+		size_t cap = c->cap_bad ? 2 * c->cap_bad : 16;
+		void *a = realloc(c->bad, cap * sizeof(*c->bad)), *b = realloc(c->bad_ns, cap * sizeof(*c->bad_ns));
+		if (a)
+			c->bad = a;
+		if (b)
+			c->bad_ns = b;
+		if (!a || !b)
+			return KVT_ENOMEM;
+		c->cap_bad = cap;
+	}
+	memcpy(c->bad[c->n_bad], row->hash, KVT_HASH_BYTES);
+	c->bad_ns[c->n_bad++] = row->ns_id;
+	return 0;
+}
+
+static int load_fn(void *arg, const kvt_db_block_row *row)
+{
+	struct recover_ctx *c = arg;
+	for (size_t i = 0; i < c->n_bad; i++) {
+		if (c->bad_ns[i] == row->ns_id && memcmp(c->bad[i], row->hash, KVT_HASH_BYTES) == 0) {
+			c->st->n_not_loaded++;
+			return 0;
+		}
+	}
+	if (row->n_tokens != kvt_btable_block_tokens(c->bt)) {
+		c->st->n_not_loaded++;
+		return 0;
+	}
+	int rc = kvt_btable_insert(c->bt, row->hash, row->parent, row->tokens, NULL);
+	if (rc == KVT_ECORRUPT) { /* logged by the table */
+		c->st->n_not_loaded++;
+		return 0;
+	}
+	if (rc)
+		return rc;
+	rc = kvt_btable_set_nvme(c->bt, row->hash, &row->loc);
+	if (rc)
+		return rc;
+	c->st->n_loaded++;
+	return 0;
+}
+
+int kvt_index_recover(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, kvt_recover_stats *st)
+{
+	struct recover_ctx c;
+	int rc;
+	memset(&c, 0, sizeof(c));
+	memset(st, 0, sizeof(*st));
+	c.t2 = t2;
+	c.bt = bt;
+	c.st = st;
+	rc = kvt_db_for_each_block(db, KVT_DB_MODEL_NS, mark_fn, &c);
+	if (rc == KVT_OK && bt)
+		rc = kvt_db_for_each_block(db, 0, load_fn, &c); /* any order: the table links parents and children */
+	if (st->n_bad_extent)
+		KVT_LOGW("index recovery: %llu rows point at invalid or overlapping T2 extents and were skipped; run "
+			 "`kvtier fsck`",
+			 (unsigned long long)st->n_bad_extent);
+	free(c.bad);
+	free(c.bad_ns);
+	return rc;
+}
+
+/* ---- the T2 superblock's model ---------------------------------------------------- */
+
+int kvt_t2_file_model_fp(const char *t2_path, uint8_t out[32])
+{
+	uint8_t sb[64];
+	int fd = open(t2_path, O_RDONLY);
+	if (fd < 0) {
+		KVT_LOGE("t2 %s: %s", t2_path, strerror(errno));
+		return errno == ENOENT ? KVT_ENOTFOUND : KVT_EIO;
+	}
+	ssize_t n = pread(fd, sb, sizeof(sb), 0);
+	close(fd);
+	if (n != (ssize_t)sizeof(sb) || memcmp(sb, "KVT2FILE", 8) != 0) {
+		KVT_LOGE("t2 %s: no T2 superblock (bad magic or short file)", t2_path);
+		return KVT_ECORRUPT;
+	}
+	memcpy(out, sb + 24, 32); /* superblock layout: tiers/t2_store.h */
+	return KVT_OK;
+}
+
+static int open_t2(const char *t2_path, const uint8_t *model_fp, kvt_t2_store **out)
+{
+	kvt_t2_config cfg;
+	memset(&cfg, 0, sizeof(cfg));
+	int rc = kvt_t2_file_model_fp(t2_path, cfg.model_fp);
+	if (rc)
+		return rc;
+	if (model_fp && memcmp(model_fp, cfg.model_fp, 32) != 0) {
+		KVT_LOGE("t2 %s: the file holds KV of another model (fingerprint differs from --model)", t2_path);
+		return KVT_EINVAL;
+	}
+	cfg.path = t2_path;
+	cfg.io_mode = KVT_T2_IO_AUTO;
+	cfg.buffered_ok = true;
+	return kvt_t2_open(&cfg, out);
+}
+
+/* ---- rebuild-index ----------------------------------------------------------------- */
+
+typedef struct rec {
+	kvt_t2_block_meta meta; /* header fields */
+	kvt_t2_loc loc;         /* where */
+} rec;
+
+struct scan_ctx {
+	rec *v;        /* found records */
+	size_t n, cap; /* used, allocated */
+};
+
+static int scan_fn(void *arg, const kvt_t2_block_meta *meta, const kvt_t2_loc *loc)
+{
+	struct scan_ctx *c = arg;
+	if (c->n == c->cap) {
+		size_t cap = c->cap ? 2 * c->cap : 256;
+		rec *v = realloc(c->v, cap * sizeof(*v));
+		if (!v)
+			return KVT_ENOMEM;
+		c->v = v;
+		c->cap = cap;
+	}
+	c->v[c->n].meta = *meta;
+	c->v[c->n].loc = *loc;
+	c->n++;
+	return 0;
+}
+
+/* By block size, then hash, then newest generation first. */
+static int cmp_rec(const void *a, const void *b)
+{
+	const rec *x = a, *y = b;
+	if (x->meta.n_tokens != y->meta.n_tokens)
+		return x->meta.n_tokens < y->meta.n_tokens ? -1 : 1;
+	int c = memcmp(x->meta.hash, y->meta.hash, 32);
+	if (c)
+		return c;
+	return x->loc.generation > y->loc.generation ? -1 : x->loc.generation < y->loc.generation;
+}
+
+static int fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return KVT_EIO;
+	int rc = fsync(fd) == 0 ? KVT_OK : KVT_EIO;
+	close(fd);
+	return rc;
+}
+
+/* Rename path (and its -wal / -shm) to path.broken-<t>, if it exists. */
+static int move_aside(const char *path, char *moved, size_t cap)
+{
+	static const char *const suffix[] = { "", "-wal", "-shm", "-journal" };
+	long t = (long)time(NULL);
+	moved[0] = '\0';
+	for (int i = 0; i < 4; i++) {
+		char from[PATH_CAP + 16], to[PATH_CAP + 64];
+		snprintf(from, sizeof(from), "%s%s", path, suffix[i]);
+		snprintf(to, sizeof(to), "%s.broken-%ld%s", path, t, suffix[i]);
+		if (access(from, F_OK) != 0)
+			continue;
+		if (rename(from, to) != 0) {
+			KVT_LOGE("rebuild-index: cannot move %s aside: %s", from, strerror(errno));
+			return KVT_EIO;
+		}
+		if (i == 0)
+			snprintf(moved, cap, "%s", to);
+	}
+	return KVT_OK;
+}
+
+int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild_stats *st)
+{
+	char t2_path[PATH_CAP], idx_path[PATH_CAP], tmp_path[PATH_CAP + 16], moved[PATH_CAP + 64];
+	struct scan_ctx sc = { 0 };
+	kvt_t2_store *t2 = NULL;
+	uint8_t fp[32];
+	int rc;
+
+	memset(st, 0, sizeof(*st));
+	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
+		return rc;
+	if ((rc = open_t2(t2_path, model_fp, &t2)) != KVT_OK)
+		return rc;
+	if ((rc = kvt_t2_file_model_fp(t2_path, fp)) != KVT_OK)
+		goto out;
+	int n_bad = kvt_t2_scan(t2, scan_fn, &sc);
+	if (n_bad < 0) {
+		rc = n_bad;
+		goto out;
+	}
+	st->n_bad = (uint64_t)n_bad;
+	st->n_records = sc.n;
+	qsort(sc.v, sc.n, sizeof(*sc.v), cmp_rec);
+
+	/* Build the new index under a temporary name. */
+	snprintf(tmp_path, sizeof(tmp_path), "%s.rebuild", idx_path);
+	for (int i = 0; i < 2; i++) {
+		char p[PATH_CAP + 32];
+		snprintf(p, sizeof(p), "%s%s", tmp_path, i ? "-wal" : "");
+		if (unlink(p) != 0 && errno != ENOENT) {
+			KVT_LOGE("rebuild-index: cannot remove the stale %s: %s", p, strerror(errno));
+			rc = KVT_EIO;
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < sc.n;) {
+		uint32_t bt_n = sc.v[i].meta.n_tokens;
+		kvt_db_config cfg;
+		kvt_db *db = NULL;
+		memset(&cfg, 0, sizeof(cfg));
+		cfg.path = tmp_path;
+		cfg.create = true;
+		cfg.skip_check = true;
+		memcpy(cfg.ns.model_fp, fp, 32);
+		cfg.ns.layout_version = KVT_KV_LAYOUT_VERSION;
+		cfg.ns.block_tokens = bt_n;
+		if (bt_n < 1 || bt_n > KVT_BLOCK_MAX_TOKENS) {
+			i++; /* scan verified the record; a block of 0 tokens cannot be indexed */
+			continue;
+		}
+		if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
+			goto out;
+		st->n_namespaces++;
+		for (; i < sc.n && sc.v[i].meta.n_tokens == bt_n; i++) {
+			if (i > 0 && sc.v[i - 1].meta.n_tokens == bt_n && memcmp(sc.v[i - 1].meta.hash, sc.v[i].meta.hash, 32) == 0) {
+				st->n_duplicates++;
+				continue;
+			}
+			kvt_db_block_row row;
+			const kvt_t2_block_meta *m = &sc.v[i].meta;
+			memset(&row, 0, sizeof(row));
+			memcpy(row.hash, m->hash, 32);
+			memcpy(row.parent, m->parent, 32);
+			row.n_tokens = m->n_tokens;
+			memcpy(row.tokens, m->tokens, (size_t)m->n_tokens * sizeof(int32_t));
+			row.loc = sc.v[i].loc;
+			row.kv_dtype = m->kv_dtype;
+			row.codec = m->codec;
+			row.scale_layout = m->scale_layout;
+			row.raw_bytes = m->raw_bytes;
+			row.last_use = kvt_wall_us();
+			if ((rc = kvt_db_put_block(db, &row, NULL, NULL, NULL)) != KVT_OK)
+				break;
+			st->n_rows++;
+		}
+		int frc = kvt_db_flush(db);
+		kvt_db_close(db);
+		if (rc == KVT_OK)
+			rc = frc;
+		if (rc)
+			goto out;
+	}
+	if (st->n_namespaces == 0) { /* no records: still leave an empty, valid index */
+		kvt_db_config cfg;
+		kvt_db *db = NULL;
+		memset(&cfg, 0, sizeof(cfg));
+		cfg.path = tmp_path;
+		cfg.create = true;
+		cfg.skip_check = true;
+		if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
+			goto out;
+		kvt_db_close(db);
+	}
+	if ((rc = move_aside(idx_path, moved, sizeof(moved))) != KVT_OK)
+		goto out;
+	if (rename(tmp_path, idx_path) != 0) {
+		KVT_LOGE("rebuild-index: cannot rename %s to %s: %s", tmp_path, idx_path, strerror(errno));
+		rc = KVT_EIO;
+		goto out;
+	}
+	{
+		/* The last close checkpoints and removes the WAL; if one is left, it belongs with the file. */
+		char from[PATH_CAP + 32], to[PATH_CAP + 32];
+		snprintf(from, sizeof(from), "%s-wal", tmp_path);
+		snprintf(to, sizeof(to), "%s-wal", idx_path);
+		if (access(from, F_OK) == 0 && rename(from, to) != 0) {
+			KVT_LOGE("rebuild-index: cannot rename %s to %s: %s", from, to, strerror(errno));
+			rc = KVT_EIO;
+			goto out;
+		}
+	}
+	fsync_dir(data_dir);
+	if (moved[0])
+		KVT_LOGI("rebuild-index: the old index was moved to %s", moved);
+out:
+	free(sc.v);
+	kvt_t2_close(t2);
+	return rc;
+}
+
+/* ---- fsck ---------------------------------------------------------------------------- */
+
+struct fsck_ctx {
+	kvt_db_block_row *rows; /* every row (copied: verification runs outside the db walk) */
+	size_t n, cap;          /* used, allocated */
+};
+
+static int fsck_collect(void *arg, const kvt_db_block_row *row)
+{
+	struct fsck_ctx *c = arg;
+	if (c->n == c->cap) {
+		size_t cap = c->cap ? 2 * c->cap : 256;
+		kvt_db_block_row *v = realloc(c->rows, cap * sizeof(*v));
+		if (!v)
+			return KVT_ENOMEM;
+		c->rows = v;
+		c->cap = cap;
+	}
+	c->rows[c->n++] = *row;
+	return 0;
+}
+
+int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st)
+{
+	char t2_path[PATH_CAP], idx_path[PATH_CAP], hex[65];
+	struct fsck_ctx fc = { 0 };
+	kvt_t2_store *t2 = NULL;
+	kvt_db *db = NULL;
+	kvt_t2_block_meta *meta = NULL;
+	void *payload = NULL;
+	size_t payload_cap = 0;
+	kvt_db_config cfg;
+	int rc;
+
+	memset(st, 0, sizeof(*st));
+	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
+		return rc;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.path = idx_path; /* admin handle: no namespace */
+	if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
+		return rc;
+	if ((rc = open_t2(t2_path, NULL, &t2)) != KVT_OK)
+		goto out;
+	if ((rc = kvt_db_for_each_block(db, KVT_DB_ALL_NS, fsck_collect, &fc)) != KVT_OK)
+		goto out;
+	meta = malloc(sizeof(*meta));
+	if (!meta) {
+		rc = KVT_ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < fc.n; i++) {
+		const kvt_db_block_row *r = &fc.rows[i];
+		kvt_t2_loc loc;
+		const char *why = NULL;
+		st->n_rows++;
+		loc = r->loc;
+		if (r->raw_bytes > payload_cap) {
+			void *p = realloc(payload, r->raw_bytes);
+			if (!p) {
+				rc = KVT_ENOMEM;
+				goto out;
+			}
+			payload = p;
+			payload_cap = r->raw_bytes;
+		}
+		int rrc = kvt_t2_read(t2, &loc, r->hash, meta, payload, payload_cap);
+		if (rrc == KVT_EIO) {
+			st->n_io++;
+			continue;
+		}
+		if (rrc != KVT_OK)
+			why = rrc == KVT_ECORRUPT ? "record fails verification" : "record unreadable at this location";
+		else if (meta->n_tokens != r->n_tokens ||
+			 memcmp(meta->tokens, r->tokens, (size_t)r->n_tokens * sizeof(int32_t)) != 0)
+			why = "record's token ids differ from the row's";
+		else if (memcmp(meta->parent, r->parent, 32) != 0)
+			why = "record's parent differs from the row's";
+		else if (kvt_t2_mark_used(t2, &loc) != KVT_OK)
+			why = "extent overlaps another row's";
+		if (!why) {
+			st->n_ok++;
+			continue;
+		}
+		st->n_bad++;
+		kvt_hash_hex(r->hash, hex);
+		printf("bad row: namespace %lld block %s at offset %llu: %s%s\n", (long long)r->ns_id, hex,
+		       (unsigned long long)r->loc.off, why, repair ? " (deleted)" : "");
+		if (repair) {
+			if ((rc = kvt_db_delete_block_ns(db, r->ns_id, r->hash, NULL, NULL, NULL)) != KVT_OK)
+				goto out;
+			st->n_deleted++;
+		}
+	}
+	rc = kvt_db_flush(db);
+out:
+	free(meta);
+	free(payload);
+	free(fc.rows);
+	kvt_t2_close(t2);
+	kvt_db_close(db);
+	return rc;
+}
+
+/* ---- the subcommands -------------------------------------------------------------------- */
+
+static void usage_fsck(FILE *f)
+{
+	fprintf(f, "usage: kvtier fsck --data-dir DIR [--dry-run]\n"
+		   "  Verifies every index row against its T2 record; deletes bad rows unless --dry-run.\n"
+		   "  Exit: 0 all rows verified, 3 bad rows found, 1 failure, 2 bad usage.\n");
+}
+
+static void usage_rebuild(FILE *f)
+{
+	fprintf(f, "usage: kvtier rebuild-index --data-dir DIR [--model MODEL.gguf]\n"
+		   "  Rebuilds DIR/%s from the record headers in DIR/%s; the old index is kept as\n"
+		   "  %s.broken-<time>. Sessions are not recovered.\n",
+		KVT_DATA_INDEX_FILE, KVT_DATA_T2_FILE, KVT_DATA_INDEX_FILE);
+}
+
+int kvt_cli_fsck(int argc, char **argv)
+{
+	const char *dir = NULL;
+	bool dry = false;
+	kvt_fsck_stats st;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) {
+			dir = argv[++i];
+		} else if (!strcmp(argv[i], "--dry-run")) {
+			dry = true;
+		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage_fsck(stdout);
+			return 0;
+		} else {
+			fprintf(stderr, "kvtier fsck: unexpected argument '%s'\n", argv[i]);
+			usage_fsck(stderr);
+			return 2;
+		}
+	}
+	if (!dir) {
+		fprintf(stderr, "kvtier fsck: --data-dir is required\n");
+		usage_fsck(stderr);
+		return 2;
+	}
+	int rc = kvt_index_fsck(dir, !dry, &st);
+	if (rc) {
+		fprintf(stderr, "kvtier fsck: %s: failed (%s)\n", dir, kvt_strerror(rc));
+		return 1;
+	}
+	printf("fsck %s: %llu rows, %llu ok, %llu bad (%llu deleted), %llu unreadable (I/O error, kept)\n", dir,
+	       (unsigned long long)st.n_rows, (unsigned long long)st.n_ok, (unsigned long long)st.n_bad,
+	       (unsigned long long)st.n_deleted, (unsigned long long)st.n_io);
+	return st.n_bad || st.n_io ? 3 : 0;
+}
+
+int kvt_cli_rebuild_index(int argc, char **argv)
+{
+	const char *dir = NULL, *model = NULL;
+	uint8_t fp[32];
+	kvt_rebuild_stats st;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) {
+			dir = argv[++i];
+		} else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+			model = argv[++i];
+		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage_rebuild(stdout);
+			return 0;
+		} else {
+			fprintf(stderr, "kvtier rebuild-index: unexpected argument '%s'\n", argv[i]);
+			usage_rebuild(stderr);
+			return 2;
+		}
+	}
+	if (!dir) {
+		fprintf(stderr, "kvtier rebuild-index: --data-dir is required\n");
+		usage_rebuild(stderr);
+		return 2;
+	}
+	if (model && kvt_model_fingerprint(model, NULL, fp, NULL) != KVT_OK) {
+		fprintf(stderr, "kvtier rebuild-index: cannot fingerprint %s\n", model);
+		return 1;
+	}
+	int rc = kvt_index_rebuild(dir, model ? fp : NULL, &st);
+	if (rc) {
+		fprintf(stderr, "kvtier rebuild-index: %s: failed (%s)\n", dir, kvt_strerror(rc));
+		return 1;
+	}
+	printf("rebuild-index %s: %llu records, %llu corrupt or torn skipped, %llu older duplicates dropped; "
+	       "%llu rows in %u namespace(s)\n",
+	       dir, (unsigned long long)st.n_records, (unsigned long long)st.n_bad,
+	       (unsigned long long)st.n_duplicates, (unsigned long long)st.n_rows, st.n_namespaces);
+	return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * engine/cli/cli_index.h — index maintenance over a data directory: start-up
+ * recovery (T2 free map and block table from the index rows), `kvtier fsck`
+ * and `kvtier rebuild-index`.
+ *
+ * A data directory holds KVT_DATA_T2_FILE (the T2 store) and
+ * KVT_DATA_INDEX_FILE (the SQLite index); see index/index.h.
+ */
+#ifndef KVT_CLI_INDEX_H
+#define KVT_CLI_INDEX_H
+
+#include "index.h"
+#include "t2_store.h"
+
+typedef struct kvt_recover_stats {
+	uint64_t n_model_rows;  /* rows of this model (any namespace) seen */
+	uint64_t n_marked;      /* of those, extents marked used in T2 */
+	uint64_t n_bad_extent;  /* rows skipped: extent overlaps another or lies outside the file */
+	uint64_t n_loaded;      /* rows of this namespace loaded into the block table */
+	uint64_t n_not_loaded;  /* rows of this namespace not loaded (bad extent, token collision, tokens != block size) */
+} kvt_recover_stats;
+
+/*
+ * Start-up recovery. Marks the T2 extent of every row of this model (every
+ * namespace of db's model fingerprint shares the model's T2 file) used, so
+ * extents orphaned by a crash (bytes written, row never committed) stay free;
+ * then, if bt is not NULL, inserts this namespace's rows into bt with their
+ * NVMe location (clean). Rows whose extent is invalid or overlaps
+ * are skipped and logged (fsck deletes them). Rows are verified lazily, on
+ * read. Returns KVT_OK, or the first error of the db walk / an allocation.
+ */
+int kvt_index_recover(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, kvt_recover_stats *st);
+
+/* The model fingerprint recorded in a T2 file's superblock (magic checked). */
+int kvt_t2_file_model_fp(const char *t2_path, uint8_t out[32]);
+
+typedef struct kvt_rebuild_stats {
+	uint64_t n_records;    /* valid records found by the scan */
+	uint64_t n_bad;        /* corrupt or torn records the scan skipped */
+	uint64_t n_duplicates; /* older copies of a hash (lower generation) dropped */
+	uint64_t n_rows;       /* rows written */
+	uint32_t n_namespaces; /* namespaces (block sizes) written */
+} kvt_rebuild_stats;
+
+/*
+ * Reconstruct DIR's index from the T2 record headers alone. model_fp: NULL
+ * takes the T2 superblock's, else it must match it. The old index (and its
+ * WAL) is renamed to "<index>.broken-<unix time>" (never deleted); the new one
+ * is built under a temporary name and renamed into place. Sessions are not in
+ * T2 and are not recovered. KVT_ENOTFOUND (no T2 file), KVT_EINVAL (another
+ * model), T2/SQLite errors otherwise (logged).
+ */
+int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild_stats *st);
+
+typedef struct kvt_fsck_stats {
+	uint64_t n_rows;    /* rows checked (every namespace) */
+	uint64_t n_ok;      /* rows whose record verified and matches the row */
+	uint64_t n_bad;     /* rows pointing at bytes that fail verification or do not match */
+	uint64_t n_deleted; /* bad rows deleted (repair) */
+	uint64_t n_io;      /* rows not checked because the read failed with an I/O error */
+} kvt_fsck_stats;
+
+/*
+ * Verify every row of DIR's index by reading its record through kvt_t2_read
+ * (checksum, offset, generation, model, hash) and comparing the record's
+ * tokens and parent with the row's; overlapping extents count as bad too.
+ * With repair, bad rows are deleted (a row whose read hit an I/O error is
+ * kept). KVT_OK when the walk completed (look at st), else an error.
+ */
+int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st);
+
+/*
+ * The subcommands, argv[0] being the subcommand name:
+ *   kvtier fsck --data-dir DIR [--dry-run]
+ *   kvtier rebuild-index --data-dir DIR [--model MODEL.gguf]
+ * Exit status: 0 success (fsck: every row verified), 1 runtime failure,
+ * 2 bad usage, 3 (fsck) bad rows found (deleted unless --dry-run).
+ */
+int kvt_cli_fsck(int argc, char **argv);
+int kvt_cli_rebuild_index(int argc, char **argv);
+
+#endif

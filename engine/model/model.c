@@ -1,0 +1,700 @@
+/*
+ * engine/model/model.c — Llama forward pass on the device interface.
+ *
+ * Per chunk of M tokens at positions pos0..pos0+M-1 (x is the residual
+ * stream, [M][n_embd]):
+ *   x = embed(tokens)
+ *   for each layer:
+ *     h = rmsnorm(x) * attn_norm
+ *     q, k, v = h Wq, h Wk, h Wv;  rope(q), rope(k)   (GGUF "normal" pairs)
+ *     store k, v into the sequence's blocks at pos0..
+ *     x += attention(q, paged K/V of positions 0..pos) Wo
+ *     h = rmsnorm(x) * ffn_norm
+ *     x += (silu(h Wgate) * (h Wup)) Wdown
+ *   logits = (rmsnorm(x) * output_norm) Wout   (only the rows asked for)
+ * Residual additions ride on the matmul's accumulate flag, so the block
+ * needs no separate add op. The GGUF's Q/K weights are already permuted for
+ * adjacent-pair rotation by the converter, which is why "normal" RoPE is
+ * right here.
+ */
+#include "model.h"
+
+#include "gguf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Limits on hyperparameters read from a file, so a hostile header cannot
+ * make us allocate absurd buffers before a tensor check catches it. */
+#define MAX_LAYERS 1024
+#define MAX_DIM (1u << 16)
+#define MAX_VOCAB (1u << 22)
+
+/* A weight matrix on the device: [out] rows of [in] elements of dtype. */
+typedef struct wmat {
+	void *p;    /* device */
+	int dtype;  /* enum kvt_dtype */
+} wmat;
+
+typedef struct layer_w {
+	float *attn_norm;  /* [n_embd], device fp32 */
+	wmat wq;           /* [n_embd][n_embd] */
+	wmat wk;           /* [kv_dim][n_embd] */
+	wmat wv;           /* [kv_dim][n_embd] */
+	wmat wo;           /* [n_embd][n_embd] */
+	float *ffn_norm;   /* [n_embd], device fp32 */
+	wmat w_gate;       /* [n_ff][n_embd] */
+	wmat w_up;         /* [n_ff][n_embd] */
+	wmat w_down;       /* [n_embd][n_ff] */
+} layer_w;
+
+struct kvt_model {
+	kvt_dev *dev;             /* borrowed */
+	kvt_model_hparams hp;     /* hyperparameters */
+	kvt_model_config cfg;     /* effective config */
+	size_t weight_bytes;      /* device bytes of weights */
+	wmat tok_embd;            /* [n_vocab][n_embd] */
+	wmat output;              /* [n_vocab][n_embd]; the same pointer as tok_embd when tied */
+	float *output_norm;       /* [n_embd], device */
+	layer_w *layers;          /* [n_layer] */
+	/* activations, device, sized for cfg.max_batch rows */
+	float *x;                 /* [B][n_embd] residual stream */
+	float *h;                 /* [B][n_embd] normed input */
+	float *q;                 /* [B][n_embd] */
+	float *k;                 /* [B][kv_dim] */
+	float *v;                 /* [B][kv_dim] */
+	float *att;               /* [B][n_embd] attention output */
+	float *gate;              /* [B][n_ff] */
+	float *up;                /* [B][n_ff] */
+	float *logits;            /* [LOGIT_ROWS][n_vocab] */
+	int32_t *ids;             /* [B] token ids */
+	int32_t *pos;             /* [B] positions */
+	void *ws;                 /* op workspace */
+	size_t ws_bytes;          /* its size */
+};
+
+/* Rows of logits computed per output matmul (bounds the logits buffer). */
+#define LOGIT_ROWS 32u
+
+void kvt_model_config_default(kvt_model_config *c)
+{
+	c->weight_dtype = KVT_DTYPE_F16;
+	c->keep_quantized = true;
+	c->max_batch = 512;
+	c->max_ctx = 0;
+}
+
+static int get_u32_key(const kvt_gguf *g, const char *arch, const char *suffix, bool required,
+		       uint32_t def, uint32_t *out)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+	int rc = kvt_gguf_get_u32(g, key, out);
+	if (rc == KVT_ENOTFOUND && !required) {
+		*out = def;
+		return KVT_OK;
+	}
+	if (rc == KVT_ENOTFOUND)
+		KVT_LOGE("%s: missing metadata key %s", kvt_gguf_path(g), key);
+	return rc == KVT_ENOTFOUND ? KVT_ECORRUPT : rc;
+}
+
+static int get_f32_key(const kvt_gguf *g, const char *arch, const char *suffix, float def, float *out)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+	int rc = kvt_gguf_get_f32(g, key, out);
+	if (rc == KVT_ENOTFOUND) {
+		*out = def;
+		return KVT_OK;
+	}
+	return rc;
+}
+
+static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
+{
+	const char *path = kvt_gguf_path(g);
+	kvt_gguf_str arch;
+	int rc;
+
+	memset(hp, 0, sizeof(*hp));
+	rc = kvt_gguf_get_str(g, "general.architecture", &arch);
+	if (rc) {
+		KVT_LOGE("%s: no general.architecture", path);
+		return KVT_ECORRUPT;
+	}
+	/* Families whose GGUF keys and tensors are Llama's. */
+	static const char *const llama_like[] = { "llama", "mistral" };
+	bool ok = false;
+	for (size_t i = 0; i < sizeof(llama_like) / sizeof(*llama_like); i++)
+		ok |= arch.len == strlen(llama_like[i]) && !memcmp(arch.ptr, llama_like[i], arch.len);
+	if (!ok) {
+		KVT_LOGE("%s: architecture '%.*s' is not supported (llama, mistral)", path,
+			 (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+		return KVT_EUNSUPPORTED;
+	}
+	memcpy(hp->arch, arch.ptr, arch.len);
+
+	if ((rc = get_u32_key(g, hp->arch, "block_count", true, 0, &hp->n_layer)) ||
+	    (rc = get_u32_key(g, hp->arch, "embedding_length", true, 0, &hp->n_embd)) ||
+	    (rc = get_u32_key(g, hp->arch, "feed_forward_length", true, 0, &hp->n_ff)) ||
+	    (rc = get_u32_key(g, hp->arch, "attention.head_count", true, 0, &hp->n_head)) ||
+	    (rc = get_u32_key(g, hp->arch, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv)) ||
+	    (rc = get_u32_key(g, hp->arch, "context_length", false, 2048, &hp->n_ctx_train)) ||
+	    (rc = get_f32_key(g, hp->arch, "rope.freq_base", 10000.0f, &hp->rope_base)) ||
+	    (rc = get_f32_key(g, hp->arch, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps)))
+		return rc;
+
+	if (!hp->n_layer || hp->n_layer > MAX_LAYERS || !hp->n_embd || hp->n_embd > MAX_DIM || !hp->n_ff ||
+	    hp->n_ff > 4 * MAX_DIM || !hp->n_head || hp->n_head > hp->n_embd || hp->n_embd % hp->n_head ||
+	    !hp->n_head_kv || hp->n_head % hp->n_head_kv || !hp->n_ctx_train) {
+		KVT_LOGE("%s: bad hyperparameters: layers %u, embd %u, ff %u, heads %u, kv heads %u, ctx %u",
+			 path, hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->n_ctx_train);
+		return KVT_ECORRUPT;
+	}
+	hp->head_dim = hp->n_embd / hp->n_head;
+	if ((rc = get_u32_key(g, hp->arch, "rope.dimension_count", false, hp->head_dim, &hp->n_rot)))
+		return rc;
+	if (hp->head_dim % 2 || !hp->n_rot || hp->n_rot % 2 || hp->n_rot > hp->head_dim) {
+		KVT_LOGE("%s: bad rope: head_dim %u, rope.dimension_count %u", path, hp->head_dim, hp->n_rot);
+		return KVT_ECORRUPT;
+	}
+	if (!(hp->rope_base > 0) || !(hp->rms_eps >= 0) || !isfinite(hp->rope_base) || !isfinite(hp->rms_eps)) {
+		KVT_LOGE("%s: bad rope.freq_base %g or rms epsilon %g", path, hp->rope_base, hp->rms_eps);
+		return KVT_ECORRUPT;
+	}
+	const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
+	if (!te) {
+		KVT_LOGE("%s: missing tensor token_embd.weight", path);
+		return KVT_ECORRUPT;
+	}
+	if (te->n_dims != 2 || te->ne[1] == 0 || te->ne[1] > MAX_VOCAB) {
+		KVT_LOGE("%s: token_embd.weight: bad shape", path);
+		return KVT_ECORRUPT;
+	}
+	hp->n_vocab = (uint32_t)te->ne[1];
+	hp->tied_embeddings = kvt_gguf_find_tensor(g, "output.weight") == NULL;
+	return KVT_OK;
+}
+
+/* The device dtype that holds a GGUF tensor type as stored, or -1. */
+static int stored_dtype(uint32_t ggml_type)
+{
+	switch (ggml_type) {
+	case KVT_GGML_Q8_0: return KVT_DTYPE_Q8_0;
+	case KVT_GGML_Q4_0: return KVT_DTYPE_Q4_0;
+	case KVT_GGML_Q4_1: return KVT_DTYPE_Q4_1;
+	}
+	return -1;
+}
+
+/*
+ * Check a tensor's shape and values and upload it. A matrix (out_dtype set)
+ * keeps its stored block-quantized form when the config allows and the
+ * backend multiplies it directly; everything else is dequantized to dtype.
+ */
+static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
+		       int dtype, float *tmp, void **out, int *out_dtype)
+{
+	const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, name);
+	const char *path = kvt_gguf_path(g);
+	uint32_t want_dims = ne1 ? 2 : 1;
+	int rc;
+
+	if (!t) {
+		KVT_LOGE("%s: missing tensor %s", path, name);
+		return KVT_ECORRUPT;
+	}
+	if (t->n_dims != want_dims || t->ne[0] != ne0 || (ne1 && t->ne[1] != ne1)) {
+		KVT_LOGE("%s: %s: shape [%llu, %llu] but the model needs [%llu, %llu]", path, name,
+			 (unsigned long long)t->ne[0], (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1),
+			 (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
+		return KVT_ECORRUPT;
+	}
+	/* dequantize even when the stored form is kept: it checks every value */
+	rc = kvt_gguf_tensor_to_f32(g, t, tmp);
+	if (rc)
+		return rc;
+	size_t n = (size_t)t->n_elems;
+	int keep = stored_dtype(t->type);
+	if (out_dtype && m->cfg.keep_quantized && keep >= 0 && kvt_dev_supports_dtype(m->dev, keep))
+		dtype = keep;
+	size_t bytes = kvt_dtype_row_bytes(dtype, n);
+	for (size_t i = 0; i < n; i++) {
+		if (!isfinite(tmp[i])) {
+			KVT_LOGE("%s: %s: element %zu is not finite", path, name, i);
+			return KVT_ECORRUPT;
+		}
+	}
+	if (dtype == KVT_DTYPE_F16 && dtype != keep) {
+		/* narrow in place: the fp16 values fill the front half of tmp */
+		uint16_t *h = (uint16_t *)tmp;
+		for (size_t i = 0; i < n; i++) {
+			if (fabsf(tmp[i]) > 65504.0f) {
+				KVT_LOGE("%s: %s: element %zu (%g) does not fit fp16; load with fp32 weights",
+					 path, name, i, tmp[i]);
+				return KVT_EUNSUPPORTED;
+			}
+			h[i] = kvt_f32_to_f16(tmp[i]);
+		}
+	}
+	rc = kvt_dev_alloc(m->dev, bytes, out);
+	if (rc)
+		return rc;
+	m->weight_bytes += bytes;
+	if (out_dtype)
+		*out_dtype = dtype;
+	return kvt_dev_copy_h2d(m->dev, *out, dtype == keep ? t->data : (const void *)tmp, bytes);
+}
+
+static int alloc_act(kvt_model *m, size_t n_floats, void *out)
+{
+	return kvt_dev_alloc(m->dev, n_floats * sizeof(float), (void **)out);
+}
+
+static int alloc_buffers(kvt_model *m)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const size_t B = m->cfg.max_batch, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+	int rc;
+
+	if ((rc = alloc_act(m, B * hp->n_embd, &m->x)) || (rc = alloc_act(m, B * hp->n_embd, &m->h)) ||
+	    (rc = alloc_act(m, B * hp->n_embd, &m->q)) || (rc = alloc_act(m, B * kvd, &m->k)) ||
+	    (rc = alloc_act(m, B * kvd, &m->v)) || (rc = alloc_act(m, B * hp->n_embd, &m->att)) ||
+	    (rc = alloc_act(m, B * hp->n_ff, &m->gate)) || (rc = alloc_act(m, B * hp->n_ff, &m->up)) ||
+	    (rc = alloc_act(m, (size_t)LOGIT_ROWS * hp->n_vocab, &m->logits)) ||
+	    (rc = kvt_dev_alloc(m->dev, B * sizeof(int32_t), (void **)&m->ids)) ||
+	    (rc = kvt_dev_alloc(m->dev, B * sizeof(int32_t), (void **)&m->pos)))
+		return rc;
+
+	/* The workspace must cover the largest matmul and the longest attention. */
+	const uint32_t widest_in = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(m, 16, &shape);
+	kvt_attention_args at = { .kv = &shape, .pos0 = m->cfg.max_ctx, .n_rows = m->cfg.max_batch,
+				  .n_heads = hp->n_head };
+	m->ws_bytes = kvt_dev_attention_workspace_bytes(m->dev, &at);
+	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++) { /* whichever dtypes the matrices ended up in */
+		kvt_matmul_args mm = { .n_rows = m->cfg.max_batch, .n_in = widest_in, .n_out = hp->n_vocab,
+				       .w_dtype = dt };
+		size_t a = kvt_dev_matmul_workspace_bytes(m->dev, &mm);
+		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
+	}
+	if (m->ws_bytes)
+		return kvt_dev_alloc(m->dev, m->ws_bytes, &m->ws);
+	return KVT_OK;
+}
+
+int kvt_model_load(kvt_dev *d, const kvt_gguf *g, const kvt_model_config *cfg, kvt_model **out)
+{
+	kvt_model *m = calloc(1, sizeof(*m));
+	float *tmp = NULL;
+	int rc;
+
+	if (!m)
+		return KVT_ENOMEM;
+	m->dev = d;
+	if (cfg)
+		m->cfg = *cfg;
+	else
+		kvt_model_config_default(&m->cfg);
+	rc = read_hparams(g, &m->hp);
+	if (rc)
+		goto fail;
+	const kvt_model_hparams *hp = &m->hp;
+	if (m->cfg.max_ctx == 0 || m->cfg.max_ctx > hp->n_ctx_train)
+		m->cfg.max_ctx = hp->n_ctx_train;
+	if (m->cfg.max_batch == 0 || m->cfg.max_batch > m->cfg.max_ctx)
+		m->cfg.max_batch = m->cfg.max_ctx < 512 ? m->cfg.max_ctx : 512;
+	if (m->cfg.weight_dtype != KVT_DTYPE_F16 && m->cfg.weight_dtype != KVT_DTYPE_F32) {
+		KVT_LOGE("model: weight dtype %d is not fp16 or fp32", m->cfg.weight_dtype);
+		rc = KVT_EINVAL;
+		goto fail;
+	}
+
+	const uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+	uint64_t biggest = V * E > F * E ? V * E : F * E;
+	tmp = malloc(biggest * sizeof(float));
+	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
+	if (!tmp || !m->layers) {
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	const int wd = m->cfg.weight_dtype;
+	if ((rc = load_tensor(m, g, "token_embd.weight", E, V, wd, tmp, &m->tok_embd.p, &m->tok_embd.dtype)) ||
+	    (rc = load_tensor(m, g, "output_norm.weight", E, 0, KVT_DTYPE_F32, tmp, (void **)&m->output_norm, NULL)))
+		goto fail;
+	if (hp->tied_embeddings)
+		m->output = m->tok_embd;
+	else if ((rc = load_tensor(m, g, "output.weight", E, V, wd, tmp, &m->output.p, &m->output.dtype)))
+		goto fail;
+	for (uint32_t i = 0; i < hp->n_layer; i++) {
+		layer_w *L = &m->layers[i];
+		char name[96];
+#define LOAD_NORM(field, suffix)                                                                 \
+	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                       \
+	if ((rc = load_tensor(m, g, name, E, 0, KVT_DTYPE_F32, tmp, (void **)&L->field, NULL)))  \
+		goto fail;
+#define LOAD_MAT(field, suffix, ne0, ne1)                                                        \
+	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                       \
+	if ((rc = load_tensor(m, g, name, ne0, ne1, wd, tmp, &L->field.p, &L->field.dtype)))      \
+		goto fail;
+		LOAD_NORM(attn_norm, "attn_norm.weight")
+		LOAD_MAT(wq, "attn_q.weight", E, E)
+		LOAD_MAT(wk, "attn_k.weight", E, KV)
+		LOAD_MAT(wv, "attn_v.weight", E, KV)
+		LOAD_MAT(wo, "attn_output.weight", E, E)
+		LOAD_NORM(ffn_norm, "ffn_norm.weight")
+		LOAD_MAT(w_gate, "ffn_gate.weight", E, F)
+		LOAD_MAT(w_up, "ffn_up.weight", E, F)
+		LOAD_MAT(w_down, "ffn_down.weight", F, E)
+#undef LOAD_NORM
+#undef LOAD_MAT
+	}
+	free(tmp);
+	tmp = NULL;
+	rc = alloc_buffers(m);
+	if (rc)
+		goto fail;
+	*out = m;
+	return KVT_OK;
+fail:
+	free(tmp);
+	kvt_model_destroy(m);
+	return rc;
+}
+
+void kvt_model_destroy(kvt_model *m)
+{
+	if (!m)
+		return;
+	kvt_dev *d = m->dev;
+	if (m->layers) {
+		for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+			layer_w *L = &m->layers[i];
+			void *ptrs[] = { L->attn_norm, L->wq.p, L->wk.p, L->wv.p, L->wo.p, L->ffn_norm, L->w_gate.p,
+					 L->w_up.p, L->w_down.p };
+			for (size_t j = 0; j < sizeof(ptrs) / sizeof(*ptrs); j++)
+				kvt_dev_free(d, ptrs[j]);
+		}
+		free(m->layers);
+	}
+	if (m->output.p != m->tok_embd.p)
+		kvt_dev_free(d, m->output.p);
+	void *bufs[] = { m->tok_embd.p, m->output_norm, m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
+			 m->up, m->logits, m->ids, m->pos, m->ws };
+	for (size_t j = 0; j < sizeof(bufs) / sizeof(*bufs); j++)
+		kvt_dev_free(d, bufs[j]);
+	free(m);
+}
+
+int kvt_model_read_hparams(const kvt_gguf *g, kvt_model_hparams *out)
+{
+	kvt_model_hparams hp;
+	int rc = read_hparams(g, &hp);
+	if (rc == KVT_OK)
+		*out = hp;
+	return rc;
+}
+
+const kvt_model_hparams *kvt_model_hparams_get(const kvt_model *m) { return &m->hp; }
+uint32_t kvt_model_max_batch(const kvt_model *m)
+{
+	return m->cfg.max_batch;
+}
+
+uint32_t kvt_model_max_ctx(const kvt_model *m) { return m->cfg.max_ctx; }
+size_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
+
+void kvt_model_kv_shape(const kvt_model *m, uint32_t block_tokens, kvt_kv_layout *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->n_layers = m->hp.n_layer;
+	out->n_kv_heads = m->hp.n_head_kv;
+	out->head_dim = m->hp.head_dim;
+	out->block_tokens = block_tokens;
+}
+
+/* ---- sequences ---- */
+
+int kvt_seq_init(kvt_seq *s, kvt_dev *d, kvt_t0_pool *pool, uint32_t max_tokens)
+{
+	const uint32_t bt = kvt_t0_layout(pool)->block_tokens;
+	memset(s, 0, sizeof(*s));
+	s->pool = pool;
+	s->dev = d;
+	s->max_blocks = (max_tokens + bt - 1) / bt;
+	if (!s->max_blocks)
+		s->max_blocks = 1;
+	s->blocks = calloc(s->max_blocks, sizeof(*s->blocks));
+	if (!s->blocks)
+		return KVT_ENOMEM;
+	int rc = kvt_dev_alloc(d, s->max_blocks * sizeof(int32_t), (void **)&s->d_blocks);
+	if (rc) {
+		free(s->blocks);
+		s->blocks = NULL;
+	}
+	return rc;
+}
+
+void kvt_seq_reset(kvt_seq *s)
+{
+	for (uint32_t i = 0; i < s->n_blocks; i++)
+		kvt_t0_unref(s->pool, s->blocks[i]);
+	s->n_blocks = 0;
+	s->n_synced = 0;
+	s->n_tokens = 0;
+}
+
+void kvt_seq_deinit(kvt_seq *s)
+{
+	if (!s->blocks)
+		return;
+	kvt_seq_reset(s);
+	free(s->blocks);
+	kvt_dev_free(s->dev, s->d_blocks);
+	memset(s, 0, sizeof(*s));
+}
+
+int kvt_seq_share_prefix(kvt_seq *dst, const kvt_seq *src, uint32_t n_blocks)
+{
+	const uint32_t bt = kvt_t0_layout(src->pool)->block_tokens;
+	if (dst->n_blocks || dst->pool != src->pool || n_blocks > dst->max_blocks ||
+	    (uint64_t)n_blocks * bt > src->n_tokens) {
+		KVT_LOGE("seq: cannot share %u blocks (source holds %u tokens)", n_blocks, src->n_tokens);
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0; i < n_blocks; i++) {
+		kvt_t0_ref(dst->pool, src->blocks[i]);
+		dst->blocks[i] = src->blocks[i];
+	}
+	dst->n_blocks = n_blocks;
+	dst->n_tokens = n_blocks * bt;
+	return KVT_OK;
+}
+
+/* Hold blocks for n_total tokens; on failure hold exactly what was held before. */
+static int seq_reserve(kvt_seq *s, uint32_t n_total)
+{
+	const uint32_t bt = kvt_t0_layout(s->pool)->block_tokens;
+	const uint32_t need = (n_total + bt - 1) / bt, had = s->n_blocks;
+
+	if (need > s->max_blocks)
+		return KVT_EFULL;
+	while (s->n_blocks < need) {
+		int rc = kvt_t0_alloc(s->pool, &s->blocks[s->n_blocks]);
+		if (rc) {
+			while (s->n_blocks > had)
+				kvt_t0_unref(s->pool, s->blocks[--s->n_blocks]);
+			return rc;
+		}
+		s->n_blocks++;
+	}
+	if (s->n_synced < s->n_blocks) {
+		int rc = kvt_dev_copy_h2d(s->dev, s->d_blocks + s->n_synced, s->blocks + s->n_synced,
+					  (s->n_blocks - s->n_synced) * sizeof(int32_t));
+		if (rc)
+			return rc;
+		s->n_synced = s->n_blocks;
+	}
+	return KVT_OK;
+}
+
+/* ---- forward ---- */
+
+static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w, const float *x,
+	      float *y, bool acc)
+{
+	kvt_matmul_args a = { .n_rows = rows, .n_in = n_in, .n_out = n_out, .w_dtype = w.dtype,
+			      .w = w.p, .x = x, .y = y, .accumulate = acc };
+	return kvt_dev_matmul(m->dev, &a, m->ws);
+}
+
+/*
+ * Embed M rows and run every layer over them. The rows are n_seq runs of
+ * consecutive tokens, run i of n[i] tokens appended to seqs[i] (which holds
+ * the blocks for them); the matmuls see all M rows at once, K/V storing and
+ * attention run per sequence on its own rows.
+ */
+static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n, const int32_t *tokens,
+		      uint32_t M)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const uint32_t E = hp->n_embd, KVD = hp->n_head_kv * hp->head_dim;
+	int32_t pos[512];
+	int rc;
+
+	KVT_ASSERT(M <= m->cfg.max_batch);
+	if ((rc = kvt_dev_copy_h2d(m->dev, m->ids, tokens, M * sizeof(int32_t))))
+		return rc;
+	for (uint32_t i = 0, r = 0, done = 0; i < n_seq; i++) {
+		for (uint32_t j = 0; j < n[i]; j++) {
+			pos[r++] = (int32_t)(seqs[i]->n_tokens + j);
+			if (r == 512 || (i == n_seq - 1 && j == n[i] - 1)) {
+				if ((rc = kvt_dev_copy_h2d(m->dev, m->pos + done, pos, r * sizeof(int32_t))))
+					return rc;
+				done += r;
+				r = 0;
+			}
+		}
+	}
+	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->tok_embd.dtype,
+			      .table = m->tok_embd.p, .ids = m->ids, .y = m->x };
+	if ((rc = kvt_dev_embed(m->dev, &ea)))
+		return rc;
+
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const layer_w *L = &m->layers[l];
+		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
+		kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
+				     .freq_base = hp->rope_base, .pos = m->pos, .x = m->q };
+		kvt_rope_args rk = rq;
+		rk.n_heads = hp->n_head_kv;
+		rk.x = m->k;
+		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, E, L->wq, m->h, m->q, false)) ||
+		    (rc = mm(m, M, E, KVD, L->wk, m->h, m->k, false)) ||
+		    (rc = mm(m, M, E, KVD, L->wv, m->h, m->v, false)) || (rc = kvt_dev_rope(m->dev, &rq)) ||
+		    (rc = kvt_dev_rope(m->dev, &rk)))
+			return rc;
+		for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
+			const kvt_seq *s = seqs[i];
+			const kvt_kv_layout *kv = kvt_t0_layout(s->pool);
+			kvt_kv_store_args st = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
+						 .n_rows = n[i], .k = m->k + (size_t)r0 * KVD, .v = m->v + (size_t)r0 * KVD };
+			kvt_attention_args at = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
+						  .n_rows = n[i], .n_heads = hp->n_head,
+						  .scale = 1.0f / sqrtf((float)hp->head_dim),
+						  .q = m->q + (size_t)r0 * E, .out = m->att + (size_t)r0 * E };
+			if ((rc = kvt_dev_kv_store(m->dev, &st)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
+				return rc;
+		}
+		if ((rc = mm(m, M, E, E, L->wo, m->att, m->x, true)))
+			return rc;
+		rn.w = L->ffn_norm;
+		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate };
+		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) ||
+		    (rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)) || (rc = kvt_dev_swiglu(m->dev, &sw)) ||
+		    (rc = mm(m, M, hp->n_ff, E, L->w_down, m->gate, m->x, true)))
+			return rc;
+	}
+	for (uint32_t i = 0; i < n_seq; i++)
+		seqs[i]->n_tokens += n[i];
+	return KVT_OK;
+}
+
+/* Logits of c rows of the residual stream starting at x (contiguous) into h_logits. */
+static int logits_rows(kvt_model *m, const float *x, uint32_t c, float *h_logits)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	kvt_rmsnorm_args rn = { .n_rows = c, .n_dim = hp->n_embd, .eps = hp->rms_eps, .w = m->output_norm, .x = x,
+				.y = m->h };
+	int rc;
+	if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, c, hp->n_embd, hp->n_vocab, m->output, m->h, m->logits, false)))
+		return rc;
+	return kvt_dev_copy_d2h(m->dev, h_logits, m->logits, (size_t)c * hp->n_vocab * sizeof(float));
+}
+
+static int forward_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t M, float *h_logits,
+			 uint32_t n_logits)
+{
+	const uint32_t E = m->hp.n_embd;
+	int rc;
+
+	if ((rc = run_layers(m, 1, &s, &M, tokens, M)))
+		return rc;
+	/* Logits for the last n_logits rows only, LOGIT_ROWS at a time. */
+	for (uint32_t done = 0; done < n_logits; done += LOGIT_ROWS) {
+		uint32_t r0 = M - n_logits + done;
+		uint32_t c = n_logits - done < LOGIT_ROWS ? n_logits - done : LOGIT_ROWS;
+		if ((rc = logits_rows(m, m->x + (size_t)r0 * E, c, h_logits + (size_t)done * m->hp.n_vocab)))
+			return rc;
+	}
+	return kvt_dev_sync(m->dev);
+}
+
+int kvt_model_forward_batch(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
+			    const int32_t *tokens, const bool *want_logits, float *h_logits)
+{
+	const uint32_t E = m->hp.n_embd;
+	uint32_t M = 0, n_out = 0, r0, i;
+	int rc;
+
+	for (i = 0; i < n_seq; i++) {
+		if (!n[i] || (uint64_t)seqs[i]->n_tokens + n[i] > m->cfg.max_ctx) {
+			KVT_LOGE("model: batch entry %u: %u tokens on %u do not fit the context of %u", i, n[i],
+				 seqs[i]->n_tokens, m->cfg.max_ctx);
+			return n[i] ? KVT_EFULL : KVT_EINVAL;
+		}
+		M += n[i];
+	}
+	if (!n_seq || M > m->cfg.max_batch) {
+		KVT_LOGE("model: a batch of %u rows in %u sequences (at most %u rows)", M, n_seq, m->cfg.max_batch);
+		return KVT_EINVAL;
+	}
+	for (i = 0; i < M; i++) {
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
+			return KVT_EINVAL;
+		}
+	}
+	for (i = 0; i < n_seq; i++) {
+		if ((rc = seq_reserve(seqs[i], seqs[i]->n_tokens + n[i])))
+			return rc;
+	}
+	if ((rc = run_layers(m, n_seq, seqs, n, tokens, M)))
+		return rc;
+	/* Gather the last row of each sequence that wants logits into att (free now), LOGIT_ROWS at a time. */
+	for (i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
+		if (!want_logits[i])
+			continue;
+		uint32_t g = n_out % LOGIT_ROWS;
+		if ((rc = kvt_dev_copy_d2d(m->dev, m->att + (size_t)g * E, m->x + (size_t)(r0 + n[i] - 1) * E,
+					   E * sizeof(float))))
+			return rc;
+		n_out++;
+		bool last = true;
+		for (uint32_t j = i + 1; j < n_seq; j++)
+			last = last && !want_logits[j];
+		if (g == LOGIT_ROWS - 1 || last) {
+			uint32_t first = n_out - g - 1;
+			if ((rc = logits_rows(m, m->att, g + 1, h_logits + (size_t)first * m->hp.n_vocab)))
+				return rc;
+		}
+	}
+	return kvt_dev_sync(m->dev);
+}
+
+int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, float *h_logits, uint32_t n_logits)
+{
+	int rc;
+
+	if (n == 0 || n_logits > n || (n_logits && !h_logits)) {
+		KVT_LOGE("model: forward of %u tokens asked for %u logit rows", n, n_logits);
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
+			return KVT_EINVAL;
+		}
+	}
+	if ((uint64_t)s->n_tokens + n > m->cfg.max_ctx) {
+		KVT_LOGE("model: %u + %u tokens exceed the context of %u", s->n_tokens, n, m->cfg.max_ctx);
+		return KVT_EFULL;
+	}
+	if ((rc = seq_reserve(s, s->n_tokens + n)))
+		return rc;
+	for (uint32_t done = 0; done < n; done += m->cfg.max_batch) {
+		uint32_t c = n - done < m->cfg.max_batch ? n - done : m->cfg.max_batch;
+		/* logit rows that fall inside this chunk */
+		uint32_t first_logit = n - n_logits;
+		uint32_t lo = first_logit > done ? first_logit : done;
+		uint32_t chunk_logits = lo < done + c ? done + c - lo : 0;
+		float *dst = chunk_logits ? h_logits + (size_t)(lo - first_logit) * m->hp.n_vocab : NULL;
+		if ((rc = forward_chunk(m, s, tokens + done, c, dst, chunk_logits)))
+			return rc;
+	}
+	return KVT_OK;
+}

@@ -1,0 +1,134 @@
+/*
+ * engine/model/ — the model runtime: everything that turns a GGUF file into
+ * tokens. GGUF reader and writer (gguf.h), tokenizer and chat template
+ * (tokenizer.h), weights and the forward pass over paged KV (this header),
+ * sampler (sampler.h), the synthetic-model writer for tests (synth_model.h),
+ * the model fingerprint (fingerprint.h) and one-request generation
+ * (generate.h). It may use tiers/, index/, gpu/ and core/; it knows nothing
+ * of requests, sessions, HTTP or configuration files, and never includes a
+ * header of engine/serve/ or engine/cli/ (cmake/check_layout.cmake fails the
+ * build if it does).
+ *
+ * engine/model/model.h — a Llama-family model: weights on the device, the forward
+ * pass over paged KV, and the per-sequence block table.
+ *
+ * Loading reads the architecture from GGUF metadata ({arch}.block_count,
+ * ...), checks every tensor's presence, shape and values, and stores it on the
+ * device: a matrix stored block-quantized (Q8_0, Q4_0, Q4_1) stays so when the
+ * backend multiplies that form directly (a decode step is bound by reading
+ * the weights: Q4_1 is 4.5 bits a weight against fp16's 16); every other
+ * tensor is dequantized to the weight dtype (fp16 by default, fp32 on
+ * request). Norm weights are fp32. All activation buffers and the op workspace are allocated once
+ * here, for a maximum batch of max_batch tokens and a context of max_ctx, so
+ * the forward pass allocates nothing.
+ *
+ * A sequence (kvt_seq) is the engine's view of one token stream's KV: a block
+ * table of T0 slots (one per block_tokens tokens) and the count of tokens
+ * whose K/V are stored. kvt_model_forward appends tokens: it reserves the
+ * blocks they need, runs the layers over them (prefill of n > 1 tokens on top
+ * of whatever the sequence already holds, or decode of one), and returns
+ * logits. Full blocks can be shared between sequences by reference
+ * (kvt_seq_share_prefix): that is how a cached prefix is reused.
+ *
+ * Thread rules: one model is driven by one thread at a time.
+ */
+#ifndef KVT_MODEL_H
+#define KVT_MODEL_H
+
+#include "dev.h"
+#include "tiers.h"
+
+struct kvt_gguf;
+
+typedef struct kvt_model_hparams {
+	char arch[32];          /* general.architecture, e.g. "llama" */
+	uint32_t n_layer;       /* transformer blocks */
+	uint32_t n_embd;        /* model width */
+	uint32_t n_head;        /* query heads */
+	uint32_t n_head_kv;     /* K/V heads (GQA) */
+	uint32_t head_dim;      /* n_embd / n_head */
+	uint32_t n_rot;         /* rotated dims per head */
+	uint32_t n_ff;          /* feed-forward width */
+	uint32_t n_vocab;       /* vocabulary (rows of token_embd) */
+	uint32_t n_ctx_train;   /* trained context length */
+	float rope_base;        /* RoPE theta base */
+	float rms_eps;          /* RMSNorm epsilon */
+	bool tied_embeddings;   /* output projection is token_embd */
+} kvt_model_hparams;
+
+typedef struct kvt_model_config {
+	int weight_dtype;    /* enum kvt_dtype for dequantized matrices: F16 (default) or F32 */
+	bool keep_quantized; /* keep Q8_0/Q4_0/Q4_1 matrices as stored where the backend takes them (default) */
+	uint32_t max_batch;  /* tokens per forward chunk (prefill is split into chunks of this) */
+	uint32_t max_ctx;    /* longest sequence (0: the trained context) */
+} kvt_model_config;
+
+/* fp16 weights (quantized ones kept as stored), batch 512, trained context. */
+void kvt_model_config_default(kvt_model_config *c);
+
+typedef struct kvt_model kvt_model;
+
+/*
+ * Load from an open GGUF (borrowed; may be closed after this returns) onto d
+ * (borrowed; must outlive the model). KVT_EUNSUPPORTED for a non-Llama
+ * architecture or tensor type, KVT_ECORRUPT for missing or misshapen
+ * tensors and bad hyperparameters (logged, naming the key or tensor),
+ * KVT_ENOMEM.
+ */
+int kvt_model_load(kvt_dev *d, const struct kvt_gguf *g, const kvt_model_config *cfg, kvt_model **out);
+void kvt_model_destroy(kvt_model *m); /* NULL is a no-op */
+/* Only the hyperparameters (no tensor data is read): for the capacity planner. */
+int kvt_model_read_hparams(const struct kvt_gguf *g, kvt_model_hparams *out);
+const kvt_model_hparams *kvt_model_hparams_get(const kvt_model *m);
+uint32_t kvt_model_max_ctx(const kvt_model *m);
+uint32_t kvt_model_max_batch(const kvt_model *m); /* rows per forward call */
+/* Bytes of weights held on the device. */
+size_t kvt_model_weight_bytes(const kvt_model *m);
+/* The KV block shape this model needs (pool and n_slots left 0). */
+void kvt_model_kv_shape(const kvt_model *m, uint32_t block_tokens, kvt_kv_layout *out);
+
+typedef struct kvt_seq {
+	kvt_t0_pool *pool;      /* borrowed; must outlive the sequence */
+	int32_t *blocks;        /* [max_blocks] T0 slots, host copy */
+	int32_t *d_blocks;      /* [max_blocks] the same, device copy used by the ops */
+	uint32_t max_blocks;    /* capacity of the tables */
+	uint32_t n_blocks;      /* slots held (each holds one reference) */
+	uint32_t n_synced;      /* leading entries of d_blocks that equal blocks */
+	uint32_t n_tokens;      /* tokens whose K/V are stored */
+	kvt_dev *dev;           /* borrowed, for the device table */
+} kvt_seq;
+
+/* A sequence of at most max_tokens tokens. */
+int kvt_seq_init(kvt_seq *s, kvt_dev *d, kvt_t0_pool *pool, uint32_t max_tokens);
+void kvt_seq_deinit(kvt_seq *s);
+/* Drop every block (unref) and forget every token. */
+void kvt_seq_reset(kvt_seq *s);
+/*
+ * Make dst (empty) start with the first n_blocks full blocks of src, by
+ * reference: dst then holds n_blocks * block_tokens tokens without compute.
+ */
+int kvt_seq_share_prefix(kvt_seq *dst, const kvt_seq *src, uint32_t n_blocks);
+
+/*
+ * Append n tokens to s and run them through the model. Logits (host memory,
+ * caller-owned) receive n_logits rows of n_vocab floats: the last n_logits
+ * positions of this call (1 for generation; n for a full scoring pass).
+ * n_logits may be 0 (prefill only). KVT_EFULL when the pool has no free
+ * block or the sequence would exceed max_ctx (nothing is appended then).
+ */
+int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n,
+		      float *h_logits, uint32_t n_logits);
+
+/*
+ * One step of continuous batching: append n[i] tokens (consecutive in
+ * tokens[]) to each of n_seq distinct sequences and run them through the
+ * model together (sum of n[i] <= max_batch). h_logits receives one row of
+ * n_vocab floats per sequence with want_logits[i], in order: the logits after
+ * that sequence's last token. KVT_EFULL when the pool has no free block (the
+ * sequences that got their blocks keep them, holding no new tokens) or a
+ * sequence would exceed the context; KVT_EINVAL for a bad id or shape.
+ */
+int kvt_model_forward_batch(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
+			    const int32_t *tokens, const bool *want_logits, float *h_logits);
+
+#endif

@@ -1,0 +1,128 @@
+/*
+ * engine/serve/config.h — kvtierd's configuration: one INI file, every key with a
+ * default (configs/kvtier.conf documents them all).
+ *
+ * Lookup: -c FILE, else $KVTIER_CONFIG, else /etc/kvtier/kvtier.conf when it
+ * exists, else the built-in defaults. Command-line flags override the file
+ * for the common keys (kvt_config_set). An unknown section or key, a
+ * duplicate key, or a bad value fails with "FILE:LINE: ..." naming the key and
+ * the allowed values; nothing is half-applied.
+ *
+ * Syntax: "[section]" lines, "key = value" lines, '#' or ';' comments (whole
+ * lines, or after whitespace), blank lines. Values: integers, sizes with an
+ * optional K/M/G/T suffix (powers of 1024: "64M", "2G"; "auto" where noted),
+ * fractions in [0, 1], durations in seconds ("1.5", or with s/ms suffix),
+ * booleans (true/false/yes/no/on/off/1/0), enums, strings (optionally "quoted").
+ */
+#ifndef KVT_CONFIG_H
+#define KVT_CONFIG_H
+
+#include "kvt.h"
+#include "server.h"
+
+#include <stdio.h>
+
+#define KVT_CONFIG_MAX_KEYS 16
+#define KVT_CONFIG_PATH_MAX 4096
+
+enum kvt_device_choice { KVT_DEVICE_AUTO = 0, KVT_DEVICE_CUDA = 1, KVT_DEVICE_CPU = 2 };
+
+typedef struct kvt_tier_config {
+	uint64_t capacity_bytes; /* 0 with capacity_auto: sized by the daemon (see each tier) */
+	bool capacity_auto;      /* "auto" */
+	float high;              /* high watermark, fraction (0, 1] */
+	float low;               /* low watermark, < high */
+} kvt_tier_config;
+
+typedef struct kvt_config {
+	/* [server] */
+	char listen_host[256];         /* listen = HOST:PORT (default 127.0.0.1:8080; [v6]:port accepted) */
+	uint16_t listen_port;
+	uint32_t server_threads;       /* threads = max connections served at once (default 64) */
+	kvt_api_key api_keys[KVT_CONFIG_MAX_KEYS]; /* api_keys = "tenant:key, tenant2:key2" or one bare key (tenant "default") */
+	size_t n_api_keys;
+	char api_key_file[KVT_CONFIG_PATH_MAX]; /* api_key_file = path of a file with one "tenant:key" per line ("" = none) */
+	uint32_t max_concurrent;       /* max_concurrent_requests (default 32) */
+	uint32_t max_queue;            /* max_queue (default 64) */
+	size_t max_header_bytes;       /* max_header_bytes (default 16K) */
+	size_t max_body_bytes;         /* max_body_bytes (default 1M) */
+	uint32_t max_tokens_limit;     /* max_tokens_limit (default 4096) */
+	uint32_t default_max_tokens;   /* default_max_tokens (default 256) */
+	uint32_t max_n;                /* max_n (default 4) */
+	double request_timeout_s;      /* request_timeout (default 600) */
+	double drain_timeout_s;        /* drain_timeout: SIGTERM waits this long for in-flight requests (default 30) */
+	char secret_file[KVT_CONFIG_PATH_MAX]; /* secret_file: server secret for tenant salts ("" = DATA_DIR/secret, created 0600 with 32 random bytes) */
+
+	/* [model] */
+	char model_path[KVT_CONFIG_PATH_MAX]; /* path (default models/SmolLM2-135M-Instruct-Q4_1.gguf... see conf) */
+	int device;                    /* device = auto|cuda|cpu (enum kvt_device_choice) */
+	uint32_t model_threads;        /* threads: CPU backend worker threads (0 = all cores, default 0) */
+	uint32_t max_ctx;              /* context = tokens per sequence (0 = the model's trained context, default 4096) */
+	uint32_t max_batch;            /* batch = tokens per forward chunk (default 256) */
+
+	/* [cache] */
+	uint32_t block_tokens;         /* block_tokens (default 16; 1..256) */
+	int persist;                   /* persist = end_of_turn|write_back (enum kvt_persist) */
+	double end_turn_s;             /* end_of_turn_deadline (default 1.0) */
+	bool cache_enabled;            /* enabled (default true) */
+	uint32_t max_running;          /* max_running: sequences per decode batch (default 16) */
+	uint32_t prefill_chunk;        /* prefill_chunk (default 256) */
+
+	/* [tier.hbm] capacity = bytes of T0 blocks (auto: GPU 40% of free memory; CPU 1G) */
+	kvt_tier_config hbm;
+	/* [tier.host] capacity (auto: 2G), watermarks, dtype = f16|fp8|int8 (default fp8) */
+	kvt_tier_config host;
+	int host_dtype;                /* enum kvt_kv_codec */
+	/* [tier.nvme] */
+	kvt_tier_config nvme;          /* capacity (default 8G; 0 disables T2) */
+	char nvme_path[KVT_CONFIG_PATH_MAX]; /* path ("" = DATA_DIR/kvtier.t2) */
+	uint32_t nvme_queue_depth;     /* queue_depth (default 32) */
+	bool nvme_compression;         /* compression = lz4|none (default none: real KV barely compresses) */
+	int nvme_io;                   /* io = auto|uring|threads */
+	uint32_t io_threads;           /* io_threads: promotion workers (default 2) */
+
+	/* [index] */
+	char data_dir[KVT_CONFIG_PATH_MAX];   /* data_dir (default ./kvtier-data) */
+	char index_path[KVT_CONFIG_PATH_MAX]; /* path ("" = DATA_DIR/index.sqlite) */
+
+	/* [log] */
+	char log_file[KVT_CONFIG_PATH_MAX];   /* file ("" = stderr); reopened on SIGHUP */
+	int log_level;                 /* level = error|warn|info|debug (the core log levels) */
+
+	/* bookkeeping */
+	char source[KVT_CONFIG_PATH_MAX];     /* the file the config came from ("" = built-in defaults) */
+} kvt_config;
+
+/* The built-in defaults. */
+void kvt_config_default(kvt_config *c);
+
+/*
+ * Parse a file over the defaults already in *c. On failure returns KVT_EINVAL
+ * (or KVT_ENOTFOUND / KVT_EIO for an unreadable file) and writes one message
+ * "FILE:LINE: what is wrong (allowed: ...)" to err (cap bytes); *c is left
+ * unchanged on failure.
+ */
+int kvt_config_load(kvt_config *c, const char *path, char *err, size_t cap);
+
+/*
+ * Which file to read: explicit (from -c; may be NULL), else $KVTIER_CONFIG,
+ * else /etc/kvtier/kvtier.conf if it exists, else NULL (defaults only).
+ * Returns a pointer to explicit, getenv's string or a static string.
+ */
+const char *kvt_config_find(const char *explicit_path);
+
+/*
+ * Set one key as the file would ("section", "key", "value"), e.g. from a
+ * flag: kvt_config_set(c, "server", "listen", "0.0.0.0:9000", err, cap).
+ * Errors as kvt_config_load, with "--flag" context supplied by the caller
+ * in err's prefix.
+ */
+int kvt_config_set(kvt_config *c, const char *section, const char *key, const char *value, char *err, size_t cap);
+
+/* Check cross-key rules (low < high, ...). KVT_EINVAL with a message. */
+int kvt_config_validate(const kvt_config *c, char *err, size_t cap);
+
+/* Write the effective configuration as an INI file (for --print-config and the log). */
+int kvt_config_write(const kvt_config *c, FILE *f);
+
+#endif

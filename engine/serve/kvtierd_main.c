@@ -1,0 +1,530 @@
+/*
+ * engine/serve/kvtierd_main.c — kvtierd, the daemon: configuration, start-up in
+ * the order that lets /health answer while the model loads, the signal
+ * loop, and the graceful stop.
+ *
+ *   kvtierd [-c FILE] [--listen HOST:PORT] [--data-dir DIR] [--model PATH]
+ *           [--device auto|cuda|cpu] [--check-config] [--print-config]
+ *
+ * Start-up: config -> log -> HTTP server (503 "loading") -> device, model,
+ * tokenizer -> data dir: secret, index, NVMe store -> tiering manager,
+ * recovery of the durable blocks -> scheduler -> ready (sd_notify READY=1).
+ * SIGTERM/SIGINT: drain (bounded by server.drain_timeout), persist every
+ * session's blocks to NVMe, commit the index, exit 0. SIGHUP: reopen the log
+ * file and re-read the log level. Exit codes: sysexits.h.
+ */
+#include "config.h"
+#include "fingerprint.h"
+#include "gguf.h"
+#include "index.h"
+#include "model.h"
+#include "sdnotify.h"
+#include "stack.h"
+#include "server.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sysexits.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- log sink: a file (reopened on SIGHUP) or stderr ---- */
+
+static FILE *log_fp;
+static pthread_mutex_t log_fp_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void log_sink(int level, const char *msg, void *user)
+{
+	static const char *names[] = { "error", "warn", "info", "debug" };
+	(void)user;
+	struct timespec ts;
+	struct tm tm;
+	char when[32];
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+	pthread_mutex_lock(&log_fp_mu);
+	FILE *f = log_fp ? log_fp : stderr;
+	fprintf(f, "%s.%03ldZ kvtierd %s: %s\n", when, ts.tv_nsec / 1000000, names[level < 0 ? 0 : level > 3 ? 3 : level],
+		msg);
+	fflush(f);
+	pthread_mutex_unlock(&log_fp_mu);
+}
+
+static int log_open(const char *path)
+{
+	if (!path[0])
+		return KVT_OK;
+	FILE *f = fopen(path, "a");
+	if (!f) {
+		fprintf(stderr, "kvtierd: cannot open the log file %s: %s\n", path, strerror(errno));
+		return KVT_EIO;
+	}
+	pthread_mutex_lock(&log_fp_mu);
+	FILE *old = log_fp;
+	log_fp = f;
+	pthread_mutex_unlock(&log_fp_mu);
+	if (old)
+		fclose(old);
+	return KVT_OK;
+}
+
+/* ---- helpers ---- */
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvtierd [-c FILE] [--listen HOST:PORT] [--data-dir DIR] [--model PATH]\n"
+		   "               [--device auto|cuda|cpu] [--check-config] [--print-config]\n"
+		   "Config lookup: -c FILE, then $KVTIER_CONFIG, then /etc/kvtier/kvtier.conf, then built-in\n"
+		   "defaults (configs/kvtier.conf documents every key).\n");
+}
+
+static int mkdir_p(const char *dir)
+{
+	char buf[KVT_CONFIG_PATH_MAX];
+	snprintf(buf, sizeof(buf), "%s", dir);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0750) && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	if (mkdir(buf, 0750) && errno != EEXIST)
+		return -1;
+	return 0;
+}
+
+/* The server secret: read it, or create 32 random bytes (0600) on first start. */
+static int load_secret(const char *path, uint8_t *out, size_t *n)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t r = read(fd, out, 64);
+		close(fd);
+		if (r < 16) {
+			KVT_LOGE("secret file %s: %zd bytes, needs 16 to 64", path, r);
+			return KVT_EINVAL;
+		}
+		*n = (size_t)r;
+		return KVT_OK;
+	}
+	if (errno != ENOENT) {
+		KVT_LOGE("secret file %s: %s", path, strerror(errno));
+		return KVT_EIO;
+	}
+	if (getrandom(out, 32, 0) != 32) {
+		KVT_LOGE("getrandom: %s", strerror(errno));
+		return KVT_EIO;
+	}
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0 || write(fd, out, 32) != 32 || fsync(fd)) {
+		KVT_LOGE("cannot create the secret file %s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return KVT_EIO;
+	}
+	close(fd);
+	*n = 32;
+	KVT_LOGI("created a new server secret in %s", path);
+	return KVT_OK;
+}
+
+static void data_path(char *out, size_t cap, const char *dir, const char *set, const char *name)
+{
+	if (set && set[0])
+		snprintf(out, cap, "%s", set);
+	else
+		snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static const char *basename_of(const char *p)
+{
+	const char *s = strrchr(p, '/');
+	return s ? s + 1 : p;
+}
+
+/* ---- the daemon ---- */
+
+typedef struct daemon {
+	kvt_config cfg;
+	kvt_server *srv;
+	kvt_gguf *g;
+	kvt_tok *tok;
+	kvt_dev *dev;
+	kvt_model *model;
+	kvt_stack st;      /* index, tiers, scheduler */
+	kvt_api_key *keys; /* config keys plus api_key_file */
+	size_t n_keys;
+} daemon_t;
+
+static int read_key_file(daemon_t *d)
+{
+	const kvt_config *c = &d->cfg;
+	size_t cap = c->n_api_keys + 16;
+	d->keys = calloc(cap, sizeof(*d->keys));
+	if (!d->keys)
+		return KVT_ENOMEM;
+	memcpy(d->keys, c->api_keys, c->n_api_keys * sizeof(*d->keys));
+	d->n_keys = c->n_api_keys;
+	if (!c->api_key_file[0])
+		return KVT_OK;
+	FILE *f = fopen(c->api_key_file, "r");
+	if (!f) {
+		KVT_LOGE("server.api_key_file %s: %s", c->api_key_file, strerror(errno));
+		return KVT_EIO;
+	}
+	char line[512];
+	unsigned ln = 0;
+	int rc = KVT_OK;
+	while (fgets(line, sizeof(line), f)) {
+		ln++;
+		line[strcspn(line, "\r\n")] = 0;
+		if (!line[0] || line[0] == '#')
+			continue;
+		char *colon = strchr(line, ':');
+		if (!colon || colon == line || !colon[1]) {
+			KVT_LOGE("%s:%u: expected \"tenant:key\"", c->api_key_file, ln);
+			rc = KVT_EINVAL;
+			break;
+		}
+		*colon = 0;
+		if (kvt_name_check("tenant", line) || strlen(colon + 1) >= sizeof(d->keys->key)) {
+			KVT_LOGE("%s:%u: bad tenant name or key too long", c->api_key_file, ln);
+			rc = KVT_EINVAL;
+			break;
+		}
+		if (d->n_keys == cap) {
+			kvt_api_key *k = realloc(d->keys, 2 * cap * sizeof(*k));
+			if (!k) {
+				rc = KVT_ENOMEM;
+				break;
+			}
+			d->keys = k;
+			cap *= 2;
+		}
+		memcpy(d->keys[d->n_keys].tenant, line, strlen(line) + 1); /* checked: <= KVT_NAME_MAX */
+		memcpy(d->keys[d->n_keys].key, colon + 1, strlen(colon + 1) + 1);
+		d->n_keys++;
+	}
+	fclose(f);
+	return rc;
+}
+
+/* Everything after the server is up: model, tiers, index, scheduler. */
+static int bring_up(daemon_t *d, int *exit_code)
+{
+	const kvt_config *c = &d->cfg;
+	char t2_path[KVT_CONFIG_PATH_MAX + 32], db_path[KVT_CONFIG_PATH_MAX + 32], fp_cache[KVT_CONFIG_PATH_MAX + 32],
+		secret_path[KVT_CONFIG_PATH_MAX + 32];
+	uint8_t fp[32], secret[64];
+	size_t secret_n = 0;
+	int rc;
+
+	*exit_code = EX_SOFTWARE;
+	if (mkdir_p(c->data_dir)) {
+		KVT_LOGE("index.data_dir %s: cannot create: %s", c->data_dir, strerror(errno));
+		*exit_code = EX_CANTCREAT;
+		return KVT_EIO;
+	}
+	data_path(t2_path, sizeof(t2_path), c->data_dir, c->nvme_path, "kvtier.t2");
+	data_path(db_path, sizeof(db_path), c->data_dir, c->index_path, "index.sqlite");
+	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
+	snprintf(fp_cache, sizeof(fp_cache), "%s/fingerprint.cache", c->data_dir);
+	if ((rc = load_secret(secret_path, secret, &secret_n))) {
+		*exit_code = EX_CONFIG;
+		return rc;
+	}
+
+	/* model */
+	kvt_sd_notify("STATUS=loading the model");
+	KVT_LOGI("loading %s", c->model_path);
+	if ((rc = kvt_model_fingerprint(c->model_path, fp_cache, fp, NULL)) || (rc = kvt_gguf_open(c->model_path, &d->g)) ||
+	    (rc = kvt_tok_create_from_gguf(d->g, &d->tok))) {
+		KVT_LOGE("model.path %s: cannot load: %s", c->model_path, kvt_strerror(rc));
+		*exit_code = EX_DATAERR;
+		return rc;
+	}
+	int kind = c->device == KVT_DEVICE_CUDA ? KVT_DEV_CUDA : c->device == KVT_DEVICE_CPU ? KVT_DEV_CPU : KVT_DEV_AUTO;
+	kvt_dev_config dc = { .kind = kind, .n_threads = (int)c->model_threads };
+	if ((rc = kvt_dev_create(&dc, &d->dev))) {
+		*exit_code = EX_UNAVAILABLE;
+		return rc;
+	}
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.max_ctx = c->max_ctx;
+	mc.max_batch = c->max_batch;
+	double tl = kvt_now_s();
+	if ((rc = kvt_model_load(d->dev, d->g, &mc, &d->model))) {
+		*exit_code = EX_DATAERR;
+		return rc;
+	}
+	kvt_gguf_close(d->g);
+	d->g = NULL;
+	KVT_LOGI("model loaded on %s in %.2f s (%.0f MiB of weights, context %u)", kvt_dev_name(d->dev), kvt_now_s() - tl,
+		 kvt_model_weight_bytes(d->model) / 1048576.0, kvt_model_max_ctx(d->model));
+
+	/* T0 */
+	const uint32_t bt = c->block_tokens, max_ctx = kvt_model_max_ctx(d->model);
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(d->model, bt, &shape);
+	const size_t block_bytes = kvt_kv_block_bytes(&shape);
+	uint64_t hbm = c->hbm.capacity_bytes;
+	if (c->hbm.capacity_auto || !hbm)
+		hbm = kvt_dev_kind(d->dev) == KVT_DEV_CUDA ? (4ull << 30) : (1ull << 30);
+	uint64_t n_t0 = hbm / block_bytes;
+	const uint64_t min_t0 = (max_ctx + bt - 1) / bt + 2;
+	if (n_t0 < min_t0) {
+		KVT_LOGE("tier.hbm capacity %llu bytes holds %llu blocks of %zu bytes; one full-context sequence needs "
+			 "%llu: raise tier.hbm capacity to at least %llu or lower model.context",
+			 (unsigned long long)hbm, (unsigned long long)n_t0, block_bytes, (unsigned long long)min_t0,
+			 (unsigned long long)(min_t0 * block_bytes));
+		*exit_code = EX_CONFIG;
+		return KVT_EINVAL;
+	}
+	if (n_t0 > INT32_MAX)
+		n_t0 = INT32_MAX;
+
+	/* the stack: index, NVMe store, tiering manager (recovered), scheduler */
+	const size_t packed = kvt_kv_packed_bytes(&shape, c->host_dtype);
+	uint64_t host = c->host.capacity_bytes;
+	if (c->host.capacity_auto || !host)
+		host = 2ull << 30;
+	uint64_t n_t1 = host / packed;
+	if (n_t1 < 1) {
+		KVT_LOGE("tier.host capacity %llu bytes holds no block of %zu bytes", (unsigned long long)host, packed);
+		*exit_code = EX_CONFIG;
+		return KVT_EINVAL;
+	}
+	kvt_stack_config sc;
+	kvt_stack_config_default(&sc);
+	sc.dev = d->dev;
+	sc.model = d->model;
+	sc.tok = d->tok;
+	memcpy(sc.model_fp, fp, 32);
+	sc.block_tokens = bt;
+	sc.t0_slots = (uint32_t)n_t0;
+	sc.db_path = db_path;
+	sc.t2_path = c->nvme.capacity_bytes ? t2_path : NULL;
+	sc.t2.capacity_bytes = c->nvme.capacity_bytes;
+	sc.t2.queue_depth = c->nvme_queue_depth;
+	sc.t2.io_mode = c->nvme_io;
+	sc.t2.compress = c->nvme_compression;
+	sc.t2.buffered_ok = true;
+	sc.tm.t1_slots = n_t1 > INT32_MAX ? INT32_MAX : (uint32_t)n_t1;
+	sc.tm.t1_codec = c->host_dtype;
+	sc.tm.persist = c->persist;
+	sc.tm.end_turn_s = c->end_turn_s;
+	sc.tm.n_io_threads = c->io_threads;
+	const kvt_tier_config *tiers[KVT_TIER_COUNT] = { &c->hbm, &c->host, &c->nvme };
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
+		sc.tm.high[t] = tiers[t]->high;
+		sc.tm.low[t] = tiers[t]->low;
+	}
+	sc.sched.secret = secret;
+	sc.sched.secret_bytes = secret_n;
+	sc.sched.max_running = c->max_running;
+	sc.sched.max_queue = c->max_queue;
+	sc.sched.prefill_chunk = c->prefill_chunk;
+	sc.sched.cache = c->cache_enabled;
+	double tr = kvt_now_s();
+	if ((rc = kvt_stack_open(&sc, &d->st))) {
+		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EIO ? EX_IOERR : EX_SOFTWARE;
+		return rc;
+	}
+	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s; %llu durable blocks recovered; "
+		 "ready in %.3f s",
+		 (unsigned long long)n_t0, sc.tm.t1_slots, kvt_kv_codec_name(c->host_dtype), sc.t2_path ? t2_path : "off",
+		 (unsigned long long)d->st.n_recovered, kvt_now_s() - tr);
+	memset(secret, 0, sizeof(secret));
+	*exit_code = 0;
+	return KVT_OK;
+}
+
+static void tear_down(daemon_t *d)
+{
+	kvt_server_stop(d->srv);
+	d->srv = NULL;
+	kvt_stack_close(&d->st); /* flushes the cache to NVMe and commits the index */
+	kvt_model_destroy(d->model);
+	kvt_dev_destroy(d->dev);
+	kvt_tok_destroy(d->tok);
+	kvt_gguf_close(d->g);
+	free(d->keys);
+}
+
+int main(int argc, char **argv)
+{
+	static daemon_t d;
+	const char *cfg_path = NULL;
+	const char *flag_keys[][3] = { { "--listen", "server", "listen" },
+				       { "--data-dir", "index", "data_dir" },
+				       { "--model", "model", "path" },
+				       { "--device", "model", "device" } };
+	const char *flag_vals[4] = { 0 };
+	bool check = false, print = false;
+	char err[1024];
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--check-config")) {
+			check = true;
+			continue;
+		}
+		if (!strcmp(a, "--print-config")) {
+			print = true;
+			continue;
+		}
+		if (i + 1 >= argc) {
+			fprintf(stderr, "kvtierd: %s: unknown option, or it needs a value\n", a);
+			usage(stderr);
+			return EX_USAGE;
+		}
+		if (!strcmp(a, "-c") || !strcmp(a, "--config")) {
+			cfg_path = argv[++i];
+			continue;
+		}
+		size_t k = 0;
+		while (k < 4 && strcmp(a, flag_keys[k][0]))
+			k++;
+		if (k == 4) {
+			fprintf(stderr, "kvtierd: unknown option %s\n", a);
+			usage(stderr);
+			return EX_USAGE;
+		}
+		flag_vals[k] = argv[++i];
+	}
+
+	kvt_config_default(&d.cfg);
+	const char *path = kvt_config_find(cfg_path);
+	if (path && kvt_config_load(&d.cfg, path, err, sizeof(err))) {
+		fprintf(stderr, "kvtierd: %s\n", err);
+		return EX_CONFIG;
+	}
+	for (size_t k = 0; k < 4; k++) {
+		if (!flag_vals[k])
+			continue;
+		if (kvt_config_set(&d.cfg, flag_keys[k][1], flag_keys[k][2], flag_vals[k], err, sizeof(err))) {
+			fprintf(stderr, "kvtierd: %s: %s\n", flag_keys[k][0], err);
+			return EX_USAGE;
+		}
+	}
+	if (kvt_config_validate(&d.cfg, err, sizeof(err))) {
+		fprintf(stderr, "kvtierd: %s: %s\n", path ? path : "built-in defaults", err);
+		return EX_CONFIG;
+	}
+	if (print)
+		kvt_config_write(&d.cfg, stdout);
+	if (check) {
+		fprintf(stderr, "kvtierd: %s: configuration OK\n", path ? path : "built-in defaults");
+		return 0;
+	}
+	if (print)
+		return 0;
+
+	/* signals go to the main thread alone */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (log_open(d.cfg.log_file))
+		return EX_CANTCREAT;
+	kvt_log_set_sink(log_sink, NULL);
+	kvt_log_set_level(d.cfg.log_level);
+	KVT_LOGI("starting (config: %s)", path ? path : "built-in defaults");
+
+	int code = EX_SOFTWARE;
+	if (read_key_file(&d)) {
+		code = EX_CONFIG;
+		goto out;
+	}
+	kvt_server_config scfg;
+	kvt_server_config_default(&scfg);
+	scfg.host = d.cfg.listen_host;
+	scfg.port = d.cfg.listen_port;
+	scfg.keys = d.keys;
+	scfg.n_keys = d.n_keys;
+	scfg.max_connections = d.cfg.server_threads;
+	scfg.max_concurrent = d.cfg.max_concurrent;
+	scfg.max_header_bytes = d.cfg.max_header_bytes;
+	scfg.max_body_bytes = d.cfg.max_body_bytes;
+	scfg.max_tokens_limit = d.cfg.max_tokens_limit;
+	scfg.max_n = d.cfg.max_n;
+	scfg.default_max_tokens = d.cfg.default_max_tokens;
+	scfg.request_timeout_s = d.cfg.request_timeout_s;
+	scfg.model_id = basename_of(d.cfg.model_path);
+	scfg.kv_dtype = kvt_kv_codec_name(d.cfg.host_dtype);
+	if (kvt_server_start(&scfg, &d.srv)) {
+		KVT_LOGE("server.listen %s:%u: cannot listen", d.cfg.listen_host, d.cfg.listen_port);
+		code = EX_UNAVAILABLE;
+		goto out;
+	}
+	KVT_LOGI("listening on %s:%u", d.cfg.listen_host, kvt_server_port(d.srv));
+	if (bring_up(&d, &code))
+		goto out;
+	kvt_server_set_engine(d.srv, d.st.sched, d.tok);
+	KVT_LOGI("ready");
+	kvt_sd_notify("READY=1\nSTATUS=serving");
+
+	uint64_t wd_usec = 0;
+	bool wd = kvt_sd_watchdog_usec(&wd_usec);
+	double tick = wd ? (double)wd_usec / 2e6 : 5.0;
+	if (tick > 5.0)
+		tick = 5.0;
+	for (;;) {
+		struct timespec ts = { (time_t)tick, (long)((tick - (double)(time_t)tick) * 1e9) };
+		int sig = sigtimedwait(&sigs, NULL, &ts);
+		if (sig < 0) {
+			if (wd)
+				kvt_sd_notify("WATCHDOG=1");
+			continue;
+		}
+		if (sig == SIGHUP) {
+			kvt_config fresh;
+			kvt_config_default(&fresh);
+			if (path && kvt_config_load(&fresh, path, err, sizeof(err)) == KVT_OK) {
+				d.cfg.log_level = fresh.log_level;
+				kvt_log_set_level(fresh.log_level);
+			} else if (path) {
+				KVT_LOGE("SIGHUP: %s (keeping the running settings)", err);
+			}
+			log_open(d.cfg.log_file);
+			KVT_LOGI("SIGHUP: log reopened, level %d", d.cfg.log_level);
+			continue;
+		}
+		KVT_LOGI("%s: draining (up to %.0f s), then persisting", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+			 d.cfg.drain_timeout_s);
+		kvt_sd_notify("STOPPING=1\nSTATUS=draining");
+		break;
+	}
+	kvt_server_drain(d.srv);
+	uint32_t cancelled = kvt_sched_drain(d.st.sched, d.cfg.drain_timeout_s);
+	double tf = kvt_now_s();
+	kvt_sd_notify("STATUS=persisting sessions to NVMe");
+	tear_down(&d);
+	KVT_LOGI("stopped (%u request(s) cancelled at the drain deadline; persisted in %.2f s)", cancelled,
+		 kvt_now_s() - tf);
+	return 0;
+out:
+	KVT_LOGE("start-up failed");
+	tear_down(&d);
+	return code;
+}

@@ -1,0 +1,1152 @@
+/*
+ * engine/serve/scheduler.c — continuous batching over the requests, the prefix cache
+ * through the tiering manager, and the sessions (scheduler.h).
+ *
+ * One scheduler thread. Each step it:
+ *   1. admits queued requests while fewer than max_running run: looks up the
+ *      longest cached prefix under the tenant's chain root (pinning it),
+ *      promotes those blocks to T0 and starts the sequence on them;
+ *   2. builds one batch: one row per decoding sequence (its last sampled
+ *      token), one row per finishing sequence (its last token, so the whole
+ *      turn's K/V is stored and its blocks cached), then prompt chunks of the
+ *      prefilling sequences up to prefill_chunk rows;
+ *   3. makes room in T0 (the manager evicts) and runs the batch;
+ *   4. registers every new full block with the manager, samples the next
+ *      token of each sequence that asked for logits, and ends the requests
+ *      that are done: unpin, session row, end of turn.
+ *
+ * Locking: s->mu guards the queue, the handles' client-visible fields and
+ * the counters. The model, the sequences and the samplers belong to the
+ * scheduler thread alone.
+ */
+#include "scheduler.h"
+
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const double kvt_ttft_bucket_le[KVT_TTFT_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
+						      0.5,   1.0,  2.5,   5.0,  10.0, INFINITY };
+
+#define TTFT_RING 1024u
+
+enum h_state { H_QUEUED, H_PROMOTE, H_PREFILL, H_DECODE, H_FINISHING, H_DONE };
+
+struct kvt_sched_handle {
+	kvt_sched *s;
+	kvt_sched_req req;          /* copy; req.prompt points into toks */
+	pthread_cond_t cv;          /* progress, under s->mu */
+	/* under s->mu */
+	int32_t *toks;              /* [cap_toks] prompt, then generated tokens (EOG included) */
+	uint32_t n_toks;            /* tokens in toks */
+	uint32_t n_visible;         /* generated tokens the client may see (EOG excluded) */
+	uint32_t n_returned;        /* of those, handed out by kvt_sched_next */
+	int finish;                 /* KVT_FINISH_* once decided */
+	bool ended;                 /* finished and accounted: usage final */
+	bool cancel;                /* the client asked to stop */
+	bool client_gone;           /* released by the client */
+	bool unlinked;              /* ended and off the scheduler's lists: the client frees it */
+	kvt_sched_usage usage;
+	kvt_sched_handle *next;     /* queue / running list link */
+	/* scheduler thread only */
+	int state;                  /* enum h_state */
+	uint32_t cap_toks;
+	kvt_seq seq;
+	bool seq_ready;
+	kvt_sampler sampler;
+	bool sampler_ready;
+	uint8_t root[KVT_HASH_BYTES];
+	uint8_t (*hashes)[KVT_HASH_BYTES]; /* chain of the full blocks registered so far */
+	uint32_t n_hashes;
+	uint32_t n_pinned;          /* leading hashes[] pinned at admission (the cached prefix) */
+	uint8_t *origin;            /* [blocks] tier each cached block was found in */
+	uint32_t n_usable;          /* cached blocks found in some tier (being promoted) */
+	kvt_tm_ticket *ticket;      /* H_PROMOTE: the manager bringing them to T0 */
+	double t_submit, t_first;
+};
+
+struct kvt_sched {
+	kvt_sched_config cfg;
+	uint8_t secret[64];
+	uint32_t n_vocab, max_ctx, block_tokens, max_batch;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t work;        /* queue or cancels for the scheduler */
+	pthread_cond_t idle;        /* a request ended (drain waits on it) */
+	bool stop, draining;
+	kvt_sched_handle *q_head, *q_tail;
+	uint32_t n_queued, n_running;
+	uint32_t t0_committed;      /* T0 blocks the running requests may grow to (admission) */
+	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
+	float *logits;              /* [max_running][n_vocab] */
+	double calib_rate;          /* prefill tokens/s measured at start-up */
+	/* counters, under mu */
+	kvt_sched_stats st;
+	double ttft_ring[TTFT_RING];
+	uint64_t n_ttft;
+};
+
+void kvt_sched_config_default(kvt_sched_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->layout_version = KVT_KV_LAYOUT_VERSION;
+	c->max_running = 16;
+	c->max_queue = 64;
+	c->prefill_chunk = 256;
+	c->cache = true;
+}
+
+const char *kvt_finish_name(int finish)
+{
+	switch (finish) {
+	case KVT_FINISH_STOP: return "stop";
+	case KVT_FINISH_LENGTH: return "length";
+	case KVT_FINISH_CANCELLED: return "cancelled";
+	case KVT_FINISH_ERROR: return "error";
+	default: return "none";
+	}
+}
+
+uint32_t kvt_sched_n_vocab(const kvt_sched *s) { return s->n_vocab; }
+uint32_t kvt_sched_max_ctx(const kvt_sched *s) { return s->max_ctx; }
+
+static const char *tenant_of(const char *t) { return t && t[0] ? t : "default"; }
+
+/* T0 blocks a request's sequence may hold at its longest. */
+static uint32_t blocks_at_most(const kvt_sched *s, const kvt_sched_handle *h)
+{
+	return (h->req.n_prompt + h->req.max_tokens + s->block_tokens - 1) / s->block_tokens;
+}
+
+static int chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
+{
+	uint8_t salt[KVT_HASH_BYTES];
+	int rc = kvt_tenant_salt(s->secret, s->cfg.secret_bytes, tenant_of(tenant), salt);
+	if (rc)
+		return rc;
+	return kvt_hash_root(s->cfg.model_fp, s->cfg.layout_version, s->block_tokens, salt, root);
+}
+
+/* The tier a matched block is served from: the highest one holding it; -1 for none. */
+static int origin_tier(const kvt_btable_match *m)
+{
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		if (m->slot[t] >= 0)
+			return t;
+	return -1;
+}
+
+/* ---- handles ---- */
+
+static void handle_free(kvt_sched_handle *h)
+{
+	if (h->sampler_ready)
+		kvt_sampler_deinit(&h->sampler);
+	if (h->seq_ready)
+		kvt_seq_deinit(&h->seq);
+	pthread_cond_destroy(&h->cv);
+	free(h->hashes);
+	free(h->origin);
+	free(h->toks);
+	free(h);
+}
+
+int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **out)
+{
+	*out = NULL;
+	if (!r->n_prompt || !r->prompt || !r->max_tokens) {
+		KVT_LOGE("sched: a request needs a prompt and max_tokens >= 1");
+		return KVT_EINVAL;
+	}
+	if ((uint64_t)r->n_prompt + r->max_tokens > s->max_ctx) {
+		KVT_LOGE("sched: %u prompt tokens + %u max_tokens exceed the context of %u", r->n_prompt, r->max_tokens,
+			 s->max_ctx);
+		return KVT_EINVAL;
+	}
+	uint32_t longest = (r->n_prompt + r->max_tokens + s->block_tokens - 1) / s->block_tokens;
+	if (longest > kvt_t0_n_slots(s->cfg.t0)) {
+		KVT_LOGE("sched: %u prompt tokens + %u max_tokens need %u blocks; the device pool has %u (tier.hbm capacity)",
+			 r->n_prompt, r->max_tokens, longest, kvt_t0_n_slots(s->cfg.t0));
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0; i < r->n_prompt; i++) {
+		if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= s->n_vocab) {
+			KVT_LOGE("sched: token id %d at %u is outside the vocabulary (%u)", r->prompt[i], i, s->n_vocab);
+			return KVT_EINVAL;
+		}
+	}
+	if ((r->tenant[0] && kvt_name_check("tenant", r->tenant)) ||
+	    (r->session_id[0] && kvt_name_check("session id", r->session_id)))
+		return KVT_EINVAL;
+	if (r->session_id[0] && !s->cfg.db) {
+		KVT_LOGE("sched: session \"%s\": sessions are not kept (no index)", r->session_id);
+		return KVT_EINVAL;
+	}
+
+	kvt_sched_handle *h = calloc(1, sizeof(*h));
+	if (!h)
+		return KVT_ENOMEM;
+	h->s = s;
+	h->req = *r;
+	h->cap_toks = r->n_prompt + r->max_tokens;
+	h->toks = malloc((size_t)h->cap_toks * sizeof(int32_t));
+	if (!h->toks) {
+		free(h);
+		return KVT_ENOMEM;
+	}
+	memcpy(h->toks, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+	h->n_toks = r->n_prompt;
+	h->req.prompt = h->toks;
+	h->state = H_QUEUED;
+	h->t_submit = kvt_now_s();
+	pthread_cond_init(&h->cv, NULL);
+
+	pthread_mutex_lock(&s->mu);
+	int rc = KVT_OK;
+	if (s->draining || s->stop)
+		rc = KVT_EIO;
+	else if (s->n_queued >= s->cfg.max_queue)
+		rc = KVT_EFULL;
+	if (rc) {
+		pthread_mutex_unlock(&s->mu);
+		pthread_cond_destroy(&h->cv);
+		free(h->toks);
+		free(h);
+		return rc;
+	}
+	if (s->q_tail)
+		s->q_tail->next = h;
+	else
+		s->q_head = h;
+	s->q_tail = h;
+	s->n_queued++;
+	pthread_cond_signal(&s->work);
+	pthread_mutex_unlock(&s->mu);
+	*out = h;
+	return KVT_OK;
+}
+
+static void abs_deadline(struct timespec *ts, double seconds)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	double whole = floor(seconds);
+	ts->tv_sec += (time_t)whole;
+	ts->tv_nsec += (long)((seconds - whole) * 1e9);
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n, int *finish,
+		   kvt_sched_usage *usage, double timeout_s)
+{
+	kvt_sched *s = h->s;
+	struct timespec dl;
+	abs_deadline(&dl, timeout_s > 0 ? timeout_s : 0);
+	pthread_mutex_lock(&s->mu);
+	while (h->n_returned == h->n_visible && !h->ended) {
+		if (timeout_s <= 0 || pthread_cond_timedwait(&h->cv, &s->mu, &dl) == ETIMEDOUT)
+			break;
+	}
+	uint32_t k = h->n_visible - h->n_returned;
+	if (k > cap)
+		k = cap;
+	memcpy(ids, h->toks + h->req.n_prompt + h->n_returned, (size_t)k * sizeof(int32_t));
+	h->n_returned += k;
+	*n = k;
+	*finish = KVT_FINISH_NONE;
+	if (h->ended && h->n_returned == h->n_visible) {
+		*finish = h->finish;
+		if (usage)
+			*usage = h->usage;
+	}
+	pthread_mutex_unlock(&s->mu);
+	return KVT_OK;
+}
+
+void kvt_sched_cancel(kvt_sched_handle *h)
+{
+	kvt_sched *s = h->s;
+	pthread_mutex_lock(&s->mu);
+	h->cancel = true;
+	pthread_cond_signal(&s->work);
+	pthread_mutex_unlock(&s->mu);
+}
+
+void kvt_sched_release(kvt_sched_handle *h)
+{
+	if (!h)
+		return;
+	kvt_sched *s = h->s;
+	pthread_mutex_lock(&s->mu);
+	h->cancel = true;
+	h->client_gone = true;
+	bool mine = h->unlinked; /* the scheduler is done with it: free here */
+	pthread_cond_signal(&s->work);
+	pthread_mutex_unlock(&s->mu);
+	if (mine)
+		handle_free(h);
+}
+
+/* ---- the scheduler thread ---- */
+
+static void record_usage_locked(kvt_sched *s, kvt_sched_handle *h)
+{
+	kvt_sched_stats *st = &s->st;
+	const kvt_sched_usage *u = &h->usage;
+	st->requests++;
+	st->requests_failed += h->finish == KVT_FINISH_ERROR;
+	st->prompt_tokens += u->prompt_tokens;
+	st->cached_tokens += u->cached_tokens;
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		st->cached_by_tier[t] += u->cached_by_tier[t];
+	st->completion_tokens += u->completion_tokens;
+	if (h->t_first > 0) {
+		double ttft = u->ttft_s;
+		int b = 0;
+		while (b < KVT_TTFT_BUCKETS - 1 && ttft > kvt_ttft_bucket_le[b])
+			b++;
+		st->ttft_bucket[b]++;
+		st->ttft_sum_s += ttft;
+		s->ttft_ring[s->n_ttft++ % TTFT_RING] = ttft;
+	}
+}
+
+/* Persist the session row: the history is every token of the turn. */
+static void put_session(kvt_sched *s, kvt_sched_handle *h)
+{
+	kvt_db_session row;
+	memset(&row, 0, sizeof(row));
+	snprintf(row.id, sizeof(row.id), "%s", h->req.session_id);
+	snprintf(row.tenant, sizeof(row.tenant), "%s", tenant_of(h->req.tenant));
+	row.tokens = h->toks;
+	row.n_tokens = h->n_toks;
+	memcpy(row.last_hash, h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root, KVT_HASH_BYTES);
+	int rc = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
+	if (rc)
+		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
+}
+
+/* End a running request: release its blocks and pins, save its session, publish usage. */
+static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
+{
+	if (h->ticket) { /* cancelled while promoting: waits, drops the slots' references */
+		kvt_tm_ticket_free(s->cfg.tm, h->ticket);
+		h->ticket = NULL;
+	}
+	if (s->cfg.tm) {
+		for (uint32_t i = 0; i < h->n_pinned; i++)
+			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+	}
+	h->n_pinned = 0;
+	if (h->seq_ready) {
+		kvt_seq_deinit(&h->seq);
+		h->seq_ready = false;
+	}
+	if (h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR)
+		put_session(s, h);
+	h->state = H_DONE;
+
+	pthread_mutex_lock(&s->mu);
+	h->finish = finish;
+	h->usage.completion_tokens = h->n_visible;
+	h->usage.total_s = kvt_now_s() - h->t_submit;
+	h->ended = true;
+	record_usage_locked(s, h);
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * The cached prefix has reached T0 (res[i], slots[i] per usable block): the
+ * blocks up to the first failure become the start of the sequence; the rest
+ * are given back and recomputed.
+ */
+static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots, const int *res)
+{
+	const uint32_t bt = s->block_tokens, usable = h->n_usable;
+	uint32_t ok = 0;
+	while (ok < usable && res[ok] == KVT_OK)
+		ok++;
+	for (uint32_t i = ok; i < usable; i++) {
+		if (res[i] == KVT_OK)
+			kvt_t0_unref(s->cfg.t0, slots[i]);
+		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+	}
+	if (ok < usable)
+		KVT_LOGW("sched: %u of %u cached blocks could not be promoted (%s): recomputing them", usable - ok, usable,
+			 kvt_strerror(res[ok]));
+	memcpy(h->seq.blocks, slots, (size_t)ok * sizeof(int32_t));
+	h->seq.n_blocks = ok;
+	h->seq.n_tokens = ok * bt;
+	h->seq.n_synced = 0;
+	for (uint32_t i = 0; i < ok; i++)
+		h->usage.cached_by_tier[h->origin[i]] += bt;
+	h->n_pinned = ok;
+	h->n_hashes = ok; /* blocks past the served prefix get registered anew */
+	h->usage.cached_tokens = ok * bt;
+	h->state = H_PREFILL;
+}
+
+/* A promotion ticket is done: collect it. */
+static void collect_prefix(kvt_sched *s, kvt_sched_handle *h)
+{
+	int32_t *slots = calloc(h->n_usable, sizeof(*slots));
+	int *res = calloc(h->n_usable, sizeof(*res));
+	if (!slots || !res) {
+		free(slots);
+		free(res);
+		finish_request(s, h, KVT_FINISH_ERROR); /* frees the ticket and its references */
+		return;
+	}
+	kvt_tm_ticket_results(s->cfg.tm, h->ticket, slots, res);
+	kvt_tm_ticket_free(s->cfg.tm, h->ticket);
+	h->ticket = NULL;
+	take_prefix(s, h, slots, res);
+	free(slots);
+	free(res);
+}
+
+/*
+ * Start a queued request: the cached prefix (pinned), the sequence, the
+ * sampler. A prefix already in T0 is taken at once; one that must come up
+ * from T1 or T2 is promoted by the manager's I/O threads while the other
+ * sequences go on decoding (state H_PROMOTE). On failure the request ends
+ * with ERROR.
+ */
+static void admit(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t bt = s->block_tokens;
+	const uint32_t max_blocks = h->cap_toks / bt + 1;
+	kvt_btable_match *mt = NULL;
+	int rc = KVT_ENOMEM;
+
+	h->usage.prompt_tokens = h->req.n_prompt;
+	h->usage.queue_s = kvt_now_s() - h->t_submit;
+	h->hashes = calloc(max_blocks, KVT_HASH_BYTES);
+	h->origin = calloc(max_blocks, 1);
+	if (!h->hashes || !h->origin || (rc = chain_root(s, h->req.tenant, h->root)) ||
+	    (rc = kvt_seq_init(&h->seq, s->cfg.dev, s->cfg.t0, h->cap_toks)))
+		goto fail;
+	h->seq_ready = true;
+	if ((rc = kvt_sampler_init(&h->sampler, &h->req.sample, s->n_vocab)))
+		goto fail;
+	h->sampler_ready = true;
+	h->state = H_PREFILL;
+
+	/* The cached prefix: full blocks of prompt[0..n-1), so the last prompt token is always run. */
+	uint32_t n_look = h->req.n_prompt - 1, n_full = n_look / bt, nh = 0, nm = 0, usable = 0;
+	pthread_mutex_lock(&s->mu);
+	s->st.prefix_queries_tokens += h->req.n_prompt;
+	s->st.reusable_tokens += (uint64_t)n_full * bt;
+	pthread_mutex_unlock(&s->mu);
+	if (!s->cfg.tm || !s->cfg.cache || !n_full)
+		return;
+	if (!(mt = calloc(n_full, sizeof(*mt)))) {
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	if ((rc = kvt_tm_lookup(s->cfg.tm, h->root, h->toks, n_look, KVT_BT_PIN | KVT_BT_TOUCH, mt, n_full, &nh, &nm)))
+		goto fail;
+	bool all_in_t0 = true;
+	for (uint32_t i = 0; i < nm; i++)
+		memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
+	while (usable < nm && origin_tier(&mt[usable]) >= 0) {
+		h->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
+		all_in_t0 = all_in_t0 && h->origin[usable] == KVT_TIER_HBM;
+		usable++;
+	}
+	for (uint32_t i = usable; i < nm; i++) /* matched, but in no tier: let them go */
+		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+	h->n_pinned = h->n_usable = usable;
+	free(mt);
+	mt = NULL;
+	if (!usable)
+		return;
+	if (!all_in_t0 &&
+	    kvt_tm_submit(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, KVT_TIER_HBM, true,
+			  &h->ticket) == KVT_OK) {
+		h->state = H_PROMOTE;
+		return;
+	}
+	int32_t *slots = calloc(usable, sizeof(*slots));
+	int *res = calloc(usable, sizeof(*res));
+	if (!slots || !res) {
+		free(slots);
+		free(res);
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	kvt_tm_promote(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, slots, res);
+	take_prefix(s, h, slots, res);
+	free(slots);
+	free(res);
+	return;
+fail:
+	KVT_LOGE("sched: cannot start a request: %s", kvt_strerror(rc));
+	free(mt);
+	finish_request(s, h, KVT_FINISH_ERROR);
+}
+
+/* Register the sequence's new full blocks (K/V stored) with the manager. */
+static void register_blocks(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t bt = s->block_tokens;
+	while ((h->n_hashes + 1) * bt <= h->seq.n_tokens) {
+		uint32_t i = h->n_hashes;
+		const uint8_t *parent = i ? h->hashes[i - 1] : h->root;
+		if (kvt_hash_block(parent, h->toks + (size_t)i * bt, bt, h->hashes[i]))
+			return;
+		h->n_hashes++;
+		if (!s->cfg.tm || !s->cfg.cache)
+			continue;
+		int rc = kvt_tm_register(s->cfg.tm, h->hashes[i], parent, h->toks + (size_t)i * bt, h->seq.blocks[i]);
+		if (rc)
+			KVT_LOGW("sched: block %u not cached: %s", i, kvt_strerror(rc));
+	}
+}
+
+/* A token was sampled for h: append it; decide whether the request is done. */
+static void take_token(kvt_sched *s, kvt_sched_handle *h, int32_t tok)
+{
+	const bool eog = s->cfg.tok && kvt_tok_is_eog(s->cfg.tok, tok) && !h->req.ignore_eos;
+	int finish = KVT_FINISH_NONE;
+	double now = kvt_now_s();
+
+	pthread_mutex_lock(&s->mu);
+	h->toks[h->n_toks++] = tok;
+	if (!h->t_first) {
+		h->t_first = now;
+		h->usage.ttft_s = now - h->t_submit;
+	}
+	if (eog)
+		finish = KVT_FINISH_STOP;
+	else if (++h->n_visible >= h->req.max_tokens || h->n_toks >= h->cap_toks)
+		finish = KVT_FINISH_LENGTH;
+	if (finish)
+		h->finish = finish;
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&s->mu);
+	/* Done: one more step stores the last token's K/V, so the whole turn is cached. */
+	h->state = finish ? H_FINISHING : H_DECODE;
+}
+
+/* One batch entry. */
+typedef struct entry {
+	kvt_sched_handle *h;
+	uint32_t n;       /* rows */
+	bool logits;      /* wants the logits of its last row */
+} entry;
+
+static uint32_t blocks_needed(const kvt_sched *s, const entry *e)
+{
+	const uint32_t bt = s->block_tokens;
+	uint32_t need = (e->h->seq.n_tokens + e->n + bt - 1) / bt;
+	return need > e->h->seq.n_blocks ? need - e->h->seq.n_blocks : 0;
+}
+
+/* Run one batch; false when there was nothing to run. */
+static bool step(kvt_sched *s, entry *ents, int32_t *rows)
+{
+	uint32_t n_ent = 0, n_rows = 0, need = 0;
+	const uint32_t cap_rows = s->max_batch;
+
+	for (kvt_sched_handle *h = s->running; h; h = h->next)
+		if (h->state == H_PROMOTE && kvt_tm_ticket_done(s->cfg.tm, h->ticket, NULL))
+			collect_prefix(s, h);
+
+	/* decoding and finishing sequences: one row each */
+	for (kvt_sched_handle *h = s->running; h; h = h->next) {
+		if ((h->state == H_DECODE || h->state == H_FINISHING) && n_rows < cap_rows) {
+			ents[n_ent++] = (entry){ .h = h, .n = 1, .logits = h->state == H_DECODE };
+			rows[n_rows++] = h->toks[h->n_toks - 1];
+		}
+	}
+	uint32_t n_decode = n_ent;
+	/* prompt chunks, oldest first, within prefill_chunk rows */
+	uint32_t budget = s->cfg.prefill_chunk;
+	for (kvt_sched_handle *h = s->running; h && budget && n_rows < cap_rows; h = h->next) {
+		if (h->state != H_PREFILL)
+			continue;
+		uint32_t left = h->req.n_prompt - h->seq.n_tokens, c = left;
+		if (c > budget)
+			c = budget;
+		if (c > cap_rows - n_rows)
+			c = cap_rows - n_rows;
+		ents[n_ent++] = (entry){ .h = h, .n = c, .logits = c == left };
+		memcpy(rows + n_rows, h->toks + h->seq.n_tokens, (size_t)c * sizeof(int32_t));
+		n_rows += c;
+		budget -= c;
+	}
+	if (!n_ent)
+		return false;
+
+	/* room in T0: let the manager evict; else run the decode rows alone; else end the newest request */
+	for (uint32_t i = 0; i < n_ent; i++)
+		need += blocks_needed(s, &ents[i]);
+	if (need > kvt_t0_n_free(s->cfg.t0) && s->cfg.tm)
+		kvt_tm_reserve_t0(s->cfg.tm, need);
+	if (need > kvt_t0_n_free(s->cfg.t0) && n_decode < n_ent) {
+		need = 0;
+		n_ent = n_decode;
+		n_rows = n_decode;
+		for (uint32_t i = 0; i < n_ent; i++)
+			need += blocks_needed(s, &ents[i]);
+	}
+	if (need > kvt_t0_n_free(s->cfg.t0)) {
+		kvt_sched_handle *newest = NULL;
+		for (kvt_sched_handle *h = s->running; h; h = h->next)
+			if (h->state != H_DONE)
+				newest = h;
+		KVT_LOGE("sched: the device block pool is full (%u blocks needed, %u free): ending the newest request",
+			 need, kvt_t0_n_free(s->cfg.t0));
+		if (newest)
+			finish_request(s, newest, KVT_FINISH_ERROR);
+		return true;
+	}
+
+	kvt_seq *seqs[n_ent ? n_ent : 1];
+	uint32_t n[n_ent ? n_ent : 1];
+	bool want[n_ent ? n_ent : 1];
+	uint32_t n_prefill = 0;
+	for (uint32_t i = 0; i < n_ent; i++) {
+		seqs[i] = &ents[i].h->seq;
+		n[i] = ents[i].n;
+		want[i] = ents[i].logits;
+		n_prefill += ents[i].h->state == H_PREFILL ? ents[i].n : 0;
+	}
+	double t0 = kvt_now_s();
+	int rc = kvt_model_forward_batch(s->cfg.model, n_ent, seqs, n, rows, want, s->logits);
+	double dt = kvt_now_s() - t0;
+	if (rc) {
+		KVT_LOGE("sched: a batch of %u rows failed: %s", n_rows, kvt_strerror(rc));
+		for (uint32_t i = 0; i < n_ent; i++)
+			finish_request(s, ents[i].h, KVT_FINISH_ERROR);
+		return true;
+	}
+	pthread_mutex_lock(&s->mu);
+	s->st.prefill_tokens += n_prefill;
+	/* a mixed batch's time is split by rows */
+	s->st.prefill_s += dt * n_prefill / n_rows;
+	s->st.decode_s += dt * (n_rows - n_prefill) / n_rows;
+	pthread_mutex_unlock(&s->mu);
+
+	uint32_t li = 0;
+	for (uint32_t i = 0; i < n_ent; i++) {
+		kvt_sched_handle *h = ents[i].h;
+		register_blocks(s, h);
+		if (h->state == H_FINISHING) {
+			finish_request(s, h, h->finish);
+			continue;
+		}
+		if (!ents[i].logits)
+			continue;
+		const float *lg = s->logits + (size_t)li++ * s->n_vocab;
+		take_token(s, h, kvt_sampler_sample(&h->sampler, lg));
+	}
+	return true;
+}
+
+/* Requests cancelled by their clients end now (their registered blocks stay cached). */
+static void reap_cancelled(kvt_sched *s)
+{
+	for (kvt_sched_handle *h = s->running; h; h = h->next) {
+		if (h->state == H_DONE)
+			continue;
+		pthread_mutex_lock(&s->mu);
+		bool c = h->cancel || s->stop;
+		pthread_mutex_unlock(&s->mu);
+		if (c)
+			finish_request(s, h, KVT_FINISH_CANCELLED);
+	}
+}
+
+/* Drop finished handles from the running list; free those their clients released. */
+static bool prune(kvt_sched *s)
+{
+	bool any = false;
+	kvt_sched_handle **pp = &s->running;
+	while (*pp) {
+		kvt_sched_handle *h = *pp;
+		if (h->state != H_DONE) {
+			pp = &h->next;
+			continue;
+		}
+		*pp = h->next;
+		any = true;
+		pthread_mutex_lock(&s->mu);
+		h->unlinked = true;
+		s->n_running--;
+		s->t0_committed -= blocks_at_most(s, h);
+		bool gone = h->client_gone;
+		pthread_cond_broadcast(&s->idle);
+		pthread_mutex_unlock(&s->mu);
+		if (gone)
+			handle_free(h);
+	}
+	return any;
+}
+
+/* Measure the prefill rate once (resume reports the prefill time it avoided from it). */
+static void calibrate(kvt_sched *s)
+{
+	uint32_t n = s->max_batch < 128 ? s->max_batch : 128;
+	if (n + 1 > s->max_ctx)
+		n = s->max_ctx - 1;
+	if (!n)
+		return;
+	kvt_seq q;
+	int32_t *ids = malloc(n * sizeof(int32_t));
+	if (!ids || kvt_seq_init(&q, s->cfg.dev, s->cfg.t0, n)) {
+		free(ids);
+		return;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		ids[i] = (int32_t)((i * 7919u + 13u) % s->n_vocab);
+	double t0 = kvt_now_s();
+	int rc = kvt_model_forward(s->cfg.model, &q, ids, n, s->logits, 1);
+	if (rc == KVT_OK) {
+		double rate = n / (kvt_now_s() - t0);
+		pthread_mutex_lock(&s->mu);
+		s->calib_rate = rate;
+		pthread_mutex_unlock(&s->mu);
+		KVT_LOGI("sched: prefill rate measured at start: %.0f tokens/s (%u tokens)", rate, n);
+	} else {
+		KVT_LOGW("sched: prefill rate not measured: %s", kvt_strerror(rc));
+	}
+	kvt_seq_deinit(&q);
+	free(ids);
+}
+
+static void *sched_main(void *arg)
+{
+	kvt_sched *s = arg;
+	entry *ents = calloc(s->cfg.max_running + 1, sizeof(entry));
+	int32_t *rows = calloc(s->max_batch, sizeof(int32_t));
+	if (!ents || !rows) {
+		KVT_LOGE("sched: out of memory at start");
+		pthread_mutex_lock(&s->mu);
+		s->stop = true;
+		pthread_mutex_unlock(&s->mu);
+	}
+	for (;;) {
+		/* admit */
+		pthread_mutex_lock(&s->mu);
+		while (!s->stop && !s->q_head && !s->n_running)
+			pthread_cond_wait(&s->work, &s->mu);
+		bool stop = s->stop;
+		kvt_sched_handle *adm = NULL, **tail = &adm;
+		/* Admission: a request starts only when the T0 pool can hold every
+		 * running sequence at its longest next to it (or nothing runs), so a
+		 * sequence never finds the pool full half way. */
+		while (s->q_head && (stop || s->n_running < s->cfg.max_running)) {
+			kvt_sched_handle *h = s->q_head;
+			uint32_t need = blocks_at_most(s, h);
+			if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0))
+				break;
+			s->t0_committed += need;
+			s->q_head = h->next;
+			if (!s->q_head)
+				s->q_tail = NULL;
+			s->n_queued--;
+			s->n_running++;
+			h->next = NULL;
+			*tail = h;
+			tail = &h->next;
+		}
+		pthread_mutex_unlock(&s->mu);
+		if (stop && !s->running && !adm)
+			break;
+		while (adm) {
+			kvt_sched_handle *h = adm;
+			adm = h->next;
+			h->next = NULL;
+			/* append to the running list (admission order) */
+			kvt_sched_handle **pp = &s->running;
+			while (*pp)
+				pp = &(*pp)->next;
+			*pp = h;
+			bool c;
+			pthread_mutex_lock(&s->mu);
+			c = h->cancel || stop;
+			pthread_mutex_unlock(&s->mu);
+			if (c) {
+				h->usage.prompt_tokens = h->req.n_prompt;
+				finish_request(s, h, KVT_FINISH_CANCELLED);
+			} else {
+				admit(s, h);
+			}
+		}
+		prune(s);
+		reap_cancelled(s);
+		prune(s);
+		if (ents && rows && !step(s, ents, rows) && s->running) {
+			/* only promotions in flight: look again shortly */
+			struct timespec ts = { 0, 200 * 1000 };
+			nanosleep(&ts, NULL);
+		}
+		if (prune(s) && s->cfg.tm)
+			kvt_tm_end_turn(s->cfg.tm);
+	}
+	free(ents);
+	free(rows);
+	return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
+{
+	*out = NULL;
+	const char *bad = !cfg->dev ? "dev" : !cfg->model ? "model" : !cfg->t0 ? "t0" : (cfg->tm && !cfg->bt) ? "bt"
+		: (!cfg->secret || cfg->secret_bytes < 16 || cfg->secret_bytes > 64) ? "secret (16..64 bytes)"
+		: !cfg->max_running ? "max_running" : !cfg->max_queue ? "max_queue" : !cfg->prefill_chunk ? "prefill_chunk"
+		: NULL;
+	if (bad) {
+		KVT_LOGE("sched: bad config: %s", bad);
+		return KVT_EINVAL;
+	}
+	kvt_sched *s = calloc(1, sizeof(*s));
+	if (!s)
+		return KVT_ENOMEM;
+	s->cfg = *cfg;
+	memcpy(s->secret, cfg->secret, cfg->secret_bytes);
+	s->cfg.secret = s->secret;
+	const kvt_model_hparams *hp = kvt_model_hparams_get(cfg->model);
+	s->n_vocab = hp->n_vocab;
+	s->max_ctx = kvt_model_max_ctx(cfg->model);
+	s->max_batch = kvt_model_max_batch(cfg->model);
+	s->block_tokens = kvt_t0_layout(cfg->t0)->block_tokens;
+	if (s->cfg.max_running > s->max_batch)
+		s->cfg.max_running = s->max_batch;
+	s->logits = malloc((size_t)(s->cfg.max_running + 1) * s->n_vocab * sizeof(float));
+	if (!s->logits) {
+		free(s);
+		return KVT_ENOMEM;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->work, NULL);
+	pthread_cond_init(&s->idle, NULL);
+	calibrate(s); /* before the thread: the model is still ours alone */
+	if (pthread_create(&s->thread, NULL, sched_main, s)) {
+		KVT_LOGE("sched: cannot start the scheduler thread");
+		pthread_mutex_destroy(&s->mu);
+		pthread_cond_destroy(&s->work);
+		pthread_cond_destroy(&s->idle);
+		free(s->logits);
+		free(s);
+		return KVT_ENOMEM;
+	}
+	*out = s;
+	return KVT_OK;
+}
+
+uint32_t kvt_sched_drain(kvt_sched *s, double timeout_s)
+{
+	struct timespec dl;
+	abs_deadline(&dl, timeout_s);
+	pthread_mutex_lock(&s->mu);
+	s->draining = true;
+	while (s->n_queued + s->n_running > 0) {
+		if (pthread_cond_timedwait(&s->idle, &s->mu, &dl) == ETIMEDOUT)
+			break;
+	}
+	uint32_t left = s->n_queued + s->n_running;
+	for (kvt_sched_handle *h = s->q_head; h; h = h->next)
+		h->cancel = true;
+	s->stop = left > 0; /* the scheduler cancels what runs */
+	pthread_cond_signal(&s->work);
+	while (s->n_queued + s->n_running > 0)
+		pthread_cond_wait(&s->idle, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+	if (left)
+		KVT_LOGW("sched: drain: %u request(s) cancelled after %.1f s", left, timeout_s);
+	return left;
+}
+
+void kvt_sched_destroy(kvt_sched *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->stop = true;
+	s->draining = true;
+	pthread_cond_signal(&s->work);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->thread, NULL);
+	if (s->cfg.tm) {
+		int rc = kvt_tm_flush(s->cfg.tm);
+		if (rc && rc != KVT_EUNSUPPORTED)
+			KVT_LOGE("sched: flushing the cache to NVMe at shutdown: %s", kvt_strerror(rc));
+	}
+	if (s->cfg.db) {
+		int rc = kvt_db_flush(s->cfg.db);
+		if (rc)
+			KVT_LOGE("sched: committing the index at shutdown: %s", kvt_strerror(rc));
+	}
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->work);
+	pthread_cond_destroy(&s->idle);
+	free(s->logits);
+	free(s);
+}
+
+/* ---- statistics ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
+{
+	double sorted[TTFT_RING];
+	uint64_t n_sessions = 0;
+
+	if (s->cfg.db)
+		kvt_db_count_sessions(s->cfg.db, &n_sessions);
+	pthread_mutex_lock(&s->mu);
+	*st = s->st;
+	st->running = s->n_running;
+	st->queued = s->n_queued;
+	uint32_t k = s->n_ttft < TTFT_RING ? (uint32_t)s->n_ttft : TTFT_RING;
+	memcpy(sorted, s->ttft_ring, k * sizeof(double));
+	pthread_mutex_unlock(&s->mu);
+	if (k) {
+		qsort(sorted, k, sizeof(double), cmp_double);
+		st->ttft_p50_s = sorted[(k - 1) / 2];
+		st->ttft_p99_s = sorted[(uint32_t)ceil(0.99 * k) - 1];
+	}
+	st->sessions = n_sessions;
+	st->have_tiers = s->cfg.tm != NULL;
+	if (s->cfg.tm)
+		kvt_tm_get_stats(s->cfg.tm, &st->tiers);
+	else
+		memset(&st->tiers, 0, sizeof(st->tiers));
+}
+
+/* ---- sessions ---- */
+
+typedef struct sess_list {
+	kvt_db_session *rows; /* tokens malloc'd copies */
+	size_t n, cap;
+	int rc;
+} sess_list;
+
+static int collect_session(void *ctx, const kvt_db_session *row)
+{
+	sess_list *l = ctx;
+	if (l->n == l->cap) {
+		size_t nc = l->cap ? 2 * l->cap : 16;
+		kvt_db_session *r = realloc(l->rows, nc * sizeof(*r));
+		if (!r)
+			return l->rc = KVT_ENOMEM;
+		l->rows = r;
+		l->cap = nc;
+	}
+	kvt_db_session *d = &l->rows[l->n];
+	*d = *row;
+	d->tokens = malloc((row->n_tokens ? row->n_tokens : 1) * sizeof(int32_t));
+	if (!d->tokens)
+		return l->rc = KVT_ENOMEM;
+	memcpy(d->tokens, row->tokens, (size_t)row->n_tokens * sizeof(int32_t));
+	l->n++;
+	return 0;
+}
+
+/* Where a history's full blocks are now: blocks_in by highest tier, missing. */
+static int locate(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks, kvt_session_info *info,
+		  kvt_btable_match **out_mt, uint32_t *out_nm)
+{
+	const uint32_t n_full = n_toks / s->block_tokens;
+	uint8_t root[KVT_HASH_BYTES];
+	uint32_t nh = 0, nm = 0;
+	int rc;
+
+	info->n_tokens = n_toks;
+	info->n_blocks = n_full;
+	memset(info->blocks_in, 0, sizeof(info->blocks_in));
+	info->blocks_missing = n_full;
+	if (out_mt)
+		*out_mt = NULL;
+	if (!n_full || !s->cfg.bt)
+		return KVT_OK;
+	kvt_btable_match *mt = calloc(n_full, sizeof(*mt));
+	if (!mt)
+		return KVT_ENOMEM;
+	if ((rc = chain_root(s, tenant, root)) ||
+	    (rc = kvt_btable_lookup(s->cfg.bt, root, toks, n_full * s->block_tokens, 0, mt, n_full, &nh, &nm))) {
+		free(mt);
+		return rc;
+	}
+	uint32_t usable = 0;
+	while (usable < nm && origin_tier(&mt[usable]) >= 0) {
+		info->blocks_in[origin_tier(&mt[usable])]++;
+		usable++;
+	}
+	info->blocks_missing = n_full - usable;
+	if (out_mt) {
+		*out_mt = mt;
+		*out_nm = usable;
+	} else {
+		free(mt);
+	}
+	return KVT_OK;
+}
+
+static int cmp_updated_desc(const void *a, const void *b)
+{
+	const kvt_session_info *x = a, *y = b;
+	return (x->updated_us < y->updated_us) - (x->updated_us > y->updated_us);
+}
+
+int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out, size_t *n)
+{
+	sess_list l = { 0 };
+	int rc = KVT_OK;
+
+	*out = NULL;
+	*n = 0;
+	if (!s->cfg.db)
+		return KVT_OK;
+	if (tenant && tenant[0] && (rc = kvt_name_check("tenant", tenant)))
+		return rc;
+	rc = kvt_db_list_sessions(s->cfg.db, tenant && tenant[0] ? tenant : NULL, collect_session, &l);
+	if (!rc)
+		rc = l.rc;
+	kvt_session_info *info = rc ? NULL : calloc(l.n ? l.n : 1, sizeof(*info));
+	if (!rc && !info)
+		rc = KVT_ENOMEM;
+	for (size_t i = 0; i < l.n; i++) {
+		if (!rc) {
+			snprintf(info[i].id, sizeof(info[i].id), "%s", l.rows[i].id);
+			snprintf(info[i].tenant, sizeof(info[i].tenant), "%s", l.rows[i].tenant);
+			info[i].updated_us = l.rows[i].updated * 1000000;
+			rc = locate(s, l.rows[i].tenant, l.rows[i].tokens, l.rows[i].n_tokens, &info[i], NULL, NULL);
+		}
+		free(l.rows[i].tokens);
+	}
+	free(l.rows);
+	if (rc) {
+		free(info);
+		return rc;
+	}
+	qsort(info, l.n, sizeof(*info), cmp_updated_desc);
+	*out = info;
+	*n = l.n;
+	return KVT_OK;
+}
+
+int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
+{
+	kvt_db_session row;
+	uint64_t ticket = 0;
+	int rc;
+
+	if (!s->cfg.db)
+		return KVT_ENOTFOUND;
+	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)))
+		return rc;
+	kvt_db_session_deinit(&row);
+	if ((rc = kvt_db_delete_session(s->cfg.db, tenant_of(tenant), id, NULL, NULL, &ticket)))
+		return rc;
+	return kvt_db_wait(s->cfg.db, ticket);
+}
+
+int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
+			     void *user, kvt_resume_report *rep)
+{
+	kvt_db_session row;
+	kvt_session_info info;
+	kvt_btable_match *mt = NULL;
+	uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
+	int *res = NULL;
+	uint32_t nm = 0;
+	int rc;
+
+	memset(rep, 0, sizeof(*rep));
+	snprintf(rep->id, sizeof(rep->id), "%s", id);
+	if (!s->cfg.db)
+		return KVT_ENOTFOUND;
+	double t0 = kvt_now_s();
+	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)))
+		return rc;
+	rc = locate(s, tenant_of(tenant), row.tokens, row.n_tokens, &info, &mt, &nm);
+	if (rc)
+		goto out;
+	rep->n_tokens = row.n_tokens;
+	rep->n_blocks = info.n_blocks;
+	if (progress)
+		progress(user, 0, nm);
+	if (nm && s->cfg.tm) {
+		kvt_tm_stats a, b;
+		kvt_tm_ticket *t = NULL;
+		hh = calloc(nm, KVT_HASH_BYTES);
+		res = calloc(nm, sizeof(*res));
+		if (!hh || !res) {
+			rc = KVT_ENOMEM;
+			goto out;
+		}
+		for (uint32_t i = 0; i < nm; i++)
+			memcpy(hh[i], mt[i].hash, KVT_HASH_BYTES);
+		kvt_tm_get_stats(s->cfg.tm, &a);
+		/* to T0 as far as it has room; what does not fit stays in (or comes up to) T1 */
+		if ((rc = kvt_tm_prefetch(s->cfg.tm, nm, (const uint8_t(*)[KVT_HASH_BYTES])hh, KVT_TIER_HBM, &t)))
+			goto out;
+		uint32_t done = 0, last = 0;
+		while (!kvt_tm_ticket_done(s->cfg.tm, t, &done)) {
+			if (progress && done != last)
+				progress(user, last = done, nm);
+			struct timespec ts = { 0, 10 * 1000 * 1000 };
+			nanosleep(&ts, NULL);
+		}
+		kvt_tm_ticket_results(s->cfg.tm, t, NULL, res);
+		kvt_tm_ticket_free(s->cfg.tm, t);
+		uint32_t n_host = 0;
+		for (uint32_t i = 0; i < nm; i++)
+			if (res[i] == KVT_EFULL)
+				memcpy(hh[n_host++], mt[i].hash, KVT_HASH_BYTES);
+		if (n_host && kvt_tm_prefetch(s->cfg.tm, n_host, (const uint8_t(*)[KVT_HASH_BYTES])hh, KVT_TIER_HOST,
+					      &t) == KVT_OK) {
+			kvt_tm_ticket_wait(s->cfg.tm, t);
+			kvt_tm_ticket_free(s->cfg.tm, t);
+		}
+		kvt_tm_get_stats(s->cfg.tm, &b);
+		uint32_t served = 0;
+		for (uint32_t i = 0; i < nm; i++) {
+			if (res[i] != KVT_OK && res[i] != KVT_EFULL)
+				break; /* a miss (corrupt, gone): the rest of the chain is recomputed */
+			rep->tokens_from[origin_tier(&mt[i])] += s->block_tokens;
+			served++;
+		}
+		rep->bytes_from[KVT_TIER_HOST] = b.tier[KVT_TIER_HBM].promotion_bytes - a.tier[KVT_TIER_HBM].promotion_bytes;
+		rep->bytes_from[KVT_TIER_NVME] = b.tier[KVT_TIER_HOST].promotion_bytes - a.tier[KVT_TIER_HOST].promotion_bytes;
+		nm = served;
+		if (progress)
+			progress(user, nm, nm);
+	}
+	rep->tokens_missing = row.n_tokens - nm * s->block_tokens;
+	rep->seconds = kvt_now_s() - t0;
+	{
+		pthread_mutex_lock(&s->mu);
+		double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
+									   : s->calib_rate;
+		pthread_mutex_unlock(&s->mu);
+		rep->prefill_s = rate > 0 ? (double)(nm * s->block_tokens) / rate : 0;
+		rep->prefill_measured = false;
+	}
+out:
+	free(mt);
+	free(hh);
+	free(res);
+	kvt_db_session_deinit(&row);
+	return rc;
+}

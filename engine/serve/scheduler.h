@@ -1,0 +1,193 @@
+/*
+ * engine/serve/scheduler.h — the serving engine: one scheduler thread owns the model,
+ * runs continuous batching over the requests, reuses cached prefixes through
+ * the tiering manager, and keeps the sessions.
+ *
+ * A request is planned as DESIGN.md §5 says: longest cached prefix (by block
+ * hash, under the request's tenant salt) -> promote those blocks to T0 ->
+ * prefill only the rest, in chunks of prefill_chunk tokens interleaved with
+ * decode steps -> decode, every step one batch over all running sequences ->
+ * register each new full block with the manager -> at the end of the turn
+ * the manager's write policy makes the turn's blocks durable, and the
+ * session row (token history) is queued to the index.
+ *
+ * Threads: kvt_sched_* calls are safe from any thread (the HTTP server's
+ * connection threads). Only the scheduler thread touches the model.
+ */
+#ifndef KVT_SCHEDULER_H
+#define KVT_SCHEDULER_H
+
+#include "index.h"
+#include "manager.h"
+#include "model.h"
+#include "sampler.h"
+
+struct kvt_tok;
+
+typedef struct kvt_sched_config {
+	kvt_dev *dev;              /* borrowed: the model's device */
+	kvt_model *model;          /* borrowed */
+	const struct kvt_tok *tok; /* borrowed: end-of-generation ids */
+	kvt_t0_pool *t0;           /* borrowed: the pool sequences draw from */
+	kvt_tm *tm;                /* borrowed; NULL: no prefix cache (every prompt is prefilled) */
+	kvt_btable *bt;            /* borrowed; with tm */
+	kvt_db *db;                /* borrowed; NULL: sessions are not kept */
+	uint8_t model_fp[KVT_HASH_BYTES]; /* model fingerprint (chain roots) */
+	uint32_t layout_version;   /* KV layout version (chain roots) */
+	const uint8_t *secret;     /* server secret for tenant salts (>= 16 bytes; copied) */
+	size_t secret_bytes;
+	uint32_t max_running;      /* sequences decoding at once (default 16) */
+	uint32_t max_queue;        /* requests waiting; beyond it submit says KVT_EFULL (default 64) */
+	uint32_t prefill_chunk;    /* prompt tokens run per scheduler step (default 256) */
+	bool cache;                /* reuse cached prefixes (default true; false: benchmark baseline) */
+} kvt_sched_config;
+
+void kvt_sched_config_default(kvt_sched_config *c);
+
+enum kvt_finish {
+	KVT_FINISH_NONE = 0,      /* still running */
+	KVT_FINISH_STOP = 1,      /* an end-of-generation token (not returned) */
+	KVT_FINISH_LENGTH = 2,    /* max_tokens reached, or the context is full */
+	KVT_FINISH_CANCELLED = 3, /* kvt_sched_cancel, or shutdown */
+	KVT_FINISH_ERROR = 4,     /* the engine failed (logged); usage still valid */
+};
+const char *kvt_finish_name(int finish); /* "stop", "length", "cancelled", "error" */
+
+typedef struct kvt_sched_req {
+	const int32_t *prompt;         /* [n_prompt] token ids (copied by submit) */
+	uint32_t n_prompt;             /* >= 1 */
+	uint32_t max_tokens;           /* >= 1 */
+	kvt_sampler_params sample;     /* temp 0 = greedy */
+	bool ignore_eos;               /* do not stop at end-of-generation tokens */
+	char tenant[KVT_NAME_MAX + 1]; /* kvt_name_check'ed; "" = "default" */
+	char session_id[KVT_NAME_MAX + 1]; /* "" = no session */
+} kvt_sched_req;
+
+typedef struct kvt_sched_usage {
+	uint32_t prompt_tokens;        /* tokens of the prompt */
+	uint32_t completion_tokens;    /* tokens generated */
+	uint32_t cached_tokens;        /* prompt tokens served from the cache (full blocks) */
+	uint32_t cached_by_tier[KVT_TIER_COUNT]; /* of those, by the tier the block was found in */
+	double queue_s;                /* submit -> first scheduled */
+	double ttft_s;                 /* submit -> first token */
+	double total_s;                /* submit -> finish */
+} kvt_sched_usage;
+
+typedef struct kvt_sched kvt_sched;
+typedef struct kvt_sched_handle kvt_sched_handle;
+
+/* Start the scheduler thread. KVT_EINVAL (logged, naming the field), KVT_ENOMEM. */
+int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out);
+/*
+ * Stop: requests still queued or running finish with KVT_FINISH_CANCELLED
+ * (call kvt_sched_drain first for a graceful stop); then every session's
+ * blocks are flushed to T2 and the index is committed. NULL is a no-op.
+ * Every handle must have been released.
+ */
+void kvt_sched_destroy(kvt_sched *s);
+
+/* The limits a request must respect (for the HTTP layer's checks). */
+uint32_t kvt_sched_n_vocab(const kvt_sched *s);
+uint32_t kvt_sched_max_ctx(const kvt_sched *s); /* prompt + max_tokens must fit */
+
+/*
+ * Queue a request. KVT_EFULL: the queue is full (HTTP 503); KVT_EINVAL
+ * (logged): a token id out of range, an empty prompt, prompt + max_tokens
+ * over the context, a bad tenant or session id; KVT_EIO: draining (503);
+ * KVT_ENOMEM.
+ */
+int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **out);
+
+/*
+ * Wait up to timeout_s for progress. Copies the tokens generated since the
+ * last call (at most cap; the rest come next call) to ids and their count to
+ * *n; *finish is KVT_FINISH_NONE while running. Once every token has been
+ * returned and the request has ended, *finish says why and *usage (may be
+ * NULL) is filled. Returns KVT_OK (possibly with *n == 0 on timeout).
+ */
+int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n, int *finish,
+		   kvt_sched_usage *usage, double timeout_s);
+/* Stop generating (client went away, a stop string matched). Safe to call twice. */
+void kvt_sched_cancel(kvt_sched_handle *h);
+/* Cancel if running, and free. NULL is a no-op. */
+void kvt_sched_release(kvt_sched_handle *h);
+
+/*
+ * Graceful stop: refuse new submits (KVT_EIO) and wait up to timeout_s for
+ * the running and queued requests to finish; those left are cancelled.
+ * Returns how many were cancelled.
+ */
+uint32_t kvt_sched_drain(kvt_sched *s, double timeout_s);
+
+/* ---- sessions ---- */
+
+typedef struct kvt_session_info {
+	char id[KVT_NAME_MAX + 1];
+	char tenant[KVT_NAME_MAX + 1];
+	uint32_t n_tokens;            /* token history length */
+	uint32_t n_blocks;            /* full blocks of the history */
+	uint32_t blocks_in[KVT_TIER_COUNT]; /* of those, resident in each tier now (highest tier counted) */
+	uint32_t blocks_missing;      /* in no tier (would be recomputed) */
+	int64_t updated_us;           /* wall clock of the last turn */
+} kvt_session_info;
+
+/* Sessions of a tenant ("" or NULL: every tenant), newest first; *out malloc'd (free()). */
+int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out, size_t *n);
+/* Forget a session (its blocks stay cached). KVT_ENOTFOUND, KVT_EINVAL (bad id). */
+int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id);
+
+typedef struct kvt_resume_report {
+	char id[KVT_NAME_MAX + 1];
+	uint32_t n_tokens;            /* tokens of the session's history */
+	uint32_t n_blocks;            /* full blocks */
+	uint32_t tokens_from[KVT_TIER_COUNT]; /* tokens restored, by the tier each block was found in */
+	uint64_t bytes_from[KVT_TIER_COUNT];  /* bytes read from each tier */
+	uint32_t tokens_missing;      /* tokens whose blocks are in no tier (will be prefilled) */
+	double seconds;               /* wall time of the resume */
+	double prefill_s;             /* re-prefill time avoided */
+	bool prefill_measured;        /* prefill_s measured (else estimated from the measured prefill rate) */
+} kvt_resume_report;
+
+/* Progress callback: blocks done of total. Called on the caller's thread. */
+typedef void (*kvt_resume_progress_fn)(void *user, uint32_t done, uint32_t total);
+
+/*
+ * Page a session's blocks back in (T2 -> T1 -> T0, or as far as room
+ * allows), reporting progress. KVT_ENOTFOUND (no such session for this
+ * tenant), KVT_EINVAL, KVT_EIO.
+ */
+int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
+			     void *user, kvt_resume_report *rep);
+
+/* ---- statistics ---- */
+
+#define KVT_TTFT_BUCKETS 12
+/* Upper bounds (seconds) of the TTFT histogram buckets; the last is +Inf. */
+extern const double kvt_ttft_bucket_le[KVT_TTFT_BUCKETS];
+
+typedef struct kvt_sched_stats {
+	kvt_tm_stats tiers;            /* the manager's counters (zero without tm) */
+	bool have_tiers;               /* tm present */
+	uint32_t running;              /* sequences running now */
+	uint32_t queued;               /* requests waiting */
+	uint64_t requests;             /* requests finished */
+	uint64_t requests_failed;      /* of those, KVT_FINISH_ERROR */
+	uint64_t prompt_tokens;        /* prompt tokens of finished requests */
+	uint64_t cached_tokens;        /* of those, served from cache */
+	uint64_t cached_by_tier[KVT_TIER_COUNT];
+	uint64_t reusable_tokens;      /* of those, the full blocks of the prompt (the cacheable part) */
+	uint64_t prefill_tokens;       /* tokens prefilled (prompt - cached) */
+	uint64_t completion_tokens;    /* tokens generated */
+	double prefill_s;              /* time spent in prefill chunks */
+	double decode_s;               /* time spent in decode steps */
+	uint64_t prefix_queries_tokens;/* tokens looked up in the prefix cache */
+	uint64_t prefix_hits_tokens;   /* tokens found */
+	uint64_t ttft_bucket[KVT_TTFT_BUCKETS]; /* TTFT histogram (non-cumulative counts) */
+	double ttft_sum_s;             /* sum of TTFTs */
+	double ttft_p50_s, ttft_p99_s; /* over the last 1024 requests (0 if none) */
+	uint64_t sessions;             /* sessions known */
+} kvt_sched_stats;
+
+void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);
+
+#endif

@@ -1,0 +1,1894 @@
+/*
+ * engine/serve/server.c — kvtierd's HTTP layer: libmicrohttpd in thread-per-
+ * connection mode, JSON through jansson, the wire format of docs/http-api.md.
+ *
+ * Design. Every connection has its own thread (MHD_USE_THREAD_PER_CONNECTION),
+ * so a handler may block: a non-streaming completion submits its requests to
+ * the scheduler and loops on kvt_sched_next (0.1 s at a time) on the
+ * connection thread, polling the connection's socket for a hang-up between
+ * waits (POLLRDHUP/POLLHUP/POLLERR: the request is cancelled). A streaming
+ * completion is a callback response whose content reader does the same loop
+ * and formats SSE chunks; when the client goes away the reader notices it (or
+ * MHD does, on a failed send) and the response's free callback cancels and
+ * releases the handles. A streamed session resume runs on a producer thread
+ * whose progress lines the content reader hands out (NDJSON).
+ *
+ * Request life: MHD calls on_request once with no body (a conn_req is made;
+ * a Content-Length over max_body_bytes is answered 413 at once), then with
+ * each body piece (accumulated up to max_body_bytes, the rest discarded and
+ * answered 413), then once more to answer. on_completed logs one INFO line
+ * (method, path, status, tenant, tokens, ms) and frees the conn_req. Checks
+ * run in this order: body size (413), route (404), method (405), API key
+ * (401), engine loaded / draining (503), JSON and fields (400), capacity
+ * (503 + Retry-After).
+ *
+ * Invariants:
+ *  - every handle submitted is released exactly once: by the handler
+ *    (non-streaming) or by the response's free callback (streaming); the
+ *    in-flight count is taken before submit and given back after release;
+ *  - text that could be the start of a stop string is never sent (held back
+ *    until it cannot be); a matched stop string cancels its request and is
+ *    cut from the text with everything after it;
+ *  - every response carries a Content-Type; every error is the JSON error
+ *    object with the status of the table in docs/http-api.md.
+ */
+#define _GNU_SOURCE /* POLLRDHUP, memmem */
+#include "server.h"
+
+#include "index.h"
+#include "tokenizer.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define SRV_WAIT_S 0.1          /* one kvt_sched_next wait; also the hang-up poll period */
+#define SRV_IDS_CAP 64          /* token ids fetched per kvt_sched_next */
+#define SRV_MAX_STOPS 4         /* stop strings per request */
+#define SRV_PATH_MAX 256        /* path kept for the log line */
+#define SRV_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(10))
+
+struct kvt_server {
+	struct MHD_Daemon *mhd;             /* the listener and its connection threads */
+	kvt_server_config cfg;              /* copy; host/keys/model_id point into this struct */
+	kvt_api_key *keys;                  /* [cfg.n_keys] copies */
+	char model_id[256];                 /* cfg.model_id copy */
+	char kv_dtype[16];                  /* cfg.kv_dtype copy ("f16" when none) */
+	_Atomic(kvt_sched *) sched;         /* NULL until set_engine */
+	_Atomic(const kvt_tok *) tok;       /* with sched */
+	atomic_bool draining;               /* kvt_server_drain called */
+	atomic_bool stopping;               /* kvt_server_stop running: blocked loops give up */
+	atomic_uint in_flight;              /* generation requests admitted, not yet finished */
+	uint16_t port;                      /* bound port */
+	int64_t created;                    /* start time, unix seconds (/v1/models) */
+	double t_start;                     /* start time, monotonic (uptime) */
+};
+
+/* One HTTP request, from its first header callback to on_completed. */
+typedef struct conn_req {
+	kvt_server *srv;                    /* owner */
+	struct MHD_Connection *con;         /* the connection (valid until on_completed) */
+	char method[16];                    /* request method */
+	char path[SRV_PATH_MAX];            /* request path (truncated), for the log */
+	char *body;                         /* [n_body + 1] NUL-terminated body, malloc'd */
+	size_t n_body, cap_body;            /* bytes held, bytes allocated */
+	bool too_large;                     /* body over max_body_bytes: answered 413 */
+	bool answered;                      /* a response was queued already */
+	double t0;                          /* monotonic start */
+	unsigned status;                    /* status sent, for the log */
+	char tenant[KVT_NAME_MAX + 1];      /* tenant, once known */
+	atomic_uint n_prompt, n_completion; /* tokens, for the log (a stream updates them) */
+} conn_req;
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                              */
+
+void kvt_server_config_default(kvt_server_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->host = "127.0.0.1";
+	c->port = 8080;
+	c->max_connections = 64;
+	c->max_concurrent = 32;
+	c->max_header_bytes = 16 << 10;
+	c->max_body_bytes = 1 << 20;
+	c->max_tokens_limit = 4096;
+	c->max_n = 4;
+	c->default_max_tokens = 256;
+	c->request_timeout_s = 600;
+	c->model_id = "kvtier";
+}
+
+static const char *tier_name[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };
+
+/* Random lowercase hex (n_bytes random bytes -> 2 * n_bytes chars + NUL). */
+static void random_hex(char *out, size_t n_bytes)
+{
+	uint8_t b[32];
+	if (n_bytes > sizeof(b))
+		n_bytes = sizeof(b);
+	size_t got = 0;
+	while (got < n_bytes) {
+		ssize_t r = getrandom(b + got, n_bytes - got, 0);
+		if (r <= 0) { /* no entropy source: fall back to the clock (ids need only be unique) */
+			uint64_t t = kvt_wall_us() ^ ((uint64_t)(uintptr_t)out << 17);
+			for (; got < n_bytes; got++, t = t * 6364136223846793005ULL + 1442695040888963407ULL)
+				b[got] = (uint8_t)(t >> 56);
+			break;
+		}
+		got += (size_t)r;
+	}
+	for (size_t i = 0; i < n_bytes; i++)
+		sprintf(out + 2 * i, "%02x", b[i]);
+	out[2 * n_bytes] = 0;
+}
+
+static uint64_t random_u64(void)
+{
+	uint64_t v = 0;
+	if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+		v = kvt_wall_us() * 0x9E3779B97F4A7C15ULL;
+	return v;
+}
+
+/* A growable byte string for text bodies (metrics, SSE chunks). */
+typedef struct sbuf {
+	char *p;      /* [cap] bytes, NUL-terminated at n */
+	size_t n;     /* bytes held */
+	size_t cap;   /* bytes allocated */
+	bool failed;  /* an allocation failed: the content is incomplete */
+} sbuf;
+
+static bool sbuf_reserve(sbuf *b, size_t more)
+{
+	if (b->failed)
+		return false;
+	if (b->n + more + 1 <= b->cap)
+		return true;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap < b->n + more + 1)
+		cap *= 2;
+	char *p = realloc(b->p, cap);
+	if (!p) {
+		b->failed = true;
+		return false;
+	}
+	b->p = p;
+	b->cap = cap;
+	return true;
+}
+
+static void sbuf_add(sbuf *b, const char *s, size_t n)
+{
+	if (!sbuf_reserve(b, n))
+		return;
+	memcpy(b->p + b->n, s, n);
+	b->n += n;
+	b->p[b->n] = 0;
+}
+
+static void sbuf_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sbuf_printf(sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0 || !sbuf_reserve(b, (size_t)n))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(b->p + b->n, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->n += (size_t)n;
+}
+
+/* Did the peer hang up? (thread-per-connection: nobody else reads this socket now) */
+static bool peer_gone(int fd)
+{
+	if (fd < 0)
+		return false;
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+	if (poll(&p, 1, 0) <= 0)
+		return false;
+	return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *con)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+	return ci ? (int)ci->connect_fd : -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* responses                                                                  */
+
+static enum MHD_Result reply_buf(conn_req *r, unsigned status, const char *ctype, char *body, size_t n, bool retry)
+{
+	struct MHD_Response *resp = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
+	if (!resp) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+	if (retry)
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+	if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
+		const char *allow = !strcmp(r->path, "/v1/completions") || !strcmp(r->path, "/v1/chat/completions") ||
+					    strstr(r->path, "/resume") ?
+				    "POST" :
+			    !strncmp(r->path, "/v1/sessions/", 13) ? "DELETE" :
+								     "GET, HEAD";
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+	}
+	r->status = status;
+	r->answered = true;
+	enum MHD_Result ret = MHD_queue_response(r->con, status, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+/* Send a JSON value (stolen). */
+static enum MHD_Result reply_json(conn_req *r, unsigned status, json_t *v, bool retry)
+{
+	char *s = v ? json_dumps(v, SRV_JSON_FLAGS) : NULL;
+	json_decref(v);
+	if (!s) {
+		static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+					  "\"param\":null,\"code\":null}}";
+		char *c = strdup(oom);
+		return c ? reply_buf(r, 500, "application/json", c, strlen(c), false) : MHD_NO;
+	}
+	return reply_buf(r, status, "application/json", s, strlen(s), retry);
+}
+
+static json_t *error_object(const char *type, const char *param, const char *code, const char *msg)
+{
+	return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type, "param", param, "code",
+			 code);
+}
+
+static enum MHD_Result reply_error(conn_req *r, unsigned status, const char *param, const char *code,
+				   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum MHD_Result reply_error(conn_req *r, unsigned status, const char *param, const char *code,
+				   const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	const char *type = status == 401 ? "authentication_error" : status >= 500 ? "server_error" :
+										    "invalid_request_error";
+	return reply_json(r, status, error_object(type, param, code, msg), status == 503);
+}
+
+/* ------------------------------------------------------------------------ */
+/* request fields                                                             */
+
+/*
+ * Field validation: each getter returns 0 and sets *out (left alone when the
+ * field is absent or null), or writes a message naming the field to err and
+ * returns -1. The caller answers 400 with param = the field.
+ */
+typedef struct field_err {
+	char param[64];   /* the field at fault */
+	char msg[400];    /* what was wrong */
+} field_err;
+
+static int fail(field_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(field_err *e, const char *param, const char *fmt, ...)
+{
+	snprintf(e->param, sizeof(e->param), "%s", param);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int get_int(json_t *o, const char *key, long long lo, long long hi, long long *out, field_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return 0;
+	if (!json_is_integer(v))
+		return fail(e, key, "'%s' must be an integer", key);
+	long long x = json_integer_value(v);
+	if (x < lo || x > hi)
+		return fail(e, key, "'%s' must be in [%lld, %lld] (got %lld)", key, lo, hi, x);
+	*out = x;
+	return 0;
+}
+
+static int get_num(json_t *o, const char *key, double *out, field_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return 0;
+	if (!json_is_number(v))
+		return fail(e, key, "'%s' must be a number", key);
+	*out = json_number_value(v);
+	return 0;
+}
+
+static int get_bool(json_t *o, const char *key, bool *out, field_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return 0;
+	if (!json_is_boolean(v))
+		return fail(e, key, "'%s' must be a boolean", key);
+	*out = json_is_true(v);
+	return 0;
+}
+
+static int get_str(json_t *o, const char *key, const char **out, field_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return 0;
+	if (!json_is_string(v))
+		return fail(e, key, "'%s' must be a string", key);
+	*out = json_string_value(v);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* generation                                                                 */
+
+/* One choice of a completion: its scheduler request and its text. */
+typedef struct gen_choice {
+	kvt_sched_handle *h;        /* the scheduler request; NULL once released */
+	kvt_tok_stream ds;          /* streaming UTF-8 decoder */
+	sbuf text;                  /* the choice's text so far (cut at a matched stop string) */
+	size_t n_sent;              /* bytes of text already sent (streaming) */
+	uint32_t n_tokens;          /* tokens turned into text (up to the stop match) */
+	bool stop_hit;              /* a stop string matched: cancelled, text final */
+	bool ended;                 /* the scheduler said why it ended; usage valid */
+	int finish;                 /* KVT_FINISH_* from the scheduler once ended */
+	bool role_sent;             /* chat streaming: the role delta went out */
+	bool finish_sent;           /* streaming: the finish chunk went out */
+	kvt_sched_usage usage;      /* from the scheduler once ended */
+} gen_choice;
+
+/* A completion in progress: n choices, the stop strings, the SSE output. */
+typedef struct gen_job {
+	kvt_server *srv;            /* owner */
+	const kvt_tok *tok;         /* the tokenizer */
+	conn_req *req;              /* the HTTP request (for its log counters); only used while it lives */
+	bool chat;                  /* chat.completion shapes */
+	bool stream;                /* SSE */
+	bool include_usage;         /* stream_options.include_usage */
+	char id[48];                /* "cmpl-..." / "chatcmpl-..." */
+	int64_t created;            /* unix seconds */
+	char session_id[KVT_NAME_MAX + 1]; /* "" if none */
+	char *stops[SRV_MAX_STOPS]; /* stop strings (malloc'd) */
+	size_t stop_len[SRV_MAX_STOPS];
+	uint32_t n_stops;
+	size_t max_stop_len;        /* longest stop string */
+	uint32_t n_prompt;          /* prompt tokens */
+	uint32_t n;                 /* choices */
+	gen_choice *ch;             /* [n] */
+	int sock_fd;                /* the connection's socket (hang-up polls) */
+	sbuf out;                   /* SSE bytes not yet handed to MHD */
+	size_t out_off;             /* of those, already handed */
+	bool done;                  /* everything (incl. [DONE]) is in out */
+	bool counted;               /* holds one in_flight count */
+} gen_job;
+
+static void job_free(gen_job *j)
+{
+	if (!j)
+		return;
+	for (uint32_t i = 0; i < j->n; i++) {
+		kvt_sched_release(j->ch[i].h); /* cancels if still running */
+		free(j->ch[i].text.p);
+	}
+	free(j->ch);
+	for (uint32_t i = 0; i < j->n_stops; i++)
+		free(j->stops[i]);
+	free(j->out.p);
+	if (j->counted)
+		atomic_fetch_sub(&j->srv->in_flight, 1);
+	free(j);
+}
+
+/* Earliest match of any stop string in text[from..]; -1 if none. */
+static long stop_find(const gen_job *j, const char *text, size_t n, size_t from)
+{
+	long best = -1;
+	for (uint32_t s = 0; s < j->n_stops; s++) {
+		const char *p = memmem(text + from, n - from, j->stops[s], j->stop_len[s]);
+		if (p && (best < 0 || p - text < best))
+			best = p - text;
+	}
+	return best;
+}
+
+/* Bytes at the end of text that could be the start of a stop string (held back). */
+static size_t stop_holdback(const gen_job *j, const char *text, size_t n)
+{
+	size_t hold = 0;
+	for (uint32_t s = 0; s < j->n_stops; s++) {
+		size_t k = j->stop_len[s] - 1 < n ? j->stop_len[s] - 1 : n;
+		for (; k > hold; k--)
+			if (!memcmp(text + n - k, j->stops[s], k)) {
+				hold = k;
+				break;
+			}
+	}
+	return hold;
+}
+
+/* Append decoded text and look for a stop string in the new part (plus the overlap). */
+static void choice_add_text(gen_job *j, gen_choice *c, const char *s, size_t n)
+{
+	size_t before = c->text.n;
+	sbuf_add(&c->text, s, n);
+	if (!j->n_stops || c->stop_hit)
+		return;
+	size_t from = before >= j->max_stop_len ? before - j->max_stop_len + 1 : 0;
+	long at = stop_find(j, c->text.p ? c->text.p : "", c->text.n, from);
+	if (at >= 0) {
+		c->text.n = (size_t)at;
+		c->text.p[at] = 0;
+		c->stop_hit = true;
+		kvt_sched_cancel(c->h);
+	}
+}
+
+/* Turn generated ids into text. KVT_OK, or KVT_EINVAL for an id the tokenizer rejects (logged). */
+static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, uint32_t n)
+{
+	for (uint32_t i = 0; i < n && !c->stop_hit; i++) {
+		const char *bytes;
+		size_t len;
+		if (kvt_tok_token_bytes(j->tok, ids[i], &bytes, &len) != KVT_OK) {
+			KVT_LOGE("http %s: the engine returned token id %d, not in the vocabulary", j->id, ids[i]);
+			return KVT_EINVAL;
+		}
+		char small[256];
+		size_t cap = 3 * len + 3, got = 0;
+		char *buf = cap <= sizeof(small) ? small : malloc(cap);
+		if (!buf)
+			return KVT_ENOMEM;
+		int rc = kvt_tok_stream_push(j->tok, &c->ds, ids[i], buf, cap, &got);
+		if (rc == KVT_OK) {
+			c->n_tokens++;
+			choice_add_text(j, c, buf, got);
+		}
+		if (buf != small)
+			free(buf);
+		if (rc != KVT_OK)
+			return rc;
+	}
+	return KVT_OK;
+}
+
+/* The scheduler said the choice ended: flush the decoder (unless a stop string already cut the text). */
+static void choice_end(gen_job *j, gen_choice *c, int finish, const kvt_sched_usage *u)
+{
+	c->ended = true;
+	c->finish = finish;
+	c->usage = *u;
+	if (!c->stop_hit) {
+		char tail[8];
+		size_t got = 0;
+		if (kvt_tok_stream_flush(&c->ds, tail, sizeof(tail), &got) == KVT_OK && got)
+			choice_add_text(j, c, tail, got);
+	}
+}
+
+static const char *choice_finish_reason(const gen_choice *c)
+{
+	if (c->stop_hit || c->finish == KVT_FINISH_STOP)
+		return "stop";
+	return "length";
+}
+
+/* A choice that failed (engine error, or cancelled by shutdown and not by us). */
+static bool choice_failed(const gen_choice *c)
+{
+	return c->ended && !c->stop_hit && (c->finish == KVT_FINISH_ERROR || c->finish == KVT_FINISH_CANCELLED);
+}
+
+static uint32_t choice_completion_tokens(const gen_choice *c)
+{
+	return c->stop_hit ? c->n_tokens : c->usage.completion_tokens;
+}
+
+/*
+ * Poll every running choice once (the first one waits up to wait_s).
+ * Returns KVT_OK; *progress says whether anything happened.
+ */
+static int job_poll(gen_job *j, double wait_s, bool *progress)
+{
+	int32_t ids[SRV_IDS_CAP];
+	bool waited = false;
+	*progress = false;
+	for (uint32_t i = 0; i < j->n; i++) {
+		gen_choice *c = &j->ch[i];
+		if (c->ended)
+			continue;
+		uint32_t n = 0;
+		int finish = KVT_FINISH_NONE;
+		kvt_sched_usage u;
+		int rc = kvt_sched_next(c->h, ids, SRV_IDS_CAP, &n, &finish, &u, waited ? 0.0 : wait_s);
+		waited = true;
+		if (rc != KVT_OK)
+			return rc;
+		if (n) {
+			*progress = true;
+			if ((rc = choice_feed(j, c, ids, n)) != KVT_OK)
+				return rc;
+		}
+		if (finish != KVT_FINISH_NONE) {
+			*progress = true;
+			choice_end(j, c, finish, &u);
+		}
+	}
+	return KVT_OK;
+}
+
+static bool job_all_ended(const gen_job *j)
+{
+	for (uint32_t i = 0; i < j->n; i++)
+		if (!j->ch[i].ended)
+			return false;
+	return true;
+}
+
+static void job_update_log(gen_job *j)
+{
+	if (!j->req)
+		return;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < j->n; i++)
+		n += j->ch[i].ended ? choice_completion_tokens(&j->ch[i]) : j->ch[i].n_tokens;
+	atomic_store(&j->req->n_completion, n);
+}
+
+static json_t *usage_json(const gen_job *j)
+{
+	const kvt_sched_usage *u0 = &j->ch[0].usage;
+	uint32_t completion = 0;
+	for (uint32_t i = 0; i < j->n; i++)
+		completion += choice_completion_tokens(&j->ch[i]);
+	json_t *kv = json_pack("{s:{s:i, s:i, s:i}, s:f}", "cached_tokens_by_tier", "hbm",
+			       (json_int_t)u0->cached_by_tier[KVT_TIER_HBM], "host",
+			       (json_int_t)u0->cached_by_tier[KVT_TIER_HOST], "nvme",
+			       (json_int_t)u0->cached_by_tier[KVT_TIER_NVME], "ttft_ms", u0->ttft_s * 1e3);
+	if (kv && j->session_id[0])
+		json_object_set_new(kv, "session_id", json_string(j->session_id));
+	return json_pack("{s:i, s:i, s:i, s:{s:i}, s:o*}", "prompt_tokens", (json_int_t)j->n_prompt,
+			 "completion_tokens", (json_int_t)completion, "total_tokens",
+			 (json_int_t)(j->n_prompt + completion), "prompt_tokens_details", "cached_tokens",
+			 (json_int_t)u0->cached_tokens, "kvtier", kv);
+}
+
+/* The non-streaming response body. */
+static json_t *job_result(gen_job *j)
+{
+	json_t *choices = json_array();
+	for (uint32_t i = 0; i < j->n; i++) {
+		gen_choice *c = &j->ch[i];
+		json_t *ch;
+		const char *text = c->text.p ? c->text.p : "";
+		if (j->chat)
+			ch = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", (json_int_t)i, "message", "role",
+				       "assistant", "content", text, c->text.n, "logprobs", "finish_reason",
+				       choice_finish_reason(c));
+		else
+			ch = json_pack("{s:i, s:s%, s:n, s:s}", "index", (json_int_t)i, "text", text, c->text.n,
+				       "logprobs", "finish_reason", choice_finish_reason(c));
+		json_array_append_new(choices, ch);
+	}
+	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object",
+			 j->chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
+			 j->srv->model_id, "choices", choices, "usage", usage_json(j));
+}
+
+/* ---- SSE ---- */
+
+static void sse_put(gen_job *j, json_t *v)
+{
+	char *s = v ? json_dumps(v, SRV_JSON_FLAGS) : NULL;
+	json_decref(v);
+	if (!s) {
+		j->out.failed = true;
+		return;
+	}
+	sbuf_add(&j->out, "data: ", 6);
+	sbuf_add(&j->out, s, strlen(s));
+	sbuf_add(&j->out, "\n\n", 2);
+	free(s);
+}
+
+/* One chunk for choice i: text (may be NULL), finish reason (may be NULL), chat role delta. */
+static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish, bool role)
+{
+	json_t *ch;
+	if (j->chat) {
+		json_t *delta = json_object();
+		if (role) {
+			json_object_set_new(delta, "role", json_string("assistant"));
+			json_object_set_new(delta, "content", json_string(""));
+		} else if (text) {
+			json_object_set_new(delta, "content", json_stringn(text, n));
+		}
+		ch = json_pack("{s:i, s:o, s:n, s:s?}", "index", (json_int_t)i, "delta", delta, "logprobs",
+			       "finish_reason", finish);
+	} else {
+		ch = json_pack("{s:i, s:s%, s:n, s:s?}", "index", (json_int_t)i, "text", text ? text : "",
+			       text ? n : 0, "logprobs", "finish_reason", finish);
+	}
+	sse_put(j, json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
+			     j->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
+			     "model", j->srv->model_id, "choices", ch));
+}
+
+/* Move whatever text can be sent now into SSE chunks; finish chunks for ended choices. */
+static void sse_emit(gen_job *j)
+{
+	for (uint32_t i = 0; i < j->n; i++) {
+		gen_choice *c = &j->ch[i];
+		if (c->finish_sent)
+			continue;
+		if (j->chat && !c->role_sent) {
+			sse_chunk(j, i, NULL, 0, NULL, true);
+			c->role_sent = true;
+		}
+		if (choice_failed(c))
+			continue; /* reported once every choice ended */
+		size_t ready = c->text.n;
+		if (!c->stop_hit && !c->ended)
+			ready -= stop_holdback(j, c->text.p, c->text.n);
+		if (ready > c->n_sent) {
+			sse_chunk(j, i, c->text.p + c->n_sent, ready - c->n_sent, NULL, false);
+			c->n_sent = ready;
+		}
+		if (c->ended) {
+			sse_chunk(j, i, j->chat ? NULL : "", 0, choice_finish_reason(c), false);
+			c->finish_sent = true;
+		}
+	}
+	if (job_all_ended(j) && !j->done) {
+		for (uint32_t i = 0; i < j->n; i++)
+			if (choice_failed(&j->ch[i])) {
+				bool shutdown = j->ch[i].finish == KVT_FINISH_CANCELLED;
+				sse_put(j, error_object("server_error", NULL, shutdown ? "draining" : NULL,
+							shutdown ? "the request was cancelled: the server is shutting down" :
+								   "the engine failed while generating"));
+				break;
+			}
+		if (j->include_usage)
+			sse_put(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->id, "object",
+					     j->chat ? "chat.completion.chunk" : "text_completion", "created",
+					     (json_int_t)j->created, "model", j->srv->model_id, "choices", "usage",
+					     usage_json(j)));
+		sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+		j->done = true;
+	}
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	gen_job *j = cls;
+	for (;;) {
+		if (j->out.failed)
+			return MHD_CONTENT_READER_END_WITH_ERROR;
+		if (j->out_off < j->out.n) {
+			size_t k = j->out.n - j->out_off < max ? j->out.n - j->out_off : max;
+			memcpy(buf, j->out.p + j->out_off, k);
+			j->out_off += k;
+			if (j->out_off == j->out.n)
+				j->out_off = j->out.n = 0;
+			return (ssize_t)k;
+		}
+		if (j->done)
+			return MHD_CONTENT_READER_END_OF_STREAM;
+		if (atomic_load(&j->srv->stopping) || peer_gone(j->sock_fd))
+			return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels */
+		bool progress;
+		int rc = job_poll(j, SRV_WAIT_S, &progress);
+		if (rc != KVT_OK) {
+			sse_put(j, error_object("server_error", NULL, NULL, "the engine failed while generating"));
+			sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+			j->done = true;
+			continue;
+		}
+		if (progress) {
+			job_update_log(j);
+			sse_emit(j);
+		}
+	}
+}
+
+static void sse_free(void *cls)
+{
+	job_free(cls);
+}
+
+/* ---- request parsing ---- */
+
+/* Tokenize text (parse_special) into a malloc'd array, BOS first when the model asks. */
+static int tokenize(const kvt_tok *tok, const char *text, size_t len, int32_t **out, uint32_t *n_out)
+{
+	size_t bos = kvt_tok_add_bos(tok) && kvt_tok_bos(tok) >= 0 ? 1 : 0;
+	size_t cap = len + 8, n = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		int32_t *ids = malloc((cap + bos) * sizeof(*ids));
+		if (!ids)
+			return KVT_ENOMEM;
+		int rc = kvt_tok_encode(tok, text, len, true, ids + bos, cap, &n);
+		if (rc == KVT_OK) {
+			if (bos)
+				ids[0] = kvt_tok_bos(tok);
+			if (n + bos > UINT32_MAX) {
+				free(ids);
+				return KVT_EINVAL;
+			}
+			*out = ids;
+			*n_out = (uint32_t)(n + bos);
+			return KVT_OK;
+		}
+		free(ids);
+		if (rc != KVT_EFULL)
+			return rc;
+		cap = n;
+	}
+	return KVT_EFULL;
+}
+
+/* The "content" of a chat message: a string, or an array of {"type": "text", "text": ...} parts. */
+static int message_content(json_t *content, size_t idx, char **out, field_err *e)
+{
+	char param[64];
+	snprintf(param, sizeof(param), "messages[%zu].content", idx);
+	if (json_is_string(content)) {
+		*out = strndup(json_string_value(content), json_string_length(content));
+		return *out ? 0 : fail(e, param, "out of memory");
+	}
+	if (!json_is_array(content))
+		return fail(e, param, "'%s' must be a string or an array of text parts", param);
+	sbuf b = { 0 };
+	sbuf_add(&b, "", 0);
+	size_t k;
+	json_t *part;
+	json_array_foreach(content, k, part)
+	{
+		json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+		if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+		    !json_is_string(text)) {
+			free(b.p);
+			return fail(e, param, "'%s[%zu]' must be {\"type\": \"text\", \"text\": string}", param, k);
+		}
+		sbuf_add(&b, json_string_value(text), json_string_length(text));
+	}
+	if (b.failed) {
+		free(b.p);
+		return fail(e, param, "out of memory");
+	}
+	*out = b.p;
+	return 0;
+}
+
+/* messages -> a prompt string through the chat template. */
+static int chat_prompt(const kvt_tok *tok, json_t *msgs, char **out, field_err *e)
+{
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return fail(e, "messages", "'messages' must be a non-empty array");
+	size_t n = json_array_size(msgs);
+	kvt_chat_msg *cm = calloc(n, sizeof(*cm));
+	char **texts = calloc(n, sizeof(*texts));
+	int ret = -1;
+	if (!cm || !texts) {
+		fail(e, "messages", "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
+		char param[64];
+		snprintf(param, sizeof(param), "messages[%zu].role", i);
+		if (!json_is_object(m)) {
+			snprintf(param, sizeof(param), "messages[%zu]", i);
+			fail(e, param, "'%s' must be an object with role and content", param);
+			goto out;
+		}
+		const char *r = json_is_string(role) ? json_string_value(role) : NULL;
+		if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))) {
+			fail(e, param, "'%s' must be \"system\", \"user\" or \"assistant\"", param);
+			goto out;
+		}
+		json_t *content = json_object_get(m, "content");
+		if (message_content(content, i, &texts[i], e))
+			goto out;
+		cm[i].role = r;
+		cm[i].content = texts[i];
+	}
+	int rc = kvt_tok_chat_format(tok, cm, n, true, out);
+	if (rc == KVT_OK)
+		ret = 0;
+	else
+		fail(e, "messages", "the messages cannot be formatted with this model's chat template (%s)",
+		     kvt_strerror(rc));
+out:
+	for (size_t i = 0; texts && i < n; i++)
+		free(texts[i]);
+	free(texts);
+	free(cm);
+	return ret;
+}
+
+/* Fill the prompt ids of a completion request. */
+static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *prompt, int32_t **ids, uint32_t *n,
+			     field_err *e)
+{
+	if (!prompt || json_is_null(prompt))
+		return fail(e, "prompt", "'prompt' is required");
+	if (json_is_array(prompt) && json_array_size(prompt) == 1 && json_is_string(json_array_get(prompt, 0)))
+		prompt = json_array_get(prompt, 0);
+	if (json_is_string(prompt)) {
+		int rc = tokenize(tok, json_string_value(prompt), json_string_length(prompt), ids, n);
+		if (rc != KVT_OK)
+			return fail(e, "prompt", "'prompt' could not be tokenized (%s)", kvt_strerror(rc));
+		return 0;
+	}
+	if (!json_is_array(prompt))
+		return fail(e, "prompt", "'prompt' must be a string or an array of token ids");
+	size_t k = json_array_size(prompt);
+	if (k == 0)
+		return fail(e, "prompt", "'prompt' is empty");
+	if (k > UINT32_MAX)
+		return fail(e, "prompt", "'prompt' is too long");
+	int32_t *v = malloc(k * sizeof(*v));
+	if (!v)
+		return fail(e, "prompt", "out of memory");
+	for (size_t i = 0; i < k; i++) {
+		json_t *t = json_array_get(prompt, i);
+		if (!json_is_integer(t)) {
+			free(v);
+			return fail(e, "prompt",
+				    json_is_string(t) ? "'prompt' as an array of strings must have exactly one element" :
+							"'prompt[%zu]' must be a token id (integer)",
+				    i);
+		}
+		long long x = json_integer_value(t);
+		if (x < 0 || x >= (long long)n_vocab) {
+			free(v);
+			return fail(e, "prompt", "'prompt[%zu]' = %lld is not a token id (the vocabulary has %u)", i,
+				    x, n_vocab);
+		}
+		v[i] = (int32_t)x;
+	}
+	*ids = v;
+	*n = (uint32_t)k;
+	return 0;
+}
+
+/* The tenant of a request: the key's (auth) or "user" (no keys) or "default". */
+static int request_tenant(conn_req *r, const char *user, field_err *e)
+{
+	if (r->srv->cfg.n_keys)
+		return 0; /* set by auth */
+	if (user) {
+		if (!kvt_name_valid(user))
+			return fail(e, "user",
+				    "'user' must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+		snprintf(r->tenant, sizeof(r->tenant), "%s", user);
+	}
+	return 0;
+}
+
+static bool in_flight_take(kvt_server *srv)
+{
+	unsigned cur = atomic_load(&srv->in_flight);
+	do {
+		if (cur >= srv->cfg.max_concurrent)
+			return false;
+	} while (!atomic_compare_exchange_weak(&srv->in_flight, &cur, cur + 1));
+	return true;
+}
+
+static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
+{
+	kvt_server *srv = r->srv;
+	const kvt_server_config *cfg = &srv->cfg;
+	field_err e = { { 0 }, { 0 } };
+	json_error_t jerr;
+	json_t *body = json_loadb(r->body ? r->body : "", r->n_body, JSON_REJECT_DUPLICATES, &jerr);
+	if (!body)
+		return reply_error(r, 400, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)",
+				   jerr.text, jerr.line, jerr.column);
+	if (!json_is_object(body)) {
+		json_decref(body);
+		return reply_error(r, 400, NULL, "invalid_json", "the body must be a JSON object");
+	}
+	uint32_t n_vocab = kvt_sched_n_vocab(sched), max_ctx = kvt_sched_max_ctx(sched);
+	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0;
+	double temp = 1.0, top_p = 1.0;
+	bool stream = false, include_usage = false, ignore_eos = false, have_seed = false;
+	const char *model = NULL, *user = NULL, *session = NULL;
+	int32_t *ids = NULL;
+	uint32_t n_ids = 0;
+	char *chat_text = NULL;
+	gen_job *j = NULL;
+	enum MHD_Result ret;
+	json_t *v;
+
+	const char *mt_key = chat && json_object_get(body, "max_completion_tokens") &&
+					     !json_is_null(json_object_get(body, "max_completion_tokens")) ?
+				     "max_completion_tokens" :
+				     "max_tokens";
+	if (get_str(body, "model", &model, &e) || get_str(body, "user", &user, &e) ||
+	    get_int(body, mt_key, 1, cfg->max_tokens_limit, &max_tokens, &e) || get_num(body, "temperature", &temp, &e) ||
+	    get_num(body, "top_p", &top_p, &e) || get_int(body, "top_k", 0, n_vocab, &top_k, &e) ||
+	    get_int(body, "seed", LLONG_MIN, LLONG_MAX, &seed, &e) ||
+	    get_int(body, "n", 1, cfg->max_n, &n, &e) || get_bool(body, "stream", &stream, &e) ||
+	    get_bool(body, "ignore_eos", &ignore_eos, &e) || get_str(body, "session_id", &session, &e))
+		goto bad;
+	have_seed = (v = json_object_get(body, "seed")) && !json_is_null(v);
+	if (!(temp >= 0 && temp <= 2)) {
+		fail(&e, "temperature", "'temperature' must be in [0, 2]");
+		goto bad;
+	}
+	if (!(top_p > 0 && top_p <= 1)) {
+		fail(&e, "top_p", "'top_p' must be in (0, 1]");
+		goto bad;
+	}
+	if ((v = json_object_get(body, "stream_options")) && !json_is_null(v)) {
+		if (!json_is_object(v)) {
+			fail(&e, "stream_options", "'stream_options' must be an object");
+			goto bad;
+		}
+		json_t *iu = json_object_get(v, "include_usage");
+		if (iu && !json_is_null(iu) && !json_is_boolean(iu)) {
+			fail(&e, "stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+			goto bad;
+		}
+		include_usage = json_is_true(iu);
+	}
+	if (session && !kvt_name_valid(session)) {
+		fail(&e, "session_id", "'session_id' must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+		goto bad;
+	}
+	if (request_tenant(r, user, &e))
+		goto bad;
+
+	j = calloc(1, sizeof(*j));
+	if (!j)
+		goto oom;
+	j->srv = srv;
+	j->tok = tok;
+	j->req = r;
+	j->chat = chat;
+	j->stream = stream;
+	j->include_usage = include_usage;
+	j->created = (int64_t)time(NULL);
+	j->sock_fd = conn_fd(r->con);
+	snprintf(j->session_id, sizeof(j->session_id), "%s", session ? session : "");
+	{
+		char hex[25];
+		random_hex(hex, 12);
+		snprintf(j->id, sizeof(j->id), "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
+	}
+	if ((v = json_object_get(body, "stop")) && !json_is_null(v)) {
+		size_t k = 1;
+		if (json_is_array(v)) {
+			k = json_array_size(v);
+			if (k > SRV_MAX_STOPS) {
+				fail(&e, "stop", "'stop' may hold at most %d strings", SRV_MAX_STOPS);
+				goto bad;
+			}
+		} else if (!json_is_string(v)) {
+			fail(&e, "stop", "'stop' must be a string or an array of strings");
+			goto bad;
+		}
+		for (size_t i = 0; i < k; i++) {
+			json_t *s = json_is_array(v) ? json_array_get(v, i) : v;
+			if (!json_is_string(s)) {
+				fail(&e, "stop", "'stop' must be a string or an array of strings");
+				goto bad;
+			}
+			size_t len = json_string_length(s);
+			if (len == 0)
+				continue; /* an empty stop string would match everywhere: ignored */
+			if (!(j->stops[j->n_stops] = malloc(len + 1)))
+				goto oom;
+			memcpy(j->stops[j->n_stops], json_string_value(s), len + 1);
+			j->stop_len[j->n_stops++] = len;
+			if (len > j->max_stop_len)
+				j->max_stop_len = len;
+		}
+	}
+
+	if (chat) {
+		if (chat_prompt(tok, json_object_get(body, "messages"), &chat_text, &e))
+			goto bad;
+		int rc = tokenize(tok, chat_text, strlen(chat_text), &ids, &n_ids);
+		if (rc != KVT_OK) {
+			fail(&e, "messages", "the formatted messages could not be tokenized (%s)", kvt_strerror(rc));
+			goto bad;
+		}
+	} else if (completion_prompt(tok, n_vocab, json_object_get(body, "prompt"), &ids, &n_ids, &e)) {
+		goto bad;
+	}
+	if (n_ids == 0) {
+		fail(&e, chat ? "messages" : "prompt", "the prompt is empty");
+		goto bad;
+	}
+	for (uint32_t i = 0; i < n_ids; i++)
+		if (ids[i] < 0 || (uint32_t)ids[i] >= n_vocab) { /* a tokenizer bigger than the model */
+			fail(&e, chat ? "messages" : "prompt", "the prompt has token id %d, outside the model's vocabulary (%u)",
+			     ids[i], n_vocab);
+			goto bad;
+		}
+	if ((uint64_t)n_ids + (uint64_t)max_tokens > max_ctx) {
+		fail(&e, mt_key, "the prompt (%u tokens) plus '%s' (%lld) exceeds the context (%u tokens)", n_ids,
+		     mt_key, max_tokens, max_ctx);
+		goto bad;
+	}
+	j->n_prompt = n_ids;
+	atomic_store(&r->n_prompt, n_ids);
+
+	if (atomic_load(&srv->draining)) {
+		ret = reply_error(r, 503, NULL, "draining", "the server is shutting down");
+		goto out;
+	}
+	if (!in_flight_take(srv)) {
+		ret = reply_error(r, 503, NULL, "overloaded", "too many requests in flight (%u); retry shortly",
+				  cfg->max_concurrent);
+		goto out;
+	}
+	j->counted = true;
+	if (!(j->ch = calloc((size_t)n, sizeof(*j->ch))))
+		goto oom;
+	if (!have_seed)
+		seed = (long long)(random_u64() >> 1);
+	for (uint32_t i = 0; i < (uint32_t)n; i++) {
+		kvt_sched_req q;
+		memset(&q, 0, sizeof(q));
+		q.prompt = ids;
+		q.n_prompt = n_ids;
+		q.max_tokens = (uint32_t)max_tokens;
+		q.sample.temp = (float)temp;
+		q.sample.top_p = (float)top_p;
+		q.sample.top_k = (uint32_t)top_k;
+		q.sample.seed = (uint64_t)seed + i;
+		q.ignore_eos = ignore_eos;
+		snprintf(q.tenant, sizeof(q.tenant), "%s", r->tenant);
+		if (i == 0 && session) /* the session's history is the first choice's turn */
+			snprintf(q.session_id, sizeof(q.session_id), "%s", session);
+		kvt_tok_stream_init(&j->ch[i].ds);
+		int rc = kvt_sched_submit(sched, &q, &j->ch[i].h);
+		if (rc != KVT_OK) {
+			j->ch[i].h = NULL;
+			j->n = i; /* job_free releases the ones submitted */
+			if (rc == KVT_EFULL)
+				ret = reply_error(r, 503, NULL, "overloaded", "the request queue is full; retry shortly");
+			else if (rc == KVT_EIO)
+				ret = reply_error(r, 503, NULL, "draining", "the server is shutting down");
+			else if (rc == KVT_EINVAL)
+				ret = reply_error(r, 400, NULL, NULL, "the engine refused the request (see the server log)");
+			else
+				ret = reply_error(r, 500, NULL, NULL, "the engine could not take the request (%s)",
+						  kvt_strerror(rc));
+			goto out;
+		}
+		j->n = i + 1;
+	}
+
+	if (stream) {
+		struct MHD_Response *resp =
+			MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, sse_reader, j, sse_free);
+		if (!resp)
+			goto oom;
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+		r->status = 200;
+		r->answered = true;
+		ret = MHD_queue_response(r->con, 200, resp);
+		MHD_destroy_response(resp);
+		j = NULL; /* the response owns it now */
+		goto out;
+	}
+
+	/* non-streaming: wait here, watching for a hang-up */
+	while (!job_all_ended(j)) {
+		bool progress;
+		if (atomic_load(&srv->stopping) || peer_gone(j->sock_fd)) {
+			KVT_LOGI("http %s: client went away; cancelled", j->id);
+			ret = MHD_NO; /* close the connection; job_free cancels */
+			r->status = 499;
+			goto out;
+		}
+		int rc = job_poll(j, SRV_WAIT_S, &progress);
+		if (rc != KVT_OK) {
+			ret = reply_error(r, 500, NULL, NULL, "the engine failed while generating (%s)", kvt_strerror(rc));
+			goto out;
+		}
+	}
+	job_update_log(j);
+	for (uint32_t i = 0; i < j->n; i++)
+		if (choice_failed(&j->ch[i])) {
+			ret = j->ch[i].finish == KVT_FINISH_CANCELLED ?
+				      reply_error(r, 503, NULL, "draining", "the request was cancelled: the server is shutting down") :
+				      reply_error(r, 500, NULL, NULL, "the engine failed while generating");
+			goto out;
+		}
+	ret = reply_json(r, 200, job_result(j), false);
+	goto out;
+
+oom:
+	ret = reply_error(r, 500, NULL, NULL, "out of memory");
+	goto out;
+bad:
+	ret = reply_error(r, 400, e.param[0] ? e.param : NULL, NULL, "%s", e.msg);
+out:
+	job_free(j);
+	free(ids);
+	free(chat_text);
+	json_decref(body);
+	return ret;
+}
+
+/* ------------------------------------------------------------------------ */
+/* health, models, metrics, stats                                             */
+
+static enum MHD_Result handle_health(conn_req *r)
+{
+	kvt_server *srv = r->srv;
+	const char *st = !atomic_load(&srv->sched) ? "loading" : atomic_load(&srv->draining) ? "draining" : "ok";
+	return reply_json(r, strcmp(st, "ok") ? 503 : 200, json_pack("{s:s}", "status", st), strcmp(st, "ok") != 0);
+}
+
+static enum MHD_Result handle_models(conn_req *r)
+{
+	return reply_json(r, 200,
+			  json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", r->srv->model_id,
+				    "object", "model", "created", (json_int_t)r->srv->created, "owned_by", "kvtier"),
+			  false);
+}
+
+static void metric_head(sbuf *b, const char *name, const char *type, const char *help)
+{
+	sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void metric_tiers(sbuf *b, const char *name, const char *type, const char *help, const uint64_t v[KVT_TIER_COUNT])
+{
+	metric_head(b, name, type, help);
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		sbuf_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_name[t], (unsigned long long)v[t]);
+}
+
+static void metric_one(sbuf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+	metric_head(b, name, type, help);
+	sbuf_printf(b, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
+{
+	kvt_sched_stats st;
+	kvt_sched_get_stats(sched, &st);
+	sbuf b = { 0 };
+	uint64_t v[KVT_TIER_COUNT];
+#define TIERS(field)                                          \
+	do {                                                  \
+		for (int t_ = 0; t_ < KVT_TIER_COUNT; t_++) \
+			v[t_] = (uint64_t)(st.tiers.tier[t_].field); \
+	} while (0)
+	TIERS(capacity_bytes);
+	metric_tiers(&b, "kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier in bytes.", v);
+	TIERS(used_bytes);
+	metric_tiers(&b, "kvtier_tier_used_bytes", "gauge", "Bytes in use in the tier.", v);
+	TIERS(used_blocks);
+	metric_tiers(&b, "kvtier_tier_blocks", "gauge", "Blocks held by the tier.", v);
+	TIERS(hits);
+	metric_tiers(&b, "kvtier_tier_hits_total", "counter", "Blocks asked for that were found first in the tier.", v);
+	TIERS(misses);
+	metric_tiers(&b, "kvtier_tier_misses_total", "counter", "Blocks asked for that the tier did not hold.", v);
+	TIERS(n_promotions);
+	metric_tiers(&b, "kvtier_tier_promotions_total", "counter", "Blocks copied into the tier from the one below.", v);
+	TIERS(promotion_bytes);
+	metric_tiers(&b, "kvtier_tier_promotion_bytes_total", "counter", "Bytes read from the lower tier for promotions.", v);
+	TIERS(n_demotions);
+	metric_tiers(&b, "kvtier_tier_demotions_total", "counter", "Blocks copied out of the tier to the one below.", v);
+	TIERS(demotion_bytes);
+	metric_tiers(&b, "kvtier_tier_demotion_bytes_total", "counter", "Bytes written to the lower tier for demotions.", v);
+	TIERS(n_evictions);
+	metric_tiers(&b, "kvtier_tier_evictions_total", "counter", "Blocks that left the tier to make room.", v);
+	TIERS(n_corrupt);
+	metric_tiers(&b, "kvtier_tier_corrupt_blocks_total", "counter", "Records that failed verification.", v);
+	TIERS(degraded);
+	metric_tiers(&b, "kvtier_tier_degraded", "gauge", "1 when the tier is full or read-only.", v);
+#undef TIERS
+	metric_one(&b, "kvtier_requests_total", "counter", "Requests finished.", st.requests);
+	metric_one(&b, "kvtier_requests_running", "gauge", "Sequences running now.", st.running);
+	metric_one(&b, "kvtier_requests_queued", "gauge", "Requests waiting.", st.queued);
+	metric_one(&b, "kvtier_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", st.prompt_tokens);
+	metric_one(&b, "kvtier_completion_tokens_total", "counter", "Tokens generated.", st.completion_tokens);
+	metric_one(&b, "kvtier_prefix_cache_queries_tokens_total", "counter", "Tokens looked up in the prefix cache.",
+		   st.prefix_queries_tokens);
+	metric_one(&b, "kvtier_prefix_cache_hits_tokens_total", "counter", "Tokens found in the prefix cache.",
+		   st.prefix_hits_tokens);
+	metric_tiers(&b, "kvtier_cached_tokens_total", "counter", "Prompt tokens served from the cache, by tier.",
+		     st.cached_by_tier);
+	metric_head(&b, "kvtier_ttft_seconds", "histogram", "Time to first token.");
+	uint64_t cum = 0;
+	for (int i = 0; i < KVT_TTFT_BUCKETS; i++) {
+		cum += st.ttft_bucket[i];
+		if (i == KVT_TTFT_BUCKETS - 1)
+			sbuf_printf(&b, "kvtier_ttft_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+		else
+			sbuf_printf(&b, "kvtier_ttft_seconds_bucket{le=\"%g\"} %llu\n", kvt_ttft_bucket_le[i],
+				    (unsigned long long)cum);
+	}
+	sbuf_printf(&b, "kvtier_ttft_seconds_sum %.9g\nkvtier_ttft_seconds_count %llu\n", st.ttft_sum_s,
+		    (unsigned long long)cum);
+	if (b.failed) {
+		free(b.p);
+		return reply_error(r, 500, NULL, NULL, "out of memory");
+	}
+	return reply_buf(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.n, false);
+}
+
+static double ratio(double a, double b)
+{
+	return b > 0 ? a / b : 0.0;
+}
+
+static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
+{
+	kvt_server *srv = r->srv;
+	kvt_sched_stats st;
+	kvt_sched_get_stats(sched, &st);
+	json_t *tiers = json_array();
+	const char *rec_dtype = srv->kv_dtype;
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
+		const kvt_tm_tier_stats *ts = &st.tiers.tier[t];
+		json_array_append_new(
+			tiers,
+			json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:s,"
+				  " s:I, s:b}",
+				  "name", tier_name[t], "capacity_bytes", (json_int_t)ts->capacity_bytes, "used_bytes",
+				  (json_int_t)ts->used_bytes, "capacity_blocks", (json_int_t)ts->capacity_blocks,
+				  "blocks", (json_int_t)ts->used_blocks, "hits", (json_int_t)ts->hits, "misses",
+				  (json_int_t)ts->misses, "hit_rate", ratio((double)ts->hits, (double)(ts->hits + ts->misses)),
+				  "promotions", (json_int_t)ts->n_promotions, "promotion_bytes",
+				  (json_int_t)ts->promotion_bytes, "promotion_mb_s",
+				  ratio((double)ts->promotion_bytes / 1e6, ts->promotion_s), "demotions",
+				  (json_int_t)ts->n_demotions, "demotion_bytes", (json_int_t)ts->demotion_bytes,
+				  "demotion_mb_s", ratio((double)ts->demotion_bytes / 1e6, ts->demotion_s), "evictions",
+				  (json_int_t)ts->n_evictions, "dropped", (json_int_t)ts->n_dropped, "compression_ratio",
+				  st.have_tiers ? ts->compression_ratio : 1.0, "dtype",
+				  t == KVT_TIER_HBM ? "f16" : rec_dtype, "corrupt", (json_int_t)ts->n_corrupt, "degraded",
+				  (int)ts->degraded));
+	}
+	json_t *engine = json_pack(
+		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:{s:I, s:I, s:I}}", "requests",
+		(json_int_t)st.requests, "requests_failed", (json_int_t)st.requests_failed, "running",
+		(json_int_t)st.running, "queued", (json_int_t)st.queued, "prompt_tokens", (json_int_t)st.prompt_tokens,
+		"cached_tokens", (json_int_t)st.cached_tokens, "reusable_tokens", (json_int_t)st.reusable_tokens,
+		"cache_efficiency", ratio((double)st.cached_tokens, (double)st.reusable_tokens), "prefill_tokens_saved",
+		(json_int_t)st.cached_tokens, "completion_tokens", (json_int_t)st.completion_tokens, "ttft_p50_ms",
+		st.ttft_p50_s * 1e3, "ttft_p99_ms", st.ttft_p99_s * 1e3, "prefill_tokens_per_s",
+		ratio((double)st.prefill_tokens, st.prefill_s), "decode_tokens_per_s",
+		ratio((double)st.completion_tokens, st.decode_s), "cached_tokens_by_tier", "hbm",
+		(json_int_t)st.cached_by_tier[KVT_TIER_HBM], "host", (json_int_t)st.cached_by_tier[KVT_TIER_HOST], "nvme",
+		(json_int_t)st.cached_by_tier[KVT_TIER_NVME]);
+	json_t *persist = json_pack("{s:I, s:I, s:I, s:b}", "registered", (json_int_t)st.tiers.n_registered,
+				    "persisted", (json_int_t)st.tiers.n_persisted, "failed",
+				    (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only);
+	return reply_json(r, 200,
+			  json_pack("{s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine, "persist", persist,
+				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",
+				    srv->model_id),
+			  false);
+}
+
+/* ------------------------------------------------------------------------ */
+/* sessions                                                                   */
+
+/* The tenant of a body-less request with no API keys: ?user=NAME, else "default". */
+static int query_tenant(conn_req *r, field_err *e)
+{
+	return request_tenant(r, MHD_lookup_connection_value(r->con, MHD_GET_ARGUMENT_KIND, "user"), e);
+}
+
+static json_t *tiers3(const uint32_t v[KVT_TIER_COUNT])
+{
+	return json_pack("{s:I, s:I, s:I}", "hbm", (json_int_t)v[KVT_TIER_HBM], "host", (json_int_t)v[KVT_TIER_HOST],
+			 "nvme", (json_int_t)v[KVT_TIER_NVME]);
+}
+
+static enum MHD_Result handle_sessions(conn_req *r, kvt_sched *sched)
+{
+	field_err e = { { 0 }, { 0 } };
+	if (query_tenant(r, &e))
+		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+	kvt_session_info *si = NULL;
+	size_t n = 0;
+	int rc = kvt_sched_sessions(sched, r->tenant, &si, &n);
+	if (rc != KVT_OK)
+		return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
+	json_t *data = json_array();
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I}", "id", si[i].id, "tenant",
+						      si[i].tenant, "tokens", (json_int_t)si[i].n_tokens, "blocks",
+						      (json_int_t)si[i].n_blocks, "blocks_in", tiers3(si[i].blocks_in),
+						      "blocks_missing", (json_int_t)si[i].blocks_missing, "updated",
+						      (json_int_t)(si[i].updated_us / 1000000)));
+	free(si);
+	return reply_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), false);
+}
+
+static enum MHD_Result handle_session_delete(conn_req *r, kvt_sched *sched, const char *id)
+{
+	field_err e = { { 0 }, { 0 } };
+	if (query_tenant(r, &e))
+		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+	int rc = kvt_sched_session_delete(sched, r->tenant, id);
+	if (rc == KVT_ENOTFOUND)
+		return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+	if (rc != KVT_OK)
+		return reply_error(r, rc == KVT_EINVAL ? 400 : 500, NULL, NULL, "deleting session '%s' failed (%s)", id,
+				   kvt_strerror(rc));
+	return reply_json(r, 200, json_pack("{s:s, s:b}", "id", id, "deleted", 1), false);
+}
+
+static json_t *resume_json(const kvt_resume_report *rep)
+{
+	return json_pack("{s:s, s:I, s:I, s:o, s:{s:I, s:I, s:I}, s:I, s:f, s:f, s:b}", "id", rep->id, "tokens",
+			 (json_int_t)rep->n_tokens, "blocks", (json_int_t)rep->n_blocks, "restored_tokens",
+			 tiers3(rep->tokens_from), "restored_bytes", "hbm", (json_int_t)rep->bytes_from[KVT_TIER_HBM],
+			 "host", (json_int_t)rep->bytes_from[KVT_TIER_HOST], "nvme",
+			 (json_int_t)rep->bytes_from[KVT_TIER_NVME], "missing_tokens", (json_int_t)rep->tokens_missing,
+			 "seconds", rep->seconds, "prefill_seconds_avoided", rep->prefill_s, "prefill_measured",
+			 (int)rep->prefill_measured);
+}
+
+/* A streamed resume: a producer thread runs it; the content reader hands out its NDJSON lines. */
+typedef struct resume_job {
+	kvt_server *srv;                  /* owner */
+	kvt_sched *sched;                 /* borrowed */
+	char tenant[KVT_NAME_MAX + 1];    /* the caller's tenant */
+	char id[KVT_NAME_MAX + 1];        /* the session */
+	pthread_t thread;                 /* the producer */
+	bool started;                     /* thread is joinable */
+	pthread_mutex_t mu;               /* guards out, out_off, done */
+	pthread_cond_t cv;                /* out grew or done */
+	sbuf out;                         /* NDJSON not yet handed to MHD */
+	size_t out_off;                   /* of those, already handed */
+	bool done;                        /* the last line is in out */
+	int sock_fd;                      /* hang-up polls */
+} resume_job;
+
+static void resume_put(resume_job *rj, json_t *v, bool last)
+{
+	char *s = v ? json_dumps(v, SRV_JSON_FLAGS) : NULL;
+	json_decref(v);
+	pthread_mutex_lock(&rj->mu);
+	if (s) {
+		sbuf_add(&rj->out, s, strlen(s));
+		sbuf_add(&rj->out, "\n", 1);
+	} else {
+		rj->out.failed = true;
+	}
+	if (last)
+		rj->done = true;
+	pthread_cond_signal(&rj->cv);
+	pthread_mutex_unlock(&rj->mu);
+	free(s);
+}
+
+static void resume_progress(void *user, uint32_t done, uint32_t total)
+{
+	resume_put(user, json_pack("{s:s, s:I, s:I}", "event", "progress", "blocks_done", (json_int_t)done,
+				   "blocks_total", (json_int_t)total),
+		   false);
+}
+
+static void *resume_main(void *arg)
+{
+	resume_job *rj = arg;
+	kvt_resume_report rep;
+	memset(&rep, 0, sizeof(rep));
+	int rc = kvt_sched_session_resume(rj->sched, rj->tenant, rj->id, resume_progress, rj, &rep);
+	json_t *v;
+	if (rc == KVT_OK) {
+		v = resume_json(&rep);
+		if (v)
+			json_object_set_new(v, "event", json_string("done"));
+	} else {
+		v = json_pack("{s:s, s:o}", "event", "error", "error",
+			      error_object(rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
+					   rc == KVT_ENOTFOUND ? "not_found" : NULL,
+					   rc == KVT_ENOTFOUND ? "the session is gone" : kvt_strerror(rc)));
+	}
+	resume_put(rj, v, true);
+	return NULL;
+}
+
+static ssize_t resume_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	resume_job *rj = cls;
+	pthread_mutex_lock(&rj->mu);
+	for (;;) {
+		if (rj->out.failed) {
+			pthread_mutex_unlock(&rj->mu);
+			return MHD_CONTENT_READER_END_WITH_ERROR;
+		}
+		if (rj->out_off < rj->out.n) {
+			size_t k = rj->out.n - rj->out_off < max ? rj->out.n - rj->out_off : max;
+			memcpy(buf, rj->out.p + rj->out_off, k);
+			rj->out_off += k;
+			if (rj->out_off == rj->out.n)
+				rj->out_off = rj->out.n = 0;
+			pthread_mutex_unlock(&rj->mu);
+			return (ssize_t)k;
+		}
+		if (rj->done) {
+			pthread_mutex_unlock(&rj->mu);
+			return MHD_CONTENT_READER_END_OF_STREAM;
+		}
+		if (peer_gone(rj->sock_fd) || atomic_load(&rj->srv->stopping)) {
+			pthread_mutex_unlock(&rj->mu);
+			return MHD_CONTENT_READER_END_WITH_ERROR; /* the resume runs to its end; free joins it */
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)(SRV_WAIT_S * 1e9);
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&rj->cv, &rj->mu, &ts);
+	}
+}
+
+static void resume_free(void *cls)
+{
+	resume_job *rj = cls;
+	if (rj->started)
+		pthread_join(rj->thread, NULL);
+	pthread_mutex_destroy(&rj->mu);
+	pthread_cond_destroy(&rj->cv);
+	free(rj->out.p);
+	free(rj);
+}
+
+static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *id)
+{
+	field_err e = { { 0 }, { 0 } };
+	bool stream = false;
+	const char *user = NULL;
+	json_t *body = NULL;
+	if (r->n_body) {
+		json_error_t jerr;
+		body = json_loadb(r->body, r->n_body, JSON_REJECT_DUPLICATES, &jerr);
+		if (!body)
+			return reply_error(r, 400, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)",
+					   jerr.text, jerr.line, jerr.column);
+		if (!json_is_object(body)) {
+			json_decref(body);
+			return reply_error(r, 400, NULL, "invalid_json", "the body must be a JSON object");
+		}
+		if (get_bool(body, "stream", &stream, &e) || get_str(body, "user", &user, &e)) {
+			json_decref(body);
+			return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+		}
+	}
+	int bad = user ? request_tenant(r, user, &e) : query_tenant(r, &e);
+	json_decref(body); /* user points into body: used above only */
+	if (bad)
+		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+
+	if (!stream) {
+		kvt_resume_report rep;
+		memset(&rep, 0, sizeof(rep));
+		int rc = kvt_sched_session_resume(sched, r->tenant, id, NULL, NULL, &rep);
+		if (rc == KVT_ENOTFOUND)
+			return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+		if (rc != KVT_OK)
+			return reply_error(r, rc == KVT_EINVAL ? 400 : 500, NULL, NULL, "resuming session '%s' failed (%s)",
+					   id, kvt_strerror(rc));
+		return reply_json(r, 200, resume_json(&rep), false);
+	}
+
+	/* streamed: answer 404 before the 200 header when the session is unknown */
+	kvt_session_info *si = NULL;
+	size_t n = 0;
+	bool found = false;
+	int rc = kvt_sched_sessions(sched, r->tenant, &si, &n);
+	if (rc != KVT_OK)
+		return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
+	for (size_t i = 0; i < n && !found; i++)
+		found = !strcmp(si[i].id, id);
+	free(si);
+	if (!found)
+		return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+	resume_job *rj = calloc(1, sizeof(*rj));
+	if (!rj)
+		return reply_error(r, 500, NULL, NULL, "out of memory");
+	rj->srv = r->srv;
+	rj->sched = sched;
+	rj->sock_fd = conn_fd(r->con);
+	snprintf(rj->tenant, sizeof(rj->tenant), "%s", r->tenant);
+	snprintf(rj->id, sizeof(rj->id), "%.*s", KVT_NAME_MAX, id);
+	pthread_mutex_init(&rj->mu, NULL);
+	pthread_cond_init(&rj->cv, NULL);
+	struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resume_reader, rj, resume_free);
+	if (!resp) {
+		resume_free(rj);
+		return reply_error(r, 500, NULL, NULL, "out of memory");
+	}
+	if (pthread_create(&rj->thread, NULL, resume_main, rj) != 0) {
+		MHD_destroy_response(resp); /* calls resume_free */
+		return reply_error(r, 500, NULL, NULL, "could not start the resume thread");
+	}
+	rj->started = true;
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+	r->status = 200;
+	r->answered = true;
+	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+/* ------------------------------------------------------------------------ */
+/* routing                                                                    */
+
+enum route {
+	R_NONE = 0,
+	R_HEALTH,
+	R_METRICS,
+	R_MODELS,
+	R_COMPLETIONS,
+	R_CHAT,
+	R_STATS,
+	R_SESSIONS,
+	R_SESSION,        /* /v1/sessions/{id} */
+	R_SESSION_RESUME, /* /v1/sessions/{id}/resume */
+};
+
+/* Which route a path names; *id (sessions) points into a buffer of the caller. */
+static enum route route_of(const char *path, char *id, size_t id_cap)
+{
+	static const struct { const char *path; enum route r; } fixed[] = {
+		{ "/health", R_HEALTH },
+		{ "/metrics", R_METRICS },
+		{ "/v1/models", R_MODELS },
+		{ "/v1/completions", R_COMPLETIONS },
+		{ "/v1/chat/completions", R_CHAT },
+		{ "/v1/stats", R_STATS },
+		{ "/v1/sessions", R_SESSIONS },
+	};
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+		if (!strcmp(path, fixed[i].path))
+			return fixed[i].r;
+	if (strncmp(path, "/v1/sessions/", 13) != 0)
+		return R_NONE;
+	const char *s = path + 13, *slash = strchr(s, '/');
+	size_t len = slash ? (size_t)(slash - s) : strlen(s);
+	if (len == 0 || len >= id_cap)
+		return R_NONE;
+	memcpy(id, s, len);
+	id[len] = 0;
+	if (!slash)
+		return R_SESSION;
+	return !strcmp(slash, "/resume") ? R_SESSION_RESUME : R_NONE;
+}
+
+static const char *route_method(enum route rt)
+{
+	switch (rt) {
+	case R_COMPLETIONS:
+	case R_CHAT:
+	case R_SESSION_RESUME:
+		return "POST";
+	case R_SESSION:
+		return "DELETE";
+	default:
+		return "GET";
+	}
+}
+
+/* Constant-time compare of a presented key with a configured one. */
+static bool key_equal(const char *a, size_t na, const char *b)
+{
+	size_t nb = strlen(b);
+	unsigned diff = (unsigned)(na ^ nb);
+	for (size_t i = 0; i < na; i++)
+		diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (nb ? nb : 1)];
+	return diff == 0 && nb > 0;
+}
+
+static bool authenticate(conn_req *r)
+{
+	kvt_server *srv = r->srv;
+	const char *h = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+		return false;
+	const char *k = h + 7;
+	while (*k == ' ')
+		k++;
+	size_t nk = strlen(k);
+	while (nk && k[nk - 1] == ' ')
+		nk--;
+	bool ok = false;
+	for (size_t i = 0; i < srv->cfg.n_keys; i++)
+		if (key_equal(k, nk, srv->keys[i].key) && !ok) {
+			ok = true;
+			snprintf(r->tenant, sizeof(r->tenant), "%s", srv->keys[i].tenant[0] ? srv->keys[i].tenant : "default");
+		}
+	return ok;
+}
+
+static enum MHD_Result dispatch(conn_req *r)
+{
+	kvt_server *srv = r->srv;
+	char id[KVT_NAME_MAX + 2];
+	enum route rt = route_of(r->path, id, sizeof(id));
+	if (rt == R_NONE)
+		return reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
+	const char *want = route_method(rt);
+	bool head_ok = !strcmp(want, "GET") && !strcmp(r->method, "HEAD");
+	if (strcmp(r->method, want) && !head_ok)
+		return reply_error(r, 405, NULL, "method_not_allowed", "%s does not accept %s (use %s)", r->path,
+				   r->method, want);
+	if (rt == R_HEALTH)
+		return handle_health(r);
+	if (rt != R_METRICS && srv->cfg.n_keys && !authenticate(r))
+		return reply_error(r, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
+	kvt_sched *sched = atomic_load(&srv->sched);
+	const kvt_tok *tok = atomic_load(&srv->tok);
+	if (!sched)
+		return reply_error(r, 503, NULL, "loading", "the model is loading; retry shortly");
+	bool new_work = rt == R_COMPLETIONS || rt == R_CHAT || rt == R_SESSION_RESUME;
+	if (new_work && atomic_load(&srv->draining))
+		return reply_error(r, 503, NULL, "draining", "the server is shutting down");
+	if ((rt == R_SESSION || rt == R_SESSION_RESUME) && !kvt_name_valid(id))
+		return reply_error(r, 400, "id", NULL,
+				   "the session id must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+	switch (rt) {
+	case R_METRICS:
+		return handle_metrics(r, sched);
+	case R_MODELS:
+		return handle_models(r);
+	case R_COMPLETIONS:
+		return handle_generate(r, sched, tok, false);
+	case R_CHAT:
+		return handle_generate(r, sched, tok, true);
+	case R_STATS:
+		return handle_stats(r, sched);
+	case R_SESSIONS:
+		return handle_sessions(r, sched);
+	case R_SESSION:
+		return handle_session_delete(r, sched, id);
+	case R_SESSION_RESUME:
+		return handle_resume(r, sched, id);
+	default:
+		return reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
+	}
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url, const char *method,
+				  const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls)
+{
+	kvt_server *srv = cls;
+	conn_req *r = *con_cls;
+	if (!r) {
+		if (!(r = calloc(1, sizeof(*r))))
+			return MHD_NO;
+		r->srv = srv;
+		r->con = con;
+		r->t0 = kvt_now_s();
+		snprintf(r->method, sizeof(r->method), "%s", method);
+		snprintf(r->path, sizeof(r->path), "%s", url);
+		snprintf(r->tenant, sizeof(r->tenant), "default");
+		*con_cls = r;
+		const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+		if (cl) {
+			char *end;
+			unsigned long long v = strtoull(cl, &end, 10);
+			if (end != cl && v > srv->cfg.max_body_bytes) {
+				/* answered before the body is read: MHD then skips the body and closes */
+				r->too_large = true;
+				return reply_error(r, 413, NULL, "request_too_large", "the body (%llu bytes) is over the limit of %zu bytes",
+						   v, srv->cfg.max_body_bytes);
+			}
+		}
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		size_t n = *upload_data_size;
+		*upload_data_size = 0;
+		if (r->answered || r->too_large)
+			return MHD_YES;
+		if (r->n_body + n > srv->cfg.max_body_bytes) {
+			r->too_large = true; /* discard the rest, answer 413 at the end */
+			free(r->body);
+			r->body = NULL;
+			r->n_body = r->cap_body = 0;
+			return MHD_YES;
+		}
+		if (r->n_body + n + 1 > r->cap_body) {
+			size_t cap = r->cap_body ? r->cap_body : 4096;
+			while (cap < r->n_body + n + 1)
+				cap *= 2;
+			char *p = realloc(r->body, cap);
+			if (!p)
+				return MHD_NO;
+			r->body = p;
+			r->cap_body = cap;
+		}
+		memcpy(r->body + r->n_body, upload_data, n);
+		r->n_body += n;
+		r->body[r->n_body] = 0;
+		return MHD_YES;
+	}
+	if (r->answered)
+		return MHD_YES;
+	if (r->too_large)
+		return reply_error(r, 413, NULL, "request_too_large", "the body is over the limit of %zu bytes",
+				   srv->cfg.max_body_bytes);
+	return dispatch(r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+	conn_req *r = *con_cls;
+	if (!r)
+		return;
+	*con_cls = NULL;
+	unsigned status = r->status ? r->status : 499; /* nothing sent: the client went away */
+	KVT_LOGI("http %s %s %u tenant=%s tokens=%u+%u ms=%.1f%s", r->method, r->path, status, r->tenant,
+		 atomic_load(&r->n_prompt), atomic_load(&r->n_completion), (kvt_now_s() - r->t0) * 1e3,
+		 toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
+	free(r->body);
+	free(r);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char line[512];
+	vsnprintf(line, sizeof(line), fmt, ap);
+	size_t n = strlen(line);
+	while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+		line[--n] = 0;
+	KVT_LOGW("http: %s", line);
+}
+
+/* ------------------------------------------------------------------------ */
+/* lifecycle                                                                  */
+
+int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
+{
+	if (!cfg || !out || !cfg->host) {
+		KVT_LOGE("http: no configuration or no host");
+		return KVT_EINVAL;
+	}
+	if (cfg->n_keys && !cfg->keys) {
+		KVT_LOGE("http: n_keys = %zu but no keys", cfg->n_keys);
+		return KVT_EINVAL;
+	}
+	if (!cfg->max_connections || !cfg->max_concurrent || !cfg->max_header_bytes || !cfg->max_tokens_limit ||
+	    !cfg->max_n || !cfg->default_max_tokens || cfg->default_max_tokens > cfg->max_tokens_limit) {
+		KVT_LOGE("http: max_connections, max_concurrent, max_header_bytes, max_tokens_limit, max_n and "
+			 "default_max_tokens must be > 0, default_max_tokens <= max_tokens_limit");
+		return KVT_EINVAL;
+	}
+	for (size_t i = 0; i < cfg->n_keys; i++)
+		if (!cfg->keys[i].key[0] || (cfg->keys[i].tenant[0] && !kvt_name_valid(cfg->keys[i].tenant))) {
+			KVT_LOGE("http: API key %zu: empty key or bad tenant name '%s'", i, cfg->keys[i].tenant);
+			return KVT_EINVAL;
+		}
+	struct sockaddr_storage ss;
+	memset(&ss, 0, sizeof(ss));
+	bool v6 = false;
+	struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+	if (inet_pton(AF_INET, cfg->host, &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		a4->sin_port = htons(cfg->port);
+	} else if (inet_pton(AF_INET6, cfg->host, &a6->sin6_addr) == 1) {
+		a6->sin6_family = AF_INET6;
+		a6->sin6_port = htons(cfg->port);
+		v6 = true;
+	} else {
+		KVT_LOGE("http: listen host '%s' is not a numeric IPv4 or IPv6 address", cfg->host);
+		return KVT_EINVAL;
+	}
+
+	kvt_server *srv = calloc(1, sizeof(*srv));
+	if (!srv)
+		return KVT_ENOMEM;
+	srv->cfg = *cfg;
+	snprintf(srv->model_id, sizeof(srv->model_id), "%s", cfg->model_id && *cfg->model_id ? cfg->model_id : "kvtier");
+	srv->cfg.model_id = srv->model_id;
+	snprintf(srv->kv_dtype, sizeof(srv->kv_dtype), "%s", cfg->kv_dtype && *cfg->kv_dtype ? cfg->kv_dtype : "f16");
+	srv->cfg.kv_dtype = srv->kv_dtype;
+	srv->cfg.host = NULL; /* not kept */
+	if (cfg->n_keys) {
+		if (!(srv->keys = calloc(cfg->n_keys, sizeof(*srv->keys)))) {
+			free(srv);
+			return KVT_ENOMEM;
+		}
+		memcpy(srv->keys, cfg->keys, cfg->n_keys * sizeof(*srv->keys));
+		srv->cfg.keys = srv->keys;
+	}
+	srv->created = (int64_t)time(NULL);
+	srv->t_start = kvt_now_s();
+	/*
+	 * MHD keeps the request line, the headers and its read/write buffers in
+	 * one per-connection pool: headers that do not fit are answered 431. The
+	 * pool is the header limit plus room for the buffers.
+	 */
+	size_t pool = cfg->max_header_bytes + (32 << 10);
+	unsigned timeout = cfg->request_timeout_s > 0 ? (unsigned)cfg->request_timeout_s : 0;
+	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+			 (v6 ? MHD_USE_DUAL_STACK : 0);
+	srv->mhd = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+				    srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+				    (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+				    MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+				    MHD_OPTION_END);
+	if (!srv->mhd) {
+		KVT_LOGE("http: cannot listen on %s port %u (address in use, or not permitted?)", cfg->host,
+			 (unsigned)cfg->port);
+		free(srv->keys);
+		free(srv);
+		return KVT_EIO;
+	}
+	const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
+	srv->port = di ? di->port : cfg->port;
+	KVT_LOGI("http: listening on %s%s%s:%u", v6 ? "[" : "", cfg->host, v6 ? "]" : "", (unsigned)srv->port);
+	*out = srv;
+	return KVT_OK;
+}
+
+uint16_t kvt_server_port(const kvt_server *srv)
+{
+	return srv ? srv->port : 0;
+}
+
+void kvt_server_set_engine(kvt_server *srv, kvt_sched *sched, const struct kvt_tok *tok)
+{
+	atomic_store(&srv->tok, tok);
+	atomic_store(&srv->sched, sched); /* last: a request that sees sched sees tok */
+}
+
+void kvt_server_drain(kvt_server *srv)
+{
+	if (srv)
+		atomic_store(&srv->draining, true);
+}
+
+uint32_t kvt_server_in_flight(kvt_server *srv)
+{
+	return srv ? atomic_load(&srv->in_flight) : 0;
+}
+
+void kvt_server_stop(kvt_server *srv)
+{
+	if (!srv)
+		return;
+	atomic_store(&srv->stopping, true); /* waits give up within SRV_WAIT_S */
+	MHD_stop_daemon(srv->mhd);          /* closes the sockets, joins every connection thread */
+	free(srv->keys);
+	free(srv);
+}

@@ -1,0 +1,57 @@
+/*
+ * engine/serve/server.h — kvtierd's HTTP API (OpenAI-compatible, plus kvtier's
+ * session, statistics and health endpoints) on libmicrohttpd, JSON through
+ * jansson. The wire format is specified in docs/http-api.md.
+ *
+ * The server starts before the model is loaded: /health answers 503
+ * ("loading") and every other route 503 until kvt_server_set_engine. One
+ * thread per connection; a connection thread blocks on its request's
+ * scheduler handle and notices a client that went away (the request is
+ * cancelled).
+ */
+#ifndef KVT_SERVER_H
+#define KVT_SERVER_H
+
+#include "scheduler.h"
+
+struct kvt_tok;
+
+typedef struct kvt_api_key {
+	char tenant[KVT_NAME_MAX + 1]; /* the tenant requests with this key belong to */
+	char key[256];                 /* the bearer token */
+} kvt_api_key;
+
+typedef struct kvt_server_config {
+	const char *host;              /* listen address, e.g. "127.0.0.1" (numeric IPv4 or IPv6) */
+	uint16_t port;                 /* 0: an ephemeral port (read it with kvt_server_port) */
+	const kvt_api_key *keys;       /* [n_keys]; 0 keys: no auth, tenant from "user" (else "default") */
+	size_t n_keys;
+	uint32_t max_connections;      /* concurrent connections (default 64) */
+	uint32_t max_concurrent;       /* requests being generated or queued at once; beyond: 503 + Retry-After (default 32) */
+	size_t max_header_bytes;       /* request line + headers (default 16 KiB) */
+	size_t max_body_bytes;         /* request body (default 1 MiB): 413 beyond */
+	uint32_t max_tokens_limit;     /* largest max_tokens accepted (default 4096) */
+	uint32_t max_n;                /* largest n accepted (default 4) */
+	uint32_t default_max_tokens;   /* max_tokens when absent (default 256) */
+	double request_timeout_s;      /* idle connection timeout (default 600) */
+	const char *model_id;          /* id reported by /v1/models and in responses */
+	const char *kv_dtype;          /* T1/T2 record format for /v1/stats ("f16", "fp8", "int8"); NULL: "f16" */
+} kvt_server_config;
+
+void kvt_server_config_default(kvt_server_config *c);
+
+typedef struct kvt_server kvt_server;
+
+/* Bind and start serving (503 everywhere until set_engine). KVT_EINVAL, KVT_EIO (bind failed: logged). */
+int kvt_server_start(const kvt_server_config *cfg, kvt_server **out);
+uint16_t kvt_server_port(const kvt_server *srv);
+/* The engine is ready: borrowed, must outlive the server (or kvt_server_stop first). */
+void kvt_server_set_engine(kvt_server *srv, kvt_sched *sched, const struct kvt_tok *tok);
+/* Refuse new work with 503 (health says "draining"); in-flight requests go on. */
+void kvt_server_drain(kvt_server *srv);
+/* Requests in flight now. */
+uint32_t kvt_server_in_flight(kvt_server *srv);
+/* Close the listener and every connection; frees. NULL is a no-op. */
+void kvt_server_stop(kvt_server *srv);
+
+#endif

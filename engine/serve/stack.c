@@ -1,0 +1,81 @@
+/*
+ * engine/serve/stack.c — the serving stack (stack.h).
+ */
+#include "stack.h"
+
+#include <string.h>
+
+void kvt_stack_config_default(kvt_stack_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->block_tokens = 16;
+	kvt_tm_config_default(&c->tm);
+	kvt_sched_config_default(&c->sched);
+}
+
+int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
+{
+	kvt_kv_layout shape;
+	int rc;
+
+	memset(s, 0, sizeof(*s));
+	kvt_model_kv_shape(c->model, c->block_tokens, &shape);
+	if ((rc = kvt_t0_create(c->dev, &shape, c->t0_slots, &s->t0)) ||
+	    (rc = kvt_btable_create(c->block_tokens, c->t0_slots, &s->bt)))
+		goto fail;
+	if (c->db_path) {
+		kvt_db_config dbc = { .path = c->db_path, .create = true };
+		memcpy(dbc.ns.model_fp, c->model_fp, KVT_HASH_BYTES);
+		dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
+		dbc.ns.block_tokens = c->block_tokens;
+		if ((rc = kvt_db_open(&dbc, &s->db)))
+			goto fail;
+	}
+	if (c->t2_path && c->db_path && c->tm.t1_slots) {
+		kvt_t2_config tc = c->t2;
+		tc.path = c->t2_path;
+		tc.max_raw_bytes = (uint32_t)kvt_kv_packed_bytes(&shape, c->tm.t1_codec);
+		memcpy(tc.model_fp, c->model_fp, KVT_HASH_BYTES);
+		if ((rc = kvt_t2_open(&tc, &s->t2))) {
+			KVT_LOGE("tier.nvme %s: cannot open: %s", c->t2_path, kvt_strerror(rc));
+			goto fail;
+		}
+	}
+	if (c->tm.t1_slots) {
+		kvt_tm_config tm = c->tm;
+		tm.dev = c->dev;
+		tm.t0 = s->t0;
+		tm.bt = s->bt;
+		tm.t2 = s->t2;
+		tm.db = s->db;
+		if ((rc = kvt_tm_create(&tm, &s->tm)) || (s->t2 && (rc = kvt_tm_recover(s->tm, &s->n_recovered))))
+			goto fail;
+	}
+	kvt_sched_config sc = c->sched;
+	sc.dev = c->dev;
+	sc.model = c->model;
+	sc.tok = c->tok;
+	sc.t0 = s->t0;
+	sc.tm = s->tm;
+	sc.bt = s->bt;
+	sc.db = s->db;
+	memcpy(sc.model_fp, c->model_fp, KVT_HASH_BYTES);
+	sc.layout_version = KVT_KV_LAYOUT_VERSION;
+	if ((rc = kvt_sched_create(&sc, &s->sched)))
+		goto fail;
+	return KVT_OK;
+fail:
+	kvt_stack_close(s);
+	return rc;
+}
+
+void kvt_stack_close(kvt_stack *s)
+{
+	kvt_sched_destroy(s->sched); /* flushes the cache to NVMe and commits the index */
+	kvt_tm_destroy(s->tm);
+	kvt_db_close(s->db);
+	kvt_t2_close(s->t2);
+	kvt_btable_destroy(s->bt);
+	kvt_t0_destroy(s->t0);
+	memset(s, 0, sizeof(*s));
+}
