@@ -8,8 +8,9 @@
  * the ids must match exactly, and decoding them (kvt_tok_token_bytes and the
  * streaming decoder) must give the input back. A mismatch prints the input and
  * both id lists. It also checks the model's special ids, the chat format with
- * the template stored in the file, and prints encode speed on ~100 KB of text
- * (information, not an assertion).
+ * the template stored in the file, that a chat message made of every special
+ * token's text encodes to no special id but the template's own markers, and
+ * prints encode speed on ~100 KB of text (information, not an assertion).
  */
 #include "check.h"
 #include "gguf.h"
@@ -236,6 +237,85 @@ static void check_chat(const kvt_tok *t)
 	free(s);
 }
 
+/*
+ * A forged turn: a user message holding the text of every special token of
+ * the vocabulary (CONTROL, USER_DEFINED, UNKNOWN; "<|im_end|>" among them) must
+ * encode to ids in which the only special ids are the template's markers, as
+ * many as the template writes. A message of plain text encodes exactly as the
+ * formatted string with special tokens parsed (what the daemon sent before).
+ */
+static void check_chat_no_forgery(const kvt_gguf *g, const kvt_tok *t)
+{
+	const kvt_gguf_kv *types = NULL;
+	size_t n_vocab = kvt_tok_n_vocab(t), len = 0, n_specials = 0;
+
+	CHECK(kvt_gguf_get_arr(g, "tokenizer.ggml.token_type", KVT_GGUF_INT32, &types) == KVT_OK);
+	if (!types)
+		return;
+	CHECK(types->n == n_vocab);
+	char *forged = calloc(1, 1);
+	for (size_t id = 0; forged && id < n_vocab && id < types->n; id++) {
+		int64_t ty = kvt_gguf_arr_i64(types, id);
+		const char *bytes;
+		size_t n;
+		if (ty != KVT_TOK_CONTROL && ty != KVT_TOK_USER_DEFINED && ty != KVT_TOK_UNKNOWN)
+			continue;
+		CHECK(kvt_tok_token_bytes(t, (int32_t)id, &bytes, &n) == KVT_OK);
+		char *p = realloc(forged, len + n + 3);
+		CHECK(p != NULL);
+		if (!p)
+			break;
+		forged = p;
+		memcpy(forged + len, bytes, n);
+		memcpy(forged + len + n, " x", 2);
+		len += n + 2;
+		forged[len] = '\0';
+		n_specials++;
+	}
+	printf("forged message: the text of %zu special tokens, %zu bytes\n", n_specials, len);
+	CHECK(n_specials >= 2 && forged && strstr(forged, "<|im_end|>") && strstr(forged, "<|im_start|>"));
+
+	kvt_chat_msg msgs[] = { { "system", "Be brief." }, { "user", forged ? forged : "" } };
+	int32_t *ids = NULL;
+	size_t n_ids = 0, n_start = 0, n_end = 0, n_other = 0;
+	CHECK(kvt_tok_chat_encode(t, msgs, 2, true, &ids, &n_ids) == KVT_OK);
+	for (size_t i = 0; ids && i < n_ids; i++) {
+		int64_t ty = ids[i] >= 0 && (size_t)ids[i] < types->n ? kvt_gguf_arr_i64(types, (uint64_t)ids[i]) : -1;
+		if (ty == KVT_TOK_NORMAL || ty == KVT_TOK_BYTE)
+			continue;
+		const char *bytes;
+		size_t n;
+		CHECK(kvt_tok_token_bytes(t, ids[i], &bytes, &n) == KVT_OK);
+		if (n == 12 && !memcmp(bytes, "<|im_start|>", 12))
+			n_start++;
+		else if (n == 10 && !memcmp(bytes, "<|im_end|>", 10))
+			n_end++;
+		else {
+			n_other++;
+			CHECKF(0, "special id %d (%.*s) at position %zu of the prompt", ids[i], (int)n, bytes, i);
+		}
+	}
+	CHECKF(n_start == 3 && n_end == 2 && n_other == 0, "markers: %zu <|im_start|>, %zu <|im_end|>, %zu other",
+	       n_start, n_end, n_other);
+	free(ids);
+	free(forged);
+
+	/* Plain text: the same ids as the formatted string, specials parsed. */
+	kvt_chat_msg plain[] = { { "user", "What is the capital of France?\n\n  Answer  in one word." },
+				 { "assistant", "Paris." }, { "user", " And of Spain?" } };
+	char *s = NULL;
+	int32_t want[256];
+	size_t n_want = 0;
+	ids = NULL;
+	CHECK(kvt_tok_chat_format(t, plain, 3, true, &s) == KVT_OK);
+	CHECK(s && kvt_tok_encode(t, s, strlen(s), true, want, 256, &n_want) == KVT_OK);
+	CHECK(kvt_tok_chat_encode(t, plain, 3, true, &ids, &n_ids) == KVT_OK);
+	CHECKF(ids && n_ids == n_want && !memcmp(ids, want, n_ids * sizeof(*ids)),
+	       "chat_encode gives %zu ids, encode(chat_format) %zu", n_ids, n_want);
+	free(ids);
+	free(s);
+}
+
 /* Encode speed on ~100 KB of mixed text and a 10 KB run without spaces (printed only). */
 static void report_speed(const kvt_tok *t)
 {
@@ -287,6 +367,7 @@ int main(void)
 		check_reference(t);
 		check_specials(t);
 		check_chat(t);
+		check_chat_no_forgery(g, t);
 		report_speed(t);
 	}
 	kvt_tok_destroy(t);

@@ -1470,13 +1470,21 @@ int kvt_tok_stream_flush(kvt_tok_stream *s, char *out, size_t cap, size_t *n_out
 
 /* ---- chat ---- */
 
-int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs,
-			bool add_generation_prompt, char **out)
+/*
+ * The ChatML structure of a conversation as a run of pieces: the template's
+ * own markers (<|im_start|>, <|im_end|>) and text (roles, newlines, message
+ * contents). kvt_tok_chat_format joins them into a string; kvt_tok_chat_encode
+ * turns markers into their token ids and encodes the text between two markers
+ * as one fragment with no special tokens parsed, so a message cannot carry a
+ * control token in its text.
+ */
+typedef int (*kvt_tok_chat_piece_fn)(void *ctx, bool marker, const char *s, size_t len);
+
+static int kvt_tok_chat_walk(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
+			     kvt_tok_chat_piece_fn fn, void *ctx)
 {
-	static const char start[] = "<|im_start|>", end[] = "<|im_end|>\n", gen[] = "<|im_start|>assistant\n";
-	bool add_system;
-	uint64_t total = 1;
-	char *buf, *p;
+	static const char start[] = "<|im_start|>", end[] = "<|im_end|>";
+	int rc;
 
 	if (!t->chatml) {
 		KVT_LOGE("tokenizer: chat template is missing or not ChatML (no <|im_start|>); not supported");
@@ -1486,33 +1494,140 @@ int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msg
 		KVT_LOGE("tokenizer: chat: NULL message array of %zu messages", n_msgs);
 		return KVT_EINVAL;
 	}
-	for (size_t i = 0; i < n_msgs; i++) {
+	for (size_t i = 0; i < n_msgs; i++)
 		if (!msgs[i].role || !msgs[i].content) {
 			KVT_LOGE("tokenizer: chat message %zu: NULL %s", i, msgs[i].role ? "content" : "role");
 			return KVT_EINVAL;
 		}
-		if (!kvt_add_u64(total, sizeof(start) + strlen(msgs[i].role) + strlen(msgs[i].content) +
-					sizeof(end), &total))
-			return KVT_ENOMEM;
+	bool add_system = n_msgs && t->default_system && strcmp(msgs[0].role, "system") != 0;
+	for (size_t i = add_system ? 0 : 1; i <= n_msgs; i++) {
+		const char *role = i ? msgs[i - 1].role : "system";
+		const char *content = i ? msgs[i - 1].content : t->default_system;
+
+		if ((rc = fn(ctx, true, start, sizeof(start) - 1)) || (rc = fn(ctx, false, role, strlen(role))) ||
+		    (rc = fn(ctx, false, "\n", 1)) || (rc = fn(ctx, false, content, strlen(content))) ||
+		    (rc = fn(ctx, true, end, sizeof(end) - 1)) || (rc = fn(ctx, false, "\n", 1)))
+			return rc;
 	}
-	add_system = n_msgs && t->default_system && strcmp(msgs[0].role, "system") != 0;
-	if (add_system)
-		total += sizeof(start) + strlen("system\n") + strlen(t->default_system) + sizeof(end);
-	if (add_generation_prompt)
-		total += sizeof(gen);
-	if (total > SIZE_MAX || !(buf = malloc((size_t)total))) {
-		KVT_LOGE("tokenizer: chat: out of memory for a %llu-byte prompt", (unsigned long long)total);
+	if (add_generation_prompt &&
+	    ((rc = fn(ctx, true, start, sizeof(start) - 1)) || (rc = fn(ctx, false, "assistant\n", 10))))
+		return rc;
+	return KVT_OK;
+}
+
+struct kvt_tok_chat_str {
+	char *buf;  /* NULL while counting */
+	size_t len; /* bytes so far */
+};
+
+static int kvt_tok_chat_str_piece(void *ctx, bool marker, const char *s, size_t len)
+{
+	struct kvt_tok_chat_str *c = ctx;
+
+	if (len > SIZE_MAX - 1 - c->len)
 		return KVT_ENOMEM;
+	if (c->buf)
+		memcpy(c->buf + c->len, s, len);
+	c->len += len;
+	return KVT_OK;
+}
+
+int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs,
+			bool add_generation_prompt, char **out)
+{
+	struct kvt_tok_chat_str c = { 0 };
+	int rc = kvt_tok_chat_walk(t, msgs, n_msgs, add_generation_prompt, kvt_tok_chat_str_piece, &c);
+
+	if (rc == KVT_OK && !(c.buf = malloc(c.len + 1)))
+		rc = KVT_ENOMEM;
+	if (rc == KVT_ENOMEM)
+		KVT_LOGE("tokenizer: chat: out of memory for a %zu-byte prompt", c.len);
+	if (rc)
+		return rc;
+	c.len = 0;
+	rc = kvt_tok_chat_walk(t, msgs, n_msgs, add_generation_prompt, kvt_tok_chat_str_piece, &c);
+	KVT_ASSERT(rc == KVT_OK); /* the same walk that just counted */
+	c.buf[c.len] = '\0';
+	*out = c.buf;
+	return KVT_OK;
+}
+
+struct kvt_tok_chat_ids {
+	const kvt_tok *t;
+	char *text;     /* text since the last marker (malloc'd) */
+	size_t n_text;  /* bytes in text */
+	size_t cap_text;
+	int32_t *ids;   /* the prompt so far (malloc'd) */
+	size_t n_ids;
+	size_t cap_ids;
+};
+
+/* Encode the pending text (no special tokens parsed) onto the ids. */
+static int kvt_tok_chat_ids_flush(struct kvt_tok_chat_ids *c)
+{
+	for (size_t want = c->n_text + 8;;) {
+		size_t n = 0;
+		int rc;
+
+		if ((rc = kvt_tok_reserve((void **)&c->ids, &c->cap_ids, c->n_ids + want, sizeof(int32_t))))
+			return rc;
+		rc = kvt_tok_encode(c->t, c->text, c->n_text, false, c->ids + c->n_ids, c->cap_ids - c->n_ids, &n);
+		if (rc == KVT_OK) {
+			c->n_ids += n;
+			c->n_text = 0;
+			return KVT_OK;
+		}
+		if (rc != KVT_EFULL)
+			return rc;
+		want = n;
 	}
-	p = buf;
-	if (add_system)
-		p += sprintf(p, "%ssystem\n%s%s", start, t->default_system, end);
-	for (size_t i = 0; i < n_msgs; i++)
-		p += sprintf(p, "%s%s\n%s%s", start, msgs[i].role, msgs[i].content, end);
-	if (add_generation_prompt)
-		p += sprintf(p, "%s", gen);
-	*p = '\0';
-	*out = buf;
+}
+
+static int kvt_tok_chat_ids_piece(void *ctx, bool marker, const char *s, size_t len)
+{
+	struct kvt_tok_chat_ids *c = ctx;
+	int rc;
+
+	if (!marker) {
+		if (len > SIZE_MAX / 2 - c->n_text)
+			return KVT_ENOMEM;
+		if ((rc = kvt_tok_reserve((void **)&c->text, &c->cap_text, c->n_text + len, 1)))
+			return rc;
+		memcpy(c->text + c->n_text, s, len);
+		c->n_text += len;
+		return KVT_OK;
+	}
+	int32_t id = kvt_tok_find_text(c->t, s, len);
+	if (id < 0) {
+		KVT_LOGE("tokenizer: chat: the template's marker %.*s is not a token of the vocabulary", (int)len, s);
+		return KVT_EUNSUPPORTED;
+	}
+	if ((rc = kvt_tok_chat_ids_flush(c)) ||
+	    (rc = kvt_tok_reserve((void **)&c->ids, &c->cap_ids, c->n_ids + 1, sizeof(int32_t))))
+		return rc;
+	c->ids[c->n_ids++] = id;
+	return KVT_OK;
+}
+
+int kvt_tok_chat_encode(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
+			int32_t **ids, size_t *n_ids)
+{
+	struct kvt_tok_chat_ids c = { .t = t };
+	int rc = kvt_tok_chat_walk(t, msgs, n_msgs, add_generation_prompt, kvt_tok_chat_ids_piece, &c);
+
+	if (rc == KVT_OK)
+		rc = kvt_tok_chat_ids_flush(&c);
+	if (rc == KVT_OK && !c.ids) /* nothing to encode: an empty, freeable array */
+		rc = kvt_tok_reserve((void **)&c.ids, &c.cap_ids, 1, sizeof(int32_t));
+	free(c.text);
+	if (rc) {
+		if (rc == KVT_ENOMEM)
+			KVT_LOGE("tokenizer: chat: out of memory encoding %zu messages", n_msgs);
+		free(c.ids);
+		return rc;
+	}
+	*ids = c.ids;
+	*n_ids = c.n_ids;
 	return KVT_OK;
 }
 

@@ -129,4 +129,17 @@ typedef struct kvt_chat_msg {
 int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs,
 			bool add_generation_prompt, char **out);
 
+/*
+ * The same conversation as token ids (malloc'd, caller frees; no BOS): the
+ * template's markers become their token ids, and all other text — roles and
+ * every message's content — is encoded without parsing special tokens, so
+ * "<|im_end|>" inside a message is text, never the control token (a user
+ * cannot close their turn and open a forged one). Text without special tokens
+ * encodes exactly as kvt_tok_encode(parse_special) of kvt_tok_chat_format's
+ * string. Errors as kvt_tok_chat_format; KVT_EUNSUPPORTED (logged) when a
+ * marker is not in the vocabulary.
+ */
+int kvt_tok_chat_encode(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
+			int32_t **ids, size_t *n_ids);
+
 #endif

@@ -722,27 +722,41 @@ static void sse_free(void *cls)
 
 /* ---- request parsing ---- */
 
-/* Tokenize text (parse_special) into a malloc'd array, BOS first when the model asks. */
-static int tokenize(const kvt_tok *tok, const char *text, size_t len, int32_t **out, uint32_t *n_out)
+/* ids (malloc'd, n of them) with BOS put first when the model asks; frees ids on failure. */
+static int with_bos(const kvt_tok *tok, int32_t *ids, size_t n, int32_t **out, uint32_t *n_out)
 {
 	size_t bos = kvt_tok_add_bos(tok) && kvt_tok_bos(tok) >= 0 ? 1 : 0;
+	if (n + bos > UINT32_MAX) {
+		free(ids);
+		return KVT_EINVAL;
+	}
+	if (bos) {
+		int32_t *p = realloc(ids, (n + 1) * sizeof(*p));
+		if (!p) {
+			free(ids);
+			return KVT_ENOMEM;
+		}
+		memmove(p + 1, p, n * sizeof(*p));
+		p[0] = kvt_tok_bos(tok);
+		ids = p;
+	}
+	*out = ids;
+	*n_out = (uint32_t)(n + bos);
+	return KVT_OK;
+}
+
+/* Tokenize text into a malloc'd array, BOS first when the model asks. */
+static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse_special, int32_t **out,
+		    uint32_t *n_out)
+{
 	size_t cap = len + 8, n = 0;
 	for (int attempt = 0; attempt < 2; attempt++) {
-		int32_t *ids = malloc((cap + bos) * sizeof(*ids));
+		int32_t *ids = malloc((cap + 1) * sizeof(*ids));
 		if (!ids)
 			return KVT_ENOMEM;
-		int rc = kvt_tok_encode(tok, text, len, true, ids + bos, cap, &n);
-		if (rc == KVT_OK) {
-			if (bos)
-				ids[0] = kvt_tok_bos(tok);
-			if (n + bos > UINT32_MAX) {
-				free(ids);
-				return KVT_EINVAL;
-			}
-			*out = ids;
-			*n_out = (uint32_t)(n + bos);
-			return KVT_OK;
-		}
+		int rc = kvt_tok_encode(tok, text, len, parse_special, ids, cap, &n);
+		if (rc == KVT_OK)
+			return with_bos(tok, ids, n, out, n_out);
 		free(ids);
 		if (rc != KVT_EFULL)
 			return rc;
@@ -784,8 +798,11 @@ static int message_content(json_t *content, size_t idx, char **out, field_err *e
 	return 0;
 }
 
-/* messages -> a prompt string through the chat template. */
-static int chat_prompt(const kvt_tok *tok, json_t *msgs, char **out, field_err *e)
+/*
+ * messages -> prompt ids through the chat template: only the template's own
+ * markers are special tokens; every message's text is tokenized as text.
+ */
+static int chat_prompt(const kvt_tok *tok, json_t *msgs, int32_t **ids, uint32_t *n_ids, field_err *e)
 {
 	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
 		return fail(e, "messages", "'messages' must be a non-empty array");
@@ -807,18 +824,22 @@ static int chat_prompt(const kvt_tok *tok, json_t *msgs, char **out, field_err *
 			goto out;
 		}
 		const char *r = json_is_string(role) ? json_string_value(role) : NULL;
-		if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))) {
-			fail(e, param, "'%s' must be \"system\", \"user\" or \"assistant\"", param);
+		if (!r || (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant"))) {
+			fail(e, param, "'%s' must be \"system\", \"developer\", \"user\" or \"assistant\"", param);
 			goto out;
 		}
+		if (!strcmp(r, "developer")) /* OpenAI's newer name for the system role */
+			r = "system";
 		json_t *content = json_object_get(m, "content");
 		if (message_content(content, i, &texts[i], e))
 			goto out;
 		cm[i].role = r;
 		cm[i].content = texts[i];
 	}
-	int rc = kvt_tok_chat_format(tok, cm, n, true, out);
-	if (rc == KVT_OK)
+	int32_t *chat_ids = NULL;
+	size_t n_chat = 0;
+	int rc = kvt_tok_chat_encode(tok, cm, n, true, &chat_ids, &n_chat);
+	if (rc == KVT_OK && (rc = with_bos(tok, chat_ids, n_chat, ids, n_ids)) == KVT_OK)
 		ret = 0;
 	else
 		fail(e, "messages", "the messages cannot be formatted with this model's chat template (%s)",
@@ -832,15 +853,15 @@ out:
 }
 
 /* Fill the prompt ids of a completion request. */
-static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *prompt, int32_t **ids, uint32_t *n,
-			     field_err *e)
+static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *prompt, bool parse_special, int32_t **ids,
+			     uint32_t *n, field_err *e)
 {
 	if (!prompt || json_is_null(prompt))
 		return fail(e, "prompt", "'prompt' is required");
 	if (json_is_array(prompt) && json_array_size(prompt) == 1 && json_is_string(json_array_get(prompt, 0)))
 		prompt = json_array_get(prompt, 0);
 	if (json_is_string(prompt)) {
-		int rc = tokenize(tok, json_string_value(prompt), json_string_length(prompt), ids, n);
+		int rc = tokenize(tok, json_string_value(prompt), json_string_length(prompt), parse_special, ids, n);
 		if (rc != KVT_OK)
 			return fail(e, "prompt", "'prompt' could not be tokenized (%s)", kvt_strerror(rc));
 		return 0;
@@ -918,11 +939,10 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	uint32_t n_vocab = kvt_sched_n_vocab(sched), max_ctx = kvt_sched_max_ctx(sched);
 	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0;
 	double temp = 1.0, top_p = 1.0;
-	bool stream = false, include_usage = false, ignore_eos = false, have_seed = false;
+	bool stream = false, include_usage = false, ignore_eos = false, have_seed = false, parse_special = true;
 	const char *model = NULL, *user = NULL, *session = NULL;
 	int32_t *ids = NULL;
 	uint32_t n_ids = 0;
-	char *chat_text = NULL;
 	gen_job *j = NULL;
 	enum MHD_Result ret;
 	json_t *v;
@@ -936,7 +956,8 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	    get_num(body, "top_p", &top_p, &e) || get_int(body, "top_k", 0, n_vocab, &top_k, &e) ||
 	    get_int(body, "seed", LLONG_MIN, LLONG_MAX, &seed, &e) ||
 	    get_int(body, "n", 1, cfg->max_n, &n, &e) || get_bool(body, "stream", &stream, &e) ||
-	    get_bool(body, "ignore_eos", &ignore_eos, &e) || get_str(body, "session_id", &session, &e))
+	    get_bool(body, "ignore_eos", &ignore_eos, &e) || get_str(body, "session_id", &session, &e) ||
+	    (!chat && get_bool(body, "parse_special", &parse_special, &e)))
 		goto bad;
 	have_seed = (v = json_object_get(body, "seed")) && !json_is_null(v);
 	if (!(temp >= 0 && temp <= 2)) {
@@ -1014,14 +1035,9 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	}
 
 	if (chat) {
-		if (chat_prompt(tok, json_object_get(body, "messages"), &chat_text, &e))
+		if (chat_prompt(tok, json_object_get(body, "messages"), &ids, &n_ids, &e))
 			goto bad;
-		int rc = tokenize(tok, chat_text, strlen(chat_text), &ids, &n_ids);
-		if (rc != KVT_OK) {
-			fail(&e, "messages", "the formatted messages could not be tokenized (%s)", kvt_strerror(rc));
-			goto bad;
-		}
-	} else if (completion_prompt(tok, n_vocab, json_object_get(body, "prompt"), &ids, &n_ids, &e)) {
+	} else if (completion_prompt(tok, n_vocab, json_object_get(body, "prompt"), parse_special, &ids, &n_ids, &e)) {
 		goto bad;
 	}
 	if (n_ids == 0) {
@@ -1138,7 +1154,6 @@ bad:
 out:
 	job_free(j);
 	free(ids);
-	free(chat_text);
 	json_decref(body);
 	return ret;
 }
