@@ -53,6 +53,7 @@ typedef struct http_resp {
 	size_t n;             /* body bytes kept */
 	char ctype[128];      /* Content-Type */
 	char retry_after[16]; /* Retry-After */
+	char accel[16];       /* X-Accel-Buffering */
 } http_resp;
 
 static http_resp R; /* the last response */
@@ -86,6 +87,7 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *u)
 	http_resp *r = u;
 	header_value(p, sz * nm, "content-type:", r->ctype, sizeof(r->ctype));
 	header_value(p, sz * nm, "retry-after:", r->retry_after, sizeof(r->retry_after));
+	header_value(p, sz * nm, "x-accel-buffering:", r->accel, sizeof(r->accel));
 	return sz * nm;
 }
 
@@ -453,6 +455,79 @@ static void test_special_tokens(engine *e)
 	       parsed, as_text);
 	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"x\", \"parse_special\": \"no\"}"), 400);
 	CHECK(strstr(R.body, "parse_special") != NULL);
+}
+
+/* The value of a metric line of the last /metrics body ("name " or "name{...} "), -1 when absent. */
+static long long metric(const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = strstr(R.body, name); p; p = strstr(p + 1, name))
+		if ((p == R.body || p[-1] == '\n') && p[n] == ' ')
+			return atoll(p + n + 1);
+	return -1;
+}
+
+/* Prefix-cache hits on /metrics: a repeated prompt's cached tokens are counted as hits and by tier. */
+static void test_metrics_hits(void)
+{
+	static const char *tiers[] = { "kvtier_cached_tokens_total{tier=\"hbm\"}",
+				       "kvtier_cached_tokens_total{tier=\"host\"}",
+				       "kvtier_cached_tokens_total{tier=\"nvme\"}" };
+	const char *body = "{\"prompt\": \"one two three four five six seven eight nine ten eleven twelve "
+			   "thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty\", \"max_tokens\": 1, "
+			   "\"temperature\": 0}";
+	long long hits[2] = { 0 }, by_tier[2] = { 0 }, cached = 0;
+	for (int round = 0; round < 2; round++) {
+		if (round) {
+			CHECK(prompt_tokens("/v1/completions", body) > 2 * BT);
+			CHECK_EQ_INT(http("POST", "/v1/completions", body), 200);
+			json_t *v = body_json();
+			cached = json_integer_value(json_object_get(
+				json_object_get(json_object_get(v, "usage"), "prompt_tokens_details"), "cached_tokens"));
+			json_decref(v);
+		}
+		CHECK_EQ_INT(http("GET", "/metrics", NULL), 200);
+		hits[round] = metric("kvtier_prefix_cache_hits_tokens_total");
+		for (int t = 0; t < 3; t++)
+			by_tier[round] += metric(tiers[t]);
+	}
+	CHECKF(cached >= BT && hits[1] - hits[0] >= cached && hits[1] - hits[0] == by_tier[1] - by_tier[0],
+	       "repeated prompt: %lld cached tokens, prefix_cache_hits +%lld, cached_tokens_total +%lld", cached,
+	       hits[1] - hits[0], by_tier[1] - by_tier[0]);
+}
+
+/*
+ * Wire details real clients rely on: message.refusal is null in chat replies,
+ * GET /v1/models/{id} (models.retrieve), X-Accel-Buffering: no on streams.
+ */
+static void test_wire_details(void)
+{
+	const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2%s}";
+	char body[256];
+	snprintf(body, sizeof(body), chat, "");
+	CHECK_EQ_INT(http("POST", "/v1/chat/completions", body), 200);
+	json_t *v = body_json();
+	json_t *msg = json_object_get(json_array_get(json_object_get(v, "choices"), 0), "message");
+	json_t *refusal = json_object_get(msg, "refusal");
+	CHECKF(refusal && json_is_null(refusal), "message.refusal must be present and null: %s", R.body);
+	json_decref(v);
+	CHECKF(!R.accel[0], "a plain reply has no X-Accel-Buffering (got %s)", R.accel);
+	snprintf(body, sizeof(body), chat, ", \"stream\": true");
+	CHECK_EQ_INT(http("POST", "/v1/chat/completions", body), 200);
+	CHECKF(!strcmp(R.accel, "no"), "event stream: X-Accel-Buffering '%s'", R.accel);
+
+	CHECK_EQ_INT(http("GET", "/v1/models/synth-test", NULL), 200);
+	v = body_json();
+	CHECK(!strcmp(json_string_value(json_object_get(v, "id")) ?: "", "synth-test"));
+	CHECK(!strcmp(json_string_value(json_object_get(v, "object")) ?: "", "model"));
+	json_decref(v);
+	CHECK_EQ_INT(http("GET", "/v1/models/other", NULL), 404);
+	CHECK(is_error(404, "model", "model_not_found"));
+	char longer[600] = "/v1/models/";
+	memset(longer + 11, 'm', 500);
+	CHECK_EQ_INT(http("GET", longer, NULL), 404);
+	CHECK(is_error(404, "model", "model_not_found"));
+	CHECK_EQ_INT(http("POST", "/v1/models/synth-test", "{}"), 405);
 }
 
 /* Parse the SSE body of R: text per choice (2 max), finish reasons, usage chunk, [DONE] last. */
@@ -980,6 +1055,8 @@ int main(void)
 		if (srv) {
 			test_completions(&e, srv);
 			test_special_tokens(&e);
+			test_metrics_hits();
+			test_wire_details();
 			test_bad_inputs(&e);
 			test_sessions_stats(&e);
 			test_disconnect(&e, srv);

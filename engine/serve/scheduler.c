@@ -392,6 +392,9 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots,
 	h->n_pinned = ok;
 	h->n_hashes = ok; /* blocks past the served prefix get registered anew */
 	h->usage.cached_tokens = ok * bt;
+	pthread_mutex_lock(&s->mu);
+	s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
+	pthread_mutex_unlock(&s->mu);
 	h->state = H_PREFILL;
 }
 

@@ -586,8 +586,8 @@ static json_t *job_result(gen_job *j)
 		json_t *ch;
 		const char *text = c->text.p ? c->text.p : "";
 		if (j->chat)
-			ch = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", (json_int_t)i, "message", "role",
-				       "assistant", "content", text, c->text.n, "logprobs", "finish_reason",
+			ch = json_pack("{s:i, s:{s:s, s:s%, s:n}, s:n, s:s}", "index", (json_int_t)i, "message", "role",
+				       "assistant", "content", text, c->text.n, "refusal", "logprobs", "finish_reason",
 				       choice_finish_reason(c));
 		else
 			ch = json_pack("{s:i, s:s%, s:n, s:s}", "index", (json_int_t)i, "text", text, c->text.n,
@@ -1112,6 +1112,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 			goto oom;
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+		MHD_add_response_header(resp, "X-Accel-Buffering", "no"); /* a proxy (nginx) must not hold events back */
 		r->status = 200;
 		r->answered = true;
 		ret = MHD_queue_response(r->con, 200, resp);
@@ -1168,12 +1169,24 @@ static enum MHD_Result handle_health(conn_req *r)
 	return reply_json(r, strcmp(st, "ok") ? 503 : 200, json_pack("{s:s}", "status", st), strcmp(st, "ok") != 0);
 }
 
+static json_t *model_json(const kvt_server *srv)
+{
+	return json_pack("{s:s, s:s, s:I, s:s}", "id", srv->model_id, "object", "model", "created",
+			 (json_int_t)srv->created, "owned_by", "kvtier");
+}
+
 static enum MHD_Result handle_models(conn_req *r)
 {
-	return reply_json(r, 200,
-			  json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", r->srv->model_id,
-				    "object", "model", "created", (json_int_t)r->srv->created, "owned_by", "kvtier"),
-			  false);
+	return reply_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(r->srv)), false);
+}
+
+/* GET /v1/models/{id}: the served model, or 404 model_not_found (id empty when it was too long). */
+static enum MHD_Result handle_model(conn_req *r, const char *id)
+{
+	if (!id[0] || strcmp(id, r->srv->model_id))
+		return reply_error(r, 404, "model", "model_not_found", "no model '%s' (this server serves '%s')",
+				   id[0] ? id : "(too long)", r->srv->model_id);
+	return reply_json(r, 200, model_json(r->srv), false);
 }
 
 static void metric_head(sbuf *b, const char *name, const char *type, const char *help)
@@ -1557,6 +1570,7 @@ static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *
 	rj->started = true;
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+	MHD_add_response_header(resp, "X-Accel-Buffering", "no");
 	r->status = 200;
 	r->answered = true;
 	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
@@ -1572,6 +1586,7 @@ enum route {
 	R_HEALTH,
 	R_METRICS,
 	R_MODELS,
+	R_MODEL,          /* /v1/models/{id} */
 	R_COMPLETIONS,
 	R_CHAT,
 	R_STATS,
@@ -1595,11 +1610,18 @@ static enum route route_of(const char *path, char *id, size_t id_cap)
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
 		if (!strcmp(path, fixed[i].path))
 			return fixed[i].r;
+	if (!strncmp(path, "/v1/models/", 11)) { /* a model id may hold '/' (org/name) */
+		size_t len = strlen(path + 11);
+		if (len == 0 || len >= id_cap)
+			return len ? R_MODEL : R_NONE; /* too long for any id: answered as an unknown model */
+		memcpy(id, path + 11, len + 1);
+		return R_MODEL;
+	}
 	if (strncmp(path, "/v1/sessions/", 13) != 0)
 		return R_NONE;
 	const char *s = path + 13, *slash = strchr(s, '/');
 	size_t len = slash ? (size_t)(slash - s) : strlen(s);
-	if (len == 0 || len >= id_cap)
+	if (len == 0 || len > KVT_NAME_MAX || len >= id_cap)
 		return R_NONE;
 	memcpy(id, s, len);
 	id[len] = 0;
@@ -1656,7 +1678,7 @@ static bool authenticate(conn_req *r)
 static enum MHD_Result dispatch(conn_req *r)
 {
 	kvt_server *srv = r->srv;
-	char id[KVT_NAME_MAX + 2];
+	char id[sizeof(srv->model_id) + 1]; /* a session id or a model id */
 	enum route rt = route_of(r->path, id, sizeof(id));
 	if (rt == R_NONE)
 		return reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
@@ -1684,6 +1706,8 @@ static enum MHD_Result dispatch(conn_req *r)
 		return handle_metrics(r, sched);
 	case R_MODELS:
 		return handle_models(r);
+	case R_MODEL:
+		return handle_model(r, id);
 	case R_COMPLETIONS:
 		return handle_generate(r, sched, tok, false);
 	case R_CHAT:

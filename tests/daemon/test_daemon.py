@@ -235,6 +235,8 @@ def case_openai(build, tmp):
         c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
         models = c.models.list()
         check(len(models.data) == 1, "models.list: %s" % models)
+        m = c.models.retrieve(models.data[0].id)
+        check(m.id == models.data[0].id and m.object == "model", "models.retrieve: %s" % m)
         r = c.completions.create(model=models.data[0].id, prompt="The capital of France is", max_tokens=6, temperature=0)
         check("Paris" in r.choices[0].text, "completion says Paris: %r" % r.choices[0].text)
         check(r.usage.prompt_tokens > 0 and r.usage.completion_tokens == 6, "usage: %s" % r.usage)
@@ -242,6 +244,8 @@ def case_openai(build, tmp):
                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
         check("Paris" in r.choices[0].message.content, "chat says Paris: %r" % r.choices[0].message.content)
         check(r.usage.prompt_tokens_details is not None, "usage has prompt_tokens_details")
+        check(r.choices[0].message.refusal is None and "refusal" in r.choices[0].message.model_fields_set,
+              "message.refusal is sent, null: %s" % r.choices[0].message)
         chunks = list(c.chat.completions.create(model=models.data[0].id, temperature=0, max_tokens=16, stream=True,
                                                 stream_options={"include_usage": True},
                                                 messages=[{"role": "user", "content": "What is the capital of France?"}]))
