@@ -530,6 +530,68 @@ static void test_wire_details(void)
 	CHECK_EQ_INT(http("POST", "/v1/models/synth-test", "{}"), 405);
 }
 
+/*
+ * JSON that OpenAI's schema allows: \u0000 in strings (tokenized as the byte),
+ * whole-number reals for integers, integers beyond 64 bits in ignored fields,
+ * a free-form `user` up to 256 bytes (its own tenant); and a %00 in the path
+ * is a 400, not a route cut short.
+ */
+static void test_json_edges(engine *e)
+{
+	const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}], \"max_tokens\": 1}";
+	char body[1024];
+	size_t n_nul = 0;
+	int32_t ids[16];
+	CHECK(kvt_tok_encode(e->tok, "a\0b", 3, false, ids, 16, &n_nul) == KVT_OK && n_nul >= 2);
+	snprintf(body, sizeof(body), chat, "");
+	long long empty = prompt_tokens("/v1/chat/completions", body);
+	snprintf(body, sizeof(body), chat, "a\\u0000b");
+	long long with_nul = prompt_tokens("/v1/chat/completions", body);
+	CHECKF(empty > 0 && with_nul - empty == (long long)n_nul, "\\u0000 in a message: +%lld tokens, want %zu",
+	       with_nul - empty, n_nul);
+
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"ab\", \"max_tokens\": 2.0, \"ignore_eos\": true}"),
+		     200);
+	json_t *v = body_json();
+	CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")), 2);
+	json_decref(v);
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"ab\", \"max_tokens\": 2.5}"), 400);
+	CHECK(is_error(400, "max_tokens", NULL));
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": [1, 2.0, 3], \"max_tokens\": 1}"), 200);
+	CHECK_EQ_INT(http("POST", "/v1/completions",
+			  "{\"prompt\": \"ab\", \"max_tokens\": 2, \"ignore_eos\": true, "
+			  "\"metadata\": {\"x\": 1234567890123456789012}}"),
+		     200);
+	v = body_json();
+	CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")), 2);
+	json_decref(v);
+
+	/* user: an email is its own tenant, distinct from the name its characters spell */
+	CHECK_EQ_INT(http("POST", "/v1/completions",
+			  "{\"prompt\": \"ab\", \"max_tokens\": 1, \"session_id\": \"mail1\", \"user\": \"ann@example.com\"}"),
+		     200);
+	CHECK_EQ_INT(http("GET", "/v1/sessions?user=ann%40example.com", NULL), 200);
+	CHECKF(strstr(R.body, "\"mail1\""), "the email's tenant lists its session: %s", R.body);
+	CHECK_EQ_INT(http("GET", "/v1/sessions?user=ann_example.com", NULL), 200);
+	CHECKF(!strstr(R.body, "\"mail1\""), "another tenant does not: %s", R.body);
+	char big[400];
+	memset(big, 'u', 257);
+	big[257] = 0;
+	snprintf(body, sizeof(body), "{\"prompt\": \"ab\", \"max_tokens\": 1, \"user\": \"%s\"}", big);
+	CHECK_EQ_INT(http("POST", "/v1/completions", body), 400);
+	CHECK(is_error(400, "user", NULL));
+	big[256] = 0;
+	snprintf(body, sizeof(body), "{\"prompt\": \"ab\", \"max_tokens\": 1, \"user\": \"%s\"}", big);
+	CHECK_EQ_INT(http("POST", "/v1/completions", body), 200);
+
+	CHECK_EQ_INT(http("GET", "/v1/models%00junk", NULL), 400);
+	CHECK(is_error(400, NULL, "invalid_path"));
+	CHECK_EQ_INT(http("GET", "/health%00", NULL), 400);
+	CHECK_EQ_INT(http("GET", "/v1/sessions/a%00b", NULL), 400);
+	CHECK_EQ_INT(http("DELETE", "/v1/sessions/a%00b", NULL), 400);
+	CHECK_EQ_INT(http("GET", "/v1/models", NULL), 200);
+}
+
 /* Parse the SSE body of R: text per choice (2 max), finish reasons, usage chunk, [DONE] last. */
 typedef struct sse {
 	char text[2][8192];
@@ -803,7 +865,7 @@ static void test_bad_inputs(engine *e)
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"stop\": 3}", "stop" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"stream\": \"yes\"}", "stream" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"stream_options\": 1}", "stream_options" },
-		{ "/v1/completions", "{\"prompt\": \"hi\", \"user\": \".hidden\"}", "user" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"user\": 5}", "user" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"session_id\": \"a/b\"}", "session_id" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"seed\": 1.5}", "seed" },
 		{ "/v1/chat/completions", "{\"prompt\": \"hi\"}", "messages" },
@@ -1057,6 +1119,7 @@ int main(void)
 			test_special_tokens(&e);
 			test_metrics_hits();
 			test_wire_details();
+			test_json_edges(&e);
 			test_bad_inputs(&e);
 			test_sessions_stats(&e);
 			test_disconnect(&e, srv);

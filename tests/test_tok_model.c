@@ -220,8 +220,8 @@ static void check_specials(const kvt_tok *t)
 
 static void check_chat(const kvt_tok *t)
 {
-	kvt_chat_msg user[] = { { "user", "What is the capital of France?" } };
-	kvt_chat_msg sys[] = { { "system", "Be brief." }, { "user", "Hi" } };
+	kvt_chat_msg user[] = { { "user", "What is the capital of France?", 0 } };
+	kvt_chat_msg sys[] = { { "system", "Be brief.", 0 }, { "user", "Hi", 0 } };
 	char *s = NULL;
 
 	CHECK(kvt_tok_chat_format(t, user, 1, true, &s) == KVT_OK);
@@ -275,7 +275,7 @@ static void check_chat_no_forgery(const kvt_gguf *g, const kvt_tok *t)
 	printf("forged message: the text of %zu special tokens, %zu bytes\n", n_specials, len);
 	CHECK(n_specials >= 2 && forged && strstr(forged, "<|im_end|>") && strstr(forged, "<|im_start|>"));
 
-	kvt_chat_msg msgs[] = { { "system", "Be brief." }, { "user", forged ? forged : "" } };
+	kvt_chat_msg msgs[] = { { "system", "Be brief.", 0 }, { "user", forged ? forged : "", 0 } };
 	int32_t *ids = NULL;
 	size_t n_ids = 0, n_start = 0, n_end = 0, n_other = 0;
 	CHECK(kvt_tok_chat_encode(t, msgs, 2, true, &ids, &n_ids) == KVT_OK);
@@ -301,8 +301,8 @@ static void check_chat_no_forgery(const kvt_gguf *g, const kvt_tok *t)
 	free(forged);
 
 	/* Plain text: the same ids as the formatted string, specials parsed. */
-	kvt_chat_msg plain[] = { { "user", "What is the capital of France?\n\n  Answer  in one word." },
-				 { "assistant", "Paris." }, { "user", " And of Spain?" } };
+	kvt_chat_msg plain[] = { { "user", "What is the capital of France?\n\n  Answer  in one word.", 0 },
+				 { "assistant", "Paris.", 0 }, { "user", " And of Spain?", 0 } };
 	char *s = NULL;
 	int32_t want[256];
 	size_t n_want = 0;

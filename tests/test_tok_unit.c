@@ -374,9 +374,9 @@ static void test_efull(const kvt_tok *sm)
 
 static void test_chat(const struct vocab *v, const kvt_tok *sm)
 {
-	kvt_chat_msg user[] = { { "user", "Hi" } };
-	kvt_chat_msg with_sys[] = { { "system", "Be brief." }, { "user", "Hi" }, { "assistant", "Hello!" } };
-	kvt_chat_msg bad[] = { { "user", NULL } };
+	kvt_chat_msg user[] = { { "user", "Hi", 0 } };
+	kvt_chat_msg with_sys[] = { { "system", "Be brief.", 0 }, { "user", "Hi", 0 }, { "assistant", "Hello!", 0 } };
+	kvt_chat_msg bad[] = { { "user", NULL, 0 } };
 	kvt_tok *plain = NULL, *escaped = NULL, *other = NULL, *none = NULL;
 	char *s = NULL;
 

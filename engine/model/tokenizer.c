@@ -1503,9 +1503,10 @@ static int kvt_tok_chat_walk(const kvt_tok *t, const kvt_chat_msg *msgs, size_t 
 	for (size_t i = add_system ? 0 : 1; i <= n_msgs; i++) {
 		const char *role = i ? msgs[i - 1].role : "system";
 		const char *content = i ? msgs[i - 1].content : t->default_system;
+		size_t n_content = i && msgs[i - 1].content_len ? msgs[i - 1].content_len : strlen(content);
 
 		if ((rc = fn(ctx, true, start, sizeof(start) - 1)) || (rc = fn(ctx, false, role, strlen(role))) ||
-		    (rc = fn(ctx, false, "\n", 1)) || (rc = fn(ctx, false, content, strlen(content))) ||
+		    (rc = fn(ctx, false, "\n", 1)) || (rc = fn(ctx, false, content, n_content)) ||
 		    (rc = fn(ctx, true, end, sizeof(end) - 1)) || (rc = fn(ctx, false, "\n", 1)))
 			return rc;
 	}

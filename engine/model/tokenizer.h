@@ -115,6 +115,7 @@ int kvt_tok_stream_flush(kvt_tok_stream *s, char *out, size_t cap, size_t *n_out
 typedef struct kvt_chat_msg {
 	const char *role;    /* "system", "user", "assistant" */
 	const char *content; /* UTF-8 text */
+	size_t content_len;  /* bytes of content, which may hold NUL bytes; 0: strlen(content) */
 } kvt_chat_msg;
 
 /*

@@ -40,6 +40,9 @@
 
 #include <arpa/inet.h>
 #include <jansson.h>
+#include <ctype.h>
+#include <math.h>
+#include <openssl/evp.h>
 #include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -57,6 +60,7 @@
 #define SRV_IDS_CAP 64          /* token ids fetched per kvt_sched_next */
 #define SRV_MAX_STOPS 4         /* stop strings per request */
 #define SRV_PATH_MAX 256        /* path kept for the log line */
+#define SRV_USER_MAX 256        /* bytes of a request's `user` (OpenAI's limit) */
 #define SRV_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(10))
 
 struct kvt_server {
@@ -84,6 +88,7 @@ typedef struct conn_req {
 	char *body;                         /* [n_body + 1] NUL-terminated body, malloc'd */
 	size_t n_body, cap_body;            /* bytes held, bytes allocated */
 	bool too_large;                     /* body over max_body_bytes: answered 413 */
+	bool bad_path;                      /* the path holds a control byte (%00..%1F, %7F): answered 400 */
 	bool answered;                      /* a response was queued already */
 	double t0;                          /* monotonic start */
 	unsigned status;                    /* status sent, for the log */
@@ -297,14 +302,33 @@ static int fail(field_err *e, const char *param, const char *fmt, ...)
 	return -1;
 }
 
+/*
+ * A JSON number that is a whole number: an integer, or a real with no
+ * fraction within long long's range ("max_tokens": 2.0 is 2, as OpenAI takes it).
+ */
+static bool json_whole(const json_t *v, long long *out)
+{
+	if (json_is_integer(v)) {
+		*out = json_integer_value(v);
+		return true;
+	}
+	if (!json_is_real(v))
+		return false;
+	double d = json_real_value(v);
+	if (!(d >= -0x1p63 && d < 0x1p63) || d != floor(d))
+		return false;
+	*out = (long long)d;
+	return true;
+}
+
 static int get_int(json_t *o, const char *key, long long lo, long long hi, long long *out, field_err *e)
 {
 	json_t *v = json_object_get(o, key);
 	if (!v || json_is_null(v))
 		return 0;
-	if (!json_is_integer(v))
+	long long x;
+	if (!json_whole(v, &x))
 		return fail(e, key, "'%s' must be an integer", key);
-	long long x = json_integer_value(v);
 	if (x < lo || x > hi)
 		return fail(e, key, "'%s' must be in [%lld, %lld] (got %lld)", key, lo, hi, x);
 	*out = x;
@@ -333,7 +357,8 @@ static int get_bool(json_t *o, const char *key, bool *out, field_err *e)
 	return 0;
 }
 
-static int get_str(json_t *o, const char *key, const char **out, field_err *e)
+/* A string field; *n_out (when not NULL) gets its length, which counts any NUL bytes in it. */
+static int get_str(json_t *o, const char *key, const char **out, size_t *n_out, field_err *e)
 {
 	json_t *v = json_object_get(o, key);
 	if (!v || json_is_null(v))
@@ -341,7 +366,37 @@ static int get_str(json_t *o, const char *key, const char **out, field_err *e)
 	if (!json_is_string(v))
 		return fail(e, key, "'%s' must be a string", key);
 	*out = json_string_value(v);
+	if (n_out)
+		*n_out = json_string_length(v);
 	return 0;
+}
+
+/*
+ * The request body as a JSON object, or NULL with *ret the 400 sent. Strings
+ * may hold \u0000 (OpenAI's schema allows it; json_string_length has their
+ * length). An integer beyond 64 bits (in a field kvtier ignores, such as
+ * metadata) makes the whole body parse again with every integer read as a
+ * real: the fields kvtier reads take whole reals (json_whole), and only a
+ * seed beyond 2^53 then loses precision.
+ */
+static json_t *load_body(conn_req *r, enum MHD_Result *ret)
+{
+	json_error_t jerr;
+	const size_t flags = JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL;
+	json_t *body = json_loadb(r->body ? r->body : "", r->n_body, flags, &jerr);
+	if (!body && json_error_code(&jerr) == json_error_numeric_overflow)
+		body = json_loadb(r->body ? r->body : "", r->n_body, flags | JSON_DECODE_INT_AS_REAL, &jerr);
+	if (!body) {
+		*ret = reply_error(r, 400, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)", jerr.text,
+				   jerr.line, jerr.column);
+		return NULL;
+	}
+	if (!json_is_object(body)) {
+		json_decref(body);
+		*ret = reply_error(r, 400, NULL, "invalid_json", "the body must be a JSON object");
+		return NULL;
+	}
+	return body;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -766,13 +821,17 @@ static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse
 }
 
 /* The "content" of a chat message: a string, or an array of {"type": "text", "text": ...} parts. */
-static int message_content(json_t *content, size_t idx, char **out, field_err *e)
+static int message_content(json_t *content, size_t idx, char **out, size_t *n_out, field_err *e)
 {
 	char param[64];
 	snprintf(param, sizeof(param), "messages[%zu].content", idx);
-	if (json_is_string(content)) {
-		*out = strndup(json_string_value(content), json_string_length(content));
-		return *out ? 0 : fail(e, param, "out of memory");
+	if (json_is_string(content)) { /* may hold NUL bytes: copied by length */
+		size_t n = json_string_length(content);
+		if (!(*out = malloc(n + 1)))
+			return fail(e, param, "out of memory");
+		memcpy(*out, json_string_value(content), n + 1);
+		*n_out = n;
+		return 0;
 	}
 	if (!json_is_array(content))
 		return fail(e, param, "'%s' must be a string or an array of text parts", param);
@@ -795,6 +854,7 @@ static int message_content(json_t *content, size_t idx, char **out, field_err *e
 		return fail(e, param, "out of memory");
 	}
 	*out = b.p;
+	*n_out = b.n;
 	return 0;
 }
 
@@ -831,7 +891,7 @@ static int chat_prompt(const kvt_tok *tok, json_t *msgs, int32_t **ids, uint32_t
 		if (!strcmp(r, "developer")) /* OpenAI's newer name for the system role */
 			r = "system";
 		json_t *content = json_object_get(m, "content");
-		if (message_content(content, i, &texts[i], e))
+		if (message_content(content, i, &texts[i], &cm[i].content_len, e))
 			goto out;
 		cm[i].role = r;
 		cm[i].content = texts[i];
@@ -878,14 +938,14 @@ static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *promp
 		return fail(e, "prompt", "out of memory");
 	for (size_t i = 0; i < k; i++) {
 		json_t *t = json_array_get(prompt, i);
-		if (!json_is_integer(t)) {
+		long long x;
+		if (!json_whole(t, &x)) {
 			free(v);
 			return fail(e, "prompt",
 				    json_is_string(t) ? "'prompt' as an array of strings must have exactly one element" :
 							"'prompt[%zu]' must be a token id (integer)",
 				    i);
 		}
-		long long x = json_integer_value(t);
 		if (x < 0 || x >= (long long)n_vocab) {
 			free(v);
 			return fail(e, "prompt", "'prompt[%zu]' = %lld is not a token id (the vocabulary has %u)", i,
@@ -899,16 +959,38 @@ static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *promp
 }
 
 /* The tenant of a request: the key's (auth) or "user" (no keys) or "default". */
-static int request_tenant(conn_req *r, const char *user, field_err *e)
+/*
+ * The tenant that `user` names when no API keys are configured (with keys,
+ * the key's tenant, set by authenticate). OpenAI's `user` is a free-form
+ * end-user identifier of up to 256 bytes (emails are common): one that is a
+ * valid name (kvt_name_valid) is the tenant as it is; any other maps to its
+ * [A-Za-z0-9._-] bytes (others as '_', at most 64, a leading '.' as '_') + '-'
+ * + 16 hex digits of its SHA-256, so two users do not share a tenant by the
+ * mapping. An empty user is the default tenant.
+ */
+static int request_tenant(conn_req *r, const char *user, size_t n_user, field_err *e)
 {
-	if (r->srv->cfg.n_keys)
-		return 0; /* set by auth */
-	if (user) {
-		if (!kvt_name_valid(user))
-			return fail(e, "user",
-				    "'user' must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+	if (r->srv->cfg.n_keys || !user || n_user == 0)
+		return 0; /* with keys: set by auth */
+	if (n_user > SRV_USER_MAX)
+		return fail(e, "user", "'user' must be at most %d bytes (got %zu)", SRV_USER_MAX, n_user);
+	if (n_user == strlen(user) && kvt_name_valid(user)) {
 		snprintf(r->tenant, sizeof(r->tenant), "%s", user);
+		return 0;
 	}
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned n_md = 0;
+	if (!EVP_Digest(user, n_user, md, &n_md, EVP_sha256(), NULL) || n_md < 8)
+		return fail(e, "user", "'user' could not be hashed");
+	size_t n = 0, keep = n_user < 64 ? n_user : 64;
+	for (; n < keep; n++) {
+		unsigned char c = (unsigned char)user[n];
+		r->tenant[n] = isalnum(c) || c == '-' || c == '_' || (c == '.' && n > 0) ? (char)c : '_';
+	}
+	r->tenant[n++] = '-';
+	for (int i = 0; i < 8; i++, n += 2)
+		snprintf(r->tenant + n, 3, "%02x", md[i]);
+	KVT_DEBUG_ASSERT(kvt_name_valid(r->tenant));
 	return 0;
 }
 
@@ -927,36 +1009,31 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	kvt_server *srv = r->srv;
 	const kvt_server_config *cfg = &srv->cfg;
 	field_err e = { { 0 }, { 0 } };
-	json_error_t jerr;
-	json_t *body = json_loadb(r->body ? r->body : "", r->n_body, JSON_REJECT_DUPLICATES, &jerr);
+	enum MHD_Result ret;
+	json_t *body = load_body(r, &ret);
 	if (!body)
-		return reply_error(r, 400, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)",
-				   jerr.text, jerr.line, jerr.column);
-	if (!json_is_object(body)) {
-		json_decref(body);
-		return reply_error(r, 400, NULL, "invalid_json", "the body must be a JSON object");
-	}
+		return ret;
 	uint32_t n_vocab = kvt_sched_n_vocab(sched), max_ctx = kvt_sched_max_ctx(sched);
 	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0;
 	double temp = 1.0, top_p = 1.0;
 	bool stream = false, include_usage = false, ignore_eos = false, have_seed = false, parse_special = true;
 	const char *model = NULL, *user = NULL, *session = NULL;
+	size_t n_user = 0;
 	int32_t *ids = NULL;
 	uint32_t n_ids = 0;
 	gen_job *j = NULL;
-	enum MHD_Result ret;
 	json_t *v;
 
 	const char *mt_key = chat && json_object_get(body, "max_completion_tokens") &&
 					     !json_is_null(json_object_get(body, "max_completion_tokens")) ?
 				     "max_completion_tokens" :
 				     "max_tokens";
-	if (get_str(body, "model", &model, &e) || get_str(body, "user", &user, &e) ||
+	if (get_str(body, "model", &model, NULL, &e) || get_str(body, "user", &user, &n_user, &e) ||
 	    get_int(body, mt_key, 1, cfg->max_tokens_limit, &max_tokens, &e) || get_num(body, "temperature", &temp, &e) ||
 	    get_num(body, "top_p", &top_p, &e) || get_int(body, "top_k", 0, n_vocab, &top_k, &e) ||
 	    get_int(body, "seed", LLONG_MIN, LLONG_MAX, &seed, &e) ||
 	    get_int(body, "n", 1, cfg->max_n, &n, &e) || get_bool(body, "stream", &stream, &e) ||
-	    get_bool(body, "ignore_eos", &ignore_eos, &e) || get_str(body, "session_id", &session, &e) ||
+	    get_bool(body, "ignore_eos", &ignore_eos, &e) || get_str(body, "session_id", &session, NULL, &e) ||
 	    (!chat && get_bool(body, "parse_special", &parse_special, &e)))
 		goto bad;
 	have_seed = (v = json_object_get(body, "seed")) && !json_is_null(v);
@@ -984,7 +1061,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		fail(&e, "session_id", "'session_id' must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
 		goto bad;
 	}
-	if (request_tenant(r, user, &e))
+	if (request_tenant(r, user, n_user, &e))
 		goto bad;
 
 	j = calloc(1, sizeof(*j));
@@ -1333,7 +1410,8 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 /* The tenant of a body-less request with no API keys: ?user=NAME, else "default". */
 static int query_tenant(conn_req *r, field_err *e)
 {
-	return request_tenant(r, MHD_lookup_connection_value(r->con, MHD_GET_ARGUMENT_KIND, "user"), e);
+	const char *user = MHD_lookup_connection_value(r->con, MHD_GET_ARGUMENT_KIND, "user");
+	return request_tenant(r, user, user ? strlen(user) : 0, e);
 }
 
 static json_t *tiers3(const uint32_t v[KVT_TIER_COUNT])
@@ -1503,23 +1581,18 @@ static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *
 	field_err e = { { 0 }, { 0 } };
 	bool stream = false;
 	const char *user = NULL;
+	size_t n_user = 0;
 	json_t *body = NULL;
 	if (r->n_body) {
-		json_error_t jerr;
-		body = json_loadb(r->body, r->n_body, JSON_REJECT_DUPLICATES, &jerr);
-		if (!body)
-			return reply_error(r, 400, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)",
-					   jerr.text, jerr.line, jerr.column);
-		if (!json_is_object(body)) {
-			json_decref(body);
-			return reply_error(r, 400, NULL, "invalid_json", "the body must be a JSON object");
-		}
-		if (get_bool(body, "stream", &stream, &e) || get_str(body, "user", &user, &e)) {
+		enum MHD_Result ret;
+		if (!(body = load_body(r, &ret)))
+			return ret;
+		if (get_bool(body, "stream", &stream, &e) || get_str(body, "user", &user, &n_user, &e)) {
 			json_decref(body);
 			return reply_error(r, 400, e.param, NULL, "%s", e.msg);
 		}
 	}
-	int bad = user ? request_tenant(r, user, &e) : query_tenant(r, &e);
+	int bad = user ? request_tenant(r, user, n_user, &e) : query_tenant(r, &e);
 	json_decref(body); /* user points into body: used above only */
 	if (bad)
 		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
@@ -1740,6 +1813,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 		snprintf(r->path, sizeof(r->path), "%s", url);
 		snprintf(r->tenant, sizeof(r->tenant), "default");
 		*con_cls = r;
+		for (char *p = r->path; *p; p++) /* an escaped newline must not forge a log line */
+			if ((unsigned char)*p < 0x20 || *p == 0x7f)
+				*p = '?';
+		for (const unsigned char *p = (const unsigned char *)url; *p && !r->bad_path; p++)
+			r->bad_path = *p < 0x20 || *p == 0x7f;
 		const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
 		if (cl) {
 			char *end;
@@ -1785,7 +1863,40 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 	if (r->too_large)
 		return reply_error(r, 413, NULL, "request_too_large", "the body is over the limit of %zu bytes",
 				   srv->cfg.max_body_bytes);
+	if (r->bad_path)
+		return reply_error(r, 400, NULL, "invalid_path",
+				   "the request path holds a control character (an escaped byte %%00-%%1F or %%7F)");
 	return dispatch(r);
+}
+
+static int hexdigit(int c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/*
+ * URL unescaping for libmicrohttpd (the path and each query argument): %XX
+ * decoded as usual, except that %00 becomes 0x01. A NUL would cut the C
+ * string short ("/v1/models%00x" routed as "/v1/models"); 0x01 is a control
+ * byte, which on_request answers with 400 in a path, and which fails the name
+ * check in a session id. Returns the new length.
+ */
+static size_t unescape_url(void *cls, struct MHD_Connection *con, char *s)
+{
+	char *w = s;
+	for (const char *p = s; *p; p++, w++) {
+		int hi, lo;
+		if (p[0] == '%' && (hi = hexdigit(p[1])) >= 0 && (lo = hexdigit(p[2])) >= 0) {
+			*w = (char)(hi << 4 | lo);
+			if (!*w)
+				*w = 0x01;
+			p += 2;
+		} else {
+			*w = *p;
+		}
+	}
+	*w = '\0';
+	return (size_t)(w - s);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -1885,6 +1996,7 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 				    srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
 				    (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
 				    MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+				    MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, NULL,
 				    MHD_OPTION_END);
 	if (!srv->mhd) {
 		KVT_LOGE("http: cannot listen on %s port %u (address in use, or not permitted?)", cfg->host,
