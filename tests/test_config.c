@@ -67,7 +67,10 @@ static void test_defaults(void)
 	kvt_config c;
 	kvt_config_default(&c);
 	CHECK(strcmp(c.listen_host, "127.0.0.1") == 0 && c.listen_port == 8080);
-	CHECK_EQ_INT(c.server_threads, 64);
+	CHECK_EQ_INT(c.server_threads, 4);
+	CHECK_EQ_INT(c.max_connections, 1024);
+	CHECK_EQ_INT(c.max_connections_per_ip, 64);
+	CHECK(c.header_timeout_s == 15);
 	CHECK_EQ_INT(c.n_api_keys, 0);
 	CHECK(c.api_key_file[0] == '\0' && c.secret_file[0] == '\0');
 	CHECK_EQ_INT(c.max_concurrent, 32);
@@ -476,8 +479,11 @@ static void test_validate(void)
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
 	CHECKF(strstr(err, "context 8 is smaller than [cache] block_tokens 16") != NULL, "%s", err);
 	kvt_config_default(&c);
-	c.max_concurrent = 100;
+	c.max_concurrent = 100; /* no longer tied to threads: a waiting request holds no thread */
+	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_OK);
+	c.max_connections_per_ip = 2000;
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
+	CHECKF(strstr(err, "max_connections_per_ip 2000 exceeds max_connections 1024") != NULL, "%s", err);
 	kvt_config_default(&c);
 	c.nvme.capacity_bytes = 4096;
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);

@@ -36,6 +36,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -178,6 +179,33 @@ static int raw_connect(void)
 		return -1;
 	}
 	return fd;
+}
+
+/* A connection from the loopback address 127.0.0.<host> (any of 127/8 reaches the server). */
+static int raw_connect_from(int host)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in src = { .sin_family = AF_INET };
+	src.sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)host);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&src, sizeof(src)) != 0 ||
+	    connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Whether the server closed fd within timeout_s (a read sees EOF or a reset). */
+static bool closed_within(int fd, double timeout_s)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	if (poll(&p, 1, (int)(timeout_s * 1000)) <= 0)
+		return false;
+	char c;
+	return read(fd, &c, 1) <= 0;
 }
 
 static int raw_post(const char *path, const char *body)
@@ -590,6 +618,82 @@ static void test_json_edges(engine *e)
 	CHECK_EQ_INT(http("GET", "/v1/sessions/a%00b", NULL), 400);
 	CHECK_EQ_INT(http("DELETE", "/v1/sessions/a%00b", NULL), 400);
 	CHECK_EQ_INT(http("GET", "/v1/models", NULL), 200);
+}
+
+/*
+ * Slow clients cannot take the server down (issue: 70 half-open connections
+ * trickling header lines made /health unreachable with 64 connection
+ * threads). A server with 2 worker threads, 64 connections per address and a
+ * 1 s header deadline: 70 half-open connections from 127.0.0.2 (the 6 past
+ * the per-address limit are closed at once) do not keep /health, a
+ * completion or a streamed chat from 127.0.0.1 waiting; the 64 held are cut
+ * at the header deadline, the one trickling a header line every 0.2 s too.
+ */
+static void test_slow_clients(engine *e)
+{
+	kvt_server_config sc;
+	kvt_server_config_default(&sc);
+	sc.port = 0;
+	sc.threads = 2;
+	sc.max_connections = 256;
+	sc.max_connections_per_ip = 64;
+	sc.header_timeout_s = 1.0;
+	sc.model_id = "synth-test";
+	kvt_server *srv = NULL;
+	CHECK(kvt_server_start(&sc, &srv) == KVT_OK);
+	if (!srv)
+		return;
+	port = kvt_server_port(srv);
+	kvt_server_set_engine(srv, e->sched, e->tok);
+
+	int fds[70], n_open = 0;
+	const char partial[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+	for (int i = 0; i < 70; i++) {
+		fds[i] = raw_connect_from(2);
+		CHECK(fds[i] >= 0);
+		if (fds[i] >= 0 && write(fds[i], partial, sizeof(partial) - 1) == (ssize_t)sizeof(partial) - 1)
+			n_open++;
+	}
+	CHECK_EQ_INT(n_open, 70);
+	sleep_s(0.3);
+	int n_refused = 0;
+	for (int i = 0; i < 70; i++)
+		if (fds[i] >= 0 && closed_within(fds[i], 0.0)) {
+			n_refused++;
+			close(fds[i]);
+			fds[i] = -1;
+		}
+	CHECKF(n_refused == 6, "%d of 70 connections from one address closed at once (limit 64: want 6)", n_refused);
+
+	/* the other clients are served while the 64 are held */
+	CHECK_EQ_INT(http("GET", "/health", NULL), 200);
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"abc\", \"max_tokens\": 8, \"ignore_eos\": true}"), 200);
+	CHECK_EQ_INT(http("POST", "/v1/chat/completions",
+			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 8, "
+			  "\"stream\": true, \"ignore_eos\": true}"),
+		     200);
+	CHECK(strstr(R.body, "data: [DONE]") != NULL);
+
+	/* one more trickles a header line every 0.2 s: never idle, still cut at the deadline */
+	int trickle = raw_connect_from(3);
+	CHECK(trickle >= 0 && write(trickle, partial, sizeof(partial) - 1) > 0);
+	bool trickle_cut = false;
+	for (int k = 0; k < 25 && trickle >= 0 && !trickle_cut; k++) {
+		if (write(trickle, "X-A: b\r\n", 8) != 8 || closed_within(trickle, 0.2))
+			trickle_cut = true;
+	}
+	CHECKF(trickle_cut, "a client trickling header lines was not cut within 5 s (header deadline 1 s)");
+	if (trickle >= 0)
+		close(trickle);
+	int n_cut = 0;
+	for (int i = 0; i < 70; i++)
+		if (fds[i] >= 0) {
+			n_cut += closed_within(fds[i], 3.0);
+			close(fds[i]);
+		}
+	CHECKF(n_cut == 64, "%d of the 64 half-open connections were cut at the header deadline", n_cut);
+	CHECK_EQ_INT(http("GET", "/health", NULL), 200);
+	kvt_server_stop(srv);
 }
 
 /* Parse the SSE body of R: text per choice (2 max), finish reasons, usage chunk, [DONE] last. */
@@ -1125,6 +1229,7 @@ int main(void)
 			test_disconnect(&e, srv);
 			kvt_server_stop(srv);
 		}
+		test_slow_clients(&e);
 		test_overload_drain(&e);
 		test_stop_in_flight(&e);
 	}

@@ -101,7 +101,10 @@ static const int comp_values[] = { 0, 1 };
 static const key_def keys[] = {
 	{ "server", "listen", V_LISTEN, 0, 0, 0, 0, false, false, NULL, NULL, "127.0.0.1:8080",
 	  "HOST:PORT to bind (numeric IPv4, or [IPv6]:PORT); port 0 = ephemeral" },
-	U32("server", "threads", server_threads, 1, 4096, "64", "connections served at once"),
+	U32("server", "threads", server_threads, 1, 1024, "4", "HTTP worker threads; every connection is served by one of them, none is held while a request waits"),
+	U32("server", "max_connections", max_connections, 1, 1000000, "1024", "open connections, all clients together; beyond: closed at once"),
+	U32("server", "max_connections_per_ip", max_connections_per_ip, 0, 1000000, "64", "open connections from one address (0 = no limit); beyond: closed at once"),
+	DUR("server", "header_timeout", header_timeout_s, 0, 3600, false, "15", "a connection must send a request's headers within this (from accept, or from its last response; 0 = no limit)"),
 	{ "server", "api_keys", V_APIKEYS, 0, 0, 0, 0, false, false, NULL, NULL, "",
 	  "\"tenant:key, tenant2:key2\" or one bare key (tenant default); empty = no auth" },
 	STR("server", "api_key_file", api_key_file, "", "file with one tenant:key per line (\"\" = none)"),
@@ -1007,10 +1010,9 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 			c->default_max_tokens, c->max_tokens_limit);
 		return KVT_EINVAL;
 	}
-	if (c->max_concurrent > c->server_threads) {
-		set_err(err, cap, where,
-			"[server] max_concurrent_requests %u exceeds threads %u (each request holds a connection)",
-			c->max_concurrent, c->server_threads);
+	if (c->max_connections_per_ip > c->max_connections) {
+		set_err(err, cap, where, "[server] max_connections_per_ip %u exceeds max_connections %u",
+			c->max_connections_per_ip, c->max_connections);
 		return KVT_EINVAL;
 	}
 	if (!c->data_dir[0]) {

@@ -38,7 +38,10 @@ typedef struct kvt_config {
 	/* [server] */
 	char listen_host[256];         /* listen = HOST:PORT (default 127.0.0.1:8080; [v6]:port accepted) */
 	uint16_t listen_port;
-	uint32_t server_threads;       /* threads = max connections served at once (default 64) */
+	uint32_t server_threads;       /* threads = HTTP worker threads (default 4) */
+	uint32_t max_connections;      /* max_connections: open connections in all (default 1024) */
+	uint32_t max_connections_per_ip; /* max_connections_per_ip (default 64; 0 = no limit) */
+	double header_timeout_s;       /* header_timeout: seconds to send a request's headers (default 15; 0 = none) */
 	kvt_api_key api_keys[KVT_CONFIG_MAX_KEYS]; /* api_keys = "tenant:key, tenant2:key2" or one bare key (tenant "default") */
 	size_t n_api_keys;
 	char api_key_file[KVT_CONFIG_PATH_MAX]; /* api_key_file = path of a file with one "tenant:key" per line ("" = none) */

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sysexits.h>
 #include <time.h>
@@ -151,6 +152,28 @@ static const char *basename_of(const char *p)
 {
 	const char *s = strrchr(p, '/');
 	return s ? s + 1 : p;
+}
+
+/*
+ * Every connection is a file descriptor: raise the soft RLIMIT_NOFILE to the
+ * hard limit, and warn when max_connections plus room for the data files
+ * still does not fit (connections past the limit would fail to be accepted).
+ */
+static void raise_fd_limit(uint32_t max_connections)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t was = rl.rlim_cur;
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			rl.rlim_cur = was;
+	}
+	if (rl.rlim_cur != RLIM_INFINITY && (uint64_t)max_connections + 256 > (uint64_t)rl.rlim_cur)
+		KVT_LOGW("server.max_connections %u needs about %u file descriptors; RLIMIT_NOFILE is %llu "
+			 "(raise it, e.g. LimitNOFILE= in the unit, or lower max_connections)",
+			 max_connections, max_connections + 256, (unsigned long long)rl.rlim_cur);
 }
 
 /* ---- the daemon ---- */
@@ -456,13 +479,17 @@ int main(int argc, char **argv)
 		code = EX_CONFIG;
 		goto out;
 	}
+	raise_fd_limit(d.cfg.max_connections);
 	kvt_server_config scfg;
 	kvt_server_config_default(&scfg);
 	scfg.host = d.cfg.listen_host;
 	scfg.port = d.cfg.listen_port;
 	scfg.keys = d.keys;
 	scfg.n_keys = d.n_keys;
-	scfg.max_connections = d.cfg.server_threads;
+	scfg.threads = d.cfg.server_threads;
+	scfg.max_connections = d.cfg.max_connections;
+	scfg.max_connections_per_ip = d.cfg.max_connections_per_ip;
+	scfg.header_timeout_s = d.cfg.header_timeout_s;
 	scfg.max_concurrent = d.cfg.max_concurrent;
 	scfg.max_header_bytes = d.cfg.max_header_bytes;
 	scfg.max_body_bytes = d.cfg.max_body_bytes;

@@ -86,6 +86,8 @@ struct kvt_sched {
 	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
 	float *logits;              /* [max_running][n_vocab] */
 	double calib_rate;          /* prefill tokens/s measured at start-up */
+	kvt_sched_progress_fn progress; /* called (under mu) when a handle has news; NULL: none */
+	void *progress_user;
 	/* counters, under mu */
 	kvt_sched_stats st;
 	double ttft_ring[TTFT_RING];
@@ -271,6 +273,14 @@ int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n,
 	return KVT_OK;
 }
 
+void kvt_sched_set_progress(kvt_sched *s, kvt_sched_progress_fn fn, void *user)
+{
+	pthread_mutex_lock(&s->mu);
+	s->progress = fn;
+	s->progress_user = user;
+	pthread_mutex_unlock(&s->mu);
+}
+
 void kvt_sched_cancel(kvt_sched_handle *h)
 {
 	kvt_sched *s = h->s;
@@ -361,6 +371,8 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 	h->ended = true;
 	record_usage_locked(s, h);
 	pthread_cond_broadcast(&h->cv);
+	if (s->progress)
+		s->progress(s->progress_user);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -536,6 +548,8 @@ static void take_token(kvt_sched *s, kvt_sched_handle *h, int32_t tok)
 	if (finish)
 		h->finish = finish;
 	pthread_cond_broadcast(&h->cv);
+	if (s->progress)
+		s->progress(s->progress_user);
 	pthread_mutex_unlock(&s->mu);
 	/* Done: one more step stores the last token's K/V, so the whole turn is cached. */
 	h->state = finish ? H_FINISHING : H_DECODE;

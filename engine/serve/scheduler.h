@@ -107,6 +107,17 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
  */
 int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n, int *finish,
 		   kvt_sched_usage *usage, double timeout_s);
+/*
+ * A hook for callers that wait on many handles without a thread each (the
+ * HTTP layer): fn(user) is called whenever any handle gets tokens or ends.
+ * It runs on the scheduler thread with the scheduler's lock held, so it must
+ * be quick and must not call back into the scheduler (signalling an eventfd
+ * or a condition variable is the intended use). After
+ * kvt_sched_set_progress(s, NULL, NULL) returns, fn is never called again.
+ */
+typedef void (*kvt_sched_progress_fn)(void *user);
+void kvt_sched_set_progress(kvt_sched *s, kvt_sched_progress_fn fn, void *user);
+
 /* Stop generating (client went away, a stop string matched). Safe to call twice. */
 void kvt_sched_cancel(kvt_sched_handle *h);
 /* Cancel if running, and free. NULL is a no-op. */

@@ -41,6 +41,7 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <limits.h>
@@ -52,9 +53,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SRV_WAIT_S 0.1          /* one kvt_sched_next wait; also the hang-up poll period */
 #define SRV_IDS_CAP 64          /* token ids fetched per kvt_sched_next */
@@ -77,7 +80,39 @@ struct kvt_server {
 	uint16_t port;                      /* bound port */
 	int64_t created;                    /* start time, unix seconds (/v1/models) */
 	double t_start;                     /* start time, monotonic (uptime) */
+	int wake_fd;                        /* eventfd: the scheduler or a resume thread has news (srv_wake) */
+	atomic_uint_fast64_t wake_seq;      /* srv_wake calls so far (a parker's lost-wake check) */
+	pthread_t pump;                     /* pump_main: resumes parked connections, cuts slow headers */
+	bool pump_started;                  /* pump is joinable */
+	atomic_bool pump_stop;              /* pump_main returns */
+	pthread_mutex_t mu;                 /* parked, parks_closed, tracks */
+	struct waiter *parked;              /* suspended connections (doubly linked) */
+	bool parks_closed;                  /* stopping: nothing parks any more */
+	struct conn_track *tracks;          /* every open connection (header deadline) */
+	atomic_ullong n_header_cuts;        /* connections cut at the header deadline */
+	atomic_uint n_resume_threads;       /* session resumes running on their threads */
 };
+
+/*
+ * A connection parked until there is news (MHD_suspend_connection): a
+ * generation waiting for tokens, a session resume waiting for its thread.
+ * The object that waits (gen_job, resume_job) embeds it.
+ */
+typedef struct waiter {
+	struct MHD_Connection *con;         /* the connection to suspend and resume */
+	int fd;                             /* its socket (hang-up polls) */
+	bool parked;                        /* in srv->parked, suspended (under srv->mu) */
+	struct waiter *prev, *next;         /* srv->parked links */
+} waiter;
+
+/* One open connection, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION). */
+typedef struct conn_track {
+	int fd;                             /* the socket (shutdown at the deadline) */
+	double t_phase;                     /* when it began waiting for request headers (monotonic) */
+	bool in_headers;                    /* between accept / the last response and the next request's headers */
+	bool cut;                           /* shut down at the deadline already */
+	struct conn_track *prev, *next;     /* srv->tracks links */
+} conn_track;
 
 /* One HTTP request, from its first header callback to on_completed. */
 typedef struct conn_req {
@@ -94,6 +129,8 @@ typedef struct conn_req {
 	unsigned status;                    /* status sent, for the log */
 	char tenant[KVT_NAME_MAX + 1];      /* tenant, once known */
 	atomic_uint n_prompt, n_completion; /* tokens, for the log (a stream updates them) */
+	struct gen_job *job;                /* a non-streaming generation parked between handler calls */
+	struct resume_job *rj;              /* a non-streaming resume parked between handler calls */
 } conn_req;
 
 /* ------------------------------------------------------------------------ */
@@ -104,7 +141,10 @@ void kvt_server_config_default(kvt_server_config *c)
 	memset(c, 0, sizeof(*c));
 	c->host = "127.0.0.1";
 	c->port = 8080;
-	c->max_connections = 64;
+	c->threads = 4;
+	c->max_connections = 1024;
+	c->max_connections_per_ip = 64;
+	c->header_timeout_s = 15;
 	c->max_concurrent = 32;
 	c->max_header_bytes = 16 << 10;
 	c->max_body_bytes = 1 << 20;
@@ -213,6 +253,168 @@ static int conn_fd(struct MHD_Connection *con)
 {
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
 	return ci ? (int)ci->connect_fd : -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* parking: waiting without a thread                                          */
+
+/* News for parked connections (the scheduler's progress hook, resume threads). Any thread; never blocks. */
+static void srv_wake(void *user)
+{
+	kvt_server *srv = user;
+	atomic_fetch_add(&srv->wake_seq, 1);
+	uint64_t one = 1;
+	if (write(srv->wake_fd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: the counter is saturated, the pump wakes anyway */
+	}
+}
+
+static void waiter_init(waiter *w, struct MHD_Connection *con)
+{
+	memset(w, 0, sizeof(*w));
+	w->con = con;
+	w->fd = conn_fd(con);
+}
+
+/* Under srv->mu: take w off the parked list and let MHD run its connection again. */
+static void unpark_locked(kvt_server *srv, waiter *w)
+{
+	if (w->prev)
+		w->prev->next = w->next;
+	else
+		srv->parked = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+	w->prev = w->next = NULL;
+	w->parked = false;
+	MHD_resume_connection(w->con);
+}
+
+/*
+ * Park w's connection until the next news, unless there was news since
+ * `seen` (a srv->wake_seq read before the caller last looked: it must look
+ * again) or the server is stopping. Only from the access handler or a
+ * content reader (MHD's rule for MHD_suspend_connection); the caller then
+ * returns at once (MHD_YES, or 0 bytes from a reader). True when parked.
+ */
+static bool park(kvt_server *srv, waiter *w, uint64_t seen)
+{
+	pthread_mutex_lock(&srv->mu);
+	bool ok = !srv->parks_closed && atomic_load(&srv->wake_seq) == seen;
+	if (ok) {
+		w->prev = NULL;
+		w->next = srv->parked;
+		if (srv->parked)
+			srv->parked->prev = w;
+		srv->parked = w;
+		w->parked = true;
+		MHD_suspend_connection(w->con);
+	}
+	pthread_mutex_unlock(&srv->mu);
+	return ok;
+}
+
+/*
+ * The pump: on news, resumes every parked connection (each looks and parks
+ * again if its news was not for it); every SRV_WAIT_S, resumes the parked
+ * ones whose client hung up (they cancel) and shuts down the sockets of
+ * connections past the header deadline (MHD then closes them).
+ */
+static void *pump_main(void *arg)
+{
+	kvt_server *srv = arg;
+	double last_sweep = kvt_now_s();
+	while (!atomic_load(&srv->pump_stop)) {
+		struct pollfd p = { .fd = srv->wake_fd, .events = POLLIN };
+		bool news = poll(&p, 1, (int)(SRV_WAIT_S * 1000)) > 0 && (p.revents & POLLIN);
+		if (news) {
+			uint64_t v;
+			if (read(srv->wake_fd, &v, sizeof(v)) < 0)
+				news = false;
+		}
+		double now = kvt_now_s();
+		bool sweep = now - last_sweep >= SRV_WAIT_S;
+		if (sweep)
+			last_sweep = now;
+		if (!news && !sweep)
+			continue;
+		unsigned cut = 0;
+		pthread_mutex_lock(&srv->mu);
+		for (waiter *w = srv->parked, *next; w; w = next) {
+			next = w->next;
+			if (news || peer_gone(w->fd))
+				unpark_locked(srv, w);
+		}
+		if (sweep && srv->cfg.header_timeout_s > 0)
+			for (conn_track *t = srv->tracks; t; t = t->next)
+				if (t->in_headers && !t->cut && now - t->t_phase > srv->cfg.header_timeout_s) {
+					shutdown(t->fd, SHUT_RDWR); /* MHD sees the end and closes the connection */
+					t->cut = true;
+					cut++;
+				}
+		pthread_mutex_unlock(&srv->mu);
+		if (cut) {
+			atomic_fetch_add(&srv->n_header_cuts, cut);
+			KVT_LOGI("http: %u connection(s) sent no complete request within server.header_timeout (%.0f s): closed",
+				 cut, srv->cfg.header_timeout_s);
+		}
+	}
+	return NULL;
+}
+
+static conn_track *track_of(struct MHD_Connection *con)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	return ci ? ci->socket_context : NULL;
+}
+
+/* A connection's request headers are in (false), or it waits for the next request (true). */
+static void track_phase(kvt_server *srv, struct MHD_Connection *con, bool in_headers)
+{
+	conn_track *t = track_of(con);
+	if (!t)
+		return;
+	pthread_mutex_lock(&srv->mu);
+	t->in_headers = in_headers;
+	t->t_phase = kvt_now_s();
+	pthread_mutex_unlock(&srv->mu);
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: every connection is tracked from accept to close. */
+static void on_connection(void *cls, struct MHD_Connection *con, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	kvt_server *srv = cls;
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		conn_track *t = calloc(1, sizeof(*t));
+		if (!t)
+			return; /* untracked: no header deadline for this one */
+		t->fd = conn_fd(con);
+		t->in_headers = true;
+		t->t_phase = kvt_now_s();
+		pthread_mutex_lock(&srv->mu);
+		t->next = srv->tracks;
+		if (srv->tracks)
+			srv->tracks->prev = t;
+		srv->tracks = t;
+		pthread_mutex_unlock(&srv->mu);
+		*socket_context = t;
+		return;
+	}
+	conn_track *t = *socket_context;
+	if (!t)
+		return;
+	/* NOTE: MHD closes the socket after this returns, so the pump never shuts down a reused fd */
+	pthread_mutex_lock(&srv->mu);
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		srv->tracks = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	pthread_mutex_unlock(&srv->mu);
+	free(t);
+	*socket_context = NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -435,7 +637,7 @@ typedef struct gen_job {
 	uint32_t n_prompt;          /* prompt tokens */
 	uint32_t n;                 /* choices */
 	gen_choice *ch;             /* [n] */
-	int sock_fd;                /* the connection's socket (hang-up polls) */
+	waiter w;                   /* parks the connection while no tokens come */
 	sbuf out;                   /* SSE bytes not yet handed to MHD */
 	size_t out_off;             /* of those, already handed */
 	bool done;                  /* everything (incl. [DONE]) is in out */
@@ -753,10 +955,11 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		if (j->done)
 			return MHD_CONTENT_READER_END_OF_STREAM;
-		if (atomic_load(&j->srv->stopping) || peer_gone(j->sock_fd))
+		if (atomic_load(&j->srv->stopping) || peer_gone(j->w.fd))
 			return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels */
+		uint64_t seen = atomic_load(&j->srv->wake_seq);
 		bool progress;
-		int rc = job_poll(j, SRV_WAIT_S, &progress);
+		int rc = job_poll(j, 0, &progress);
 		if (rc != KVT_OK) {
 			sse_put(j, error_object("server_error", NULL, NULL, "the engine failed while generating"));
 			sbuf_add(&j->out, "data: [DONE]\n\n", 14);
@@ -766,7 +969,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		if (progress) {
 			job_update_log(j);
 			sse_emit(j);
+			continue;
 		}
+		if (park(j->srv, &j->w, seen))
+			return 0; /* resumed on news; MHD calls again */
 	}
 }
 
@@ -1004,6 +1210,51 @@ static bool in_flight_take(kvt_server *srv)
 	return true;
 }
 
+/*
+ * A non-streaming generation, each time MHD runs its connection: take what
+ * the scheduler has; park until news while a choice runs; answer once all
+ * ended. A client that hung up (the pump resumes it) is cancelled.
+ */
+static enum MHD_Result gen_continue(conn_req *r)
+{
+	gen_job *j = r->job;
+	enum MHD_Result ret;
+	for (;;) {
+		if (atomic_load(&r->srv->stopping) || peer_gone(j->w.fd)) {
+			KVT_LOGI("http %s: client went away; cancelled", j->id);
+			ret = MHD_NO; /* close the connection; job_free cancels */
+			r->status = 499;
+			break;
+		}
+		uint64_t seen = atomic_load(&r->srv->wake_seq);
+		bool progress;
+		int rc = job_poll(j, 0, &progress);
+		if (rc != KVT_OK) {
+			ret = reply_error(r, 500, NULL, NULL, "the engine failed while generating (%s)", kvt_strerror(rc));
+			break;
+		}
+		if (!job_all_ended(j)) {
+			if (progress || !park(r->srv, &j->w, seen))
+				continue;
+			return MHD_YES; /* parked: MHD calls on_request again when resumed */
+		}
+		job_update_log(j);
+		ret = MHD_YES;
+		for (uint32_t i = 0; i < j->n && ret == MHD_YES && !r->answered; i++)
+			if (choice_failed(&j->ch[i]))
+				ret = j->ch[i].finish == KVT_FINISH_CANCELLED ?
+					      reply_error(r, 503, NULL, "draining",
+							  "the request was cancelled: the server is shutting down") :
+					      reply_error(r, 500, NULL, NULL, "the engine failed while generating");
+		if (!r->answered)
+			ret = reply_json(r, 200, job_result(j), false);
+		break;
+	}
+	r->job = NULL;
+	job_free(j);
+	return ret;
+}
+
 static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
 {
 	kvt_server *srv = r->srv;
@@ -1074,7 +1325,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	j->stream = stream;
 	j->include_usage = include_usage;
 	j->created = (int64_t)time(NULL);
-	j->sock_fd = conn_fd(r->con);
+	waiter_init(&j->w, r->con);
 	snprintf(j->session_id, sizeof(j->session_id), "%s", session ? session : "");
 	{
 		char hex[25];
@@ -1198,30 +1449,10 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		goto out;
 	}
 
-	/* non-streaming: wait here, watching for a hang-up */
-	while (!job_all_ended(j)) {
-		bool progress;
-		if (atomic_load(&srv->stopping) || peer_gone(j->sock_fd)) {
-			KVT_LOGI("http %s: client went away; cancelled", j->id);
-			ret = MHD_NO; /* close the connection; job_free cancels */
-			r->status = 499;
-			goto out;
-		}
-		int rc = job_poll(j, SRV_WAIT_S, &progress);
-		if (rc != KVT_OK) {
-			ret = reply_error(r, 500, NULL, NULL, "the engine failed while generating (%s)", kvt_strerror(rc));
-			goto out;
-		}
-	}
-	job_update_log(j);
-	for (uint32_t i = 0; i < j->n; i++)
-		if (choice_failed(&j->ch[i])) {
-			ret = j->ch[i].finish == KVT_FINISH_CANCELLED ?
-				      reply_error(r, 503, NULL, "draining", "the request was cancelled: the server is shutting down") :
-				      reply_error(r, 500, NULL, NULL, "the engine failed while generating");
-			goto out;
-		}
-	ret = reply_json(r, 200, job_result(j), false);
+	/* non-streaming: park the connection until the choices end (gen_continue) */
+	r->job = j;
+	j = NULL;
+	ret = gen_continue(r);
 	goto out;
 
 oom:
@@ -1466,21 +1697,39 @@ static json_t *resume_json(const kvt_resume_report *rep)
 			 (int)rep->prefill_measured);
 }
 
-/* A streamed resume: a producer thread runs it; the content reader hands out its NDJSON lines. */
+/*
+ * A session resume runs on a thread of its own (it reads NVMe for as long as
+ * it takes), never on an HTTP worker. Streamed, the content reader hands out
+ * its NDJSON lines; not streamed, the connection parks until the report is
+ * in (resume_continue). The thread and the HTTP side each hold a reference;
+ * the last to let go frees it, so a client that hangs up never waits for the
+ * resume to end. kvt_server_stop waits for every resume thread.
+ */
 typedef struct resume_job {
 	kvt_server *srv;                  /* owner */
 	kvt_sched *sched;                 /* borrowed */
 	char tenant[KVT_NAME_MAX + 1];    /* the caller's tenant */
 	char id[KVT_NAME_MAX + 1];        /* the session */
-	pthread_t thread;                 /* the producer */
-	bool started;                     /* thread is joinable */
-	pthread_mutex_t mu;               /* guards out, out_off, done */
-	pthread_cond_t cv;                /* out grew or done */
-	sbuf out;                         /* NDJSON not yet handed to MHD */
+	bool stream;                      /* NDJSON progress lines (else one JSON report) */
+	atomic_int refs;                  /* the thread + the HTTP side */
+	pthread_mutex_t mu;               /* guards out, out_off, done, rc, rep */
+	sbuf out;                         /* NDJSON not yet handed to MHD (stream) */
 	size_t out_off;                   /* of those, already handed */
-	bool done;                        /* the last line is in out */
-	int sock_fd;                      /* hang-up polls */
+	bool done;                        /* the last line is in out / the report is in */
+	int rc;                           /* kvt_sched_session_resume's result, once done */
+	kvt_resume_report rep;            /* its report, once done */
+	waiter w;                         /* parks the connection while nothing is new */
 } resume_job;
+
+static void resume_unref(resume_job *rj)
+{
+	if (atomic_fetch_sub(&rj->refs, 1) != 1)
+		return;
+	atomic_fetch_sub(&rj->srv->in_flight, 1);
+	pthread_mutex_destroy(&rj->mu);
+	free(rj->out.p);
+	free(rj);
+}
 
 static void resume_put(resume_job *rj, json_t *v, bool last)
 {
@@ -1495,8 +1744,8 @@ static void resume_put(resume_job *rj, json_t *v, bool last)
 	}
 	if (last)
 		rj->done = true;
-	pthread_cond_signal(&rj->cv);
 	pthread_mutex_unlock(&rj->mu);
+	srv_wake(rj->srv);
 	free(s);
 }
 
@@ -1510,29 +1759,42 @@ static void resume_progress(void *user, uint32_t done, uint32_t total)
 static void *resume_main(void *arg)
 {
 	resume_job *rj = arg;
+	kvt_server *srv = rj->srv;
 	kvt_resume_report rep;
 	memset(&rep, 0, sizeof(rep));
-	int rc = kvt_sched_session_resume(rj->sched, rj->tenant, rj->id, resume_progress, rj, &rep);
-	json_t *v;
-	if (rc == KVT_OK) {
-		v = resume_json(&rep);
-		if (v)
-			json_object_set_new(v, "event", json_string("done"));
+	int rc = kvt_sched_session_resume(rj->sched, rj->tenant, rj->id, rj->stream ? resume_progress : NULL, rj, &rep);
+	if (rj->stream) {
+		json_t *v;
+		if (rc == KVT_OK) {
+			v = resume_json(&rep);
+			if (v)
+				json_object_set_new(v, "event", json_string("done"));
+		} else {
+			v = json_pack("{s:s, s:o}", "event", "error", "error",
+				      error_object(rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
+						   rc == KVT_ENOTFOUND ? "not_found" : NULL,
+						   rc == KVT_ENOTFOUND ? "the session is gone" : kvt_strerror(rc)));
+		}
+		resume_put(rj, v, true);
 	} else {
-		v = json_pack("{s:s, s:o}", "event", "error", "error",
-			      error_object(rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
-					   rc == KVT_ENOTFOUND ? "not_found" : NULL,
-					   rc == KVT_ENOTFOUND ? "the session is gone" : kvt_strerror(rc)));
+		pthread_mutex_lock(&rj->mu);
+		rj->rc = rc;
+		rj->rep = rep;
+		rj->done = true;
+		pthread_mutex_unlock(&rj->mu);
+		srv_wake(srv);
 	}
-	resume_put(rj, v, true);
+	resume_unref(rj);
+	atomic_fetch_sub(&srv->n_resume_threads, 1); /* last: kvt_server_stop may free srv after this */
 	return NULL;
 }
 
 static ssize_t resume_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	resume_job *rj = cls;
-	pthread_mutex_lock(&rj->mu);
 	for (;;) {
+		uint64_t seen = atomic_load(&rj->srv->wake_seq);
+		pthread_mutex_lock(&rj->mu);
 		if (rj->out.failed) {
 			pthread_mutex_unlock(&rj->mu);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -1546,34 +1808,54 @@ static ssize_t resume_reader(void *cls, uint64_t pos, char *buf, size_t max)
 			pthread_mutex_unlock(&rj->mu);
 			return (ssize_t)k;
 		}
-		if (rj->done) {
-			pthread_mutex_unlock(&rj->mu);
+		bool done = rj->done;
+		pthread_mutex_unlock(&rj->mu);
+		if (done)
 			return MHD_CONTENT_READER_END_OF_STREAM;
-		}
-		if (peer_gone(rj->sock_fd) || atomic_load(&rj->srv->stopping)) {
-			pthread_mutex_unlock(&rj->mu);
-			return MHD_CONTENT_READER_END_WITH_ERROR; /* the resume runs to its end; free joins it */
-		}
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += (long)(SRV_WAIT_S * 1e9);
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&rj->cv, &rj->mu, &ts);
+		if (peer_gone(rj->w.fd) || atomic_load(&rj->srv->stopping))
+			return MHD_CONTENT_READER_END_WITH_ERROR; /* the resume runs to its end on its thread */
+		if (park(rj->srv, &rj->w, seen))
+			return 0;
 	}
 }
 
 static void resume_free(void *cls)
 {
-	resume_job *rj = cls;
-	if (rj->started)
-		pthread_join(rj->thread, NULL);
-	pthread_mutex_destroy(&rj->mu);
-	pthread_cond_destroy(&rj->cv);
-	free(rj->out.p);
-	free(rj);
+	resume_unref(cls);
+}
+
+/* A non-streamed resume, each time MHD runs its connection: park until the report is in, then answer. */
+static enum MHD_Result resume_continue(conn_req *r)
+{
+	resume_job *rj = r->rj;
+	enum MHD_Result ret;
+	for (;;) {
+		uint64_t seen = atomic_load(&r->srv->wake_seq);
+		pthread_mutex_lock(&rj->mu);
+		bool done = rj->done;
+		pthread_mutex_unlock(&rj->mu);
+		if (done) {
+			const char *id = rj->id;
+			if (rj->rc == KVT_ENOTFOUND)
+				ret = reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+			else if (rj->rc != KVT_OK)
+				ret = reply_error(r, rj->rc == KVT_EINVAL ? 400 : 500, NULL, NULL,
+						  "resuming session '%s' failed (%s)", id, kvt_strerror(rj->rc));
+			else
+				ret = reply_json(r, 200, resume_json(&rj->rep), false);
+			break;
+		}
+		if (peer_gone(rj->w.fd) || atomic_load(&r->srv->stopping)) {
+			ret = MHD_NO; /* the resume runs to its end on its thread */
+			r->status = 499;
+			break;
+		}
+		if (park(r->srv, &rj->w, seen))
+			return MHD_YES;
+	}
+	r->rj = NULL;
+	resume_unref(rj);
+	return ret;
 }
 
 static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *id)
@@ -1597,50 +1879,61 @@ static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *
 	if (bad)
 		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
 
-	if (!stream) {
-		kvt_resume_report rep;
-		memset(&rep, 0, sizeof(rep));
-		int rc = kvt_sched_session_resume(sched, r->tenant, id, NULL, NULL, &rep);
-		if (rc == KVT_ENOTFOUND)
-			return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+	if (stream) { /* answer 404 before the 200 header when the session is unknown */
+		kvt_session_info *si = NULL;
+		size_t n = 0;
+		bool found = false;
+		int rc = kvt_sched_sessions(sched, r->tenant, &si, &n);
 		if (rc != KVT_OK)
-			return reply_error(r, rc == KVT_EINVAL ? 400 : 500, NULL, NULL, "resuming session '%s' failed (%s)",
-					   id, kvt_strerror(rc));
-		return reply_json(r, 200, resume_json(&rep), false);
+			return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
+		for (size_t i = 0; i < n && !found; i++)
+			found = !strcmp(si[i].id, id);
+		free(si);
+		if (!found)
+			return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
 	}
-
-	/* streamed: answer 404 before the 200 header when the session is unknown */
-	kvt_session_info *si = NULL;
-	size_t n = 0;
-	bool found = false;
-	int rc = kvt_sched_sessions(sched, r->tenant, &si, &n);
-	if (rc != KVT_OK)
-		return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
-	for (size_t i = 0; i < n && !found; i++)
-		found = !strcmp(si[i].id, id);
-	free(si);
-	if (!found)
-		return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+	if (!in_flight_take(r->srv))
+		return reply_error(r, 503, NULL, "overloaded", "too many requests in flight (%u); retry shortly",
+				   r->srv->cfg.max_concurrent);
 	resume_job *rj = calloc(1, sizeof(*rj));
-	if (!rj)
+	if (!rj) {
+		atomic_fetch_sub(&r->srv->in_flight, 1);
 		return reply_error(r, 500, NULL, NULL, "out of memory");
+	}
 	rj->srv = r->srv;
 	rj->sched = sched;
-	rj->sock_fd = conn_fd(r->con);
+	rj->stream = stream;
+	atomic_init(&rj->refs, 2);
+	waiter_init(&rj->w, r->con);
 	snprintf(rj->tenant, sizeof(rj->tenant), "%s", r->tenant);
 	snprintf(rj->id, sizeof(rj->id), "%.*s", KVT_NAME_MAX, id);
 	pthread_mutex_init(&rj->mu, NULL);
-	pthread_cond_init(&rj->cv, NULL);
-	struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resume_reader, rj, resume_free);
-	if (!resp) {
-		resume_free(rj);
+	struct MHD_Response *resp = NULL;
+	if (stream && !(resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resume_reader, rj, resume_free))) {
+		atomic_store(&rj->refs, 1);
+		resume_unref(rj);
 		return reply_error(r, 500, NULL, NULL, "out of memory");
 	}
-	if (pthread_create(&rj->thread, NULL, resume_main, rj) != 0) {
-		MHD_destroy_response(resp); /* calls resume_free */
+	pthread_t th;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	atomic_fetch_add(&r->srv->n_resume_threads, 1);
+	int prc = pthread_create(&th, &at, resume_main, rj);
+	pthread_attr_destroy(&at);
+	if (prc != 0) {
+		atomic_fetch_sub(&r->srv->n_resume_threads, 1);
+		atomic_store(&rj->refs, 1); /* the HTTP side's alone */
+		if (resp)
+			MHD_destroy_response(resp); /* calls resume_free */
+		else
+			resume_unref(rj);
 		return reply_error(r, 500, NULL, NULL, "could not start the resume thread");
 	}
-	rj->started = true;
+	if (!stream) {
+		r->rj = rj;
+		return resume_continue(r);
+	}
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	MHD_add_response_header(resp, "X-Accel-Buffering", "no");
@@ -1818,6 +2111,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 				*p = '?';
 		for (const unsigned char *p = (const unsigned char *)url; *p && !r->bad_path; p++)
 			r->bad_path = *p < 0x20 || *p == 0x7f;
+		track_phase(srv, con, false); /* the headers are in: no header deadline until the next request */
 		const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
 		if (cl) {
 			char *end;
@@ -1860,6 +2154,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 	}
 	if (r->answered)
 		return MHD_YES;
+	if (r->job) /* resumed from parking */
+		return gen_continue(r);
+	if (r->rj)
+		return resume_continue(r);
 	if (r->too_large)
 		return reply_error(r, 413, NULL, "request_too_large", "the body is over the limit of %zu bytes",
 				   srv->cfg.max_body_bytes);
@@ -1909,6 +2207,10 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	KVT_LOGI("http %s %s %u tenant=%s tokens=%u+%u ms=%.1f%s", r->method, r->path, status, r->tenant,
 		 atomic_load(&r->n_prompt), atomic_load(&r->n_completion), (kvt_now_s() - r->t0) * 1e3,
 		 toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
+	track_phase(r->srv, con, true); /* a keep-alive connection now waits for its next request's headers */
+	job_free(r->job);               /* set only if the connection ended while a generation was parked */
+	if (r->rj)
+		resume_unref(r->rj);
 	free(r->body);
 	free(r);
 }
@@ -1990,24 +2292,43 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 	 */
 	size_t pool = cfg->max_header_bytes + (32 << 10);
 	unsigned timeout = cfg->request_timeout_s > 0 ? (unsigned)cfg->request_timeout_s : 0;
-	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
 			 (v6 ? MHD_USE_DUAL_STACK : 0);
+	pthread_mutex_init(&srv->mu, NULL);
+	srv->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (srv->wake_fd < 0 || pthread_create(&srv->pump, NULL, pump_main, srv) != 0) {
+		KVT_LOGE("http: cannot start the pump (eventfd or thread): %s", strerror(errno));
+		if (srv->wake_fd >= 0)
+			close(srv->wake_fd);
+		pthread_mutex_destroy(&srv->mu);
+		free(srv->keys);
+		free(srv);
+		return KVT_EIO;
+	}
+	srv->pump_started = true;
 	srv->mhd = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-				    srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
-				    (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
-				    MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-				    MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, NULL,
-				    MHD_OPTION_END);
+				    srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+				    (unsigned)cfg->threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+				    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
+				    MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+				    on_connection, srv, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, NULL, MHD_OPTION_END);
 	if (!srv->mhd) {
 		KVT_LOGE("http: cannot listen on %s port %u (address in use, or not permitted?)", cfg->host,
 			 (unsigned)cfg->port);
+		atomic_store(&srv->pump_stop, true);
+		pthread_join(srv->pump, NULL);
+		close(srv->wake_fd);
+		pthread_mutex_destroy(&srv->mu);
 		free(srv->keys);
 		free(srv);
 		return KVT_EIO;
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
 	srv->port = di ? di->port : cfg->port;
-	KVT_LOGI("http: listening on %s%s%s:%u", v6 ? "[" : "", cfg->host, v6 ? "]" : "", (unsigned)srv->port);
+	KVT_LOGI("http: listening on %s%s%s:%u (%u worker threads, %u connections, %u per address, header deadline %.0f s)",
+		 v6 ? "[" : "", cfg->host, v6 ? "]" : "", (unsigned)srv->port, cfg->threads, cfg->max_connections,
+		 cfg->max_connections_per_ip, cfg->header_timeout_s);
 	*out = srv;
 	return KVT_OK;
 }
@@ -2019,6 +2340,7 @@ uint16_t kvt_server_port(const kvt_server *srv)
 
 void kvt_server_set_engine(kvt_server *srv, kvt_sched *sched, const struct kvt_tok *tok)
 {
+	kvt_sched_set_progress(sched, srv_wake, srv); /* parked generations wake on the scheduler's news */
 	atomic_store(&srv->tok, tok);
 	atomic_store(&srv->sched, sched); /* last: a request that sees sched sees tok */
 }
@@ -2038,8 +2360,22 @@ void kvt_server_stop(kvt_server *srv)
 {
 	if (!srv)
 		return;
-	atomic_store(&srv->stopping, true); /* waits give up within SRV_WAIT_S */
-	MHD_stop_daemon(srv->mhd);          /* closes the sockets, joins every connection thread */
+	atomic_store(&srv->stopping, true); /* handlers and readers end their requests */
+	kvt_sched *sched = atomic_load(&srv->sched);
+	if (sched)
+		kvt_sched_set_progress(sched, NULL, NULL);
+	pthread_mutex_lock(&srv->mu); /* MHD must not be stopped with a connection suspended */
+	srv->parks_closed = true;
+	while (srv->parked)
+		unpark_locked(srv, srv->parked);
+	pthread_mutex_unlock(&srv->mu);
+	MHD_stop_daemon(srv->mhd); /* closes the sockets, joins the workers */
+	while (atomic_load(&srv->n_resume_threads)) /* they end on their own (a resume is bounded) */
+		usleep(10000);
+	atomic_store(&srv->pump_stop, true);
+	pthread_join(srv->pump, NULL);
+	close(srv->wake_fd);
+	pthread_mutex_destroy(&srv->mu);
 	free(srv->keys);
 	free(srv);
 }

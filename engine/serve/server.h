@@ -4,10 +4,16 @@
  * jansson. The wire format is specified in docs/http-api.md.
  *
  * The server starts before the model is loaded: /health answers 503
- * ("loading") and every other route 503 until kvt_server_set_engine. One
- * thread per connection; a connection thread blocks on its request's
- * scheduler handle and notices a client that went away (the request is
- * cancelled).
+ * ("loading") and every other route 503 until kvt_server_set_engine.
+ *
+ * Threads: a fixed pool of workers (epoll) serves every connection; nothing
+ * waits on a worker. A request waiting for tokens or for a session resume
+ * parks its connection (suspended) and the server's pump thread resumes it
+ * when the scheduler has news, so a slow or idle client costs a connection
+ * slot, not a thread. Slow clients are bounded by a global and a per-IP
+ * connection limit (over them a connection is closed at once), a header
+ * deadline and an idle timeout. A client that went away is noticed within
+ * 0.1 s and its request cancelled.
  */
 #ifndef KVT_SERVER_H
 #define KVT_SERVER_H
@@ -26,14 +32,17 @@ typedef struct kvt_server_config {
 	uint16_t port;                 /* 0: an ephemeral port (read it with kvt_server_port) */
 	const kvt_api_key *keys;       /* [n_keys]; 0 keys: no auth, tenant from "user" (else "default") */
 	size_t n_keys;
-	uint32_t max_connections;      /* concurrent connections (default 64) */
+	uint32_t threads;              /* worker threads serving every connection (default 4) */
+	uint32_t max_connections;      /* open connections, all clients together (default 1024); beyond: closed */
+	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit) */
+	double header_timeout_s;       /* from accept (or the last response) to the end of the next request's headers (default 15; 0: none) */
 	uint32_t max_concurrent;       /* requests being generated or queued at once; beyond: 503 + Retry-After (default 32) */
 	size_t max_header_bytes;       /* request line + headers (default 16 KiB) */
 	size_t max_body_bytes;         /* request body (default 1 MiB): 413 beyond */
 	uint32_t max_tokens_limit;     /* largest max_tokens accepted (default 4096) */
 	uint32_t max_n;                /* largest n accepted (default 4) */
 	uint32_t default_max_tokens;   /* max_tokens when absent (default 256) */
-	double request_timeout_s;      /* idle connection timeout (default 600) */
+	double request_timeout_s;      /* idle connection timeout: no byte either way for this long (default 600; 0: none) */
 	const char *model_id;          /* id reported by /v1/models and in responses */
 	const char *kv_dtype;          /* T1/T2 record format for /v1/stats ("f16", "fp8", "int8"); NULL: "f16" */
 } kvt_server_config;
