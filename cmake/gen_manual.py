@@ -160,7 +160,7 @@ def man_conf(m, version):
             out += [".PP"] + roff_blocks(s["before"])
         for k in s["key"]:
             out += [".TP", "\\fB%s\\fR = \\fI%s\\fR" % (roff_escape(k["name"]), roff_escape(k["default"]))]
-            out += roff_blocks(k.get("doc") or "A watermark of this tier (see [tier.hbm]).")
+            out += roff_blocks(k.get("doc") or k["man"])
     out += extras(p)
     return "\n".join(out) + "\n"
 
