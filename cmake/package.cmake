@@ -54,6 +54,13 @@ install(CODE "set(KVT_CONF_SRC \"${CMAKE_SOURCE_DIR}/configs/kvtier.conf\")
 set(KVT_CONF_DIR \"${conf_dir}\")")
 install(SCRIPT cmake/install_conf.cmake)
 
+# The install rules, into a scratch tree (tests/install/test_install.cmake)
+enable_testing()
+add_test(NAME test_install COMMAND ${CMAKE_COMMAND} -DBUILD=${CMAKE_BINARY_DIR} -DSRC=${CMAKE_SOURCE_DIR}
+  -DWORK=${CMAKE_BINARY_DIR}/install_test -DBINDIR=${KVT_FULL_BINDIR} -DCONF=${KVT_CONF_FILE}
+  -P ${CMAKE_SOURCE_DIR}/tests/install/test_install.cmake)
+set_tests_properties(test_install PROPERTIES LABELS unit TIMEOUT 120)
+
 # ---- the Debian package ----
 set(KVT_DEB_RELEASE 1)
 set(KVT_DEB_VERSION ${PROJECT_VERSION}-${KVT_DEB_RELEASE})
