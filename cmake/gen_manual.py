@@ -14,8 +14,9 @@ Design: the source is structured data (TOML, read with the standard library's to
 and every output is a plain function of it. Text fields: paragraphs split by blank lines
 (their lines go into kvtier.conf as written there, and roff fills them in the man pages),
 lines indented by two spaces are kept as written (.nf in roff), `x` is a literal (bold
-in the man pages; kvtier.conf and --help show the backquotes). Nothing here knows a key's type or range: those live in the parser's key
-table (engine/serve/config.c), and tests/test_config.c holds configs/kvtier.conf to it.
+in the man pages; kvtier.conf and --help show the backquotes). Nothing here knows a
+key's type or range: those live in the parser's key table (engine/serve/config.c), and
+tests/test_config.c holds configs/kvtier.conf to it.
 """
 import argparse
 import gzip
