@@ -33,6 +33,8 @@ int kvt_dev_create(const kvt_dev_config *cfg, kvt_dev **out)
 		if (kvt_dev_cuda_create(&c, out) == KVT_OK)
 			return KVT_OK;
 		KVT_LOGI("device auto: no usable GPU, using the CPU backend");
+#else
+		KVT_LOGI("device auto: this build has no CUDA backend, using the CPU backend");
 #endif
 		c.kind = KVT_DEV_CPU;
 	}

@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip python3-venv
       libopenblas-dev libpcre2-dev
       liburing-dev liblz4-dev libsqlite3-dev libssl-dev libxxhash-dev
-      libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio)
+      libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio
+      lintian file man-db groff-base adduser procps)  # the last line: the package test
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -10,6 +10,10 @@
  *   kvtier resume SESSION [--json]                   (engine/cli/cli_client.c)
  *   kvtier stats [--json] [--watch [S]] | --offline --data-dir DIR
  *   kvtier sessions [--json]
+ *   kvtier --version | --help
+ *
+ * The --help text, like the man page kvtier(1), is generated from
+ * docs/manual.toml (kvt_manual.h); --version from the build (kvt_version.h).
  *
  * generate streams text as it is produced (never splitting a UTF-8
  * character), then prints token counts and prefill/decode speeds to stderr.
@@ -20,6 +24,8 @@
 #include "cli_index.h"
 #include "generate.h"
 #include "gguf.h"
+#include "kvt_manual.h"
+#include "kvt_version.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -34,22 +40,7 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage:\n"
-		"  kvtier generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K]\n"
-		"                  [--seed S] [--chat] [--no-kv-cache] [--threads N]\n"
-		"                  [--weights native|f16|f32] [--device auto|cpu|cuda] [--ref]\n"
-		"  kvtier size --model MODEL [--context N] [--hbm BYTES] [--host BYTES] [--nvme BYTES]\n"
-		"  kvtier fsck --data-dir DIR [--dry-run]\n"
-		"  kvtier rebuild-index --data-dir DIR [--model MODEL]\n"
-		"  kvtier resume SESSION [--json]                 page a conversation back in (daemon)\n"
-		"  kvtier stats [--json] [--watch [SECONDS]]      tier statistics report (daemon)\n"
-		"  kvtier stats --offline --data-dir DIR [--json] what the index holds (no daemon)\n"
-		"  kvtier sessions [--json]                       the daemon's sessions\n"
-		"  daemon commands take --url URL (default http:// + server.listen of the config),\n"
-		"  --api-key KEY (default $KVTIER_API_KEY), -c FILE (default $KVTIER_CONFIG,\n"
-		"  else /etc/kvtier/kvtier.conf)\n"
-		"BYTES takes K, M, G, T suffixes (powers of 1024), e.g. 80G.\n");
+	fputs(KVT_HELP_KVTIER, f);
 }
 
 /* Parse helpers: print what was wrong and return false. */
@@ -422,6 +413,11 @@ int main(int argc, char **argv)
 		return kvt_cli_stats(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "sessions"))
 		return kvt_cli_sessions(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "--version")) {
+		printf("kvtier %s\ncommit: %s\nbuild: %s (%s)\nbackends: %s\n", KVT_VERSION, KVT_GIT_COMMIT,
+		       KVT_BUILD_TYPE, KVT_BUILD_OPTIONS, KVT_BACKENDS);
+		return 0;
+	}
 	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

@@ -5,6 +5,10 @@
  *
  *   kvtierd [-c FILE] [--listen HOST:PORT] [--data-dir DIR] [--model PATH]
  *           [--device auto|cuda|cpu] [--check-config] [--print-config]
+ *   kvtierd --version | --help
+ *
+ * The --help text, like the man page kvtierd(8), is generated from
+ * docs/manual.toml (kvt_manual.h); --version from the build (kvt_version.h).
  *
  * Start-up: config -> log -> HTTP server (503 "loading") -> device, model,
  * tokenizer -> data dir: secret, index, NVMe store -> tiering manager,
@@ -17,6 +21,8 @@
 #include "fingerprint.h"
 #include "gguf.h"
 #include "index.h"
+#include "kvt_manual.h"
+#include "kvt_version.h"
 #include "model.h"
 #include "sdnotify.h"
 #include "stack.h"
@@ -82,10 +88,13 @@ static int log_open(const char *path)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvtierd [-c FILE] [--listen HOST:PORT] [--data-dir DIR] [--model PATH]\n"
-		   "               [--device auto|cuda|cpu] [--check-config] [--print-config]\n"
-		   "Config lookup: -c FILE, then $KVTIER_CONFIG, then /etc/kvtier/kvtier.conf, then built-in\n"
-		   "defaults (configs/kvtier.conf documents every key).\n");
+	fputs(KVT_HELP_KVTIERD, f);
+}
+
+static void version(void)
+{
+	printf("kvtierd %s\ncommit: %s\nbuild: %s (%s)\nbackends: %s\n", KVT_VERSION, KVT_GIT_COMMIT, KVT_BUILD_TYPE,
+	       KVT_BUILD_OPTIONS, KVT_BACKENDS);
 }
 
 static int mkdir_p(const char *dir)
@@ -402,6 +411,10 @@ int main(int argc, char **argv)
 		const char *a = argv[i];
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--version")) {
+			version();
 			return 0;
 		}
 		if (!strcmp(a, "--check-config")) {
