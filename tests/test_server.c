@@ -154,8 +154,8 @@ static bool is_error(long status, const char *param, const char *code)
 		ok = json_is_string(p) && !strcmp(json_string_value(p), param);
 	if (ok && code)
 		ok = json_is_string(cd) && !strcmp(json_string_value(cd), code);
-	const char *want_type = status == 401 ? "authentication_error" : status >= 500 ? "server_error" :
-											  "invalid_request_error";
+	const char *want_type = status == 401 ? "authentication_error" : status == 403 ? "permission_error" :
+				status >= 500 ? "server_error" : "invalid_request_error";
 	if (ok)
 		ok = !strcmp(json_string_value(type), want_type);
 	if (ok && status == 503)
@@ -403,6 +403,18 @@ static void engine_close(engine *e)
 	kvt_dev_destroy(e->dev);
 }
 
+/* Start a server with this configuration on the engine (port set); NULL (a failed check) if it cannot. */
+static kvt_server *serve_with(engine *e, const kvt_server_config *sc)
+{
+	kvt_server *srv = NULL;
+	CHECK(kvt_server_start(sc, &srv) == KVT_OK);
+	if (!srv)
+		return NULL;
+	port = kvt_server_port(srv);
+	kvt_server_set_engine(srv, e->sched, e->tok);
+	return srv;
+}
+
 static kvt_server *serve(engine *e, uint32_t max_concurrent)
 {
 	kvt_server_config sc;
@@ -639,12 +651,9 @@ static void test_slow_clients(engine *e)
 	sc.max_connections_per_ip = 64;
 	sc.header_timeout_s = 1.0;
 	sc.model_id = "synth-test";
-	kvt_server *srv = NULL;
-	CHECK(kvt_server_start(&sc, &srv) == KVT_OK);
+	kvt_server *srv = serve_with(e, &sc);
 	if (!srv)
 		return;
-	port = kvt_server_port(srv);
-	kvt_server_set_engine(srv, e->sched, e->tok);
 
 	int fds[70], n_open = 0;
 	const char partial[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
@@ -694,6 +703,91 @@ static void test_slow_clients(engine *e)
 	CHECKF(n_cut == 64, "%d of the 64 half-open connections were cut at the header deadline", n_cut);
 	CHECK_EQ_INT(http("GET", "/health", NULL), 200);
 	kvt_server_stop(srv);
+}
+
+static long http_key(const char *method, const char *path, const char *body, const char *key)
+{
+	char h[300];
+	snprintf(h, sizeof(h), "Authorization: Bearer %s", key);
+	return http_ex(method, path, body, body ? strlen(body) : 0, key ? h : NULL, NULL);
+}
+
+/*
+ * Tenants see only their own numbers: with API keys (alice, bob) and an admin
+ * key, /v1/stats shows a tenant key its own sessions and usage and nothing
+ * global; /metrics (server.metrics = admin) and other tenants' sessions need
+ * the admin key (401 without a key, 403 with a tenant's).
+ */
+static void test_admin_keys(engine *e)
+{
+	kvt_api_key keys[2] = { { "alice", "key-alice" }, { "bob", "key-bob" } };
+	kvt_api_key admin[1] = { { "ops", "key-admin" } };
+	kvt_server_config sc;
+	kvt_server_config_default(&sc);
+	sc.port = 0;
+	sc.model_id = "synth-test";
+	sc.keys = keys;
+	sc.n_keys = 2;
+	sc.admin_keys = admin;
+	sc.n_admin_keys = 1;
+	sc.metrics_admin = true;
+	kvt_server *srv = serve_with(e, &sc);
+	if (!srv)
+		return;
+
+	CHECK_EQ_INT(http_key("POST", "/v1/completions",
+			      "{\"prompt\": \"abc\", \"max_tokens\": 5, \"ignore_eos\": true, \"session_id\": \"a1\"}",
+			      "key-alice"),
+		     200);
+	CHECK_EQ_INT(http_key("GET", "/v1/stats", NULL, "key-alice"), 200);
+	json_t *v = body_json();
+	CHECKF(!strcmp(json_string_value(json_object_get(v, "tenant")) ?: "", "alice") &&
+		       json_integer_value(json_object_get(v, "sessions")) == 1 && !json_object_get(v, "tiers") &&
+		       !json_object_get(v, "engine") &&
+		       json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")) == 5 &&
+		       json_integer_value(json_object_get(json_object_get(v, "usage"), "requests")) == 1,
+	       "a tenant's /v1/stats: %s", R.body);
+	json_decref(v);
+	CHECK_EQ_INT(http_key("GET", "/v1/stats", NULL, "key-bob"), 200);
+	v = body_json();
+	CHECKF(json_integer_value(json_object_get(v, "sessions")) == 0 &&
+		       json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")) == 0,
+	       "bob sees none of alice's: %s", R.body);
+	json_decref(v);
+	CHECK_EQ_INT(http_key("GET", "/v1/stats", NULL, "key-admin"), 200);
+	v = body_json();
+	CHECKF(json_object_get(v, "tiers") && json_object_get(v, "engine") && !json_object_get(v, "tenant"),
+	       "the admin's /v1/stats is global: %.200s", R.body);
+	json_decref(v);
+
+	CHECK_EQ_INT(http_key("GET", "/metrics", NULL, NULL), 401);
+	CHECK(is_error(401, NULL, "invalid_api_key"));
+	CHECK_EQ_INT(http_key("GET", "/metrics", NULL, "key-alice"), 403);
+	CHECK(is_error(403, NULL, "admin_key_required"));
+	CHECK_EQ_INT(http_key("GET", "/metrics", NULL, "key-admin"), 200);
+	CHECK(strstr(R.body, "kvtier_requests_total") != NULL);
+
+	CHECK_EQ_INT(http_key("GET", "/v1/sessions", NULL, "key-bob"), 200);
+	CHECKF(!strstr(R.body, "\"a1\""), "bob's list: %s", R.body);
+	CHECK_EQ_INT(http_key("GET", "/v1/sessions?tenant=alice", NULL, "key-bob"), 403);
+	CHECK(is_error(403, "tenant", "admin_key_required"));
+	CHECK_EQ_INT(http_key("DELETE", "/v1/sessions/a1?tenant=alice", NULL, "key-bob"), 403);
+	CHECK_EQ_INT(http_key("POST", "/v1/sessions/a1/resume?tenant=alice", NULL, "key-bob"), 403);
+	CHECK_EQ_INT(http_key("GET", "/v1/sessions?tenant=alice", NULL, "key-admin"), 200);
+	CHECKF(strstr(R.body, "\"a1\""), "the admin lists alice's: %s", R.body);
+	CHECK_EQ_INT(http_key("GET", "/v1/sessions?tenant=*", NULL, "key-admin"), 200);
+	CHECKF(strstr(R.body, "\"a1\"") && strstr(R.body, "\"alice\""), "the admin lists every tenant's: %s", R.body);
+	CHECK_EQ_INT(http_key("GET", "/v1/sessions?tenant=..bad", NULL, "key-admin"), 400);
+	CHECK_EQ_INT(http_key("POST", "/v1/sessions/a1/resume?tenant=alice", NULL, "key-admin"), 200);
+	CHECK_EQ_INT(http_key("DELETE", "/v1/sessions/a1?tenant=alice", NULL, "key-admin"), 200);
+	CHECK_EQ_INT(http_key("GET", "/v1/sessions", NULL, "key-alice"), 200);
+	CHECKF(!strstr(R.body, "\"a1\""), "deleted by the admin: %s", R.body);
+	kvt_server_stop(srv);
+
+	/* metrics = admin without an admin key is a configuration error */
+	sc.n_admin_keys = 0;
+	srv = NULL;
+	CHECK(kvt_server_start(&sc, &srv) == KVT_EINVAL && srv == NULL);
 }
 
 /* Parse the SSE body of R: text per choice (2 max), finish reasons, usage chunk, [DONE] last. */
@@ -1230,6 +1324,7 @@ int main(void)
 			kvt_server_stop(srv);
 		}
 		test_slow_clients(&e);
+		test_admin_keys(&e);
 		test_overload_drain(&e);
 		test_stop_in_flight(&e);
 	}

@@ -452,6 +452,15 @@ static int render_stats(json_t *j, const char *source)
 	json_t *tiers = json_object_get(j, "tiers"), *eng = json_object_get(j, "engine");
 	json_t *t[3] = { NULL, NULL, NULL };
 	static const char *const names[3] = { "hbm", "host", "nvme" };
+	json_t *tenant = json_object_get(j, "tenant"), *u = json_object_get(j, "usage");
+	if (json_is_object(j) && json_is_string(tenant) && json_is_object(u) && !tiers) {
+		/* a tenant key's view: its own sessions and usage (global numbers need an admin key) */
+		printf("tenant %s: %.0f sessions; %.0f requests, %.0f prompt tokens (%.0f from the cache), %.0f generated\n",
+		       json_string_value(tenant), num(j, "sessions"), num(u, "requests"), num(u, "prompt_tokens"),
+		       num(u, "cached_tokens"), num(u, "completion_tokens"));
+		printf("(the tiers and engine numbers need an admin key: server.admin_keys)\n");
+		return 0;
+	}
 	if (!json_is_object(j) || !json_is_array(tiers)) {
 		fprintf(stderr, "kvtier stats: the response from %s is not a statistics report (no \"tiers\" array)\n",
 			source);

@@ -52,7 +52,7 @@ enum vtype {
 	V_ENUMBOOL, /* one of names[], stored as bool (values[] 0/1) */
 	V_STRING,   /* char[size] */
 	V_LISTEN,   /* HOST:PORT into listen_host/listen_port */
-	V_APIKEYS,  /* "tenant:key, ..." into api_keys/n_api_keys */
+	V_APIKEYS,  /* "tenant:key, ..." into a kvt_api_key[KVT_CONFIG_MAX_KEYS] at off, its count (size_t) at size */
 };
 
 typedef struct key_def {
@@ -60,7 +60,7 @@ typedef struct key_def {
 	const char *name;        /* key name */
 	enum vtype type;         /* how the value is parsed */
 	size_t off;              /* offset of the field in kvt_config */
-	size_t size;             /* V_STRING: buffer bytes */
+	size_t size;             /* V_STRING: buffer bytes; V_APIKEYS: offset of the key count */
 	double min, max;         /* numeric range (inclusive unless min_open) */
 	bool min_open;           /* the range excludes min */
 	bool allow_auto;         /* V_TIERCAP: "auto" accepted */
@@ -80,6 +80,8 @@ static const char *const io_names[] = { "auto", "uring", "threads", NULL };
 static const int io_values[] = { KVT_T2_IO_AUTO, KVT_T2_IO_URING, KVT_T2_IO_THREADS };
 static const char *const level_names[] = { "error", "warn", "info", "debug", NULL };
 static const int level_values[] = { KVT_LOG_ERROR, KVT_LOG_WARN, KVT_LOG_INFO, KVT_LOG_DEBUG };
+static const char *const metrics_names[] = { "open", "admin", NULL };
+static const int metrics_values[] = { 0, 1 };
 static const char *const comp_names[] = { "none", "lz4", NULL };
 static const int comp_values[] = { 0, 1 };
 
@@ -105,9 +107,14 @@ static const key_def keys[] = {
 	U32("server", "max_connections", max_connections, 1, 1000000, "1024", "open connections, all clients together; beyond: closed at once"),
 	U32("server", "max_connections_per_ip", max_connections_per_ip, 0, 1000000, "64", "open connections from one address (0 = no limit); beyond: closed at once"),
 	DUR("server", "header_timeout", header_timeout_s, 0, 3600, false, "15", "a connection must send a request's headers within this (from accept, or from its last response; 0 = no limit)"),
-	{ "server", "api_keys", V_APIKEYS, 0, 0, 0, 0, false, false, NULL, NULL, "",
+	{ "server", "api_keys", V_APIKEYS, OFF(api_keys), OFF(n_api_keys), 0, 0, false, false, NULL, NULL, "",
 	  "\"tenant:key, tenant2:key2\" or one bare key (tenant default); empty = no auth" },
 	STR("server", "api_key_file", api_key_file, "", "file with one tenant:key per line (\"\" = none)"),
+	{ "server", "admin_keys", V_APIKEYS, OFF(admin_keys), OFF(n_admin_keys), 0, 0, false, false, NULL, NULL, "",
+	  "keys that also see every tenant's numbers and sessions (same syntax as api_keys); empty = none" },
+	ENUMK("server", "metrics", metrics_admin, metrics, "open", "/metrics: open to all, or admin (an admin key)"),
+	BOOLK("server", "allow_unauthenticated", allow_unauthenticated, "false",
+	      "serve a non-loopback address with no API key (refused otherwise)"),
 	U32("server", "max_concurrent_requests", max_concurrent, 1, 65536, "32", "requests queued or running; beyond: 503"),
 	U32("server", "max_queue", max_queue, 0, 1048576, "64", "requests waiting for the scheduler"),
 	SIZE("server", "max_header_bytes", max_header_bytes, 1024, 1048576, "16K", "request line + headers"),
@@ -630,9 +637,10 @@ static int apply_key(kvt_config *c, const key_def *k, const char *value, const c
 				sec, name, why, KVT_NAME_MAX, KVT_CONFIG_MAX_KEYS);
 			return KVT_EINVAL;
 		}
-		memset(c->api_keys, 0, sizeof(c->api_keys));
-		memcpy(c->api_keys, tmp, n * sizeof(tmp[0]));
-		c->n_api_keys = n;
+		kvt_api_key *dst = (kvt_api_key *)(base + k->off);
+		memset(dst, 0, KVT_CONFIG_MAX_KEYS * sizeof(*dst));
+		memcpy(dst, tmp, n * sizeof(tmp[0]));
+		*(size_t *)(base + k->size) = n;
 		return KVT_OK;
 	}
 	}
@@ -966,6 +974,18 @@ int kvt_config_set(kvt_config *c, const char *section, const char *key, const ch
 
 /* ---- cross-key rules ------------------------------------------------------------------------ */
 
+bool kvt_config_listen_loopback(const kvt_config *c)
+{
+	struct in_addr a4;
+	struct in6_addr a6;
+	if (inet_pton(AF_INET, c->listen_host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	if (inet_pton(AF_INET6, c->listen_host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6) ||
+		       (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+	return false;
+}
+
 int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 {
 	const char *where = NULL; /* the caller names the file (or the flags) */
@@ -1010,6 +1030,10 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 			c->default_max_tokens, c->max_tokens_limit);
 		return KVT_EINVAL;
 	}
+	if (c->metrics_admin && !c->n_admin_keys) {
+		set_err(err, cap, where, "[server] metrics = admin needs at least one key in admin_keys");
+		return KVT_EINVAL;
+	}
 	if (c->max_connections_per_ip > c->max_connections) {
 		set_err(err, cap, where, "[server] max_connections_per_ip %u exceeds max_connections %u",
 			c->max_connections_per_ip, c->max_connections);
@@ -1028,6 +1052,20 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 			set_err(err, cap, where, "[server] api_keys: entry %zu has a bad tenant or an empty key", i + 1);
 			return KVT_EINVAL;
 		}
+	}
+	for (size_t i = 0; i < c->n_admin_keys; i++) {
+		if (!kvt_name_valid(c->admin_keys[i].tenant) || !c->admin_keys[i].key[0]) {
+			set_err(err, cap, where, "[server] admin_keys: entry %zu has a bad tenant or an empty key", i + 1);
+			return KVT_EINVAL;
+		}
+		for (size_t j = 0; j < c->n_api_keys; j++)
+			if (!strcmp(c->admin_keys[i].key, c->api_keys[j].key)) {
+				set_err(err, cap, where,
+					"[server] admin_keys: entry %zu is also a key of api_keys (tenant \"%.64s\"); "
+					"a key is either an admin's or a tenant's",
+					i + 1, c->api_keys[j].tenant);
+				return KVT_EINVAL;
+			}
 	}
 	if (c->device < KVT_DEVICE_AUTO || c->device > KVT_DEVICE_CPU || c->persist < 0 || c->persist > 1 ||
 	    c->host_dtype < 0 || c->host_dtype >= KVT_KV_CODEC_COUNT || c->nvme_io < KVT_T2_IO_AUTO ||
@@ -1092,12 +1130,14 @@ int kvt_config_write(const kvt_config *c, FILE *f)
 		}
 		if (k->type == V_APIKEYS) {
 			/* NOTE: keys are secrets and this output goes to logs: name the tenants only. */
-			if (c->n_api_keys == 0) {
-				fprintf(f, "api_keys = \"\"\n");
+			const kvt_api_key *ks = (const kvt_api_key *)(base + k->off);
+			size_t nk = *(const size_t *)(base + k->size);
+			if (nk == 0) {
+				fprintf(f, "%s = \"\"\n", k->name);
 			} else {
-				fprintf(f, "# api_keys: %zu key(s) configured, not printed; tenants:", c->n_api_keys);
-				for (size_t j = 0; j < c->n_api_keys; j++)
-					fprintf(f, "%s %s", j ? "," : "", c->api_keys[j].tenant);
+				fprintf(f, "# %s: %zu key(s) configured, not printed; tenants:", k->name, nk);
+				for (size_t j = 0; j < nk; j++)
+					fprintf(f, "%s %s", j ? "," : "", ks[j].tenant);
 				fputc('\n', f);
 			}
 			continue;

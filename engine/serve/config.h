@@ -45,6 +45,10 @@ typedef struct kvt_config {
 	kvt_api_key api_keys[KVT_CONFIG_MAX_KEYS]; /* api_keys = "tenant:key, tenant2:key2" or one bare key (tenant "default") */
 	size_t n_api_keys;
 	char api_key_file[KVT_CONFIG_PATH_MAX]; /* api_key_file = path of a file with one "tenant:key" per line ("" = none) */
+	kvt_api_key admin_keys[KVT_CONFIG_MAX_KEYS]; /* admin_keys: same syntax; these also see every tenant */
+	size_t n_admin_keys;
+	int metrics_admin;             /* metrics = open|admin (0/1): /metrics needs an admin key when 1 */
+	bool allow_unauthenticated;    /* allow_unauthenticated: serve a non-loopback address with no key */
 	uint32_t max_concurrent;       /* max_concurrent_requests (default 32) */
 	uint32_t max_queue;            /* max_queue (default 64) */
 	size_t max_header_bytes;       /* max_header_bytes (default 16K) */
@@ -124,6 +128,9 @@ int kvt_config_set(kvt_config *c, const char *section, const char *key, const ch
 
 /* Check cross-key rules (low < high, ...). KVT_EINVAL with a message. */
 int kvt_config_validate(const kvt_config *c, char *err, size_t cap);
+
+/* Whether listen_host is a loopback address (127.0.0.0/8, ::1). */
+bool kvt_config_listen_loopback(const kvt_config *c);
 
 /* Write the effective configuration as an INI file (for --print-config and the log). */
 int kvt_config_write(const kvt_config *c, FILE *f);

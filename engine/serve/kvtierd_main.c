@@ -185,6 +185,25 @@ static void raise_fd_limit(uint32_t max_connections)
 			 max_connections, max_connections + 256, (unsigned long long)rl.rlim_cur);
 }
 
+/*
+ * A non-loopback listen address with no API key serves every conversation to
+ * the network: refused (EX_CONFIG, one message naming the ways out) unless
+ * server.allow_unauthenticated says so. n_keys counts the keys that will be
+ * in force.
+ */
+static int exposure_check(const kvt_config *c, size_t n_keys, const char *path)
+{
+	if (n_keys || c->allow_unauthenticated || kvt_config_listen_loopback(c))
+		return 0;
+	const char *v6 = strchr(c->listen_host, ':') ? "[" : "";
+	fprintf(stderr,
+		"kvtierd: %s: server.listen = %s%s%s:%u serves the network with no API key. Set server.api_keys (or "
+		"api_key_file, admin_keys), listen on a loopback address (127.0.0.1), or, to serve it unauthenticated "
+		"anyway, set server.allow_unauthenticated = true\n",
+		path ? path : "built-in defaults", v6, c->listen_host, *v6 ? "]" : "", c->listen_port);
+	return -1;
+}
+
 /* ---- the daemon ---- */
 
 typedef struct daemon {
@@ -463,6 +482,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvtierd: %s: %s\n", path ? path : "built-in defaults", err);
 		return EX_CONFIG;
 	}
+	if (exposure_check(&d.cfg, d.cfg.n_api_keys + d.cfg.n_admin_keys + (d.cfg.api_key_file[0] ? 1 : 0), path))
+		return EX_CONFIG;
 	if (print)
 		kvt_config_write(&d.cfg, stdout);
 	if (check) {
@@ -492,6 +513,16 @@ int main(int argc, char **argv)
 		code = EX_CONFIG;
 		goto out;
 	}
+	if (exposure_check(&d.cfg, d.n_keys + d.cfg.n_admin_keys, path)) { /* the key file may hold none */
+		KVT_LOGE("server.api_key_file %s holds no key, and server.listen %s is not loopback", d.cfg.api_key_file,
+			 d.cfg.listen_host);
+		code = EX_CONFIG;
+		goto out;
+	}
+	if (!kvt_config_listen_loopback(&d.cfg) && d.n_keys + d.cfg.n_admin_keys == 0)
+		KVT_LOGW("server.listen %s:%u: serving the network with NO authentication (server.allow_unauthenticated = "
+			 "true): anyone who can reach this port reads every conversation's cache and sessions",
+			 d.cfg.listen_host, d.cfg.listen_port);
 	raise_fd_limit(d.cfg.max_connections);
 	kvt_server_config scfg;
 	kvt_server_config_default(&scfg);
@@ -499,6 +530,9 @@ int main(int argc, char **argv)
 	scfg.port = d.cfg.listen_port;
 	scfg.keys = d.keys;
 	scfg.n_keys = d.n_keys;
+	scfg.admin_keys = d.cfg.admin_keys;
+	scfg.n_admin_keys = d.cfg.n_admin_keys;
+	scfg.metrics_admin = d.cfg.metrics_admin != 0;
 	scfg.threads = d.cfg.server_threads;
 	scfg.max_connections = d.cfg.max_connections;
 	scfg.max_connections_per_ip = d.cfg.max_connections_per_ip;

@@ -69,7 +69,10 @@
 struct kvt_server {
 	struct MHD_Daemon *mhd;             /* the listener and its connection threads */
 	kvt_server_config cfg;              /* copy; host/keys/model_id point into this struct */
-	kvt_api_key *keys;                  /* [cfg.n_keys] copies */
+	kvt_api_key *keys;                  /* [cfg.n_keys] copies, then [cfg.n_admin_keys] admin keys */
+	struct tenant_usage *usage;         /* [n_usage]: one per tenant of a key (with keys only) */
+	size_t n_usage;
+	uint32_t *key_usage;                /* [n_keys + n_admin_keys]: each key's index in usage */
 	char model_id[256];                 /* cfg.model_id copy */
 	char kv_dtype[16];                  /* cfg.kv_dtype copy ("f16" when none) */
 	_Atomic(kvt_sched *) sched;         /* NULL until set_engine */
@@ -92,6 +95,15 @@ struct kvt_server {
 	atomic_ullong n_header_cuts;        /* connections cut at the header deadline */
 	atomic_uint n_resume_threads;       /* session resumes running on their threads */
 };
+
+/* What one tenant's requests used (with API keys: a tenant key sees its own). */
+typedef struct tenant_usage {
+	char tenant[KVT_NAME_MAX + 1];      /* the tenant */
+	atomic_ullong requests;             /* completions finished (each choice counts) */
+	atomic_ullong prompt_tokens;        /* their prompt tokens */
+	atomic_ullong cached_tokens;        /* of those, served from the cache */
+	atomic_ullong completion_tokens;    /* tokens generated */
+} tenant_usage;
 
 /*
  * A connection parked until there is news (MHD_suspend_connection): a
@@ -129,6 +141,9 @@ typedef struct conn_req {
 	unsigned status;                    /* status sent, for the log */
 	char tenant[KVT_NAME_MAX + 1];      /* tenant, once known */
 	atomic_uint n_prompt, n_completion; /* tokens, for the log (a stream updates them) */
+	bool admin;                         /* authenticated with an admin key */
+	bool all_tenants;                   /* admin, ?tenant=*: every tenant's sessions */
+	struct tenant_usage *usage;         /* the key's tenant's counters (NULL without keys) */
 	struct gen_job *job;                /* a non-streaming generation parked between handler calls */
 	struct resume_job *rj;              /* a non-streaming resume parked between handler calls */
 } conn_req;
@@ -156,6 +171,12 @@ void kvt_server_config_default(kvt_server_config *c)
 }
 
 static const char *tier_name[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };
+
+/* Requests need a key (any API key or admin key is configured). */
+static bool auth_on(const kvt_server *srv)
+{
+	return srv->cfg.n_keys + srv->cfg.n_admin_keys > 0;
+}
 
 /* Random lowercase hex (n_bytes random bytes -> 2 * n_bytes chars + NUL). */
 static void random_hex(char *out, size_t n_bytes)
@@ -475,8 +496,8 @@ static enum MHD_Result reply_error(conn_req *r, unsigned status, const char *par
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	const char *type = status == 401 ? "authentication_error" : status >= 500 ? "server_error" :
-										    "invalid_request_error";
+	const char *type = status == 401 ? "authentication_error" : status == 403 ? "permission_error" :
+			   status >= 500 ? "server_error" : "invalid_request_error";
 	return reply_json(r, status, error_object(type, param, code, msg), status == 503);
 }
 
@@ -638,6 +659,7 @@ typedef struct gen_job {
 	uint32_t n;                 /* choices */
 	gen_choice *ch;             /* [n] */
 	waiter w;                   /* parks the connection while no tokens come */
+	tenant_usage *usage;        /* the tenant's counters, added to when the job ends (NULL: none) */
 	sbuf out;                   /* SSE bytes not yet handed to MHD */
 	size_t out_off;             /* of those, already handed */
 	bool done;                  /* everything (incl. [DONE]) is in out */
@@ -648,6 +670,14 @@ static void job_free(gen_job *j)
 {
 	if (!j)
 		return;
+	for (uint32_t i = 0; j->usage && j->ch && i < j->n; i++)
+		if (j->ch[i].ended) {
+			const kvt_sched_usage *u = &j->ch[i].usage;
+			atomic_fetch_add(&j->usage->requests, 1);
+			atomic_fetch_add(&j->usage->prompt_tokens, u->prompt_tokens);
+			atomic_fetch_add(&j->usage->cached_tokens, u->cached_tokens);
+			atomic_fetch_add(&j->usage->completion_tokens, u->completion_tokens);
+		}
 	for (uint32_t i = 0; i < j->n; i++) {
 		kvt_sched_release(j->ch[i].h); /* cancels if still running */
 		free(j->ch[i].text.p);
@@ -1176,7 +1206,7 @@ static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *promp
  */
 static int request_tenant(conn_req *r, const char *user, size_t n_user, field_err *e)
 {
-	if (r->srv->cfg.n_keys || !user || n_user == 0)
+	if (auth_on(r->srv) || !user || n_user == 0)
 		return 0; /* with keys: set by auth */
 	if (n_user > SRV_USER_MAX)
 		return fail(e, "user", "'user' must be at most %d bytes (got %zu)", SRV_USER_MAX, n_user);
@@ -1326,6 +1356,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	j->include_usage = include_usage;
 	j->created = (int64_t)time(NULL);
 	waiter_init(&j->w, r->con);
+	j->usage = r->usage;
 	snprintf(j->session_id, sizeof(j->session_id), "%s", session ? session : "");
 	{
 		char hex[25];
@@ -1639,10 +1670,43 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 /* sessions                                                                   */
 
 /* The tenant of a body-less request with no API keys: ?user=NAME, else "default". */
-static int query_tenant(conn_req *r, field_err *e)
+/*
+ * The tenant of a request without a body: ?user=NAME without keys. With
+ * keys, the key's tenant; an admin key may name another with ?tenant=NAME,
+ * or every tenant with ?tenant=* where allow_all (a listing). -1 with e set
+ * (400); -2 when a tenant key asks for another tenant (403).
+ */
+static int query_tenant_ex(conn_req *r, bool allow_all, field_err *e)
 {
+	const char *t = MHD_lookup_connection_value(r->con, MHD_GET_ARGUMENT_KIND, "tenant");
+	if (auth_on(r->srv) && t) {
+		if (!r->admin)
+			return -2;
+		if (!strcmp(t, "*") && allow_all) {
+			r->all_tenants = true;
+			return 0;
+		}
+		if (!kvt_name_valid(t))
+			return fail(e, "tenant", "'tenant' must be a tenant name%s", allow_all ? " or *" : "");
+		snprintf(r->tenant, sizeof(r->tenant), "%s", t);
+		return 0;
+	}
 	const char *user = MHD_lookup_connection_value(r->con, MHD_GET_ARGUMENT_KIND, "user");
 	return request_tenant(r, user, user ? strlen(user) : 0, e);
+}
+
+static int query_tenant(conn_req *r, field_err *e)
+{
+	return query_tenant_ex(r, false, e);
+}
+
+/* The answer to a query_tenant_ex failure. */
+static enum MHD_Result tenant_error(conn_req *r, int rc, const field_err *e)
+{
+	if (rc == -2)
+		return reply_error(r, 403, "tenant", "admin_key_required",
+				   "only an admin key (server.admin_keys) may act on another tenant's sessions");
+	return reply_error(r, 400, e->param, NULL, "%s", e->msg);
 }
 
 static json_t *tiers3(const uint32_t v[KVT_TIER_COUNT])
@@ -1654,11 +1718,12 @@ static json_t *tiers3(const uint32_t v[KVT_TIER_COUNT])
 static enum MHD_Result handle_sessions(conn_req *r, kvt_sched *sched)
 {
 	field_err e = { { 0 }, { 0 } };
-	if (query_tenant(r, &e))
-		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+	int trc = query_tenant_ex(r, true, &e);
+	if (trc)
+		return tenant_error(r, trc, &e);
 	kvt_session_info *si = NULL;
 	size_t n = 0;
-	int rc = kvt_sched_sessions(sched, r->tenant, &si, &n);
+	int rc = kvt_sched_sessions(sched, r->all_tenants ? NULL : r->tenant, &si, &n);
 	if (rc != KVT_OK)
 		return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
 	json_t *data = json_array();
@@ -1675,8 +1740,9 @@ static enum MHD_Result handle_sessions(conn_req *r, kvt_sched *sched)
 static enum MHD_Result handle_session_delete(conn_req *r, kvt_sched *sched, const char *id)
 {
 	field_err e = { { 0 }, { 0 } };
-	if (query_tenant(r, &e))
-		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+	int trc = query_tenant(r, &e);
+	if (trc)
+		return tenant_error(r, trc, &e);
 	int rc = kvt_sched_session_delete(sched, r->tenant, id);
 	if (rc == KVT_ENOTFOUND)
 		return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
@@ -1874,10 +1940,10 @@ static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *
 			return reply_error(r, 400, e.param, NULL, "%s", e.msg);
 		}
 	}
-	int bad = user ? request_tenant(r, user, n_user, &e) : query_tenant(r, &e);
+	int bad = user && !auth_on(r->srv) ? request_tenant(r, user, n_user, &e) : query_tenant(r, &e);
 	json_decref(body); /* user points into body: used above only */
 	if (bad)
-		return reply_error(r, 400, e.param, NULL, "%s", e.msg);
+		return tenant_error(r, bad, &e);
 
 	if (stream) { /* answer 404 before the 200 header when the session is unknown */
 		kvt_session_info *si = NULL;
@@ -2020,6 +2086,7 @@ static bool key_equal(const char *a, size_t na, const char *b)
 	return diff == 0 && nb > 0;
 }
 
+/* The presented key: an API key (its tenant) or an admin key (r->admin). False: none, or unknown. */
 static bool authenticate(conn_req *r)
 {
 	kvt_server *srv = r->srv;
@@ -2033,12 +2100,34 @@ static bool authenticate(conn_req *r)
 	while (nk && k[nk - 1] == ' ')
 		nk--;
 	bool ok = false;
-	for (size_t i = 0; i < srv->cfg.n_keys; i++)
+	size_t n_all = srv->cfg.n_keys + srv->cfg.n_admin_keys;
+	for (size_t i = 0; i < n_all; i++) /* every key compared: the time does not say which matched */
 		if (key_equal(k, nk, srv->keys[i].key) && !ok) {
 			ok = true;
+			r->admin = i >= srv->cfg.n_keys;
+			r->usage = &srv->usage[srv->key_usage[i]];
 			snprintf(r->tenant, sizeof(r->tenant), "%s", srv->keys[i].tenant[0] ? srv->keys[i].tenant : "default");
 		}
 	return ok;
+}
+
+/* GET /v1/stats for a tenant key: its own sessions and usage, nothing of the others'. */
+static enum MHD_Result handle_tenant_stats(conn_req *r, kvt_sched *sched)
+{
+	kvt_session_info *si = NULL;
+	size_t n = 0;
+	int rc = kvt_sched_sessions(sched, r->tenant, &si, &n);
+	free(si);
+	if (rc != KVT_OK)
+		return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
+	const tenant_usage *u = r->usage;
+	return reply_json(r, 200,
+			  json_pack("{s:s, s:I, s:{s:I, s:I, s:I, s:I}, s:s}", "tenant", r->tenant, "sessions",
+				    (json_int_t)n, "usage", "requests", (json_int_t)atomic_load(&u->requests),
+				    "prompt_tokens", (json_int_t)atomic_load(&u->prompt_tokens), "cached_tokens",
+				    (json_int_t)atomic_load(&u->cached_tokens), "completion_tokens",
+				    (json_int_t)atomic_load(&u->completion_tokens), "model", r->srv->model_id),
+			  false);
 }
 
 static enum MHD_Result dispatch(conn_req *r)
@@ -2055,8 +2144,12 @@ static enum MHD_Result dispatch(conn_req *r)
 				   r->method, want);
 	if (rt == R_HEALTH)
 		return handle_health(r);
-	if (rt != R_METRICS && srv->cfg.n_keys && !authenticate(r))
+	bool need_key = auth_on(srv) && (rt != R_METRICS || srv->cfg.metrics_admin);
+	if (need_key && !authenticate(r))
 		return reply_error(r, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
+	if (rt == R_METRICS && need_key && !r->admin)
+		return reply_error(r, 403, NULL, "admin_key_required",
+				   "/metrics needs an admin key (server.metrics = admin)");
 	kvt_sched *sched = atomic_load(&srv->sched);
 	const kvt_tok *tok = atomic_load(&srv->tok);
 	if (!sched)
@@ -2079,7 +2172,7 @@ static enum MHD_Result dispatch(conn_req *r)
 	case R_CHAT:
 		return handle_generate(r, sched, tok, true);
 	case R_STATS:
-		return handle_stats(r, sched);
+		return auth_on(srv) && !r->admin ? handle_tenant_stats(r, sched) : handle_stats(r, sched);
 	case R_SESSIONS:
 		return handle_sessions(r, sched);
 	case R_SESSION:
@@ -2228,14 +2321,55 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 /* ------------------------------------------------------------------------ */
 /* lifecycle                                                                  */
 
+/* Copy the keys (API keys, then admin keys) and make one usage record per tenant they name. */
+static int server_keys(kvt_server *srv, const kvt_server_config *cfg)
+{
+	size_t n_all = cfg->n_keys + cfg->n_admin_keys;
+	srv->cfg.keys = srv->cfg.admin_keys = NULL;
+	if (!n_all)
+		return KVT_OK;
+	srv->keys = calloc(n_all, sizeof(*srv->keys));
+	srv->key_usage = calloc(n_all, sizeof(*srv->key_usage));
+	srv->usage = calloc(n_all, sizeof(*srv->usage));
+	if (!srv->keys || !srv->key_usage || !srv->usage)
+		return KVT_ENOMEM;
+	memcpy(srv->keys, cfg->keys, cfg->n_keys * sizeof(*srv->keys));
+	memcpy(srv->keys + cfg->n_keys, cfg->admin_keys, cfg->n_admin_keys * sizeof(*srv->keys));
+	for (size_t i = 0; i < n_all; i++) {
+		const char *t = srv->keys[i].tenant[0] ? srv->keys[i].tenant : "default";
+		size_t u = 0;
+		while (u < srv->n_usage && strcmp(srv->usage[u].tenant, t))
+			u++;
+		if (u == srv->n_usage)
+			snprintf(srv->usage[srv->n_usage++].tenant, sizeof(srv->usage[0].tenant), "%s", t);
+		srv->key_usage[i] = (uint32_t)u;
+	}
+	srv->cfg.keys = srv->keys;
+	srv->cfg.admin_keys = srv->keys + cfg->n_keys;
+	return KVT_OK;
+}
+
+static void server_free_keys(kvt_server *srv)
+{
+	if (srv->keys)
+		memset(srv->keys, 0, (srv->cfg.n_keys + srv->cfg.n_admin_keys) * sizeof(*srv->keys)); /* secrets */
+	free(srv->keys);
+	free(srv->key_usage);
+	free(srv->usage);
+}
+
 int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 {
 	if (!cfg || !out || !cfg->host) {
 		KVT_LOGE("http: no configuration or no host");
 		return KVT_EINVAL;
 	}
-	if (cfg->n_keys && !cfg->keys) {
-		KVT_LOGE("http: n_keys = %zu but no keys", cfg->n_keys);
+	if ((cfg->n_keys && !cfg->keys) || (cfg->n_admin_keys && !cfg->admin_keys)) {
+		KVT_LOGE("http: n_keys = %zu, n_admin_keys = %zu but no keys", cfg->n_keys, cfg->n_admin_keys);
+		return KVT_EINVAL;
+	}
+	if (cfg->metrics_admin && !cfg->n_admin_keys) {
+		KVT_LOGE("http: /metrics for admins only, but no admin key is configured");
 		return KVT_EINVAL;
 	}
 	if (!cfg->max_connections || !cfg->max_concurrent || !cfg->max_header_bytes || !cfg->max_tokens_limit ||
@@ -2244,11 +2378,14 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 			 "default_max_tokens must be > 0, default_max_tokens <= max_tokens_limit");
 		return KVT_EINVAL;
 	}
-	for (size_t i = 0; i < cfg->n_keys; i++)
-		if (!cfg->keys[i].key[0] || (cfg->keys[i].tenant[0] && !kvt_name_valid(cfg->keys[i].tenant))) {
-			KVT_LOGE("http: API key %zu: empty key or bad tenant name '%s'", i, cfg->keys[i].tenant);
+	for (size_t i = 0; i < cfg->n_keys + cfg->n_admin_keys; i++) {
+		const kvt_api_key *k = i < cfg->n_keys ? &cfg->keys[i] : &cfg->admin_keys[i - cfg->n_keys];
+		if (!k->key[0] || (k->tenant[0] && !kvt_name_valid(k->tenant))) {
+			KVT_LOGE("http: %s key %zu: empty key or bad tenant name '%s'", i < cfg->n_keys ? "API" : "admin",
+				 i < cfg->n_keys ? i : i - cfg->n_keys, k->tenant);
 			return KVT_EINVAL;
 		}
+	}
 	struct sockaddr_storage ss;
 	memset(&ss, 0, sizeof(ss));
 	bool v6 = false;
@@ -2275,13 +2412,10 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 	snprintf(srv->kv_dtype, sizeof(srv->kv_dtype), "%s", cfg->kv_dtype && *cfg->kv_dtype ? cfg->kv_dtype : "f16");
 	srv->cfg.kv_dtype = srv->kv_dtype;
 	srv->cfg.host = NULL; /* not kept */
-	if (cfg->n_keys) {
-		if (!(srv->keys = calloc(cfg->n_keys, sizeof(*srv->keys)))) {
-			free(srv);
-			return KVT_ENOMEM;
-		}
-		memcpy(srv->keys, cfg->keys, cfg->n_keys * sizeof(*srv->keys));
-		srv->cfg.keys = srv->keys;
+	if (server_keys(srv, cfg) != KVT_OK) {
+		server_free_keys(srv);
+		free(srv);
+		return KVT_ENOMEM;
 	}
 	srv->created = (int64_t)time(NULL);
 	srv->t_start = kvt_now_s();
@@ -2301,7 +2435,7 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 		if (srv->wake_fd >= 0)
 			close(srv->wake_fd);
 		pthread_mutex_destroy(&srv->mu);
-		free(srv->keys);
+		server_free_keys(srv);
 		free(srv);
 		return KVT_EIO;
 	}
@@ -2320,7 +2454,7 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 		pthread_join(srv->pump, NULL);
 		close(srv->wake_fd);
 		pthread_mutex_destroy(&srv->mu);
-		free(srv->keys);
+		server_free_keys(srv);
 		free(srv);
 		return KVT_EIO;
 	}
@@ -2376,6 +2510,6 @@ void kvt_server_stop(kvt_server *srv)
 	pthread_join(srv->pump, NULL);
 	close(srv->wake_fd);
 	pthread_mutex_destroy(&srv->mu);
-	free(srv->keys);
+	server_free_keys(srv);
 	free(srv);
 }

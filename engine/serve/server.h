@@ -30,8 +30,11 @@ typedef struct kvt_api_key {
 typedef struct kvt_server_config {
 	const char *host;              /* listen address, e.g. "127.0.0.1" (numeric IPv4 or IPv6) */
 	uint16_t port;                 /* 0: an ephemeral port (read it with kvt_server_port) */
-	const kvt_api_key *keys;       /* [n_keys]; 0 keys: no auth, tenant from "user" (else "default") */
+	const kvt_api_key *keys;       /* [n_keys]; no keys and no admin keys: no auth, tenant from "user" (else "default") */
 	size_t n_keys;
+	const kvt_api_key *admin_keys; /* [n_admin_keys]: keys that also see every tenant (global stats, other tenants' sessions) */
+	size_t n_admin_keys;
+	bool metrics_admin;            /* /metrics needs an admin key (else it is open to all) */
 	uint32_t threads;              /* worker threads serving every connection (default 4) */
 	uint32_t max_connections;      /* open connections, all clients together (default 1024); beyond: closed */
 	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit) */

@@ -294,8 +294,46 @@ def case_errors(build, tmp):
         check(d.stop() == 0, "exit 0 after the error cases")
 
 
+def case_exposure(build, tmp):
+    """A non-loopback listen address with no key is refused, unless allow_unauthenticated (then a warning)."""
+    def conf(server, listen="0.0.0.0:0"):
+        path = os.path.join(tmp, "exp.conf")
+        with open(path, "w") as f:
+            f.write("[server]\nlisten = %s\n%s[model]\npath = %s\ndevice = cpu\n[tier.nvme]\ncapacity = 64M\n"
+                    "[index]\ndata_dir = %s\n" % (listen, server, MODEL, os.path.join(tmp, "data")))
+        return path
+
+    def run(server, check_only=True, listen="0.0.0.0:0"):
+        args = [os.path.join(build, "kvtierd"), "-c", conf(server, listen)] + (["--check-config"] if check_only else [])
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stderr
+    rc, err = run("")
+    check(rc == 78 and "serves the network with no API key" in err and "allow_unauthenticated = true" in err,
+          "0.0.0.0 with no key is refused (EX_CONFIG): %d %s" % (rc, err))
+    rc2, err2 = run("", check_only=False)
+    check(rc2 == 78 and "no API key" in err2, "and kvtierd does not start: %d %s" % (rc2, err2[-300:]))
+    for server in ("allow_unauthenticated = true\n", "api_keys = k1\n", "admin_keys = ops:k2\n"):
+        rc, err = run(server)
+        check(rc == 0, "%r: accepted: %d %s" % (server, rc, err))
+    for listen in ("127.0.0.2:0", "[::1]:0"):
+        rc, err = run("", listen=listen)
+        check(rc == 0, "loopback %s needs no key: %d %s" % (listen, rc, err))
+    keyfile = os.path.join(tmp, "keys")
+    open(keyfile, "w").close()
+    rc, err = run("api_key_file = %s\n" % keyfile, check_only=False)
+    check(rc == 78 and "no API key" in err, "an empty api_key_file is no key: %d %s" % (rc, err[-300:]))
+    d = Daemon(build, os.path.join(tmp, "open"),
+               "[server]\nlisten = 0.0.0.0:0\nallow_unauthenticated = true\n[model]\npath = %s\ndevice = cpu\n"
+               "[tier.nvme]\ncapacity = 64M\n[index]\ndata_dir = @DATA@\n" % MODEL)
+    d.start()
+    try:
+        check("NO authentication" in d._log(), "allow_unauthenticated warns at start")
+    finally:
+        check(d.stop() == 0, "exit 0")
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
-         "tenants": case_tenants, "openai": case_openai, "errors": case_errors}
+         "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure}
 
 
 def main():
