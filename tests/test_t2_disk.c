@@ -353,6 +353,40 @@ static void test_superblock_flips(void)
 	unlink(path);
 }
 
+/* A blank (zeroed) file, as a new block device is: a store is made in it. Zeroed superblocks over records: refused. */
+static void test_blank(void)
+{
+	char path[300];
+	path_in(path, sizeof(path), "blank.t2");
+	unlink(path);
+	int fd = open(path, O_RDWR | O_CREAT, 0644);
+	CHECK(fd >= 0 && ftruncate(fd, 1 << 20) == 0);
+	close(fd);
+	kvt_t2_store *s = NULL;
+	kvt_log_set_sink(check_log_sink, NULL);
+	int rc = open_t2(path, 1 << 20, NULL, false, &s);
+	CHECKF(rc == KVT_OK, "blank file: %s", kvt_strerror(rc));
+	if (rc == KVT_OK) {
+		write_records(s, 3);
+		kvt_t2_close(s);
+	}
+	/* both superblock units zeroed, the records still there: never taken for blank */
+	static uint8_t zero[8192];
+	fd = open(path, O_RDWR);
+	CHECK(fd >= 0 && pwrite(fd, zero, sizeof(zero), 0) == (ssize_t)sizeof(zero));
+	close(fd);
+	rc = open_t2(path, 1 << 20, NULL, false, &s);
+	kvt_log_set_sink(NULL, NULL);
+	CHECKF(rc == KVT_ECORRUPT, "zeroed superblocks over records: %s", kvt_strerror(rc));
+	if (rc == KVT_OK)
+		kvt_t2_close(s);
+	CHECK(open_t2(path, 1 << 20, NULL, true, &s) == KVT_OK); /* salvage keeps them */
+	if (s)
+		CHECK_EQ_INT(count_readable(s), N_REC);
+	kvt_t2_close(s);
+	unlink(path);
+}
+
 /* A format-1 file (one superblock copy, records from unit 1), as older kvtier wrote it. */
 static void test_format1(void)
 {
@@ -761,6 +795,7 @@ int main(void)
 	test_lock();
 	test_owner();
 	test_superblock_flips();
+	test_blank();
 	test_format1();
 	test_truncation();
 	test_lost_blocks();

@@ -421,6 +421,36 @@ static int salvage(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, con
 }
 
 /*
+ * What a file without a superblock magic holds: KVT_ECORRUPT when a record
+ * magic starts a unit of the first 16 MiB (records are allocated from the
+ * start: a store whose superblocks alone were lost, to salvage), else
+ * KVT_ENOTFOUND when both superblock units are zeros (blank, as a new block
+ * device: a store is made in it), else KVT_EINVAL (not a T2 file: left alone).
+ */
+static int sniff(kvt_t2_store *s, uint64_t size)
+{
+	const uint64_t window = 16u << 20;
+	uint64_t n = size < window ? size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES : window;
+	uint8_t *buf = aligned_alloc(KVT_T2_UNIT_BYTES, 1u << 20);
+	if (!buf)
+		return KVT_ENOMEM;
+	bool records = false;
+	for (uint64_t off = 0; !records && off < n; off += 1u << 20) {
+		size_t len = n - off < (1u << 20) ? (size_t)(n - off) : (1u << 20);
+		if (kvt_t2_io_pread_full(&s->ops, s->fd, buf, len, off) != 0) {
+			free(buf);
+			return KVT_EIO;
+		}
+		for (size_t u = 0; u < len; u += KVT_T2_UNIT_BYTES)
+			records = records || memcmp(buf + u, KVT_T2_REC_MAGIC, 8) == 0;
+	}
+	free(buf);
+	if (records)
+		return KVT_ECORRUPT;
+	return all_zero(s->sb, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES) ? KVT_ENOTFOUND : KVT_EINVAL;
+}
+
+/*
  * Open an existing, non-empty file: pick the newest valid superblock copy,
  * check it against cfg, repair what can be repaired (a damaged copy, format
  * 1, a missing owner, a truncated tail) unless cfg.no_repair.
@@ -441,12 +471,23 @@ static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t siz
 		return KVT_EUNSUPPORTED;
 	}
 	if (rc == KVT_EINVAL) {
+		rc = sniff(s, size);
+		if (rc == KVT_ENOTFOUND && !cfg->no_repair)
+			KVT_LOGI("t2 %s: blank (zeros where the superblock and the first records go): a new store is "
+				 "made in it", s->path);
+		if (rc == KVT_ENOTFOUND || rc == KVT_EIO || rc == KVT_ENOMEM)
+			return rc; /* KVT_ENOTFOUND: the caller creates */
+	}
+	if (rc == KVT_EINVAL) {
 		KVT_LOGE("t2 %s: not a kvtier T2 file (bad superblock magic)", s->path);
 		return KVT_EINVAL;
 	}
 	if (rc) {
-		if (size < KVT_T2_UNIT_BYTES && repair) {
-			/* cut inside the superblock: not one record can have survived */
+		char head[8];
+		size_t n_head = size < 8 ? (size_t)size : 8;
+		bool t2_head = pread(s->lock_fd, head, n_head, 0) == (ssize_t)n_head && memcmp(head, KVT_T2_SB_MAGIC, n_head) == 0;
+		if (size < KVT_T2_UNIT_BYTES && repair && t2_head) {
+			/* a T2 file cut inside its superblock: not one record can have survived */
 			KVT_LOGE("t2 %s: truncated to %llu bytes: no superblock and no record survive; a new, empty "
 				 "store is made in it",
 				 s->path, (unsigned long long)size);
@@ -455,6 +496,11 @@ static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t siz
 		if (cfg->salvage && repair) {
 			memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
 			return salvage(s, cfg, size, why);
+		}
+		if (size < KVT_T2_UNIT_BYTES && !t2_head) {
+			KVT_LOGE("t2 %s: not a kvtier T2 file (%llu bytes that are no superblock)", s->path,
+				 (unsigned long long)size);
+			return KVT_EINVAL;
 		}
 		KVT_LOGE("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); the records carry their own headers: "
 			 "run `kvtier fsck --data-dir DIR` (or `kvtier rebuild-index`) on this data directory to write a "
