@@ -764,6 +764,12 @@ static void test_block_sizes(void)
 	CHECK_EQ_INT(rows_all(&f), 8 + 6 - tm_reclaimed(&st));
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
 	fx_close(&f);
+	/* fsck checks both block sizes' rows and finds nothing to delete */
+	kvt_fsck_stats fs;
+	rc = kvt_index_fsck(g_data, true, &fs);
+	CHECKF(rc == KVT_OK && fs.n_rows == 8 + 6 - tm_reclaimed(&st) && fs.n_ok == fs.n_rows && fs.n_deleted == 0,
+	       "fsck over two block sizes: %s, %llu rows, %llu ok, %llu deleted", kvt_strerror(rc),
+	       (unsigned long long)fs.n_rows, (unsigned long long)fs.n_ok, (unsigned long long)fs.n_deleted);
 
 	/* and 16 -> 32 again: the 32-token blocks that were kept still serve */
 	rc = fx_open(&f, 32, cap, 1.0f, 0.9f);

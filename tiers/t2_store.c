@@ -19,6 +19,17 @@
  *  - Lack of space (no free extent, or ENOSPC from the file system) is
  *    KVT_EFULL and sets `degraded`; the next successful allocation and write
  *    clears it.
+ *  - One store per file: an flock on a second open file description (never
+ *    given to io_uring, so a kill -9 releases it at once) and, for a block
+ *    device, an O_EXCL claim, both held from open to close.
+ *  - The superblock has no single point of failure: every copy carries its
+ *    own checksums and a sequence, the newest valid copy wins, and a write
+ *    goes to one copy, then the next, each fdatasynced before the next
+ *    starts. Nothing at open is ever overwritten that could hold a record:
+ *    a damaged copy is rewritten from a valid one, a truncated file is
+ *    extended (its cut reported through intact_bytes), and a file with no
+ *    valid copy is refused unless cfg.salvage writes new ones from the
+ *    records.
  * Locking: `mu` guards the allocator, the generation counter, the flags and
  * every counter; it is never held across data I/O (only across the rare
  * superblock update). I/O runs on a context taken from the I/O engine.

@@ -132,7 +132,8 @@ int kvt_t2_file_model_fp(const char *t2_path, uint8_t out[32])
  * one is extended back; else nothing is written (no_repair). The model comes
  * from the superblock, else from model_fp (may be NULL), else the records.
  */
-static int open_t2(const char *t2_path, const uint8_t *model_fp, const uint8_t *owner, bool repair, kvt_t2_store **out)
+static int open_t2(const char *t2_path, const uint8_t *model_fp, const uint8_t *owner, bool repair, uint32_t max_raw,
+		   kvt_t2_store **out)
 {
 	kvt_t2_config cfg;
 	kvt_t2_info in;
@@ -156,6 +157,8 @@ static int open_t2(const char *t2_path, const uint8_t *model_fp, const uint8_t *
 	cfg.buffered_ok = true;
 	cfg.salvage = repair;
 	cfg.no_repair = !repair;
+	cfg.max_raw_bytes = max_raw;
+	cfg.n_io_ctx = 1; /* one batch at a time: staging for the largest record only */
 	if (owner)
 		memcpy(cfg.owner_id, owner, KVT_T2_OWNER_BYTES);
 	return kvt_t2_open(&cfg, out);
@@ -245,7 +248,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 	memset(st, 0, sizeof(*st));
 	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
 		return rc;
-	if ((rc = open_t2(t2_path, model_fp, NULL, true, &t2)) != KVT_OK)
+	if ((rc = open_t2(t2_path, model_fp, NULL, true, 0, &t2)) != KVT_OK)
 		return rc;
 	if ((rc = kvt_t2_file_model_fp(t2_path, fp)) != KVT_OK)
 		goto out;
@@ -406,11 +409,18 @@ int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st)
 	cfg.path = idx_path; /* admin handle: no namespace */
 	if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
 		return rc;
+	if ((rc = kvt_db_for_each_block(db, KVT_DB_ALL_NS, fsck_collect, &fc)) != KVT_OK)
+		goto out;
+	/* Reads are sized by the largest row: the rows of every block size are
+	 * checked, and a record larger than the default staging slot is no
+	 * reason to call it bad. */
+	uint32_t max_raw = 0;
+	for (size_t i = 0; i < fc.n; i++)
+		if (fc.rows[i].raw_bytes > max_raw && fc.rows[i].raw_bytes <= KVT_T2_MAX_RAW_BYTES)
+			max_raw = fc.rows[i].raw_bytes;
 	uint8_t owner[KVT_DB_OWNER_BYTES];
 	kvt_db_owner_id(db, owner);
-	if ((rc = open_t2(t2_path, NULL, owner, repair, &t2)) != KVT_OK)
-		goto out;
-	if ((rc = kvt_db_for_each_block(db, KVT_DB_ALL_NS, fsck_collect, &fc)) != KVT_OK)
+	if ((rc = open_t2(t2_path, NULL, owner, repair, max_raw, &t2)) != KVT_OK)
 		goto out;
 	meta = malloc(sizeof(*meta));
 	if (!meta) {
