@@ -222,6 +222,10 @@ static int sb_load(const kvt_t2_io_ops *ops, int fd, uint8_t *buf, uint64_t n, k
 	kvt_t2_info c[KVT_T2_SB_COPIES];
 	int rcs[KVT_T2_SB_COPIES];
 	int best = -1;
+	for (uint32_t i = 0; i < KVT_T2_SB_COPIES; i++) {
+		why[i] = NULL;
+		rcs[i] = KVT_ENOTFOUND;
+	}
 	uint64_t want = n < (uint64_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES ? n : (uint64_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES;
 	memset(buf, 0, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES);
 	/* whole units only (O_DIRECT); a partial last unit is read buffered by the caller's probe */
@@ -424,6 +428,7 @@ static int salvage(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, con
 	s->gen_limit = s->next_gen + KVT_T2_GEN_CHUNK;
 	if ((rc = sb_write(s, s->gen_limit)))
 		return rc;
+	s->intact_bytes = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES; /* what it held; any tail added is new */
 	KVT_LOGW("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); wrote %u new copies from the records "
 		 "(%llu-byte file, generations from %llu)",
 		 s->path, why[0] ? why[0] : "-", why[1] ? why[1] : "-", s->n_sb, (unsigned long long)cap,
