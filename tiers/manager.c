@@ -1392,7 +1392,8 @@ int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 	}
 	if (rc == KVT_OK)
 		rc = r.rc;
-	qsort(r.foreign, r.n_foreign, sizeof(*r.foreign), cmp_last_use);
+	if (r.n_foreign)
+		qsort(r.foreign, r.n_foreign, sizeof(*r.foreign), cmp_last_use);
 	pthread_mutex_lock(&tm->mu);
 	tm->st.n_lost = r.n_lost;
 	tm->st.n_foreign = r.n_foreign;
