@@ -688,6 +688,20 @@ static void test_tools_salvage(void)
 		CHECK(truncate(g_t2, (off_t)e.nvme.off + 4096) == 0); /* block 4 torn, block 5 gone */
 		CHECK(fx_open(&f, 16, 1 << 20, 1.0f, 0.9f) == KVT_ECORRUPT); /* the daemon refuses, naming the repair */
 		fx_close(&f);
+		/* fsck --dry-run reports and writes nothing */
+		off_t size_before = file_size(g_t2);
+		uint8_t head_before[8192], head_after[8192];
+		int fd = open(g_t2, O_RDONLY);
+		CHECK(fd >= 0 && pread(fd, head_before, sizeof(head_before), 0) == (ssize_t)sizeof(head_before));
+		close(fd);
+		kvt_fsck_stats dry;
+		kvt_log_set_sink(check_log_sink, NULL);
+		CHECK(kvt_index_fsck(g_data, false, &dry) == KVT_ECORRUPT);
+		kvt_log_set_sink(NULL, NULL);
+		fd = open(g_t2, O_RDONLY);
+		CHECK(fd >= 0 && pread(fd, head_after, sizeof(head_after), 0) == (ssize_t)sizeof(head_after));
+		close(fd);
+		CHECK(file_size(g_t2) == size_before && memcmp(head_before, head_after, sizeof(head_before)) == 0);
 		int rc;
 		kvt_log_set_sink(check_log_sink, NULL);
 		if (tool == 0) {
