@@ -24,7 +24,7 @@
  *    life of the connection; a second process gets "locked" at open.
  *
  * The schema (version 2; no index on parent, see migrations[]):
- *   meta(key, value)                      schema_version
+ *   meta(key, value)                      schema_version, owner_id (32 hex digits)
  *   namespaces(id, model_fp, layout_version, block_tokens, created)
  *   blocks(id, ns, hash, parent, tokens, off, extent_bytes, stored_bytes,
  *          generation, checksum, compressed, kv_dtype, codec, scale_layout,
@@ -137,6 +137,7 @@ struct kvt_db {
 	char *path;                  /* the file, for log lines */
 	char *dir;                   /* its directory, for the rebuild-index hint */
 	int64_t ns_id;               /* this handle's namespace */
+	uint8_t owner[KVT_DB_OWNER_BYTES]; /* meta.owner_id (zeros: none); immutable after open */
 	uint32_t max_batch;          /* writes per transaction */
 	uint32_t max_wait_us;        /* group-commit wait */
 	pthread_t thread;            /* the writer */
@@ -410,6 +411,40 @@ static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
 
 static void *writer_main(void *arg);
 
+/* Read meta.owner_id; record set (given) or a random one (make) when asked. */
+static int owner_id(kvt_db *db, const uint8_t *set, bool make)
+{
+	char buf[2 * KVT_DB_OWNER_BYTES + 8], q[160];
+	int rc = query_text(db, "SELECT value FROM meta WHERE key='owner_id'", buf, sizeof(buf));
+	if (rc)
+		return rc;
+	bool have = strlen(buf) == 2 * KVT_DB_OWNER_BYTES;
+	for (int i = 0; have && i < KVT_DB_OWNER_BYTES; i++) {
+		unsigned v;
+		have = sscanf(buf + 2 * i, "%2x", &v) == 1;
+		db->owner[i] = (uint8_t)v;
+	}
+	if (!set && (have || !make))
+		return KVT_OK;
+	if (set) {
+		memcpy(db->owner, set, KVT_DB_OWNER_BYTES);
+	} else {
+		int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, db->owner, KVT_DB_OWNER_BYTES) : -1;
+		if (fd >= 0)
+			close(fd);
+		if (n != KVT_DB_OWNER_BYTES) {
+			KVT_LOGE("index %s: cannot read /dev/urandom for the index's owner id", db->path);
+			return KVT_EIO;
+		}
+	}
+	int o = snprintf(q, sizeof(q), "INSERT OR REPLACE INTO meta(key, value) VALUES('owner_id', '");
+	for (int i = 0; i < KVT_DB_OWNER_BYTES; i++)
+		o += snprintf(q + o, sizeof(q) - (size_t)o, "%02x", db->owner[i]);
+	snprintf(q + o, sizeof(q) - (size_t)o, "')");
+	return exec(db, q, "record owner_id");
+}
+
 static char *dir_of(const char *path)
 {
 	const char *slash = strrchr(path, '/');
@@ -503,6 +538,8 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 		goto fail;
 	if (cfg->ns.block_tokens && (rc = find_or_add_ns(db, &cfg->ns)) != KVT_OK)
 		goto fail;
+	if ((rc = owner_id(db, cfg->owner_id, cfg->ns.block_tokens != 0)) != KVT_OK)
+		goto fail;
 	for (int i = 0; i < ST_COUNT; i++) {
 		src = sqlite3_prepare_v3(db->sql, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &db->st[i], NULL);
 		if (src != SQLITE_OK) {
@@ -531,6 +568,11 @@ fail:
 int64_t kvt_db_ns_id(const kvt_db *db)
 {
 	return db->ns_id; /* immutable after open */
+}
+
+void kvt_db_owner_id(const kvt_db *db, uint8_t out[KVT_DB_OWNER_BYTES])
+{
+	memcpy(out, db->owner, KVT_DB_OWNER_BYTES); /* immutable after open */
 }
 
 /* ---- the writer thread ------------------------------------------------------- */

@@ -37,6 +37,7 @@
 #define KVT_BLOCK_MAX_TOKENS 256   /* same bound as the T2 record (KVT_T2_MAX_TOKENS) */
 #define KVT_KV_LAYOUT_VERSION 1    /* bump when the block record layout changes */
 #define KVT_NAME_MAX 128           /* longest session id / tenant name, bytes */
+#define KVT_DB_OWNER_BYTES 16      /* an index's identity (meta.owner_id), recorded in its T2 file */
 
 /* File names inside a data directory; the daemon and the CLI use these. */
 #define KVT_DATA_T2_FILE "kvtier.t2"         /* the T2 (NVMe) store */
@@ -346,6 +347,8 @@ typedef struct kvt_db_config {
 	uint32_t max_batch;   /* most writes per transaction; 0 = 4096; 1 = one per transaction */
 	uint32_t max_wait_us; /* after the first queued write, wait up to this long for more (0 = none) */
 	bool skip_check;      /* skip PRAGMA quick_check at open (rebuild-index creating a fresh file) */
+	const uint8_t *owner_id; /* [KVT_DB_OWNER_BYTES] identity to record (rebuild-index adopting its T2
+				  * file's); NULL = keep the file's, or make a random one (namespace handles) */
 } kvt_db_config;
 
 /* One block row: the block's identity plus exactly the T2 location fields. */
@@ -399,6 +402,14 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out);
 void kvt_db_close(kvt_db *db);
 /* The namespace id of this handle. */
 int64_t kvt_db_ns_id(const kvt_db *db);
+/*
+ * The index's identity (meta.owner_id): made at random the first time a
+ * namespace handle opens the file (or set from cfg.owner_id), and recorded in
+ * the superblock of the T2 file its rows point into, so a T2 file is never
+ * used by the rows of another index. Zeros for an admin handle on a file that
+ * has none yet.
+ */
+void kvt_db_owner_id(const kvt_db *db, uint8_t out[KVT_DB_OWNER_BYTES]);
 
 /*
  * Queue "block row->hash is durable at row->loc" (insert or replace the row of

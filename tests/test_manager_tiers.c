@@ -488,7 +488,7 @@ static void policy_and_faults(void)
 	/* a full T2 (a tiny file): flush says KVT_EFULL, T2 reports degraded, and nothing else stops */
 	unlink(t2_path);
 	unlink(db_path);
-	t2_capacity = 5 * 4096; /* superblock + 4 units: two fp8 records of 2 units */
+	t2_capacity = 6 * 4096; /* two superblock copies + 4 units: two fp8 records of 2 units */
 	CHECK(fx_open(&f, codec, true, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
 	for (int b = 0; b < 6; b++)
 		engine_compute(&f, b);

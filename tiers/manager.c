@@ -52,6 +52,13 @@ struct kvt_tm_ticket {
 	kvt_tm_ticket *qnext;             /* job queue link (tm->mu) */
 };
 
+typedef struct tm_foreign {
+	int64_t ns_id;                /* a namespace of this model other than ours */
+	uint8_t hash[KVT_HASH_BYTES]; /* its block */
+	kvt_nvme_loc loc;             /* its extent (marked used) */
+	uint64_t last_use;            /* the row's last use, unix microseconds */
+} tm_foreign;
+
 typedef struct tm_pending {
 	uint8_t hash[KVT_HASH_BYTES]; /* a registered block not yet known durable */
 	double due_t;                 /* when it became due for write-through (0: not due) */
@@ -87,6 +94,8 @@ struct kvt_tm {
 	bool maint_started;            /* maint is running */
 	tm_ctx *wctx;                  /* [n_io_threads + 1]: workers, then maintenance */
 	tm_ctx ctx_inline;             /* engine-thread calls */
+	tm_foreign *foreign;           /* [n_foreign] other namespaces' records, least recently used first (tm->mu) */
+	uint32_t n_foreign, next_foreign; /* entries, first not yet reclaimed (tm->mu) */
 	kvt_tm_stats st;               /* counters (capacity/used filled by get_stats) */
 };
 
@@ -483,7 +492,40 @@ static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTE
 	return n_gone;
 }
 
-/* Free T2 space down to bytes_target used. */
+/*
+ * Reclaim the least recently used record of another namespace (it can never
+ * be served by this one): delete its row, then free its extent. false when
+ * none is left (or its row could not be deleted).
+ */
+static bool reclaim_foreign(kvt_tm *tm)
+{
+	pthread_mutex_lock(&tm->mu);
+	if (tm->next_foreign >= tm->n_foreign) {
+		pthread_mutex_unlock(&tm->mu);
+		return false;
+	}
+	tm_foreign f = tm->foreign[tm->next_foreign++];
+	pthread_mutex_unlock(&tm->mu);
+	uint64_t tk = 0;
+	int rc = kvt_db_delete_block_ns(tm->cfg.db, f.ns_id, f.hash, NULL, NULL, &tk);
+	if (rc == KVT_OK)
+		rc = kvt_db_wait(tm->cfg.db, tk);
+	if (rc != KVT_OK) {
+		KVT_LOGW("tm: deleting the index row of a namespace-%lld record failed (%s): its T2 extent stays "
+			 "allocated", (long long)f.ns_id, kvt_strerror(rc));
+		return false;
+	}
+	kvt_t2_loc l;
+	l = f.loc;
+	kvt_t2_free(tm->cfg.t2, &l); /* the row is gone: nothing points at the extent */
+	pthread_mutex_lock(&tm->mu);
+	tm->st.n_reclaimed++;
+	tm->t2_full = false;
+	pthread_mutex_unlock(&tm->mu);
+	return true;
+}
+
+/* Free T2 space down to bytes_target used: other namespaces' records first, then our coldest leaves. */
 static void evict_t2(kvt_tm *tm, uint64_t bytes_target)
 {
 	const uint32_t B = tm->cfg.batch_blocks;
@@ -495,6 +537,8 @@ static void evict_t2(kvt_tm *tm, uint64_t bytes_target)
 		kvt_t2_get_stats(tm->cfg.t2, &s);
 		if (s.used_bytes <= bytes_target)
 			break;
+		if (reclaim_foreign(tm))
+			continue;
 		uint32_t n = pick_victims(tm, KVT_TIER_NVME, B, h, NULL);
 		if (!n)
 			break;
@@ -1234,6 +1278,7 @@ void kvt_tm_destroy(kvt_tm *tm)
 	pthread_cond_destroy(&tm->cv_work);
 	pthread_cond_destroy(&tm->cv_done);
 	pthread_cond_destroy(&tm->cv_maint);
+	free(tm->foreign);
 	free(tm->wctx);
 	free(tm->workers);
 	free(tm->busy);
@@ -1244,19 +1289,51 @@ void kvt_tm_destroy(kvt_tm *tm)
 kvt_t1_pool *kvt_tm_t1(kvt_tm *tm) { return tm->t1; }
 
 typedef struct recover_ctx {
-	kvt_tm *tm;   /* the manager */
-	uint64_t n;   /* blocks inserted */
-	int rc;       /* first failure */
+	kvt_tm *tm;          /* the manager */
+	uint64_t n;          /* blocks inserted */
+	int rc;              /* first failure */
+	uint64_t intact;     /* kvt_t2_intact_bytes: records at or past it are gone */
+	tm_foreign *lost;    /* [n_lost] rows whose records are gone (loc unused) */
+	uint32_t n_lost, cap_lost;
+	tm_foreign *foreign; /* [n_foreign] other namespaces' records */
+	uint32_t n_foreign, cap_foreign;
 } recover_ctx;
+
+static bool row_lost(const recover_ctx *r, const kvt_db_block_row *row)
+{
+	return row->loc.off + row->loc.extent_bytes > r->intact;
+}
+
+static int push_row(tm_foreign **v, uint32_t *n, uint32_t *cap, const kvt_db_block_row *row)
+{
+	if (*n == *cap) {
+		uint32_t c = *cap ? 2 * *cap : 64;
+		tm_foreign *p = realloc(*v, c * sizeof(*p));
+		if (!p)
+			return KVT_ENOMEM;
+		*v = p;
+		*cap = c;
+	}
+	tm_foreign *f = &(*v)[(*n)++];
+	f->ns_id = row->ns_id;
+	memcpy(f->hash, row->hash, KVT_HASH_BYTES);
+	f->loc = row->loc;
+	f->last_use = row->last_use;
+	return KVT_OK;
+}
 
 static int recover_mark(void *arg, const kvt_db_block_row *row)
 {
 	recover_ctx *r = arg;
+	if (row_lost(r, row))
+		return push_row(&r->lost, &r->n_lost, &r->cap_lost, row);
 	kvt_t2_loc l;
 	l = row->loc;
 	int rc = kvt_t2_mark_used(r->tm->cfg.t2, &l);
 	if (rc != KVT_OK && r->rc == KVT_OK)
 		r->rc = rc; /* logged by the store; keep going so every other extent is protected */
+	if (rc == KVT_OK && !row->this_ns)
+		return push_row(&r->foreign, &r->n_foreign, &r->cap_foreign, row);
 	return 0;
 }
 
@@ -1266,6 +1343,8 @@ static int recover_insert(void *arg, const kvt_db_block_row *row)
 	bool created;
 	if (row->n_tokens != kvt_btable_block_tokens(r->tm->cfg.bt))
 		return 0; /* another block size cannot be in this namespace; skip defensively */
+	if (row_lost(r, row))
+		return 0; /* its record is gone: a miss, and its row is being dropped */
 	int rc = kvt_btable_insert(r->tm->cfg.bt, row->hash, row->parent, row->tokens, &created);
 	if (rc == KVT_OK)
 		rc = kvt_btable_set_nvme(r->tm->cfg.bt, row->hash, &row->loc);
@@ -1274,13 +1353,19 @@ static int recover_insert(void *arg, const kvt_db_block_row *row)
 	return 0;
 }
 
+static int cmp_last_use(const void *a, const void *b)
+{
+	const tm_foreign *x = a, *y = b;
+	return (x->last_use > y->last_use) - (x->last_use < y->last_use);
+}
+
 int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 {
 	if (!tm->cfg.t2) {
 		KVT_LOGE("tm recover: no T2 store configured");
 		return KVT_EINVAL;
 	}
-	recover_ctx r = { .tm = tm };
+	recover_ctx r = { .tm = tm, .intact = kvt_t2_intact_bytes(tm->cfg.t2) };
 	/* The T2 file belongs to one model (its superblock says which), so the extents
 	 * in use are those of this model's rows, in every namespace of it (other
 	 * salts, block sizes); another model's rows never point into this file. */
@@ -1289,8 +1374,39 @@ int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 	 * the blocks used longest ago before the restart are the first to go. */
 	if (rc == KVT_OK)
 		rc = kvt_db_for_each_block(tm->cfg.db, KVT_DB_BY_LAST_USE, recover_insert, &r);
+	if (rc == KVT_OK && r.n_lost) {
+		/* Their bytes are gone for good: drop the rows, so nothing marks or
+		 * reads those extents again and the sessions recompute the blocks. */
+		uint64_t n_here = 0;
+		for (uint32_t i = 0; i < r.n_lost && rc == KVT_OK; i++) {
+			n_here += r.lost[i].ns_id == kvt_db_ns_id(tm->cfg.db);
+			rc = kvt_db_delete_block_ns(tm->cfg.db, r.lost[i].ns_id, r.lost[i].hash, NULL, NULL, NULL);
+		}
+		if (rc == KVT_OK)
+			rc = kvt_db_flush(tm->cfg.db);
+		KVT_LOGE("t2 %s: %u blocks the index lists are gone from the file (%llu of them of this namespace): it "
+			 "held %llu bytes of data when opened (made anew or truncated); their rows are dropped and the "
+			 "sessions that used them recompute them",
+			 kvt_t2_file_path(tm->cfg.t2), r.n_lost, (unsigned long long)n_here,
+			 (unsigned long long)r.intact);
+	}
 	if (rc == KVT_OK)
 		rc = r.rc;
+	if (r.n_foreign)
+		qsort(r.foreign, r.n_foreign, sizeof(*r.foreign), cmp_last_use);
+	pthread_mutex_lock(&tm->mu);
+	tm->st.n_lost = r.n_lost;
+	tm->st.n_foreign = r.n_foreign;
+	free(tm->foreign);
+	tm->foreign = r.foreign;
+	tm->n_foreign = r.n_foreign;
+	tm->next_foreign = 0;
+	pthread_mutex_unlock(&tm->mu);
+	if (r.n_foreign)
+		KVT_LOGI("t2 %s: %u records of this model's other namespaces (another block size) kept: never served "
+			 "here, reclaimed first when the tier needs room",
+			 kvt_t2_file_path(tm->cfg.t2), r.n_foreign);
+	free(r.lost);
 	if (rc == KVT_OK && n_blocks)
 		*n_blocks = r.n;
 	return rc;

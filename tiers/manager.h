@@ -128,6 +128,10 @@ typedef struct kvt_tm_stats {
 	uint64_t n_persisted;     /* blocks made durable (row committed) */
 	uint64_t n_persist_failed;/* blocks a persist pass could not make durable */
 	bool t2_read_only;        /* the store has turned read-only (failed fsync) */
+	uint64_t n_lost;          /* blocks the index listed at start-up whose records the T2 file no longer
+				     held (recreated or truncated): rows dropped, sessions recompute them */
+	uint64_t n_foreign;       /* records of another namespace of this model (another block size) kept in T2 */
+	uint64_t n_reclaimed;     /* of those, records reclaimed (row deleted, extent freed) to make room */
 	uint64_t n_turn_late;     /* END_OF_TURN blocks made durable later than end_turn_s after their turn ended */
 	double max_turn_s;        /* longest end of turn -> durable (row committed) seen, seconds */
 } kvt_tm_stats;
@@ -152,7 +156,12 @@ kvt_t1_pool *kvt_tm_t1(kvt_tm *tm); /* the manager's T1 pool (for tests and the 
 /*
  * Start-up: rebuild state from the durable index. Marks the T2 extent of
  * every row of every namespace used, then inserts this namespace's blocks
- * into the table (parents first) as present in T2 only, clean. Call once,
+ * into the table (parents first) as present in T2 only, clean. Rows whose
+ * extent lies past kvt_t2_intact_bytes (the file was recreated or truncated)
+ * are lost: deleted from the index, counted (n_lost) and logged naming the
+ * file. Rows of this model's other namespaces (another block size) are kept,
+ * never served, and reclaimed oldest first when T2 passes its high
+ * watermark, before any block of this namespace is evicted. Call once,
  * before anything is registered. KVT_EINVAL (a row's extent overlaps another
  * or lies outside the store: logged), KVT_EIO.
  */

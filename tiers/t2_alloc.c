@@ -11,7 +11,7 @@
  * bitmap on pop (the rotor search may have taken part of it meanwhile).
  * The search is next-fit from a rotor, skipping full 64-unit words.
  *
- * Invariants: unit 0 (the superblock) is always used; n_used equals the
+ * Invariants: the reserved units (the superblock copies) are always used; n_used equals the
  * number of set bits; quar is a subset of used; a quarantined unit is never
  * handed out until it was freed by its owner and then
  * kvt_t2_alloc_release_quarantine ran.
@@ -40,10 +40,12 @@ static bool range_clear(const uint64_t *m, uint64_t u, uint64_t k)
 	return true;
 }
 
-int kvt_t2_alloc_init(kvt_t2_alloc *a, uint64_t n_units)
+int kvt_t2_alloc_init(kvt_t2_alloc *a, uint64_t n_units, uint64_t n_reserved)
 {
+	KVT_ASSERT(n_reserved >= 1 && n_reserved < n_units);
 	memset(a, 0, sizeof(*a));
 	a->n_units = n_units;
+	a->n_reserved = n_reserved;
 	a->n_words = (n_units + 63) / 64;
 	a->used = calloc(a->n_words, sizeof(uint64_t));
 	a->quar = calloc(a->n_words, sizeof(uint64_t));
@@ -54,9 +56,9 @@ int kvt_t2_alloc_init(kvt_t2_alloc *a, uint64_t n_units)
 	/* the bits past n_units in the last word count as used, so searches stop there */
 	for (uint64_t i = n_units; i < a->n_words * 64; i++)
 		a->used[i >> 6] |= 1ull << (i & 63);
-	set_range(a->used, 0, 1, true);
-	a->n_used = 1;
-	a->rotor = 1;
+	set_range(a->used, 0, n_reserved, true);
+	a->n_used = n_reserved;
+	a->rotor = n_reserved;
 	return KVT_OK;
 }
 
@@ -80,9 +82,9 @@ static void take(kvt_t2_alloc *a, uint64_t u, uint64_t k)
 /* Next-fit search for k clear bits from the rotor, wrapping once. */
 static bool search(kvt_t2_alloc *a, uint64_t k, uint64_t *unit)
 {
-	uint64_t start = a->rotor < a->n_units ? a->rotor : 1;
+	uint64_t start = a->rotor < a->n_units ? a->rotor : a->n_reserved;
 	for (int pass = 0; pass < 2; pass++) {
-		uint64_t i = pass == 0 ? start : 1, end = pass == 0 ? a->n_units : start + k;
+		uint64_t i = pass == 0 ? start : a->n_reserved, end = pass == 0 ? a->n_units : start + k;
 		if (end > a->n_units)
 			end = a->n_units;
 		uint64_t run = 0;
@@ -126,7 +128,7 @@ int kvt_t2_alloc_get(kvt_t2_alloc *a, uint64_t k, uint64_t *unit)
 
 bool kvt_t2_alloc_mark(kvt_t2_alloc *a, uint64_t unit, uint64_t k)
 {
-	if (unit == 0 || k == 0 || unit >= a->n_units || k > a->n_units - unit || !range_clear(a->used, unit, k))
+	if (unit < a->n_reserved || k == 0 || unit >= a->n_units || k > a->n_units - unit || !range_clear(a->used, unit, k))
 		return false;
 	take(a, unit, k);
 	return true;
@@ -134,7 +136,7 @@ bool kvt_t2_alloc_mark(kvt_t2_alloc *a, uint64_t unit, uint64_t k)
 
 bool kvt_t2_alloc_is_used(const kvt_t2_alloc *a, uint64_t unit, uint64_t k)
 {
-	if (unit == 0 || k == 0 || unit >= a->n_units || k > a->n_units - unit)
+	if (unit < a->n_reserved || k == 0 || unit >= a->n_units || k > a->n_units - unit)
 		return false;
 	for (uint64_t i = unit; i < unit + k; i++)
 		if (!bit(a->used, i))

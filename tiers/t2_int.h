@@ -17,6 +17,14 @@
 #define KVT_T2_SB_MAGIC "KVT2FILE"
 #define KVT_T2_REC_MAGIC "KVT2REC\0"
 #define KVT_T2_MIN_HEADER_BYTES 160u
+#define KVT_T2_REC_MODEL_OFF 16u /* the model fingerprint's offset in a record header */
+
+/*
+ * Parse superblock copy `copy` from b (n bytes available): KVT_OK and *out,
+ * or KVT_EINVAL (no magic: not a T2 file), KVT_ECORRUPT (short, checksum,
+ * misplaced copy), KVT_EUNSUPPORTED (newer format, other unit), *why saying which.
+ */
+int kvt_t2_sb_parse(const uint8_t *b, size_t n, uint32_t copy, kvt_t2_info *out, const char **why);
 
 static inline uint64_t kvt_t2_round_up(uint64_t x, uint64_t a)
 {
@@ -70,7 +78,8 @@ void kvt_t2_unshuffle2(const uint8_t *src, uint8_t *dst, size_t n);
 typedef struct kvt_t2_alloc {
 	uint64_t *used;      /* [n_words] bit per unit: used or quarantined */
 	uint64_t *quar;      /* [n_words] bit per unit: quarantined (subset of used) */
-	uint64_t n_units;    /* units in the file; unit 0 (superblock) is always used */
+	uint64_t n_units;    /* units in the file */
+	uint64_t n_reserved; /* units [0, n_reserved) hold the superblock copies: always used */
 	uint64_t n_words;    /* (n_units + 63) / 64 */
 	uint64_t n_used;     /* units set in used */
 	uint64_t n_extents;  /* extents marked used (records) */
@@ -86,7 +95,8 @@ typedef struct kvt_t2_alloc {
 } kvt_t2_alloc;
 #define KVT_T2_N_LISTS 64u
 
-int kvt_t2_alloc_init(kvt_t2_alloc *a, uint64_t n_units);
+/* n_reserved (>= 1, < n_units): the leading units kept for the superblock copies. */
+int kvt_t2_alloc_init(kvt_t2_alloc *a, uint64_t n_units, uint64_t n_reserved);
 void kvt_t2_alloc_deinit(kvt_t2_alloc *a);
 /* Take k free units; KVT_EFULL if no run of k is free. */
 int kvt_t2_alloc_get(kvt_t2_alloc *a, uint64_t k, uint64_t *unit);

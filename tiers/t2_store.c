@@ -19,6 +19,17 @@
  *  - Lack of space (no free extent, or ENOSPC from the file system) is
  *    KVT_EFULL and sets `degraded`; the next successful allocation and write
  *    clears it.
+ *  - One store per file: an flock on a second open file description (never
+ *    given to io_uring, so a kill -9 releases it at once) and, for a block
+ *    device, an O_EXCL claim, both held from open to close.
+ *  - The superblock has no single point of failure: every copy carries its
+ *    own checksums and a sequence, the newest valid copy wins, and a write
+ *    goes to one copy, then the next, each fdatasynced before the next
+ *    starts. Nothing at open is ever overwritten that could hold a record:
+ *    a damaged copy is rewritten from a valid one, a truncated file is
+ *    extended (its cut reported through intact_bytes), and a file with no
+ *    valid copy is refused unless cfg.salvage writes new ones from the
+ *    records.
  * Locking: `mu` guards the allocator, the generation counter, the flags and
  * every counter; it is never held across data I/O (only across the rare
  * superblock update). I/O runs on a context taken from the I/O engine.
@@ -29,8 +40,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
@@ -42,6 +57,8 @@
 
 struct kvt_t2_store {
 	int fd;                   /* the data file */
+	int lock_fd;              /* a second open file description of it, holding the flock (O_EXCL for a device) */
+	bool blockdev;            /* the path is a block device (no ftruncate/fallocate; size from BLKGETSIZE64) */
 	char *path;               /* for log lines */
 	kvt_t2_io_ops ops;        /* every member set (real syscalls where cfg gave NULL) */
 	uint8_t model_fp[32];     /* expected in every record */
@@ -52,7 +69,11 @@ struct kvt_t2_store {
 	uint8_t comp;             /* enum kvt_t2_comp to try (NONE: compression off) */
 	bool direct;              /* O_DIRECT */
 	kvt_t2_io *io;            /* I/O engine */
-	uint8_t *sb;              /* [4096] superblock staging, aligned; under mu */
+	uint8_t *sb;              /* [KVT_T2_SB_COPIES][4096] superblock staging, aligned; under mu */
+	uint32_t n_sb;            /* superblock copies at units [0, n_sb); records start at unit n_sb */
+	uint64_t sb_seq;          /* sequence of the newest superblock written (newest valid copy wins) */
+	uint8_t owner[KVT_T2_OWNER_BYTES]; /* the index this file belongs to (zeros: none recorded) */
+	uint64_t intact_bytes;    /* bytes found holding data at open (less than file_bytes: recreated or truncated) */
 
 	pthread_mutex_t sync_mu;  /* orders the final fdatasync of concurrent write batches */
 	pthread_mutex_t mu;       /* guards everything below */
@@ -72,6 +93,17 @@ static int real_fdatasync(void *ctx, int fd) { return fdatasync(fd); }
 static int real_fallocate(void *ctx, int fd, off_t off, off_t len) { return fallocate(fd, 0, off, len); }
 
 /* ---- superblock ---- */
+/* Size in bytes of a block device. */
+static uint64_t blockdev_bytes(int fd)
+{
+	uint64_t n = 0;
+	if (ioctl(fd, BLKGETSIZE64, &n) != 0)
+		return 0;
+	return n;
+}
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static uint64_t get64(const uint8_t *p)
 {
@@ -81,96 +113,223 @@ static uint64_t get64(const uint8_t *p)
 	return v;
 }
 
-/* Write and fdatasync the superblock with high-water gen_limit. Caller holds mu (or is open). */
+/* Field offsets of a superblock copy (t2_store.h). */
+enum {
+	SB_MAGIC = 0, SB_VERSION = 8, SB_CAPACITY = 16, SB_MODEL = 24, SB_GEN_LIMIT = 56, SB_CSUM1 = 64, SB_SEQ = 72,
+	SB_OWNER = 80, SB_COPY = 96, SB_N_COPIES = 98, SB_CSUM2 = 104, SB_BYTES = 112,
+};
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+/* Encode copy `copy` of the superblock into b (one unit). */
+static void sb_encode(const kvt_t2_store *s, uint32_t copy, uint64_t gen_limit, uint64_t seq, uint8_t *b)
+{
+	memset(b, 0, KVT_T2_UNIT_BYTES);
+	memcpy(b + SB_MAGIC, KVT_T2_SB_MAGIC, 8);
+	put64(b + SB_VERSION, (uint64_t)KVT_T2_SB_VERSION | (uint64_t)KVT_T2_UNIT_BYTES << 32);
+	put64(b + SB_CAPACITY, s->file_bytes);
+	memcpy(b + SB_MODEL, s->model_fp, 32);
+	put64(b + SB_GEN_LIMIT, gen_limit);
+	put64(b + SB_CSUM1, XXH3_64bits(b, SB_CSUM1));
+	put64(b + SB_SEQ, seq);
+	memcpy(b + SB_OWNER, s->owner, KVT_T2_OWNER_BYTES);
+	put16(b + SB_COPY, (uint16_t)copy);
+	put16(b + SB_N_COPIES, (uint16_t)s->n_sb);
+	put64(b + SB_CSUM2, XXH3_64bits(b, SB_CSUM2));
+}
+
+/*
+ * Write and fdatasync every superblock copy with high-water gen_limit, one
+ * after the other: a crash tears at most the copy being written, and the
+ * others still hold the previous high-water, below which nothing was handed
+ * out yet. Caller holds mu (or is open).
+ */
 static int sb_write(kvt_t2_store *s, uint64_t gen_limit)
 {
-	uint8_t *b = s->sb;
-	memset(b, 0, KVT_T2_UNIT_BYTES);
-	memcpy(b, KVT_T2_SB_MAGIC, 8);
-	put64(b + 8, (uint64_t)KVT_T2_FORMAT_VERSION | (uint64_t)KVT_T2_UNIT_BYTES << 32);
-	put64(b + 16, s->file_bytes);
-	memcpy(b + 24, s->model_fp, 32);
-	put64(b + 56, gen_limit);
-	put64(b + 64, XXH3_64bits(b, 64));
-	int r = kvt_t2_io_pwrite_full(&s->ops, s->fd, b, KVT_T2_UNIT_BYTES, 0);
-	if (r) {
-		KVT_LOGE("t2 %s: superblock write failed: %s", s->path, strerror(-r));
-		return KVT_EIO;
-	}
-	if (s->ops.fdatasync(s->ops.ctx, s->fd) != 0) {
-		KVT_LOGE("t2 %s: fdatasync of the superblock failed: %s; T2 is now read-only", s->path,
-			 strerror(errno));
-		s->read_only = true;
-		return KVT_EIO;
+	s->sb_seq++;
+	for (uint32_t i = 0; i < s->n_sb; i++) {
+		sb_encode(s, i, gen_limit, s->sb_seq, s->sb);
+		int r = kvt_t2_io_pwrite_full(&s->ops, s->fd, s->sb, KVT_T2_UNIT_BYTES, (uint64_t)i * KVT_T2_UNIT_BYTES);
+		if (r) {
+			KVT_LOGE("t2 %s: superblock copy %u write failed: %s", s->path, i, strerror(-r));
+			return KVT_EIO;
+		}
+		if (s->ops.fdatasync(s->ops.ctx, s->fd) != 0) {
+			KVT_LOGE("t2 %s: fdatasync of superblock copy %u failed: %s; T2 is now read-only", s->path, i,
+				 strerror(errno));
+			s->read_only = true;
+			return KVT_EIO;
+		}
 	}
 	return KVT_OK;
 }
 
-static int sb_read(kvt_t2_store *s, uint64_t size)
+int kvt_t2_sb_parse(const uint8_t *b, size_t n, uint32_t copy, kvt_t2_info *out, const char **why)
 {
-	uint8_t *b = s->sb;
-	int r = kvt_t2_io_pread_full(&s->ops, s->fd, b, KVT_T2_UNIT_BYTES, 0);
-	if (r) {
-		KVT_LOGE("t2 %s: superblock read failed: %s", s->path, strerror(-r));
-		return KVT_EIO;
+	if (n < SB_CSUM1 + 8)
+		return *why = "short (the file ends inside it)", KVT_ECORRUPT;
+	if (memcmp(b + SB_MAGIC, KVT_T2_SB_MAGIC, 8) != 0)
+		return *why = "bad magic", KVT_EINVAL;
+	if (get64(b + SB_CSUM1) != XXH3_64bits(b, SB_CSUM1))
+		return *why = "checksum mismatch", KVT_ECORRUPT;
+	uint64_t ver = get64(b + SB_VERSION);
+	if ((ver >> 32) != KVT_T2_UNIT_BYTES)
+		return *why = "unit size is not 4096", KVT_EUNSUPPORTED;
+	memset(out, 0, sizeof(*out));
+	out->version = (uint32_t)ver;
+	out->capacity_bytes = get64(b + SB_CAPACITY);
+	memcpy(out->model_fp, b + SB_MODEL, 32);
+	out->gen_limit = get64(b + SB_GEN_LIMIT);
+	if (out->version == 1) {
+		/* format 1: one copy in unit 0, no owner; records from unit 1 */
+		if (copy != 0)
+			return *why = "format 1 has no second copy", KVT_ECORRUPT;
+		out->n_copies = 1;
+		return KVT_OK;
 	}
-	if (memcmp(b, KVT_T2_SB_MAGIC, 8) != 0) {
-		KVT_LOGE("t2 %s: not a kvtier T2 file (bad superblock magic)", s->path);
-		return KVT_EINVAL;
-	}
-	if (get64(b + 64) != XXH3_64bits(b, 64)) {
-		KVT_LOGE("t2 %s: superblock checksum mismatch", s->path);
-		return KVT_ECORRUPT;
-	}
-	uint64_t ver = get64(b + 8);
-	if ((uint32_t)ver != KVT_T2_FORMAT_VERSION || (ver >> 32) != KVT_T2_UNIT_BYTES) {
-		KVT_LOGE("t2 %s: unsupported format version %u (unit %u bytes)", s->path, (unsigned)(uint32_t)ver,
-			 (unsigned)(ver >> 32));
-		return KVT_EINVAL;
-	}
-	if (get64(b + 16) != size) {
-		KVT_LOGE("t2 %s: superblock says %llu bytes but the file has %llu", s->path,
-			 (unsigned long long)get64(b + 16), (unsigned long long)size);
-		return KVT_ECORRUPT;
-	}
-	if (memcmp(b + 24, s->model_fp, 32) != 0) {
-		KVT_LOGE("t2 %s: file was written for another model (fingerprint differs); open with reset to discard it",
-			 s->path);
-		return KVT_EINVAL;
-	}
-	s->gen_limit = get64(b + 56);
-	s->next_gen = s->gen_limit; /* numbers below it may have been handed out */
+	if (out->version != KVT_T2_SB_VERSION)
+		return *why = "format version written by a newer kvtier", KVT_EUNSUPPORTED;
+	if (n < SB_BYTES)
+		return *why = "short (the file ends inside it)", KVT_ECORRUPT;
+	if (get64(b + SB_CSUM2) != XXH3_64bits(b, SB_CSUM2))
+		return *why = "checksum mismatch", KVT_ECORRUPT;
+	out->n_copies = get16(b + SB_N_COPIES);
+	if (get16(b + SB_COPY) != copy || out->n_copies < 1 || out->n_copies > KVT_T2_SB_COPIES || copy >= out->n_copies)
+		return *why = "copy number out of place", KVT_ECORRUPT;
+	out->seq = get64(b + SB_SEQ);
+	memcpy(out->owner_id, b + SB_OWNER, KVT_T2_OWNER_BYTES);
+	if (out->capacity_bytes % KVT_T2_UNIT_BYTES || out->capacity_bytes <= (uint64_t)out->n_copies * KVT_T2_UNIT_BYTES)
+		return *why = "capacity is not a whole number of units past the superblock", KVT_ECORRUPT;
 	return KVT_OK;
 }
 
-/* Make the file capacity bytes: fallocate, or a sparse file if there is no space now (degraded). */
-static int file_create(kvt_t2_store *s, uint64_t capacity)
+/*
+ * Read every superblock copy present in the first n bytes of fd and pick the
+ * newest valid one into *out (out->n_valid: how many verified; why[i]: the
+ * reason copy i did not, NULL when it did). Returns KVT_OK, or the first
+ * copy's error when none verified (KVT_EINVAL: not a T2 file at all;
+ * KVT_EUNSUPPORTED: a newer format), KVT_EIO.
+ */
+static int sb_load(const kvt_t2_io_ops *ops, int fd, uint8_t *buf, uint64_t n, kvt_t2_info *out,
+		   const char *why[KVT_T2_SB_COPIES])
 {
-	if (ftruncate(s->fd, 0) != 0 || ftruncate(s->fd, (off_t)capacity) != 0) {
+	kvt_t2_info c[KVT_T2_SB_COPIES];
+	int rcs[KVT_T2_SB_COPIES];
+	int best = -1;
+	for (uint32_t i = 0; i < KVT_T2_SB_COPIES; i++) {
+		why[i] = NULL;
+		rcs[i] = KVT_ENOTFOUND;
+	}
+	uint64_t want = n < (uint64_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES ? n : (uint64_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES;
+	memset(buf, 0, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES);
+	/* whole units only (O_DIRECT); a partial last unit is read buffered by the caller's probe */
+	uint64_t whole = want / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+	if (whole) {
+		int r = kvt_t2_io_pread_full(ops, fd, buf, whole, 0);
+		if (r)
+			return r;
+	}
+	for (uint32_t i = 0; i < KVT_T2_SB_COPIES; i++) {
+		uint64_t at = (uint64_t)i * KVT_T2_UNIT_BYTES;
+		size_t avail = whole > at ? KVT_T2_UNIT_BYTES : 0;
+		why[i] = NULL;
+		rcs[i] = kvt_t2_sb_parse(buf + at, avail, i, &c[i], &why[i]);
+		if (rcs[i] == KVT_OK && i > 0 && best >= 0 && c[best].n_copies <= i) {
+			why[i] = NULL; /* not a superblock copy: the record area */
+			rcs[i] = KVT_ENOTFOUND;
+			continue;
+		}
+		if (rcs[i] == KVT_OK && (best < 0 || c[i].seq > c[best].seq))
+			best = (int)i;
+		if (i == 0 && rcs[0] == KVT_OK && c[0].n_copies == 1)
+			break; /* format 1 (or one copy): unit 1 is a record */
+	}
+	if (best < 0)
+		return rcs[0] == KVT_EUNSUPPORTED || rcs[1] == KVT_EUNSUPPORTED ? KVT_EUNSUPPORTED
+		       : rcs[0] == KVT_EINVAL && rcs[1] == KVT_EINVAL ? KVT_EINVAL
+								    : KVT_ECORRUPT;
+	*out = c[best];
+	out->n_valid = 0;
+	for (uint32_t i = 0; i < out->n_copies; i++) {
+		if (rcs[i] == KVT_OK && c[i].seq == out->seq)
+			out->n_valid++;
+		else if (rcs[i] == KVT_OK)
+			why[i] = "older than the other copy";
+		else if (rcs[i] == KVT_ENOTFOUND)
+			why[i] = "missing";
+	}
+	return KVT_OK;
+}
+
+int kvt_t2_probe(const char *path, kvt_t2_info *out)
+{
+	uint8_t *buf = calloc(KVT_T2_SB_COPIES, KVT_T2_UNIT_BYTES);
+	const char *why[KVT_T2_SB_COPIES];
+	struct stat st;
+	int rc;
+	if (!buf)
+		return KVT_ENOMEM;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		KVT_LOGE("t2 %s: %s", path, strerror(e));
+		free(buf);
+		return e == ENOENT ? KVT_ENOTFOUND : KVT_EIO;
+	}
+	if (fstat(fd, &st) != 0) {
+		KVT_LOGE("t2 %s: fstat: %s", path, strerror(errno));
+		close(fd);
+		free(buf);
+		return KVT_EIO;
+	}
+	kvt_t2_io_ops ops = { .pread = real_pread };
+	uint64_t size = S_ISBLK(st.st_mode) ? blockdev_bytes(fd) : (uint64_t)st.st_size;
+	rc = sb_load(&ops, fd, buf, size, out, why);
+	close(fd);
+	free(buf);
+	if (rc) {
+		KVT_LOGE("t2 %s: no valid superblock (copy 0: %s; copy 1: %s)", path, why[0] ? why[0] : "-",
+			 why[1] ? why[1] : "-");
+		return rc;
+	}
+	out->file_bytes = size;
+	return KVT_OK;
+}
+
+/* Size the file to capacity and preallocate [from, capacity): a sparse tail if there is no space now (degraded). */
+static int file_size_to(kvt_t2_store *s, uint64_t from, uint64_t capacity)
+{
+	if (!s->blockdev && ftruncate(s->fd, (off_t)capacity) != 0) {
 		KVT_LOGE("t2 %s: cannot size the file to %llu bytes: %s", s->path, (unsigned long long)capacity,
 			 strerror(errno));
 		return errno == ENOSPC || errno == EFBIG ? KVT_EFULL : KVT_EIO;
 	}
-	if (s->ops.fallocate(s->ops.ctx, s->fd, 0, (off_t)capacity) != 0) {
+	if (!s->blockdev && capacity > from && s->ops.fallocate(s->ops.ctx, s->fd, (off_t)from, (off_t)(capacity - from)) != 0) {
 		int e = errno;
 		if (e == ENOSPC || e == EDQUOT) {
 			/* keep serving: writes that find no disk space get KVT_EFULL */
 			KVT_LOGW("t2 %s: fallocate of %llu bytes: %s; the tier starts degraded", s->path,
-				 (unsigned long long)capacity, strerror(e));
+				 (unsigned long long)(capacity - from), strerror(e));
 			s->degraded = true;
 		} else if (e != EOPNOTSUPP) {
-			KVT_LOGE("t2 %s: fallocate of %llu bytes failed: %s", s->path, (unsigned long long)capacity,
+			KVT_LOGE("t2 %s: fallocate of %llu bytes failed: %s", s->path, (unsigned long long)(capacity - from),
 				 strerror(e));
 			return KVT_EIO;
 		}
 	}
 	s->file_bytes = capacity;
-	s->next_gen = 1;
-	s->gen_limit = 1 + KVT_T2_GEN_CHUNK;
-	int rc = sb_write(s, s->gen_limit);
-	if (rc)
-		return rc;
-	/* the new directory entry too */
+	return KVT_OK;
+}
+
+/* fsync the directory holding the file (a new directory entry, a new size). */
+static void sync_dir(const kvt_t2_store *s)
+{
 	char *dup = strdup(s->path);
 	if (dup) {
 		int dfd = open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -180,6 +339,260 @@ static int file_create(kvt_t2_store *s, uint64_t capacity)
 		}
 		free(dup);
 	}
+}
+
+/* Make a new, empty store of capacity bytes: size, preallocate, superblock copies. */
+static int file_create(kvt_t2_store *s, uint64_t capacity)
+{
+	if (!s->blockdev && ftruncate(s->fd, 0) != 0) {
+		KVT_LOGE("t2 %s: cannot empty the file: %s", s->path, strerror(errno));
+		return KVT_EIO;
+	}
+	int rc = file_size_to(s, 0, capacity);
+	if (rc)
+		return rc;
+	s->n_sb = KVT_T2_SB_COPIES;
+	s->next_gen = 1;
+	s->gen_limit = 1 + KVT_T2_GEN_CHUNK;
+	if ((rc = sb_write(s, s->gen_limit)))
+		return rc;
+	sync_dir(s);
+	return KVT_OK;
+}
+
+static int noop_scan(void *ctx, const kvt_t2_block_meta *meta, const kvt_t2_loc *loc)
+{
+	(void)ctx, (void)meta, (void)loc;
+	return 0;
+}
+
+/* The model fingerprint of the first record that verifies against its own header (salvage). */
+static bool learn_model(kvt_t2_store *s, uint8_t fp[32])
+{
+	uint8_t *buf = aligned_alloc(KVT_T2_UNIT_BYTES, s->slot_bytes);
+	bool found = false;
+	if (!buf)
+		return false;
+	for (uint64_t off = (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES; off + KVT_T2_UNIT_BYTES <= s->file_bytes && !found;
+	     off += KVT_T2_UNIT_BYTES) {
+		uint32_t ext;
+		if (kvt_t2_io_pread_full(&s->ops, s->fd, buf, KVT_T2_UNIT_BYTES, off) != 0)
+			break;
+		if (memcmp(buf, KVT_T2_REC_MAGIC, 8) != 0 || !kvt_t2_record_peek(buf, off, s->file_bytes, &ext) ||
+		    ext > s->slot_bytes || kvt_t2_io_pread_full(&s->ops, s->fd, buf, ext, off) != 0)
+			continue;
+		const char *why;
+		uint8_t own[32];
+		memcpy(own, buf + KVT_T2_REC_MODEL_OFF, 32);
+		if (kvt_t2_record_verify(buf, ext, off, NULL, own, NULL, NULL, NULL, 0, NULL, NULL, &why) == KVT_OK) {
+			memcpy(fp, own, 32);
+			found = true;
+		}
+	}
+	free(buf);
+	return found;
+}
+
+/*
+ * No superblock copy verifies (cfg.salvage): write new ones from what the
+ * records say. Layout: unit 1 holding a record means format 1 (one copy);
+ * else two copies. Generations: past every record's (a full scan).
+ */
+static int salvage(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, const char *const why[KVT_T2_SB_COPIES])
+{
+	uint8_t *u1 = s->sb + KVT_T2_UNIT_BYTES;
+	s->n_sb = size >= 2 * KVT_T2_UNIT_BYTES && memcmp(u1, KVT_T2_REC_MAGIC, 8) == 0 ? 1 : KVT_T2_SB_COPIES;
+	uint64_t cap = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+	uint64_t want = cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+	if (want > cap)
+		cap = want;
+	if (cap <= (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES) {
+		KVT_LOGE("t2 %s: no valid superblock and only %llu bytes: nothing to salvage", s->path,
+			 (unsigned long long)size);
+		return KVT_ECORRUPT;
+	}
+	s->file_bytes = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+	if (all_zero(s->model_fp, 32) && !learn_model(s, s->model_fp)) {
+		KVT_LOGE("t2 %s: no valid superblock and no record to learn the model from; pass the model (--model)",
+			 s->path);
+		return KVT_ECORRUPT;
+	}
+	int n_bad = kvt_t2_scan(s, noop_scan, NULL); /* raises next_gen past every record */
+	if (n_bad < 0)
+		return n_bad;
+	int rc = file_size_to(s, s->file_bytes, cap);
+	if (rc)
+		return rc;
+	if (s->next_gen < 1)
+		s->next_gen = 1;
+	s->gen_limit = s->next_gen + KVT_T2_GEN_CHUNK;
+	if ((rc = sb_write(s, s->gen_limit)))
+		return rc;
+	s->intact_bytes = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES; /* what it held; any tail added is new */
+	KVT_LOGW("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); wrote %u new copies from the records "
+		 "(%llu-byte file, generations from %llu)",
+		 s->path, why[0] ? why[0] : "-", why[1] ? why[1] : "-", s->n_sb, (unsigned long long)cap,
+		 (unsigned long long)s->next_gen);
+	return KVT_OK;
+}
+
+/*
+ * What a file without a superblock magic holds: KVT_ECORRUPT when a record
+ * magic starts a unit of the first 16 MiB (records are allocated from the
+ * start: a store whose superblocks alone were lost, to salvage), else
+ * KVT_ENOTFOUND when both superblock units are zeros (blank, as a new block
+ * device: a store is made in it), else KVT_EINVAL (not a T2 file: left alone).
+ */
+static int sniff(kvt_t2_store *s, uint64_t size)
+{
+	const uint64_t window = 16u << 20;
+	uint64_t n = size < window ? size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES : window;
+	uint8_t *buf = aligned_alloc(KVT_T2_UNIT_BYTES, 1u << 20);
+	if (!buf)
+		return KVT_ENOMEM;
+	bool records = false;
+	for (uint64_t off = 0; !records && off < n; off += 1u << 20) {
+		size_t len = n - off < (1u << 20) ? (size_t)(n - off) : (1u << 20);
+		if (kvt_t2_io_pread_full(&s->ops, s->fd, buf, len, off) != 0) {
+			free(buf);
+			return KVT_EIO;
+		}
+		for (size_t u = 0; u < len; u += KVT_T2_UNIT_BYTES)
+			records = records || memcmp(buf + u, KVT_T2_REC_MAGIC, 8) == 0;
+	}
+	free(buf);
+	if (records)
+		return KVT_ECORRUPT;
+	return all_zero(s->sb, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES) ? KVT_ENOTFOUND : KVT_EINVAL;
+}
+
+/*
+ * Open an existing, non-empty file: pick the newest valid superblock copy,
+ * check it against cfg, repair what can be repaired (a damaged copy, format
+ * 1, a missing owner, a truncated tail) unless cfg.no_repair.
+ */
+static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size)
+{
+	kvt_t2_info in;
+	const char *why[KVT_T2_SB_COPIES];
+	bool repair = !cfg->no_repair, rewrite = false;
+	int rc = sb_load(&s->ops, s->fd, s->sb, size, &in, why);
+	if (rc == KVT_EIO) {
+		KVT_LOGE("t2 %s: superblock read failed", s->path);
+		return KVT_EIO;
+	}
+	if (rc == KVT_EUNSUPPORTED) {
+		KVT_LOGE("t2 %s: superblock of an unsupported format (%s); this kvtier reads formats 1 and %u", s->path,
+			 why[0] ? why[0] : why[1], KVT_T2_SB_VERSION);
+		return KVT_EUNSUPPORTED;
+	}
+	if (rc == KVT_EINVAL) {
+		rc = sniff(s, size);
+		if (rc == KVT_ENOTFOUND && !cfg->no_repair)
+			KVT_LOGI("t2 %s: blank (zeros where the superblock and the first records go): a new store is "
+				 "made in it", s->path);
+		if (rc == KVT_ENOTFOUND || rc == KVT_EIO || rc == KVT_ENOMEM)
+			return rc; /* KVT_ENOTFOUND: the caller creates */
+	}
+	if (rc == KVT_EINVAL) {
+		KVT_LOGE("t2 %s: not a kvtier T2 file (bad superblock magic)", s->path);
+		return KVT_EINVAL;
+	}
+	if (rc) {
+		char head[8];
+		size_t n_head = size < 8 ? (size_t)size : 8;
+		bool t2_head = pread(s->lock_fd, head, n_head, 0) == (ssize_t)n_head && memcmp(head, KVT_T2_SB_MAGIC, n_head) == 0;
+		if (size < KVT_T2_UNIT_BYTES && repair && t2_head) {
+			/* a T2 file cut inside its superblock: not one record can have survived */
+			KVT_LOGE("t2 %s: truncated to %llu bytes: no superblock and no record survive; a new, empty "
+				 "store is made in it",
+				 s->path, (unsigned long long)size);
+			return KVT_ENOTFOUND; /* the caller creates */
+		}
+		if (cfg->salvage && repair) {
+			memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
+			return salvage(s, cfg, size, why);
+		}
+		if (size < KVT_T2_UNIT_BYTES && !t2_head) {
+			KVT_LOGE("t2 %s: not a kvtier T2 file (%llu bytes that are no superblock)", s->path,
+				 (unsigned long long)size);
+			return KVT_EINVAL;
+		}
+		KVT_LOGE("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); the records carry their own headers: "
+			 "run `kvtier fsck --data-dir DIR` (or `kvtier rebuild-index`) on this data directory to write a "
+			 "new one",
+			 s->path, why[0] ? why[0] : "-", why[1] ? why[1] : "-");
+		return KVT_ECORRUPT;
+	}
+	if (memcmp(in.model_fp, s->model_fp, 32) != 0) {
+		KVT_LOGE("t2 %s: file was written for another model (fingerprint differs); open with reset to discard it",
+			 s->path);
+		return KVT_EINVAL;
+	}
+	if (!all_zero(cfg->owner_id, KVT_T2_OWNER_BYTES) && !all_zero(in.owner_id, KVT_T2_OWNER_BYTES) &&
+	    memcmp(cfg->owner_id, in.owner_id, KVT_T2_OWNER_BYTES) != 0) {
+		char a[2 * KVT_T2_OWNER_BYTES + 1], b[2 * KVT_T2_OWNER_BYTES + 1];
+		for (int i = 0; i < KVT_T2_OWNER_BYTES; i++) {
+			snprintf(a + 2 * i, 3, "%02x", in.owner_id[i]);
+			snprintf(b + 2 * i, 3, "%02x", cfg->owner_id[i]);
+		}
+		KVT_LOGE("t2 %s: belongs to another index (its owner id is %s, this index's is %s): another data "
+			 "directory's daemon keeps its blocks here. Give each daemon its own [tier.nvme] path; if this "
+			 "file's own index was lost, run `kvtier rebuild-index` on this data directory to index its "
+			 "records",
+			 s->path, a, b);
+		return KVT_EINVAL;
+	}
+	if (in.capacity_bytes > size) {
+		uint64_t cut = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+		KVT_LOGE("t2 %s: truncated: the file has %llu bytes but its superblock says %llu; every record past "
+			 "byte %llu is lost%s",
+			 s->path, (unsigned long long)size, (unsigned long long)in.capacity_bytes,
+			 (unsigned long long)cut, repair ? " (the file is extended back to its size)" : "");
+		s->intact_bytes = cut;
+	} else if (in.capacity_bytes < size && !s->blockdev) {
+		KVT_LOGE("t2 %s: superblock says %llu bytes but the file has %llu", s->path,
+			 (unsigned long long)in.capacity_bytes, (unsigned long long)size);
+		return KVT_ECORRUPT;
+	} else {
+		s->intact_bytes = in.capacity_bytes;
+	}
+	memcpy(s->owner, in.owner_id, KVT_T2_OWNER_BYTES);
+	s->n_sb = in.n_copies;
+	s->sb_seq = in.seq;
+	s->gen_limit = in.gen_limit;
+	s->next_gen = in.gen_limit; /* numbers below it may have been handed out */
+	s->file_bytes = in.capacity_bytes;
+	if (!repair) {
+		if (s->intact_bytes < s->file_bytes)
+			s->file_bytes = s->intact_bytes > (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES
+						? s->intact_bytes
+						: (uint64_t)(s->n_sb + 1) * KVT_T2_UNIT_BYTES;
+		return KVT_OK;
+	}
+	if (s->intact_bytes < in.capacity_bytes) {
+		uint64_t from = s->intact_bytes;
+		s->file_bytes = from;
+		if ((rc = file_size_to(s, from, in.capacity_bytes)))
+			return rc;
+		rewrite = true;
+	}
+	if (in.n_valid < in.n_copies) {
+		KVT_LOGW("t2 %s: superblock copy %s is damaged (%s); rewriting it from copy %s", s->path,
+			 why[0] ? "0" : "1", why[0] ? why[0] : why[1], why[0] ? "1" : "0");
+		rewrite = true;
+	}
+	if (in.version == 1) {
+		KVT_LOGI("t2 %s: superblock format 1 upgraded to %u (one copy: the file's records start at unit 1)",
+			 s->path, KVT_T2_SB_VERSION);
+		rewrite = true;
+	}
+	if (all_zero(s->owner, KVT_T2_OWNER_BYTES) && !all_zero(cfg->owner_id, KVT_T2_OWNER_BYTES)) {
+		memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
+		rewrite = true;
+	}
+	if (rewrite && (rc = sb_write(s, s->gen_limit)))
+		return rc;
 	return KVT_OK;
 }
 
@@ -205,10 +618,11 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 	if (!s)
 		return KVT_ENOMEM;
 	s->fd = -1;
+	s->lock_fd = -1;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_mutex_init(&s->sync_mu, NULL);
 	s->path = strdup(cfg->path);
-	s->sb = aligned_alloc(KVT_T2_UNIT_BYTES, KVT_T2_UNIT_BYTES);
+	s->sb = aligned_alloc(KVT_T2_UNIT_BYTES, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES);
 	if (!s->path || !s->sb) {
 		rc = KVT_ENOMEM;
 		goto fail;
@@ -222,10 +636,47 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 	s->ops.uring_result = o ? o->uring_result : NULL;
 	s->ops.ctx = o ? o->ctx : NULL;
 	memcpy(s->model_fp, cfg->model_fp, 32);
+	memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
 	s->max_raw = max_raw;
 	s->slot_bytes = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + max_raw, KVT_T2_UNIT_BYTES);
 	s->sync_every = cfg->sync_every;
 	s->comp = cfg->compress ? (cfg->comp ? cfg->comp : KVT_T2_COMP_DEFAULT) : KVT_T2_COMP_NONE;
+
+	struct stat pre;
+	bool existed = stat(cfg->path, &pre) == 0;
+	s->blockdev = existed && S_ISBLK(pre.st_mode);
+	/*
+	 * The lock: its own open file description, never handed to io_uring, so
+	 * it dies with this process (a kill -9 included) even while the kernel
+	 * still tears down the rings that reference the data descriptor. A block
+	 * device is also claimed O_EXCL on it (exclusive against other O_EXCL
+	 * openers and mounts).
+	 */
+	s->lock_fd = s->blockdev ? open(cfg->path, O_RDONLY | O_CLOEXEC | O_EXCL)
+				 : open(cfg->path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+	if (s->lock_fd < 0) {
+		int e = errno;
+		if (e == EBUSY)
+			KVT_LOGE("t2 %s: the block device is in use (mounted, or claimed by another process): give this "
+				 "daemon a device or file of its own in [tier.nvme] path",
+				 cfg->path);
+		else
+			KVT_LOGE("t2 %s: cannot open: %s", cfg->path, strerror(e));
+		rc = e == EBUSY ? KVT_EINVAL : KVT_EIO;
+		goto fail;
+	}
+	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+		int e = errno;
+		if (e == EWOULDBLOCK)
+			KVT_LOGE("t2 %s: locked by another process: another daemon (or an offline kvtier command) is "
+				 "using this T2 file. Two daemons cannot share one [tier.nvme] path: give each its own, or "
+				 "stop the other one first",
+				 cfg->path);
+		else
+			KVT_LOGE("t2 %s: cannot lock: %s", cfg->path, strerror(e));
+		rc = e == EWOULDBLOCK ? KVT_EINVAL : KVT_EIO;
+		goto fail;
+	}
 
 	s->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
 	s->direct = s->fd >= 0;
@@ -245,33 +696,42 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 		rc = KVT_EIO;
 		goto fail;
 	}
-	if (st.st_size == 0 || cfg->reset) {
+	uint64_t size = s->blockdev ? blockdev_bytes(s->fd) : (uint64_t)st.st_size;
+	rc = KVT_ENOTFOUND;
+	if (size > 0 && !cfg->reset) {
+		rc = open_existing(s, cfg, size);
+		if (rc && rc != KVT_ENOTFOUND)
+			goto fail;
+		if (rc == KVT_OK && cfg->capacity_bytes &&
+		    cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES != s->file_bytes)
+			KVT_LOGI("t2 %s: existing file keeps its %llu bytes (config asks %llu; reset to resize)", cfg->path,
+				 (unsigned long long)s->file_bytes, (unsigned long long)cfg->capacity_bytes);
+	} else if (existed && size == 0 && !cfg->reset) {
+		KVT_LOGW("t2 %s: the file exists but is empty (0 bytes): a new store is made in it; whatever it held "
+			 "is gone",
+			 cfg->path);
+	}
+	if (rc == KVT_ENOTFOUND) {
 		uint64_t cap = cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
-		if (cap < 2 * KVT_T2_UNIT_BYTES) {
-			KVT_LOGE("t2 %s: capacity_bytes %llu is below two 4 KiB units", cfg->path,
-				 (unsigned long long)cfg->capacity_bytes);
+		if (s->blockdev && (!cap || cap > size))
+			cap = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+		if (cap < (KVT_T2_SB_COPIES + 1) * KVT_T2_UNIT_BYTES) {
+			KVT_LOGE("t2 %s: capacity_bytes %llu is below three 4 KiB units (two superblock copies and a record)",
+				 cfg->path, (unsigned long long)cfg->capacity_bytes);
 			rc = KVT_EINVAL;
 			goto fail;
 		}
+		if (cfg->no_repair) {
+			KVT_LOGE("t2 %s: no store in the file (%llu bytes)", cfg->path, (unsigned long long)size);
+			rc = KVT_ECORRUPT;
+			goto fail;
+		}
+		s->intact_bytes = 0;
 		rc = file_create(s, cap);
 		if (rc)
 			goto fail;
-	} else {
-		if (st.st_size % KVT_T2_UNIT_BYTES || (uint64_t)st.st_size < 2 * KVT_T2_UNIT_BYTES) {
-			KVT_LOGE("t2 %s: file size %lld is not a multiple of 4 KiB of at least two units", cfg->path,
-				 (long long)st.st_size);
-			rc = KVT_EINVAL;
-			goto fail;
-		}
-		s->file_bytes = (uint64_t)st.st_size;
-		rc = sb_read(s, s->file_bytes);
-		if (rc)
-			goto fail;
-		if (cfg->capacity_bytes && cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES != s->file_bytes)
-			KVT_LOGI("t2 %s: existing file keeps its %llu bytes (config asks %llu; reset to resize)", cfg->path,
-				 (unsigned long long)s->file_bytes, (unsigned long long)cfg->capacity_bytes);
 	}
-	rc = kvt_t2_alloc_init(&s->alloc, s->file_bytes / KVT_T2_UNIT_BYTES);
+	rc = kvt_t2_alloc_init(&s->alloc, s->file_bytes / KVT_T2_UNIT_BYTES, s->n_sb);
 	if (rc)
 		goto fail;
 	kvt_t2_io_cfg icfg = { .fd = s->fd, .mode = cfg->io_mode, .queue_depth = qd, .n_ctx = n_ctx,
@@ -295,6 +755,8 @@ void kvt_t2_close(kvt_t2_store *s)
 		kvt_t2_io_destroy(s->io);
 	if (s->fd >= 0)
 		close(s->fd);
+	if (s->lock_fd >= 0)
+		close(s->lock_fd); /* last: the lock is held until the data descriptor is gone */
 	kvt_t2_alloc_deinit(&s->alloc);
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->sync_mu);
@@ -303,12 +765,17 @@ void kvt_t2_close(kvt_t2_store *s)
 	free(s);
 }
 
-/* Geometry of a loc: aligned, inside the record area, not larger than a staging slot. */
-static bool loc_ok(const kvt_t2_store *s, const kvt_t2_loc *loc, const char *what)
+/*
+ * Geometry of a loc: aligned, inside the record area and, for a read (io),
+ * not larger than a staging slot. mark_used and free take any size: a
+ * record of another namespace (another block size) may be larger than this
+ * store's slots, and is kept, never read here, and freed when reclaimed.
+ */
+static bool loc_ok(const kvt_t2_store *s, const kvt_t2_loc *loc, const char *what, bool io)
 {
-	if (loc->off < KVT_T2_UNIT_BYTES || loc->off % KVT_T2_UNIT_BYTES || !loc->extent_bytes ||
+	if (loc->off < (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES || loc->off % KVT_T2_UNIT_BYTES || !loc->extent_bytes ||
 	    loc->extent_bytes % KVT_T2_UNIT_BYTES || loc->off > s->file_bytes ||
-	    loc->extent_bytes > s->file_bytes - loc->off || loc->extent_bytes > s->slot_bytes) {
+	    loc->extent_bytes > s->file_bytes - loc->off || (io && loc->extent_bytes > s->slot_bytes)) {
 		KVT_LOGE("t2 %s: %s: extent at off %llu of %u bytes is misaligned, outside the %llu-byte file or above the %zu-byte record limit",
 			 s->path, what, (unsigned long long)loc->off, loc->extent_bytes,
 			 (unsigned long long)s->file_bytes, s->slot_bytes);
@@ -319,7 +786,7 @@ static bool loc_ok(const kvt_t2_store *s, const kvt_t2_loc *loc, const char *wha
 
 int kvt_t2_mark_used(kvt_t2_store *s, const kvt_t2_loc *loc)
 {
-	if (!loc_ok(s, loc, "mark_used"))
+	if (!loc_ok(s, loc, "mark_used", false))
 		return KVT_EINVAL;
 	pthread_mutex_lock(&s->mu);
 	bool ok = kvt_t2_alloc_mark(&s->alloc, loc->off / KVT_T2_UNIT_BYTES, loc->extent_bytes / KVT_T2_UNIT_BYTES);
@@ -336,7 +803,7 @@ int kvt_t2_mark_used(kvt_t2_store *s, const kvt_t2_loc *loc)
 
 void kvt_t2_free(kvt_t2_store *s, const kvt_t2_loc *loc)
 {
-	if (!loc_ok(s, loc, "free"))
+	if (!loc_ok(s, loc, "free", false))
 		return;
 	uint64_t u = loc->off / KVT_T2_UNIT_BYTES, k = loc->extent_bytes / KVT_T2_UNIT_BYTES;
 	pthread_mutex_lock(&s->mu);
@@ -586,7 +1053,7 @@ int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const
 {
 	double t0 = kvt_now_s();
 	for (uint32_t i = 0; i < n; i++)
-		results[i] = loc_ok(s, &locs[i], "read") && payloads[i] ? KVT_OK : KVT_EINVAL;
+		results[i] = loc_ok(s, &locs[i], "read", true) && payloads[i] ? KVT_OK : KVT_EINVAL;
 
 	rbatch b = { .s = s, .locs = locs, .expect = expect_hash, .metas = metas, .payloads = payloads,
 		     .cap = payload_cap, .results = results };
@@ -637,7 +1104,7 @@ int kvt_t2_scan(kvt_t2_store *s, int (*fn)(void *ctx, const kvt_t2_block_meta *m
 		rc = KVT_ENOMEM;
 		goto out;
 	}
-	for (uint64_t off = KVT_T2_UNIT_BYTES; off < s->file_bytes;) {
+	for (uint64_t off = (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES; off < s->file_bytes;) {
 		if (off < win_off || off + KVT_T2_UNIT_BYTES > win_off + win_n) {
 			win_off = off;
 			win_n = s->file_bytes - off < win_cap ? s->file_bytes - off : win_cap;
@@ -713,8 +1180,8 @@ void kvt_t2_get_stats(kvt_t2_store *s, kvt_t2_stats *st)
 {
 	pthread_mutex_lock(&s->mu);
 	memset(st, 0, sizeof(*st));
-	st->capacity_bytes = s->file_bytes - KVT_T2_UNIT_BYTES;
-	st->used_bytes = (s->alloc.n_used - 1) * KVT_T2_UNIT_BYTES;
+	st->capacity_bytes = s->file_bytes - (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES;
+	st->used_bytes = (s->alloc.n_used - s->n_sb) * KVT_T2_UNIT_BYTES;
 	st->n_records = s->alloc.n_extents;
 	st->n_reads = s->n_reads;
 	st->n_writes = s->n_writes;
@@ -733,3 +1200,7 @@ void kvt_t2_get_stats(kvt_t2_store *s, kvt_t2_stats *st)
 	st->direct_io = s->direct;
 	pthread_mutex_unlock(&s->mu);
 }
+
+uint64_t kvt_t2_intact_bytes(const kvt_t2_store *s) { return s->intact_bytes; }
+const char *kvt_t2_file_path(const kvt_t2_store *s) { return s->path; }
+void kvt_t2_owner_id(const kvt_t2_store *s, uint8_t out[KVT_T2_OWNER_BYTES]) { memcpy(out, s->owner, KVT_T2_OWNER_BYTES); }

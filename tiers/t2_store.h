@@ -14,21 +14,43 @@
  * ---------------------------------------------------------------------------
  * On-disk format (version 1; all integers little-endian)
  *
- * The file is an array of 4 KiB units (KVT_T2_UNIT_BYTES). Unit 0 is the
- * superblock; records occupy runs of whole units ("extents") anywhere after it.
+ * The file is an array of 4 KiB units (KVT_T2_UNIT_BYTES). Units 0 and 1 hold
+ * two copies of the superblock; records occupy runs of whole units
+ * ("extents") anywhere after them.
  *
- * Superblock (unit 0, 4096 bytes):
+ * Superblock copy (unit i for copy i, 4096 bytes; superblock format 2):
  *     0   8  magic "KVT2FILE"
- *     8   4  format version (1)
+ *     8   4  superblock format version (2; 1 is the older single-copy format)
  *    12   4  unit bytes (4096)
  *    16   8  capacity bytes (file size; a multiple of 4096)
  *    24  32  model fingerprint
  *    56   8  generation high-water: every generation ever handed out is below it
- *    64   8  XXH3-64 of bytes [0, 64), seed 0
- *    72 ...  zero
+ *    64   8  XXH3-64 of bytes [0, 64), seed 0 (so a format-1 reader names the
+ *            version instead of reporting a checksum mismatch)
+ *    72   8  sequence: raised by every superblock write; the newest valid copy wins
+ *    80  16  owner id: the identity of the index (index.sqlite) whose rows point
+ *            here (zeros: none recorded yet); another index is refused
+ *    96   2  copy number (i)
+ *    98   2  copies (2; 1 for a format-1 file upgraded in place, whose records
+ *            start at unit 1)
+ *   100   4  zero
+ *   104   8  XXH3-64 of bytes [0, 104), seed 0
+ *   112 ...  zero
+ *   Format 1 (older files) had only bytes [0, 72) of copy 0 and records from
+ *   unit 1; it is read, and rewritten as format 2 with one copy at open.
  *   The store reserves generations in chunks (KVT_T2_GEN_CHUNK): it raises the
- *   high-water, writes and fdatasyncs the superblock, then hands out numbers
- *   below it, so a generation is never reused, even across a crash.
+ *   high-water, writes and fdatasyncs copy 0, then copy 1, then hands out
+ *   numbers below it, so a generation is never reused, even across a crash
+ *   that tears one copy. A damaged copy is rewritten from the other at open.
+ *   With no valid copy the store refuses to open, except with cfg.salvage
+ *   (fsck, rebuild-index), which writes new copies from the records
+ *   (the model from the records' headers when cfg gives none; generations
+ *   past every record's).
+ *
+ * Truncation: a file shorter than its superblock says lost every record past
+ * the cut (kvt_t2_intact_bytes tells the caller where); the store extends it
+ * back to its size (not with cfg.no_repair). An empty or missing file is made
+ * anew (intact bytes 0): the caller counts the rows that pointed into it as lost.
  *
  * Record (an extent of extent_bytes = round_up(header_bytes + stored_bytes, 4096)):
  *     0   8  magic "KVT2REC\0"
@@ -115,6 +137,9 @@
 #define KVT_T2_FORMAT_VERSION 1u
 #define KVT_T2_MAX_RAW_BYTES (64u << 20) /* largest block payload accepted */
 #define KVT_T2_GEN_CHUNK 65536u    /* generations reserved per superblock sync */
+#define KVT_T2_SB_VERSION 2u       /* superblock format (records keep KVT_T2_FORMAT_VERSION) */
+#define KVT_T2_SB_COPIES 2u        /* superblock copies of a new file (units 0 and 1) */
+#define KVT_T2_OWNER_BYTES KVT_DB_OWNER_BYTES /* the owning index's identity */
 
 typedef struct kvt_t2_store kvt_t2_store;
 
@@ -175,7 +200,12 @@ typedef struct kvt_t2_config {
 				    virtio disks measured it cost more flushes than it saved; bench/README.md);
 				    the batch always ends with its own fdatasync before anything is acknowledged */
 	const kvt_t2_io_ops *io; /* NULL = real syscalls; borrowed, must outlive the store */
-	uint8_t model_fp[32];    /* model fingerprint; an existing file must match unless reset */
+	uint8_t model_fp[32];    /* model fingerprint; an existing file must match unless reset (salvage: zeros =
+				    learn it from the records) */
+	uint8_t owner_id[KVT_T2_OWNER_BYTES]; /* the owning index (kvt_db_owner_id); zeros = not checked, not recorded */
+	bool salvage;            /* no valid superblock copy: write new ones from the records (fsck, rebuild-index) */
+	bool no_repair;          /* never write at open: a damaged copy, format 1, a missing owner, a truncated
+				    tail are left as found (fsck --dry-run); a truncated file then ends at the cut */
 } kvt_t2_config;
 
 /* What a record carries besides lengths and checksum (all of it is in the on-disk header). */
@@ -213,19 +243,54 @@ typedef struct kvt_t2_write_req {
  * I/O: io_uring per cfg->io_mode; when io_uring_queue_init (or the
  * uring_setup hook) fails in AUTO mode, the thread pool takes over and that
  * is logged once (warning). O_DIRECT is required unless cfg->buffered_ok.
- * NOTE: nothing stops two stores (two processes) from opening one file; the
- * caller must not (a second writer would hand out the same extents). An
- * flock was tried and dropped: after a kill -9 the kernel tears the dead
- * process's io_uring down asynchronously, so its lock outlives it and a
- * restart failed spuriously.
- * Returns KVT_EINVAL (bad config, superblock of another model or format:
+ * Exclusive: the store holds an flock on a second open file description of
+ * the path (and claims a block device O_EXCL) from open to close, so a second
+ * store (another daemon, an offline tool) on the same file or device fails
+ * with KVT_EINVAL (logged: what to do). NOTE: the lock is not taken on the
+ * data descriptor: after a kill -9 the kernel tears the dead process's
+ * io_uring down asynchronously and holds that file meanwhile, so a lock on
+ * it would outlive the process and fail a restart.
+ * Ownership: cfg.owner_id (when not zeros) must equal the file's recorded
+ * owner; a file with none recorded adopts it.
+ * Returns KVT_EINVAL (bad config, another model, another owner, locked:
  * logged), KVT_EFULL (fallocate reports no space), KVT_EIO, KVT_ECORRUPT
- * (superblock fails its checksum), KVT_EUNSUPPORTED (IO_URING mode refused),
+ * (no superblock copy verifies: logged with the command that repairs it),
+ * KVT_EUNSUPPORTED (IO_URING mode refused, a newer superblock format),
  * KVT_ENOMEM.
  */
 int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out);
 /* Close the file and free everything. NULL is a no-op. No call may be in flight. */
 void kvt_t2_close(kvt_t2_store *s);
+
+/*
+ * Bytes of the file that held data when it was opened: file size for an
+ * intact file, the cut for a truncated one, 0 for one made anew (missing,
+ * empty, reset). A record at or past it was lost before this open: the caller
+ * drops (and counts) the rows that point there.
+ */
+uint64_t kvt_t2_intact_bytes(const kvt_t2_store *s);
+const char *kvt_t2_file_path(const kvt_t2_store *s); /* the path, for log lines */
+void kvt_t2_owner_id(const kvt_t2_store *s, uint8_t out[KVT_T2_OWNER_BYTES]); /* recorded owner (zeros: none) */
+
+/* What a file's superblock says (kvt_t2_probe). */
+typedef struct kvt_t2_info {
+	uint32_t version;        /* superblock format of the copy used (1 or 2) */
+	uint32_t n_copies;       /* superblock copies the file keeps (records start at unit n_copies) */
+	uint32_t n_valid;        /* copies that verified and agree */
+	uint64_t seq;            /* sequence of the copy used */
+	uint64_t capacity_bytes; /* the size the superblock says */
+	uint64_t file_bytes;     /* the size the file has */
+	uint64_t gen_limit;      /* generation high-water */
+	uint8_t model_fp[32];    /* model fingerprint */
+	uint8_t owner_id[KVT_T2_OWNER_BYTES]; /* owning index (zeros: none) */
+} kvt_t2_info;
+/*
+ * Read the superblock copies of path without opening a store (no lock, no
+ * writes): the newest valid copy. KVT_ENOTFOUND (no file), KVT_EIO,
+ * KVT_EINVAL (not a T2 file), KVT_ECORRUPT (no copy verifies),
+ * KVT_EUNSUPPORTED (newer format); logged.
+ */
+int kvt_t2_probe(const char *path, kvt_t2_info *out);
 
 /*
  * Start-up: mark loc's extent used (an index row points at it) and raise the

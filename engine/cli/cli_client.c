@@ -541,6 +541,9 @@ static int render_stats(json_t *j, const char *source)
 		printf("\n  persist: %.0f registered, %.0f persisted, %.0f failed%s\n", num(p, "registered"),
 		       num(p, "persisted"), num(p, "failed"),
 		       json_is_true(json_object_get(p, "read_only")) ? ", READ-ONLY (NVMe writes stopped)" : "");
+	if (json_is_object(p) && num(p, "lost_at_start") > 0)
+		printf("  LOST at start-up: %.0f blocks the index listed were gone from the NVMe file (see the log)\n",
+		       num(p, "lost_at_start"));
 	return 0;
 }
 

@@ -119,36 +119,48 @@ int kvt_index_recover(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, kvt_recover_
 
 int kvt_t2_file_model_fp(const char *t2_path, uint8_t out[32])
 {
-	uint8_t sb[64];
-	int fd = open(t2_path, O_RDONLY);
-	if (fd < 0) {
-		KVT_LOGE("t2 %s: %s", t2_path, strerror(errno));
-		return errno == ENOENT ? KVT_ENOTFOUND : KVT_EIO;
-	}
-	ssize_t n = pread(fd, sb, sizeof(sb), 0);
-	close(fd);
-	if (n != (ssize_t)sizeof(sb) || memcmp(sb, "KVT2FILE", 8) != 0) {
-		KVT_LOGE("t2 %s: no T2 superblock (bad magic or short file)", t2_path);
-		return KVT_ECORRUPT;
-	}
-	memcpy(out, sb + 24, 32); /* superblock layout: tiers/t2_store.h */
-	return KVT_OK;
+	kvt_t2_info in;
+	int rc = kvt_t2_probe(t2_path, &in); /* logged */
+	if (rc == KVT_OK)
+		memcpy(out, in.model_fp, 32);
+	return rc;
 }
 
-static int open_t2(const char *t2_path, const uint8_t *model_fp, kvt_t2_store **out)
+/*
+ * Open the data directory's T2 file for a tool. repair: a file with no valid
+ * superblock gets new copies written from its records (salvage), a truncated
+ * one is extended back; else nothing is written (no_repair). The model comes
+ * from the superblock, else from model_fp (may be NULL), else the records.
+ */
+static int open_t2(const char *t2_path, const uint8_t *model_fp, const uint8_t *owner, bool repair, uint32_t max_raw,
+		   kvt_t2_store **out)
 {
 	kvt_t2_config cfg;
+	kvt_t2_info in;
 	memset(&cfg, 0, sizeof(cfg));
-	int rc = kvt_t2_file_model_fp(t2_path, cfg.model_fp);
-	if (rc)
+	int rc = kvt_t2_probe(t2_path, &in);
+	if (rc == KVT_OK) {
+		memcpy(cfg.model_fp, in.model_fp, 32);
+		if (model_fp && memcmp(model_fp, cfg.model_fp, 32) != 0) {
+			KVT_LOGE("t2 %s: the file holds KV of another model (fingerprint differs from --model)", t2_path);
+			return KVT_EINVAL;
+		}
+	} else if (rc == KVT_ECORRUPT && repair) {
+		if (model_fp)
+			memcpy(cfg.model_fp, model_fp, 32);
+		KVT_LOGI("t2 %s: salvaging: new superblock copies are written from the records", t2_path);
+	} else {
 		return rc;
-	if (model_fp && memcmp(model_fp, cfg.model_fp, 32) != 0) {
-		KVT_LOGE("t2 %s: the file holds KV of another model (fingerprint differs from --model)", t2_path);
-		return KVT_EINVAL;
 	}
 	cfg.path = t2_path;
 	cfg.io_mode = KVT_T2_IO_AUTO;
 	cfg.buffered_ok = true;
+	cfg.salvage = repair;
+	cfg.no_repair = !repair;
+	cfg.max_raw_bytes = max_raw;
+	cfg.n_io_ctx = 1; /* one batch at a time: staging for the largest record only */
+	if (owner)
+		memcpy(cfg.owner_id, owner, KVT_T2_OWNER_BYTES);
 	return kvt_t2_open(&cfg, out);
 }
 
@@ -236,10 +248,19 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 	memset(st, 0, sizeof(*st));
 	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
 		return rc;
-	if ((rc = open_t2(t2_path, model_fp, &t2)) != KVT_OK)
+	if ((rc = open_t2(t2_path, model_fp, NULL, true, 0, &t2)) != KVT_OK)
 		return rc;
 	if ((rc = kvt_t2_file_model_fp(t2_path, fp)) != KVT_OK)
 		goto out;
+	/* the new index takes the file's identity, so the daemon accepts the pair */
+	uint8_t owner_buf[KVT_T2_OWNER_BYTES];
+	const uint8_t *owner = owner_buf;
+	kvt_t2_owner_id(t2, owner_buf);
+	bool no_owner = true;
+	for (int i = 0; i < KVT_T2_OWNER_BYTES; i++)
+		no_owner = no_owner && !owner_buf[i];
+	if (no_owner)
+		owner = NULL; /* a file of no index yet: the new index makes an id, the daemon records it */
 	int n_bad = kvt_t2_scan(t2, scan_fn, &sc);
 	if (n_bad < 0) {
 		rc = n_bad;
@@ -268,6 +289,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 		cfg.path = tmp_path;
 		cfg.create = true;
 		cfg.skip_check = true;
+		cfg.owner_id = owner;
 		memcpy(cfg.ns.model_fp, fp, 32);
 		cfg.ns.layout_version = KVT_KV_LAYOUT_VERSION;
 		cfg.ns.block_tokens = bt_n;
@@ -314,6 +336,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 		cfg.path = tmp_path;
 		cfg.create = true;
 		cfg.skip_check = true;
+		cfg.owner_id = owner;
 		if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
 			goto out;
 		kvt_db_close(db);
@@ -386,9 +409,18 @@ int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st)
 	cfg.path = idx_path; /* admin handle: no namespace */
 	if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
 		return rc;
-	if ((rc = open_t2(t2_path, NULL, &t2)) != KVT_OK)
-		goto out;
 	if ((rc = kvt_db_for_each_block(db, KVT_DB_ALL_NS, fsck_collect, &fc)) != KVT_OK)
+		goto out;
+	/* Reads are sized by the largest row: the rows of every block size are
+	 * checked, and a record larger than the default staging slot is no
+	 * reason to call it bad. */
+	uint32_t max_raw = 0;
+	for (size_t i = 0; i < fc.n; i++)
+		if (fc.rows[i].raw_bytes > max_raw && fc.rows[i].raw_bytes <= KVT_T2_MAX_RAW_BYTES)
+			max_raw = fc.rows[i].raw_bytes;
+	uint8_t owner[KVT_DB_OWNER_BYTES];
+	kvt_db_owner_id(db, owner);
+	if ((rc = open_t2(t2_path, NULL, owner, repair, max_raw, &t2)) != KVT_OK)
 		goto out;
 	meta = malloc(sizeof(*meta));
 	if (!meta) {

@@ -393,10 +393,13 @@ static int bring_up(daemon_t *d, int *exit_code)
 		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EIO ? EX_IOERR : EX_SOFTWARE;
 		return rc;
 	}
-	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s; %llu durable blocks recovered; "
+	kvt_tm_stats ts = { 0 };
+	if (d->st.tm)
+		kvt_tm_get_stats(d->st.tm, &ts);
+	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s; %llu durable blocks recovered, %llu lost; "
 		 "ready in %.3f s",
 		 (unsigned long long)n_t0, sc.tm.t1_slots, kvt_kv_codec_name(c->host_dtype), sc.t2_path ? t2_path : "off",
-		 (unsigned long long)d->st.n_recovered, kvt_now_s() - tr);
+		 (unsigned long long)d->st.n_recovered, (unsigned long long)ts.n_lost, kvt_now_s() - tr);
 	memset(secret, 0, sizeof(secret));
 	*exit_code = 0;
 	return KVT_OK;

@@ -1656,9 +1656,12 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 		ratio((double)st.completion_tokens, st.decode_s), "cached_tokens_by_tier", "hbm",
 		(json_int_t)st.cached_by_tier[KVT_TIER_HBM], "host", (json_int_t)st.cached_by_tier[KVT_TIER_HOST], "nvme",
 		(json_int_t)st.cached_by_tier[KVT_TIER_NVME]);
-	json_t *persist = json_pack("{s:I, s:I, s:I, s:b}", "registered", (json_int_t)st.tiers.n_registered,
+	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:I, s:I, s:I}", "registered", (json_int_t)st.tiers.n_registered,
 				    "persisted", (json_int_t)st.tiers.n_persisted, "failed",
-				    (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only);
+				    (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only,
+				    "lost_at_start", (json_int_t)st.tiers.n_lost, "other_namespace_records",
+				    (json_int_t)st.tiers.n_foreign, "other_namespace_reclaimed",
+				    (json_int_t)st.tiers.n_reclaimed);
 	return reply_json(r, 200,
 			  json_pack("{s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine, "persist", persist,
 				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",

@@ -36,6 +36,7 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 		tc.path = c->t2_path;
 		tc.max_raw_bytes = (uint32_t)kvt_kv_packed_bytes(&shape, c->tm.t1_codec);
 		memcpy(tc.model_fp, c->model_fp, KVT_HASH_BYTES);
+		kvt_db_owner_id(s->db, tc.owner_id); /* the file belongs to this index, and no other */
 		if ((rc = kvt_t2_open(&tc, &s->t2))) {
 			KVT_LOGE("tier.nvme %s: cannot open: %s", c->t2_path, kvt_strerror(rc));
 			goto fail;

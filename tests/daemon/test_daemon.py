@@ -16,6 +16,13 @@ loopback port with a temporary data dir and talks to it over HTTP:
   errors         malformed JSON, oversize body, unknown session, token ids out
                  of range, max_tokens out of range, wrong method, bad key:
                  4xx error objects, and the daemon keeps serving
+  t2owner        two daemons, two data dirs, one [tier.nvme] path: the second
+                 is refused while the first runs (locked) and after it stopped
+                 (another index's file); then the file emptied under the
+                 first: it starts, says what was lost, and sessions, stats and
+                 resume count the blocks as missing
+  blocksize      cache.block_tokens 16 -> 32 -> 16: every start works, and the
+                 16-token session resumes from NVMe at the end
 
 Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no model). Needs the `openai` package for the openai case (scripts/test.sh
@@ -332,8 +339,90 @@ def case_exposure(build, tmp):
         check(d.stop() == 0, "exit 0")
 
 
+def small_daemon(build, data_dir, nvme_path="", block_tokens=16):
+    """A kvtierd with a 64 MiB NVMe tier, optionally at another path and block size."""
+    return Daemon(build, data_dir,
+                  "[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
+                  "[cache]\nblock_tokens = %d\n[tier.hbm]\ncapacity = 128M\n[tier.host]\ncapacity = 128M\n"
+                  "[tier.nvme]\ncapacity = 64M\n%s[index]\ndata_dir = @DATA@\n"
+                  % (MODEL, block_tokens, "path = %s\n" % nvme_path if nvme_path else ""))
+
+
+def refused(d, what, needle):
+    """d must fail to start, its log saying needle."""
+    try:
+        d.start()
+    except RuntimeError as e:
+        return check(needle in str(e), "%s: refused, but the log does not say %r:\n%s" % (what, needle, e))
+    d.stop()
+    return check(False, "%s: the daemon started" % what)
+
+
+def case_t2owner(build, tmp):
+    shared = os.path.join(tmp, "shared.t2")
+    a = small_daemon(build, os.path.join(tmp, "a"), shared)
+    b = small_daemon(build, os.path.join(tmp, "b"), shared)
+    a.start()
+    try:
+        _, _, prev = converse(a, "own", USER_TURNS[:2])
+        time.sleep(1.5)  # end-of-turn write-through: durable within 1 s
+        refused(b, "a second daemon on the first one's [tier.nvme] path", "locked by another process")
+    finally:
+        check(a.stop() == 0, "SIGTERM exits 0")
+    refused(b, "another data dir's daemon on a stopped daemon's T2 file", "belongs to another index")
+    full = history_tokens(prev) // BT * BT
+    # the file emptied under the index: a start, and the loss said and counted
+    os.truncate(shared, 0)
+    a.start()
+    try:
+        log = a._log()
+        check(shared in log and "gone from the file" in log, "the log names the emptied file and the loss:\n%s"
+              % log[-2000:])
+        st, s = http("GET", a.url + "/v1/stats")
+        lost = s["persist"].get("lost_at_start", 0) if st == 200 else 0
+        check(lost >= full // BT - 1 and lost > 0, "stats count the lost blocks: %s" % s.get("persist"))
+        check("0 durable blocks recovered, %d lost" % lost in log, "start-up line counts %d lost blocks:\n%s"
+              % (lost, log[-2000:]))
+        st, lst = http("GET", a.url + "/v1/sessions")
+        own = [x for x in lst["data"] if x["id"] == "own"] if st == 200 else []
+        check(len(own) == 1 and own[0]["blocks"] > 0 and own[0]["blocks_missing"] == own[0]["blocks"],
+              "sessions show every block missing: %s" % lst)
+        st, rep = http("POST", a.url + "/v1/sessions/own/resume", {})
+        check(st == 200 and sum(rep["restored_tokens"].values()) == 0 and rep["missing_tokens"] >= full,
+              "resume reports the tokens missing: %s" % rep)
+    finally:
+        check(a.stop() == 0, "SIGTERM exits 0")
+
+
+def case_blocksize(build, tmp):
+    sizes = (16, 32, 16)
+    prev16 = None
+    for i, bt in enumerate(sizes):
+        d = small_daemon(build, tmp, block_tokens=bt)
+        try:
+            d.start()
+        except RuntimeError as e:
+            check(False, "start %d (block_tokens %d): %s" % (i, bt, e))
+            return
+        try:
+            if i == 0:
+                _, _, prev16 = converse(d, "bs16", USER_TURNS[:2])
+                time.sleep(1.5)
+            elif i == 1:
+                converse(d, "bs32", USER_TURNS[:2], expect_cached=False)  # BT is 16 in its checks
+                time.sleep(1.5)
+            else:
+                full = history_tokens(prev16) // BT * BT
+                st, rep = http("POST", d.url + "/v1/sessions/bs16/resume", {})
+                check(st == 200 and rep["restored_tokens"]["nvme"] == full,
+                      "16 -> 32 -> 16: the 16-token session resumes %d tokens from nvme: %s" % (full, rep))
+        finally:
+            check(d.stop() == 0, "SIGTERM exits 0 (block_tokens %d)" % bt)
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
-         "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure}
+         "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure,
+         "t2owner": case_t2owner, "blocksize": case_blocksize}
 
 
 def main():
