@@ -15,11 +15,18 @@
  *
  * Invariants:
  *  - done_ticket only grows; a write with ticket t has committed iff
- *    t <= done_ticket and t < first_failed (the first ticket of the first
- *    failed transaction; UINT64_MAX when none failed).
- *  - After a failed transaction the handle is failed: it was rolled back,
- *    and every later write fails (KVT_EIO) without touching the file, so
- *    nothing ever commits out of order after a lost write.
+ *    t <= done_ticket, t < first_failed (the first ticket of the first
+ *    failed transaction; UINT64_MAX when none failed) and t is in no range
+ *    of full_rng.
+ *  - A transaction rolled back for lack of space (is_transient) fails its
+ *    tickets with KVT_EFULL (full_rng) and makes the handle degraded: its
+ *    session writes move to db->carry, which every later transaction replays
+ *    first, so a session's writes still commit in queue order; block rows
+ *    are re-sent by their owner. An idle degraded writer retries once a
+ *    second; the first commit ends the spell.
+ *  - After any other failed transaction the handle is failed: it was rolled
+ *    back, and every later write fails (KVT_EIO) without touching the file,
+ *    so nothing ever commits out of order after a lost write.
  *  - locking_mode=EXCLUSIVE: the first access takes the file lock for the
  *    life of the connection; a second process gets "locked" at open.
  *
@@ -45,6 +52,11 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Failed ticket ranges kept for kvt_db_wait (one per disk-full episode, in practice). */
+#define FULL_RANGES 256
+/* While degraded, an idle writer retries the kept writes (or probes) this often. */
+#define FULL_RETRY_S 1.0
 
 enum op_kind { OP_PUT_BLOCK, OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_PUT_SESSION, OP_DEL_SESSION, OP_READ };
 
@@ -84,6 +96,7 @@ enum {
 	ST_TOUCH_BLOCK,
 	ST_PUT_SESSION,
 	ST_DEL_SESSION,
+	ST_PROBE,
 	ST_COUNT
 };
 
@@ -106,6 +119,7 @@ static const char *const stmt_sql[ST_COUNT] = {
 			   " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
 			   " updated=excluded.updated",
 	[ST_DEL_SESSION] = "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3",
+	[ST_PROBE] = "INSERT OR REPLACE INTO meta(key, value) VALUES('space_probe', strftime('%s', 'now'))",
 };
 
 /*
@@ -147,9 +161,21 @@ struct kvt_db {
 	uint64_t next_ticket;        /* last ticket handed out */
 	uint64_t done_ticket;        /* highest finished ticket */
 	uint64_t first_failed;       /* first ticket of the first failed batch, UINT64_MAX none */
-	bool failed;                 /* a transaction failed: writes refused */
+	bool failed;                 /* a transaction failed for good: writes refused */
+	struct full_range {
+		uint64_t lo, hi;     /* tickets of consecutive batches rolled back for lack of space */
+	} full_rng[FULL_RANGES];     /* oldest first */
+	uint32_t n_full_rng;         /* entries in full_rng */
+	uint64_t full_floor;         /* tickets <= this whose range was dropped: reported as KVT_EFULL */
+	db_op *carry;                /* session writes rolled back for lack of space, oldest first (writer) */
+	bool degraded;               /* the last transaction was rolled back for lack of space */
+	double degraded_t;           /* when that started */
+	uint64_t n_full_episode;     /* transactions rolled back since */
+	int last_sql_rc;             /* SQLite code of the last failed step (writer) */
 	bool stop;                   /* close requested */
 	kvt_db_stats stats;          /* counters */
+	int64_t bad_seen[64];        /* rowids of bad session rows already logged (writer thread) */
+	uint32_t n_bad_seen;         /* entries in bad_seen */
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -599,23 +625,56 @@ static int run_write(kvt_db *db, db_op *op)
 	rc = sqlite3_step(st);
 	sqlite3_reset(st);
 	sqlite3_clear_bindings(st);
-	return rc == SQLITE_DONE ? KVT_OK : fail(db, rc, "write");
+	if (rc == SQLITE_DONE)
+		return KVT_OK;
+	db->last_sql_rc = rc;
+	return fail(db, rc, "write");
 }
 
 static int step_simple(kvt_db *db, int which, const char *what)
 {
 	int rc = sqlite3_step(db->st[which]);
 	sqlite3_reset(db->st[which]);
-	return rc == SQLITE_DONE ? KVT_OK : fail(db, rc, what);
+	if (rc == SQLITE_DONE)
+		return KVT_OK;
+	db->last_sql_rc = rc;
+	return fail(db, rc, what);
 }
 
-/* One transaction over a chain of n writes; *commit_s gets the COMMIT's seconds. */
+/*
+ * A rolled-back transaction that may succeed later: the file system had no
+ * space (SQLITE_FULL is SQLite's ENOSPC on a write) or the quota ran out.
+ * Both happen while writing the WAL, before its fsync. NOTE: a failed fsync
+ * (SQLITE_IOERR_FSYNC) is never transient: what the kernel dropped is gone,
+ * so that failure stays sticky (DESIGN.md §4).
+ */
+static bool is_transient(kvt_db *db, int rc)
+{
+	if ((rc & 0xff) == SQLITE_FULL)
+		return true;
+	if (rc == SQLITE_IOERR_WRITE || rc == SQLITE_IOERR_TRUNCATE) {
+		int e = sqlite3_system_errno(db->sql);
+		return e == ENOSPC || e == EDQUOT;
+	}
+	return false;
+}
+
+/*
+ * One transaction: the carried session writes (oldest first), then a chain of
+ * n writes; with neither, a probe write (is there space again?). *commit_s
+ * gets the COMMIT's seconds.
+ */
 static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 {
+	db->last_sql_rc = SQLITE_OK;
 	int rc = step_simple(db, ST_BEGIN, "begin");
+	for (db_op *op = db->carry; rc == KVT_OK && op; op = op->next)
+		rc = run_write(db, op);
 	db_op *op = first;
 	for (uint32_t i = 0; rc == KVT_OK && i < n; i++, op = op->next)
 		rc = run_write(db, op);
+	if (rc == KVT_OK && !n && !db->carry)
+		rc = step_simple(db, ST_PROBE, "probe");
 	if (rc == KVT_OK) {
 		double t0 = kvt_now_s();
 		rc = step_simple(db, ST_COMMIT, "commit");
@@ -624,6 +683,78 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 	if (rc != KVT_OK && !sqlite3_get_autocommit(db->sql))
 		step_simple(db, ST_ROLLBACK, "rollback");
 	return rc;
+}
+
+static void free_op(db_op *op);
+
+static bool same_session(const db_op *a, const db_op *b)
+{
+	return !strcmp(a->u.sess.tenant, b->u.sess.tenant) && !strcmp(a->u.sess.id, b->u.sess.id);
+}
+
+/* Keep a rolled-back session write for the next transaction; a later write of the same session replaces it. */
+static void carry_add(kvt_db *db, db_op *op)
+{
+	db_op **pp = &db->carry;
+	while (*pp) {
+		if (same_session(*pp, op)) {
+			db_op *old = *pp;
+			*pp = old->next;
+			free_op(old);
+			continue;
+		}
+		pp = &(*pp)->next;
+	}
+	op->next = NULL;
+	op->done = NULL; /* it was told once (KVT_EFULL); the carried copy commits silently */
+	*pp = op;
+}
+
+static uint32_t carry_count(const kvt_db *db)
+{
+	uint32_t n = 0;
+	for (const db_op *op = db->carry; op; op = op->next)
+		n++;
+	return n;
+}
+
+static void carry_clear(kvt_db *db)
+{
+	while (db->carry) {
+		db_op *op = db->carry;
+		db->carry = op->next;
+		free_op(op);
+	}
+}
+
+/* Under mu: tickets lo..hi were rolled back for lack of space. */
+static void full_range_add(kvt_db *db, uint64_t lo, uint64_t hi)
+{
+	if (db->n_full_rng && db->full_rng[db->n_full_rng - 1].hi + 1 == lo) {
+		db->full_rng[db->n_full_rng - 1].hi = hi;
+		return;
+	}
+	if (db->n_full_rng == FULL_RANGES) {
+		/* NOTE: forgetting a range must never turn a lost write into a committed
+		 * one, so the oldest tickets all read as lost from now on. */
+		db->full_floor = db->full_rng[0].hi;
+		memmove(&db->full_rng[0], &db->full_rng[1], (FULL_RANGES - 1) * sizeof(db->full_rng[0]));
+		db->n_full_rng--;
+	}
+	db->full_rng[db->n_full_rng].lo = lo;
+	db->full_rng[db->n_full_rng].hi = hi;
+	db->n_full_rng++;
+}
+
+/* Under mu: was ticket t in a transaction rolled back for lack of space? */
+static bool full_range_has(const kvt_db *db, uint64_t t)
+{
+	if (t && t <= db->full_floor) /* ticket 0: no write at all */
+		return true;
+	for (uint32_t i = 0; i < db->n_full_rng; i++)
+		if (t >= db->full_rng[i].lo && t <= db->full_rng[i].hi)
+			return true;
+	return false;
 }
 
 static void free_op(db_op *op)
@@ -639,11 +770,35 @@ static void *writer_main(void *arg)
 
 	pthread_mutex_lock(&db->mu);
 	for (;;) {
-		while (!db->head && !db->stop)
-			pthread_cond_wait(&db->cv_queue, &db->mu);
-		if (!db->head)
+		bool retry = false;
+		while (!db->head && !db->stop && !retry) {
+			if (!db->degraded) {
+				pthread_cond_wait(&db->cv_queue, &db->mu);
+				continue;
+			}
+			/* Degraded and idle: retry the kept writes (or probe) once a second. */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += (time_t)FULL_RETRY_S;
+			retry = pthread_cond_timedwait(&db->cv_queue, &db->mu, &ts) == ETIMEDOUT && !db->head;
+		}
+		if (!db->head && !retry) {
+			if (db->carry) {
+				/* Stopping: one last try for the kept session writes. */
+				pthread_mutex_unlock(&db->mu);
+				double cs = 0;
+				uint32_t n_carry = carry_count(db);
+				if (!db->failed && run_batch(db, NULL, 0, &cs) == KVT_OK)
+					KVT_LOGI("index %s: %u kept session writes committed at close", db->path, n_carry);
+				else
+					KVT_LOGE("index %s: closing with %u session writes not committed (no space): they are "
+						 "lost", db->path, n_carry);
+				carry_clear(db);
+				pthread_mutex_lock(&db->mu);
+			}
 			break; /* stopping and drained */
-		if (db->head->kind == OP_READ) {
+		}
+		if (db->head && db->head->kind == OP_READ) {
 			db_op *op = db->head;
 			db->head = op->next;
 			if (!db->head)
@@ -656,7 +811,7 @@ static void *writer_main(void *arg)
 			pthread_cond_broadcast(&db->cv_done);
 			continue;
 		}
-		if (db->max_wait_us && !db->stop) {
+		if (db->head && db->max_wait_us && !db->stop) {
 			/* Group-commit window: let more writers join this transaction. */
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
@@ -665,51 +820,96 @@ static void *writer_main(void *arg)
 			ts.tv_nsec = (long)(ns % 1000000000u);
 			pthread_cond_timedwait(&db->cv_queue, &db->mu, &ts);
 		}
-		/* Take consecutive writes, up to max_batch, stopping before a read. */
+		/* Take consecutive writes, up to max_batch, stopping before a read (none: a retry). */
 		db_op *first = db->head, *last = first;
-		uint32_t n = 1;
-		while (n < db->max_batch && last->next && last->next->kind != OP_READ) {
-			last = last->next;
-			n++;
+		uint32_t n = 0;
+		if (first && first->kind != OP_READ) {
+			n = 1;
+			while (n < db->max_batch && last->next && last->next->kind != OP_READ) {
+				last = last->next;
+				n++;
+			}
+			db->head = last->next;
+			if (!db->head)
+				db->tail = NULL;
+			last->next = NULL;
+		} else {
+			first = last = NULL;
 		}
-		db->head = last->next;
-		if (!db->head)
-			db->tail = NULL;
-		last->next = NULL;
+		if (!n && !retry)
+			continue;
 		bool failed = db->failed;
-		uint64_t first_ticket = first->ticket, last_ticket = last->ticket;
+		uint64_t first_ticket = first ? first->ticket : 0, last_ticket = last ? last->ticket : 0;
 		pthread_mutex_unlock(&db->mu);
 
 		double commit_s = 0;
 		int rc = failed ? KVT_EIO : run_batch(db, first, n, &commit_s);
+		bool transient = rc != KVT_OK && !failed && is_transient(db, db->last_sql_rc);
+		uint32_t n_carried = carry_count(db);
 
 		if (rc != KVT_OK)
-			rc = KVT_EIO;
+			rc = transient ? KVT_EFULL : KVT_EIO;
+		if (rc == KVT_OK) {
+			carry_clear(db); /* committed with this transaction */
+		}
 		/* Callbacks first, so that when kvt_db_wait returns the write's callback has run. */
 		for (db_op *op = first; op;) {
 			db_op *next = op->next;
 			if (op->done)
 				op->done(op->user, rc);
-			free_op(op);
+			if (transient && (op->kind == OP_PUT_SESSION || op->kind == OP_DEL_SESSION))
+				carry_add(db, op); /* the history of a turn already answered: kept, retried */
+			else
+				free_op(op);
 			op = next;
 		}
+		if (rc != KVT_OK && !transient) {
+			carry_clear(db); /* the handle failed for good: nothing more will commit */
+		}
 		pthread_mutex_lock(&db->mu);
-		if (rc != KVT_OK) {
+		if (transient) {
+			if (!db->degraded) {
+				KVT_LOGE("index %s: a transaction of %u writes was rolled back: %s; durability is degraded: the "
+					 "session writes are kept and the blocks stay pending, all retried until space returns",
+					 db->path, n + n_carried, sqlite3_errstr(db->last_sql_rc));
+				db->degraded = true;
+				db->degraded_t = kvt_now_s();
+				db->n_full_episode = 0;
+			}
+			db->n_full_episode++;
+			db->stats.n_full++;
+			if (n)
+				full_range_add(db, first_ticket, last_ticket);
+			db->stats.n_failed += n;
+		} else if (rc != KVT_OK) {
 			if (!db->failed)
 				KVT_LOGE("index %s: a transaction of %u writes failed; the index refuses writes until reopened",
-					 db->path, n);
+					 db->path, n + n_carried);
 			db->failed = true;
+			db->degraded = false;
 			if (db->first_failed == UINT64_MAX)
-				db->first_failed = first_ticket;
-			db->stats.n_failed += n;
+				db->first_failed = db->done_ticket + 1; /* this batch and all queued after it */
+			db->stats.n_failed += n + n_carried;
 		} else {
-			db->stats.n_commits++;
-			db->stats.commit_s += commit_s;
-			db->stats.n_writes += n;
-			if (n > db->stats.max_batch_seen)
-				db->stats.max_batch_seen = n;
+			if (db->degraded) {
+				KVT_LOGW("index %s: writes commit again after %llu rolled-back transactions in %.1f s (%u kept "
+					 "session writes committed); durability restored",
+					 db->path, (unsigned long long)db->n_full_episode, kvt_now_s() - db->degraded_t,
+					 n_carried);
+				db->degraded = false;
+			}
+			if (n + n_carried) {
+				db->stats.n_commits++;
+				db->stats.commit_s += commit_s;
+				db->stats.n_writes += n + n_carried;
+				if (n > db->stats.max_batch_seen)
+					db->stats.max_batch_seen = n;
+			}
 		}
-		db->done_ticket = last_ticket;
+		db->stats.degraded = db->degraded;
+		db->stats.n_carried = carry_count(db);
+		if (n)
+			db->done_ticket = last_ticket;
 		pthread_cond_broadcast(&db->cv_done);
 	}
 	pthread_mutex_unlock(&db->mu);
@@ -865,7 +1065,7 @@ int kvt_db_wait(kvt_db *db, uint64_t ticket)
 	}
 	while (db->done_ticket < ticket)
 		pthread_cond_wait(&db->cv_done, &db->mu);
-	rc = ticket >= db->first_failed ? KVT_EIO : KVT_OK;
+	rc = ticket >= db->first_failed ? KVT_EIO : full_range_has(db, ticket) ? KVT_EFULL : KVT_OK;
 	pthread_mutex_unlock(&db->mu);
 	return rc;
 }
@@ -957,7 +1157,7 @@ struct session_get_ctx {
 
 static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int32_t **tokens_heap)
 {
-	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated */
+	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated[, rowid] */
 	int n_bytes = sqlite3_column_bytes(st, 2);
 	uint32_t n = 0;
 	const char *tenant = (const char *)sqlite3_column_text(st, 0);
@@ -972,15 +1172,19 @@ static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int
 	int32_t *t = malloc(n_bytes > 0 ? (size_t)n_bytes : 1);
 	if (!t)
 		return KVT_ENOMEM;
-	int rc = column_tokens(db, st, 2, (uint32_t)(n_bytes / 4), t, &n, "session tokens");
+	char what[KVT_NAME_MAX * 2 + 48];
+	snprintf(what, sizeof(what), "session %s/%s tokens", s->tenant, s->id);
+	int rc = column_tokens(db, st, 2, (uint32_t)(n_bytes / 4), t, &n, what);
 	if (rc == KVT_OK && (int64_t)n != sqlite3_column_int64(st, 3)) {
-		KVT_LOGE("index %s: session %s: n_tokens %lld but %u token ids stored; run `kvtier rebuild-index "
+		KVT_LOGE("index %s: session %s/%s: n_tokens %lld but %u token ids stored; run `kvtier rebuild-index "
 			 "--data-dir %s`",
-			 db->path, s->id, (long long)sqlite3_column_int64(st, 3), n, db->dir);
+			 db->path, s->tenant, s->id, (long long)sqlite3_column_int64(st, 3), n, db->dir);
 		rc = KVT_ECORRUPT;
 	}
-	if (rc == KVT_OK)
-		rc = column_hash(db, st, 4, s->last_hash, "session last_hash");
+	if (rc == KVT_OK) {
+		snprintf(what, sizeof(what), "session %s/%s last_hash", s->tenant, s->id);
+		rc = column_hash(db, st, 4, s->last_hash, what);
+	}
 	if (rc) {
 		free(t);
 		return rc;
@@ -991,6 +1195,27 @@ static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int
 	s->updated = sqlite3_column_int64(st, 6);
 	*tokens_heap = t;
 	return KVT_OK;
+}
+
+/*
+ * A session row that does not decode (session_from_row logged why) is skipped
+ * by the listing: counted, and named once per row in the log, so one bad row
+ * never hides the others. Writer thread.
+ */
+static void skip_bad_session(kvt_db *db, int64_t rowid)
+{
+	bool seen = false;
+	for (uint32_t i = 0; i < db->n_bad_seen && !seen; i++)
+		seen = db->bad_seen[i] == rowid;
+	if (!seen && db->n_bad_seen < sizeof(db->bad_seen) / sizeof(db->bad_seen[0]))
+		db->bad_seen[db->n_bad_seen++] = rowid;
+	pthread_mutex_lock(&db->mu);
+	if (!seen)
+		db->stats.n_bad_sessions++;
+	pthread_mutex_unlock(&db->mu);
+	if (!seen)
+		KVT_LOGW("index %s: session row %lld is unreadable (see above) and is skipped; the other sessions are "
+			 "listed", db->path, (long long)rowid);
 }
 
 static int session_get_fn(kvt_db *db, void *arg)
@@ -1051,7 +1276,7 @@ static int session_list_fn(kvt_db *db, void *arg)
 	struct session_list_ctx *c = arg;
 	sqlite3_stmt *st = NULL;
 	int rc = sqlite3_prepare_v2(db->sql,
-				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated FROM sessions"
+				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated, rowid FROM sessions"
 				    " WHERE ns=?1 AND (?2 IS NULL OR tenant=?2) ORDER BY tenant, id",
 				    -1, &st, NULL);
 	if (rc != SQLITE_OK)
@@ -1073,6 +1298,10 @@ static int session_list_fn(kvt_db *db, void *arg)
 		int32_t *heap = NULL;
 		memset(&s, 0, sizeof(s));
 		rc = session_from_row(db, st, &s, &heap);
+		if (rc == KVT_ECORRUPT) {
+			skip_bad_session(db, sqlite3_column_int64(st, 7));
+			continue;
+		}
 		if (rc)
 			break;
 		rc = c->fn(c->ctx, &s);

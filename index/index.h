@@ -316,9 +316,19 @@ int kvt_btable_check(kvt_btable *bt);
  * one file and one T2 store, so start-up marks the T2 extents of every
  * namespace used (kvt_db_for_each_block with KVT_DB_ALL_NS).
  *
- * Errors: a failed transaction (I/O error, disk full) rolls back, fails every
- * write of that batch with KVT_EIO and turns the handle failed: later writes
- * fail at once with KVT_EIO (the caller reopens). A corrupt or truncated file
+ * Errors: a transaction rolled back for lack of space (SQLITE_FULL, or ENOSPC /
+ * EDQUOT on a write: before any fsync) fails the writes of that batch with
+ * KVT_EFULL and makes the handle *degraded*, not failed: it keeps taking
+ * writes; its session writes (put, delete) are kept by the handle and
+ * replayed, in order and before any newer write, in every later transaction
+ * until one commits (a later write of the same session replaces the kept
+ * one); the caller re-sends its block rows (the tiering manager keeps those
+ * blocks pending). An idle degraded handle retries (or probes with a one-row
+ * write) once a second. The start and the end of a degraded spell are logged
+ * once each. Any other failure (an fsync error, I/O error, constraint) rolls
+ * back, fails the batch with KVT_EIO and turns the handle failed: later writes
+ * fail at once with KVT_EIO (the caller reopens). NOTE: while degraded a read
+ * sees the committed state, not the kept session writes. A corrupt or truncated file
  * fails kvt_db_open with KVT_ECORRUPT and a log line naming the file and
  * suggesting `kvtier rebuild-index`.
  *
@@ -383,7 +393,11 @@ typedef struct kvt_db_stats {
 	uint64_t n_commits;      /* transactions committed */
 	uint64_t n_writes;       /* writes committed */
 	uint64_t n_failed;       /* writes failed */
+	uint64_t n_bad_sessions; /* session rows that do not decode, skipped by kvt_db_list_sessions */
 	uint64_t max_batch_seen; /* largest transaction, writes */
+	bool degraded;           /* the last transaction was rolled back for lack of space (retrying) */
+	uint64_t n_full;         /* transactions rolled back for lack of space */
+	uint64_t n_carried;      /* session writes kept for the next transaction now */
 	double commit_s;         /* seconds spent in COMMIT (fsync) */
 } kvt_db_stats;
 
@@ -423,7 +437,8 @@ int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done,
 int kvt_db_delete_session(kvt_db *db, const char *tenant, const char *id, kvt_db_done_fn done, void *user,
 			  uint64_t *ticket);
 
-/* Block until write `ticket` committed: KVT_OK, or KVT_EIO if its transaction failed; KVT_EINVAL (logged) for a ticket never handed out. */
+/* Block until write `ticket` committed: KVT_OK, KVT_EFULL if its transaction was rolled back for lack of space,
+ * KVT_EIO if it failed otherwise; KVT_EINVAL (logged) for a ticket never handed out. */
 int kvt_db_wait(kvt_db *db, uint64_t ticket);
 /* Block until every write queued so far committed; KVT_EIO if any of them failed. */
 int kvt_db_flush(kvt_db *db);
@@ -439,7 +454,10 @@ int kvt_db_get_session(kvt_db *db, const char *tenant, const char *id, kvt_db_se
 void kvt_db_session_deinit(kvt_db_session *s);
 /*
  * Call fn for every session of this namespace (tenant NULL = every tenant),
- * ordered by tenant then id. s->tokens is valid during the call only. fn
+ * ordered by tenant then id. A row that does not decode (a bad name, token
+ * blob or hash) is skipped: logged once by row id, counted in
+ * kvt_db_stats.n_bad_sessions; the others are still listed. s->tokens is
+ * valid during the call only. fn
  * returning non-zero stops the walk and is returned. Runs on the writer
  * thread while the caller waits: fn must not call back into the db.
  */

@@ -926,6 +926,11 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 		st->ttft_p99_s = sorted[(uint32_t)ceil(0.99 * k) - 1];
 	}
 	st->sessions = n_sessions;
+	st->have_index = s->cfg.db != NULL;
+	if (s->cfg.db)
+		kvt_db_get_stats(s->cfg.db, &st->index);
+	else
+		memset(&st->index, 0, sizeof(st->index));
 	st->have_tiers = s->cfg.tm != NULL;
 	if (s->cfg.tm)
 		kvt_tm_get_stats(s->cfg.tm, &st->tiers);
