@@ -356,7 +356,7 @@ def wait_for(what, fn, timeout=15.0):
 
 def case_badrow(build, tmp):
     """Issue 13 item 8: one bad session row is skipped, counted and named; the others list and resume."""
-    d = daemon(build, tmp)
+    d = Daemon(build, tmp, conf_on(tmp, nvme="capacity = 64M\n"))
     d.start()
     try:
         for i in range(3):
