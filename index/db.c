@@ -97,6 +97,7 @@ enum {
 	ST_PUT_SESSION,
 	ST_DEL_SESSION,
 	ST_PROBE,
+	ST_SET_JSEQ,
 	ST_COUNT
 };
 
@@ -120,6 +121,7 @@ static const char *const stmt_sql[ST_COUNT] = {
 			   " updated=excluded.updated",
 	[ST_DEL_SESSION] = "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3",
 	[ST_PROBE] = "INSERT OR REPLACE INTO meta(key, value) VALUES('space_probe', strftime('%s', 'now'))",
+	[ST_SET_JSEQ] = "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', ?1)",
 };
 
 /*
@@ -172,6 +174,12 @@ struct kvt_db {
 	double degraded_t;           /* when that started */
 	uint64_t n_full_episode;     /* transactions rolled back since */
 	int last_sql_rc;             /* SQLite code of the last failed step (writer) */
+	bool last_transient;         /* the last failed batch may succeed once space returns (writer) */
+	kvt_db_ns ns;                /* this handle's namespace, for the journal's records */
+	kvt_sjournal *sj;            /* the session journal, or NULL (writer after open) */
+	uint64_t sj_seq;             /* last journal seq handed out */
+	uint64_t sj_compact_at;      /* rewrite the journal when it grows past this */
+	uint64_t sj_compact_min;     /* ... never below this */
 	bool stop;                   /* close requested */
 	kvt_db_stats stats;          /* counters */
 	int64_t bad_seen[64];        /* rowids of bad session rows already logged (writer thread) */
@@ -391,7 +399,7 @@ static int migrate(kvt_db *db)
 	return KVT_OK;
 }
 
-static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
+static int ns_id_of(kvt_db *db, const kvt_db_ns *ns, int64_t *id_out)
 {
 	sqlite3_stmt *st = NULL;
 	const char *q = "SELECT id FROM namespaces WHERE model_fp=?1 AND layout_version=?2 AND block_tokens=?3";
@@ -406,7 +414,7 @@ static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
 		sqlite3_bind_int64(st, 3, ns->block_tokens);
 		rc = sqlite3_step(st);
 		if (rc == SQLITE_ROW) {
-			db->ns_id = sqlite3_column_int64(st, 0);
+			*id_out = sqlite3_column_int64(st, 0);
 			sqlite3_finalize(st);
 			return KVT_OK;
 		}
@@ -434,7 +442,288 @@ static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
 	return KVT_EIO;
 }
 
+static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
+{
+	return ns_id_of(db, ns, &db->ns_id);
+}
+
 static void *writer_main(void *arg);
+
+/* ---- the session journal (index/journal.c) ------------------------------------ */
+
+static void sj_rec_of(const kvt_db *db, const db_op *op, uint64_t seq, kvt_sj_rec *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->seq = seq;
+	r->kind = op->kind == OP_PUT_SESSION ? KVT_SJ_PUT : KVT_SJ_DEL;
+	r->ns = db->ns;
+	snprintf(r->tenant, sizeof(r->tenant), "%s", op->u.sess.tenant);
+	snprintf(r->id, sizeof(r->id), "%s", op->u.sess.id);
+	if (op->kind == OP_PUT_SESSION) {
+		r->tokens = op->u.sess.tokens;
+		r->n_tokens = op->u.sess.n_tokens;
+		memcpy(r->last_hash, op->u.sess.last_hash, KVT_HASH_BYTES);
+	}
+	r->updated = now_unix();
+}
+
+static int journal_ops(kvt_db *db, db_op *op, uint32_t n, uint64_t *seq)
+{
+	for (uint32_t i = 0; op && i < n; i++, op = op->next) {
+		if (op->kind != OP_PUT_SESSION && op->kind != OP_DEL_SESSION)
+			continue;
+		kvt_sj_rec r;
+		sj_rec_of(db, op, ++*seq, &r);
+		int rc = kvt_sj_append(db->sj, &r);
+		if (rc)
+			return rc;
+	}
+	return KVT_OK;
+}
+
+/*
+ * Writer, inside the transaction, before its COMMIT: the session writes of
+ * the transaction (the carried ones, then the batch's) go to the journal,
+ * durably, and meta.journal_seq names the last of them, so the journal is
+ * never behind the index. KVT_EFULL (no space: transient) or KVT_EIO.
+ */
+static int journal_batch(kvt_db *db, db_op *first, uint32_t n)
+{
+	if (!db->sj)
+		return KVT_OK;
+	uint64_t seq = db->sj_seq;
+	int rc = journal_ops(db, db->carry, UINT32_MAX, &seq);
+	if (rc == KVT_OK)
+		rc = journal_ops(db, first, n, &seq);
+	if (rc == KVT_OK && seq == db->sj_seq)
+		return KVT_OK; /* no session write in this transaction */
+	db->sj_seq = seq; /* seqs are never reused, even when this batch fails */
+	if (rc == KVT_OK)
+		rc = kvt_sj_sync(db->sj);
+	else
+		kvt_sj_abort(db->sj);
+	if (rc == KVT_EFULL) {
+		db->last_transient = true;
+		return rc;
+	}
+	if (rc)
+		return rc;
+	sqlite3_stmt *st = db->st[ST_SET_JSEQ];
+	sqlite3_bind_int64(st, 1, (int64_t)seq);
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc == SQLITE_DONE)
+		return KVT_OK;
+	db->last_sql_rc = rc;
+	return fail(db, rc, "journal_seq");
+}
+
+/* Writer (or open): append one put per decodable session row of every namespace to tmp. */
+static int rewrite_each(void *ctx, kvt_sjournal *tmp)
+{
+	kvt_db *db = ctx;
+	sqlite3_stmt *st = NULL;
+	int32_t *toks = NULL;
+	size_t cap = 0;
+	int rc = sqlite3_prepare_v2(db->sql,
+				    "SELECT s.tenant, s.id, s.tokens, s.last_hash, s.updated, n.model_fp, n.layout_version,"
+				    " n.block_tokens FROM sessions s JOIN namespaces n ON n.id = s.ns ORDER BY s.rowid",
+				    -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return fail(db, rc, "prepare journal rewrite");
+	for (;;) {
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_DONE) {
+			rc = KVT_OK;
+			break;
+		}
+		if (rc != SQLITE_ROW) {
+			rc = fail(db, rc, "journal rewrite");
+			break;
+		}
+		kvt_sj_rec r;
+		memset(&r, 0, sizeof(r));
+		const char *tenant = (const char *)sqlite3_column_text(st, 0), *id = (const char *)sqlite3_column_text(st, 1);
+		int n_bytes = sqlite3_column_bytes(st, 2);
+		if (!tenant || !id || !kvt_name_valid(tenant) || !kvt_name_valid(id) || n_bytes % 4 ||
+		    sqlite3_column_bytes(st, 3) != KVT_HASH_BYTES || sqlite3_column_bytes(st, 5) != KVT_HASH_BYTES)
+			continue; /* a bad row (the listing names it) */
+		if ((size_t)n_bytes / 4 > cap) {
+			int32_t *t = realloc(toks, (size_t)n_bytes);
+			if (!t) {
+				rc = KVT_ENOMEM;
+				break;
+			}
+			toks = t;
+			cap = (size_t)n_bytes / 4;
+		}
+		const uint8_t *p = sqlite3_column_blob(st, 2);
+		for (int i = 0; i < n_bytes / 4; i++)
+			toks[i] = (int32_t)get_u32le(p + 4 * i);
+		r.seq = db->sj_seq;
+		r.kind = KVT_SJ_PUT;
+		snprintf(r.tenant, sizeof(r.tenant), "%s", tenant);
+		snprintf(r.id, sizeof(r.id), "%s", id);
+		r.tokens = toks;
+		r.n_tokens = (uint32_t)(n_bytes / 4);
+		memcpy(r.last_hash, sqlite3_column_blob(st, 3), KVT_HASH_BYTES);
+		r.updated = sqlite3_column_int64(st, 4);
+		memcpy(r.ns.model_fp, sqlite3_column_blob(st, 5), KVT_HASH_BYTES);
+		r.ns.layout_version = (uint32_t)sqlite3_column_int64(st, 6);
+		r.ns.block_tokens = (uint32_t)sqlite3_column_int64(st, 7);
+		if ((rc = kvt_sj_append(tmp, &r)) != KVT_OK)
+			break;
+	}
+	sqlite3_finalize(st);
+	free(toks);
+	return rc;
+}
+
+/* Replace the journal by one record per live session; logs failures. */
+static int journal_rewrite(kvt_db *db)
+{
+	double t0 = kvt_now_s();
+	int rc = kvt_sj_rewrite(db->sj, rewrite_each, db);
+	double dt = kvt_now_s() - t0;
+	uint64_t bytes = kvt_sj_bytes(db->sj);
+	uint64_t next = 2 * bytes > db->sj_compact_min ? 2 * bytes : db->sj_compact_min;
+	db->sj_compact_at = rc == KVT_OK ? next : 2 * db->sj_compact_at;
+	if (rc != KVT_OK)
+		KVT_LOGW("index %s: rewriting the session journal failed (%s); it keeps growing until the next try",
+			 db->path, kvt_strerror(rc));
+	pthread_mutex_lock(&db->mu);
+	db->stats.n_journal_rewrites += rc == KVT_OK;
+	db->stats.journal_rewrite_s += dt;
+	db->stats.journal_bytes = bytes;
+	pthread_mutex_unlock(&db->mu);
+	return rc;
+}
+
+struct replay_ctx {
+	kvt_db *db;            /* the handle being opened */
+	uint64_t after;        /* meta.journal_seq: records up to it are in the index */
+	sqlite3_stmt *put, *del;
+	uint64_t n_applied;    /* records replayed */
+	uint64_t first, last;  /* their seqs */
+};
+
+static int replay_fn(void *arg, const kvt_sj_rec *r)
+{
+	struct replay_ctx *c = arg;
+	kvt_db *db = c->db;
+	int64_t ns;
+	if (r->seq <= c->after)
+		return 0;
+	if (r->ns.block_tokens < 1 || r->ns.block_tokens > KVT_BLOCK_MAX_TOKENS)
+		return 0; /* cannot be a namespace: the record checked, so skip it */
+	int rc = ns_id_of(db, &r->ns, &ns);
+	if (rc)
+		return rc;
+	sqlite3_stmt *st = r->kind == KVT_SJ_PUT ? c->put : c->del;
+	sqlite3_bind_int64(st, 1, ns);
+	sqlite3_bind_text(st, 2, r->tenant, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, r->id, -1, SQLITE_STATIC);
+	if (r->kind == KVT_SJ_PUT) {
+		bind_tokens(st, 4, r->tokens, r->n_tokens);
+		sqlite3_bind_int64(st, 5, r->n_tokens);
+		sqlite3_bind_blob(st, 6, r->last_hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 7, r->updated);
+	}
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	sqlite3_clear_bindings(st);
+	if (rc != SQLITE_DONE)
+		return fail(db, rc, "journal replay");
+	if (!c->n_applied++)
+		c->first = r->seq;
+	c->last = r->seq;
+	return 0;
+}
+
+/*
+ * At open, on the caller's thread: open the session journal, replay the
+ * records the index lacks (all of them into a new file), and rewrite the
+ * journal when it is behind the index. Every recovery is logged.
+ */
+static int journal_open(kvt_db *db, const char *path, bool db_existed)
+{
+	char buf[64];
+	int rc = query_text(db, "SELECT value FROM meta WHERE key='journal_seq'", buf, sizeof(buf));
+	if (rc)
+		return rc;
+	uint64_t d = strtoull(buf, NULL, 10);
+	struct replay_ctx c = { .db = db, .after = d };
+	if ((rc = exec(db, "BEGIN IMMEDIATE", "begin journal replay")) != KVT_OK)
+		return rc;
+	if (sqlite3_prepare_v2(db->sql,
+			       "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)"
+			       " VALUES(?1,?2,?3,?4,?5,?6,?7,?7) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
+			       " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
+			       " updated=excluded.updated",
+			       -1, &c.put, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(db->sql, "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3", -1, &c.del, NULL) !=
+		    SQLITE_OK) {
+		rc = fail(db, sqlite3_errcode(db->sql), "prepare journal replay");
+		goto out;
+	}
+	kvt_sj_info info;
+	rc = kvt_sj_open(path, replay_fn, &c, &db->sj, &info);
+	if (rc == KVT_OK && c.n_applied) {
+		char set[128];
+		snprintf(set, sizeof(set), "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', %llu)",
+			 (unsigned long long)c.last);
+		rc = exec(db, set, "journal replay: journal_seq");
+		if (rc == KVT_OK)
+			rc = exec(db, "COMMIT", "commit journal replay");
+	}
+out:
+	sqlite3_finalize(c.put);
+	sqlite3_finalize(c.del);
+	if (!sqlite3_get_autocommit(db->sql))
+		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+	if (rc)
+		return rc;
+	db->stats.n_replayed = c.n_applied;
+	if (info.torn_bytes)
+		KVT_LOGW("session journal %s: %llu bytes at its end do not form a whole record (a torn write): cut off",
+			 path, (unsigned long long)info.torn_bytes);
+	if (c.n_applied && !db_existed)
+		KVT_LOGW("index %s was missing: created anew, and %llu session writes restored from the session journal %s",
+			 db->path, (unsigned long long)c.n_applied, path);
+	else if (c.n_applied)
+		KVT_LOGW("index %s lacked the last %llu session writes of the session journal %s (seq %llu..%llu): "
+			 "restored them. One batch is a crash between the journal and the commit; more means the index "
+			 "or its WAL lost commits, and blocks written since may be missing: `kvtier rebuild-index "
+			 "--data-dir %s` rebuilds them from the T2 file",
+			 db->path, (unsigned long long)c.n_applied, path, (unsigned long long)c.first,
+			 (unsigned long long)c.last, db->dir);
+	db->sj_seq = info.last_seq > d ? info.last_seq : d;
+	bool rewrite = false;
+	if (d > info.last_seq) {
+		KVT_LOGW("session journal %s %s at seq %llu but the index committed up to seq %llu: it lost records "
+			 "(deleted or damaged); rewriting it from the index",
+			 path, info.existed ? "ends" : "is missing; it was", (unsigned long long)info.last_seq,
+			 (unsigned long long)d);
+		rewrite = true;
+	} else if (!info.existed) {
+		uint64_t n = 0;
+		if ((rc = query_text(db, "SELECT count(*) FROM sessions", buf, sizeof(buf))) != KVT_OK)
+			return rc;
+		n = strtoull(buf, NULL, 10);
+		if (n) {
+			KVT_LOGI("session journal %s: new; writing the index's %llu sessions into it", path,
+				 (unsigned long long)n);
+			rewrite = true;
+		}
+	}
+	db->sj_compact_at = db->sj_compact_min;
+	if (rewrite)
+		(void)journal_rewrite(db); /* a failure is logged; the index itself is whole */
+	else if (kvt_sj_bytes(db->sj) >= db->sj_compact_at)
+		db->sj_compact_at = 2 * kvt_sj_bytes(db->sj);
+	return KVT_OK;
+}
+
 
 static char *dir_of(const char *path)
 {
@@ -448,6 +737,7 @@ static char *dir_of(const char *path)
 
 static void db_free(kvt_db *db)
 {
+	kvt_sj_close(db->sj);
 	for (int i = 0; i < ST_COUNT; i++)
 		sqlite3_finalize(db->st[i]);
 	if (db->sql)
@@ -539,6 +829,10 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 	pthread_mutex_init(&db->mu, NULL);
 	pthread_cond_init(&db->cv_queue, NULL);
 	pthread_cond_init(&db->cv_done, NULL);
+	db->ns = cfg->ns;
+	db->sj_compact_min = cfg->journal_compact_bytes ? cfg->journal_compact_bytes : (4u << 20);
+	if (cfg->journal_path && (rc = journal_open(db, cfg->journal_path, exists)) != KVT_OK)
+		goto fail; /* NOTE: the mutex and conditions hold no resources on Linux */
 	if (pthread_create(&db->thread, NULL, writer_main, db) != 0) {
 		KVT_LOGE("index %s: cannot start the writer thread", db->path);
 		pthread_mutex_destroy(&db->mu);
@@ -667,6 +961,7 @@ static bool is_transient(kvt_db *db, int rc)
 static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 {
 	db->last_sql_rc = SQLITE_OK;
+	db->last_transient = false;
 	int rc = step_simple(db, ST_BEGIN, "begin");
 	for (db_op *op = db->carry; rc == KVT_OK && op; op = op->next)
 		rc = run_write(db, op);
@@ -675,6 +970,8 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 		rc = run_write(db, op);
 	if (rc == KVT_OK && !n && !db->carry)
 		rc = step_simple(db, ST_PROBE, "probe");
+	if (rc == KVT_OK)
+		rc = journal_batch(db, first, n);
 	if (rc == KVT_OK) {
 		double t0 = kvt_now_s();
 		rc = step_simple(db, ST_COMMIT, "commit");
@@ -682,6 +979,8 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 	}
 	if (rc != KVT_OK && !sqlite3_get_autocommit(db->sql))
 		step_simple(db, ST_ROLLBACK, "rollback");
+	if (rc != KVT_OK && !db->last_transient)
+		db->last_transient = is_transient(db, db->last_sql_rc);
 	return rc;
 }
 
@@ -844,7 +1143,7 @@ static void *writer_main(void *arg)
 
 		double commit_s = 0;
 		int rc = failed ? KVT_EIO : run_batch(db, first, n, &commit_s);
-		bool transient = rc != KVT_OK && !failed && is_transient(db, db->last_sql_rc);
+		bool transient = rc != KVT_OK && !failed && db->last_transient;
 		uint32_t n_carried = carry_count(db);
 
 		if (rc != KVT_OK)
@@ -852,6 +1151,8 @@ static void *writer_main(void *arg)
 		if (rc == KVT_OK) {
 			carry_clear(db); /* committed with this transaction */
 		}
+		if (rc == KVT_OK && db->sj && kvt_sj_bytes(db->sj) > db->sj_compact_at)
+			(void)journal_rewrite(db); /* logged; stats under mu below */
 		/* Callbacks first, so that when kvt_db_wait returns the write's callback has run. */
 		for (db_op *op = first; op;) {
 			db_op *next = op->next;
@@ -907,6 +1208,8 @@ static void *writer_main(void *arg)
 			}
 		}
 		db->stats.degraded = db->degraded;
+		if (db->sj)
+			db->stats.journal_bytes = kvt_sj_bytes(db->sj);
 		db->stats.n_carried = carry_count(db);
 		if (n)
 			db->done_ticket = last_ticket;

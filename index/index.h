@@ -41,6 +41,7 @@
 /* File names inside a data directory; the daemon and the CLI use these. */
 #define KVT_DATA_T2_FILE "kvtier.t2"         /* the T2 (NVMe) store */
 #define KVT_DATA_INDEX_FILE "index.sqlite"   /* the SQLite index */
+#define KVT_DATA_SESSIONS_FILE "sessions.journal" /* every session write, beside the T2 file (index/journal.c) */
 
 /* ------------------------------------------------------------------------ */
 /* Block hashing (index/blockhash.c)                                        */
@@ -332,6 +333,15 @@ int kvt_btable_check(kvt_btable *bt);
  * fails kvt_db_open with KVT_ECORRUPT and a log line naming the file and
  * suggesting `kvtier rebuild-index`.
  *
+ * Session journal (journal_path): every session write also goes to a log
+ * file of its own (index/journal.c), appended and fdatasync'ed in the same
+ * group commit, before the COMMIT; meta.journal_seq names the last record
+ * the index holds. At open, the records the index lacks are replayed (all of
+ * them when the index file is new: `rebuild-index`, or a deleted index), a
+ * journal behind the index (deleted, damaged) is rewritten from it, and each
+ * of these is logged. The journal is rewritten to one record per live
+ * session when it outgrows twice that (and journal_compact_bytes).
+ *
  * Schema versions: meta.schema_version; kvt_db_open migrates an older file
  * step by step (each step one transaction) and refuses a newer one
  * (KVT_EUNSUPPORTED).
@@ -356,6 +366,8 @@ typedef struct kvt_db_config {
 	uint32_t max_batch;   /* most writes per transaction; 0 = 4096; 1 = one per transaction */
 	uint32_t max_wait_us; /* after the first queued write, wait up to this long for more (0 = none) */
 	bool skip_check;      /* skip PRAGMA quick_check at open (rebuild-index creating a fresh file) */
+	const char *journal_path; /* the session journal (KVT_DATA_SESSIONS_FILE in the data dir), or NULL: none */
+	uint64_t journal_compact_bytes; /* rewrite the journal when it outgrows twice its live size and this; 0 = 4M */
 } kvt_db_config;
 
 /* One block row: the block's identity plus exactly the T2 location fields. */
@@ -398,6 +410,10 @@ typedef struct kvt_db_stats {
 	bool degraded;           /* the last transaction was rolled back for lack of space (retrying) */
 	uint64_t n_full;         /* transactions rolled back for lack of space */
 	uint64_t n_carried;      /* session writes kept for the next transaction now */
+	uint64_t journal_bytes;  /* size of the session journal (0: none) */
+	uint64_t n_journal_rewrites; /* times it was rewritten to its live sessions */
+	double journal_rewrite_s;    /* seconds spent rewriting it */
+	uint64_t n_replayed;         /* session writes replayed from the journal at open */
 	double commit_s;         /* seconds spent in COMMIT (fsync) */
 } kvt_db_stats;
 

@@ -269,7 +269,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 {
 	const kvt_config *c = &d->cfg;
 	char t2_path[KVT_CONFIG_PATH_MAX + 32], db_path[KVT_CONFIG_PATH_MAX + 32], fp_cache[KVT_CONFIG_PATH_MAX + 32],
-		secret_path[KVT_CONFIG_PATH_MAX + 32];
+		secret_path[KVT_CONFIG_PATH_MAX + 32], sj_path[KVT_CONFIG_PATH_MAX + 32];
 	uint8_t fp[32], secret[64];
 	size_t secret_n = 0;
 	int rc;
@@ -284,6 +284,18 @@ static int bring_up(daemon_t *d, int *exit_code)
 	data_path(db_path, sizeof(db_path), c->data_dir, c->index_path, "index.sqlite");
 	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
 	snprintf(fp_cache, sizeof(fp_cache), "%s/fingerprint.cache", c->data_dir);
+	data_path(sj_path, sizeof(sj_path), c->data_dir, "", KVT_DATA_SESSIONS_FILE);
+	struct stat sb_db, sb_t2;
+	if (stat(db_path, &sb_db) != 0 && errno == ENOENT && stat(t2_path, &sb_t2) == 0 && S_ISREG(sb_t2.st_mode) &&
+	    sb_t2.st_size > 0) {
+		/* Starting on an empty index would hand the T2 file's extents out again and overwrite them. */
+		KVT_LOGE("index %s is missing but the NVMe tier's file %s holds data: run `kvtier rebuild-index "
+			 "--data-dir %s` (the blocks come back from the T2 records, the sessions from %s), or move %s "
+			 "away to start empty",
+			 db_path, t2_path, c->data_dir, sj_path, t2_path);
+		*exit_code = EX_DATAERR;
+		return KVT_ECORRUPT;
+	}
 	uint64_t nvme_bytes = 0;
 	if ((rc = nvme_capacity(c, t2_path, &nvme_bytes))) {
 		*exit_code = rc == KVT_EFULL ? EX_CONFIG : EX_IOERR;
@@ -364,6 +376,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	sc.block_tokens = bt;
 	sc.t0_slots = (uint32_t)n_t0;
 	sc.db_path = db_path;
+	sc.journal_path = sj_path;
 	sc.t2_path = nvme_bytes ? t2_path : NULL;
 	sc.t2.capacity_bytes = nvme_bytes;
 	sc.t2.queue_depth = c->nvme_queue_depth;
