@@ -483,9 +483,66 @@ def case_diskfull(build, tmp):
                 os.unlink(filler)
 
 
+def case_lostindex(build, tmp):
+    """Issue 13 item 6: sessions survive a deleted index (rebuild-index) and a deleted WAL (the journal)."""
+    d = Daemon(build, tmp, conf_on(tmp, nvme="capacity = 64M\n"))
+    d.start()
+    want = {}
+    try:
+        msgs0, _, prev = converse(d, "li0", USER_TURNS[:2])
+        want["li0"] = history_tokens(prev)
+        msgs1, _, prev = converse(d, "li1", USER_TURNS[2:3])
+        want["li1"] = history_tokens(prev)
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+    idx = os.path.join(tmp, "index.sqlite")
+    for p in (idx, idx + "-wal"):
+        if os.path.exists(p):
+            os.unlink(p)
+    # a missing index beside a T2 file that holds data: refuse, and say what to run
+    try:
+        d.start(timeout=120)
+        check(False, "kvtierd started on a missing index while the T2 file holds data")
+        d.stop()
+    except RuntimeError:
+        pass
+    check("is missing but the NVMe tier's file" in d._log() and "kvtier rebuild-index --data-dir" in d._log(),
+          "the refusal names the fix")
+    rc, out, err = kvtier(build, "rebuild-index", "--data-dir", tmp)
+    check(rc == 0 and "session writes replayed from the session journal" in out,
+          "rebuild-index: %d %s %s" % (rc, out, err))
+    d.restart()
+    try:
+        st, lst = http("GET", d.url + "/v1/sessions")
+        got = {x["id"]: x["tokens"] for x in lst.get("data", [])}
+        check(got == want, "sessions after rebuild-index: %s, expected %s" % (got, want))
+        st, rep = http("POST", d.url + "/v1/sessions/li0/resume", {})
+        full = want["li0"] // BT * BT
+        check(st == 200 and rep["restored_tokens"]["nvme"] == full,
+              "li0 resumes its %d tokens from nvme after rebuild-index: %s" % (full, rep))
+        # a new turn, then kill -9 and a lost WAL: the journal still has the session's newest history
+        msgs1.append({"role": "user", "content": USER_TURNS[3]})
+        r = chat(d, msgs1, session="li1")
+        want["li1"] = history_tokens(r)
+        time.sleep(2.0)
+        d.stop(signal.SIGKILL)
+    finally:
+        d.stop()
+    if check(os.path.exists(idx + "-wal"), "a WAL after kill -9"):
+        os.unlink(idx + "-wal")
+    d.restart()
+    try:
+        st, lst = http("GET", d.url + "/v1/sessions")
+        got = {x["id"]: x["tokens"] for x in lst.get("data", [])}
+        check(got == want, "sessions after a lost WAL: %s, expected %s" % (got, want))
+        check("session writes of the session journal" in d._log(), "the log says what the journal restored")
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
          "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "badrow": case_badrow,
-         "nvmecap": case_nvmecap, "diskfull": case_diskfull}
+         "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex}
 
 
 def main():
