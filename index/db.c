@@ -583,7 +583,16 @@ static int rewrite_each(void *ctx, kvt_sjournal *tmp)
 static int journal_rewrite(kvt_db *db)
 {
 	double t0 = kvt_now_s();
+	if (!db->sj_seq)
+		db->sj_seq = 1; /* a record of seq 0 would never count as newer than the index */
 	int rc = kvt_sj_rewrite(db->sj, rewrite_each, db);
+	if (rc == KVT_OK) {
+		/* The index holds exactly what the new journal holds. */
+		char set[128];
+		snprintf(set, sizeof(set), "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', %llu)",
+			 (unsigned long long)db->sj_seq);
+		(void)exec(db, set, "journal rewrite: journal_seq"); /* a failure only means a replay of the same rows */
+	}
 	double dt = kvt_now_s() - t0;
 	uint64_t bytes = kvt_sj_bytes(db->sj);
 	uint64_t next = 2 * bytes > db->sj_compact_min ? 2 * bytes : db->sj_compact_min;

@@ -180,6 +180,36 @@ static void test_torn_and_deleted_journal(void)
 	kvt_log_set_sink(NULL, NULL);
 }
 
+/* An index written before the journal existed: its sessions go into a new journal at the first open. */
+static void test_legacy_index(void)
+{
+	kvt_db *a;
+	uint32_t n = 0;
+	kvt_db_config ca = cfg_for(0x44);
+	remove_index();
+	unlink(g_sj);
+	ca.journal_path = NULL;
+	CHECK(kvt_db_open(&ca, &a) == KVT_OK);
+	put(a, "old", 800, 24);
+	CHECK(kvt_db_flush(a) == KVT_OK);
+	kvt_db_close(a);
+	CHECK(file_size(g_sj) < 0);
+	ca.journal_path = g_sj;
+	check_log_capture();
+	CHECK(kvt_db_open(&ca, &a) == KVT_OK);
+	CHECK(strstr(check_log_text, "new; writing the index's 1 sessions into it") != NULL);
+	kvt_db_close(a);
+	check_log_reset();
+	CHECK(kvt_db_open(&ca, &a) == KVT_OK); /* nothing to say the second time */
+	CHECKF(check_log_text[0] == '\0', "%s", check_log_text);
+	kvt_db_close(a);
+	remove_index();
+	CHECK(kvt_db_open(&ca, &a) == KVT_OK);
+	CHECK(first_tok(a, "old", &n) == 800 && n == 24);
+	kvt_db_close(a);
+	kvt_log_set_sink(NULL, NULL);
+}
+
 static void test_rewrite_bounds_size(void)
 {
 	kvt_db *a;
@@ -220,6 +250,7 @@ int main(void)
 	test_deleted_index();
 	test_lost_wal();
 	test_torn_and_deleted_journal();
+	test_legacy_index();
 	test_rewrite_bounds_size();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
