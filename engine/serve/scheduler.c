@@ -1058,7 +1058,9 @@ int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
 
 	if (!s->cfg.db)
 		return KVT_ENOTFOUND;
-	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)))
+	memset(&row, 0, sizeof(row)); /* get writes it only on success */
+	/* An unreadable row (KVT_ECORRUPT, logged) can still be deleted: that is how an operator clears it. */
+	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)) && rc != KVT_ECORRUPT)
 		return rc;
 	kvt_db_session_deinit(&row);
 	if ((rc = kvt_db_delete_session(s->cfg.db, tenant_of(tenant), id, NULL, NULL, &ticket)))

@@ -1377,6 +1377,10 @@ static enum MHD_Result handle_session_delete(conn_req *r, kvt_sched *sched, cons
 	int rc = kvt_sched_session_delete(sched, r->tenant, id);
 	if (rc == KVT_ENOTFOUND)
 		return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+	if (rc == KVT_EFULL)
+		return reply_error(r, 503, NULL, NULL,
+				   "deleting session '%s': the index is out of disk space; the deletion is kept and "
+				   "commits once space returns", id);
 	if (rc != KVT_OK)
 		return reply_error(r, rc == KVT_EINVAL ? 400 : 500, NULL, NULL, "deleting session '%s' failed (%s)", id,
 				   kvt_strerror(rc));
