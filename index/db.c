@@ -15,11 +15,18 @@
  *
  * Invariants:
  *  - done_ticket only grows; a write with ticket t has committed iff
- *    t <= done_ticket and t < first_failed (the first ticket of the first
- *    failed transaction; UINT64_MAX when none failed).
- *  - After a failed transaction the handle is failed: it was rolled back,
- *    and every later write fails (KVT_EIO) without touching the file, so
- *    nothing ever commits out of order after a lost write.
+ *    t <= done_ticket, t < first_failed (the first ticket of the first
+ *    failed transaction; UINT64_MAX when none failed) and t is in no range
+ *    of full_rng.
+ *  - A transaction rolled back for lack of space (is_transient) fails its
+ *    tickets with KVT_EFULL (full_rng) and makes the handle degraded: its
+ *    session writes move to db->carry, which every later transaction replays
+ *    first, so a session's writes still commit in queue order; block rows
+ *    are re-sent by their owner. An idle degraded writer retries once a
+ *    second; the first commit ends the spell.
+ *  - After any other failed transaction the handle is failed: it was rolled
+ *    back, and every later write fails (KVT_EIO) without touching the file,
+ *    so nothing ever commits out of order after a lost write.
  *  - locking_mode=EXCLUSIVE: the first access takes the file lock for the
  *    life of the connection; a second process gets "locked" at open.
  *
@@ -45,6 +52,11 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Failed ticket ranges kept for kvt_db_wait (one per disk-full episode, in practice). */
+#define FULL_RANGES 256
+/* While degraded, an idle writer retries the kept writes (or probes) this often. */
+#define FULL_RETRY_S 1.0
 
 enum op_kind { OP_PUT_BLOCK, OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_PUT_SESSION, OP_DEL_SESSION, OP_READ };
 
@@ -84,6 +96,8 @@ enum {
 	ST_TOUCH_BLOCK,
 	ST_PUT_SESSION,
 	ST_DEL_SESSION,
+	ST_PROBE,
+	ST_SET_JSEQ,
 	ST_COUNT
 };
 
@@ -106,6 +120,8 @@ static const char *const stmt_sql[ST_COUNT] = {
 			   " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
 			   " updated=excluded.updated",
 	[ST_DEL_SESSION] = "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3",
+	[ST_PROBE] = "INSERT OR REPLACE INTO meta(key, value) VALUES('space_probe', strftime('%s', 'now'))",
+	[ST_SET_JSEQ] = "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', ?1)",
 };
 
 /*
@@ -148,9 +164,27 @@ struct kvt_db {
 	uint64_t next_ticket;        /* last ticket handed out */
 	uint64_t done_ticket;        /* highest finished ticket */
 	uint64_t first_failed;       /* first ticket of the first failed batch, UINT64_MAX none */
-	bool failed;                 /* a transaction failed: writes refused */
+	bool failed;                 /* a transaction failed for good: writes refused */
+	struct full_range {
+		uint64_t lo, hi;     /* tickets of consecutive batches rolled back for lack of space */
+	} full_rng[FULL_RANGES];     /* oldest first */
+	uint32_t n_full_rng;         /* entries in full_rng */
+	uint64_t full_floor;         /* tickets <= this whose range was dropped: reported as KVT_EFULL */
+	db_op *carry;                /* session writes rolled back for lack of space, oldest first (writer) */
+	bool degraded;               /* the last transaction was rolled back for lack of space */
+	double degraded_t;           /* when that started */
+	uint64_t n_full_episode;     /* transactions rolled back since */
+	int last_sql_rc;             /* SQLite code of the last failed step (writer) */
+	bool last_transient;         /* the last failed batch may succeed once space returns (writer) */
+	kvt_db_ns ns;                /* this handle's namespace, for the journal's records */
+	kvt_sjournal *sj;            /* the session journal, or NULL (writer after open) */
+	uint64_t sj_seq;             /* last journal seq handed out */
+	uint64_t sj_compact_at;      /* rewrite the journal when it grows past this */
+	uint64_t sj_compact_min;     /* ... never below this */
 	bool stop;                   /* close requested */
 	kvt_db_stats stats;          /* counters */
+	int64_t bad_seen[64];        /* rowids of bad session rows already logged (writer thread) */
+	uint32_t n_bad_seen;         /* entries in bad_seen */
 };
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -366,7 +400,7 @@ static int migrate(kvt_db *db)
 	return KVT_OK;
 }
 
-static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
+static int ns_id_of(kvt_db *db, const kvt_db_ns *ns, int64_t *id_out)
 {
 	sqlite3_stmt *st = NULL;
 	const char *q = "SELECT id FROM namespaces WHERE model_fp=?1 AND layout_version=?2 AND block_tokens=?3";
@@ -381,7 +415,7 @@ static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
 		sqlite3_bind_int64(st, 3, ns->block_tokens);
 		rc = sqlite3_step(st);
 		if (rc == SQLITE_ROW) {
-			db->ns_id = sqlite3_column_int64(st, 0);
+			*id_out = sqlite3_column_int64(st, 0);
 			sqlite3_finalize(st);
 			return KVT_OK;
 		}
@@ -407,6 +441,11 @@ static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
 	}
 	KVT_LOGE("index %s: namespace row vanished after insert", db->path);
 	return KVT_EIO;
+}
+
+static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
+{
+	return ns_id_of(db, ns, &db->ns_id);
 }
 
 static void *writer_main(void *arg);
@@ -445,6 +484,291 @@ static int owner_id(kvt_db *db, const uint8_t *set, bool make)
 	return exec(db, q, "record owner_id");
 }
 
+/* ---- the session journal (index/journal.c) ------------------------------------ */
+
+static void sj_rec_of(const kvt_db *db, const db_op *op, uint64_t seq, kvt_sj_rec *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->seq = seq;
+	r->kind = op->kind == OP_PUT_SESSION ? KVT_SJ_PUT : KVT_SJ_DEL;
+	r->ns = db->ns;
+	snprintf(r->tenant, sizeof(r->tenant), "%s", op->u.sess.tenant);
+	snprintf(r->id, sizeof(r->id), "%s", op->u.sess.id);
+	if (op->kind == OP_PUT_SESSION) {
+		r->tokens = op->u.sess.tokens;
+		r->n_tokens = op->u.sess.n_tokens;
+		memcpy(r->last_hash, op->u.sess.last_hash, KVT_HASH_BYTES);
+	}
+	r->updated = now_unix();
+}
+
+static int journal_ops(kvt_db *db, db_op *op, uint32_t n, uint64_t *seq)
+{
+	for (uint32_t i = 0; op && i < n; i++, op = op->next) {
+		if (op->kind != OP_PUT_SESSION && op->kind != OP_DEL_SESSION)
+			continue;
+		kvt_sj_rec r;
+		sj_rec_of(db, op, ++*seq, &r);
+		int rc = kvt_sj_append(db->sj, &r);
+		if (rc)
+			return rc;
+	}
+	return KVT_OK;
+}
+
+/*
+ * Writer, inside the transaction, before its COMMIT: the session writes of
+ * the transaction (the carried ones, then the batch's) go to the journal,
+ * durably, and meta.journal_seq names the last of them, so the journal is
+ * never behind the index. KVT_EFULL (no space: transient) or KVT_EIO.
+ */
+static int journal_batch(kvt_db *db, db_op *first, uint32_t n)
+{
+	if (!db->sj)
+		return KVT_OK;
+	uint64_t seq = db->sj_seq;
+	int rc = journal_ops(db, db->carry, UINT32_MAX, &seq);
+	if (rc == KVT_OK)
+		rc = journal_ops(db, first, n, &seq);
+	if (rc == KVT_OK && seq == db->sj_seq)
+		return KVT_OK; /* no session write in this transaction */
+	db->sj_seq = seq; /* seqs are never reused, even when this batch fails */
+	if (rc == KVT_OK)
+		rc = kvt_sj_sync(db->sj);
+	else
+		kvt_sj_abort(db->sj);
+	if (rc == KVT_EFULL) {
+		db->last_transient = true;
+		return rc;
+	}
+	if (rc)
+		return rc;
+	sqlite3_stmt *st = db->st[ST_SET_JSEQ];
+	sqlite3_bind_int64(st, 1, (int64_t)seq);
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	if (rc == SQLITE_DONE)
+		return KVT_OK;
+	db->last_sql_rc = rc;
+	return fail(db, rc, "journal_seq");
+}
+
+/* Writer (or open): append one put per decodable session row of every namespace to tmp. */
+static int rewrite_each(void *ctx, kvt_sjournal *tmp)
+{
+	kvt_db *db = ctx;
+	sqlite3_stmt *st = NULL;
+	int32_t *toks = NULL;
+	size_t cap = 0;
+	int rc = sqlite3_prepare_v2(db->sql,
+				    "SELECT s.tenant, s.id, s.tokens, s.last_hash, s.updated, n.model_fp, n.layout_version,"
+				    " n.block_tokens FROM sessions s JOIN namespaces n ON n.id = s.ns ORDER BY s.rowid",
+				    -1, &st, NULL);
+	if (rc != SQLITE_OK)
+		return fail(db, rc, "prepare journal rewrite");
+	for (;;) {
+		rc = sqlite3_step(st);
+		if (rc == SQLITE_DONE) {
+			rc = KVT_OK;
+			break;
+		}
+		if (rc != SQLITE_ROW) {
+			rc = fail(db, rc, "journal rewrite");
+			break;
+		}
+		kvt_sj_rec r;
+		memset(&r, 0, sizeof(r));
+		const char *tenant = (const char *)sqlite3_column_text(st, 0), *id = (const char *)sqlite3_column_text(st, 1);
+		int n_bytes = sqlite3_column_bytes(st, 2);
+		if (!tenant || !id || !kvt_name_valid(tenant) || !kvt_name_valid(id) || n_bytes % 4 ||
+		    sqlite3_column_bytes(st, 3) != KVT_HASH_BYTES || sqlite3_column_bytes(st, 5) != KVT_HASH_BYTES)
+			continue; /* a bad row (the listing names it) */
+		if ((size_t)n_bytes / 4 > cap) {
+			int32_t *t = realloc(toks, (size_t)n_bytes);
+			if (!t) {
+				rc = KVT_ENOMEM;
+				break;
+			}
+			toks = t;
+			cap = (size_t)n_bytes / 4;
+		}
+		const uint8_t *p = sqlite3_column_blob(st, 2);
+		for (int i = 0; i < n_bytes / 4; i++)
+			toks[i] = (int32_t)get_u32le(p + 4 * i);
+		r.seq = db->sj_seq;
+		r.kind = KVT_SJ_PUT;
+		snprintf(r.tenant, sizeof(r.tenant), "%s", tenant);
+		snprintf(r.id, sizeof(r.id), "%s", id);
+		r.tokens = toks;
+		r.n_tokens = (uint32_t)(n_bytes / 4);
+		memcpy(r.last_hash, sqlite3_column_blob(st, 3), KVT_HASH_BYTES);
+		r.updated = sqlite3_column_int64(st, 4);
+		memcpy(r.ns.model_fp, sqlite3_column_blob(st, 5), KVT_HASH_BYTES);
+		r.ns.layout_version = (uint32_t)sqlite3_column_int64(st, 6);
+		r.ns.block_tokens = (uint32_t)sqlite3_column_int64(st, 7);
+		if ((rc = kvt_sj_append(tmp, &r)) != KVT_OK)
+			break;
+	}
+	sqlite3_finalize(st);
+	free(toks);
+	return rc;
+}
+
+/* Replace the journal by one record per live session; logs failures. */
+static int journal_rewrite(kvt_db *db)
+{
+	double t0 = kvt_now_s();
+	if (!db->sj_seq)
+		db->sj_seq = 1; /* a record of seq 0 would never count as newer than the index */
+	int rc = kvt_sj_rewrite(db->sj, rewrite_each, db);
+	if (rc == KVT_OK) {
+		/* The index holds exactly what the new journal holds. */
+		char set[128];
+		snprintf(set, sizeof(set), "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', %llu)",
+			 (unsigned long long)db->sj_seq);
+		(void)exec(db, set, "journal rewrite: journal_seq"); /* a failure only means a replay of the same rows */
+	}
+	double dt = kvt_now_s() - t0;
+	uint64_t bytes = kvt_sj_bytes(db->sj);
+	uint64_t next = 2 * bytes > db->sj_compact_min ? 2 * bytes : db->sj_compact_min;
+	db->sj_compact_at = rc == KVT_OK ? next : 2 * db->sj_compact_at;
+	if (rc != KVT_OK)
+		KVT_LOGW("index %s: rewriting the session journal failed (%s); it keeps growing until the next try",
+			 db->path, kvt_strerror(rc));
+	pthread_mutex_lock(&db->mu);
+	db->stats.n_journal_rewrites += rc == KVT_OK;
+	db->stats.journal_rewrite_s += dt;
+	db->stats.journal_bytes = bytes;
+	pthread_mutex_unlock(&db->mu);
+	return rc;
+}
+
+struct replay_ctx {
+	kvt_db *db;            /* the handle being opened */
+	uint64_t after;        /* meta.journal_seq: records up to it are in the index */
+	sqlite3_stmt *put, *del;
+	uint64_t n_applied;    /* records replayed */
+	uint64_t first, last;  /* their seqs */
+};
+
+static int replay_fn(void *arg, const kvt_sj_rec *r)
+{
+	struct replay_ctx *c = arg;
+	kvt_db *db = c->db;
+	int64_t ns;
+	if (r->seq <= c->after)
+		return 0;
+	if (r->ns.block_tokens < 1 || r->ns.block_tokens > KVT_BLOCK_MAX_TOKENS)
+		return 0; /* cannot be a namespace: the record checked, so skip it */
+	int rc = ns_id_of(db, &r->ns, &ns);
+	if (rc)
+		return rc;
+	sqlite3_stmt *st = r->kind == KVT_SJ_PUT ? c->put : c->del;
+	sqlite3_bind_int64(st, 1, ns);
+	sqlite3_bind_text(st, 2, r->tenant, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 3, r->id, -1, SQLITE_STATIC);
+	if (r->kind == KVT_SJ_PUT) {
+		bind_tokens(st, 4, r->tokens, r->n_tokens);
+		sqlite3_bind_int64(st, 5, r->n_tokens);
+		sqlite3_bind_blob(st, 6, r->last_hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 7, r->updated);
+	}
+	rc = sqlite3_step(st);
+	sqlite3_reset(st);
+	sqlite3_clear_bindings(st);
+	if (rc != SQLITE_DONE)
+		return fail(db, rc, "journal replay");
+	if (!c->n_applied++)
+		c->first = r->seq;
+	c->last = r->seq;
+	return 0;
+}
+
+/*
+ * At open, on the caller's thread: open the session journal, replay the
+ * records the index lacks (all of them into a new file), and rewrite the
+ * journal when it is behind the index. Every recovery is logged.
+ */
+static int journal_open(kvt_db *db, const char *path, bool db_existed)
+{
+	char buf[64];
+	int rc = query_text(db, "SELECT value FROM meta WHERE key='journal_seq'", buf, sizeof(buf));
+	if (rc)
+		return rc;
+	uint64_t d = strtoull(buf, NULL, 10);
+	struct replay_ctx c = { .db = db, .after = d };
+	if ((rc = exec(db, "BEGIN IMMEDIATE", "begin journal replay")) != KVT_OK)
+		return rc;
+	if (sqlite3_prepare_v2(db->sql,
+			       "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)"
+			       " VALUES(?1,?2,?3,?4,?5,?6,?7,?7) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
+			       " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
+			       " updated=excluded.updated",
+			       -1, &c.put, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(db->sql, "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3", -1, &c.del, NULL) !=
+		    SQLITE_OK) {
+		rc = fail(db, sqlite3_errcode(db->sql), "prepare journal replay");
+		goto out;
+	}
+	kvt_sj_info info;
+	rc = kvt_sj_open(path, replay_fn, &c, &db->sj, &info);
+	if (rc == KVT_OK && c.n_applied) {
+		char set[128];
+		snprintf(set, sizeof(set), "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', %llu)",
+			 (unsigned long long)c.last);
+		rc = exec(db, set, "journal replay: journal_seq");
+		if (rc == KVT_OK)
+			rc = exec(db, "COMMIT", "commit journal replay");
+	}
+out:
+	sqlite3_finalize(c.put);
+	sqlite3_finalize(c.del);
+	if (!sqlite3_get_autocommit(db->sql))
+		sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+	if (rc)
+		return rc;
+	db->stats.n_replayed = c.n_applied;
+	if (info.torn_bytes)
+		KVT_LOGW("session journal %s: %llu bytes at its end do not form a whole record (a torn write): cut off",
+			 path, (unsigned long long)info.torn_bytes);
+	if (c.n_applied && !db_existed)
+		KVT_LOGW("index %s was missing: created anew, and %llu session writes restored from the session journal %s",
+			 db->path, (unsigned long long)c.n_applied, path);
+	else if (c.n_applied)
+		KVT_LOGW("index %s lacked the last %llu session writes of the session journal %s (seq %llu..%llu): "
+			 "restored them. One batch is a crash between the journal and the commit; more means the index "
+			 "or its WAL lost commits, and blocks written since may be missing: `kvtier rebuild-index "
+			 "--data-dir %s` rebuilds them from the T2 file",
+			 db->path, (unsigned long long)c.n_applied, path, (unsigned long long)c.first,
+			 (unsigned long long)c.last, db->dir);
+	db->sj_seq = info.last_seq > d ? info.last_seq : d;
+	bool rewrite = false;
+	if (d > info.last_seq) {
+		KVT_LOGW("session journal %s %s at seq %llu but the index committed up to seq %llu: it lost records "
+			 "(deleted or damaged); rewriting it from the index",
+			 path, info.existed ? "ends" : "is missing; it was", (unsigned long long)info.last_seq,
+			 (unsigned long long)d);
+		rewrite = true;
+	} else if (!info.existed) {
+		uint64_t n = 0;
+		if ((rc = query_text(db, "SELECT count(*) FROM sessions", buf, sizeof(buf))) != KVT_OK)
+			return rc;
+		n = strtoull(buf, NULL, 10);
+		if (n) {
+			KVT_LOGI("session journal %s: new; writing the index's %llu sessions into it", path,
+				 (unsigned long long)n);
+			rewrite = true;
+		}
+	}
+	db->sj_compact_at = db->sj_compact_min;
+	if (rewrite)
+		(void)journal_rewrite(db); /* a failure is logged; the index itself is whole */
+	else if (kvt_sj_bytes(db->sj) >= db->sj_compact_at)
+		db->sj_compact_at = 2 * kvt_sj_bytes(db->sj);
+	return KVT_OK;
+}
+
+
 static char *dir_of(const char *path)
 {
 	const char *slash = strrchr(path, '/');
@@ -457,6 +781,7 @@ static char *dir_of(const char *path)
 
 static void db_free(kvt_db *db)
 {
+	kvt_sj_close(db->sj);
 	for (int i = 0; i < ST_COUNT; i++)
 		sqlite3_finalize(db->st[i]);
 	if (db->sql)
@@ -550,6 +875,10 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 	pthread_mutex_init(&db->mu, NULL);
 	pthread_cond_init(&db->cv_queue, NULL);
 	pthread_cond_init(&db->cv_done, NULL);
+	db->ns = cfg->ns;
+	db->sj_compact_min = cfg->journal_compact_bytes ? cfg->journal_compact_bytes : (4u << 20);
+	if (cfg->journal_path && (rc = journal_open(db, cfg->journal_path, exists)) != KVT_OK)
+		goto fail; /* NOTE: the mutex and conditions hold no resources on Linux */
 	if (pthread_create(&db->thread, NULL, writer_main, db) != 0) {
 		KVT_LOGE("index %s: cannot start the writer thread", db->path);
 		pthread_mutex_destroy(&db->mu);
@@ -641,23 +970,59 @@ static int run_write(kvt_db *db, db_op *op)
 	rc = sqlite3_step(st);
 	sqlite3_reset(st);
 	sqlite3_clear_bindings(st);
-	return rc == SQLITE_DONE ? KVT_OK : fail(db, rc, "write");
+	if (rc == SQLITE_DONE)
+		return KVT_OK;
+	db->last_sql_rc = rc;
+	return fail(db, rc, "write");
 }
 
 static int step_simple(kvt_db *db, int which, const char *what)
 {
 	int rc = sqlite3_step(db->st[which]);
 	sqlite3_reset(db->st[which]);
-	return rc == SQLITE_DONE ? KVT_OK : fail(db, rc, what);
+	if (rc == SQLITE_DONE)
+		return KVT_OK;
+	db->last_sql_rc = rc;
+	return fail(db, rc, what);
 }
 
-/* One transaction over a chain of n writes; *commit_s gets the COMMIT's seconds. */
+/*
+ * A rolled-back transaction that may succeed later: the file system had no
+ * space (SQLITE_FULL is SQLite's ENOSPC on a write) or the quota ran out.
+ * Both happen while writing the WAL, before its fsync. NOTE: a failed fsync
+ * (SQLITE_IOERR_FSYNC) is never transient: what the kernel dropped is gone,
+ * so that failure stays sticky (DESIGN.md §4).
+ */
+static bool is_transient(kvt_db *db, int rc)
+{
+	if ((rc & 0xff) == SQLITE_FULL)
+		return true;
+	if (rc == SQLITE_IOERR_WRITE || rc == SQLITE_IOERR_TRUNCATE) {
+		int e = sqlite3_system_errno(db->sql);
+		return e == ENOSPC || e == EDQUOT;
+	}
+	return false;
+}
+
+/*
+ * One transaction: the carried session writes (oldest first), then a chain of
+ * n writes; with neither, a probe write (is there space again?). *commit_s
+ * gets the COMMIT's seconds.
+ */
 static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 {
+	db->last_sql_rc = SQLITE_OK;
+	db->last_transient = false;
 	int rc = step_simple(db, ST_BEGIN, "begin");
+	for (db_op *op = db->carry; rc == KVT_OK && op; op = op->next)
+		rc = run_write(db, op);
 	db_op *op = first;
 	for (uint32_t i = 0; rc == KVT_OK && i < n; i++, op = op->next)
 		rc = run_write(db, op);
+	if (rc == KVT_OK && !n && !db->carry)
+		rc = step_simple(db, ST_PROBE, "probe");
+	if (rc == KVT_OK)
+		rc = journal_batch(db, first, n);
 	if (rc == KVT_OK) {
 		double t0 = kvt_now_s();
 		rc = step_simple(db, ST_COMMIT, "commit");
@@ -665,7 +1030,81 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 	}
 	if (rc != KVT_OK && !sqlite3_get_autocommit(db->sql))
 		step_simple(db, ST_ROLLBACK, "rollback");
+	if (rc != KVT_OK && !db->last_transient)
+		db->last_transient = is_transient(db, db->last_sql_rc);
 	return rc;
+}
+
+static void free_op(db_op *op);
+
+static bool same_session(const db_op *a, const db_op *b)
+{
+	return !strcmp(a->u.sess.tenant, b->u.sess.tenant) && !strcmp(a->u.sess.id, b->u.sess.id);
+}
+
+/* Keep a rolled-back session write for the next transaction; a later write of the same session replaces it. */
+static void carry_add(kvt_db *db, db_op *op)
+{
+	db_op **pp = &db->carry;
+	while (*pp) {
+		if (same_session(*pp, op)) {
+			db_op *old = *pp;
+			*pp = old->next;
+			free_op(old);
+			continue;
+		}
+		pp = &(*pp)->next;
+	}
+	op->next = NULL;
+	op->done = NULL; /* it was told once (KVT_EFULL); the carried copy commits silently */
+	*pp = op;
+}
+
+static uint32_t carry_count(const kvt_db *db)
+{
+	uint32_t n = 0;
+	for (const db_op *op = db->carry; op; op = op->next)
+		n++;
+	return n;
+}
+
+static void carry_clear(kvt_db *db)
+{
+	while (db->carry) {
+		db_op *op = db->carry;
+		db->carry = op->next;
+		free_op(op);
+	}
+}
+
+/* Under mu: tickets lo..hi were rolled back for lack of space. */
+static void full_range_add(kvt_db *db, uint64_t lo, uint64_t hi)
+{
+	if (db->n_full_rng && db->full_rng[db->n_full_rng - 1].hi + 1 == lo) {
+		db->full_rng[db->n_full_rng - 1].hi = hi;
+		return;
+	}
+	if (db->n_full_rng == FULL_RANGES) {
+		/* NOTE: forgetting a range must never turn a lost write into a committed
+		 * one, so the oldest tickets all read as lost from now on. */
+		db->full_floor = db->full_rng[0].hi;
+		memmove(&db->full_rng[0], &db->full_rng[1], (FULL_RANGES - 1) * sizeof(db->full_rng[0]));
+		db->n_full_rng--;
+	}
+	db->full_rng[db->n_full_rng].lo = lo;
+	db->full_rng[db->n_full_rng].hi = hi;
+	db->n_full_rng++;
+}
+
+/* Under mu: was ticket t in a transaction rolled back for lack of space? */
+static bool full_range_has(const kvt_db *db, uint64_t t)
+{
+	if (t && t <= db->full_floor) /* ticket 0: no write at all */
+		return true;
+	for (uint32_t i = 0; i < db->n_full_rng; i++)
+		if (t >= db->full_rng[i].lo && t <= db->full_rng[i].hi)
+			return true;
+	return false;
 }
 
 static void free_op(db_op *op)
@@ -681,11 +1120,35 @@ static void *writer_main(void *arg)
 
 	pthread_mutex_lock(&db->mu);
 	for (;;) {
-		while (!db->head && !db->stop)
-			pthread_cond_wait(&db->cv_queue, &db->mu);
-		if (!db->head)
+		bool retry = false;
+		while (!db->head && !db->stop && !retry) {
+			if (!db->degraded) {
+				pthread_cond_wait(&db->cv_queue, &db->mu);
+				continue;
+			}
+			/* Degraded and idle: retry the kept writes (or probe) once a second. */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += (time_t)FULL_RETRY_S;
+			retry = pthread_cond_timedwait(&db->cv_queue, &db->mu, &ts) == ETIMEDOUT && !db->head;
+		}
+		if (!db->head && !retry) {
+			if (db->carry) {
+				/* Stopping: one last try for the kept session writes. */
+				pthread_mutex_unlock(&db->mu);
+				double cs = 0;
+				uint32_t n_carry = carry_count(db);
+				if (!db->failed && run_batch(db, NULL, 0, &cs) == KVT_OK)
+					KVT_LOGI("index %s: %u kept session writes committed at close", db->path, n_carry);
+				else
+					KVT_LOGE("index %s: closing with %u session writes not committed (no space): they are "
+						 "lost", db->path, n_carry);
+				carry_clear(db);
+				pthread_mutex_lock(&db->mu);
+			}
 			break; /* stopping and drained */
-		if (db->head->kind == OP_READ) {
+		}
+		if (db->head && db->head->kind == OP_READ) {
 			db_op *op = db->head;
 			db->head = op->next;
 			if (!db->head)
@@ -698,7 +1161,7 @@ static void *writer_main(void *arg)
 			pthread_cond_broadcast(&db->cv_done);
 			continue;
 		}
-		if (db->max_wait_us && !db->stop) {
+		if (db->head && db->max_wait_us && !db->stop) {
 			/* Group-commit window: let more writers join this transaction. */
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
@@ -707,51 +1170,100 @@ static void *writer_main(void *arg)
 			ts.tv_nsec = (long)(ns % 1000000000u);
 			pthread_cond_timedwait(&db->cv_queue, &db->mu, &ts);
 		}
-		/* Take consecutive writes, up to max_batch, stopping before a read. */
+		/* Take consecutive writes, up to max_batch, stopping before a read (none: a retry). */
 		db_op *first = db->head, *last = first;
-		uint32_t n = 1;
-		while (n < db->max_batch && last->next && last->next->kind != OP_READ) {
-			last = last->next;
-			n++;
+		uint32_t n = 0;
+		if (first && first->kind != OP_READ) {
+			n = 1;
+			while (n < db->max_batch && last->next && last->next->kind != OP_READ) {
+				last = last->next;
+				n++;
+			}
+			db->head = last->next;
+			if (!db->head)
+				db->tail = NULL;
+			last->next = NULL;
+		} else {
+			first = last = NULL;
 		}
-		db->head = last->next;
-		if (!db->head)
-			db->tail = NULL;
-		last->next = NULL;
+		if (!n && !retry)
+			continue;
 		bool failed = db->failed;
-		uint64_t first_ticket = first->ticket, last_ticket = last->ticket;
+		uint64_t first_ticket = first ? first->ticket : 0, last_ticket = last ? last->ticket : 0;
 		pthread_mutex_unlock(&db->mu);
 
 		double commit_s = 0;
 		int rc = failed ? KVT_EIO : run_batch(db, first, n, &commit_s);
+		bool transient = rc != KVT_OK && !failed && db->last_transient;
+		uint32_t n_carried = carry_count(db);
 
 		if (rc != KVT_OK)
-			rc = KVT_EIO;
+			rc = transient ? KVT_EFULL : KVT_EIO;
+		if (rc == KVT_OK) {
+			carry_clear(db); /* committed with this transaction */
+		}
+		if (rc == KVT_OK && db->sj && kvt_sj_bytes(db->sj) > db->sj_compact_at)
+			(void)journal_rewrite(db); /* logged; stats under mu below */
 		/* Callbacks first, so that when kvt_db_wait returns the write's callback has run. */
 		for (db_op *op = first; op;) {
 			db_op *next = op->next;
 			if (op->done)
 				op->done(op->user, rc);
-			free_op(op);
+			if (transient && (op->kind == OP_PUT_SESSION || op->kind == OP_DEL_SESSION))
+				carry_add(db, op); /* the history of a turn already answered: kept, retried */
+			else
+				free_op(op);
 			op = next;
 		}
+		if (rc != KVT_OK && !transient) {
+			carry_clear(db); /* the handle failed for good: nothing more will commit */
+		}
 		pthread_mutex_lock(&db->mu);
-		if (rc != KVT_OK) {
+		if (transient) {
+			if (!db->degraded) {
+				KVT_LOGE("index %s: a transaction of %u writes was rolled back: %s; durability is degraded: the "
+					 "session writes are kept and the blocks stay pending, all retried until space returns",
+					 db->path, n + n_carried, sqlite3_errstr(db->last_sql_rc));
+				db->degraded = true;
+				db->degraded_t = kvt_now_s();
+				db->n_full_episode = 0;
+			}
+			db->n_full_episode++;
+			db->stats.n_full++;
+			if (n)
+				full_range_add(db, first_ticket, last_ticket);
+			db->stats.n_failed += n;
+		} else if (rc != KVT_OK) {
 			if (!db->failed)
 				KVT_LOGE("index %s: a transaction of %u writes failed; the index refuses writes until reopened",
-					 db->path, n);
+					 db->path, n + n_carried);
 			db->failed = true;
+			db->degraded = false;
 			if (db->first_failed == UINT64_MAX)
-				db->first_failed = first_ticket;
-			db->stats.n_failed += n;
+				db->first_failed = db->done_ticket + 1; /* this batch and all queued after it */
+			db->stats.n_failed += n + n_carried;
 		} else {
-			db->stats.n_commits++;
-			db->stats.commit_s += commit_s;
-			db->stats.n_writes += n;
-			if (n > db->stats.max_batch_seen)
-				db->stats.max_batch_seen = n;
+			if (db->degraded) {
+				KVT_LOGW("index %s: writes commit again after %llu rolled-back transactions in %.1f s (%u kept "
+					 "session writes committed); durability restored",
+					 db->path, (unsigned long long)db->n_full_episode, kvt_now_s() - db->degraded_t,
+					 n_carried);
+				db->degraded = false;
+			}
+			if (n + n_carried) {
+				db->stats.n_commits++;
+				db->stats.commit_s += commit_s;
+				db->stats.n_writes += n + n_carried;
+				if (n > db->stats.max_batch_seen)
+					db->stats.max_batch_seen = n;
+			}
 		}
-		db->done_ticket = last_ticket;
+		db->stats.degraded = db->degraded;
+		if (db->sj)
+			db->stats.journal_bytes = kvt_sj_bytes(db->sj);
+		db->stats.n_carried = carry_count(db);
+		if (n)
+			db->done_ticket = last_ticket;
 		pthread_cond_broadcast(&db->cv_done);
 	}
 	pthread_mutex_unlock(&db->mu);
@@ -907,7 +1419,7 @@ int kvt_db_wait(kvt_db *db, uint64_t ticket)
 	}
 	while (db->done_ticket < ticket)
 		pthread_cond_wait(&db->cv_done, &db->mu);
-	rc = ticket >= db->first_failed ? KVT_EIO : KVT_OK;
+	rc = ticket >= db->first_failed ? KVT_EIO : full_range_has(db, ticket) ? KVT_EFULL : KVT_OK;
 	pthread_mutex_unlock(&db->mu);
 	return rc;
 }
@@ -999,7 +1511,7 @@ struct session_get_ctx {
 
 static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int32_t **tokens_heap)
 {
-	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated */
+	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated[, rowid] */
 	int n_bytes = sqlite3_column_bytes(st, 2);
 	uint32_t n = 0;
 	const char *tenant = (const char *)sqlite3_column_text(st, 0);
@@ -1014,15 +1526,19 @@ static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int
 	int32_t *t = malloc(n_bytes > 0 ? (size_t)n_bytes : 1);
 	if (!t)
 		return KVT_ENOMEM;
-	int rc = column_tokens(db, st, 2, (uint32_t)(n_bytes / 4), t, &n, "session tokens");
+	char what[KVT_NAME_MAX * 2 + 48];
+	snprintf(what, sizeof(what), "session %s/%s tokens", s->tenant, s->id);
+	int rc = column_tokens(db, st, 2, (uint32_t)(n_bytes / 4), t, &n, what);
 	if (rc == KVT_OK && (int64_t)n != sqlite3_column_int64(st, 3)) {
-		KVT_LOGE("index %s: session %s: n_tokens %lld but %u token ids stored; run `kvtier rebuild-index "
+		KVT_LOGE("index %s: session %s/%s: n_tokens %lld but %u token ids stored; run `kvtier rebuild-index "
 			 "--data-dir %s`",
-			 db->path, s->id, (long long)sqlite3_column_int64(st, 3), n, db->dir);
+			 db->path, s->tenant, s->id, (long long)sqlite3_column_int64(st, 3), n, db->dir);
 		rc = KVT_ECORRUPT;
 	}
-	if (rc == KVT_OK)
-		rc = column_hash(db, st, 4, s->last_hash, "session last_hash");
+	if (rc == KVT_OK) {
+		snprintf(what, sizeof(what), "session %s/%s last_hash", s->tenant, s->id);
+		rc = column_hash(db, st, 4, s->last_hash, what);
+	}
 	if (rc) {
 		free(t);
 		return rc;
@@ -1033,6 +1549,27 @@ static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int
 	s->updated = sqlite3_column_int64(st, 6);
 	*tokens_heap = t;
 	return KVT_OK;
+}
+
+/*
+ * A session row that does not decode (session_from_row logged why) is skipped
+ * by the listing: counted, and named once per row in the log, so one bad row
+ * never hides the others. Writer thread.
+ */
+static void skip_bad_session(kvt_db *db, int64_t rowid)
+{
+	bool seen = false;
+	for (uint32_t i = 0; i < db->n_bad_seen && !seen; i++)
+		seen = db->bad_seen[i] == rowid;
+	if (!seen && db->n_bad_seen < sizeof(db->bad_seen) / sizeof(db->bad_seen[0]))
+		db->bad_seen[db->n_bad_seen++] = rowid;
+	pthread_mutex_lock(&db->mu);
+	if (!seen)
+		db->stats.n_bad_sessions++;
+	pthread_mutex_unlock(&db->mu);
+	if (!seen)
+		KVT_LOGW("index %s: session row %lld is unreadable (see above) and is skipped; the other sessions are "
+			 "listed", db->path, (long long)rowid);
 }
 
 static int session_get_fn(kvt_db *db, void *arg)
@@ -1093,7 +1630,7 @@ static int session_list_fn(kvt_db *db, void *arg)
 	struct session_list_ctx *c = arg;
 	sqlite3_stmt *st = NULL;
 	int rc = sqlite3_prepare_v2(db->sql,
-				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated FROM sessions"
+				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated, rowid FROM sessions"
 				    " WHERE ns=?1 AND (?2 IS NULL OR tenant=?2) ORDER BY tenant, id",
 				    -1, &st, NULL);
 	if (rc != SQLITE_OK)
@@ -1115,6 +1652,10 @@ static int session_list_fn(kvt_db *db, void *arg)
 		int32_t *heap = NULL;
 		memset(&s, 0, sizeof(s));
 		rc = session_from_row(db, st, &s, &heap);
+		if (rc == KVT_ECORRUPT) {
+			skip_bad_session(db, sqlite3_column_int64(st, 7));
+			continue;
+		}
 		if (rc)
 			break;
 		rc = c->fn(c->ctx, &s);

@@ -42,6 +42,7 @@
 /* File names inside a data directory; the daemon and the CLI use these. */
 #define KVT_DATA_T2_FILE "kvtier.t2"         /* the T2 (NVMe) store */
 #define KVT_DATA_INDEX_FILE "index.sqlite"   /* the SQLite index */
+#define KVT_DATA_SESSIONS_FILE "sessions.journal" /* every session write, beside the T2 file (index/journal.c) */
 
 /* ------------------------------------------------------------------------ */
 /* Block hashing (index/blockhash.c)                                        */
@@ -317,11 +318,30 @@ int kvt_btable_check(kvt_btable *bt);
  * one file and one T2 store, so start-up marks the T2 extents of every
  * namespace used (kvt_db_for_each_block with KVT_DB_ALL_NS).
  *
- * Errors: a failed transaction (I/O error, disk full) rolls back, fails every
- * write of that batch with KVT_EIO and turns the handle failed: later writes
- * fail at once with KVT_EIO (the caller reopens). A corrupt or truncated file
+ * Errors: a transaction rolled back for lack of space (SQLITE_FULL, or ENOSPC /
+ * EDQUOT on a write: before any fsync) fails the writes of that batch with
+ * KVT_EFULL and makes the handle *degraded*, not failed: it keeps taking
+ * writes; its session writes (put, delete) are kept by the handle and
+ * replayed, in order and before any newer write, in every later transaction
+ * until one commits (a later write of the same session replaces the kept
+ * one); the caller re-sends its block rows (the tiering manager keeps those
+ * blocks pending). An idle degraded handle retries (or probes with a one-row
+ * write) once a second. The start and the end of a degraded spell are logged
+ * once each. Any other failure (an fsync error, I/O error, constraint) rolls
+ * back, fails the batch with KVT_EIO and turns the handle failed: later writes
+ * fail at once with KVT_EIO (the caller reopens). NOTE: while degraded a read
+ * sees the committed state, not the kept session writes. A corrupt or truncated file
  * fails kvt_db_open with KVT_ECORRUPT and a log line naming the file and
  * suggesting `kvtier rebuild-index`.
+ *
+ * Session journal (journal_path): every session write also goes to a log
+ * file of its own (index/journal.c), appended and fdatasync'ed in the same
+ * group commit, before the COMMIT; meta.journal_seq names the last record
+ * the index holds. At open, the records the index lacks are replayed (all of
+ * them when the index file is new: `rebuild-index`, or a deleted index), a
+ * journal behind the index (deleted, damaged) is rewritten from it, and each
+ * of these is logged. The journal is rewritten to one record per live
+ * session when it outgrows twice that (and journal_compact_bytes).
  *
  * Schema versions: meta.schema_version; kvt_db_open migrates an older file
  * step by step (each step one transaction) and refuses a newer one
@@ -349,6 +369,8 @@ typedef struct kvt_db_config {
 	bool skip_check;      /* skip PRAGMA quick_check at open (rebuild-index creating a fresh file) */
 	const uint8_t *owner_id; /* [KVT_DB_OWNER_BYTES] identity to record (rebuild-index adopting its T2
 				  * file's); NULL = keep the file's, or make a random one (namespace handles) */
+	const char *journal_path; /* the session journal (KVT_DATA_SESSIONS_FILE in the data dir), or NULL: none */
+	uint64_t journal_compact_bytes; /* rewrite the journal when it outgrows twice its live size and this; 0 = 4M */
 } kvt_db_config;
 
 /* One block row: the block's identity plus exactly the T2 location fields. */
@@ -386,7 +408,15 @@ typedef struct kvt_db_stats {
 	uint64_t n_commits;      /* transactions committed */
 	uint64_t n_writes;       /* writes committed */
 	uint64_t n_failed;       /* writes failed */
+	uint64_t n_bad_sessions; /* session rows that do not decode, skipped by kvt_db_list_sessions */
 	uint64_t max_batch_seen; /* largest transaction, writes */
+	bool degraded;           /* the last transaction was rolled back for lack of space (retrying) */
+	uint64_t n_full;         /* transactions rolled back for lack of space */
+	uint64_t n_carried;      /* session writes kept for the next transaction now */
+	uint64_t journal_bytes;  /* size of the session journal (0: none) */
+	uint64_t n_journal_rewrites; /* times it was rewritten to its live sessions */
+	double journal_rewrite_s;    /* seconds spent rewriting it */
+	uint64_t n_replayed;         /* session writes replayed from the journal at open */
 	double commit_s;         /* seconds spent in COMMIT (fsync) */
 } kvt_db_stats;
 
@@ -434,7 +464,8 @@ int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done,
 int kvt_db_delete_session(kvt_db *db, const char *tenant, const char *id, kvt_db_done_fn done, void *user,
 			  uint64_t *ticket);
 
-/* Block until write `ticket` committed: KVT_OK, or KVT_EIO if its transaction failed; KVT_EINVAL (logged) for a ticket never handed out. */
+/* Block until write `ticket` committed: KVT_OK, KVT_EFULL if its transaction was rolled back for lack of space,
+ * KVT_EIO if it failed otherwise; KVT_EINVAL (logged) for a ticket never handed out. */
 int kvt_db_wait(kvt_db *db, uint64_t ticket);
 /* Block until every write queued so far committed; KVT_EIO if any of them failed. */
 int kvt_db_flush(kvt_db *db);
@@ -450,7 +481,10 @@ int kvt_db_get_session(kvt_db *db, const char *tenant, const char *id, kvt_db_se
 void kvt_db_session_deinit(kvt_db_session *s);
 /*
  * Call fn for every session of this namespace (tenant NULL = every tenant),
- * ordered by tenant then id. s->tokens is valid during the call only. fn
+ * ordered by tenant then id. A row that does not decode (a bad name, token
+ * blob or hash) is skipped: logged once by row id, counted in
+ * kvt_db_stats.n_bad_sessions; the others are still listed. s->tokens is
+ * valid during the call only. fn
  * returning non-zero stops the walk and is returned. Runs on the writer
  * thread while the caller waits: fn must not call back into the db.
  */

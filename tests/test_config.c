@@ -94,7 +94,7 @@ static void test_defaults(void)
 	CHECK(c.hbm.capacity_auto && c.hbm.capacity_bytes == 0 && c.hbm.high == 0.90f && c.hbm.low == 0.75f);
 	CHECK(c.host.capacity_auto && c.host.high == 0.90f && c.host.low == 0.80f);
 	CHECK_EQ_INT(c.host_dtype, KVT_KV_CODEC_FP8);
-	CHECK(!c.nvme.capacity_auto && c.nvme.capacity_bytes == 8ull << 30 && c.nvme.high == 0.95f &&
+	CHECK(c.nvme.capacity_auto && c.nvme.capacity_bytes == 0 && c.nvme.high == 0.95f &&
 	      c.nvme.low == 0.85f);
 	/* the manager's own defaults agree */
 	kvt_tm_config tm;
@@ -208,7 +208,6 @@ static void test_errors(void)
 	EXPECT_ERR("[cache]\nblock_tokens = 0\n", 2, "[cache] block_tokens = 0: out of range", "allowed: 1 .. 256");
 	EXPECT_ERR("[cache]\nblock_tokens = 257\n", 2, "out of range", "allowed: 1 .. 256");
 	EXPECT_ERR("[tier.nvme]\ncapacity = 8X\n", 2, "[tier.nvme] capacity = \"8X\": not a size", "K/M/G/T");
-	EXPECT_ERR("[tier.nvme]\ncapacity = auto\n", 2, "auto: not accepted for this tier");
 	EXPECT_ERR("[tier.nvme]\ncapacity = 99999999T\n", 2, "out of range");
 	EXPECT_ERR("[server]\nmax_body_bytes = 12\n", 2, "[server] max_body_bytes = 12: out of range", "bytes 1K .. 1G");
 	EXPECT_ERR("[tier.hbm]\nhigh_watermark = 1.5\n", 2, "[tier.hbm] high_watermark = 1.5: out of range",
@@ -537,6 +536,37 @@ static void test_write_roundtrip(void)
 	unlink(wpath);
 }
 
+/* tier.nvme capacity against the free space (issue 13 item 2) */
+static void test_nvme_capacity(void)
+{
+	kvt_config c;
+	char err[1024];
+	uint64_t v = 1;
+	const uint64_t M = 1ull << 20, G = 1ull << 30;
+	kvt_config_default(&c);
+	CHECK(c.nvme.capacity_auto); /* the default is auto, not 8G */
+	/* auto: half the free space, capped at 8G, floored at 64M, rounded down to 1M */
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 100 * G, 0, &v, err, sizeof(err)) == KVT_OK && v == 8 * G);
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 10 * G, 0, &v, err, sizeof(err)) == KVT_OK && v == 5 * G);
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 301 * M + 12345, 0, &v, err, sizeof(err)) == KVT_OK && v == 150 * M);
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 100 * M, 0, &v, err, sizeof(err)) == KVT_OK && v == 64 * M);
+	err[0] = 0;
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 10 * M, 0, &v, err, sizeof(err)) == KVT_EFULL);
+	CHECKF(strstr(err, "10485760 bytes free") && strstr(err, "64M") && strstr(err, "capacity = 0"), "%s", err);
+	/* an existing file keeps its size, whatever is free */
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 0, 8 * G, &v, err, sizeof(err)) == KVT_OK && v == 8 * G);
+	/* explicit: refused when larger than the free space, with both numbers */
+	CHECK(kvt_config_set(&c, "tier.nvme", "capacity", "8G", err, sizeof(err)) == KVT_OK);
+	err[0] = 0;
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 3 * G, 0, &v, err, sizeof(err)) == KVT_EFULL);
+	CHECKF(strstr(err, "8G (8589934592 bytes)") && strstr(err, "3221225472 bytes"), "%s", err);
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 9 * G, 0, &v, err, sizeof(err)) == KVT_OK && v == 8 * G);
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 1 * G, 8 * G, &v, err, sizeof(err)) == KVT_OK && v == 8 * G);
+	/* 0: no NVMe tier */
+	CHECK(kvt_config_set(&c, "tier.nvme", "capacity", "0", err, sizeof(err)) == KVT_OK);
+	CHECK(kvt_config_nvme_capacity(&c.nvme, 0, 0, &v, err, sizeof(err)) == KVT_OK && v == 0);
+}
+
 int main(void)
 {
 	snprintf(g_dir, sizeof(g_dir), "/tmp/kvt_config_XXXXXX");
@@ -551,6 +581,7 @@ int main(void)
 	test_set();
 	test_validate();
 	test_write_roundtrip();
+	test_nvme_capacity();
 	unlink(g_path);
 	rmdir(g_dir);
 	return check_done("test_config");

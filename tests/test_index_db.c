@@ -4,7 +4,8 @@
  * Rows and sessions survive close/reopen; tickets and done callbacks report
  * commits; group commit batches; namespaces never mix;
  * migration from schema 1; a newer schema, a second process's lock, missing,
- * truncated, garbage and corrupted files each get their own clear error.
+ * truncated, garbage and corrupted files each get their own clear error;
+ * one bad session row is skipped by the listing, counted and named.
  */
 /* ctest-labels: unit */
 #include "check.h"
@@ -563,6 +564,68 @@ static void test_bad_files(void)
 	kvt_db_close(db);
 }
 
+struct name_list {
+	char names[8][2 * KVT_NAME_MAX + 2]; /* "tenant/id" */
+	int n;
+};
+
+static int list_names(void *ctx, const kvt_db_session *s)
+{
+	struct name_list *l = ctx;
+	if (l->n < 8)
+		snprintf(l->names[l->n++], sizeof(l->names[0]), "%s/%s", s->tenant, s->id);
+	return 0;
+}
+
+/* One bad session row (issue 13 item 8): skipped, counted, named; the others list and read. */
+static void test_bad_session_row(void)
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/badrow.sqlite", g_dir);
+	kvt_db_config c = cfg_for(path, 0x55);
+	kvt_db *db;
+	sqlite3 *q;
+	int32_t toks[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	static const char *const ids[3] = { "a", "b", "c" };
+	CHECK(kvt_db_open(&c, &db) == KVT_OK);
+	for (int i = 0; i < 3; i++) {
+		kvt_db_session s;
+		memset(&s, 0, sizeof(s));
+		snprintf(s.tenant, sizeof(s.tenant), "t1");
+		snprintf(s.id, sizeof(s.id), "%s", ids[i]);
+		s.tokens = toks;
+		s.n_tokens = 8;
+		CHECK(kvt_db_put_session(db, &s, NULL, NULL, NULL) == KVT_OK);
+	}
+	CHECK(kvt_db_flush(db) == KVT_OK);
+	kvt_db_close(db);
+	CHECK(sqlite3_open(path, &q) == SQLITE_OK);
+	CHECK(sqlite3_exec(q, "UPDATE sessions SET tokens=x'010203' WHERE id='b'", NULL, NULL, NULL) == SQLITE_OK);
+	sqlite3_close(q);
+
+	CHECK(kvt_db_open(&c, &db) == KVT_OK);
+	check_log_capture();
+	for (int pass = 0; pass < 2; pass++) {
+		struct name_list l = { .n = 0 };
+		CHECK(kvt_db_list_sessions(db, "t1", list_names, &l) == KVT_OK);
+		CHECK_EQ_INT(l.n, 2);
+		CHECK(l.n == 2 && !strcmp(l.names[0], "t1/a") && !strcmp(l.names[1], "t1/c"));
+		l.n = 0;
+		CHECK(kvt_db_list_sessions(db, NULL, list_names, &l) == KVT_OK && l.n == 2);
+	}
+	CHECK(strstr(check_log_text, "session t1/b tokens: token blob of 3 bytes") != NULL);
+	CHECK(strstr(check_log_text, "session row 2 is unreadable") != NULL);
+	kvt_db_stats st;
+	kvt_db_get_stats(db, &st);
+	CHECK_EQ_INT(st.n_bad_sessions, 1); /* counted once, logged once, however often it is listed */
+	kvt_db_session g;
+	CHECK(kvt_db_get_session(db, "t1", "a", &g) == KVT_OK && g.n_tokens == 8);
+	kvt_db_session_deinit(&g);
+	CHECK(kvt_db_get_session(db, "t1", "b", &g) == KVT_ECORRUPT); /* only that one */
+	kvt_log_set_sink(NULL, NULL);
+	kvt_db_close(db);
+}
+
 static void cleanup(void)
 {
 	char cmd[600];
@@ -584,6 +647,7 @@ int main(void)
 	test_migration();
 	test_failed_commit();
 	test_bad_files();
+	test_bad_session_row();
 	cleanup();
 	return check_done("test_index_db");
 }

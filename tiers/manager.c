@@ -87,6 +87,8 @@ struct kvt_tm {
 	bool stop;                     /* threads exit */
 	bool t2_full;                  /* the last T2 write found no space */
 	double t2_full_t;              /* when */
+	bool db_full;                  /* the last row commit was rolled back for lack of space */
+	double db_full_t;              /* when */
 	bool warned_codec;             /* logged a record of another codec once */
 	pthread_t maint;               /* maintenance thread */
 	pthread_t *workers;            /* [n_io_threads] */
@@ -175,8 +177,10 @@ static bool t2_writable(kvt_tm *tm)
 	if (s.read_only)
 		return false;
 	pthread_mutex_lock(&tm->mu);
-	/* A full store is retried once a second, or as soon as we free an extent. */
-	bool full = tm->t2_full && kvt_now_s() - tm->t2_full_t < 1.0;
+	/* A full store is retried once a second, or as soon as we free an extent;
+	 * an index out of space once a second too. */
+	bool full = (tm->t2_full && kvt_now_s() - tm->t2_full_t < 1.0) ||
+		    (tm->db_full && kvt_now_s() - tm->db_full_t < 1.0);
 	pthread_mutex_unlock(&tm->mu);
 	return !full;
 }
@@ -375,6 +379,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 	}
 	/* Rows committed: only now is the block clean. */
 	uint64_t n_ok = 0, n_fail = 0;
+	bool db_full = false;
 	for (uint32_t k = 0; k < n_w; k++) {
 		if (res[k] != KVT_OK) {
 			n_fail++;
@@ -382,7 +387,9 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		}
 		int wrc = kvt_db_wait(tm->cfg.db, tick[k]);
 		if (wrc != KVT_OK) {
+			/* Rolled back: no row points at the record, so its extent goes back at once. */
 			kvt_t2_free(tm->cfg.t2, &loc[k]);
+			db_full |= wrc == KVT_EFULL;
 			n_fail++;
 			if (rc == KVT_OK)
 				rc = wrc;
@@ -401,6 +408,12 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		tm->t2_full_t = kvt_now_s();
 	} else if (n_ok) {
 		tm->t2_full = false;
+	}
+	if (db_full) {
+		tm->db_full = true;
+		tm->db_full_t = kvt_now_s();
+	} else if (n_ok) {
+		tm->db_full = false;
 	}
 	tm->st.n_persisted += n_ok;
 	tm->st.n_persist_failed += n_fail;
@@ -891,6 +904,14 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* The block is still dirty and has bytes to write (in T0 or T1). */
+static bool still_dirty(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	kvt_btable_entry e;
+	return kvt_btable_get(tm->cfg.bt, h, &e) == KVT_OK && e.dirty && e.slot[KVT_TIER_NVME] < 0 &&
+	       (e.slot[KVT_TIER_HBM] >= 0 || e.slot[KVT_TIER_HOST] >= 0);
+}
+
 /* Write the due prefix of the pending list through to T2, in batches. */
 static void persist_due(kvt_tm *tm, tm_ctx *c)
 {
@@ -946,8 +967,20 @@ static void persist_due(kvt_tm *tm, tm_ctx *c)
 		pthread_mutex_lock(&tm->mu);
 		if (rc != KVT_OK && tm->persist_err == KVT_OK)
 			tm->persist_err = rc;
+		/*
+		 * No space (T2 full, or the index rolling back for lack of space) is
+		 * transient: a block that did not make it stays due, to be retried once
+		 * space returns. Other failures (a read-only T2) drop it from the list;
+		 * its only copy then goes to T2 when T1 evicts it, if T2 takes writes.
+		 */
+		const bool keep_failed = rc == KVT_EFULL;
 		uint32_t w = pos, k = 0;
 		for (uint32_t i = 0; i < n; i++) {
+			if (held[i] && !ok[k] && keep_failed && still_dirty(tm, h[i])) {
+				k++;
+				tm->pend[w++] = tm->pend[pos + i];
+				continue;
+			}
 			if (held[i]) {
 				if (ok[k] && due_t[i] > 0) {
 					tm->st.n_turn_late += now - due_t[i] > tm->cfg.end_turn_s;
@@ -1716,7 +1749,10 @@ void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 		t2->used_blocks = s.n_records;
 		t2->compression_ratio = s.bytes_written ? (double)s.n_writes * tm->block_bytes / (double)s.bytes_written : 0;
 		t2->n_corrupt = s.n_corrupt;
-		t2->degraded = full || s.read_only;
+		/* An index that cannot commit stalls persistence as surely as a full T2. */
+		kvt_db_stats ds;
+		kvt_db_get_stats(tm->cfg.db, &ds);
+		t2->degraded = full || s.read_only || ds.degraded;
 		st->t2_read_only = s.read_only;
 	}
 }

@@ -119,7 +119,7 @@ typedef struct kvt_tm_tier_stats {
 	uint64_t n_dropped;       /* of those, blocks that left every tier (lost from the cache) */
 	double compression_ratio; /* fp16 bytes / bytes held (T1: codec; T2: codec and LZ4) */
 	uint64_t n_corrupt;       /* records that failed verification (T2) */
-	bool degraded;            /* T2: full or read-only, not taking demotions */
+	bool degraded;            /* T2: full, read-only, or its index rolling back for lack of space: not persisting */
 } kvt_tm_tier_stats;
 
 typedef struct kvt_tm_stats {

@@ -544,6 +544,16 @@ static int render_stats(json_t *j, const char *source)
 	if (json_is_object(p) && num(p, "lost_at_start") > 0)
 		printf("  LOST at start-up: %.0f blocks the index listed were gone from the NVMe file (see the log)\n",
 		       num(p, "lost_at_start"));
+	json_t *ix = json_object_get(j, "index");
+	if (json_is_object(ix)) {
+		printf("  index: %s; %.0f commits, %.0f rolled back for lack of space, %.0f session writes kept, "
+		       "%.0f bad session rows skipped\n",
+		       json_is_true(json_object_get(ix, "degraded"))
+			       ? "DEGRADED (rolling back for lack of space; kept writes retried)"
+			       : "ok",
+		       num(ix, "commits"), num(ix, "rolled_back"), num(ix, "kept_session_writes"),
+		       num(ix, "bad_session_rows"));
+	}
 	return 0;
 }
 

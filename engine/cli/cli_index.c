@@ -239,7 +239,7 @@ static int move_aside(const char *path, char *moved, size_t cap)
 
 int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild_stats *st)
 {
-	char t2_path[PATH_CAP], idx_path[PATH_CAP], tmp_path[PATH_CAP + 16], moved[PATH_CAP + 64];
+	char t2_path[PATH_CAP], idx_path[PATH_CAP], tmp_path[PATH_CAP + 16], moved[PATH_CAP + 64], sj_path[PATH_CAP + 32];
 	struct scan_ctx sc = { 0 };
 	kvt_t2_store *t2 = NULL;
 	uint8_t fp[32];
@@ -248,6 +248,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 	memset(st, 0, sizeof(*st));
 	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
 		return rc;
+	snprintf(sj_path, sizeof(sj_path), "%s/%s", data_dir, KVT_DATA_SESSIONS_FILE);
 	if ((rc = open_t2(t2_path, model_fp, NULL, true, 0, &t2)) != KVT_OK)
 		return rc;
 	if ((rc = kvt_t2_file_model_fp(t2_path, fp)) != KVT_OK)
@@ -290,6 +291,7 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 		cfg.create = true;
 		cfg.skip_check = true;
 		cfg.owner_id = owner;
+		cfg.journal_path = sj_path;
 		memcpy(cfg.ns.model_fp, fp, 32);
 		cfg.ns.layout_version = KVT_KV_LAYOUT_VERSION;
 		cfg.ns.block_tokens = bt_n;
@@ -323,6 +325,12 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 			st->n_rows++;
 		}
 		int frc = kvt_db_flush(db);
+		if (st->n_namespaces == 1) {
+			/* the first open of the new file replayed the journal: its sessions, every namespace */
+			kvt_db_stats ds;
+			kvt_db_get_stats(db, &ds);
+			st->n_sessions = ds.n_replayed;
+		}
 		kvt_db_close(db);
 		if (rc == KVT_OK)
 			rc = frc;
@@ -337,8 +345,12 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 		cfg.create = true;
 		cfg.skip_check = true;
 		cfg.owner_id = owner;
+		cfg.journal_path = sj_path;
 		if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
 			goto out;
+		kvt_db_stats ds;
+		kvt_db_get_stats(db, &ds);
+		st->n_sessions = ds.n_replayed;
 		kvt_db_close(db);
 	}
 	if ((rc = move_aside(idx_path, moved, sizeof(moved))) != KVT_OK)
@@ -566,8 +578,9 @@ int kvt_cli_rebuild_index(int argc, char **argv)
 		return 1;
 	}
 	printf("rebuild-index %s: %llu records, %llu corrupt or torn skipped, %llu older duplicates dropped; "
-	       "%llu rows in %u namespace(s)\n",
+	       "%llu rows in %u namespace(s); %llu session writes replayed from the session journal\n",
 	       dir, (unsigned long long)st.n_records, (unsigned long long)st.n_bad,
-	       (unsigned long long)st.n_duplicates, (unsigned long long)st.n_rows, st.n_namespaces);
+	       (unsigned long long)st.n_duplicates, (unsigned long long)st.n_rows, st.n_namespaces,
+	       (unsigned long long)st.n_sessions);
 	return 0;
 }

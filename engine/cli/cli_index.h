@@ -40,14 +40,16 @@ typedef struct kvt_rebuild_stats {
 	uint64_t n_duplicates; /* older copies of a hash (lower generation) dropped */
 	uint64_t n_rows;       /* rows written */
 	uint32_t n_namespaces; /* namespaces (block sizes) written */
+	uint64_t n_sessions;   /* session writes replayed from the session journal (every namespace) */
 } kvt_rebuild_stats;
 
 /*
  * Reconstruct DIR's index from the T2 record headers alone. model_fp: NULL
  * takes the T2 superblock's, else it must match it. The old index (and its
  * WAL) is renamed to "<index>.broken-<unix time>" (never deleted); the new one
- * is built under a temporary name and renamed into place. Sessions are not in
- * T2 and are not recovered. KVT_ENOTFOUND (no T2 file), KVT_EINVAL (another
+ * is built under a temporary name and renamed into place. The sessions come
+ * back from the session journal (DIR/KVT_DATA_SESSIONS_FILE), replayed into
+ * the new file as it is created. KVT_ENOTFOUND (no T2 file), KVT_EINVAL (another
  * model), T2/SQLite errors otherwise (logged).
  */
 int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild_stats *st);

@@ -142,7 +142,7 @@ static const key_def keys[] = {
 	TIER("tier.hbm", hbm, 1, true, "auto", "0.90", "0.75"),
 	TIER("tier.host", host, 1, true, "auto", "0.90", "0.80"),
 	ENUMK("tier.host", "dtype", host_dtype, dtype, "fp8", "host (and NVMe) record format"),
-	TIER("tier.nvme", nvme, 0, false, "8G", "0.95", "0.85"),
+	TIER("tier.nvme", nvme, 0, true, "auto", "0.95", "0.85"),
 	STR("tier.nvme", "path", nvme_path, "", "T2 file or block device (\"\" = DATA_DIR/kvtier.t2)"),
 	U32("tier.nvme", "queue_depth", nvme_queue_depth, 1, 1024, "32", "I/Os in flight"),
 	{ "tier.nvme", "compression", V_ENUMBOOL, OFF(nvme_compression), 0, 0, 0, false, false, comp_names, comp_values,
@@ -970,6 +970,52 @@ int kvt_config_set(kvt_config *c, const char *section, const char *key, const ch
 	}
 	/* apply_key checks the whole value before it writes its field(s): a bad value changes nothing */
 	return apply_key(c, k, value, where, err, cap);
+}
+
+/* ---- the NVMe tier's size against the disk ------------------------------------------------------ */
+
+int kvt_config_nvme_capacity(const kvt_tier_config *t, uint64_t free_bytes, uint64_t existing_bytes,
+			     uint64_t *out, char *err, size_t cap)
+{
+	char want[48], avail[48];
+	if (!t->capacity_auto && t->capacity_bytes == 0) {
+		*out = 0; /* no NVMe tier */
+		return KVT_OK;
+	}
+	if (existing_bytes) {
+		/* The store keeps an existing file's size: it needs no new space. */
+		*out = t->capacity_auto ? existing_bytes : t->capacity_bytes;
+		return KVT_OK;
+	}
+	if (t->capacity_auto) {
+		uint64_t v = free_bytes / 2;
+		if (v > KVT_NVME_AUTO_MAX)
+			v = KVT_NVME_AUTO_MAX;
+		v = v / (1u << 20) * (1u << 20);
+		if (v < KVT_NVME_AUTO_MIN)
+			v = KVT_NVME_AUTO_MIN;
+		if (v > free_bytes) {
+			fmt_bytes(KVT_NVME_AUTO_MIN, want, sizeof(want));
+			set_err(err, cap, NULL,
+				"[tier.nvme] capacity = auto: the file system has %llu bytes free, less than the %s the "
+				"NVMe tier needs at least; free some space, or set capacity = 0 (no NVMe tier)",
+				(unsigned long long)free_bytes, want);
+			return KVT_EFULL;
+		}
+		*out = v;
+		return KVT_OK;
+	}
+	if (t->capacity_bytes > free_bytes) {
+		fmt_bytes(t->capacity_bytes, want, sizeof(want));
+		snprintf(avail, sizeof(avail), "%.1f MiB", (double)free_bytes / 1048576.0);
+		set_err(err, cap, NULL,
+			"[tier.nvme] capacity = %s (%llu bytes) is larger than the free space of its file system (%llu "
+			"bytes, %s): lower it, or use capacity = auto",
+			want, (unsigned long long)t->capacity_bytes, (unsigned long long)free_bytes, avail);
+		return KVT_EFULL;
+	}
+	*out = t->capacity_bytes;
+	return KVT_OK;
 }
 
 /* ---- cross-key rules ------------------------------------------------------------------------ */

@@ -131,6 +131,23 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap);
 
 /* Whether listen_host is a loopback address (127.0.0.0/8, ::1). */
 bool kvt_config_listen_loopback(const kvt_config *c);
+/*
+ * The NVMe tier's size for a T2 file on a file system with free_bytes free
+ * (statvfs f_bavail), where the file now has existing_bytes (0: no file yet).
+ *  - capacity 0: 0 (no NVMe tier).
+ *  - an existing file keeps its size (the store reuses it and needs no new
+ *    space): *out = existing_bytes for auto, the configured size otherwise.
+ *  - auto: half the free space, at most KVT_NVME_AUTO_MAX (8 GiB), rounded
+ *    down to 1 MiB and at least KVT_NVME_AUTO_MIN (64 MiB); KVT_EFULL when
+ *    even that does not fit.
+ *  - an explicit size larger than the free space: KVT_EFULL, and err names
+ *    both numbers.
+ * Pure: the caller measures the file system (kvtierd logs the choice).
+ */
+#define KVT_NVME_AUTO_MAX (8ull << 30)
+#define KVT_NVME_AUTO_MIN (64ull << 20)
+int kvt_config_nvme_capacity(const kvt_tier_config *t, uint64_t free_bytes, uint64_t existing_bytes,
+			     uint64_t *out, char *err, size_t cap);
 
 /* Write the effective configuration as an INI file (for --print-config and the log). */
 int kvt_config_write(const kvt_config *c, FILE *f);

@@ -37,8 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sysexits.h>
 #include <time.h>
 #include <unistd.h>
@@ -271,12 +273,55 @@ static int read_key_file(daemon_t *d)
 	return rc;
 }
 
+/*
+ * The NVMe tier's size (tier.nvme capacity, "auto" by default) against the
+ * free space of the file system that holds (or will hold) the T2 file, so a
+ * default never preallocates more than the disk has. Logs the choice.
+ */
+static int nvme_capacity(const kvt_config *c, const char *t2_path, uint64_t *out)
+{
+	char dir[KVT_CONFIG_PATH_MAX + 32], err[1024];
+	struct stat sb;
+	struct statvfs vs;
+	uint64_t existing = 0;
+	if (!c->nvme.capacity_auto && !c->nvme.capacity_bytes) {
+		*out = 0;
+		return KVT_OK;
+	}
+	if (stat(t2_path, &sb) == 0 && S_ISREG(sb.st_mode))
+		existing = (uint64_t)sb.st_size;
+	snprintf(dir, sizeof(dir), "%s", t2_path);
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		*(slash == dir ? slash + 1 : slash) = '\0';
+	else
+		snprintf(dir, sizeof(dir), ".");
+	if (statvfs(dir, &vs) != 0) {
+		KVT_LOGE("tier.nvme %s: cannot measure the free space of %s: %s", t2_path, dir, strerror(errno));
+		return KVT_EIO;
+	}
+	uint64_t free_bytes = (uint64_t)vs.f_bavail * (uint64_t)vs.f_frsize;
+	int rc = kvt_config_nvme_capacity(&c->nvme, free_bytes, existing, out, err, sizeof(err));
+	if (rc) {
+		KVT_LOGE("%s (T2 file %s)", err, t2_path);
+		return rc;
+	}
+	if (existing)
+		KVT_LOGI("tier.nvme: %s exists: it keeps its %llu bytes", t2_path, (unsigned long long)existing);
+	else if (c->nvme.capacity_auto)
+		KVT_LOGI("tier.nvme capacity auto: %llu MiB (half of the %llu MiB free on %s, at most %llu MiB, at least "
+			 "%llu MiB)",
+			 (unsigned long long)(*out >> 20), (unsigned long long)(free_bytes >> 20), dir,
+			 (unsigned long long)(KVT_NVME_AUTO_MAX >> 20), (unsigned long long)(KVT_NVME_AUTO_MIN >> 20));
+	return KVT_OK;
+}
+
 /* Everything after the server is up: model, tiers, index, scheduler. */
 static int bring_up(daemon_t *d, int *exit_code)
 {
 	const kvt_config *c = &d->cfg;
 	char t2_path[KVT_CONFIG_PATH_MAX + 32], db_path[KVT_CONFIG_PATH_MAX + 32], fp_cache[KVT_CONFIG_PATH_MAX + 32],
-		secret_path[KVT_CONFIG_PATH_MAX + 32];
+		secret_path[KVT_CONFIG_PATH_MAX + 32], sj_path[KVT_CONFIG_PATH_MAX + 32];
 	uint8_t fp[32], secret[64];
 	size_t secret_n = 0;
 	int rc;
@@ -291,6 +336,35 @@ static int bring_up(daemon_t *d, int *exit_code)
 	data_path(db_path, sizeof(db_path), c->data_dir, c->index_path, "index.sqlite");
 	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
 	snprintf(fp_cache, sizeof(fp_cache), "%s/fingerprint.cache", c->data_dir);
+	data_path(sj_path, sizeof(sj_path), c->data_dir, "", KVT_DATA_SESSIONS_FILE);
+	struct stat sb_db, sb_t2;
+	if (stat(db_path, &sb_db) != 0 && errno == ENOENT && stat(t2_path, &sb_t2) == 0 && S_ISREG(sb_t2.st_mode) &&
+	    sb_t2.st_size > 0) {
+		/* Starting on an empty index would hand the T2 file's extents out again and overwrite them. */
+		int lfd = open(t2_path, O_RDONLY | O_CLOEXEC);
+		bool locked = lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+		if (lfd >= 0)
+			close(lfd); /* drops the probe's lock if it got one */
+		if (locked) { /* the T2 store's own open would say the same, after this check */
+			KVT_LOGE("t2 %s: locked by another process: another daemon (or an offline kvtier command) uses "
+				 "this [tier.nvme] path; give each daemon its own",
+				 t2_path);
+			*exit_code = EX_TEMPFAIL;
+			return KVT_EIO;
+		}
+		KVT_LOGE("index %s is missing but the NVMe tier's file %s holds data: run `kvtier rebuild-index "
+			 "--data-dir %s` (the blocks come back from the T2 records, the sessions from %s), or move %s "
+			 "away to start empty; if another data directory's daemon uses this file, give this one its own "
+			 "[tier.nvme] path",
+			 db_path, t2_path, c->data_dir, sj_path, t2_path);
+		*exit_code = EX_DATAERR;
+		return KVT_ECORRUPT;
+	}
+	uint64_t nvme_bytes = 0;
+	if ((rc = nvme_capacity(c, t2_path, &nvme_bytes))) {
+		*exit_code = rc == KVT_EFULL ? EX_CONFIG : EX_IOERR;
+		return rc;
+	}
 	if ((rc = load_secret(secret_path, secret, &secret_n))) {
 		*exit_code = EX_CONFIG;
 		return rc;
@@ -366,8 +440,9 @@ static int bring_up(daemon_t *d, int *exit_code)
 	sc.block_tokens = bt;
 	sc.t0_slots = (uint32_t)n_t0;
 	sc.db_path = db_path;
-	sc.t2_path = c->nvme.capacity_bytes ? t2_path : NULL;
-	sc.t2.capacity_bytes = c->nvme.capacity_bytes;
+	sc.journal_path = sj_path;
+	sc.t2_path = nvme_bytes ? t2_path : NULL;
+	sc.t2.capacity_bytes = nvme_bytes;
 	sc.t2.queue_depth = c->nvme_queue_depth;
 	sc.t2.io_mode = c->nvme_io;
 	sc.t2.compress = c->nvme_compression;

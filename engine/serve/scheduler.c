@@ -943,6 +943,11 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 		st->ttft_p99_s = sorted[(uint32_t)ceil(0.99 * k) - 1];
 	}
 	st->sessions = n_sessions;
+	st->have_index = s->cfg.db != NULL;
+	if (s->cfg.db)
+		kvt_db_get_stats(s->cfg.db, &st->index);
+	else
+		memset(&st->index, 0, sizeof(st->index));
 	st->have_tiers = s->cfg.tm != NULL;
 	if (s->cfg.tm)
 		kvt_tm_get_stats(s->cfg.tm, &st->tiers);
@@ -1070,7 +1075,9 @@ int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
 
 	if (!s->cfg.db)
 		return KVT_ENOTFOUND;
-	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)))
+	memset(&row, 0, sizeof(row)); /* get writes it only on success */
+	/* An unreadable row (KVT_ECORRUPT, logged) can still be deleted: that is how an operator clears it. */
+	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)) && rc != KVT_ECORRUPT)
 		return rc;
 	kvt_db_session_deinit(&row);
 	if ((rc = kvt_db_delete_session(s->cfg.db, tenant_of(tenant), id, NULL, NULL, &ticket)))

@@ -197,6 +197,8 @@ typedef struct kvt_sched_stats {
 	double ttft_sum_s;             /* sum of TTFTs */
 	double ttft_p50_s, ttft_p99_s; /* over the last 1024 requests (0 if none) */
 	uint64_t sessions;             /* sessions known */
+	bool have_index;               /* db present */
+	kvt_db_stats index;            /* the index's counters: degraded, rolled back, bad session rows (zero without db) */
 } kvt_sched_stats;
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);

@@ -1501,11 +1501,31 @@ out:
 /* ------------------------------------------------------------------------ */
 /* health, models, metrics, stats                                             */
 
+/*
+ * 200 "ok", or 200 "degraded" with what is degraded (the index rolling back
+ * for lack of space, a tier full or read-only): the daemon serves, but what it
+ * acknowledges may not be durable yet. 503 while loading or draining.
+ */
 static enum MHD_Result handle_health(conn_req *r)
 {
 	kvt_server *srv = r->srv;
-	const char *st = !atomic_load(&srv->sched) ? "loading" : atomic_load(&srv->draining) ? "draining" : "ok";
-	return reply_json(r, strcmp(st, "ok") ? 503 : 200, json_pack("{s:s}", "status", st), strcmp(st, "ok") != 0);
+	kvt_sched *sched = atomic_load(&srv->sched);
+	const char *st = !sched ? "loading" : atomic_load(&srv->draining) ? "draining" : "ok";
+	if (strcmp(st, "ok"))
+		return reply_json(r, 503, json_pack("{s:s}", "status", st), true);
+	kvt_sched_stats ss;
+	kvt_sched_get_stats(sched, &ss);
+	json_t *what = json_array();
+	if (ss.index.degraded)
+		json_array_append_new(what, json_string("index"));
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		if (ss.have_tiers && ss.tiers.tier[t].degraded)
+			json_array_append_new(what, json_string(tier_name[t]));
+	if (!json_array_size(what)) {
+		json_decref(what);
+		return reply_json(r, 200, json_pack("{s:s}", "status", "ok"), false);
+	}
+	return reply_json(r, 200, json_pack("{s:s, s:o}", "status", "degraded", "degraded", what), false);
 }
 
 static json_t *model_json(const kvt_server *srv)
@@ -1582,6 +1602,15 @@ static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
 	TIERS(degraded);
 	metric_tiers(&b, "kvtier_tier_degraded", "gauge", "1 when the tier is full or read-only.", v);
 #undef TIERS
+	metric_one(&b, "kvtier_index_degraded", "gauge",
+		   "1 while index transactions roll back for lack of space (their writes are kept and retried).",
+		   st.index.degraded);
+	metric_one(&b, "kvtier_index_rolled_back_total", "counter", "Index transactions rolled back for lack of space.",
+		   st.index.n_full);
+	metric_one(&b, "kvtier_index_kept_session_writes", "gauge", "Session writes kept for the next index transaction.",
+		   st.index.n_carried);
+	metric_one(&b, "kvtier_index_bad_session_rows_total", "counter", "Session rows that do not decode, skipped.",
+		   st.index.n_bad_sessions);
 	metric_one(&b, "kvtier_requests_total", "counter", "Requests finished.", st.requests);
 	metric_one(&b, "kvtier_requests_running", "gauge", "Sequences running now.", st.running);
 	metric_one(&b, "kvtier_requests_queued", "gauge", "Requests waiting.", st.queued);
@@ -1656,16 +1685,20 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 		ratio((double)st.completion_tokens, st.decode_s), "cached_tokens_by_tier", "hbm",
 		(json_int_t)st.cached_by_tier[KVT_TIER_HBM], "host", (json_int_t)st.cached_by_tier[KVT_TIER_HOST], "nvme",
 		(json_int_t)st.cached_by_tier[KVT_TIER_NVME]);
-	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:I, s:I, s:I}", "registered", (json_int_t)st.tiers.n_registered,
-				    "persisted", (json_int_t)st.tiers.n_persisted, "failed",
-				    (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only,
+	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:b, s:I, s:I, s:I}", "registered",
+				    (json_int_t)st.tiers.n_registered, "persisted", (json_int_t)st.tiers.n_persisted,
+				    "failed", (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only,
+				    "degraded", (int)(st.index.degraded || st.tiers.tier[KVT_TIER_NVME].degraded),
 				    "lost_at_start", (json_int_t)st.tiers.n_lost, "other_namespace_records",
-				    (json_int_t)st.tiers.n_foreign, "other_namespace_reclaimed",
-				    (json_int_t)st.tiers.n_reclaimed);
+				    (json_int_t)st.tiers.n_foreign, "other_namespace_reclaimed", (json_int_t)st.tiers.n_reclaimed);
+	json_t *index = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I}", "degraded", (int)st.index.degraded, "commits",
+				  (json_int_t)st.index.n_commits, "failed_writes", (json_int_t)st.index.n_failed,
+				  "rolled_back", (json_int_t)st.index.n_full, "kept_session_writes",
+				  (json_int_t)st.index.n_carried, "bad_session_rows", (json_int_t)st.index.n_bad_sessions);
 	return reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine, "persist", persist,
-				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",
-				    srv->model_id),
+			  json_pack("{s:o, s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine, "persist",
+				    persist, "index", index, "sessions", (json_int_t)st.sessions, "uptime_s",
+				    kvt_now_s() - srv->t_start, "model", srv->model_id),
 			  false);
 }
 
@@ -1749,6 +1782,10 @@ static enum MHD_Result handle_session_delete(conn_req *r, kvt_sched *sched, cons
 	int rc = kvt_sched_session_delete(sched, r->tenant, id);
 	if (rc == KVT_ENOTFOUND)
 		return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
+	if (rc == KVT_EFULL)
+		return reply_error(r, 503, NULL, NULL,
+				   "deleting session '%s': the index is out of disk space; the deletion is kept and "
+				   "commits once space returns", id);
 	if (rc != KVT_OK)
 		return reply_error(r, rc == KVT_EINVAL ? 400 : 500, NULL, NULL, "deleting session '%s' failed (%s)", id,
 				   kvt_strerror(rc));
