@@ -5,8 +5,8 @@
  *                   [--seed S] [--chat] [--no-kv-cache] [--threads N]
  *                   [--weights f16|f32] [--device auto|cpu|cuda]
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
- *   kvtier fsck --data-dir DIR [--dry-run]           (engine/cli/cli_index.c)
- *   kvtier rebuild-index --data-dir DIR [--model M]  (engine/cli/cli_index.c)
+ *   kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]           (engine/cli/cli_index.c)
+ *   kvtier rebuild-index (--data-dir DIR | -c FILE) [--model M]  (engine/cli/cli_index.c)
  *   kvtier resume SESSION [--json]                   (engine/cli/cli_client.c)
  *   kvtier stats [--json] [--watch [S]] | --offline --data-dir DIR
  *   kvtier sessions [--json]
@@ -40,8 +40,8 @@ static void usage(FILE *f)
 		"                  [--seed S] [--chat] [--no-kv-cache] [--threads N]\n"
 		"                  [--weights native|f16|f32] [--device auto|cpu|cuda] [--ref]\n"
 		"  kvtier size --model MODEL [--context N] [--hbm BYTES] [--host BYTES] [--nvme BYTES]\n"
-		"  kvtier fsck --data-dir DIR [--dry-run]\n"
-		"  kvtier rebuild-index --data-dir DIR [--model MODEL]\n"
+		"  kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]\n"
+		"  kvtier rebuild-index (--data-dir DIR | -c FILE) [--model MODEL]\n"
 		"  kvtier resume SESSION [--json]                 page a conversation back in (daemon)\n"
 		"  kvtier stats [--json] [--watch [SECONDS]]      tier statistics report (daemon)\n"
 		"  kvtier stats --offline --data-dir DIR [--json] what the index holds (no daemon)\n"
