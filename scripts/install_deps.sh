@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip python3-venv
       libopenblas-dev libpcre2-dev
       liburing-dev liblz4-dev libsqlite3-dev libssl-dev libxxhash-dev
-      libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio)
+      libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio
+      clang libclang-rt-14-dev) # clang: the libFuzzer targets (tests/fuzz_*.c, ctest -L fuzz)
 
 missing=()
 for p in "${pkgs[@]}"; do
