@@ -31,10 +31,12 @@
  * itself, outside any VFS file), and a truncate is an entry like a write
  * (applied or not).
  *
- * powerloss_begin() runs in the process under test, after fork: it resets the
- * journals, makes the durable images copies of the files as they are (the
- * state the previous cut left), and installs the VFS; powerloss_t2_ops is the
- * table for kvt_t2_config.io. Thread-safe: one mutex serializes every hook.
+ * powerloss_settle() runs in the parent before each trial: the files as they
+ * are (what the previous cut and the recovery after it left) become the
+ * durable images, the journals empty. powerloss_begin() runs in the process
+ * under test, after fork: it opens the journals and installs the VFS;
+ * powerloss_t2_ops is the table for kvt_t2_config.io. Thread-safe: one mutex
+ * serializes every hook.
  */
 #ifndef KVT_TEST_POWERLOSS_H
 #define KVT_TEST_POWERLOSS_H
@@ -357,8 +359,13 @@ static int pl_delete(sqlite3_vfs *vfs, const char *name, int sync_dir)
 	return rc;
 }
 
-/* In the process under test: durable images from the files as they are, empty journals, the VFS installed. */
-static int powerloss_begin(const char *dir)
+/*
+ * In the parent, with nothing open on dir: the files as they are now are the
+ * durable state (what the last cut and the recovery after it left); empty
+ * journals. Run before each trial's fork, never in the process that is
+ * killed, so a kill cannot land in the middle of it.
+ */
+static int powerloss_settle(const char *dir)
 {
 	char path[1200], real[1200];
 	snprintf(pl.dir, sizeof(pl.dir), "%s", dir);
@@ -371,7 +378,22 @@ static int powerloss_begin(const char *dir)
 		if (pl_copy(real, path) != 0)
 			return -1;
 		pl_path(path, sizeof(path), id, ".journal");
-		pl.journal[id] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			return -1;
+		close(fd);
+	}
+	return 0;
+}
+
+/* In the process under test (after powerloss_settle): open the journals, install the VFS. */
+static int powerloss_begin(const char *dir)
+{
+	char path[1200];
+	snprintf(pl.dir, sizeof(pl.dir), "%s", dir);
+	for (int id = 0; id < PL_N_FILES; id++) {
+		pl_path(path, sizeof(path), id, ".journal");
+		pl.journal[id] = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
 		if (pl.journal[id] < 0)
 			return -1;
 		pl.head[id] = NULL;

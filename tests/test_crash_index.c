@@ -388,6 +388,10 @@ static void run_trials(const char *dir, int n_trials, uint64_t seed0, trial_tota
 			return;
 		char seed[32];
 		snprintf(seed, sizeof(seed), "%llu", check_rng_u64(&r));
+		if (g_powerloss && powerloss_settle(dir) != 0) {
+			CHECKF(0, "%s trial %d: cannot set up the durable images", mode, trial);
+			break;
+		}
 		fflush(stdout);
 		fflush(stderr);
 		double t_fork = kvt_now_s();
