@@ -668,7 +668,8 @@ static int offline_report(const char *dir, json_t **out)
 	rc = kvt_datadir_lock_take(dir, "kvtier stats --offline", &lock);
 	if (rc != KVT_OK) {
 		if (rc == KVT_EBUSY)
-			fprintf(stderr, "kvtier stats: %s is held by a running kvtierd; ask it instead (drop --offline)\n",
+			fprintf(stderr, "kvtier stats: %s is in use (the line above names the holder); if it is kvtierd, "
+					"ask it instead (drop --offline)\n",
 				dir);
 		else
 			fprintf(stderr, "kvtier stats: cannot lock %s (%s)\n", dir, kvt_strerror(rc));

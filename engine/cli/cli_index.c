@@ -573,8 +573,8 @@ static int resolve_paths(const char *cmd, const char *dir, const char *conf, kvt
 static int tool_failed(const char *cmd, const kvt_data_paths *p, int rc)
 {
 	if (rc == KVT_EBUSY) {
-		fprintf(stderr, "kvtier %s: %s is held by a running kvtierd (see the line above); stop it first, or "
-				"use the daemon's own commands (kvtier stats, kvtier sessions); nothing was changed\n",
+		fprintf(stderr, "kvtier %s: %s is in use (the line above names the holder); nothing was changed; stop "
+				"kvtierd first, or ask it (kvtier stats, kvtier sessions)\n",
 			cmd, p->dir);
 		return EX_TEMPFAIL;
 	}
