@@ -793,7 +793,8 @@ out:
 static void usage_stats(FILE *f)
 {
 	fprintf(f, "usage: kvtier stats [--json] [--watch [SECONDS]] [--url URL] [--api-key KEY] [-c FILE]\n"
-		   "       kvtier stats --offline --data-dir DIR [--json]\n");
+		   "       kvtier stats --offline --data-dir DIR [--json]\n"
+		   "  --offline reads the index of a stopped daemon; while kvtierd holds DIR it is refused (exit 75)\n");
 }
 
 int kvt_cli_stats(int argc, char **argv)
