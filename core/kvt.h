@@ -29,6 +29,7 @@ enum kvt_result {
 	KVT_EFULL = -6,    /* no room: pool, tier or caller buffer */
 	KVT_ENOTFOUND = -7,/* key, tensor, block or file not present */
 	KVT_EUNSUPPORTED = -8, /* well-formed, but a feature we do not handle */
+	KVT_EBUSY = -9,    /* held by another process (a data directory a running daemon holds) */
 };
 
 /* Name of a result code, e.g. "KVT_ECORRUPT". Never NULL. */

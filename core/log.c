@@ -29,6 +29,7 @@ const char *kvt_strerror(int rc)
 	case KVT_EFULL: return "KVT_EFULL";
 	case KVT_ENOTFOUND: return "KVT_ENOTFOUND";
 	case KVT_EUNSUPPORTED: return "KVT_EUNSUPPORTED";
+	case KVT_EBUSY: return "KVT_EBUSY";
 	}
 	return "KVT_E(unknown)";
 }

@@ -43,6 +43,7 @@
 #define KVT_DATA_T2_FILE "kvtier.t2"         /* the T2 (NVMe) store */
 #define KVT_DATA_INDEX_FILE "index.sqlite"   /* the SQLite index */
 #define KVT_DATA_SESSIONS_FILE "sessions.journal" /* every session write, beside the T2 file (index/journal.c) */
+#define KVT_DATA_LOCK_FILE "kvtier.lock"     /* the directory's lock (index/datadir.c) */
 
 /* ------------------------------------------------------------------------ */
 /* Block hashing (index/blockhash.c)                                        */
@@ -518,5 +519,28 @@ void kvt_db_get_stats(kvt_db *db, kvt_db_stats *st);
  * DIR/KVT_DATA_INDEX_FILE. KVT_EINVAL (logged) when they do not fit cap.
  */
 int kvt_index_paths(const char *data_dir, char *t2_path, char *index_path, size_t cap);
+
+/* ------------------------------------------------------------------------ */
+/* The data directory's lock (index/datadir.c)                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvt_datadir_lock kvt_datadir_lock;
+
+/*
+ * Take DIR/KVT_DATA_LOCK_FILE: an exclusive, non-blocking flock that kvtierd
+ * holds for its whole life and every offline tool (fsck, rebuild-index,
+ * stats --offline) for its run, so no tool touches a directory a running
+ * daemon holds (DESIGN.md §4) and no two daemons share one. The lock is
+ * created if absent (DIR must exist); on success "WHO pid PID" is written
+ * into it, so a refused caller can name the holder. The kernel drops the
+ * lock when the holder exits, kill -9 included (the file is never handed to
+ * io_uring, whose asynchronous teardown would keep it alive).
+ * Returns KVT_OK and *out; KVT_EBUSY when another open file holds it (this
+ * process included): logged, naming the holder; KVT_ENOTFOUND (no DIR),
+ * KVT_EIO, KVT_ENOMEM (logged).
+ */
+int kvt_datadir_lock_take(const char *data_dir, const char *who, kvt_datadir_lock **out);
+/* Release the lock (the file stays). NULL is a no-op. */
+void kvt_datadir_lock_release(kvt_datadir_lock *l);
 
 #endif

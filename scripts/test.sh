@@ -4,7 +4,9 @@
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test, the daemon's end-to-end tests among them (a venv with
 #     the openai client in .venv-test);
-#  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests;
+#  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests
+#     (the fuzz label includes the libFuzzer targets, built with clang, each
+#     run for KVT_FUZZ_SECONDS: 30 s);
 #  4. a ThreadSanitizer build running the unit, parity and integration tests
 #     (the CPU backend's worker pool, the T0 pool, shared tokenizers).
 #  5. the Debian package (tests/package/test_package.sh): build it, lintian,

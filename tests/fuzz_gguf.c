@@ -7,7 +7,9 @@
  * sanitizers see any access the reader's checks let through. Errors go to a
  * silent log sink.
  *
- * Build and run by hand (not part of CTest):
+ * Build and run: CMake builds it with clang (-fsanitize=fuzzer,address,undefined)
+ * in a build with AddressSanitizer when clang is found, and ctest -L fuzz runs
+ * it for KVT_FUZZ_SECONDS on a scratch corpus (tests/fuzz_run.sh). By hand:
  *   clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Icore -Iengine/model -Itests \
  *     tests/fuzz_gguf.c engine/model/gguf.c core/log.c core/half.c -lm -lpthread -o fuzz_gguf
  *   mkdir -p corpus && ./fuzz_gguf -max_total_time=60 corpus

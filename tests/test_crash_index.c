@@ -15,11 +15,20 @@
  *     hash), and no two rows sharing an extent;
  *   - 100% of acknowledged blocks (not since marked for deletion) present.
  * 200 trials by default; KVT_CRASH_TRIALS=N for more (bench/stress runs).
+ *
+ * Then the same trials under power loss (tests/powerloss.h), in a fresh data
+ * directory: the child's T2 file (through the store's I/O ops, thread-pool
+ * engine) and index (through a shim SQLite VFS) keep every write not yet
+ * covered by a completed sync in a journal; after the kill the parent makes
+ * each file its synced image plus a seeded drop, apply or tear of each
+ * unsynced write, as a power cut may leave it, and checks the same two
+ * things. 100 trials by default; KVT_POWERLOSS_TRIALS=N to change (0: none).
  */
 /* ctest-labels: integration */
 #include "check.h"
 #include "cli_index.h"
 #include "index.h"
+#include "powerloss.h"
 #include "t2_store.h"
 
 #include <errno.h>
@@ -30,6 +39,8 @@
 
 #define BLOCK_TOKENS 4
 #define T2_CAPACITY (2u << 20)
+
+static bool g_powerloss; /* the child runs on the power-loss layer (tests/powerloss.h) */
 
 static void fixed_fp(uint8_t fp[32])
 {
@@ -68,6 +79,10 @@ static int open_all(const char *dir, kvt_t2_store **t2, kvt_db **db)
 	tc.io_mode = KVT_T2_IO_AUTO;
 	tc.buffered_ok = true;
 	tc.max_raw_bytes = 64 << 10;
+	if (g_powerloss) { /* every data write and sync through the ops */
+		tc.io_mode = KVT_T2_IO_THREADS;
+		tc.io = &powerloss_t2_ops;
+	}
 	fixed_fp(tc.model_fp);
 	if ((rc = kvt_t2_open(&tc, t2)) != KVT_OK)
 		return rc;
@@ -135,6 +150,8 @@ static int child_main(const char *dir, unsigned long long seed)
 	uint8_t fp[32], root[32], salt[32] = { 0 };
 
 	kvt_log_set_level(KVT_LOG_ERROR);
+	if (g_powerloss && powerloss_begin(dir) != 0)
+		return 16;
 	if (open_all(dir, &t2, &db) != KVT_OK)
 		return 10;
 	if (kvt_btable_create(BLOCK_TOKENS, 0, &bt) != KVT_OK || kvt_index_recover(db, t2, bt, &rs) != KVT_OK)
@@ -350,31 +367,31 @@ static int cmp32(const void *a, const void *b)
 	return memcmp(a, b, 32);
 }
 
-int main(int argc, char **argv)
+typedef struct trial_totals {
+	uint64_t n_acks, n_killed_busy, n_exited, max_rows, bad_child, n_dels, n_must;
+	double t_startup, t_verify, t_all;
+	powerloss_stats pl; /* power loss: what the cuts did with unsynced writes */
+} trial_totals;
+
+/* n_trials crash trials on dir (kill -9, or a power cut when g_powerloss); counters in *tt. */
+static void run_trials(const char *dir, int n_trials, uint64_t seed0, trial_totals *tt)
 {
-	if (argc == 4 && strcmp(argv[1], "--child") == 0)
-		return child_main(argv[2], strtoull(argv[3], NULL, 10));
-
-	char dir[] = "/tmp/kvt_crash_XXXXXX";
-	int n_trials = 200;
-	const char *env = getenv("KVT_CRASH_TRIALS");
-	if (env && atoi(env) > 0)
-		n_trials = atoi(env);
-	if (!mkdtemp(dir))
-		return check_skip("test_crash_index", "mkdtemp failed");
-
 	struct hset must = { 0 };
 	struct verify v = { 0 };
-	check_rng r = { 0xC0FFEEull };
-	uint64_t n_acks = 0, n_killed_busy = 0, n_exited = 0, max_rows = 0, bad_child = 0, n_dels = 0;
-	double t0 = kvt_now_s(), t_startup = 0, t_verify = 0;
+	check_rng r = { seed0 };
+	const char *mode = g_powerloss ? "power loss" : "kill -9";
+	double t0 = kvt_now_s();
 
 	for (int trial = 0; trial < n_trials; trial++) {
 		int fds[2];
 		if (pipe(fds) != 0)
-			return 1;
+			return;
 		char seed[32];
 		snprintf(seed, sizeof(seed), "%llu", check_rng_u64(&r));
+		if (g_powerloss && powerloss_settle(dir) != 0) {
+			CHECKF(0, "%s trial %d: cannot set up the durable images", mode, trial);
+			break;
+		}
 		fflush(stdout);
 		fflush(stderr);
 		double t_fork = kvt_now_s();
@@ -402,7 +419,7 @@ int main(int argc, char **argv)
 		 */
 		if (trial % 4 != 0) {
 			have_line = fgets(line, sizeof(line), f) != NULL;
-			t_startup += kvt_now_s() - t_fork;
+			tt->t_startup += kvt_now_s() - t_fork;
 		}
 		struct timespec ts = { 0, (long)(check_rng_u64(&r) % (trial % 4 ? 40000 : 60000)) * 1000L };
 		nanosleep(&ts, NULL);
@@ -413,45 +430,52 @@ int main(int argc, char **argv)
 			have_line = false;
 			uint8_t h[32];
 			if (strlen(line) != 67 || !parse_hex(line + 2, h)) {
-				CHECKF(0, "trial %d: garbled line from the child: %s", trial, line);
+				CHECKF(0, "%s trial %d: garbled line from the child: %s", mode, trial, line);
 				continue;
 			}
 			if (line[0] == 'A') {
 				hset_add(&must, h);
-				n_acks++;
+				tt->n_acks++;
 			} else if (line[0] == 'd') {
 				hset_del(&must, h);
-				n_dels++;
+				tt->n_dels++;
 			}
 		}
 		fclose(f);
 		waitpid(pid, &st, 0);
 		if (WIFSIGNALED(st))
-			n_killed_busy++;
+			tt->n_killed_busy++;
 		else if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-			n_exited++;
+			tt->n_exited++;
 		else {
-			bad_child++;
-			fprintf(stderr, "trial %d: child exited with %d\n", trial, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+			tt->bad_child++;
+			fprintf(stderr, "%s trial %d: child exited with %d\n", mode, trial,
+				WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 		}
+		/* the power cut: the files as the disk may hold them after it */
+		if (g_powerloss)
+			CHECKF(powerloss_cut(dir, check_rng_u64(&r), &tt->pl) == 0, "%s trial %d: cut failed", mode, trial);
 
-		/* reopen and verify */
+		/* reopen and verify (real syscalls, the default VFS) */
 		double t_v0 = kvt_now_s();
 		kvt_t2_store *t2;
 		kvt_db *db;
+		bool pl_mode = g_powerloss;
+		g_powerloss = false;
 		int rc = open_all(dir, &t2, &db);
-		CHECKF(rc == KVT_OK, "trial %d: reopen failed: %s", trial, kvt_strerror(rc));
+		g_powerloss = pl_mode;
+		CHECKF(rc == KVT_OK, "%s trial %d: reopen failed: %s", mode, trial, kvt_strerror(rc));
 		if (rc)
 			break;
 		kvt_recover_stats rs;
 		CHECK(kvt_index_recover(db, t2, NULL, &rs) == KVT_OK);
-		CHECKF(rs.n_bad_extent == 0, "trial %d: %llu rows share or misplace extents", trial,
+		CHECKF(rs.n_bad_extent == 0, "%s trial %d: %llu rows share or misplace extents", mode, trial,
 		       (unsigned long long)rs.n_bad_extent);
 		v.n_rows = 0;
 		uint64_t bad_before = v.n_bad;
 		CHECK(kvt_db_for_each_block(db, 0, collect_row, &v) == KVT_OK);
 		verify_rows(&v, t2);
-		CHECKF(v.n_bad == bad_before, "trial %d: %llu rows point at bad bytes", trial,
+		CHECKF(v.n_bad == bad_before, "%s trial %d: %llu rows point at bad bytes", mode, trial,
 		       (unsigned long long)(v.n_bad - bad_before));
 		if (v.n_rows)
 			qsort(v.hashes, v.n_rows, 32, cmp32);
@@ -459,29 +483,94 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < must.n; i++)
 			if (!v.n_rows || !bsearch(must.v[i], v.hashes, v.n_rows, 32, cmp32))
 				missing++;
-		CHECKF(missing == 0, "trial %d: %llu acknowledged blocks missing", trial, (unsigned long long)missing);
-		if (v.n_rows > max_rows)
-			max_rows = v.n_rows;
+		CHECKF(missing == 0, "%s trial %d: %llu acknowledged blocks missing", mode, trial,
+		       (unsigned long long)missing);
+		if (v.n_rows > tt->max_rows)
+			tt->max_rows = v.n_rows;
 		kvt_db_close(db);
 		kvt_t2_close(t2);
-		t_verify += kvt_now_s() - t_v0;
+		tt->t_verify += kvt_now_s() - t_v0;
 	}
-	CHECK_EQ_INT(bad_child, 0);
-	CHECK(n_acks > 0);
-	printf("crash: child start-up to recovered %.1f ms (mean of the waited-for trials), parent verification %.1f ms "
-	       "per trial\n",
-	       1e3 * t_startup / (n_trials - (n_trials + 3) / 4), 1e3 * t_verify / n_trials);
-	printf("crash: %d trials in %.1f s: %llu killed while running, %llu finished first; %llu puts acknowledged, "
-	       "%llu deletes started, up to %llu rows, %llu must-have blocks at the end\n",
-	       n_trials, kvt_now_s() - t0, (unsigned long long)n_killed_busy, (unsigned long long)n_exited,
-	       (unsigned long long)n_acks, (unsigned long long)n_dels, (unsigned long long)max_rows,
-	       (unsigned long long)must.n);
+	tt->n_must = must.n;
+	tt->t_all = kvt_now_s() - t0;
 	free(must.v);
 	free(v.rows);
 	free(v.hashes);
+}
+
+static void report(const char *mode, int n_trials, const trial_totals *tt)
+{
+	printf("crash (%s): child start-up to recovered %.1f ms (mean of the waited-for trials), parent verification "
+	       "%.1f ms per trial\n",
+	       mode, n_trials > 1 ? 1e3 * tt->t_startup / (n_trials - (n_trials + 3) / 4) : 0.0,
+	       1e3 * tt->t_verify / n_trials);
+	printf("crash (%s): %d trials in %.1f s: %llu killed while running, %llu finished first; %llu puts "
+	       "acknowledged, %llu deletes started, up to %llu rows, %llu must-have blocks at the end\n",
+	       mode, n_trials, tt->t_all, (unsigned long long)tt->n_killed_busy, (unsigned long long)tt->n_exited,
+	       (unsigned long long)tt->n_acks, (unsigned long long)tt->n_dels, (unsigned long long)tt->max_rows,
+	       (unsigned long long)tt->n_must);
+}
+
+static int env_trials(const char *name, int dflt)
+{
+	const char *env = getenv(name);
+	return env && *env && atoi(env) >= 0 ? atoi(env) : dflt;
+}
+
+static void remove_dir(const char *dir)
+{
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int main(int argc, char **argv)
+{
+	if ((argc == 4 || argc == 5) && strcmp(argv[1], "--child") == 0) {
+		g_powerloss = argc == 5 && strcmp(argv[4], "powerloss") == 0;
+		return child_main(argv[2], strtoull(argv[3], NULL, 10));
+	}
+
+	char dir[] = "/tmp/kvt_crash_XXXXXX";
+	int n_trials = env_trials("KVT_CRASH_TRIALS", 200);
+	if (n_trials == 0)
+		n_trials = 200;
+	int n_pl = env_trials("KVT_POWERLOSS_TRIALS", 100);
+	if (!mkdtemp(dir))
+		return check_skip("test_crash_index", "mkdtemp failed");
+
+	trial_totals tt;
+	memset(&tt, 0, sizeof(tt));
+	run_trials(dir, n_trials, 0xC0FFEEull, &tt);
+	CHECK_EQ_INT(tt.bad_child, 0);
+	CHECK(tt.n_acks > 0);
+	report("kill -9", n_trials, &tt);
+	remove_dir(dir);
+
+	if (n_pl > 0) {
+		char pdir[] = "/tmp/kvt_powerloss_XXXXXX";
+		if (!mkdtemp(pdir))
+			return check_skip("test_crash_index", "mkdtemp failed");
+		/* the T2 file exists (created and synced) before the first cut: creation is not what is tested */
+		kvt_t2_store *t2;
+		kvt_db *db;
+		CHECK(open_all(pdir, &t2, &db) == KVT_OK);
+		kvt_db_close(db);
+		kvt_t2_close(t2);
+		memset(&tt, 0, sizeof(tt));
+		g_powerloss = true;
+		run_trials(pdir, n_pl, 0xDEC0DEull, &tt);
+		g_powerloss = false;
+		CHECK_EQ_INT(tt.bad_child, 0);
+		CHECK(tt.n_acks > 0);
+		CHECKF(tt.pl.n_dropped > 0 && tt.pl.n_torn > 0 && tt.pl.n_applied > 0,
+		       "the cuts never dropped, tore or applied an unsynced write");
+		report("power loss", n_pl, &tt);
+		printf("crash (power loss): %llu unsynced writes at the cuts: %llu dropped, %llu applied, %llu torn\n",
+		       (unsigned long long)tt.pl.n_entries, (unsigned long long)tt.pl.n_dropped,
+		       (unsigned long long)tt.pl.n_applied, (unsigned long long)tt.pl.n_torn);
+		remove_dir(pdir);
+	}
 	return check_done("test_crash_index");
 }

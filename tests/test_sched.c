@@ -327,6 +327,9 @@ int main(void)
 	CHECK_EQ_INT(rep.tokens_from[KVT_TIER_NVME], n_hist / BT * BT);
 	CHECK_EQ_INT(rep.tokens_missing, n_hist % BT);
 	CHECK(rep.bytes_from[KVT_TIER_NVME] > 0);
+	/* every block came from NVMe: its bytes count there once, not also under host on their way to T0 */
+	CHECK_EQ_INT(rep.bytes_from[KVT_TIER_HOST], 0);
+	CHECK_EQ_INT(rep.bytes_from[KVT_TIER_HBM], 0);
 	CHECK_EQ_INT(last, n_hist / BT);
 	CHECK_EQ_INT(kvt_t0_n_slots(r.t0) - kvt_t0_n_free(r.t0), n_hist / BT); /* exactly the session's blocks in T0 */
 	printf("  resume: %u tokens from nvme, %llu bytes, %.3f s; prefill avoided %.3f s\n",

@@ -665,6 +665,7 @@ static int offline_report(const char *dir, json_t **out)
 {
 	char t2_path[4096], idx_path[4096];
 	offline_ctx oc = { 0 };
+	kvt_datadir_lock *lock = NULL;
 	kvt_db *db = NULL;
 	kvt_db_config cfg;
 	uint8_t fp[32];
@@ -679,6 +680,22 @@ static int offline_report(const char *dir, json_t **out)
 		fprintf(stderr, "kvtier stats: no index at %s (%s); is --data-dir the daemon's data_dir?\n", idx_path,
 			strerror(errno));
 		return EX_NOINPUT;
+	}
+	/*
+	 * The directory's lock, as fsck and rebuild-index take it: a running
+	 * daemon holds it and its index (SQLite EXCLUSIVE), and this report may
+	 * add an empty namespace row (below), so it is not read-only enough to
+	 * run beside one. The daemon answers the same question: drop --offline.
+	 */
+	rc = kvt_datadir_lock_take(dir, "kvtier stats --offline", &lock);
+	if (rc != KVT_OK) {
+		if (rc == KVT_EBUSY)
+			fprintf(stderr, "kvtier stats: %s is in use (the line above names the holder); if it is kvtierd, "
+					"ask it instead (drop --offline)\n",
+				dir);
+		else
+			fprintf(stderr, "kvtier stats: cannot lock %s (%s)\n", dir, kvt_strerror(rc));
+		return rc == KVT_EBUSY ? EX_TEMPFAIL : EX_IOERR;
 	}
 	if (stat(t2_path, &st) == 0) {
 		t2_size = (uint64_t)st.st_size;
@@ -789,6 +806,7 @@ static int offline_report(const char *dir, json_t **out)
 	*out = j;
 out:
 	free(oc.v);
+	kvt_datadir_lock_release(lock);
 	return ret;
 }
 
@@ -797,7 +815,8 @@ out:
 static void usage_stats(FILE *f)
 {
 	fprintf(f, "usage: kvtier stats [--json] [--watch [SECONDS]] [--url URL] [--api-key KEY] [-c FILE]\n"
-		   "       kvtier stats --offline --data-dir DIR [--json]\n");
+		   "       kvtier stats --offline --data-dir DIR [--json]\n"
+		   "  --offline reads the index of a stopped daemon; while kvtierd holds DIR it is refused (exit 75)\n");
 }
 
 int kvt_cli_stats(int argc, char **argv)

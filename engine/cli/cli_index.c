@@ -13,20 +13,52 @@
  * it renames it aside, builds the new one under a temporary name and renames
  * it into place, so an interrupted rebuild leaves either no index (run it
  * again) or a complete one.
+ *
+ * Both refuse a data directory a running daemon holds: they take the
+ * directory's lock (kvt_datadir_lock_take, the one kvtierd holds for its
+ * life) before they open anything, and keep it to the end.
  */
 #include "cli_index.h"
 #include "fingerprint.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sysexits.h>
 #include <time.h>
 #include <unistd.h>
 
 #define PATH_CAP 4096
+
+/* ---- where a data directory's files are -------------------------------------------- */
+
+int kvt_data_paths_dir(const char *dir, kvt_data_paths *p)
+{
+	memset(p, 0, sizeof(*p));
+	if (!dir || !dir[0] || strlen(dir) >= sizeof(p->dir)) {
+		KVT_LOGE("data directory: %s path", dir && dir[0] ? "too long a" : "empty");
+		return KVT_EINVAL;
+	}
+	memcpy(p->dir, dir, strlen(dir) + 1);
+	return kvt_index_paths(dir, p->t2, p->index, sizeof(p->t2));
+}
+
+int kvt_data_paths_config(const kvt_config *c, kvt_data_paths *p)
+{
+	int rc = kvt_data_paths_dir(c->data_dir, p);
+	if (rc)
+		return rc;
+	/* the same rule as kvtierd's data_path(): a set path wins, else the file in the directory */
+	if (c->nvme_path[0])
+		snprintf(p->t2, sizeof(p->t2), "%s", c->nvme_path);
+	if (c->index_path[0])
+		snprintf(p->index, sizeof(p->index), "%s", c->index_path);
+	return KVT_OK;
+}
 
 /* ---- start-up recovery ---------------------------------------------------------- */
 
@@ -239,18 +271,30 @@ static int move_aside(const char *path, char *moved, size_t cap)
 
 int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild_stats *st)
 {
-	char t2_path[PATH_CAP], idx_path[PATH_CAP], tmp_path[PATH_CAP + 16], moved[PATH_CAP + 64], sj_path[PATH_CAP + 32];
+	kvt_data_paths p;
+	memset(st, 0, sizeof(*st));
+	int rc = kvt_data_paths_dir(data_dir, &p);
+	return rc ? rc : kvt_index_rebuild_at(&p, model_fp, st);
+}
+
+int kvt_index_rebuild_at(const kvt_data_paths *dp, const uint8_t *model_fp, kvt_rebuild_stats *st)
+{
+	char tmp_path[PATH_CAP + 16], moved[PATH_CAP + 64], idx_dir[PATH_CAP], sj_path[PATH_CAP + 32];
+	const char *t2_path = dp->t2, *idx_path = dp->index;
 	struct scan_ctx sc = { 0 };
+	kvt_datadir_lock *lock = NULL;
 	kvt_t2_store *t2 = NULL;
 	uint8_t fp[32];
 	int rc;
 
 	memset(st, 0, sizeof(*st));
-	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
+	snprintf(idx_dir, sizeof(idx_dir), "%s", idx_path);
+	dirname(idx_dir); /* where the renames happen: its entry is what must be durable */
+	if ((rc = kvt_datadir_lock_take(dp->dir, "kvtier rebuild-index", &lock)) != KVT_OK)
 		return rc;
-	snprintf(sj_path, sizeof(sj_path), "%s/%s", data_dir, KVT_DATA_SESSIONS_FILE);
+	snprintf(sj_path, sizeof(sj_path), "%s/%s", dp->dir, KVT_DATA_SESSIONS_FILE);
 	if ((rc = open_t2(t2_path, model_fp, NULL, true, 0, &t2)) != KVT_OK)
-		return rc;
+		goto out;
 	if ((rc = kvt_t2_file_model_fp(t2_path, fp)) != KVT_OK)
 		goto out;
 	/* the new index takes the file's identity, so the daemon accepts the pair */
@@ -371,12 +415,13 @@ int kvt_index_rebuild(const char *data_dir, const uint8_t *model_fp, kvt_rebuild
 			goto out;
 		}
 	}
-	fsync_dir(data_dir);
+	fsync_dir(idx_dir);
 	if (moved[0])
 		KVT_LOGI("rebuild-index: the old index was moved to %s", moved);
 out:
 	free(sc.v);
 	kvt_t2_close(t2);
+	kvt_datadir_lock_release(lock);
 	return rc;
 }
 
@@ -404,7 +449,17 @@ static int fsck_collect(void *arg, const kvt_db_block_row *row)
 
 int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st)
 {
-	char t2_path[PATH_CAP], idx_path[PATH_CAP], hex[65];
+	kvt_data_paths p;
+	memset(st, 0, sizeof(*st));
+	int rc = kvt_data_paths_dir(data_dir, &p);
+	return rc ? rc : kvt_index_fsck_at(&p, repair, st);
+}
+
+int kvt_index_fsck_at(const kvt_data_paths *dp, bool repair, kvt_fsck_stats *st)
+{
+	const char *t2_path = dp->t2, *idx_path = dp->index;
+	char hex[65];
+	kvt_datadir_lock *lock = NULL;
 	struct fsck_ctx fc = { 0 };
 	kvt_t2_store *t2 = NULL;
 	kvt_db *db = NULL;
@@ -415,12 +470,12 @@ int kvt_index_fsck(const char *data_dir, bool repair, kvt_fsck_stats *st)
 	int rc;
 
 	memset(st, 0, sizeof(*st));
-	if ((rc = kvt_index_paths(data_dir, t2_path, idx_path, sizeof(t2_path))) != KVT_OK)
+	if ((rc = kvt_datadir_lock_take(dp->dir, "kvtier fsck", &lock)) != KVT_OK)
 		return rc;
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.path = idx_path; /* admin handle: no namespace */
 	if ((rc = kvt_db_open(&cfg, &db)) != KVT_OK)
-		return rc;
+		goto out;
 	if ((rc = kvt_db_for_each_block(db, KVT_DB_ALL_NS, fsck_collect, &fc)) != KVT_OK)
 		goto out;
 	/* Reads are sized by the largest row: the rows of every block size are
@@ -489,6 +544,7 @@ out:
 	free(fc.rows);
 	kvt_t2_close(t2);
 	kvt_db_close(db);
+	kvt_datadir_lock_release(lock);
 	return rc;
 }
 
@@ -496,27 +552,91 @@ out:
 
 static void usage_fsck(FILE *f)
 {
-	fprintf(f, "usage: kvtier fsck --data-dir DIR [--dry-run]\n"
+	fprintf(f, "usage: kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]\n"
 		   "  Verifies every index row against its T2 record; deletes bad rows unless --dry-run.\n"
-		   "  Exit: 0 all rows verified, 3 bad rows found, 1 failure, 2 bad usage.\n");
+		   "  -c FILE reads index.data_dir, tier.nvme path and index.path from kvtierd's configuration\n"
+		   "  (--data-dir then overrides index.data_dir). Refuses a directory a running kvtierd holds.\n"
+		   "  Exit: 0 all rows verified, 3 bad rows found, 1 failure, 2 bad usage, 75 held by a daemon.\n");
 }
 
 static void usage_rebuild(FILE *f)
 {
-	fprintf(f, "usage: kvtier rebuild-index --data-dir DIR [--model MODEL.gguf]\n"
-		   "  Rebuilds DIR/%s from the record headers in DIR/%s; the old index is kept as\n"
-		   "  %s.broken-<time>. Sessions are not recovered.\n",
+	fprintf(f, "usage: kvtier rebuild-index (--data-dir DIR | -c FILE) [--model MODEL.gguf]\n"
+		   "  Rebuilds the index (DIR/%s) from the record headers in the T2 file (DIR/%s); the old\n"
+		   "  index is kept as %s.broken-<time>. Sessions are not recovered.\n"
+		   "  -c FILE reads index.data_dir, tier.nvme path and index.path from kvtierd's configuration\n"
+		   "  (--data-dir then overrides index.data_dir). Refuses a directory a running kvtierd holds.\n"
+		   "  Exit: 0 rebuilt, 1 failure, 2 bad usage, 75 held by a daemon.\n",
 		KVT_DATA_INDEX_FILE, KVT_DATA_T2_FILE, KVT_DATA_INDEX_FILE);
+}
+
+/*
+ * The paths from --data-dir and/or -c FILE (kvtierd's configuration, so a T2
+ * device or index at a configured path is found). 0, or an exit status
+ * (message printed).
+ */
+static int resolve_paths(const char *cmd, const char *dir, const char *conf, kvt_data_paths *p)
+{
+	char err[1024];
+	int rc;
+	if (!conf) {
+		if (!dir) {
+			fprintf(stderr, "kvtier %s: --data-dir DIR or -c FILE is required\n", cmd);
+			return 2;
+		}
+		if (kvt_data_paths_dir(dir, p) != KVT_OK) {
+			fprintf(stderr, "kvtier %s: bad --data-dir '%s'\n", cmd, dir);
+			return 2;
+		}
+		return 0;
+	}
+	kvt_config *c = malloc(sizeof(*c));
+	if (!c) {
+		fprintf(stderr, "kvtier %s: out of memory\n", cmd);
+		return 1;
+	}
+	kvt_config_default(c);
+	rc = kvt_config_load(c, conf, err, sizeof(err));
+	if (rc == KVT_OK && dir)
+		rc = kvt_config_set(c, "index", "data_dir", dir, err, sizeof(err));
+	if (rc != KVT_OK) {
+		fprintf(stderr, "kvtier %s: %s\n", cmd, err);
+		free(c);
+		return 2;
+	}
+	rc = kvt_data_paths_config(c, p);
+	free(c);
+	if (rc != KVT_OK) {
+		fprintf(stderr, "kvtier %s: bad index.data_dir in %s\n", cmd, conf);
+		return 2;
+	}
+	return 0;
+}
+
+/* The exit status and message of a failed tool run. */
+static int tool_failed(const char *cmd, const kvt_data_paths *p, int rc)
+{
+	if (rc == KVT_EBUSY) {
+		fprintf(stderr, "kvtier %s: %s is in use (the line above names the holder); nothing was changed; stop "
+				"kvtierd first, or ask it (kvtier stats, kvtier sessions)\n",
+			cmd, p->dir);
+		return EX_TEMPFAIL;
+	}
+	fprintf(stderr, "kvtier %s: %s: failed (%s)\n", cmd, p->dir, kvt_strerror(rc));
+	return 1;
 }
 
 int kvt_cli_fsck(int argc, char **argv)
 {
-	const char *dir = NULL;
+	const char *dir = NULL, *conf = NULL;
 	bool dry = false;
 	kvt_fsck_stats st;
+	kvt_data_paths p;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) {
 			dir = argv[++i];
+		} else if (!strcmp(argv[i], "-c") && i + 1 < argc) {
+			conf = argv[++i];
 		} else if (!strcmp(argv[i], "--dry-run")) {
 			dry = true;
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -528,17 +648,16 @@ int kvt_cli_fsck(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!dir) {
-		fprintf(stderr, "kvtier fsck: --data-dir is required\n");
-		usage_fsck(stderr);
-		return 2;
+	int ret = resolve_paths("fsck", dir, conf, &p);
+	if (ret) {
+		if (ret == 2)
+			usage_fsck(stderr);
+		return ret;
 	}
-	int rc = kvt_index_fsck(dir, !dry, &st);
-	if (rc) {
-		fprintf(stderr, "kvtier fsck: %s: failed (%s)\n", dir, kvt_strerror(rc));
-		return 1;
-	}
-	printf("fsck %s: %llu rows, %llu ok, %llu bad (%llu deleted), %llu unreadable (I/O error, kept)\n", dir,
+	int rc = kvt_index_fsck_at(&p, !dry, &st);
+	if (rc)
+		return tool_failed("fsck", &p, rc);
+	printf("fsck %s: %llu rows, %llu ok, %llu bad (%llu deleted), %llu unreadable (I/O error, kept)\n", p.dir,
 	       (unsigned long long)st.n_rows, (unsigned long long)st.n_ok, (unsigned long long)st.n_bad,
 	       (unsigned long long)st.n_deleted, (unsigned long long)st.n_io);
 	return st.n_bad || st.n_io ? 3 : 0;
@@ -546,12 +665,15 @@ int kvt_cli_fsck(int argc, char **argv)
 
 int kvt_cli_rebuild_index(int argc, char **argv)
 {
-	const char *dir = NULL, *model = NULL;
+	const char *dir = NULL, *conf = NULL, *model = NULL;
 	uint8_t fp[32];
 	kvt_rebuild_stats st;
+	kvt_data_paths p;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) {
 			dir = argv[++i];
+		} else if (!strcmp(argv[i], "-c") && i + 1 < argc) {
+			conf = argv[++i];
 		} else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
 			model = argv[++i];
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -563,23 +685,22 @@ int kvt_cli_rebuild_index(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!dir) {
-		fprintf(stderr, "kvtier rebuild-index: --data-dir is required\n");
-		usage_rebuild(stderr);
-		return 2;
+	int ret = resolve_paths("rebuild-index", dir, conf, &p);
+	if (ret) {
+		if (ret == 2)
+			usage_rebuild(stderr);
+		return ret;
 	}
 	if (model && kvt_model_fingerprint(model, NULL, fp, NULL) != KVT_OK) {
 		fprintf(stderr, "kvtier rebuild-index: cannot fingerprint %s\n", model);
 		return 1;
 	}
-	int rc = kvt_index_rebuild(dir, model ? fp : NULL, &st);
-	if (rc) {
-		fprintf(stderr, "kvtier rebuild-index: %s: failed (%s)\n", dir, kvt_strerror(rc));
-		return 1;
-	}
+	int rc = kvt_index_rebuild_at(&p, model ? fp : NULL, &st);
+	if (rc)
+		return tool_failed("rebuild-index", &p, rc);
 	printf("rebuild-index %s: %llu records, %llu corrupt or torn skipped, %llu older duplicates dropped; "
 	       "%llu rows in %u namespace(s); %llu session writes replayed from the session journal\n",
-	       dir, (unsigned long long)st.n_records, (unsigned long long)st.n_bad,
+	       p.dir, (unsigned long long)st.n_records, (unsigned long long)st.n_bad,
 	       (unsigned long long)st.n_duplicates, (unsigned long long)st.n_rows, st.n_namespaces,
 	       (unsigned long long)st.n_sessions);
 	return 0;

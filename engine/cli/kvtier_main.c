@@ -5,8 +5,8 @@
  *                   [--seed S] [--chat] [--no-kv-cache] [--threads N]
  *                   [--weights f16|f32] [--device auto|cpu|cuda]
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
- *   kvtier fsck --data-dir DIR [--dry-run]           (engine/cli/cli_index.c)
- *   kvtier rebuild-index --data-dir DIR [--model M]  (engine/cli/cli_index.c)
+ *   kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]           (engine/cli/cli_index.c)
+ *   kvtier rebuild-index (--data-dir DIR | -c FILE) [--model M]  (engine/cli/cli_index.c)
  *   kvtier resume SESSION [--json]                   (engine/cli/cli_client.c)
  *   kvtier stats [--json] [--watch [S]] | --offline --data-dir DIR
  *   kvtier sessions [--json]

@@ -216,6 +216,7 @@ typedef struct daemon {
 	kvt_dev *dev;
 	kvt_model *model;
 	kvt_stack st;      /* index, tiers, scheduler */
+	kvt_datadir_lock *lock; /* index.data_dir's lock, held from before the stack opens until after it closes */
 	kvt_api_key *keys; /* config keys plus api_key_file */
 	size_t n_keys;
 } daemon_t;
@@ -332,6 +333,11 @@ static int bring_up(daemon_t *d, int *exit_code)
 		*exit_code = EX_CANTCREAT;
 		return KVT_EIO;
 	}
+	/* Before anything in the directory is read: no second daemon and no offline tool beside this one. */
+	if ((rc = kvt_datadir_lock_take(c->data_dir, "kvtierd", &d->lock))) {
+		*exit_code = rc == KVT_EBUSY ? EX_TEMPFAIL : EX_CANTCREAT;
+		return rc;
+	}
 	data_path(t2_path, sizeof(t2_path), c->data_dir, c->nvme_path, "kvtier.t2");
 	data_path(db_path, sizeof(db_path), c->data_dir, c->index_path, "index.sqlite");
 	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
@@ -350,7 +356,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 				 "this [tier.nvme] path; give each daemon its own",
 				 t2_path);
 			*exit_code = EX_TEMPFAIL;
-			return KVT_EIO;
+			return KVT_EBUSY;
 		}
 		KVT_LOGE("index %s is missing but the NVMe tier's file %s holds data: run `kvtier rebuild-index "
 			 "--data-dir %s` (the blocks come back from the T2 records, the sessions from %s), or move %s "
@@ -485,6 +491,8 @@ static void tear_down(daemon_t *d)
 	kvt_server_stop(d->srv);
 	d->srv = NULL;
 	kvt_stack_close(&d->st); /* flushes the cache to NVMe and commits the index */
+	kvt_datadir_lock_release(d->lock); /* only once the index and T2 file are closed */
+	d->lock = NULL;
 	kvt_model_destroy(d->model);
 	kvt_dev_destroy(d->dev);
 	kvt_tok_destroy(d->tok);

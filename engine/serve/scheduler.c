@@ -1151,7 +1151,19 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 			rep->tokens_from[origin_tier(&mt[i])] += s->block_tokens;
 			served++;
 		}
-		rep->bytes_from[KVT_TIER_HOST] = b.tier[KVT_TIER_HBM].promotion_bytes - a.tier[KVT_TIER_HBM].promotion_bytes;
+		/*
+		 * Bytes by the tier each block was found in. NOTE: a block from NVMe
+		 * that goes on to T0 is counted by the manager twice (its record read
+		 * as a host promotion, its unpack into T0 as an HBM promotion), so
+		 * the T0 promotions are not "bytes from host": only those of blocks
+		 * found in T1 are. Every T0 promotion moves one packed block.
+		 */
+		uint64_t up_n = b.tier[KVT_TIER_HBM].n_promotions - a.tier[KVT_TIER_HBM].n_promotions;
+		uint64_t up_bytes = b.tier[KVT_TIER_HBM].promotion_bytes - a.tier[KVT_TIER_HBM].promotion_bytes;
+		uint64_t n_host_up = 0;
+		for (uint32_t i = 0; i < served; i++)
+			n_host_up += origin_tier(&mt[i]) == KVT_TIER_HOST && res[i] == KVT_OK;
+		rep->bytes_from[KVT_TIER_HOST] = up_n ? up_bytes / up_n * n_host_up : 0;
 		rep->bytes_from[KVT_TIER_NVME] = b.tier[KVT_TIER_HOST].promotion_bytes - a.tier[KVT_TIER_HOST].promotion_bytes;
 		nm = served;
 		if (progress)

@@ -165,6 +165,8 @@ def case_kill9(build, tmp):
               "after kill -9 the reply differs from the uninterrupted run:\n%r\n%r"
               % (r["choices"][0]["message"]["content"], ref["choices"][0]["message"]["content"]))
         rc, out, err = kvtier(build, "fsck", "--data-dir", b.data_dir, "--dry-run")
+        check(rc == 75 and "kvtierd pid %d" % b.proc.pid in err,
+              "fsck beside the live daemon is refused (exit 75, naming it): %d %s" % (rc, err))
     finally:
         b.stop()
     rc, out, err = kvtier(build, "fsck", "--data-dir", b.data_dir)

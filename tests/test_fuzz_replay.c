@@ -1,0 +1,71 @@
+/* ctest-labels: unit fuzz */
+/*
+ * tests/test_fuzz_replay.c — the libFuzzer targets for the T2 parsers
+ * (tests/fuzz_t2.c) and the configuration parser (tests/fuzz_config.c),
+ * replayed without libFuzzer over their checked-in inputs, so every build
+ * (the gcc ASan+UBSan one included) runs them even where clang is absent:
+ *   tests/data/t2_corpus/, tests/data/t2_regress/        through fuzz_t2
+ *   tests/data/config_corpus/, tests/data/config_regress/ through fuzz_config
+ * A *_regress/ file is an input that once crashed a fuzzer (or broke one of
+ * its invariants); the targets abort on a finding, so a regression fails this
+ * test by crashing it. Each directory must hold at least one file: a corpus
+ * that went missing is a failure, not a silent pass.
+ */
+#define _GNU_SOURCE
+#include "check.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define LLVMFuzzerTestOneInput fuzz_t2_one
+#include "fuzz_t2.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_config_one
+#include "fuzz_config.c"
+#undef LLVMFuzzerTestOneInput
+
+/* Feed every file of tests/data/NAME to fn; how many. */
+static int replay(const char *name, int (*fn)(const uint8_t *, size_t))
+{
+	char dir[1024], path[2048];
+	snprintf(dir, sizeof(dir), "%s/tests/data/%s", KVT_SOURCE_DIR, name);
+	DIR *d = opendir(dir);
+	CHECKF(d != NULL, "no directory %s", dir);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	int n = 0;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		FILE *f = fopen(path, "rb");
+		CHECKF(f != NULL, "cannot open %s", path);
+		if (!f)
+			continue;
+		fseek(f, 0, SEEK_END);
+		long len = ftell(f);
+		fseek(f, 0, SEEK_SET);
+		uint8_t *buf = malloc(len > 0 ? (size_t)len : 1);
+		CHECK(buf != NULL && fread(buf, 1, (size_t)len, f) == (size_t)len);
+		fclose(f);
+		fn(buf, (size_t)len); /* aborts on a finding */
+		free(buf);
+		n++;
+	}
+	closedir(d);
+	printf("%s: %d inputs replayed\n", name, n);
+	CHECKF(n > 0, "%s holds no inputs", dir);
+	return n;
+}
+
+int main(void)
+{
+	replay("t2_corpus", fuzz_t2_one);
+	replay("t2_regress", fuzz_t2_one);
+	replay("config_corpus", fuzz_config_one);
+	replay("config_regress", fuzz_config_one);
+	kvt_log_set_sink(NULL, NULL);
+	return check_done("test_fuzz_replay");
+}
