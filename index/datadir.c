@@ -45,7 +45,7 @@ int kvt_datadir_lock_take(const char *data_dir, const char *who, kvt_datadir_loc
 		KVT_LOGE("data directory %s: path too long", data_dir);
 		return KVT_EINVAL;
 	}
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		int e = errno;
 		KVT_LOGE("data directory %s: cannot open the lock %s: %s", data_dir, path, strerror(e));

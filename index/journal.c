@@ -218,7 +218,7 @@ int kvt_sj_open(const char *path, int (*fn)(void *ctx, const kvt_sj_rec *r), voi
 		free(j);
 		return KVT_ENOMEM;
 	}
-	j->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	j->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (j->fd < 0) {
 		KVT_LOGE("session journal %s: cannot open for writing: %s", path, strerror(errno));
 		free(j->path);
@@ -319,7 +319,7 @@ int kvt_sj_rewrite(kvt_sjournal *j, int (*each)(void *ctx, kvt_sjournal *tmp), v
 	char tmp_path[4200];
 	snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", j->path);
 	kvt_sjournal t = { .path = tmp_path };
-	t.fd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	t.fd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (t.fd < 0) {
 		KVT_LOGE("session journal %s: cannot create: %s", tmp_path, strerror(errno));
 		return KVT_EIO;

@@ -653,7 +653,7 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 	 * openers and mounts).
 	 */
 	s->lock_fd = s->blockdev ? open(cfg->path, O_RDONLY | O_CLOEXEC | O_EXCL)
-				 : open(cfg->path, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+				 : open(cfg->path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
 	if (s->lock_fd < 0) {
 		int e = errno;
 		if (e == EBUSY)
@@ -678,12 +678,12 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 		goto fail;
 	}
 
-	s->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+	s->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
 	s->direct = s->fd >= 0;
 	if (s->fd < 0 && errno == EINVAL && cfg->buffered_ok) {
 		KVT_LOGW("t2 %s: the file system refuses O_DIRECT; using buffered I/O (fdatasync still orders writes)",
 			 cfg->path);
-		s->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		s->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	}
 	if (s->fd < 0) {
 		KVT_LOGE("t2 %s: cannot open: %s", cfg->path, strerror(errno));

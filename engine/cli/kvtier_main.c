@@ -33,6 +33,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -395,6 +396,7 @@ static int cmd_size(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	umask(077); /* rebuild-index writes a new index: private, as kvtierd's files are */
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

@@ -107,13 +107,29 @@ static int mkdir_p(const char *dir)
 		if (*p != '/')
 			continue;
 		*p = 0;
-		if (mkdir(buf, 0750) && errno != EEXIST)
+		if (mkdir(buf, 0700) && errno != EEXIST)
 			return -1;
 		*p = '/';
 	}
-	if (mkdir(buf, 0750) && errno != EEXIST)
+	if (mkdir(buf, 0700) && errno != EEXIST)
 		return -1;
 	return 0;
+}
+
+/*
+ * Every conversation's token history lives in the data directory: whatever
+ * kvtierd creates there is private to its user, whatever the umask it was
+ * started with (a shell's 022 would leave the index and T2 file 0644).
+ * Existing paths with group/other bits are named in a warning.
+ */
+static void warn_open_modes(const char *const *paths, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct stat sb;
+		if (paths[i] && stat(paths[i], &sb) == 0 && (sb.st_mode & 077))
+			KVT_LOGW("%s is mode %04o: other users can read conversation data; chmod %s it", paths[i],
+				 (unsigned)(sb.st_mode & 07777), S_ISDIR(sb.st_mode) ? "700" : "600");
+	}
 }
 
 /* The server secret: read it, or create 32 random bytes (0600) on first start. */
@@ -121,6 +137,14 @@ static int load_secret(const char *path, uint8_t *out, size_t *n)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
+		struct stat sb;
+		if (fstat(fd, &sb) == 0 && (sb.st_mode & 077)) { /* as ssh refuses a private key others can read */
+			KVT_LOGE("secret file %s is readable by group or others (mode %04o): whoever reads it can aim at "
+				 "any tenant's cache; chmod 600 %s",
+				 path, (unsigned)(sb.st_mode & 07777), path);
+			close(fd);
+			return KVT_EINVAL;
+		}
 		ssize_t r = read(fd, out, 64);
 		close(fd);
 		if (r < 16) {
@@ -343,6 +367,8 @@ static int bring_up(daemon_t *d, int *exit_code)
 	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
 	snprintf(fp_cache, sizeof(fp_cache), "%s/fingerprint.cache", c->data_dir);
 	data_path(sj_path, sizeof(sj_path), c->data_dir, "", KVT_DATA_SESSIONS_FILE);
+	const char *mine[] = { c->data_dir, db_path, t2_path, sj_path };
+	warn_open_modes(mine, sizeof(mine) / sizeof(mine[0]));
 	struct stat sb_db, sb_t2;
 	if (stat(db_path, &sb_db) != 0 && errno == ENOENT && stat(t2_path, &sb_t2) == 0 && S_ISREG(sb_t2.st_mode) &&
 	    sb_t2.st_size > 0) {
@@ -502,6 +528,7 @@ static void tear_down(daemon_t *d)
 
 int main(int argc, char **argv)
 {
+	umask(077);
 	static daemon_t d;
 	const char *cfg_path = NULL;
 	const char *flag_keys[][3] = { { "--listen", "server", "listen" },

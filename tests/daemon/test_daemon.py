@@ -675,10 +675,47 @@ def case_lostindex(build, tmp):
         check(d.stop() == 0, "SIGTERM exits 0")
 
 
+def case_perms(build, tmp):
+    """Started with umask 022, kvtierd makes the data dir 0700 and every file in it 0600; a secret others can read is refused."""
+    data = os.path.join(tmp, "data")  # made by kvtierd; the test's files go to tmp
+    conf = ("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 2048\n[tier.hbm]\n"
+            "capacity = 128M\n[tier.host]\ncapacity = 128M\n[tier.nvme]\ncapacity = 64M\n[index]\ndata_dir = %s\n"
+            % (MODEL, data))
+    old = os.umask(0o022)
+    try:
+        d = Daemon(build, tmp, conf)
+        d.start()
+        try:
+            chat(d, [{"role": "user", "content": "Hello"}], session="p1", max_tokens=4)
+            time.sleep(1.5)  # end-of-turn write-through
+        finally:
+            check(d.stop() == 0, "SIGTERM exits 0")
+    finally:
+        os.umask(old)
+    mode = lambda p: os.stat(p).st_mode & 0o7777  # noqa: E731
+    check(mode(data) == 0o700, "data dir mode %o" % mode(data))
+    names = sorted(os.listdir(data))
+    for want in ("index.sqlite", "kvtier.t2", "secret", "sessions.journal", "kvtier.lock"):
+        check(want in names, "%s is in the data dir: %s" % (want, names))
+    for n in names:
+        p = os.path.join(data, n)
+        check(mode(p) & 0o077 == 0, "%s is private: mode %o" % (n, mode(p)))
+    os.chmod(os.path.join(data, "secret"), 0o644)
+    refused(Daemon(build, tmp, conf), "a group/other-readable secret", "readable by group or others")
+    os.chmod(os.path.join(data, "secret"), 0o600)
+    os.chmod(data, 0o755)
+    d = Daemon(build, tmp, conf)
+    d.start()
+    try:
+        check("is mode 0755" in d._log(), "an open data dir is warned about")
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
          "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure,
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
-         "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex}
+         "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms}
 
 
 def main():
