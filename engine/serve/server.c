@@ -486,6 +486,35 @@ static json_t *error_object(const char *type, const char *param, const char *cod
 			 code);
 }
 
+/*
+ * Make s valid UTF-8 in place: every byte that does not belong to a
+ * well-formed sequence (RFC 3629: no overlong forms, no surrogates, nothing
+ * above U+10FFFF; a sequence cut short by the end) becomes '?'.
+ */
+static void utf8_scrub(char *s)
+{
+	unsigned char *p = (unsigned char *)s;
+	while (*p) {
+		unsigned c = p[0];
+		size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+		bool ok = n > 0;
+		for (size_t i = 1; ok && i < n; i++)
+			ok = (p[i] & 0xc0) == 0x80;
+		if (ok && n > 1) {
+			uint32_t cp = c & (0x7f >> n);
+			for (size_t i = 1; i < n; i++)
+				cp = cp << 6 | (p[i] & 0x3f);
+			static const uint32_t min_of[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+			ok = cp >= min_of[n] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+		}
+		if (!ok) {
+			*p++ = '?';
+			continue;
+		}
+		p += n;
+	}
+}
+
 static enum MHD_Result reply_error(conn_req *r, unsigned status, const char *param, const char *code,
 				   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static enum MHD_Result reply_error(conn_req *r, unsigned status, const char *param, const char *code,
@@ -496,6 +525,7 @@ static enum MHD_Result reply_error(conn_req *r, unsigned status, const char *par
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	utf8_scrub(msg); /* messages quote the client's bytes (a path, an id): JSON strings must be UTF-8 */
 	const char *type = status == 401 ? "authentication_error" : status == 403 ? "permission_error" :
 			   status >= 500 ? "server_error" : "invalid_request_error";
 	return reply_json(r, status, error_object(type, param, code, msg), status == 503);
@@ -664,12 +694,21 @@ typedef struct gen_job {
 	size_t out_off;             /* of those, already handed */
 	bool done;                  /* everything (incl. [DONE]) is in out */
 	bool counted;               /* holds one in_flight count */
+	bool released;              /* job_release ran: no handle, no count held */
 } gen_job;
 
-static void job_free(gen_job *j)
+/*
+ * Give back what the job holds in the engine: its scheduler handles (each
+ * one cancelled if still running; a finished sequence's T0 blocks go back),
+ * its in-flight count, and its usage to its tenant. Once per job: at the end
+ * of a stream, as soon as the last byte is handed to MHD (the response
+ * itself may be freed much later), else from job_free.
+ */
+static void job_release(gen_job *j)
 {
-	if (!j)
+	if (j->released)
 		return;
+	j->released = true;
 	for (uint32_t i = 0; j->usage && j->ch && i < j->n; i++)
 		if (j->ch[i].ended) {
 			const kvt_sched_usage *u = &j->ch[i].usage;
@@ -678,16 +717,26 @@ static void job_free(gen_job *j)
 			atomic_fetch_add(&j->usage->cached_tokens, u->cached_tokens);
 			atomic_fetch_add(&j->usage->completion_tokens, u->completion_tokens);
 		}
-	for (uint32_t i = 0; i < j->n; i++) {
+	for (uint32_t i = 0; j->ch && i < j->n; i++) {
 		kvt_sched_release(j->ch[i].h); /* cancels if still running */
-		free(j->ch[i].text.p);
+		j->ch[i].h = NULL;
 	}
+	if (j->counted)
+		atomic_fetch_sub(&j->srv->in_flight, 1);
+	j->counted = false;
+}
+
+static void job_free(gen_job *j)
+{
+	if (!j)
+		return;
+	job_release(j);
+	for (uint32_t i = 0; j->ch && i < j->n; i++)
+		free(j->ch[i].text.p);
 	free(j->ch);
 	for (uint32_t i = 0; i < j->n_stops; i++)
 		free(j->stops[i]);
 	free(j->out.p);
-	if (j->counted)
-		atomic_fetch_sub(&j->srv->in_flight, 1);
 	free(j);
 }
 
@@ -983,8 +1032,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 				j->out_off = j->out.n = 0;
 			return (ssize_t)k;
 		}
-		if (j->done)
+		if (j->done) {
+			job_release(j); /* NOTE: MHD may free the response (sse_free) much later */
 			return MHD_CONTENT_READER_END_OF_STREAM;
+		}
 		if (atomic_load(&j->srv->stopping) || peer_gone(j->w.fd))
 			return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels */
 		uint64_t seen = atomic_load(&j->srv->wake_seq);
@@ -2330,6 +2381,13 @@ static size_t unescape_url(void *cls, struct MHD_Connection *con, char *s)
 	return (size_t)(w - s);
 }
 
+/* The client asked to close the connection after this request (Connection: close). */
+static bool wants_close(struct MHD_Connection *con)
+{
+	const char *c = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
+	return c && strcasestr(c, "close");
+}
+
 static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
 	conn_req *r = *con_cls;
@@ -2341,6 +2399,19 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 		 atomic_load(&r->n_prompt), atomic_load(&r->n_completion), (kvt_now_s() - r->t0) * 1e3,
 		 toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
 	track_phase(r->srv, con, true); /* a keep-alive connection now waits for its next request's headers */
+	if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && wants_close(con)) {
+		/*
+		 * NOTE: the whole response is out. libmicrohttpd 0.9.75 may leave a
+		 * connection it is to close (and the response, with what it holds)
+		 * until the next event on its worker thread; a resumed connection
+		 * hit it under fuzzing (the client saw no end for up to the header
+		 * deadline). Shutting the socket down ends it for the client now and
+		 * is that event.
+		 */
+		int fd = conn_fd(con);
+		if (fd >= 0)
+			shutdown(fd, SHUT_RDWR);
+	}
 	job_free(r->job);               /* set only if the connection ended while a generation was parked */
 	if (r->rj)
 		resume_unref(r->rj);

@@ -29,6 +29,7 @@ Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 installs it into .venv-test; KVT_TEST_STRICT=1 makes its absence a failure).
 """
 import json
+import re
 import os
 import shutil
 import signal
@@ -712,10 +713,114 @@ def case_perms(build, tmp):
         check(d.stop() == 0, "SIGTERM exits 0")
 
 
+RAWFUZZ_SEEDS = [
+    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 45\r\n\r\n"
+    b'{"prompt": "Hello", "max_tokens": 2, "seed": 1}',
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b'3b\r\n{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}\r\n0\r\n\r\n',
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 86\r\n\r\n"
+    b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": true, "n": 2}',
+    b"POST /v1/sessions/rf/resume HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n{\"stream\": true}",
+    b"DELETE /v1/sessions/rf?user=a HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/sessions?user=%00 HTTP/1.1\r\nHost: x\r\n\r\n",
+]
+
+
+def rawfuzz_mutate(rng, data):
+    """One random change to a request's bytes: the kinds a hostile client sends."""
+    b = bytearray(data)
+    k = rng.randrange(9)
+    if k == 0 and b:                       # flip bits
+        for _ in range(rng.randrange(1, 8)):
+            b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+    elif k == 1:                           # insert random bytes
+        at = rng.randrange(len(b) + 1)
+        b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+    elif k == 2 and b:                     # delete a run
+        at = rng.randrange(len(b))
+        del b[at:at + rng.randrange(1, 32)]
+    elif k == 3:                           # truncate
+        del b[rng.randrange(len(b) + 1):]
+    elif k == 4:                           # a huge header line
+        at = bytes(b).find(b"\r\n")
+        b[at + 2:at + 2] = b"X-" + b"a" * rng.choice((100, 5000, 40000)) + b": b\r\n"
+    elif k == 5:                           # a wrong Content-Length
+        b = bytearray(bytes(b).replace(b"Content-Length: ", b"Content-Length: %d" % rng.choice((0, 1, 10 ** 9, -1)), 1))
+    elif k == 6:                           # duplicate a slice
+        at = rng.randrange(len(b) + 1)
+        b[at:at] = b[at:at + rng.randrange(1, 200)]
+    elif k == 7:                           # garbage
+        b = bytearray(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300))))
+    else:                                  # two requests pipelined
+        b += rng.choice(RAWFUZZ_SEEDS)
+    return bytes(b)
+
+
+def case_rawfuzz(build, tmp):
+    """Mutated raw HTTP requests (bounded count, seeded) at the live daemon: no crash, no hang, no 5xx but 503."""
+    import random
+    import socket
+    n = int(os.environ.get("KVT_RAWFUZZ_COUNT", "600"))
+    seed = int(os.environ.get("KVT_RAWFUZZ_SEED", "12345"))
+    rng = random.Random(seed)
+    d = daemon(build, tmp, server="max_tokens_limit = 4\ndefault_max_tokens = 4\nmax_body_bytes = 64K\nheader_timeout = 3\n")
+    d.start()
+    port = int(d.url.rsplit(":", 1)[1])
+    regress = os.path.join(ROOT, "tests", "data", "http_raw_regress")
+    inputs = [open(os.path.join(regress, f), "rb").read() for f in sorted(os.listdir(regress))] \
+        if os.path.isdir(regress) else []
+    bad = []
+    try:
+        for i in range(len(inputs) + n):
+            req = inputs[i] if i < len(inputs) else rawfuzz_mutate(rng, rng.choice(RAWFUZZ_SEEDS))
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            got = b""
+            try:
+                s.sendall(req)
+                s.shutdown(socket.SHUT_WR)  # all sent: the daemon answers what it got, then closes
+                while True:
+                    c = s.recv(65536)
+                    if not c:
+                        break
+                    got += c
+            except socket.timeout:
+                bad.append((req, "no answer within 30 s (%d bytes)" % len(got)))
+            except OSError:
+                pass  # reset: the daemon may close a broken request at once
+            finally:
+                s.close()
+            for st in re.findall(rb"HTTP/1\.[01] (\d{3})", got):
+                if int(st) >= 500 and int(st) not in (503, 505):  # 505: MHD refuses an HTTP version
+                    bad.append((req, "status %s" % st.decode()))
+            if d.proc.poll() is not None:
+                bad.append((req, "the daemon died (exit %s)" % d.proc.returncode))
+                break
+        st, _ = http("GET", d.url + "/health")
+        check(st == 200, "/health after %d raw requests: %s" % (n, st))
+        st, r = http("POST", d.url + "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+        check(st == 200, "a completion after the raw requests: %s %s" % (st, r))
+        for req, why in bad[:5]:
+            name = "raw-%08x" % (hash(req) & 0xffffffff)
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(req)
+            check(False, "raw request %s: %s (kept in %s; check it in as tests/data/http_raw_regress/%s)"
+                  % (req[:120], why, path, name))
+        print("rawfuzz: %d replayed + %d mutated requests (seed %d), %d bad" % (len(inputs), n, seed, len(bad)))
+    finally:
+        if d.proc is not None:
+            check(d.stop() == 0, "exit 0 after the raw requests")
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
          "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure,
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms}
+# By name only (test_daemon.py BUILD rawfuzz): it finds the open request stall
+# (tests/fuzz_http.c), so it would fail the suite at random until that is fixed.
+OPT_IN = {"rawfuzz": case_rawfuzz}
 
 
 def main():
@@ -727,6 +832,7 @@ def main():
         print("skip: no default model at", MODEL)
         return 77
     names = sys.argv[2:] or list(CASES)
+    CASES.update(OPT_IN)
     for name in names:
         tmp = tempfile.mkdtemp(prefix="kvt_daemon_%s_" % name)
         t = time.time()
