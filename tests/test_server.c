@@ -581,7 +581,8 @@ static void test_json_edges(engine *e)
  * 1 s header deadline: 70 half-open connections from 127.0.0.2 (the 6 past
  * the per-address limit are closed at once) do not keep /health, a
  * completion or a streamed chat from 127.0.0.1 waiting; the 64 held are cut
- * at the header deadline, the one trickling a header line every 0.2 s too.
+ * at the header deadline, the one trickling a header line every 0.2 s too,
+ * and one trickling its body (the deadline covers the whole request).
  */
 static void test_slow_clients(engine *e)
 {
@@ -636,6 +637,18 @@ static void test_slow_clients(engine *e)
 	CHECKF(trickle_cut, "a client trickling header lines was not cut within 5 s (header deadline 1 s)");
 	if (trickle >= 0)
 		close(trickle);
+	/* and one whose body trickles: the deadline covers the whole request */
+	int slow_body = raw_connect_from(4);
+	const char head[] = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{";
+	CHECK(slow_body >= 0 && write(slow_body, head, sizeof(head) - 1) > 0);
+	bool body_cut = false;
+	for (int k = 0; k < 25 && slow_body >= 0 && !body_cut; k++) {
+		if (write(slow_body, " ", 1) != 1 || closed_within(slow_body, 0.2))
+			body_cut = true;
+	}
+	CHECKF(body_cut, "a client trickling its body was not cut within 5 s (request deadline 1 s)");
+	if (slow_body >= 0)
+		close(slow_body);
 	int n_cut = 0;
 	for (int i = 0; i < 70; i++)
 		if (fds[i] >= 0) {

@@ -120,8 +120,8 @@ typedef struct waiter {
 /* One open connection, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION). */
 typedef struct conn_track {
 	int fd;                             /* the socket (shutdown at the deadline) */
-	double t_phase;                     /* when it began waiting for request headers (monotonic) */
-	bool in_headers;                    /* between accept / the last response and the next request's headers */
+	double t_phase;                     /* when it began waiting for a request (monotonic) */
+	bool in_headers;                    /* between accept / the last response and the end of the next request's body */
 	bool cut;                           /* shut down at the deadline already */
 	struct conn_track *prev, *next;     /* srv->tracks links */
 } conn_track;
@@ -2295,7 +2295,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 				*p = '?';
 		for (const unsigned char *p = (const unsigned char *)url; *p && !r->bad_path; p++)
 			r->bad_path = *p < 0x20 || *p == 0x7f;
-		track_phase(srv, con, false); /* the headers are in: no header deadline until the next request */
 		const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
 		if (cl) {
 			char *end;
@@ -2338,6 +2337,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 	}
 	if (r->answered)
 		return MHD_YES;
+	track_phase(srv, con, false); /* headers and body are in: no read deadline until the next request */
 	if (r->job) /* resumed from parking */
 		return gen_continue(r);
 	if (r->rj)

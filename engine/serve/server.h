@@ -38,7 +38,7 @@ typedef struct kvt_server_config {
 	uint32_t threads;              /* worker threads serving every connection (default 4) */
 	uint32_t max_connections;      /* open connections, all clients together (default 1024); beyond: closed */
 	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit) */
-	double header_timeout_s;       /* from accept (or the last response) to the end of the next request's headers (default 15; 0: none) */
+	double header_timeout_s;       /* from accept (or the last response) to the end of the next request (headers and body; default 15; 0: none) */
 	uint32_t max_concurrent;       /* requests being generated or queued at once; beyond: 503 + Retry-After (default 32) */
 	size_t max_header_bytes;       /* request line + headers (default 16 KiB) */
 	size_t max_body_bytes;         /* request body (default 1 MiB): 413 beyond */
