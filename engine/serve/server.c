@@ -2401,12 +2401,11 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	track_phase(r->srv, con, true); /* a keep-alive connection now waits for its next request's headers */
 	if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && wants_close(con)) {
 		/*
-		 * NOTE: the whole response is out. libmicrohttpd 0.9.75 may leave a
-		 * connection it is to close (and the response, with what it holds)
-		 * until the next event on its worker thread; a resumed connection
-		 * hit it under fuzzing (the client saw no end for up to the header
-		 * deadline). Shutting the socket down ends it for the client now and
-		 * is that event.
+		 * NOTE: the whole response is out; shutting the socket down ends it
+		 * for the client now, whenever MHD gets to closing the connection.
+		 * (It was added for a fuzz finding that turned out to be the
+		 * harness's own poll cut short by libFuzzer's SIGALRM, see
+		 * tests/fuzz_http.c; it costs one syscall and is kept.)
 		 */
 		int fd = conn_fd(con);
 		if (fd >= 0)
