@@ -90,6 +90,12 @@ typedef struct kvt_sched_config {
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
+/*
+ * Parse "tenant:prio, tenant2:prio2, *:prio" (prio KVT_PRIORITY_MIN..MAX;
+ * "*" sets default_priority) into c->tenant_priority / default_priority.
+ * "" is no entries. KVT_EINVAL with the reason in why (c unchanged).
+ */
+int kvt_sched_parse_priorities(const char *text, kvt_sched_config *c, char *why, size_t why_cap);
 
 enum kvt_finish {
 	KVT_FINISH_NONE = 0,      /* still running */
