@@ -2,7 +2,7 @@
  * bench/bench_engine.c — kvtier's side of the engine speed comparison.
  *
  *   bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N]
- *                [--gen-tokens 64] [--reps 3] [--weights native|f16|f32]
+ *                [--gen-tokens 64] [--reps 3] [--weights native|f16|f32] [--fixed-threads 1]
  *
  * prefill: the ids in F (one forward pass over all of them, a fresh
  *          sequence each rep); tokens/s = n / time.
@@ -51,13 +51,14 @@ static double median(double *v, int n)
 int main(int argc, char **argv)
 {
 	const char *model = NULL, *ids_file = NULL, *dec_file = NULL;
-	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16;
+	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16, fixed = 0;
 	bool keep = true;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--model")) model = argv[i + 1];
 		else if (!strcmp(argv[i], "--prompt-ids-file")) ids_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--fixed-threads")) fixed = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--gen-tokens")) n_gen = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--decode-ids-file")) dec_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
@@ -72,7 +73,7 @@ int main(int argc, char **argv)
 	}
 	if (!model || !ids_file || reps < 1 || reps > 100 || n_gen < 1) {
 		fprintf(stderr, "usage: bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N] "
-				"[--gen-tokens N] [--reps N] [--weights native|f16|f32]\n");
+				"[--gen-tokens N] [--reps N] [--weights native|f16|f32] [--fixed-threads 0|1]\n");
 		return 2;
 	}
 	static int32_t ids[8192], dec[256];
@@ -91,7 +92,7 @@ int main(int argc, char **argv)
 	kvt_model *m;
 	kvt_t0_pool *pool;
 	kvt_kv_layout shape;
-	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .n_threads = threads };
+	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .n_threads = threads, .fixed_threads = fixed != 0 };
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = wdt;

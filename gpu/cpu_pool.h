@@ -23,6 +23,13 @@ typedef void (*kvt_cpu_task_fn)(void *ctx, uint32_t task, uint32_t worker);
 int kvt_cpu_pool_create(uint32_t n_threads, kvt_cpu_pool **out);
 void kvt_cpu_pool_destroy(kvt_cpu_pool *p); /* NULL is a no-op */
 uint32_t kvt_cpu_pool_n_threads(const kvt_cpu_pool *p);
+/*
+ * Threads taking part in jobs now (1..n_threads): fewer while other
+ * processes hold the cores (adaptive; see cpu_pool.c).
+ */
+uint32_t kvt_cpu_pool_n_active(const kvt_cpu_pool *p);
+/* Adapt the active count (default on), or always use every thread (off). Caller's thread. */
+void kvt_cpu_pool_set_adaptive(kvt_cpu_pool *p, bool on);
 /* Run tasks 0..n_tasks-1 and wait for all. One caller at a time. */
 void kvt_cpu_pool_run(kvt_cpu_pool *p, uint32_t n_tasks, kvt_cpu_task_fn fn, void *ctx);
 

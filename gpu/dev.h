@@ -64,10 +64,36 @@ enum kvt_dtype {
 size_t kvt_dtype_row_bytes(int dtype, size_t n);
 const char *kvt_dtype_name(int dtype);
 
+/*
+ * The CPUs this process may use: the affinity mask (sched_getaffinity, as
+ * taskset sets it) and the cgroup CPU quota (v2 cpu.max, v1
+ * cpu.cfs_quota_us / cpu.cfs_period_us; the smallest along the cgroup's
+ * path). n_auto, what threads = 0 means: the smaller of the mask's count and
+ * the quota rounded up, at least 1.
+ */
+typedef struct kvt_cpu_budget {
+	int n_online;          /* sysconf(_SC_NPROCESSORS_ONLN) */
+	int n_affinity;        /* CPUs in the affinity mask (n_online if it cannot be read) */
+	double quota_cpus;     /* cgroup quota in CPUs; 0: none */
+	char quota_source[96]; /* the file the quota came from ("" = none) */
+	int n_auto;            /* the thread count for threads = 0 */
+} kvt_cpu_budget;
+
+/* Reads /proc/self/cgroup and /sys/fs/cgroup. Never fails (unknowns fall back as above). */
+void kvt_cpu_budget_get(kvt_cpu_budget *b);
+/*
+ * The quota part alone, from a /proc/self/cgroup text and a cgroup mount
+ * root (tests give a temporary tree). *cpus = 0 when there is none; source
+ * (may be NULL) gets the file it came from.
+ */
+void kvt_cpu_quota_read(const char *proc_cgroup_path, const char *cgroup_root, double *cpus, char *source,
+			size_t source_cap);
+
 typedef struct kvt_dev_config {
 	int kind;      /* enum kvt_dev_kind */
-	int n_threads; /* CPU worker threads; 0: all online cores */
+	int n_threads; /* CPU worker threads; 0: auto (kvt_cpu_budget_get's n_auto) */
 	bool use_ref;  /* CPU: plain single-threaded reference kernels */
+	bool fixed_threads; /* CPU: always use all n_threads (no adapting to busy cores; a benchmark baseline) */
 } kvt_dev_config;
 
 typedef struct kvt_dev kvt_dev;

@@ -1491,7 +1491,6 @@ static const struct kvt_dev_ops cpu_ops = {
 int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 {
 	cpu_dev *c = calloc(1, sizeof(*c));
-	long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
 
 	if (!c)
 		return KVT_ENOMEM;
@@ -1499,13 +1498,27 @@ int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 	d->ops = &cpu_ops;
 	d->kind = KVT_DEV_CPU;
 	d->use_ref = cfg->use_ref;
-	d->n_threads = cfg->n_threads > 0 ? cfg->n_threads : (n_cpu > 0 ? (int)n_cpu : 1);
+	d->n_threads = cfg->n_threads;
+	if (d->n_threads <= 0) {
+		/* auto: the CPUs this process may use, not the host's (taskset, a container's quota) */
+		kvt_cpu_budget b;
+		kvt_cpu_budget_get(&b);
+		d->n_threads = b.n_auto;
+		if (!d->use_ref) {
+			char q[160] = "none";
+			if (b.quota_cpus > 0)
+				snprintf(q, sizeof(q), "%.2f CPUs (%s)", b.quota_cpus, b.quota_source);
+			KVT_LOGI("cpu: %d thread%s (auto: %d of %d online CPUs in the affinity mask; cgroup quota %s)",
+				 d->n_threads, d->n_threads == 1 ? "" : "s", b.n_affinity, b.n_online, q);
+		}
+	}
 	if (!d->use_ref) {
 		int rc = kvt_cpu_pool_create((uint32_t)d->n_threads, &c->pool);
 		if (rc) {
 			free(c);
 			return rc;
 		}
+		kvt_cpu_pool_set_adaptive(c->pool, !cfg->fixed_threads);
 	}
 	/* OpenBLAS runs single-threaded inside our tasks (see matmul_fast) */
 	openblas_set_num_threads(1);

@@ -17,6 +17,7 @@
  */
 #include "check.h"
 #include "config.h"
+#include "scheduler.h"
 #include "manager.h"
 #include "t2_store.h"
 
@@ -188,7 +189,7 @@ static void test_errors(void)
 {
 	/* unknown section: the allowed list */
 	EXPECT_ERR("[server]\nlisten = 127.0.0.1:1\n\n[tier.ssd]\n", 4, "unknown section [tier.ssd]",
-		   "allowed: server, model, cache, tier.hbm, tier.host, tier.nvme, index, log");
+		   "allowed: server, model, cache, scheduler, tier.hbm, tier.host, tier.nvme, index, log");
 	/* unknown key: the closest key of the section */
 	EXPECT_ERR("# c\n[cache]\nblok_tokens = 16\n", 3, "unknown key 'blok_tokens' in [cache]",
 		   "did you mean 'block_tokens'?", "keys of [cache]: block_tokens, persist");
@@ -469,6 +470,30 @@ static void test_validate(void)
 	c.host.low = 0.9f;
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
 	CHECKF(strstr(err, "[tier.host] low_watermark 0.9") && strstr(err, "must be below high_watermark 0.9"), "%s", err);
+	/* [scheduler] priorities: one message naming the entry and what is wrong */
+	static const struct { const char *text, *needle; } bad_prio[] = {
+		{ "vip:-10, batch:101", "entry 2: priority \"101\" is not a whole number in -100..100" },
+		{ "vip", "entry 1 (\"vip\") has no \":priority\"" },
+		{ "../x:1", "tenant \"../x\" is not a valid name" },
+		{ "a:1, a:2", "tenant \"a\" is given twice" },
+		{ "a:1,", "trailing comma" },
+		{ "a:1x", "priority \"1x\"" },
+	};
+	for (size_t i = 0; i < sizeof(bad_prio) / sizeof(bad_prio[0]); i++) {
+		kvt_config_default(&c);
+		snprintf(c.priorities, sizeof(c.priorities), "%s", bad_prio[i].text);
+		CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
+		CHECKF(strstr(err, "[scheduler] priorities: ") && strstr(err, bad_prio[i].needle), "%s: %s",
+		       bad_prio[i].text, err);
+	}
+	{
+		kvt_sched_config sc;
+		char why[256];
+		kvt_sched_config_default(&sc);
+		CHECK(kvt_sched_parse_priorities(" vip:-10 , batch:20, *:5", &sc, why, sizeof(why)) == KVT_OK);
+		CHECK(sc.n_tenant_priority == 2 && sc.default_priority == 5 && sc.tenant_priority[0].priority == -10 &&
+		      !strcmp(sc.tenant_priority[1].tenant, "batch") && sc.tenant_priority[1].priority == 20);
+	}
 	kvt_config_default(&c);
 	c.default_max_tokens = 5000;
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);

@@ -548,6 +548,21 @@ static void test_json_edges(engine *e)
 	CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(v, "usage"), "completion_tokens")), 2);
 	json_decref(v);
 
+	/* priority: a bounded integer; it reaches the scheduler (counted by priority in /v1/stats and /metrics) */
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"ab\", \"max_tokens\": 1, \"priority\": 101}"), 400);
+	CHECK(is_error(400, "priority", NULL));
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"ab\", \"max_tokens\": 1, \"priority\": \"high\"}"),
+		     400);
+	CHECK(is_error(400, "priority", NULL));
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"ab\", \"max_tokens\": 1, \"priority\": -37}"), 200);
+	CHECK_EQ_INT(http("GET", "/v1/stats", NULL), 200);
+	CHECKF(strstr(R.body, "\"scheduler\"") && strstr(R.body, "\"priority\":-37"), "/v1/stats: %s", R.body);
+	CHECK_EQ_INT(http("GET", "/metrics", NULL), 200);
+	CHECKF(strstr(R.body, "kvtier_ttft_by_priority_seconds_count{priority=\"-37\"} 1") &&
+		       strstr(R.body, "kvtier_preemptions_total{mode=\"swap\"} 0") &&
+		       strstr(R.body, "kvtier_queue_wait_seconds_count "),
+	       "/metrics: %s", R.body);
+
 	/* user: an email is its own tenant, distinct from the name its characters spell */
 	CHECK_EQ_INT(http("POST", "/v1/completions",
 			  "{\"prompt\": \"ab\", \"max_tokens\": 1, \"session_id\": \"mail1\", \"user\": \"ann@example.com\"}"),

@@ -536,6 +536,25 @@ static int render_stats(json_t *j, const char *source)
 		printf("  %-24s %.1f tokens/s (prefill %.1f tokens/s)\n", "decode", num(eng, "decode_tokens_per_s"),
 		       num(eng, "prefill_tokens_per_s"));
 	}
+	json_t *sc = json_object_get(j, "scheduler");
+	if (json_is_object(sc)) {
+		json_t *pre = json_object_get(sc, "preemptions");
+		printf("\n  scheduler\n");
+		printf("  %-24s %.0f now (%.0f admitted; peak %.0f running)\n", "queue depth", num(sc, "queue_depth"),
+		       num(sc, "admissions"), num(sc, "running_peak"));
+		printf("  %-24s %.1f ms mean, %.1f ms p50, %.1f ms p99\n", "queue wait", num(sc, "queue_wait_mean_ms"),
+		       num(sc, "queue_wait_p50_ms"), num(sc, "queue_wait_p99_ms"));
+		printf("  %-24s %.0f swap, %.0f recompute (%.0f tokens let go; %.0f swapped back in, %.0f prefilled again)\n",
+		       "preemptions", num(pre, "swap"), num(pre, "recompute"), num(pre, "tokens_held"),
+		       num(pre, "tokens_swapped_in"), num(pre, "tokens_recomputed"));
+		json_t *bp = json_object_get(sc, "ttft_by_priority");
+		for (size_t i = 0; i < json_array_size(bp); i++) {
+			json_t *x = json_array_get(bp, i);
+			char label[40];
+			snprintf(label, sizeof(label), "TTFT priority %.0f", num(x, "priority"));
+			printf("  %-24s %.1f ms mean over %.0f requests\n", label, num(x, "ttft_mean_ms"), num(x, "requests"));
+		}
+	}
 	json_t *p = json_object_get(j, "persist");
 	if (json_is_object(p))
 		printf("\n  persist: %.0f registered, %.0f persisted, %.0f failed%s\n", num(p, "registered"),

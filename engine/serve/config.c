@@ -22,6 +22,7 @@
 #define _GNU_SOURCE
 #include "config.h"
 #include "index.h"
+#include "scheduler.h"
 #include "manager.h"
 #include "t2_store.h"
 
@@ -82,6 +83,12 @@ static const char *const level_names[] = { "error", "warn", "info", "debug", NUL
 static const int level_values[] = { KVT_LOG_ERROR, KVT_LOG_WARN, KVT_LOG_INFO, KVT_LOG_DEBUG };
 static const char *const metrics_names[] = { "open", "admin", NULL };
 static const int metrics_values[] = { 0, 1 };
+static const char *const policy_names[] = { "fair", "fifo", NULL };
+static const int policy_values[] = { KVT_SCHED_FAIR, KVT_SCHED_FIFO };
+static const char *const preempt_names[] = { "auto", "swap", "recompute", NULL };
+static const int preempt_values[] = { KVT_CONFIG_PREEMPT_AUTO, KVT_PREEMPT_SWAP, KVT_PREEMPT_RECOMPUTE };
+static const char *const admission_names[] = { "prompt", "longest", NULL };
+static const int admission_values[] = { 0, 1 };
 static const char *const comp_names[] = { "none", "lz4", NULL };
 static const int comp_values[] = { 0, 1 };
 
@@ -128,7 +135,7 @@ static const key_def keys[] = {
 
 	STR("model", "path", model_path, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "the GGUF model"),
 	ENUMK("model", "device", device, device, "auto", "auto = CUDA when a GPU is present, else CPU"),
-	U32("model", "threads", model_threads, 0, 1024, "0", "CPU backend worker threads (0 = all cores)"),
+	U32("model", "threads", model_threads, 0, 1024, "0", "CPU backend worker threads (0 = auto: the CPUs the process may use, by affinity and cgroup quota)"),
 	U32("model", "context", max_ctx, 0, 16777216, "4096", "tokens per sequence (0 = the model's trained context)"),
 	U32("model", "batch", max_batch, 1, 65536, "256", "tokens per forward chunk"),
 
@@ -138,6 +145,14 @@ static const key_def keys[] = {
 	BOOLK("cache", "enabled", cache_enabled, "true", "reuse cached prefixes (false: benchmark baseline)"),
 	U32("cache", "max_running", max_running, 1, 1024, "16", "sequences per decode batch"),
 	U32("cache", "prefill_chunk", prefill_chunk, 1, 65536, "256", "prompt tokens per scheduler step"),
+
+	ENUMK("scheduler", "policy", sched_policy, policy, "fair", "how a step's prefill budget is shared: fair (priority, shortest remaining, aging) or fifo (oldest first)"),
+	U32("scheduler", "aging_steps", aging_steps, 1, 1000000, "4", "fair: a prompt passed over this many steps goes first"),
+	DUR("scheduler", "priority_aging", priority_aging_s, 0, 86400, false, "5", "a waiting request gains one priority level per this (0 = never)"),
+	ENUMK("scheduler", "preempt", preempt, preempt, "auto", "T0 full: how a preempted request resumes (auto = swap with tier.host dtype f16, else recompute)"),
+	{ "scheduler", "admission", V_ENUMBOOL, OFF(admit_longest), 0, 0, 0, false, false, admission_names, admission_values,
+	  "prompt", "admit when T0 holds the prompt's blocks (prompt) or the request at its longest (longest)" },
+	STR("scheduler", "priorities", priorities, "", "default priorities: \"tenant:prio, ..., *:prio\" (-100..100, lower first)"),
 
 	TIER("tier.hbm", hbm, 1, true, "auto", "0.90", "0.75"),
 	TIER("tier.host", host, 1, true, "auto", "0.90", "0.80"),
@@ -158,7 +173,7 @@ static const key_def keys[] = {
 };
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))
 
-static const char *const sections[] = { "server", "model", "cache", "tier.hbm", "tier.host", "tier.nvme", "index", "log" };
+static const char *const sections[] = { "server", "model", "cache", "scheduler", "tier.hbm", "tier.host", "tier.nvme", "index", "log" };
 #define N_SECTIONS (sizeof(sections) / sizeof(sections[0]))
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -1070,6 +1085,17 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 		set_err(err, cap, where, "[model] context %u is smaller than [cache] block_tokens %u", c->max_ctx,
 			c->block_tokens);
 		return KVT_EINVAL;
+	}
+	{
+		kvt_sched_config sc;
+		char why[256];
+		kvt_sched_config_default(&sc);
+		if (kvt_sched_parse_priorities(c->priorities, &sc, why, sizeof(why))) {
+			set_err(err, cap, where,
+				"[scheduler] priorities: %s (allowed: \"tenant:prio, ..., *:prio\", prio %d..%d)", why,
+				KVT_PRIORITY_MIN, KVT_PRIORITY_MAX);
+			return KVT_EINVAL;
+		}
 	}
 	if (c->default_max_tokens > c->max_tokens_limit) {
 		set_err(err, cap, where, "[server] default_max_tokens %u exceeds max_tokens_limit %u",

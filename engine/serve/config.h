@@ -75,6 +75,14 @@ typedef struct kvt_config {
 	uint32_t max_running;          /* max_running: sequences per decode batch (default 16) */
 	uint32_t prefill_chunk;        /* prefill_chunk (default 256) */
 
+	/* [scheduler] */
+	int sched_policy;              /* policy = fair|fifo (enum kvt_sched_policy; default fair) */
+	uint32_t aging_steps;          /* aging_steps: fair: a prompt passed over this many steps goes first (default 4) */
+	double priority_aging_s;       /* priority_aging: a waiting request gains one priority level per this (default 5; 0 = never) */
+	int preempt;                   /* preempt = auto|swap|recompute (KVT_CONFIG_PREEMPT_AUTO, enum kvt_preempt_mode) */
+	bool admit_longest;            /* admission = prompt|longest (default prompt) */
+	char priorities[1024];         /* priorities = "tenant:prio, ..., *:prio" (default "") */
+
 	/* [tier.hbm] capacity = bytes of T0 blocks (auto: GPU 40% of free memory; CPU 1G) */
 	kvt_tier_config hbm;
 	/* [tier.host] capacity (auto: 2G), watermarks, dtype = f16|fp8|int8 (default fp8) */
@@ -99,6 +107,8 @@ typedef struct kvt_config {
 	/* bookkeeping */
 	char source[KVT_CONFIG_PATH_MAX];     /* the file the config came from ("" = built-in defaults) */
 } kvt_config;
+
+#define KVT_CONFIG_PREEMPT_AUTO (-1) /* preempt = auto: swap when T1 is lossless (f16), else recompute */
 
 /* The built-in defaults. */
 void kvt_config_default(kvt_config *c);

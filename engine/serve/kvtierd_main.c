@@ -495,6 +495,25 @@ static int bring_up(daemon_t *d, int *exit_code)
 	sc.sched.max_queue = c->max_queue;
 	sc.sched.prefill_chunk = c->prefill_chunk;
 	sc.sched.cache = c->cache_enabled;
+	sc.sched.policy = c->sched_policy;
+	sc.sched.aging_steps = c->aging_steps;
+	sc.sched.priority_aging_s = c->priority_aging_s;
+	sc.sched.admit_longest = c->admit_longest;
+	/* auto: swap only where T1 gives the blocks back bit for bit (greedy output unchanged) */
+	sc.sched.preempt = c->preempt != KVT_CONFIG_PREEMPT_AUTO ? c->preempt
+			   : c->host_dtype == KVT_KV_CODEC_F16 ? KVT_PREEMPT_SWAP : KVT_PREEMPT_RECOMPUTE;
+	{
+		char why[256];
+		if ((rc = kvt_sched_parse_priorities(c->priorities, &sc.sched, why, sizeof(why)))) {
+			KVT_LOGE("[scheduler] priorities: %s", why); /* validated at load: not reached */
+			*exit_code = EX_CONFIG;
+			return rc;
+		}
+	}
+	KVT_LOGI("scheduler: policy %s, preempt %s, admission by %s, %u tenant priorities (default %d)",
+		 c->sched_policy == KVT_SCHED_FIFO ? "fifo" : "fair",
+		 sc.sched.preempt == KVT_PREEMPT_SWAP ? "swap" : "recompute", c->admit_longest ? "longest" : "prompt",
+		 sc.sched.n_tenant_priority, sc.sched.default_priority);
 	double tr = kvt_now_s();
 	if ((rc = kvt_stack_open(&sc, &d->st))) {
 		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EIO ? EX_IOERR : EX_SOFTWARE;

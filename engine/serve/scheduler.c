@@ -9,8 +9,12 @@
  *   2. builds one batch: one row per decoding sequence (its last sampled
  *      token), one row per finishing sequence (its last token, so the whole
  *      turn's K/V is stored and its blocks cached), then prompt chunks of the
- *      prefilling sequences up to prefill_chunk rows;
- *   3. makes room in T0 (the manager evicts) and runs the batch;
+ *      prefilling sequences up to prefill_chunk rows, shared by the policy
+ *      (scheduler.h: FAIR ranks by priority, shortest remaining, aging;
+ *      FIFO gives the oldest all it takes);
+ *   3. makes room in T0 (the manager evicts); if it cannot, preempts the
+ *      lowest-priority, latest sequence (back to the queue's front, its
+ *      blocks left to the cache) and builds the step again; then runs it;
  *   4. registers every new full block with the manager, samples the next
  *      token of each sequence that asked for logits, and ends the requests
  *      that are done: unpin, session row, end of turn.
@@ -35,8 +39,18 @@ const double kvt_ttft_bucket_le[KVT_TTFT_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 
 						      0.5,   1.0,  2.5,   5.0,  10.0, INFINITY };
 
 #define TTFT_RING 1024u
+#define WAIT_RING 1024u
 
 enum h_state { H_QUEUED, H_PROMOTE, H_PREFILL, H_DECODE, H_FINISHING, H_DONE };
+
+/*
+ * A preempted request keeps its handle, tokens and sampler; only its
+ * sequence (T0 references) and pins go. n_fill is how many tokens its KV
+ * must hold before it samples again: the prompt at first; after a
+ * preemption in decode, every token but the last sampled one (which the
+ * next decode row runs), so the resumed sequence computes exactly the rows
+ * an uninterrupted one would have.
+ */
 
 struct kvt_sched_handle {
 	kvt_sched *s;
@@ -69,6 +83,15 @@ struct kvt_sched_handle {
 	uint32_t n_usable;          /* cached blocks found in some tier (being promoted) */
 	kvt_tm_ticket *ticket;      /* H_PROMOTE: the manager bringing them to T0 */
 	double t_submit, t_first;
+	int prio;                   /* priority (the request's, or its tenant's default) */
+	uint64_t submit_step;       /* the step count at submit (under s->mu) */
+	double t_wait;              /* entered the queue (submit or preemption), under s->mu */
+	uint32_t n_fill;            /* tokens the KV must hold before sampling (see above) */
+	bool resume_decode;         /* preempted while decoding: after the fill, decode without sampling */
+	bool preempted;             /* re-queued by a preemption (admission does not count it anew) */
+	uint32_t passed;            /* FAIR: steps passed over while prefilling */
+	uint32_t committed;         /* T0 blocks committed at admission (t0_committed) */
+	uint64_t seq_no;            /* admission order (latest = largest) */
 };
 
 struct kvt_sched {
@@ -82,7 +105,9 @@ struct kvt_sched {
 	bool stop, draining;
 	kvt_sched_handle *q_head, *q_tail;
 	uint32_t n_queued, n_running;
-	uint32_t t0_committed;      /* T0 blocks the running requests may grow to (admission) */
+	uint32_t t0_committed;      /* T0 blocks committed to the running requests (admission) */
+	bool admit_hold;            /* a preemption happened: admit nothing until a request ends (no thrashing) */
+	uint64_t n_admitted;        /* admissions so far (seq_no), scheduler thread */
 	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
 	float *logits;              /* [max_running][n_vocab] */
 	double calib_rate;          /* prefill tokens/s measured at start-up */
@@ -92,6 +117,8 @@ struct kvt_sched {
 	kvt_sched_stats st;
 	double ttft_ring[TTFT_RING];
 	uint64_t n_ttft;
+	double wait_ring[WAIT_RING];
+	uint64_t n_wait;
 };
 
 void kvt_sched_config_default(kvt_sched_config *c)
@@ -102,6 +129,80 @@ void kvt_sched_config_default(kvt_sched_config *c)
 	c->max_queue = 64;
 	c->prefill_chunk = 256;
 	c->cache = true;
+	c->policy = KVT_SCHED_FAIR;
+	c->aging_steps = 4;
+	c->priority_aging_s = 5.0;
+	c->preempt = KVT_PREEMPT_SWAP;
+}
+
+int kvt_sched_parse_priorities(const char *text, kvt_sched_config *c, char *why, size_t why_cap)
+{
+	kvt_tenant_priority tp[KVT_SCHED_MAX_TENANT_PRIO];
+	uint32_t n = 0;
+	int def = c->default_priority;
+	const char *p = text;
+	for (uint32_t idx = 1; *p; idx++) {
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (!*p)
+			break;
+		const char *e = strchr(p, ',');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		char item[KVT_NAME_MAX + 32];
+		while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+			len--;
+		if (!len || len >= sizeof(item)) {
+			snprintf(why, why_cap, "entry %u is %s", idx, len ? "too long" : "empty");
+			return KVT_EINVAL;
+		}
+		memcpy(item, p, len);
+		item[len] = '\0';
+		char *colon = strchr(item, ':'), *end = NULL;
+		if (!colon) {
+			snprintf(why, why_cap, "entry %u (\"%s\") has no \":priority\"", idx, item);
+			return KVT_EINVAL;
+		}
+		*colon = '\0';
+		errno = 0;
+		long v = strtol(colon + 1, &end, 10);
+		if (end == colon + 1 || *end || errno || v < KVT_PRIORITY_MIN || v > KVT_PRIORITY_MAX) {
+			snprintf(why, why_cap, "entry %u: priority \"%s\" is not a whole number in %d..%d", idx, colon + 1,
+				 KVT_PRIORITY_MIN, KVT_PRIORITY_MAX);
+			return KVT_EINVAL;
+		}
+		if (!strcmp(item, "*")) {
+			def = (int)v;
+		} else {
+			if (!kvt_name_valid(item)) {
+				snprintf(why, why_cap, "entry %u: tenant \"%s\" is not a valid name", idx, item);
+				return KVT_EINVAL;
+			}
+			if (n == KVT_SCHED_MAX_TENANT_PRIO) {
+				snprintf(why, why_cap, "more than %d tenants", KVT_SCHED_MAX_TENANT_PRIO);
+				return KVT_EINVAL;
+			}
+			for (uint32_t i = 0; i < n; i++) {
+				if (!strcmp(tp[i].tenant, item)) {
+					snprintf(why, why_cap, "tenant \"%s\" is given twice", item);
+					return KVT_EINVAL;
+				}
+			}
+			memcpy(tp[n].tenant, item, strlen(item) + 1); /* kvt_name_valid: <= KVT_NAME_MAX bytes */
+			tp[n].priority = (int)v;
+			n++;
+		}
+		if (!e)
+			break;
+		p = e + 1;
+		if (!*p) {
+			snprintf(why, why_cap, "trailing comma");
+			return KVT_EINVAL;
+		}
+	}
+	memcpy(c->tenant_priority, tp, n * sizeof(tp[0]));
+	c->n_tenant_priority = n;
+	c->default_priority = def;
+	return KVT_OK;
 }
 
 const char *kvt_finish_name(int finish)
@@ -124,6 +225,36 @@ static const char *tenant_of(const char *t) { return t && t[0] ? t : "default"; 
 static uint32_t blocks_at_most(const kvt_sched *s, const kvt_sched_handle *h)
 {
 	return (h->req.n_prompt + h->req.max_tokens + s->block_tokens - 1) / s->block_tokens;
+}
+
+/* T0 blocks admission commits: at its longest, or (preemption covers growth) its fill and one block more. */
+static uint32_t blocks_to_commit(const kvt_sched *s, const kvt_sched_handle *h)
+{
+	if (s->cfg.admit_longest)
+		return blocks_at_most(s, h);
+	uint32_t n = (h->n_fill + s->block_tokens - 1) / s->block_tokens + 1;
+	uint32_t most = blocks_at_most(s, h);
+	return n < most ? n : most;
+}
+
+/* The priority a request waits at: one level better per priority_aging_s waited (never past MIN). */
+static int effective_priority(const kvt_sched *s, const kvt_sched_handle *h, double now)
+{
+	int p = h->prio;
+	if (s->cfg.priority_aging_s > 0 && !h->t_first) {
+		double levels = floor((now - h->t_submit) / s->cfg.priority_aging_s);
+		p = levels >= (double)(p - KVT_PRIORITY_MIN) ? KVT_PRIORITY_MIN : p - (int)levels;
+	}
+	return p;
+}
+
+/* A request's default priority: its tenant's entry, else default_priority. */
+static int tenant_priority(const kvt_sched *s, const char *tenant)
+{
+	for (uint32_t i = 0; i < s->cfg.n_tenant_priority; i++)
+		if (!strcmp(s->cfg.tenant_priority[i].tenant, tenant_of(tenant)))
+			return s->cfg.tenant_priority[i].priority;
+	return s->cfg.default_priority;
 }
 
 static int chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
@@ -190,6 +321,10 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 		KVT_LOGE("sched: session \"%s\": sessions are not kept (no index)", r->session_id);
 		return KVT_EINVAL;
 	}
+	if (r->has_priority && (r->priority < KVT_PRIORITY_MIN || r->priority > KVT_PRIORITY_MAX)) {
+		KVT_LOGE("sched: priority %d is outside %d..%d", r->priority, KVT_PRIORITY_MIN, KVT_PRIORITY_MAX);
+		return KVT_EINVAL;
+	}
 
 	kvt_sched_handle *h = calloc(1, sizeof(*h));
 	if (!h)
@@ -206,7 +341,10 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	h->n_toks = r->n_prompt;
 	h->req.prompt = h->toks;
 	h->state = H_QUEUED;
-	h->t_submit = kvt_now_s();
+	h->t_submit = h->t_wait = kvt_now_s();
+	h->n_fill = r->n_prompt;
+	h->prio = r->has_priority ? r->priority : tenant_priority(s, r->tenant);
+	h->usage.priority = h->prio;
 	pthread_cond_init(&h->cv, NULL);
 
 	pthread_mutex_lock(&s->mu);
@@ -222,6 +360,7 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 		free(h);
 		return rc;
 	}
+	h->submit_step = s->st.steps;
 	if (s->q_tail)
 		s->q_tail->next = h;
 	else
@@ -326,6 +465,8 @@ static void record_usage_locked(kvt_sched *s, kvt_sched_handle *h)
 		st->ttft_bucket[b]++;
 		st->ttft_sum_s += ttft;
 		s->ttft_ring[s->n_ttft++ % TTFT_RING] = ttft;
+		st->ttft_by_priority_n[h->prio - KVT_PRIORITY_MIN]++;
+		st->ttft_by_priority_sum_s[h->prio - KVT_PRIORITY_MIN] += ttft;
 	}
 }
 
@@ -399,13 +540,19 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots,
 	h->seq.n_blocks = ok;
 	h->seq.n_tokens = ok * bt;
 	h->seq.n_synced = 0;
-	for (uint32_t i = 0; i < ok; i++)
-		h->usage.cached_by_tier[h->origin[i]] += bt;
 	h->n_pinned = ok;
 	h->n_hashes = ok; /* blocks past the served prefix get registered anew */
-	h->usage.cached_tokens = ok * bt;
 	pthread_mutex_lock(&s->mu);
-	s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
+	if (h->preempted) { /* resumed: the usage describes the prompt, as first served */
+		s->st.resume_recomputed_tokens += h->n_fill - ok * bt;
+		for (uint32_t i = 0; i < ok; i++)
+			s->st.resume_swapped_in_tokens += h->origin[i] != KVT_TIER_HBM ? bt : 0;
+	} else {
+		for (uint32_t i = 0; i < ok; i++)
+			h->usage.cached_by_tier[h->origin[i]] += bt;
+		h->usage.cached_tokens = ok * bt;
+		s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
+	}
 	pthread_mutex_unlock(&s->mu);
 	h->state = H_PREFILL;
 }
@@ -443,27 +590,44 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	kvt_btable_match *mt = NULL;
 	int rc = KVT_ENOMEM;
 
-	h->usage.prompt_tokens = h->req.n_prompt;
-	h->usage.queue_s = kvt_now_s() - h->t_submit;
-	h->hashes = calloc(max_blocks, KVT_HASH_BYTES);
-	h->origin = calloc(max_blocks, 1);
-	if (!h->hashes || !h->origin || (rc = chain_root(s, h->req.tenant, h->root)) ||
+	if (!h->preempted) {
+		h->usage.prompt_tokens = h->req.n_prompt;
+		h->usage.queue_s = kvt_now_s() - h->t_submit;
+	}
+	if ((!h->hashes && !(h->hashes = calloc(max_blocks, KVT_HASH_BYTES))) ||
+	    (!h->origin && !(h->origin = calloc(max_blocks, 1))) || (rc = chain_root(s, h->req.tenant, h->root)) ||
 	    (rc = kvt_seq_init(&h->seq, s->cfg.dev, s->cfg.t0, h->cap_toks)))
 		goto fail;
 	h->seq_ready = true;
-	if ((rc = kvt_sampler_init(&h->sampler, &h->req.sample, s->n_vocab)))
-		goto fail;
-	h->sampler_ready = true;
+	if (!h->sampler_ready) { /* a resumed request keeps its sampler (its state is the run's) */
+		if ((rc = kvt_sampler_init(&h->sampler, &h->req.sample, s->n_vocab)))
+			goto fail;
+		h->sampler_ready = true;
+	}
 	h->state = H_PREFILL;
 
-	/* The cached prefix: full blocks of prompt[0..n-1), so the last prompt token is always run. */
-	uint32_t n_look = h->req.n_prompt - 1, n_full = n_look / bt, nh = 0, nm = 0, usable = 0;
-	pthread_mutex_lock(&s->mu);
-	s->st.prefix_queries_tokens += h->req.n_prompt;
-	s->st.reusable_tokens += (uint64_t)n_full * bt;
-	pthread_mutex_unlock(&s->mu);
-	if (!s->cfg.tm || !s->cfg.cache || !n_full)
+	/*
+	 * The cached prefix: full blocks of the fill, less its last token when
+	 * that token's logits are wanted (a prompt's last token is always run).
+	 * A resumed request looks up its own blocks; under RECOMPUTE it takes
+	 * only those still in T0.
+	 */
+	const bool t0_only = h->preempted && s->cfg.preempt == KVT_PREEMPT_RECOMPUTE;
+	uint32_t n_look = h->n_fill - (h->resume_decode ? 0 : 1), n_full = n_look / bt, nh = 0, nm = 0, usable = 0;
+	if (!h->preempted) {
+		pthread_mutex_lock(&s->mu);
+		s->st.prefix_queries_tokens += h->req.n_prompt;
+		s->st.reusable_tokens += (uint64_t)n_full * bt;
+		pthread_mutex_unlock(&s->mu);
+	}
+	if (!s->cfg.tm || !s->cfg.cache || !n_full) {
+		if (h->preempted) {
+			pthread_mutex_lock(&s->mu);
+			s->st.resume_recomputed_tokens += h->n_fill;
+			pthread_mutex_unlock(&s->mu);
+		}
 		return;
+	}
 	if (!(mt = calloc(n_full, sizeof(*mt)))) {
 		rc = KVT_ENOMEM;
 		goto fail;
@@ -473,7 +637,7 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	bool all_in_t0 = true;
 	for (uint32_t i = 0; i < nm; i++)
 		memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
-	while (usable < nm && origin_tier(&mt[usable]) >= 0) {
+	while (usable < nm && origin_tier(&mt[usable]) >= 0 && (!t0_only || origin_tier(&mt[usable]) == KVT_TIER_HBM)) {
 		h->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
 		all_in_t0 = all_in_t0 && h->origin[usable] == KVT_TIER_HBM;
 		usable++;
@@ -483,8 +647,14 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	h->n_pinned = h->n_usable = usable;
 	free(mt);
 	mt = NULL;
-	if (!usable)
+	if (!usable) {
+		if (h->preempted) {
+			pthread_mutex_lock(&s->mu);
+			s->st.resume_recomputed_tokens += h->n_fill;
+			pthread_mutex_unlock(&s->mu);
+		}
 		return;
+	}
 	if (!all_in_t0 &&
 	    kvt_tm_submit(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, KVT_TIER_HBM, true,
 			  &h->ticket) == KVT_OK) {
@@ -540,6 +710,8 @@ static void take_token(kvt_sched *s, kvt_sched_handle *h, int32_t tok)
 	if (!h->t_first) {
 		h->t_first = now;
 		h->usage.ttft_s = now - h->t_submit;
+		h->usage.first_step = s->st.steps;
+		h->usage.ttft_steps = (uint32_t)(s->st.steps - h->submit_step);
 	}
 	if (eog)
 		finish = KVT_FINISH_STOP;
@@ -569,35 +741,152 @@ static uint32_t blocks_needed(const kvt_sched *s, const entry *e)
 	return need > e->h->seq.n_blocks ? need - e->h->seq.n_blocks : 0;
 }
 
-/* Run one batch; false when there was nothing to run. */
-static bool step(kvt_sched *s, entry *ents, int32_t *rows)
-{
-	uint32_t n_ent = 0, n_rows = 0, need = 0;
-	const uint32_t cap_rows = s->max_batch;
+/* FAIR's order of the prefilling sequences: aged first, then priority, shortest remaining, admission. */
+typedef struct cand {
+	kvt_sched_handle *h;
+	bool aged;     /* passed over aging_steps steps */
+	int prio;      /* effective priority now */
+	uint32_t left; /* prompt tokens still to run */
+} cand;
 
+static int cmp_cand(const void *a, const void *b)
+{
+	const cand *x = a, *y = b;
+	if (x->aged != y->aged)
+		return x->aged ? -1 : 1;
+	if (x->prio != y->prio)
+		return x->prio < y->prio ? -1 : 1;
+	if (x->left != y->left)
+		return x->left < y->left ? -1 : 1;
+	return (x->h->seq_no > y->h->seq_no) - (x->h->seq_no < y->h->seq_no);
+}
+
+/*
+ * The victim of a preemption: the lowest-priority (largest value), latest
+ * admitted sequence holding T0 blocks, other than the oldest one running
+ * (which always fits alone, so someone always progresses). NULL: none.
+ */
+static kvt_sched_handle *pick_victim(kvt_sched *s)
+{
+	kvt_sched_handle *v = NULL, *oldest = NULL;
 	for (kvt_sched_handle *h = s->running; h; h = h->next)
+		if ((h->state == H_PREFILL || h->state == H_DECODE) && h->seq_ready &&
+		    (!oldest || h->seq_no < oldest->seq_no))
+			oldest = h;
+	for (kvt_sched_handle *h = s->running; h; h = h->next) {
+		if (h == oldest || (h->state != H_PREFILL && h->state != H_DECODE) || !h->seq_ready || !h->seq.n_blocks)
+			continue;
+		if (!v || h->prio > v->prio || (h->prio == v->prio && h->seq_no > v->seq_no))
+			v = h;
+	}
+	return v;
+}
+
+/*
+ * Preempt h: let go of its pins and T0 references (its registered blocks
+ * stay in the cache, demoted by the manager as T0 needs room) and put it at
+ * the front of the queue. Admission holds until a request ends.
+ */
+static void preempt(kvt_sched *s, kvt_sched_handle *h)
+{
+	const bool swap = s->cfg.preempt == KVT_PREEMPT_SWAP && s->cfg.tm && s->cfg.cache;
+	const uint32_t held = h->seq.n_tokens;
+	if (s->cfg.tm)
+		for (uint32_t i = 0; i < h->n_pinned; i++)
+			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+	h->n_pinned = 0;
+	kvt_seq_deinit(&h->seq);
+	h->seq_ready = false;
+	if (h->state == H_DECODE) {
+		h->n_fill = h->n_toks - 1; /* the last sampled token is the next decode row */
+		h->resume_decode = true;
+	}
+	h->state = H_QUEUED;
+	h->passed = 0;
+	h->preempted = true;
+	for (kvt_sched_handle **pp = &s->running; *pp; pp = &(*pp)->next) {
+		if (*pp == h) {
+			*pp = h->next;
+			break;
+		}
+	}
+	KVT_LOGI("sched: T0 full: preempting a request (priority %d, %u tokens held; %s)", h->prio, held,
+		 swap ? "swap: its blocks stay cached" : "recompute");
+	pthread_mutex_lock(&s->mu);
+	h->usage.preemptions++;
+	s->n_running--;
+	s->t0_committed -= h->committed;
+	h->committed = 0;
+	s->admit_hold = true;
+	h->t_wait = kvt_now_s();
+	h->next = s->q_head;
+	s->q_head = h;
+	if (!s->q_tail)
+		s->q_tail = h;
+	s->n_queued++;
+	if (swap)
+		s->st.preempt_swap++;
+	else
+		s->st.preempt_recompute++;
+	s->st.preempt_tokens += held;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* Run one batch; false when there was nothing to run. */
+static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
+{
+	uint32_t n_ent = 0, n_rows = 0, need = 0, n_cand = 0;
+	const uint32_t cap_rows = s->max_batch;
+	const uint32_t cap_ent = s->cfg.max_running + 1;
+
+	for (kvt_sched_handle *h = s->running; h; h = h->next) {
 		if (h->state == H_PROMOTE && kvt_tm_ticket_done(s->cfg.tm, h->ticket, NULL))
 			collect_prefix(s, h);
+		/* a resumed sequence whose fill is done decodes again (its next row is its last token) */
+		if (h->state == H_PREFILL && h->resume_decode && h->seq.n_tokens >= h->n_fill)
+			h->state = H_DECODE;
+	}
 
 	/* decoding and finishing sequences: one row each */
 	for (kvt_sched_handle *h = s->running; h; h = h->next) {
-		if ((h->state == H_DECODE || h->state == H_FINISHING) && n_rows < cap_rows) {
+		if ((h->state == H_DECODE || h->state == H_FINISHING) && n_rows < cap_rows && n_ent < cap_ent) {
 			ents[n_ent++] = (entry){ .h = h, .n = 1, .logits = h->state == H_DECODE };
 			rows[n_rows++] = h->toks[h->n_toks - 1];
 		}
 	}
 	uint32_t n_decode = n_ent;
-	/* prompt chunks, oldest first, within prefill_chunk rows */
-	uint32_t budget = s->cfg.prefill_chunk;
-	for (kvt_sched_handle *h = s->running; h && budget && n_rows < cap_rows; h = h->next) {
+
+	/* the prefill budget, by the policy */
+	const double now = kvt_now_s();
+	for (kvt_sched_handle *h = s->running; h && n_cand < cap_ent; h = h->next) {
 		if (h->state != H_PREFILL)
 			continue;
-		uint32_t left = h->req.n_prompt - h->seq.n_tokens, c = left;
+		cands[n_cand++] = (cand){ .h = h,
+					  .aged = h->passed >= s->cfg.aging_steps,
+					  .prio = effective_priority(s, h, now),
+					  .left = h->n_fill - h->seq.n_tokens };
+	}
+	const bool fair = s->cfg.policy == KVT_SCHED_FAIR;
+	if (fair)
+		qsort(cands, n_cand, sizeof(cand), cmp_cand);
+	uint32_t budget = s->cfg.prefill_chunk;
+	for (uint32_t i = 0; i < n_cand; i++) {
+		kvt_sched_handle *h = cands[i].h;
+		uint32_t left = cands[i].left, c = left;
+		/* an aged sequence goes first but leaves half the budget to the others waiting */
+		uint32_t cap = fair && cands[i].aged && i + 1 < n_cand ? (s->cfg.prefill_chunk + 1) / 2 : budget;
+		if (c > cap)
+			c = cap;
 		if (c > budget)
 			c = budget;
 		if (c > cap_rows - n_rows)
 			c = cap_rows - n_rows;
-		ents[n_ent++] = (entry){ .h = h, .n = c, .logits = c == left };
+		if (!c || n_ent >= cap_ent) {
+			h->passed++;
+			continue;
+		}
+		h->passed = 0;
+		ents[n_ent++] = (entry){ .h = h, .n = c, .logits = c == left && !h->resume_decode };
 		memcpy(rows + n_rows, h->toks + h->seq.n_tokens, (size_t)c * sizeof(int32_t));
 		n_rows += c;
 		budget -= c;
@@ -605,11 +894,22 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows)
 	if (!n_ent)
 		return false;
 
-	/* room in T0: let the manager evict; else run the decode rows alone; else end the newest request */
+	/*
+	 * Room in T0: let the manager evict; else preempt the lowest-priority,
+	 * latest sequence and build the step again; else (one sequence left)
+	 * run the decode rows alone; else end the newest request.
+	 */
 	for (uint32_t i = 0; i < n_ent; i++)
 		need += blocks_needed(s, &ents[i]);
 	if (need > kvt_t0_n_free(s->cfg.t0) && s->cfg.tm)
 		kvt_tm_reserve_t0(s->cfg.tm, need);
+	if (need > kvt_t0_n_free(s->cfg.t0)) {
+		kvt_sched_handle *v = pick_victim(s);
+		if (v) {
+			preempt(s, v);
+			return true;
+		}
+	}
 	if (need > kvt_t0_n_free(s->cfg.t0) && n_decode < n_ent) {
 		need = 0;
 		n_ent = n_decode;
@@ -622,7 +922,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows)
 		for (kvt_sched_handle *h = s->running; h; h = h->next)
 			if (h->state != H_DONE)
 				newest = h;
-		KVT_LOGE("sched: the device block pool is full (%u blocks needed, %u free): ending the newest request",
+		KVT_LOGE("sched: the device block pool is full (%u blocks needed, %u free) with nothing to preempt: "
+			 "ending the newest request",
 			 need, kvt_t0_n_free(s->cfg.t0));
 		if (newest)
 			finish_request(s, newest, KVT_FINISH_ERROR);
@@ -649,6 +950,7 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows)
 		return true;
 	}
 	pthread_mutex_lock(&s->mu);
+	s->st.steps++;
 	s->st.prefill_tokens += n_prefill;
 	/* a mixed batch's time is split by rows */
 	s->st.prefill_s += dt * n_prefill / n_rows;
@@ -701,7 +1003,8 @@ static bool prune(kvt_sched *s)
 		pthread_mutex_lock(&s->mu);
 		h->unlinked = true;
 		s->n_running--;
-		s->t0_committed -= blocks_at_most(s, h);
+		s->t0_committed -= h->committed;
+		s->admit_hold = false; /* blocks came free: a preempted request may try again */
 		bool gone = h->client_gone;
 		pthread_cond_broadcast(&s->idle);
 		pthread_mutex_unlock(&s->mu);
@@ -746,8 +1049,9 @@ static void *sched_main(void *arg)
 {
 	kvt_sched *s = arg;
 	entry *ents = calloc(s->cfg.max_running + 1, sizeof(entry));
+	cand *cands = calloc(s->cfg.max_running + 1, sizeof(cand));
 	int32_t *rows = calloc(s->max_batch, sizeof(int32_t));
-	if (!ents || !rows) {
+	if (!ents || !cands || !rows) {
 		KVT_LOGE("sched: out of memory at start");
 		pthread_mutex_lock(&s->mu);
 		s->stop = true;
@@ -760,24 +1064,58 @@ static void *sched_main(void *arg)
 			pthread_cond_wait(&s->work, &s->mu);
 		bool stop = s->stop;
 		kvt_sched_handle *adm = NULL, **tail = &adm;
-		/* Admission: a request starts only when the T0 pool can hold every
-		 * running sequence at its longest next to it (or nothing runs), so a
-		 * sequence never finds the pool full half way. */
-		while (s->q_head && (stop || s->n_running < s->cfg.max_running)) {
-			kvt_sched_handle *h = s->q_head;
-			uint32_t need = blocks_at_most(s, h);
+		/*
+		 * Admission, best first (FAIR: a preempted request, then the lowest
+		 * effective priority, then the oldest; FIFO: the queue's order): a
+		 * request starts when the T0 pool can hold what is committed to the
+		 * running ones next to it (or nothing runs). Committed is each one's
+		 * fill and a block (growth past it is met by preemption), or with
+		 * admit_longest its longest, so that a sequence never finds the pool
+		 * full half way. After a preemption nothing is admitted until a
+		 * request ends.
+		 */
+		const double now = kvt_now_s();
+		while (s->q_head && (stop || (s->n_running < s->cfg.max_running && !(s->admit_hold && s->n_running)))) {
+			kvt_sched_handle **best = &s->q_head;
+			if (s->cfg.policy == KVT_SCHED_FAIR && !stop) {
+				int bp = 0;
+				for (kvt_sched_handle **pp = &s->q_head; *pp; pp = &(*pp)->next) {
+					kvt_sched_handle *c = *pp;
+					int p = c->preempted ? KVT_PRIORITY_MIN - 1 : effective_priority(s, c, now);
+					if (pp == &s->q_head || p < bp) {
+						best = pp;
+						bp = p;
+					}
+				}
+			}
+			kvt_sched_handle *h = *best;
+			uint32_t need = blocks_to_commit(s, h);
 			if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0))
 				break;
 			s->t0_committed += need;
-			s->q_head = h->next;
-			if (!s->q_head)
+			h->committed = need;
+			*best = h->next;
+			if (s->q_tail == h) {
 				s->q_tail = NULL;
+				for (kvt_sched_handle *q = s->q_head; q; q = q->next)
+					s->q_tail = q;
+			}
 			s->n_queued--;
 			s->n_running++;
+			if (s->n_running > s->st.running_peak)
+				s->st.running_peak = s->n_running;
+			double wait = now - h->t_wait;
+			s->st.queue_wait_sum_s += wait;
+			s->st.queue_waits++;
+			s->wait_ring[s->n_wait++ % WAIT_RING] = wait;
+			if (!h->seq_no) /* a resumed request keeps its place: the latest is preempted first */
+				h->seq_no = ++s->n_admitted;
 			h->next = NULL;
 			*tail = h;
 			tail = &h->next;
 		}
+		if (!s->n_running)
+			s->admit_hold = false;
 		pthread_mutex_unlock(&s->mu);
 		if (stop && !s->running && !adm)
 			break;
@@ -804,7 +1142,7 @@ static void *sched_main(void *arg)
 		prune(s);
 		reap_cancelled(s);
 		prune(s);
-		if (ents && rows && !step(s, ents, rows) && s->running) {
+		if (ents && cands && rows && !step(s, ents, rows, cands) && s->running) {
 			/* only promotions in flight: look again shortly */
 			struct timespec ts = { 0, 200 * 1000 };
 			nanosleep(&ts, NULL);
@@ -813,6 +1151,7 @@ static void *sched_main(void *arg)
 			kvt_tm_end_turn(s->cfg.tm);
 	}
 	free(ents);
+	free(cands);
 	free(rows);
 	return NULL;
 }
@@ -925,7 +1264,7 @@ static int cmp_double(const void *a, const void *b)
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 {
-	double sorted[TTFT_RING];
+	double sorted[TTFT_RING], waits[WAIT_RING];
 	uint64_t n_sessions = 0;
 
 	if (s->cfg.db)
@@ -936,11 +1275,18 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 	st->queued = s->n_queued;
 	uint32_t k = s->n_ttft < TTFT_RING ? (uint32_t)s->n_ttft : TTFT_RING;
 	memcpy(sorted, s->ttft_ring, k * sizeof(double));
+	uint32_t kw = s->n_wait < WAIT_RING ? (uint32_t)s->n_wait : WAIT_RING;
+	memcpy(waits, s->wait_ring, kw * sizeof(double));
 	pthread_mutex_unlock(&s->mu);
 	if (k) {
 		qsort(sorted, k, sizeof(double), cmp_double);
 		st->ttft_p50_s = sorted[(k - 1) / 2];
 		st->ttft_p99_s = sorted[(uint32_t)ceil(0.99 * k) - 1];
+	}
+	if (kw) {
+		qsort(waits, kw, sizeof(double), cmp_double);
+		st->queue_wait_p50_s = waits[(kw - 1) / 2];
+		st->queue_wait_p99_s = waits[(uint32_t)ceil(0.99 * kw) - 1];
 	}
 	st->sessions = n_sessions;
 	st->have_index = s->cfg.db != NULL;

@@ -11,6 +11,25 @@
  * the manager's write policy makes the turn's blocks durable, and the
  * session row (token history) is queued to the index.
  *
+ * Each step's rows: one per decoding sequence first, then the prefill
+ * budget (prefill_chunk prompt tokens) shared by the prefilling sequences
+ * under the policy (enum kvt_sched_policy): FAIR ranks them by effective
+ * priority, then shortest remaining prompt first, and a sequence passed over
+ * for aging_steps steps goes first, so a request admitted behind a long
+ * prompt gets its first chunk in the next step and no prompt starves; FIFO
+ * is the old order (oldest first, taking all it can), kept as the baseline.
+ * Priorities (lower first, KVT_PRIORITY_MIN..MAX) also order the queue; a
+ * waiting request gains one level per priority_aging_s.
+ *
+ * Memory pressure: when T0 cannot hold the next step, the lowest-priority,
+ * latest running sequence is preempted: its pins and T0 references are let
+ * go, its registered blocks stay in the cache (the manager demotes them to
+ * T1 as T0 needs room), and it goes back to the front of the queue with
+ * every token so far. Re-admitted, it takes its own blocks back through the
+ * prefix cache (SWAP) or only those still in T0, prefilling the rest
+ * (RECOMPUTE), and goes on exactly where it stopped: with a lossless T1
+ * (or by recompute) its greedy tokens are those of an uninterrupted run.
+ *
  * Threads: kvt_sched_* calls are safe from any thread (the HTTP server's
  * connection threads). Only the scheduler thread touches the model.
  */
@@ -23,6 +42,26 @@
 #include "sampler.h"
 
 struct kvt_tok;
+
+enum kvt_sched_policy {
+	KVT_SCHED_FAIR = 0, /* default: priority, shortest remaining prompt first, aging */
+	KVT_SCHED_FIFO = 1, /* prompt chunks oldest first, each taking all the budget it can */
+};
+
+enum kvt_preempt_mode {
+	KVT_PREEMPT_SWAP = 0,      /* a preempted sequence's cached blocks come back from any tier */
+	KVT_PREEMPT_RECOMPUTE = 1, /* only those still in T0 are reused; the rest is prefilled again */
+};
+
+#define KVT_PRIORITY_MIN (-100) /* request priorities: lower runs first */
+#define KVT_PRIORITY_MAX 100
+#define KVT_PRIORITY_LEVELS (KVT_PRIORITY_MAX - KVT_PRIORITY_MIN + 1)
+#define KVT_SCHED_MAX_TENANT_PRIO 64 /* per-tenant default priorities */
+
+typedef struct kvt_tenant_priority {
+	char tenant[KVT_NAME_MAX + 1]; /* kvt_name_check'ed */
+	int priority;                  /* KVT_PRIORITY_MIN..MAX */
+} kvt_tenant_priority;
 
 typedef struct kvt_sched_config {
 	kvt_dev *dev;              /* borrowed: the model's device */
@@ -40,9 +79,23 @@ typedef struct kvt_sched_config {
 	uint32_t max_queue;        /* requests waiting; beyond it submit says KVT_EFULL (default 64) */
 	uint32_t prefill_chunk;    /* prompt tokens run per scheduler step (default 256) */
 	bool cache;                /* reuse cached prefixes (default true; false: benchmark baseline) */
+	int policy;                /* enum kvt_sched_policy (default FAIR) */
+	uint32_t aging_steps;      /* FAIR: a prefilling sequence passed over this many steps goes first (default 4) */
+	double priority_aging_s;   /* a waiting request's priority improves one level per this (default 5; 0 = never) */
+	int preempt;               /* enum kvt_preempt_mode (default SWAP) */
+	bool admit_longest;        /* admit only when T0 holds every request at its longest (no preemption needed; default false: the prompt's blocks) */
+	int default_priority;      /* a request without one, of a tenant not listed (default 0) */
+	kvt_tenant_priority tenant_priority[KVT_SCHED_MAX_TENANT_PRIO]; /* per-tenant defaults */
+	uint32_t n_tenant_priority; /* entries used */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
+/*
+ * Parse "tenant:prio, tenant2:prio2, *:prio" (prio KVT_PRIORITY_MIN..MAX;
+ * "*" sets default_priority) into c->tenant_priority / default_priority.
+ * "" is no entries. KVT_EINVAL with the reason in why (c unchanged).
+ */
+int kvt_sched_parse_priorities(const char *text, kvt_sched_config *c, char *why, size_t why_cap);
 
 enum kvt_finish {
 	KVT_FINISH_NONE = 0,      /* still running */
@@ -61,6 +114,8 @@ typedef struct kvt_sched_req {
 	bool ignore_eos;               /* do not stop at end-of-generation tokens */
 	char tenant[KVT_NAME_MAX + 1]; /* kvt_name_check'ed; "" = "default" */
 	char session_id[KVT_NAME_MAX + 1]; /* "" = no session */
+	bool has_priority;             /* priority given; else the tenant's default */
+	int priority;                  /* KVT_PRIORITY_MIN..MAX, lower first */
 } kvt_sched_req;
 
 typedef struct kvt_sched_usage {
@@ -71,6 +126,10 @@ typedef struct kvt_sched_usage {
 	double queue_s;                /* submit -> first scheduled */
 	double ttft_s;                 /* submit -> first token */
 	double total_s;                /* submit -> finish */
+	int priority;                  /* the priority the request ran at (before aging) */
+	uint32_t ttft_steps;           /* scheduler steps from submit to the first token */
+	uint64_t first_step;           /* the scheduler's step count at the first token */
+	uint32_t preemptions;          /* times it was preempted and resumed */
 } kvt_sched_usage;
 
 typedef struct kvt_sched kvt_sched;
@@ -196,6 +255,18 @@ typedef struct kvt_sched_stats {
 	uint64_t ttft_bucket[KVT_TTFT_BUCKETS]; /* TTFT histogram (non-cumulative counts) */
 	double ttft_sum_s;             /* sum of TTFTs */
 	double ttft_p50_s, ttft_p99_s; /* over the last 1024 requests (0 if none) */
+	uint64_t steps;                /* scheduler steps run (batches) */
+	uint32_t running_peak;         /* most sequences running at once */
+	double queue_wait_sum_s;       /* sum over admissions of submit (or preemption) -> admitted */
+	uint64_t queue_waits;          /* admissions counted in it */
+	double queue_wait_p50_s, queue_wait_p99_s; /* over the last 1024 admissions (0 if none) */
+	uint64_t preempt_swap;         /* preemptions whose blocks were kept in the cache (reused from any tier) */
+	uint64_t preempt_recompute;    /* preemptions resumed by recomputing what left T0 */
+	uint64_t preempt_tokens;       /* tokens the preempted sequences held (KV let go) */
+	uint64_t resume_recomputed_tokens; /* of the resumed tokens, those prefilled again */
+	uint64_t resume_swapped_in_tokens; /* of the resumed tokens, those brought back from T1 or T2 */
+	uint64_t ttft_by_priority_n[KVT_PRIORITY_LEVELS];   /* first tokens by priority (index priority - MIN) */
+	double ttft_by_priority_sum_s[KVT_PRIORITY_LEVELS]; /* their TTFT sums */
 	uint64_t sessions;             /* sessions known */
 	bool have_index;               /* db present */
 	kvt_db_stats index;            /* the index's counters: degraded, rolled back, bad session rows (zero without db) */

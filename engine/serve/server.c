@@ -1346,7 +1346,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	if (!body)
 		return ret;
 	uint32_t n_vocab = kvt_sched_n_vocab(sched), max_ctx = kvt_sched_max_ctx(sched);
-	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0;
+	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0, priority = 0;
 	double temp = 1.0, top_p = 1.0;
 	bool stream = false, include_usage = false, ignore_eos = false, have_seed = false, parse_special = true;
 	const char *model = NULL, *user = NULL, *session = NULL;
@@ -1366,9 +1366,11 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	    get_int(body, "seed", LLONG_MIN, LLONG_MAX, &seed, &e) ||
 	    get_int(body, "n", 1, cfg->max_n, &n, &e) || get_bool(body, "stream", &stream, &e) ||
 	    get_bool(body, "ignore_eos", &ignore_eos, &e) || get_str(body, "session_id", &session, NULL, &e) ||
+	    get_int(body, "priority", KVT_PRIORITY_MIN, KVT_PRIORITY_MAX, &priority, &e) ||
 	    (!chat && get_bool(body, "parse_special", &parse_special, &e)))
 		goto bad;
 	have_seed = (v = json_object_get(body, "seed")) && !json_is_null(v);
+	const bool have_priority = (v = json_object_get(body, "priority")) && !json_is_null(v);
 	if (!(temp >= 0 && temp <= 2)) {
 		fail(&e, "temperature", "'temperature' must be in [0, 2]");
 		goto bad;
@@ -1493,6 +1495,8 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		q.sample.top_k = (uint32_t)top_k;
 		q.sample.seed = (uint64_t)seed + i;
 		q.ignore_eos = ignore_eos;
+		q.has_priority = have_priority;
+		q.priority = (int)priority;
 		snprintf(q.tenant, sizeof(q.tenant), "%s", r->tenant);
 		if (i == 0 && session) /* the session's history is the first choice's turn */
 			snprintf(q.session_id, sizeof(q.session_id), "%s", session);
@@ -1617,6 +1621,33 @@ static void metric_one(sbuf *b, const char *name, const char *type, const char *
 	sbuf_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
+/* The scheduler's queue, preemptions and TTFT by priority. */
+static void metric_sched(sbuf *b, const kvt_sched_stats *st)
+{
+	metric_one(b, "kvtier_scheduler_steps_total", "counter", "Scheduler steps (batches) run.", st->steps);
+	metric_head(b, "kvtier_queue_wait_seconds", "summary",
+		    "Time from submit (or preemption) to admission; quantiles over the last 1024.");
+	sbuf_printf(b, "kvtier_queue_wait_seconds{quantile=\"0.5\"} %.9g\nkvtier_queue_wait_seconds{quantile=\"0.99\"} %.9g\n",
+		    st->queue_wait_p50_s, st->queue_wait_p99_s);
+	sbuf_printf(b, "kvtier_queue_wait_seconds_sum %.9g\nkvtier_queue_wait_seconds_count %llu\n", st->queue_wait_sum_s,
+		    (unsigned long long)st->queue_waits);
+	metric_head(b, "kvtier_preemptions_total", "counter", "Sequences preempted because T0 was full, by how they resume.");
+	sbuf_printf(b, "kvtier_preemptions_total{mode=\"swap\"} %llu\nkvtier_preemptions_total{mode=\"recompute\"} %llu\n",
+		    (unsigned long long)st->preempt_swap, (unsigned long long)st->preempt_recompute);
+	metric_one(b, "kvtier_preempted_tokens_total", "counter", "Tokens of KV the preempted sequences let go.",
+		   st->preempt_tokens);
+	metric_one(b, "kvtier_preempt_recomputed_tokens_total", "counter", "Tokens prefilled again on resuming.",
+		   st->resume_recomputed_tokens);
+	metric_head(b, "kvtier_ttft_by_priority_seconds", "summary", "Time to first token by request priority.");
+	for (int i = 0; i < KVT_PRIORITY_LEVELS; i++)
+		if (st->ttft_by_priority_n[i])
+			sbuf_printf(b,
+				    "kvtier_ttft_by_priority_seconds_sum{priority=\"%d\"} %.9g\n"
+				    "kvtier_ttft_by_priority_seconds_count{priority=\"%d\"} %llu\n",
+				    i + KVT_PRIORITY_MIN, st->ttft_by_priority_sum_s[i], i + KVT_PRIORITY_MIN,
+				    (unsigned long long)st->ttft_by_priority_n[i]);
+}
+
 static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
 {
 	kvt_sched_stats st;
@@ -1685,6 +1716,7 @@ static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
 	}
 	sbuf_printf(&b, "kvtier_ttft_seconds_sum %.9g\nkvtier_ttft_seconds_count %llu\n", st.ttft_sum_s,
 		    (unsigned long long)cum);
+	metric_sched(&b, &st);
 	if (b.failed) {
 		free(b.p);
 		return reply_error(r, 500, NULL, NULL, "out of memory");
@@ -1695,6 +1727,26 @@ static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
 static double ratio(double a, double b)
 {
 	return b > 0 ? a / b : 0.0;
+}
+
+/* The scheduler's queue, preemption and per-priority numbers (/v1/stats "scheduler"). */
+static json_t *stats_sched(const kvt_sched_stats *st)
+{
+	json_t *by_prio = json_array();
+	for (int i = 0; i < KVT_PRIORITY_LEVELS; i++)
+		if (st->ttft_by_priority_n[i])
+			json_array_append_new(by_prio,
+					      json_pack("{s:i, s:I, s:f}", "priority", i + KVT_PRIORITY_MIN, "requests",
+							(json_int_t)st->ttft_by_priority_n[i], "ttft_mean_ms",
+							st->ttft_by_priority_sum_s[i] * 1e3 / (double)st->ttft_by_priority_n[i]));
+	return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}, s:o}", "steps",
+			 (json_int_t)st->steps, "queue_depth", (json_int_t)st->queued, "running_peak",
+			 (json_int_t)st->running_peak, "admissions", (json_int_t)st->queue_waits, "queue_wait_mean_ms",
+			 ratio(st->queue_wait_sum_s * 1e3, (double)st->queue_waits), "queue_wait_p50_ms",
+			 st->queue_wait_p50_s * 1e3, "queue_wait_p99_ms", st->queue_wait_p99_s * 1e3, "preemptions", "swap",
+			 (json_int_t)st->preempt_swap, "recompute", (json_int_t)st->preempt_recompute, "tokens_held",
+			 (json_int_t)st->preempt_tokens, "tokens_swapped_in", (json_int_t)st->resume_swapped_in_tokens,
+			 "tokens_recomputed", (json_int_t)st->resume_recomputed_tokens, "ttft_by_priority", by_prio);
 }
 
 static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
@@ -1747,7 +1799,8 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 				  "rolled_back", (json_int_t)st.index.n_full, "kept_session_writes",
 				  (json_int_t)st.index.n_carried, "bad_session_rows", (json_int_t)st.index.n_bad_sessions);
 	return reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine, "persist",
+			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine,
+				    "scheduler", stats_sched(&st), "persist",
 				    persist, "index", index, "sessions", (json_int_t)st.sessions, "uptime_s",
 				    kvt_now_s() - srv->t_start, "model", srv->model_id),
 			  false);

@@ -1,0 +1,339 @@
+/* ctest-labels: unit integration */
+/*
+ * tests/test_sched_fair.c — the scheduler under load, on a tiny synthetic
+ * Llama with the real tiering manager, NVMe store and SQLite index in a
+ * temporary folder (reference kernels: a row's result does not depend on the
+ * batch it runs in, so a resumed sequence can be compared token for token).
+ *
+ *  - a short request admitted during a long prefill gets its first token
+ *    within 2 scheduler steps under the FAIR policy; under FIFO the same
+ *    workload makes it wait for the long prompt's remaining chunks (which
+ *    shows the measurement can tell the two apart);
+ *  - priorities order first tokens: with one running slot, queued requests
+ *    start by priority (request field, then the tenant's default), and
+ *    under FIFO by arrival;
+ *  - preemption: a T0 of 24 blocks under 8 requests that each grow to 10
+ *    blocks ends none of them with an error, and every request's greedy
+ *    tokens equal those it produced alone, by swap (its blocks come back
+ *    through T1) and by recompute; admitting by the prompt's blocks runs
+ *    more requests at once than admitting at their longest (printed).
+ */
+#include "check.h"
+#include "test_dev.h"
+#include "gguf.h"
+#include "model.h"
+#include "scheduler.h"
+#include "stack.h"
+#include "synth_model.h"
+#include "tokenizer.h"
+
+#include <unistd.h>
+
+#define BT 16
+
+static char dir[256], model_path[300];
+static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
+
+typedef struct rig {
+	kvt_dev *dev;
+	kvt_model *m;
+	kvt_tok *tok;
+	kvt_stack st;
+	kvt_sched *s; /* st's */
+} rig;
+
+typedef struct rig_opts {
+	int policy;
+	int preempt;
+	bool admit_longest;
+	uint32_t t0_slots, max_running, prefill_chunk;
+} rig_opts;
+
+static int rig_open(rig *r, const rig_opts *o, const char *name)
+{
+	kvt_gguf *g = NULL;
+	char t2_path[400], db_path[400];
+	memset(r, 0, sizeof(*r));
+	snprintf(t2_path, sizeof(t2_path), "%s/%s.t2", dir, name);
+	snprintf(db_path, sizeof(db_path), "%s/%s.sqlite", dir, name);
+	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = 1 };
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.max_batch = 128;
+	mc.max_ctx = 512;
+	if (kvt_gguf_open(model_path, &g) || kvt_dev_create(&dc, &r->dev) || kvt_model_load(r->dev, g, &mc, &r->m) ||
+	    kvt_tok_create_from_gguf(g, &r->tok))
+		return 1;
+	kvt_gguf_close(g);
+	kvt_stack_config c;
+	kvt_stack_config_default(&c);
+	c.dev = r->dev;
+	c.model = r->m;
+	c.tok = r->tok;
+	memset(c.model_fp, 0x5a, 32);
+	c.block_tokens = BT;
+	c.t0_slots = o->t0_slots;
+	c.db_path = db_path;
+	c.t2_path = t2_path;
+	c.t2.capacity_bytes = 16u << 20;
+	c.t2.reset = true;
+	c.t2.buffered_ok = true;
+	c.tm.t1_slots = 128;
+	c.tm.t1_codec = KVT_KV_CODEC_F16;
+	c.sched.secret = secret;
+	c.sched.secret_bytes = sizeof(secret);
+	c.sched.max_running = o->max_running;
+	c.sched.prefill_chunk = o->prefill_chunk;
+	c.sched.policy = o->policy;
+	c.sched.preempt = o->preempt;
+	c.sched.admit_longest = o->admit_longest;
+	c.sched.priority_aging_s = 600; /* no aging within the test */
+	snprintf(c.sched.tenant_priority[0].tenant, sizeof(c.sched.tenant_priority[0].tenant), "vip");
+	c.sched.tenant_priority[0].priority = -10;
+	c.sched.n_tenant_priority = 1;
+	if (kvt_stack_open(&c, &r->st))
+		return 1;
+	r->s = r->st.sched;
+	return 0;
+}
+
+static void rig_close(rig *r)
+{
+	kvt_stack_close(&r->st);
+	kvt_model_destroy(r->m);
+	kvt_tok_destroy(r->tok);
+	kvt_dev_destroy(r->dev);
+}
+
+typedef struct result {
+	int32_t out[512];
+	uint32_t n;
+	int finish;
+	kvt_sched_usage u;
+} result;
+
+static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t max_tokens, const char *tenant)
+{
+	memset(q, 0, sizeof(*q));
+	q->prompt = p;
+	q->n_prompt = n;
+	q->max_tokens = max_tokens;
+	q->ignore_eos = true;
+	snprintf(q->tenant, sizeof(q->tenant), "%s", tenant ? tenant : "");
+}
+
+static int collect(kvt_sched_handle *h, result *res)
+{
+	memset(res, 0, sizeof(*res));
+	for (int spins = 0; spins < 100000; spins++) {
+		uint32_t n = 0;
+		kvt_sched_next(h, res->out + res->n, 512 - res->n, &n, &res->finish, &res->u, 0.5);
+		res->n += n;
+		if (res->finish)
+			break;
+	}
+	kvt_sched_release(h);
+	return res->finish ? KVT_OK : KVT_EIO;
+}
+
+static void make_prompt(int32_t *p, uint32_t n, uint32_t seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (uint32_t i = 0; i < n; i++) {
+		x = x * 1103515245u + 12345u;
+		p[i] = (int32_t)(3 + (x >> 8) % 250);
+	}
+}
+
+static uint64_t steps_of(kvt_sched *s)
+{
+	kvt_sched_stats st;
+	kvt_sched_get_stats(s, &st);
+	return st.steps;
+}
+
+/* A 480-token prompt in 32-token chunks (15 steps); a 10-token one arrives after its first chunk. */
+static uint32_t short_behind_long(int policy)
+{
+	rig r;
+	rig_opts o = { .policy = policy, .t0_slots = 160, .max_running = 8, .prefill_chunk = 32 };
+	static int32_t lp[480], sp[10];
+	kvt_sched_req q;
+	kvt_sched_handle *hl, *hs;
+	result rl, rs;
+	CHECK(rig_open(&r, &o, policy == KVT_SCHED_FAIR ? "fair" : "fifo") == KVT_OK);
+	make_prompt(lp, 480, 1);
+	make_prompt(sp, 10, 2);
+	uint64_t s0 = steps_of(r.s);
+	req_init(&q, lp, 480, 4, "long");
+	CHECK(kvt_sched_submit(r.s, &q, &hl) == KVT_OK);
+	for (int i = 0; i < 200000 && steps_of(r.s) < s0 + 1; i++)
+		usleep(50);
+	req_init(&q, sp, 10, 2, "short");
+	CHECK(kvt_sched_submit(r.s, &q, &hs) == KVT_OK);
+	CHECK(collect(hs, &rs) == KVT_OK && rs.finish == KVT_FINISH_LENGTH);
+	CHECK(collect(hl, &rl) == KVT_OK && rl.finish == KVT_FINISH_LENGTH);
+	printf("  %s: the short request's first token %u steps after its submit (the long one's after %u)\n",
+	       policy == KVT_SCHED_FAIR ? "fair" : "fifo", rs.u.ttft_steps, rl.u.ttft_steps);
+	rig_close(&r);
+	return rs.u.ttft_steps;
+}
+
+static void test_short_behind_long(void)
+{
+	uint32_t fair = short_behind_long(KVT_SCHED_FAIR);
+	uint32_t fifo = short_behind_long(KVT_SCHED_FIFO);
+	CHECKF(fair <= 2, "fair: the short request waited %u steps for its first token (bound 2)", fair);
+	CHECKF(fifo >= 8, "fifo: the short request waited only %u steps: the long prompt was not in its way", fifo);
+}
+
+/* One running slot: a blocker runs; four queued requests start by priority (FAIR) or arrival (FIFO). */
+static void priorities(int policy)
+{
+	rig r;
+	rig_opts o = { .policy = policy, .t0_slots = 160, .max_running = 1, .prefill_chunk = 48 };
+	static int32_t p[5][24];
+	kvt_sched_req q;
+	kvt_sched_handle *h[5];
+	result res[5];
+	/* arrival order: prio 5, -5, 0, tenant vip (default -10), none (default 0) */
+	const int prio[5] = { 5, -5, 0, 0, 0 };
+	const bool has[5] = { true, true, true, false, false };
+	const char *tenant[5] = { "a", "b", "c", "vip", "d" };
+	CHECK(rig_open(&r, &o, policy == KVT_SCHED_FAIR ? "prio-fair" : "prio-fifo") == KVT_OK);
+	kvt_sched_handle *blocker;
+	static int32_t bp[20];
+	make_prompt(bp, 20, 9);
+	req_init(&q, bp, 20, 60, "blocker");
+	CHECK(kvt_sched_submit(r.s, &q, &blocker) == KVT_OK);
+	for (int i = 0; i < 200000 && steps_of(r.s) < 2; i++)
+		usleep(50);
+	for (int i = 0; i < 5; i++) {
+		make_prompt(p[i], 24, 20 + i);
+		req_init(&q, p[i], 24, 3, tenant[i]);
+		q.has_priority = has[i];
+		q.priority = prio[i];
+		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
+	}
+	result rb;
+	CHECK(collect(blocker, &rb) == KVT_OK);
+	for (int i = 0; i < 5; i++)
+		CHECK(collect(h[i], &res[i]) == KVT_OK && res[i].finish == KVT_FINISH_LENGTH);
+	CHECK_EQ_INT(res[3].u.priority, -10); /* the tenant's default */
+	CHECK_EQ_INT(res[4].u.priority, 0);
+	/* expected order of first tokens */
+	const int fair_order[5] = { 3, 1, 2, 4, 0 }, fifo_order[5] = { 0, 1, 2, 3, 4 };
+	const int *order = policy == KVT_SCHED_FAIR ? fair_order : fifo_order;
+	for (int k = 0; k + 1 < 5; k++)
+		CHECKF(res[order[k]].u.first_step < res[order[k + 1]].u.first_step,
+		       "%s: request %d (priority %d) got its first token at step %llu, after request %d (priority %d) at %llu",
+		       policy == KVT_SCHED_FAIR ? "fair" : "fifo", order[k], res[order[k]].u.priority,
+		       (unsigned long long)res[order[k]].u.first_step, order[k + 1], res[order[k + 1]].u.priority,
+		       (unsigned long long)res[order[k + 1]].u.first_step);
+	kvt_sched_stats st;
+	kvt_sched_get_stats(r.s, &st);
+	CHECK_EQ_INT(st.ttft_by_priority_n[-10 - KVT_PRIORITY_MIN], 1);
+	CHECK_EQ_INT(st.ttft_by_priority_n[0 - KVT_PRIORITY_MIN], 3); /* c, d and the blocker */
+	CHECK(st.queue_waits == 6 && st.queue_wait_p99_s >= st.queue_wait_p50_s);
+	rig_close(&r);
+}
+
+enum { NP = 8, PL = 40, GEN = 120 };
+static int32_t pp[NP][PL];
+static result alone[NP];
+
+/* 8 requests of 40 + 120 tokens (10 blocks each at their longest) on a 24-block T0. */
+static void pressure(int preempt, bool admit_longest, const char *name, uint32_t *peak)
+{
+	rig r;
+	rig_opts o = { .policy = KVT_SCHED_FAIR, .preempt = preempt, .admit_longest = admit_longest, .t0_slots = 24,
+		       .max_running = 8, .prefill_chunk = 48 };
+	kvt_sched_req q;
+	kvt_sched_handle *h[NP];
+	result res;
+	CHECK(rig_open(&r, &o, name) == KVT_OK);
+	for (int i = 0; i < NP; i++) {
+		req_init(&q, pp[i], PL, GEN, "together");
+		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
+	}
+	uint32_t n_preempted = 0;
+	for (int i = 0; i < NP; i++) {
+		CHECK(collect(h[i], &res) == KVT_OK);
+		CHECKF(res.finish == KVT_FINISH_LENGTH, "%s: request %d ended with %s", name, i, kvt_finish_name(res.finish));
+		CHECKF(res.n == alone[i].n && !memcmp(res.out, alone[i].out, GEN * 4),
+		       "%s: request %d (preempted %u times): tokens differ from its run alone", name, i, res.u.preemptions);
+		n_preempted += res.u.preemptions > 0;
+	}
+	kvt_sched_stats st;
+	kvt_sched_get_stats(r.s, &st);
+	CHECK_EQ_INT(st.requests_failed, 0);
+	printf("  %s: %llu swap + %llu recompute preemptions (%u requests), %llu tokens let go, %llu swapped back in, "
+	       "%llu prefilled again; up to %u running\n",
+	       name, (unsigned long long)st.preempt_swap, (unsigned long long)st.preempt_recompute, n_preempted,
+	       (unsigned long long)st.preempt_tokens, (unsigned long long)st.resume_swapped_in_tokens,
+	       (unsigned long long)st.resume_recomputed_tokens, st.running_peak);
+	if (!admit_longest) {
+		CHECK(n_preempted > 0);
+		if (preempt == KVT_PREEMPT_SWAP) {
+			CHECK(st.preempt_swap > 0 && st.preempt_recompute == 0);
+			/* the blocks came back through the cache: far less than everything was prefilled again */
+			CHECK(st.resume_recomputed_tokens < st.preempt_tokens / 2);
+			CHECK(st.resume_swapped_in_tokens > 0); /* some had been demoted to T1 and came back */
+		} else {
+			CHECK(st.preempt_recompute > 0 && st.preempt_swap == 0);
+			CHECK(st.resume_recomputed_tokens > 0);
+		}
+	} else {
+		CHECK_EQ_INT(st.preempt_swap + st.preempt_recompute, 0);
+	}
+	*peak = st.running_peak;
+	rig_close(&r);
+}
+
+static void test_preemption(void)
+{
+	rig r;
+	rig_opts o = { .policy = KVT_SCHED_FAIR, .t0_slots = 24, .max_running = 8, .prefill_chunk = 48 };
+	kvt_sched_req q;
+	CHECK(rig_open(&r, &o, "alone") == KVT_OK);
+	for (int i = 0; i < NP; i++) {
+		kvt_sched_handle *h;
+		make_prompt(pp[i], PL, 300 + i);
+		req_init(&q, pp[i], PL, GEN, "alone");
+		CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_OK);
+		CHECK(collect(h, &alone[i]) == KVT_OK && alone[i].finish == KVT_FINISH_LENGTH && alone[i].n == GEN);
+	}
+	rig_close(&r);
+	uint32_t peak_swap, peak_recompute, peak_longest;
+	pressure(KVT_PREEMPT_SWAP, false, "swap", &peak_swap);
+	pressure(KVT_PREEMPT_RECOMPUTE, false, "recompute", &peak_recompute);
+	pressure(KVT_PREEMPT_SWAP, true, "admit-longest", &peak_longest);
+	CHECKF(peak_swap > peak_longest, "admitting by the prompt ran %u at once, at their longest %u", peak_swap,
+	       peak_longest);
+}
+
+int main(void)
+{
+	kvt_dev *probe;
+	kvt_dev_config pc = { .kind = test_dev_kind() };
+	if (kvt_dev_create(&pc, &probe))
+		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_sched_fair", "the requested device is not available");
+	kvt_dev_destroy(probe);
+	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_fair_XXXXXX");
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
+	kvt_synth_llama sc;
+	kvt_synth_llama_default(&sc);
+	sc.n_ctx = 512;
+	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
+
+	test_short_behind_long();
+	priorities(KVT_SCHED_FAIR);
+	priorities(KVT_SCHED_FIFO);
+	test_preemption();
+
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+	return check_done("test_sched_fair");
+}
