@@ -1001,14 +1001,11 @@ char *kvt_oai_tools_prompt(const kvt_oai_tools *t)
 		free(d);
 		gb_puts(&b, "\n");
 	}
+	/* NOTE: the same text whatever tool_choice says (the grammar enforces required and named), so
+	 * the turns of a tool conversation share their prompt's prefix and its cached blocks */
 	gb_puts(&b, "</tools>\nTo call a function, answer with this block, one per call:\n<tool_call>\n"
-		    "{\"name\": \"FUNCTION\", \"arguments\": {ARGUMENTS AS JSON}}\n</tool_call>\n");
-	if (t->choice == KVT_TOOLS_REQUIRED)
-		gb_puts(&b, "You must call at least one function.");
-	else if (t->choice == KVT_TOOLS_NAMED)
-		gb_printf(&b, "You must call the function %s.", t->named);
-	else
-		gb_puts(&b, "When no function is needed, answer in plain text.");
+		    "{\"name\": \"FUNCTION\", \"arguments\": {ARGUMENTS AS JSON}}\n</tool_call>\n"
+		    "When no function is needed, answer in plain text.");
 	if (b.failed) {
 		free(b.p);
 		return NULL;
