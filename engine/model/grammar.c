@@ -624,7 +624,8 @@ int kvt_grammar_compile(const char *text, size_t len, const char *root, kvt_gram
 		g->rule_alt[i] = ai;
 		for (uint32_t a = 0; a < p.r[i].n; a++) {
 			g->alt[ai++] = ei;
-			memcpy(g->el + ei, p.r[i].a[a].e, (size_t)p.r[i].a[a].n * sizeof(gelem));
+			if (p.r[i].a[a].n) /* an empty alternative has no element array */
+				memcpy(g->el + ei, p.r[i].a[a].e, (size_t)p.r[i].a[a].n * sizeof(gelem));
 			ei += p.r[i].a[a].n;
 			g->el[ei++] = (gelem){ GE_END, 0 };
 		}
