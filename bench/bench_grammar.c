@@ -162,6 +162,8 @@ int main(int argc, char **argv)
 		double t0 = kvt_now_s();
 		kvt_gmatch_mask(gm, allow);
 		cold[i] = kvt_now_s() - t0;
+		if (getenv("KVT_BENCH_TRACE"))
+			fprintf(stderr, "cold mask at %d: %.2f ms\n", i, cold[i] * 1e3);
 		kvt_gmatch_destroy(gm);
 	}
 	double cold_max = 0, cold_sum = 0;

@@ -694,6 +694,52 @@ struct kvt_vocab_trie {
 
 uint32_t kvt_vocab_trie_n_vocab(const kvt_vocab_trie *t) { return t->n_vocab; }
 
+/*
+ * Renumber the nodes in depth-first preorder, so a mask's walk (which is
+ * depth first) reads the node array front to back instead of jumping
+ * through it in insertion order. KVT_ENOMEM.
+ */
+static int trie_preorder(kvt_vocab_trie *t)
+{
+	uint32_t *order = malloc((size_t)t->n_nd * sizeof(uint32_t)), *stack = malloc((size_t)t->n_nd * sizeof(uint32_t));
+	uint32_t *newid = malloc((size_t)t->n_nd * sizeof(uint32_t));
+	tnode *nd = malloc((size_t)t->n_nd * sizeof(tnode));
+	if (!order || !stack || !newid || !nd) {
+		free(order);
+		free(stack);
+		free(newid);
+		free(nd);
+		return KVT_ENOMEM;
+	}
+	uint32_t n = 0, sp = 0;
+	stack[sp++] = 0;
+	while (sp) {
+		uint32_t x = stack[--sp];
+		order[n] = x;
+		newid[x] = n++;
+		/* push the children last-first so the first child comes out next */
+		uint32_t k = sp;
+		for (uint32_t c = t->nd[x].child; c; c = t->nd[c].sib)
+			stack[sp++] = c;
+		for (uint32_t i = k, j = sp; sp > k && i < --j; i++) {
+			uint32_t tmp = stack[i];
+			stack[i] = stack[j];
+			stack[j] = tmp;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		tnode o = t->nd[order[i]];
+		nd[i] = (tnode){ o.child ? newid[o.child] : 0, o.sib ? newid[o.sib] : 0, o.tok, o.byte };
+	}
+	free(t->nd);
+	t->nd = nd;
+	t->cap_nd = n;
+	free(order);
+	free(stack);
+	free(newid);
+	return KVT_OK;
+}
+
 int kvt_vocab_trie_create(const kvt_tok *tok, uint32_t n_vocab, kvt_vocab_trie **out)
 {
 	kvt_vocab_trie *t = calloc(1, sizeof(*t));
@@ -751,6 +797,8 @@ int kvt_vocab_trie_create(const kvt_tok *tok, uint32_t n_vocab, kvt_vocab_trie *
 		t->tok_next[id] = t->nd[cur].tok;
 		t->nd[cur].tok = (int32_t)id;
 	}
+	if (trie_preorder(t))
+		goto oom;
 	*out = t;
 	return KVT_OK;
 oom:
@@ -815,6 +863,7 @@ struct kvt_gmatch {
 	uint32_t *key;       /* [cap_key] the current state's key, scratch */
 	uint32_t cap_key;
 	uint64_t clock;      /* cache uses */
+	gcls u0;             /* the bytes the mask's start state allows */
 	kvt_gmatch_stats st;
 };
 
@@ -1094,26 +1143,62 @@ int kvt_gmatch_accept(kvt_gmatch *m, int32_t id)
 	return m->oom ? KVT_ENOMEM : KVT_OK;
 }
 
-/* The subtree under trie node `node`, reached with state set lv[d]. */
-static uint32_t mask_dfs(kvt_gmatch *m, uint32_t node, uint32_t d, uint64_t *allow)
+/* Two sets with the same stacks (structurally), in any order: the same state. */
+static bool set_equal(const kvt_gmatch *m, const gset *a, const gset *b)
+{
+	if (a->n != b->n)
+		return false;
+	for (uint32_t i = 0; i < a->n; i++) {
+		bool found = false;
+		for (uint32_t j = 0; j < b->n && !found; j++)
+			found = stack_eq(m, a->s[i], b->s[j]);
+		if (!found)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The subtree under trie node `node`, reached with state set s (scratch for
+ * the children at lv[d + 1]). root: s is the mask's starting state, and
+ * loop[b] says byte b leads from it back to itself (inside a string, every
+ * ordinary character does): such an edge costs no advance, so a token made
+ * of such bytes is checked in O(its length). A set that comes back to s0
+ * (a multi-byte character or an escape completed) is s0 again.
+ */
+static uint32_t mask_dfs(kvt_gmatch *m, uint32_t node, const gset *s, bool root, const gset *s0, const bool *loop,
+			 uint32_t d, uint64_t *allow)
 {
 	const kvt_vocab_trie *t = m->t;
 	uint32_t n_allowed = 0;
 	gcls u;
-	set_union(m, &m->lv[d], &u);
+	if (root)
+		u = m->u0;
+	else
+		set_union(m, s, &u);
 	for (uint32_t c = t->nd[node].child; c; c = t->nd[c].sib) {
 		uint8_t b = t->nd[c].byte;
 		if (!cls_has(&u, b))
 			continue;
 		uint32_t mark = m->n_nd;
-		advance(m, &m->lv[d], b, &m->lv[d + 1]);
-		if (m->lv[d + 1].n && !m->oom) {
+		const gset *next = s;
+		bool next_root = root && loop[b];
+		if (!next_root) {
+			advance(m, s, b, &m->lv[d + 1]);
+			next = &m->lv[d + 1];
+			/* back at the start state (a multi-byte character or an escape completed): its loops apply again */
+			if (next->n == s0->n && set_equal(m, next, s0)) {
+				next = s0;
+				next_root = true;
+			}
+		}
+		if (next->n && !m->oom) {
 			for (int32_t id = t->nd[c].tok; id >= 0; id = t->tok_next[id]) {
 				allow[id >> 6] |= 1ull << (id & 63);
 				n_allowed++;
 			}
 			if (t->nd[c].child && d + 2 < m->n_lv)
-				n_allowed += mask_dfs(m, c, d + 1, allow);
+				n_allowed += mask_dfs(m, c, next, next_root, s0, loop, d + 1, allow);
 		}
 		m->n_nd = mark;
 	}
@@ -1168,7 +1253,17 @@ uint32_t kvt_gmatch_mask(kvt_gmatch *m, uint64_t *allow)
 		} else {
 			memcpy(l0->s, m->cur.s, (size_t)m->cur.n * sizeof(int32_t));
 			l0->n = m->cur.n;
-			n_allowed = mask_dfs(m, 0, 0, allow);
+			/* the bytes that lead from the state back to itself */
+			bool loop[256] = { false };
+			set_union(m, l0, &m->u0);
+			for (unsigned b = 0; b < 256 && !m->oom; b++) {
+				if (!cls_has(&m->u0, b))
+					continue;
+				advance(m, l0, (uint8_t)b, &m->lv[1]);
+				loop[b] = set_equal(m, &m->lv[1], l0);
+				m->n_nd = m->n_base;
+			}
+			n_allowed = mask_dfs(m, 0, l0, true, l0, loop, 0, allow);
 		}
 		m->n_nd = m->n_base;
 	}
