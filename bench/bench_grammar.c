@@ -12,6 +12,10 @@
  * steps (forward + sampling + mask) only; the ratio is constrained /
  * unconstrained, median over reps after one warm-up.
  *
+ * Then the same twice more sampled (temperature 0.7, top_p 0.9, seeded): with
+ * a top_p cut the mask cannot be skipped, so every constrained token pays
+ * one (from the per-state cache or a walk).
+ *
  * Mask time: the matcher's own clock over the constrained run (masks needed
  * when the greedy token is refused, cached by state or walked), per token;
  * and the cost of one full walk of the vocabulary trie with the cache cold,
@@ -111,15 +115,22 @@ int main(int argc, char **argv)
 		return 1;
 	float *logits = malloc(V * sizeof(float));
 	int32_t *out = malloc((size_t)n_gen * sizeof(int32_t));
-	double rate_u[101], rate_c[101], mask_tok[101];
-	int n_out = 0;
-	kvt_gmatch_stats last = { 0 };
+	double rate_u[101], rate_c[101], mask_tok[101], srate_u[101], srate_c[101], smask_tok[101];
+	int n_out = 0, n_sout = 0;
+	kvt_gmatch_stats last = { 0 }, slast = { 0 };
 	kvt_seq s;
 	kvt_seq_init(&s, dev, pool, mc.max_ctx);
 	for (int r = 0; r <= reps; r++) { /* rep 0 is the warm-up */
-		for (int constrained = 0; constrained < 2; constrained++) {
+		for (int mode = 0; mode < 4; mode++) {
+			/* 0, 1: greedy plain / constrained; 2, 3: sampled (T 0.7, top_p 0.9: a mask every token) */
+			const bool constrained = mode & 1, sampled = mode >= 2;
 			kvt_sampler smp;
 			kvt_sampler_params sp = { 0 };
+			if (sampled) {
+				sp.temp = 0.7f;
+				sp.top_p = 0.9f;
+				sp.seed = 1000 + (uint64_t)r;
+			}
 			kvt_gmatch *gm = NULL;
 			kvt_sampler_init(&smp, &sp, V);
 			if (constrained && kvt_gmatch_create(gr, trie, &gm))
@@ -133,17 +144,24 @@ int main(int argc, char **argv)
 				int32_t next = kvt_sampler_next(&smp, logits, gm, NULL, 0);
 				if (next < 0 || kvt_tok_is_eog(tok, next))
 					break;
-				if (constrained)
+				if (constrained && !sampled)
 					out[n] = next;
 				if (kvt_model_forward(m, &s, &next, 1, logits, 1))
 					return 1;
 			}
 			double dt = kvt_now_s() - t0;
-			if (constrained) {
+			if (constrained && !sampled) {
 				rate_c[r] = n / dt;
 				kvt_gmatch_get_stats(gm, &last);
 				mask_tok[r] = last.mask_s / (n ? n : 1);
 				n_out = n;
+			} else if (constrained) {
+				srate_c[r] = n / dt;
+				kvt_gmatch_get_stats(gm, &slast);
+				smask_tok[r] = slast.mask_s / (n ? n : 1);
+				n_sout = n;
+			} else if (sampled) {
+				srate_u[r] = n / dt;
 			} else {
 				rate_u[r] = n / dt;
 			}
@@ -172,6 +190,7 @@ int main(int argc, char **argv)
 		cold_sum += cold[i];
 	}
 	double u = median(rate_u + 1, reps), c = median(rate_c + 1, reps), mt = median(mask_tok + 1, reps);
+	double su = median(srate_u + 1, reps), sc = median(srate_c + 1, reps), smt = median(smask_tok + 1, reps);
 	double cold_med = median(cold, n_out + 1);
 	char shown[512];
 	size_t ns = 0;
@@ -186,9 +205,13 @@ int main(int argc, char **argv)
 	printf("{\"bench\": \"grammar\", \"threads\": %d, \"n_prompt\": %zu, \"gen_tokens\": %d, \"constrained_tokens\": %d,"
 	       " \"unconstrained_tok_s\": %.2f, \"constrained_tok_s\": %.2f, \"ratio\": %.3f,"
 	       " \"mask_ms_per_token\": %.3f, \"masks\": %llu, \"masks_cached\": %llu, \"fast_path_tokens\": %llu,"
+	       " \"sampled_unconstrained_tok_s\": %.2f, \"sampled_constrained_tok_s\": %.2f, \"sampled_ratio\": %.3f,"
+	       " \"sampled_constrained_tokens\": %d, \"sampled_mask_ms_per_token\": %.3f, \"sampled_masks\": %llu,"
+	       " \"sampled_masks_cached\": %llu,"
 	       " \"cold_mask_ms_median\": %.2f, \"cold_mask_ms_mean\": %.2f, \"cold_mask_ms_max\": %.2f, \"trie_build_ms\": %.1f, \"output\": \"%s\"}\n",
 	       kvt_dev_n_threads(dev), n_prompt, n_gen, n_out, u, c, c / u, mt * 1e3, (unsigned long long)last.n_masks,
-	       (unsigned long long)last.n_cached, (unsigned long long)last.n_fast, cold_med * 1e3, cold_sum / (n_out + 1) * 1e3, cold_max * 1e3,
+	       (unsigned long long)last.n_cached, (unsigned long long)last.n_fast, su, sc, sc / su, n_sout, smt * 1e3,
+	       (unsigned long long)slast.n_masks, (unsigned long long)slast.n_cached, cold_med * 1e3, cold_sum / (n_out + 1) * 1e3, cold_max * 1e3,
 	       t_trie * 1e3, shown);
 	free(cold);
 	free(allow);

@@ -1578,7 +1578,8 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		long long best_of = 1;
 		if (!chat && get_int(body, "best_of", 1, 1, &best_of, &e))
 			goto bad;
-		const char *refused[] = { "suffix", "audio", "prediction", "web_search_options" };
+		const char *refused[] = { "suffix", "audio", "prediction", "web_search_options", "reasoning_effort",
+					  "verbosity" };
 		for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++)
 			if ((v = json_object_get(body, refused[k])) && !json_is_null(v) &&
 			    !(json_is_string(v) && !json_string_length(v))) {

@@ -175,7 +175,8 @@ def case_refused(d):
             "response_format"),
            ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, "messages[0].tool_calls"),
            ({"messages": [{"role": "tool", "content": 5, "tool_call_id": "a"}]}, "messages[0].content"),
-           ({"audio": {"voice": "x"}}, "audio"), ({"modalities": ["text", "audio"]}, "modalities")]
+           ({"audio": {"voice": "x"}}, "audio"), ({"modalities": ["text", "audio"]}, "modalities"),
+           ({"reasoning_effort": "high"}, "reasoning_effort")]
     for extra, param in bad:
         body = {"messages": msgs, "max_tokens": 2}
         body.update(extra)
