@@ -3,7 +3,7 @@
 #  1. dependencies and the default model (the model tests need it);
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test, the daemon's end-to-end tests among them (a venv with
-#     the openai client in .venv-test);
+#     the openai client, jsonschema and langchain-openai in .venv-test);
 #  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests
 #     (the fuzz label includes the libFuzzer targets, built with clang, each
 #     run for KVT_FUZZ_SECONDS: 30 s);
@@ -20,9 +20,12 @@ scripts/install_deps.sh
 scripts/fetch_model.sh
 jobs=$(nproc)
 
-# The daemon tests drive kvtierd with the official openai client (PyPI).
+# The daemon tests drive kvtierd with the official openai client (PyPI); the structured-output
+# tests validate with jsonschema and drive it with langchain-openai too.
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/python -c 'import openai' 2>/dev/null || .venv-test/bin/pip install -q openai
+.venv-test/bin/python -c 'import jsonschema, langchain_openai' 2>/dev/null ||
+	.venv-test/bin/pip install -q jsonschema langchain-openai
 export KVT_TEST_STRICT=1
 
 cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON \

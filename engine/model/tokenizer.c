@@ -910,6 +910,11 @@ bool kvt_tok_is_eog(const kvt_tok *t, int32_t id)
 	return id >= 0 && (uint32_t)id < t->n_tokens && t->eog[id];
 }
 
+int kvt_tok_token_type(const kvt_tok *t, int32_t id)
+{
+	return id >= 0 && (uint32_t)id < t->n_tokens ? t->types[id] : KVT_TOK_UNDEFINED;
+}
+
 bool kvt_tok_add_bos(const kvt_tok *t)
 {
 	return t->add_bos;

@@ -75,6 +75,8 @@ int32_t kvt_tok_eos(const kvt_tok *t);
 /* True for EOS, EOT and any other end-of-generation control token. */
 bool kvt_tok_is_eog(const kvt_tok *t, int32_t id);
 bool kvt_tok_add_bos(const kvt_tok *t);
+/* enum kvt_tok_type of id after the EOG overrides (KVT_TOK_UNDEFINED out of range). */
+int kvt_tok_token_type(const kvt_tok *t, int32_t id);
 
 /*
  * Tokenize len bytes of text. With parse_special, CONTROL/USER_DEFINED token

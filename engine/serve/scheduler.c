@@ -75,6 +75,9 @@ struct kvt_sched_handle {
 	bool seq_ready;
 	kvt_sampler sampler;
 	bool sampler_ready;
+	kvt_gmatch *gm;             /* the grammar's matcher (req.grammar), NULL: unconstrained */
+	kvt_token_lp *lps;          /* [max_tokens + 1] logprobs of the generated tokens (req.logprobs >= 0), under s->mu as toks */
+	kvt_gmatch_stats gstats;    /* gm's counters, copied when the request ends (under s->mu) */
 	uint8_t root[KVT_HASH_BYTES];
 	uint8_t (*hashes)[KVT_HASH_BYTES]; /* chain of the full blocks registered so far */
 	uint32_t n_hashes;
@@ -110,6 +113,7 @@ struct kvt_sched {
 	uint64_t n_admitted;        /* admissions so far (seq_no), scheduler thread */
 	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
 	float *logits;              /* [max_running][n_vocab] */
+	kvt_vocab_trie *trie;       /* the vocabulary's token bytes, for grammars (NULL without cfg.tok) */
 	double calib_rate;          /* prefill tokens/s measured at start-up */
 	kvt_sched_progress_fn progress; /* called (under mu) when a handle has news; NULL: none */
 	void *progress_user;
@@ -281,6 +285,9 @@ static void handle_free(kvt_sched_handle *h)
 {
 	if (h->sampler_ready)
 		kvt_sampler_deinit(&h->sampler);
+	kvt_gmatch_destroy(h->gm);
+	kvt_grammar_unref(h->req.grammar);
+	free(h->lps);
 	if (h->seq_ready)
 		kvt_seq_deinit(&h->seq);
 	pthread_cond_destroy(&h->cv);
@@ -325,6 +332,14 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 		KVT_LOGE("sched: priority %d is outside %d..%d", r->priority, KVT_PRIORITY_MIN, KVT_PRIORITY_MAX);
 		return KVT_EINVAL;
 	}
+	if (r->grammar && !s->trie) {
+		KVT_LOGE("sched: a grammar needs the tokenizer (the scheduler has none)");
+		return KVT_EINVAL;
+	}
+	if (r->top_logprobs > KVT_MAX_TOP_LOGPROBS) {
+		KVT_LOGE("sched: %u top logprobs asked; at most %d", r->top_logprobs, KVT_MAX_TOP_LOGPROBS);
+		return KVT_EINVAL;
+	}
 
 	kvt_sched_handle *h = calloc(1, sizeof(*h));
 	if (!h)
@@ -337,6 +352,13 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 		free(h);
 		return KVT_ENOMEM;
 	}
+	if (r->logprobs && !(h->lps = malloc((size_t)(r->max_tokens + 1) * sizeof(kvt_token_lp)))) {
+		free(h->toks);
+		free(h);
+		return KVT_ENOMEM;
+	}
+	if (r->grammar)
+		kvt_grammar_ref(r->grammar);
 	memcpy(h->toks, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
 	h->n_toks = r->n_prompt;
 	h->req.prompt = h->toks;
@@ -356,6 +378,8 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	if (rc) {
 		pthread_mutex_unlock(&s->mu);
 		pthread_cond_destroy(&h->cv);
+		kvt_grammar_unref(h->req.grammar);
+		free(h->lps);
 		free(h->toks);
 		free(h);
 		return rc;
@@ -388,6 +412,19 @@ static void abs_deadline(struct timespec *ts, double seconds)
 int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n, int *finish,
 		   kvt_sched_usage *usage, double timeout_s)
 {
+	return kvt_sched_next_lp(h, ids, NULL, cap, n, finish, usage, timeout_s);
+}
+
+void kvt_sched_grammar_stats(kvt_sched_handle *h, kvt_gmatch_stats *st)
+{
+	pthread_mutex_lock(&h->s->mu);
+	*st = h->gstats;
+	pthread_mutex_unlock(&h->s->mu);
+}
+
+int kvt_sched_next_lp(kvt_sched_handle *h, int32_t *ids, kvt_token_lp *lps, uint32_t cap, uint32_t *n, int *finish,
+		      kvt_sched_usage *usage, double timeout_s)
+{
 	kvt_sched *s = h->s;
 	struct timespec dl;
 	abs_deadline(&dl, timeout_s > 0 ? timeout_s : 0);
@@ -400,6 +437,8 @@ int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n,
 	if (k > cap)
 		k = cap;
 	memcpy(ids, h->toks + h->req.n_prompt + h->n_returned, (size_t)k * sizeof(int32_t));
+	if (lps && h->lps)
+		memcpy(lps, h->lps + h->n_returned, (size_t)k * sizeof(kvt_token_lp));
 	h->n_returned += k;
 	*n = k;
 	*finish = KVT_FINISH_NONE;
@@ -509,6 +548,8 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 	h->finish = finish;
 	h->usage.completion_tokens = h->n_visible;
 	h->usage.total_s = kvt_now_s() - h->t_submit;
+	if (h->gm)
+		kvt_gmatch_get_stats(h->gm, &h->gstats);
 	h->ended = true;
 	record_usage_locked(s, h);
 	pthread_cond_broadcast(&h->cv);
@@ -599,10 +640,13 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	    (rc = kvt_seq_init(&h->seq, s->cfg.dev, s->cfg.t0, h->cap_toks)))
 		goto fail;
 	h->seq_ready = true;
-	if (!h->sampler_ready) { /* a resumed request keeps its sampler (its state is the run's) */
+	if (!h->sampler_ready) { /* a resumed request keeps its sampler and grammar state (their state is the run's) */
 		if ((rc = kvt_sampler_init(&h->sampler, &h->req.sample, s->n_vocab)))
 			goto fail;
 		h->sampler_ready = true;
+		kvt_sampler_prompt(&h->sampler, h->toks, h->req.n_prompt);
+		if (h->req.grammar && (rc = kvt_gmatch_create(h->req.grammar, s->trie, &h->gm)))
+			goto fail;
 	}
 	h->state = H_PREFILL;
 
@@ -967,8 +1011,13 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		}
 		if (!ents[i].logits)
 			continue;
-		const float *lg = s->logits + (size_t)li++ * s->n_vocab;
-		take_token(s, h, kvt_sampler_sample(&h->sampler, lg));
+		float *lg = s->logits + (size_t)li++ * s->n_vocab;
+		kvt_token_lp *lp = h->lps ? &h->lps[h->n_toks - h->req.n_prompt] : NULL;
+		int32_t tok = kvt_sampler_next(&h->sampler, lg, h->gm, lp, h->req.top_logprobs);
+		if (tok < 0) /* the grammar allows nothing (logged) */
+			finish_request(s, h, KVT_FINISH_ERROR);
+		else
+			take_token(s, h, tok);
 	}
 	return true;
 }
@@ -1183,7 +1232,8 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 	if (s->cfg.max_running > s->max_batch)
 		s->cfg.max_running = s->max_batch;
 	s->logits = malloc((size_t)(s->cfg.max_running + 1) * s->n_vocab * sizeof(float));
-	if (!s->logits) {
+	if (!s->logits || (cfg->tok && kvt_vocab_trie_create(cfg->tok, s->n_vocab, &s->trie))) {
+		free(s->logits);
 		free(s);
 		return KVT_ENOMEM;
 	}
@@ -1196,6 +1246,7 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 		pthread_mutex_destroy(&s->mu);
 		pthread_cond_destroy(&s->work);
 		pthread_cond_destroy(&s->idle);
+		kvt_vocab_trie_destroy(s->trie);
 		free(s->logits);
 		free(s);
 		return KVT_ENOMEM;
@@ -1250,6 +1301,7 @@ void kvt_sched_destroy(kvt_sched *s)
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->work);
 	pthread_cond_destroy(&s->idle);
+	kvt_vocab_trie_destroy(s->trie);
 	free(s->logits);
 	free(s);
 }

@@ -9,7 +9,10 @@
  * decode steps -> decode, every step one batch over all running sequences ->
  * register each new full block with the manager -> at the end of the turn
  * the manager's write policy makes the turn's blocks durable, and the
- * session row (token history) is queued to the index.
+ * session row (token history) is queued to the index. A grammar and the
+ * penalties change the choice of each token only (kvt_sampler_next, over
+ * the token trie built here when the scheduler starts): the K/V and the
+ * blocks of a constrained turn are cached like any other.
  *
  * Each step's rows: one per decoding sequence first, then the prefill
  * budget (prefill_chunk prompt tokens) shared by the prefilling sequences
@@ -38,6 +41,7 @@
 
 #include "index.h"
 #include "manager.h"
+#include "grammar.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -110,7 +114,10 @@ typedef struct kvt_sched_req {
 	const int32_t *prompt;         /* [n_prompt] token ids (copied by submit) */
 	uint32_t n_prompt;             /* >= 1 */
 	uint32_t max_tokens;           /* >= 1 */
-	kvt_sampler_params sample;     /* temp 0 = greedy */
+	kvt_sampler_params sample;     /* temp 0 = greedy; penalties, bias (sampler.h) */
+	kvt_grammar *grammar;          /* borrowed: submit takes its own reference; NULL: unconstrained */
+	bool logprobs;                 /* keep each generated token's raw logprobs (kvt_sched_next_lp) */
+	uint32_t top_logprobs;         /* with logprobs: alternatives per token (0..20) */
 	bool ignore_eos;               /* do not stop at end-of-generation tokens */
 	char tenant[KVT_NAME_MAX + 1]; /* kvt_name_check'ed; "" = "default" */
 	char session_id[KVT_NAME_MAX + 1]; /* "" = no session */
@@ -166,6 +173,14 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
  */
 int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n, int *finish,
 		   kvt_sched_usage *usage, double timeout_s);
+/*
+ * kvt_sched_next, with the logprobs of each token returned (lps[cap]; the
+ * request must have asked for them, else lps is left alone).
+ */
+int kvt_sched_next_lp(kvt_sched_handle *h, int32_t *ids, kvt_token_lp *lps, uint32_t cap, uint32_t *n, int *finish,
+		      kvt_sched_usage *usage, double timeout_s);
+/* The grammar matcher's counters of a constrained request (zero otherwise); valid once it ended. */
+void kvt_sched_grammar_stats(kvt_sched_handle *h, kvt_gmatch_stats *st);
 /*
  * A hook for callers that wait on many handles without a thread each (the
  * HTTP layer): fn(user) is called whenever any handle gets tokens or ends.

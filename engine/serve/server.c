@@ -36,6 +36,7 @@
 #include "server.h"
 
 #include "index.h"
+#include "structured.h"
 #include "tokenizer.h"
 
 #include <arpa/inet.h>
@@ -667,6 +668,9 @@ typedef struct gen_choice {
 	int finish;                 /* KVT_FINISH_* from the scheduler once ended */
 	bool role_sent;             /* chat streaming: the role delta went out */
 	bool finish_sent;           /* streaming: the finish chunk went out */
+	bool echo_sent;             /* streaming: the echoed prompt went out */
+	json_t *lp;                 /* logprobs so far (NULL: not asked): chat, an array of content entries; completions, the logprobs object */
+	size_t lp_sent;             /* streaming: entries of lp already sent */
 	kvt_sched_usage usage;      /* from the scheduler once ended */
 } gen_choice;
 
@@ -678,6 +682,10 @@ typedef struct gen_job {
 	bool chat;                  /* chat.completion shapes */
 	bool stream;                /* SSE */
 	bool include_usage;         /* stream_options.include_usage */
+	bool logprobs;              /* logprobs asked (chat logprobs: true, completions logprobs: N) */
+	kvt_oai_tools tools;        /* chat: tools, tool_choice, parallel_tool_calls */
+	char *echo;                 /* completions echo: the prompt's text (malloc'd); NULL: no echo */
+	size_t n_echo;              /* its bytes */
 	char id[48];                /* "cmpl-..." / "chatcmpl-..." */
 	int64_t created;            /* unix seconds */
 	char session_id[KVT_NAME_MAX + 1]; /* "" if none */
@@ -731,9 +739,13 @@ static void job_free(gen_job *j)
 	if (!j)
 		return;
 	job_release(j);
-	for (uint32_t i = 0; j->ch && i < j->n; i++)
+	for (uint32_t i = 0; j->ch && i < j->n; i++) {
 		free(j->ch[i].text.p);
+		json_decref(j->ch[i].lp);
+	}
 	free(j->ch);
+	kvt_oai_tools_deinit(&j->tools);
+	free(j->echo);
 	for (uint32_t i = 0; i < j->n_stops; i++)
 		free(j->stops[i]);
 	free(j->out.p);
@@ -784,8 +796,8 @@ static void choice_add_text(gen_job *j, gen_choice *c, const char *s, size_t n)
 	}
 }
 
-/* Turn generated ids into text. KVT_OK, or KVT_EINVAL for an id the tokenizer rejects (logged). */
-static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, uint32_t n)
+/* Turn generated ids into text (and their logprobs, lps may be NULL). KVT_OK, or KVT_EINVAL for an id the tokenizer rejects (logged). */
+static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, const kvt_token_lp *lps, uint32_t n)
 {
 	for (uint32_t i = 0; i < n && !c->stop_hit; i++) {
 		const char *bytes;
@@ -802,6 +814,10 @@ static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, uint32_t n
 		int rc = kvt_tok_stream_push(j->tok, &c->ds, ids[i], buf, cap, &got);
 		if (rc == KVT_OK) {
 			c->n_tokens++;
+			if (c->lp && lps && j->chat)
+				json_array_append_new(c->lp, kvt_oai_lp_chat(j->tok, &lps[i]));
+			else if (c->lp && lps)
+				kvt_oai_lp_completion_add(c->lp, j->tok, &lps[i], j->n_echo + c->text.n);
 			choice_add_text(j, c, buf, got);
 		}
 		if (buf != small)
@@ -833,6 +849,41 @@ static const char *choice_finish_reason(const gen_choice *c)
 	return "length";
 }
 
+/* The tool calls in an ended chat choice (NULL: none, or no tools); *content_len the text before them. */
+static json_t *choice_tool_calls(const gen_job *j, const gen_choice *c, size_t *content_len)
+{
+	if (!j->chat || j->tools.choice == KVT_TOOLS_NONE || !c->ended)
+		return NULL;
+	return kvt_oai_tool_calls(&j->tools, c->text.p, c->text.n, content_len);
+}
+
+/* Logprobs entries of c from `from` on, in the response's shape (chat {"content", "refusal"}, completions the four arrays). */
+static json_t *choice_lp_json(const gen_job *j, const gen_choice *c, size_t from)
+{
+	if (!c->lp)
+		return json_null();
+	if (j->chat) {
+		json_t *a = json_array();
+		for (size_t k = from; k < json_array_size(c->lp); k++)
+			json_array_append(a, json_array_get(c->lp, k));
+		return json_pack("{s:o, s:n}", "content", a, "refusal");
+	}
+	json_t *o = json_object();
+	const char *keys[] = { "tokens", "token_logprobs", "top_logprobs", "text_offset" };
+	for (int i = 0; i < 4; i++) {
+		json_t *src = json_object_get(c->lp, keys[i]), *a = json_array();
+		for (size_t k = from; k < json_array_size(src); k++)
+			json_array_append(a, json_array_get(src, k));
+		json_object_set_new(o, keys[i], a);
+	}
+	return o;
+}
+
+static size_t choice_lp_count(const gen_job *j, const gen_choice *c)
+{
+	return !c->lp ? 0 : j->chat ? json_array_size(c->lp) : json_array_size(json_object_get(c->lp, "tokens"));
+}
+
 /* A choice that failed (engine error, or cancelled by shutdown and not by us). */
 static bool choice_failed(const gen_choice *c)
 {
@@ -851,6 +902,7 @@ static uint32_t choice_completion_tokens(const gen_choice *c)
 static int job_poll(gen_job *j, double wait_s, bool *progress)
 {
 	int32_t ids[SRV_IDS_CAP];
+	kvt_token_lp lps[SRV_IDS_CAP];
 	bool waited = false;
 	*progress = false;
 	for (uint32_t i = 0; i < j->n; i++) {
@@ -860,13 +912,14 @@ static int job_poll(gen_job *j, double wait_s, bool *progress)
 		uint32_t n = 0;
 		int finish = KVT_FINISH_NONE;
 		kvt_sched_usage u;
-		int rc = kvt_sched_next(c->h, ids, SRV_IDS_CAP, &n, &finish, &u, waited ? 0.0 : wait_s);
+		int rc = kvt_sched_next_lp(c->h, ids, j->logprobs ? lps : NULL, SRV_IDS_CAP, &n, &finish, &u,
+					   waited ? 0.0 : wait_s);
 		waited = true;
 		if (rc != KVT_OK)
 			return rc;
 		if (n) {
 			*progress = true;
-			if ((rc = choice_feed(j, c, ids, n)) != KVT_OK)
+			if ((rc = choice_feed(j, c, ids, j->logprobs ? lps : NULL, n)) != KVT_OK)
 				return rc;
 		}
 		if (finish != KVT_FINISH_NONE) {
@@ -921,13 +974,24 @@ static json_t *job_result(gen_job *j)
 		gen_choice *c = &j->ch[i];
 		json_t *ch;
 		const char *text = c->text.p ? c->text.p : "";
-		if (j->chat)
-			ch = json_pack("{s:i, s:{s:s, s:s%, s:n}, s:n, s:s}", "index", (json_int_t)i, "message", "role",
-				       "assistant", "content", text, c->text.n, "refusal", "logprobs", "finish_reason",
-				       choice_finish_reason(c));
-		else
-			ch = json_pack("{s:i, s:s%, s:n, s:s}", "index", (json_int_t)i, "text", text, c->text.n,
-				       "logprobs", "finish_reason", choice_finish_reason(c));
+		size_t content_len = c->text.n;
+		json_t *calls = choice_tool_calls(j, c, &content_len);
+		const char *finish = calls && !strcmp(choice_finish_reason(c), "stop") ? "tool_calls" : choice_finish_reason(c);
+		if (j->chat) {
+			json_t *content = calls && !content_len ? json_null() : json_stringn(text, content_len);
+			ch = json_pack("{s:i, s:{s:s, s:o, s:n}, s:o, s:s}", "index", (json_int_t)i, "message", "role",
+				       "assistant", "content", content, "refusal", "logprobs", choice_lp_json(j, c, 0),
+				       "finish_reason", finish);
+			if (calls)
+				json_object_set_new(json_object_get(ch, "message"), "tool_calls", calls);
+		} else {
+			sbuf t = { 0 };
+			sbuf_add(&t, j->echo ? j->echo : "", j->n_echo);
+			sbuf_add(&t, text, c->text.n);
+			ch = json_pack("{s:i, s:s%, s:o, s:s}", "index", (json_int_t)i, "text", t.p ? t.p : "", t.n,
+				       "logprobs", choice_lp_json(j, c, 0), "finish_reason", finish);
+			free(t.p);
+		}
 		json_array_append_new(choices, ch);
 	}
 	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object",
@@ -951,10 +1015,17 @@ static void sse_put(gen_job *j, json_t *v)
 	free(s);
 }
 
-/* One chunk for choice i: text (may be NULL), finish reason (may be NULL), chat role delta. */
-static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish, bool role)
+/*
+ * One chunk for choice i: text (may be NULL), finish reason (may be NULL),
+ * chat role delta, logprobs (NULL: null; the reference is taken), chat
+ * tool_calls deltas (NULL: none; taken).
+ */
+static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish, bool role, json_t *lp,
+		      json_t *tool_calls)
 {
 	json_t *ch;
+	if (!lp)
+		lp = json_null();
 	if (j->chat) {
 		json_t *delta = json_object();
 		if (role) {
@@ -963,11 +1034,13 @@ static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const 
 		} else if (text) {
 			json_object_set_new(delta, "content", json_stringn(text, n));
 		}
-		ch = json_pack("{s:i, s:o, s:n, s:s?}", "index", (json_int_t)i, "delta", delta, "logprobs",
+		if (tool_calls)
+			json_object_set_new(delta, "tool_calls", tool_calls);
+		ch = json_pack("{s:i, s:o, s:o, s:s?}", "index", (json_int_t)i, "delta", delta, "logprobs", lp,
 			       "finish_reason", finish);
 	} else {
-		ch = json_pack("{s:i, s:s%, s:n, s:s?}", "index", (json_int_t)i, "text", text ? text : "",
-			       text ? n : 0, "logprobs", "finish_reason", finish);
+		ch = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (json_int_t)i, "text", text ? text : "",
+			       text ? n : 0, "logprobs", lp, "finish_reason", finish);
 	}
 	sse_put(j, json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
 			     j->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
@@ -982,22 +1055,47 @@ static void sse_emit(gen_job *j)
 		if (c->finish_sent)
 			continue;
 		if (j->chat && !c->role_sent) {
-			sse_chunk(j, i, NULL, 0, NULL, true);
+			sse_chunk(j, i, NULL, 0, NULL, true, NULL, NULL);
 			c->role_sent = true;
+		}
+		if (j->echo && !c->echo_sent) {
+			sse_chunk(j, i, j->echo, j->n_echo, NULL, false, NULL, NULL);
+			c->echo_sent = true;
 		}
 		if (choice_failed(c))
 			continue; /* reported once every choice ended */
-		size_t ready = c->text.n;
+		size_t ready = c->text.n, content_len = c->text.n;
+		json_t *calls = choice_tool_calls(j, c, &content_len);
 		if (!c->stop_hit && !c->ended)
 			ready -= stop_holdback(j, c->text.p, c->text.n);
+		if (j->chat && j->tools.choice != KVT_TOOLS_NONE) /* a tool call is sent whole, as a tool_calls delta */
+			ready = c->ended ? content_len : kvt_oai_content_ready(c->text.p, ready);
 		if (ready > c->n_sent) {
-			sse_chunk(j, i, c->text.p + c->n_sent, ready - c->n_sent, NULL, false);
+			size_t n_lp = choice_lp_count(j, c);
+			sse_chunk(j, i, c->text.p + c->n_sent, ready - c->n_sent, NULL, false,
+				  c->lp ? choice_lp_json(j, c, c->lp_sent) : NULL, NULL);
+			c->lp_sent = n_lp;
 			c->n_sent = ready;
 		}
 		if (c->ended) {
-			sse_chunk(j, i, j->chat ? NULL : "", 0, choice_finish_reason(c), false);
+			const char *finish = choice_finish_reason(c);
+			if (calls) {
+				size_t k;
+				json_t *call;
+				json_array_foreach(calls, k, call)
+					json_object_set_new(call, "index", json_integer((json_int_t)k));
+				size_t n_lp = choice_lp_count(j, c);
+				sse_chunk(j, i, NULL, 0, NULL, false, c->lp ? choice_lp_json(j, c, c->lp_sent) : NULL, calls);
+				c->lp_sent = n_lp;
+				calls = NULL;
+				if (!strcmp(finish, "stop"))
+					finish = "tool_calls";
+			}
+			sse_chunk(j, i, j->chat ? NULL : "", 0, finish, false,
+				  c->lp && c->lp_sent < choice_lp_count(j, c) ? choice_lp_json(j, c, c->lp_sent) : NULL, NULL);
 			c->finish_sent = true;
 		}
+		json_decref(calls);
 	}
 	if (job_all_ended(j) && !j->done) {
 		for (uint32_t i = 0; i < j->n; i++)
@@ -1149,13 +1247,14 @@ static int message_content(json_t *content, size_t idx, char **out, size_t *n_ou
  * messages -> prompt ids through the chat template: only the template's own
  * markers are special tokens; every message's text is tokenized as text.
  */
-static int chat_prompt(const kvt_tok *tok, json_t *msgs, int32_t **ids, uint32_t *n_ids, field_err *e)
+static int chat_prompt(const kvt_tok *tok, json_t *msgs, const char *tools_text, int32_t **ids, uint32_t *n_ids,
+		       field_err *e)
 {
 	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
 		return fail(e, "messages", "'messages' must be a non-empty array");
-	size_t n = json_array_size(msgs);
-	kvt_chat_msg *cm = calloc(n, sizeof(*cm));
-	char **texts = calloc(n, sizeof(*texts));
+	size_t n = json_array_size(msgs), n_cm = n + 1;
+	kvt_chat_msg *cm = calloc(n_cm, sizeof(*cm));
+	char **texts = calloc(n_cm, sizeof(*texts));
 	int ret = -1;
 	if (!cm || !texts) {
 		fail(e, "messages", "out of memory");
@@ -1170,9 +1269,21 @@ static int chat_prompt(const kvt_tok *tok, json_t *msgs, int32_t **ids, uint32_t
 			fail(e, param, "'%s' must be an object with role and content", param);
 			goto out;
 		}
-		const char *r = json_is_string(role) ? json_string_value(role) : NULL;
+		kvt_oai_err oe;
+		const char *r = NULL;
+		int k = kvt_oai_message(m, i, &r, &texts[i], &cm[i].content_len, &oe);
+		if (k < 0) {
+			fail(e, oe.param, "%s", oe.msg);
+			goto out;
+		}
+		if (k == 1) { /* an assistant turn with tool calls, or a tool's result */
+			cm[i].role = r;
+			cm[i].content = texts[i];
+			continue;
+		}
+		r = json_is_string(role) ? json_string_value(role) : NULL;
 		if (!r || (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant"))) {
-			fail(e, param, "'%s' must be \"system\", \"developer\", \"user\" or \"assistant\"", param);
+			fail(e, param, "'%s' must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"", param);
 			goto out;
 		}
 		if (!strcmp(r, "developer")) /* OpenAI's newer name for the system role */
@@ -1183,6 +1294,33 @@ static int chat_prompt(const kvt_tok *tok, json_t *msgs, int32_t **ids, uint32_t
 		cm[i].role = r;
 		cm[i].content = texts[i];
 	}
+	/* the tools' description: appended to the first system message, or a system message of its own */
+	if (tools_text) {
+		size_t nt = strlen(tools_text);
+		if (!strcmp(cm[0].role, "system")) {
+			char *c = malloc(cm[0].content_len + 2 + nt + 1);
+			if (!c) {
+				fail(e, "messages", "out of memory");
+				goto out;
+			}
+			memcpy(c, cm[0].content, cm[0].content_len);
+			memcpy(c + cm[0].content_len, "\n\n", 2);
+			memcpy(c + cm[0].content_len + 2, tools_text, nt + 1);
+			free(texts[0]);
+			texts[0] = c;
+			cm[0].content = c;
+			cm[0].content_len += 2 + nt;
+		} else {
+			memmove(cm + 1, cm, n * sizeof(*cm));
+			memmove(texts + 1, texts, n * sizeof(*texts));
+			if (!(texts[0] = strdup(tools_text))) {
+				fail(e, "messages", "out of memory");
+				goto out;
+			}
+			cm[0] = (kvt_chat_msg){ .role = "system", .content = texts[0], .content_len = nt };
+			n++;
+		}
+	}
 	int32_t *chat_ids = NULL;
 	size_t n_chat = 0;
 	int rc = kvt_tok_chat_encode(tok, cm, n, true, &chat_ids, &n_chat);
@@ -1192,7 +1330,7 @@ static int chat_prompt(const kvt_tok *tok, json_t *msgs, int32_t **ids, uint32_t
 		fail(e, "messages", "the messages cannot be formatted with this model's chat template (%s)",
 		     kvt_strerror(rc));
 out:
-	for (size_t i = 0; texts && i < n; i++)
+	for (size_t i = 0; texts && i < n_cm; i++)
 		free(texts[i]);
 	free(texts);
 	free(cm);
@@ -1346,9 +1484,14 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	if (!body)
 		return ret;
 	uint32_t n_vocab = kvt_sched_n_vocab(sched), max_ctx = kvt_sched_max_ctx(sched);
-	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0, priority = 0;
-	double temp = 1.0, top_p = 1.0;
+	long long max_tokens = cfg->default_max_tokens, top_k = 0, n = 1, seed = 0, priority = 0, top_lp = 0;
+	double temp = 1.0, top_p = 1.0, presence = 0, frequency = 0, repetition = 1, min_p = 0;
 	bool stream = false, include_usage = false, ignore_eos = false, have_seed = false, parse_special = true;
+	bool want_lp = false, echo = false;
+	kvt_grammar *grammar = NULL;
+	kvt_logit_bias *bias = NULL;
+	uint32_t n_bias = 0;
+	kvt_oai_err oe;
 	const char *model = NULL, *user = NULL, *session = NULL;
 	size_t n_user = 0;
 	int32_t *ids = NULL;
@@ -1371,6 +1514,91 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		goto bad;
 	have_seed = (v = json_object_get(body, "seed")) && !json_is_null(v);
 	const bool have_priority = (v = json_object_get(body, "priority")) && !json_is_null(v);
+	if (get_num(body, "presence_penalty", &presence, &e) || get_num(body, "frequency_penalty", &frequency, &e) ||
+	    get_num(body, "repetition_penalty", &repetition, &e) || get_num(body, "min_p", &min_p, &e) ||
+	    (!chat && get_bool(body, "echo", &echo, &e)))
+		goto bad;
+	if (!(presence >= -2 && presence <= 2) || !(frequency >= -2 && frequency <= 2)) {
+		fail(&e, presence >= -2 && presence <= 2 ? "frequency_penalty" : "presence_penalty",
+		     "'%s' must be in [-2, 2]", presence >= -2 && presence <= 2 ? "frequency_penalty" : "presence_penalty");
+		goto bad;
+	}
+	if (!(repetition > 0 && repetition <= 10)) {
+		fail(&e, "repetition_penalty", "'repetition_penalty' must be in (0, 10]");
+		goto bad;
+	}
+	if (!(min_p >= 0 && min_p <= 1)) {
+		fail(&e, "min_p", "'min_p' must be in [0, 1]");
+		goto bad;
+	}
+	if (chat) { /* logprobs: true, top_logprobs: 0..20 */
+		if (get_bool(body, "logprobs", &want_lp, &e) || get_int(body, "top_logprobs", 0, KVT_MAX_TOP_LOGPROBS, &top_lp, &e))
+			goto bad;
+		if (top_lp && !want_lp) {
+			fail(&e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+			goto bad;
+		}
+	} else if ((v = json_object_get(body, "logprobs")) && !json_is_null(v)) { /* completions: logprobs: N */
+		if (get_int(body, "logprobs", 0, KVT_MAX_TOP_LOGPROBS, &top_lp, &e))
+			goto bad;
+		want_lp = true;
+		if (echo) {
+			fail(&e, "echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
+			goto bad;
+		}
+	}
+	if ((v = json_object_get(body, "logit_bias")) && !json_is_null(v)) {
+		if (!json_is_object(v)) {
+			fail(&e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+			goto bad;
+		}
+		if (json_object_size(v) > KVT_SAMPLER_MAX_BIAS) {
+			fail(&e, "logit_bias", "'logit_bias' may hold at most %d entries", KVT_SAMPLER_MAX_BIAS);
+			goto bad;
+		}
+		if (!(bias = calloc(json_object_size(v) + 1, sizeof(*bias))))
+			goto oom;
+		const char *key;
+		json_t *bv;
+		json_object_foreach(v, key, bv)
+		{
+			char *end = NULL;
+			long long id = strtoll(key, &end, 10);
+			if (!key[0] || *end || id < 0 || id >= (long long)n_vocab) {
+				fail(&e, "logit_bias", "'logit_bias' key '%.40s' is not a token id in [0, %u)", key, n_vocab);
+				goto bad;
+			}
+			if (!json_is_number(bv) || !(json_number_value(bv) >= -100 && json_number_value(bv) <= 100)) {
+				fail(&e, "logit_bias", "'logit_bias[%s]' must be a number in [-100, 100]", key);
+				goto bad;
+			}
+			bias[n_bias++] = (kvt_logit_bias){ (int32_t)id, (float)json_number_value(bv) };
+		}
+	}
+	/* fields kvtier does not implement: refused rather than ignored (docs/http-api.md) */
+	{
+		long long best_of = 1;
+		if (!chat && get_int(body, "best_of", 1, 1, &best_of, &e))
+			goto bad;
+		const char *refused[] = { "suffix", "audio", "prediction", "web_search_options", "reasoning_effort",
+					  "verbosity" };
+		for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++)
+			if ((v = json_object_get(body, refused[k])) && !json_is_null(v) &&
+			    !(json_is_string(v) && !json_string_length(v))) {
+				fail(&e, refused[k], "'%s' is not supported", refused[k]);
+				goto bad;
+			}
+		if ((v = json_object_get(body, "modalities")) && !json_is_null(v) &&
+		    !(json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+		      !strcmp(json_string_value(json_array_get(v, 0)), "text"))) {
+			fail(&e, "modalities", "'modalities' other than [\"text\"] is not supported");
+			goto bad;
+		}
+	}
+	if (kvt_oai_response_format(json_object_get(body, "response_format"), &grammar, &oe)) {
+		fail(&e, oe.param, "%s", oe.msg);
+		goto bad;
+	}
 	if (!(temp >= 0 && temp <= 2)) {
 		fail(&e, "temperature", "'temperature' must be in [0, 2]");
 		goto bad;
@@ -1407,6 +1635,17 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	j->chat = chat;
 	j->stream = stream;
 	j->include_usage = include_usage;
+	j->logprobs = want_lp;
+	if (chat && kvt_oai_tools_parse(body, &j->tools, &oe)) {
+		fail(&e, oe.param, "%s", oe.msg);
+		goto bad;
+	}
+	if (grammar && j->tools.g) {
+		fail(&e, "response_format", "'response_format' cannot be combined with a required or named 'tool_choice'");
+		goto bad;
+	}
+	if (j->tools.g)
+		grammar = kvt_grammar_ref(j->tools.g);
 	j->created = (int64_t)time(NULL);
 	waiter_init(&j->w, r->con);
 	j->usage = r->usage;
@@ -1447,7 +1686,10 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	}
 
 	if (chat) {
-		if (chat_prompt(tok, json_object_get(body, "messages"), &ids, &n_ids, &e))
+		char *tools_text = kvt_oai_tools_prompt(&j->tools);
+		int cr = chat_prompt(tok, json_object_get(body, "messages"), tools_text, &ids, &n_ids, &e);
+		free(tools_text);
+		if (cr)
 			goto bad;
 	} else if (completion_prompt(tok, n_vocab, json_object_get(body, "prompt"), parse_special, &ids, &n_ids, &e)) {
 		goto bad;
@@ -1466,6 +1708,31 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		fail(&e, mt_key, "the prompt (%u tokens) plus '%s' (%lld) exceeds the context (%u tokens)", n_ids,
 		     mt_key, max_tokens, max_ctx);
 		goto bad;
+	}
+	if (echo) { /* the prompt as text, ahead of each choice's text */
+		json_t *pr = json_object_get(body, "prompt");
+		if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
+			pr = json_array_get(pr, 0);
+		sbuf t = { 0 };
+		if (json_is_string(pr)) {
+			sbuf_add(&t, json_string_value(pr), json_string_length(pr));
+		} else {
+			for (uint32_t i = 0; i < n_ids; i++) {
+				const char *b;
+				size_t nb;
+				if (kvt_tok_token_bytes(tok, ids[i], &b, &nb) == KVT_OK)
+					sbuf_add(&t, b, nb);
+			}
+		}
+		sbuf_add(&t, "", 0);
+		if (t.failed) {
+			free(t.p);
+			goto oom;
+		}
+		if (!json_is_string(pr))
+			utf8_scrub(t.p);
+		j->echo = t.p;
+		j->n_echo = json_is_string(pr) ? t.n : strlen(t.p);
 	}
 	j->n_prompt = n_ids;
 	atomic_store(&r->n_prompt, n_ids);
@@ -1494,9 +1761,21 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		q.sample.top_p = (float)top_p;
 		q.sample.top_k = (uint32_t)top_k;
 		q.sample.seed = (uint64_t)seed + i;
+		q.sample.presence_penalty = (float)presence;
+		q.sample.frequency_penalty = (float)frequency;
+		q.sample.repetition_penalty = (float)repetition;
+		q.sample.min_p = (float)min_p;
+		q.sample.n_bias = n_bias;
+		if (n_bias)
+			memcpy(q.sample.bias, bias, n_bias * sizeof(*bias));
+		q.grammar = grammar;
+		q.logprobs = want_lp;
+		q.top_logprobs = (uint32_t)top_lp;
 		q.ignore_eos = ignore_eos;
 		q.has_priority = have_priority;
 		q.priority = (int)priority;
+		if (want_lp && !(j->ch[i].lp = chat ? json_array() : kvt_oai_lp_completion_new()))
+			goto oom;
 		snprintf(q.tenant, sizeof(q.tenant), "%s", r->tenant);
 		if (i == 0 && session) /* the session's history is the first choice's turn */
 			snprintf(q.session_id, sizeof(q.session_id), "%s", session);
@@ -1549,6 +1828,8 @@ bad:
 out:
 	job_free(j);
 	free(ids);
+	free(bias);
+	kvt_grammar_unref(grammar);
 	json_decref(body);
 	return ret;
 }
