@@ -35,6 +35,8 @@
 #define _GNU_SOURCE /* POLLRDHUP, memmem */
 #include "server.h"
 
+#include "cachectl.h"
+
 #include "index.h"
 #include "tokenizer.h"
 
@@ -681,6 +683,7 @@ typedef struct gen_job {
 	char id[48];                /* "cmpl-..." / "chatcmpl-..." */
 	int64_t created;            /* unix seconds */
 	char session_id[KVT_NAME_MAX + 1]; /* "" if none */
+	kvt_cachectl cc;            /* cache-control fields: the prefixes to retain, prompt_cache_key */
 	char *stops[SRV_MAX_STOPS]; /* stop strings (malloc'd) */
 	size_t stop_len[SRV_MAX_STOPS];
 	uint32_t n_stops;
@@ -907,6 +910,20 @@ static json_t *usage_json(const gen_job *j)
 			       (json_int_t)u0->cached_by_tier[KVT_TIER_NVME], "ttft_ms", u0->ttft_s * 1e3);
 	if (kv && j->session_id[0])
 		json_object_set_new(kv, "session_id", json_string(j->session_id));
+	if (kv) { /* Anthropic's names for the tokens written to and read from retained cache */
+		json_object_set_new(kv, "cache_creation_input_tokens", json_integer(u0->cache_creation_tokens));
+		json_object_set_new(kv, "cache_read_input_tokens", json_integer(u0->cache_read_tokens));
+		if (j->cc.n_retain)
+			json_object_set_new(
+				kv, "retention",
+				json_pack("{s:i, s:i, s:i, s:b}", "requested_tokens", (json_int_t)u0->retain_requested_tokens,
+					  "retained_tokens",
+					  (json_int_t)(u0->retain_requested_tokens - u0->retain_denied_tokens),
+					  "denied_tokens", (json_int_t)u0->retain_denied_tokens, "partial",
+					  u0->retain_denied_tokens > 0));
+		if (j->cc.cache_key[0])
+			json_object_set_new(kv, "prompt_cache_key", json_string(j->cc.cache_key));
+	}
 	return json_pack("{s:i, s:i, s:i, s:{s:i}, s:o*}", "prompt_tokens", (json_int_t)j->n_prompt,
 			 "completion_tokens", (json_int_t)completion, "total_tokens",
 			 (json_int_t)(j->n_prompt + completion), "prompt_tokens_details", "cached_tokens",
@@ -1465,6 +1482,8 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		     mt_key, max_tokens, max_ctx);
 		goto bad;
 	}
+	if (kvt_cachectl_parse(tok, body, chat, ids, n_ids, &j->cc, e.param, sizeof(e.param), e.msg, sizeof(e.msg)))
+		goto bad;
 	j->n_prompt = n_ids;
 	atomic_store(&r->n_prompt, n_ids);
 
@@ -1496,6 +1515,10 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		snprintf(q.tenant, sizeof(q.tenant), "%s", r->tenant);
 		if (i == 0 && session) /* the session's history is the first choice's turn */
 			snprintf(q.session_id, sizeof(q.session_id), "%s", session);
+		if (i == 0) { /* the choices share the prompt: one retains it */
+			memcpy(q.retain, j->cc.retain, sizeof(q.retain));
+			q.n_retain = j->cc.n_retain;
+		}
 		kvt_tok_stream_init(&j->ch[i].ds);
 		int rc = kvt_sched_submit(sched, &q, &j->ch[i].h);
 		if (rc != KVT_OK) {
