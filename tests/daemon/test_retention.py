@@ -24,6 +24,7 @@ Usage: test_retention.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 without it that case is skipped unless KVT_TEST_STRICT=1.
 """
 import html.parser
+import json
 import os
 import shutil
 import subprocess
@@ -184,6 +185,12 @@ def case_quota(build, tmp):
         d.stop()
 
 
+def kvtier(build, *args):
+    p = subprocess.run([os.path.join(build, "kvtier")] + list(args), capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, "kvtier %s: exit %d: %s" % (" ".join(args), p.returncode, p.stderr))
+    return p.stdout
+
+
 def case_restart(build, tmp):
     # small tiers (T2 too) so a flood of prompts pushes everything unretained out of the cache
     d = Daemon(build, os.path.join(tmp, "d"),
@@ -207,6 +214,14 @@ def case_restart(build, tmp):
         after = stats(d)["retention"]
         check(after["blocks"] == before["blocks"] == n_ret, "retention survives the restart: %s vs %s" % (before, after))
         check(after["tenants"] and after["tenants"][0]["tenant"] == "default", "tenant kept: %s" % after)
+        # kvtier stats: the retained row per tier, and the tenant table with --tenants
+        out = kvtier(build, "stats", "--url", d.url, "--tenants")
+        line = [l for l in out.splitlines() if l.strip().startswith("retained")]
+        check(line and line[0].split()[1] == "0," and ("%d," % n_ret) in line[0],
+              "kvtier stats: retained row %s" % line)
+        rows = [l.split() for l in out.splitlines() if l.strip().startswith("default ")]
+        check(rows and rows[0][1] == str(n_ret), "kvtier stats --tenants: %s" % out)
+        check("retention: %d blocks" % n_ret in out, "kvtier stats: retention line: %s" % out)
         # a flood of other prompts, then the retained one: all of it is still cached
         for i in range(12):
             ok(d, "/v1/completions", {"prompt": ("Flood prompt %d: " % i) + "waves, sand and shells. " * 25,
@@ -221,8 +236,14 @@ def case_restart(build, tmp):
         check(st == 200, "delete session: %s" % st)
         r = stats(d)["retention"]
         check(r["blocks"] == 0 and r["tenants"][0]["released"] == n_ret, "released with the session: %s" % r)
+        # a fresh retention, read back offline from the index of the stopped daemon
+        u = ok(d, "/v1/completions", {"prompt": keep, "max_tokens": 1, "cache_control": {"type": "ephemeral"}})
+        n2 = u["kvtier"]["cache_creation_input_tokens"] // BT
     finally:
         d.stop()
+    out = json.loads(kvtier(build, "stats", "--offline", "--data-dir", d.data_dir, "--json"))
+    check(out["retention"]["blocks"] == n2 > 0 and out["retention"]["tenants"][0]["tenant"] == "default",
+          "kvtier stats --offline: retention %s, want %d blocks" % (out.get("retention"), n2))
 
 
 class DomValues(html.parser.HTMLParser):
