@@ -20,6 +20,7 @@
 #include "test_dev.h"
 #include "manager.h"
 
+#include <stdatomic.h>
 #include <unistd.h>
 
 #define BT 16      /* tokens per block */
@@ -31,7 +32,8 @@
 static const kvt_kv_layout shape = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 32, .block_tokens = BT };
 static char dir[256], t2_path[300], db_path[300];
 static uint8_t model_fp[32] = { 9, 1, 9 };
-static uint64_t fake_now_us = 1700000000ull * 1000000ull; /* the manager's clock */
+/* The manager's clock; atomic: the maintenance thread reads it while the test advances it. */
+static _Atomic uint64_t fake_now_us = 1700000000ull * 1000000ull;
 static const uint64_t MIN_US = 60ull * 1000000ull;
 
 static uint64_t fake_clock(void *user)
