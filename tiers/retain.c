@@ -194,9 +194,8 @@ static uint64_t total_bytes(const kvt_tm_tenant_stats *t)
 }
 
 /* Whether tenant t can take `extra` more bytes at floor f. */
-static bool fits(const tm_retain *rt, const kvt_tm_tenant_stats *t, int f, uint64_t extra)
+static bool fits(const kvt_tm_tenant_stats *t, int f, uint64_t extra)
 {
-	(void)rt;
 	if (t->quota.bytes && total_bytes(t) + extra > t->quota.bytes)
 		return false;
 	if (t->quota.tier_bytes[f] && t->bytes[f] + extra > t->quota.tier_bytes[f])
@@ -226,7 +225,7 @@ static int32_t oldest_of(const tm_retain *rt, uint32_t tenant, int f, uint64_t k
 static bool make_room(tm_retain *rt, uint32_t tenant, int f, uint64_t extra, uint64_t keep)
 {
 	kvt_tm_tenant_stats *t = &rt->ten[tenant];
-	while (!fits(rt, t, f, extra)) {
+	while (!fits(t, f, extra)) {
 		/* Over the tier's own quota only records of that tier help. */
 		bool tier_over = t->quota.tier_bytes[f] && t->bytes[f] + extra > t->quota.tier_bytes[f];
 		int32_t v = oldest_of(rt, tenant, tier_over ? f : -1, keep);
