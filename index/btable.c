@@ -55,6 +55,8 @@ struct bt_entry {
 	uint64_t last_use;                      /* tick */
 	uint64_t hits;                          /* matched lookups + touches */
 	bool dirty;                             /* not durable on NVMe */
+	uint8_t retain_floor;                   /* retention: not evicted from this tier or any below it */
+	uint64_t retain_until_us;               /* retention deadline, unix microseconds (0: not retained) */
 	uint32_t n_children;                    /* entries whose parent is this */
 	uint32_t n_children_in[KVT_TIER_COUNT]; /* children present per tier */
 	uint32_t chk_children;                  /* scratch for kvt_btable_check */
@@ -400,6 +402,8 @@ static void snapshot(const kvt_btable *bt, const bt_entry *e, kvt_btable_entry *
 	out->last_use = e->last_use;
 	out->hits = e->hits;
 	out->dirty = e->dirty;
+	out->retain_until_us = e->retain_until_us;
+	out->retain_floor = e->retain_floor;
 	out->n_children = e->n_children;
 	memcpy(out->n_children_in, e->n_children_in, sizeof(out->n_children_in));
 }
@@ -608,8 +612,14 @@ int kvt_btable_lookup(kvt_btable *bt, const uint8_t root[KVT_HASH_BYTES], const 
 	return KVT_OK;
 }
 
-int kvt_btable_coldest(kvt_btable *bt, int tier, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES],
-		       uint32_t *n_out)
+/* Whether e is retained against eviction from tier at now_us. */
+static bool retained_in(const bt_entry *e, int tier, uint64_t now_us)
+{
+	return e->retain_until_us > now_us && tier >= e->retain_floor;
+}
+
+int kvt_btable_coldest_at(kvt_btable *bt, int tier, uint64_t now_us, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES],
+			  uint32_t *n_out)
 {
 	uint32_t n = 0;
 	if (tier < 0 || tier >= KVT_TIER_COUNT) {
@@ -618,13 +628,34 @@ int kvt_btable_coldest(kvt_btable *bt, int tier, uint32_t cap, uint8_t (*out)[KV
 	}
 	pthread_mutex_lock(&bt->mu);
 	for (bt_entry *e = bt->leaf[tier].cold; e && n < cap; e = e->lru_next[tier]) {
-		if (e->pins)
+		if (e->pins || retained_in(e, tier, now_us))
 			continue;
 		memcpy(out[n++], e->hash, KVT_HASH_BYTES);
 	}
 	pthread_mutex_unlock(&bt->mu);
 	*n_out = n;
 	return KVT_OK;
+}
+
+int kvt_btable_coldest(kvt_btable *bt, int tier, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES], uint32_t *n_out)
+{
+	return kvt_btable_coldest_at(bt, tier, UINT64_MAX, cap, out, n_out);
+}
+
+int kvt_btable_set_retain(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], uint64_t until_us, int floor_tier)
+{
+	if (floor_tier < 0 || floor_tier >= KVT_TIER_COUNT) {
+		KVT_LOGE("btable: set_retain: no tier %d", floor_tier);
+		return KVT_EINVAL;
+	}
+	pthread_mutex_lock(&bt->mu);
+	bt_entry *e = find(bt, hash);
+	if (e) {
+		e->retain_until_us = until_us;
+		e->retain_floor = (uint8_t)floor_tier;
+	}
+	pthread_mutex_unlock(&bt->mu);
+	return e ? KVT_OK : KVT_ENOTFOUND;
 }
 
 int kvt_btable_remove(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES])

@@ -30,12 +30,13 @@
  *  - locking_mode=EXCLUSIVE: the first access takes the file lock for the
  *    life of the connection; a second process gets "locked" at open.
  *
- * The schema (version 2; no index on parent, see migrations[]):
+ * The schema (version 3; no index on parent, see migrations[]):
  *   meta(key, value)                      schema_version, owner_id (32 hex digits)
  *   namespaces(id, model_fp, layout_version, block_tokens, created)
  *   blocks(id, ns, hash, parent, tokens, off, extent_bytes, stored_bytes,
  *          generation, checksum, compressed, kv_dtype, codec, scale_layout,
- *          raw_bytes, last_use, hit_count)          UNIQUE(ns, hash)
+ *          raw_bytes, last_use, hit_count, retain_until, retain_ttl,
+ *          retain_floor, retain_tenant)                UNIQUE(ns, hash)
  *   sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)
  * 64-bit unsigned values (generation, checksum, last_use, hit_count) are
  * stored as their int64 bit pattern; token ids as int32 little-endian blobs.
@@ -58,7 +59,7 @@
 /* While degraded, an idle writer retries the kept writes (or probes) this often. */
 #define FULL_RETRY_S 1.0
 
-enum op_kind { OP_PUT_BLOCK, OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_PUT_SESSION, OP_DEL_SESSION, OP_READ };
+enum op_kind { OP_PUT_BLOCK, OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_RETAIN_BLOCK, OP_PUT_SESSION, OP_DEL_SESSION, OP_READ };
 
 typedef struct db_op db_op;
 typedef int (*read_fn)(kvt_db *db, void *ctx);
@@ -76,7 +77,11 @@ struct db_op {
 			uint8_t hash[KVT_HASH_BYTES]; /* block */
 			uint64_t last_use;            /* OP_TOUCH_BLOCK */
 			uint64_t hit_count;           /* OP_TOUCH_BLOCK */
-		} blk;                /* OP_DEL_BLOCK, OP_TOUCH_BLOCK */
+			uint64_t retain_until_us;     /* OP_RETAIN_BLOCK: deadline (0: released) */
+			uint64_t retain_ttl_us;       /* OP_RETAIN_BLOCK: the TTL each hit restarts */
+			uint8_t retain_floor;         /* OP_RETAIN_BLOCK: floor tier */
+			char retain_tenant[KVT_NAME_MAX + 1]; /* OP_RETAIN_BLOCK: whose quota it counts against */
+		} blk;                /* OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_RETAIN_BLOCK */
 		kvt_db_session sess;  /* OP_PUT_SESSION (tokens: heap copy), OP_DEL_SESSION (names) */
 		struct {
 			read_fn fn;     /* runs on the writer thread */
@@ -94,6 +99,7 @@ enum {
 	ST_PUT_BLOCK,
 	ST_DEL_BLOCK,
 	ST_TOUCH_BLOCK,
+	ST_RETAIN_BLOCK,
 	ST_PUT_SESSION,
 	ST_DEL_SESSION,
 	ST_PROBE,
@@ -106,15 +112,20 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_COMMIT] = "COMMIT",
 	[ST_ROLLBACK] = "ROLLBACK",
 	[ST_PUT_BLOCK] = "INSERT INTO blocks(ns, hash, parent, tokens, off, extent_bytes, stored_bytes, generation,"
-			 " checksum, compressed, kv_dtype, codec, scale_layout, raw_bytes, last_use, hit_count)"
-			 " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
+			 " checksum, compressed, kv_dtype, codec, scale_layout, raw_bytes, last_use, hit_count,"
+			 " retain_until, retain_ttl, retain_floor, retain_tenant)"
+			 " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"
 			 " ON CONFLICT(ns, hash) DO UPDATE SET parent=excluded.parent, tokens=excluded.tokens,"
 			 " off=excluded.off, extent_bytes=excluded.extent_bytes, stored_bytes=excluded.stored_bytes,"
 			 " generation=excluded.generation, checksum=excluded.checksum, compressed=excluded.compressed,"
 			 " kv_dtype=excluded.kv_dtype, codec=excluded.codec, scale_layout=excluded.scale_layout,"
-			 " raw_bytes=excluded.raw_bytes, last_use=excluded.last_use, hit_count=excluded.hit_count",
+			 " raw_bytes=excluded.raw_bytes, last_use=excluded.last_use, hit_count=excluded.hit_count,"
+			 " retain_until=excluded.retain_until, retain_ttl=excluded.retain_ttl,"
+			 " retain_floor=excluded.retain_floor, retain_tenant=excluded.retain_tenant",
 	[ST_DEL_BLOCK] = "DELETE FROM blocks WHERE ns=?1 AND hash=?2",
 	[ST_TOUCH_BLOCK] = "UPDATE blocks SET last_use=?3, hit_count=?4 WHERE ns=?1 AND hash=?2",
+	[ST_RETAIN_BLOCK] = "UPDATE blocks SET retain_until=?3, retain_ttl=?4, retain_floor=?5, retain_tenant=?6"
+			    " WHERE ns=?1 AND hash=?2",
 	[ST_PUT_SESSION] = "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)"
 			   " VALUES(?1,?2,?3,?4,?5,?6,?7,?7) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
 			   " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
@@ -126,7 +137,8 @@ static const char *const stmt_sql[ST_COUNT] = {
 
 /*
  * Migrations: step i takes a file from version i to i + 1. Version 1 had the
- * namespaces and blocks; version 2 added the sessions. NOTE: blocks has no
+ * namespaces and blocks; version 2 added the sessions; version 3 the
+ * retention of a block (deadline, TTL, floor tier, tenant: tiers/manager.h). NOTE: blocks has no
  * index on parent on purpose: every put would update a third b-tree at a
  * random key (measured: group-commit inserts ~1.5x slower), and the block
  * table links parents and children in any load order.
@@ -145,6 +157,10 @@ static const char *const migrations[KVT_DB_SCHEMA_VERSION] = {
 	"CREATE TABLE sessions(ns INTEGER NOT NULL REFERENCES namespaces(id), tenant TEXT NOT NULL,"
 	" id TEXT NOT NULL, tokens BLOB NOT NULL, n_tokens INTEGER NOT NULL, last_hash BLOB NOT NULL,"
 	" created INTEGER NOT NULL, updated INTEGER NOT NULL, PRIMARY KEY(ns, tenant, id));",
+	"ALTER TABLE blocks ADD COLUMN retain_until INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE blocks ADD COLUMN retain_ttl INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE blocks ADD COLUMN retain_floor INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE blocks ADD COLUMN retain_tenant TEXT NOT NULL DEFAULT '';",
 };
 
 struct kvt_db {
@@ -931,6 +947,10 @@ static int run_write(kvt_db *db, db_op *op)
 		sqlite3_bind_int64(st, 14, r->raw_bytes);
 		sqlite3_bind_int64(st, 15, (int64_t)r->last_use);
 		sqlite3_bind_int64(st, 16, (int64_t)r->hit_count);
+		sqlite3_bind_int64(st, 17, (int64_t)r->retain_until_us);
+		sqlite3_bind_int64(st, 18, (int64_t)r->retain_ttl_us);
+		sqlite3_bind_int(st, 19, r->retain_floor);
+		sqlite3_bind_text(st, 20, r->retain_tenant, -1, SQLITE_STATIC);
 		break;
 	}
 	case OP_DEL_BLOCK:
@@ -944,6 +964,15 @@ static int run_write(kvt_db *db, db_op *op)
 		sqlite3_bind_blob(st, 2, op->u.blk.hash, KVT_HASH_BYTES, SQLITE_STATIC);
 		sqlite3_bind_int64(st, 3, (int64_t)op->u.blk.last_use);
 		sqlite3_bind_int64(st, 4, (int64_t)op->u.blk.hit_count);
+		break;
+	case OP_RETAIN_BLOCK:
+		st = db->st[ST_RETAIN_BLOCK];
+		sqlite3_bind_int64(st, 1, db->ns_id);
+		sqlite3_bind_blob(st, 2, op->u.blk.hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 3, (int64_t)op->u.blk.retain_until_us);
+		sqlite3_bind_int64(st, 4, (int64_t)op->u.blk.retain_ttl_us);
+		sqlite3_bind_int(st, 5, op->u.blk.retain_floor);
+		sqlite3_bind_text(st, 6, op->u.blk.retain_tenant, -1, SQLITE_STATIC);
 		break;
 	case OP_PUT_SESSION: {
 		const kvt_db_session *s = &op->u.sess;
@@ -1366,6 +1395,24 @@ int kvt_db_touch_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], uint64_t 
 	return enqueue(db, op, ticket);
 }
 
+int kvt_db_retain_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], uint64_t until_us, uint64_t ttl_us,
+			int floor_tier, const char *tenant, kvt_db_done_fn done, void *user, uint64_t *ticket)
+{
+	if (floor_tier < 0 || floor_tier >= KVT_TIER_COUNT || (tenant && strlen(tenant) > KVT_NAME_MAX)) {
+		KVT_LOGE("index %s: retain: floor tier %d or tenant out of range", db->path, floor_tier);
+		return KVT_EINVAL;
+	}
+	db_op *op = new_op(OP_RETAIN_BLOCK, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	memcpy(op->u.blk.hash, hash, KVT_HASH_BYTES);
+	op->u.blk.retain_until_us = until_us;
+	op->u.blk.retain_ttl_us = ttl_us;
+	op->u.blk.retain_floor = (uint8_t)floor_tier;
+	snprintf(op->u.blk.retain_tenant, sizeof(op->u.blk.retain_tenant), "%s", tenant ? tenant : "");
+	return enqueue(db, op, ticket);
+}
+
 int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done, void *user, uint64_t *ticket)
 {
 	if (!db->ns_id) {
@@ -1683,7 +1730,8 @@ struct block_walk_ctx {
 
 #define BLOCK_COLS                                                                                     \
 	"b.ns, b.hash, b.parent, b.tokens, b.off, b.extent_bytes, b.stored_bytes, b.generation, b.checksum, " \
-	"b.compressed, b.kv_dtype, b.codec, b.scale_layout, b.raw_bytes, b.last_use, b.hit_count, b.id"
+	"b.compressed, b.kv_dtype, b.codec, b.scale_layout, b.raw_bytes, b.last_use, b.hit_count, b.id, "       \
+	"b.retain_until, b.retain_ttl, b.retain_floor, b.retain_tenant"
 
 static int block_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_block_row *r)
 {
@@ -1718,6 +1766,14 @@ static int block_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_block_row *r)
 	r->raw_bytes = (uint32_t)raw;
 	r->last_use = (uint64_t)sqlite3_column_int64(st, 14);
 	r->hit_count = (uint64_t)sqlite3_column_int64(st, 15);
+	r->retain_until_us = (uint64_t)sqlite3_column_int64(st, 17);
+	r->retain_ttl_us = (uint64_t)sqlite3_column_int64(st, 18);
+	int floor = sqlite3_column_int(st, 19);
+	const unsigned char *ten = sqlite3_column_text(st, 20);
+	r->retain_floor = (uint8_t)(floor >= 0 && floor < KVT_TIER_COUNT ? floor : 0);
+	snprintf(r->retain_tenant, sizeof(r->retain_tenant), "%s", ten && kvt_name_valid((const char *)ten) ? (const char *)ten : "");
+	if (!r->retain_tenant[0] || floor != r->retain_floor)
+		r->retain_until_us = 0; /* a retention we cannot account for is dropped, never guessed */
 	return KVT_OK;
 }
 

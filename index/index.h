@@ -154,6 +154,8 @@ typedef struct kvt_btable_entry {
 	uint64_t last_use;              /* table tick of the last touch (larger = more recent) */
 	uint64_t hits;                  /* lookups that matched this block */
 	bool dirty;                     /* not yet durable on NVMe (no committed index row) */
+	uint64_t retain_until_us;       /* retention deadline, unix microseconds (0: not retained) */
+	int retain_floor;               /* while retained: never offered by coldest_at for this tier or below */
 	uint32_t n_children;            /* entries whose parent is this one */
 	uint32_t n_children_in[KVT_TIER_COUNT]; /* of those, how many are present in each tier */
 } kvt_btable_entry;
@@ -272,6 +274,23 @@ int kvt_btable_lookup(kvt_btable *bt, const uint8_t root[KVT_HASH_BYTES], const 
  */
 int kvt_btable_coldest(kvt_btable *bt, int tier, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES],
 		       uint32_t *n_out);
+/*
+ * The same, honouring retention: an entry retained at now_us (retain_until_us
+ * > now_us) is skipped in its floor tier and every tier below it (slower),
+ * like a pinned one; so a retained leaf also keeps its parents (they are not
+ * leaves while it is present). kvt_btable_coldest ignores retention (shutdown
+ * releases everything).
+ */
+int kvt_btable_coldest_at(kvt_btable *bt, int tier, uint64_t now_us, uint32_t cap,
+			  uint8_t (*out)[KVT_HASH_BYTES], uint32_t *n_out);
+
+/*
+ * Retain a block until until_us (unix microseconds; 0 = release) against
+ * eviction from floor_tier and the tiers below it. The table only stores
+ * this; the tiering manager owns the policy (TTLs, quotas). KVT_ENOTFOUND,
+ * KVT_EINVAL (bad tier, logged).
+ */
+int kvt_btable_set_retain(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], uint64_t until_us, int floor_tier);
 
 /*
  * Remove an entry. Only an entry that is unpinned, in no tier and childless
@@ -349,7 +368,7 @@ int kvt_btable_check(kvt_btable *bt);
  * (KVT_EUNSUPPORTED).
  */
 
-#define KVT_DB_SCHEMA_VERSION 2
+#define KVT_DB_SCHEMA_VERSION 3
 
 typedef struct kvt_db kvt_db;
 
@@ -387,6 +406,10 @@ typedef struct kvt_db_block_row {
 	uint32_t raw_bytes;             /* payload bytes before the codec */
 	uint64_t last_use;              /* wall clock of the last use, unix microseconds (kvt_wall_us) */
 	uint64_t hit_count;             /* hits so far */
+	uint64_t retain_until_us;       /* retention deadline, unix microseconds (0: not retained) */
+	uint64_t retain_ttl_us;         /* the TTL a hit restarts */
+	uint8_t retain_floor;           /* enum kvt_tier: retained in this tier and below */
+	char retain_tenant[KVT_NAME_MAX + 1]; /* the tenant whose quota it counts against ("" with no retention) */
 	int64_t ns_id;                  /* namespace id (filled by reads; ignored by put) */
 	bool this_ns;                   /* row belongs to the handle's namespace (filled by reads) */
 } kvt_db_block_row;
@@ -459,6 +482,14 @@ int kvt_db_delete_block_ns(kvt_db *db, int64_t ns_id, const uint8_t hash[KVT_HAS
 /* Queue a last-use/hit-count update of a block row (absent = no-op). */
 int kvt_db_touch_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], uint64_t last_use, uint64_t hit_count,
 		       kvt_db_done_fn done, void *user, uint64_t *ticket);
+/*
+ * Queue the retention of a block row (absent = no-op): deadline until_us
+ * (unix microseconds; 0 releases it), the TTL a hit restarts, the floor tier
+ * and the tenant. Survives a restart (kvt_tm_recover reads it back).
+ * KVT_EINVAL (logged), KVT_ENOMEM, KVT_EIO.
+ */
+int kvt_db_retain_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], uint64_t until_us, uint64_t ttl_us,
+			int floor_tier, const char *tenant, kvt_db_done_fn done, void *user, uint64_t *ticket);
 /* Queue an insert-or-update of a session (ids validated: KVT_EINVAL, logged). The tokens are copied. */
 int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done, void *user, uint64_t *ticket);
 /* Queue the deletion of a session. */

@@ -8,7 +8,8 @@ pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip p
       liburing-dev liblz4-dev libsqlite3-dev libssl-dev libxxhash-dev
       libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio
       lintian file man-db groff-base adduser procps  # the package test
-      clang libclang-rt-14-dev) # clang: the libFuzzer targets (tests/fuzz_*.c, ctest -L fuzz)
+      clang libclang-rt-14-dev  # clang: the libFuzzer targets (tests/fuzz_*.c, ctest -L fuzz)
+      chromium)                 # the dashboard in a real headless browser (tests/daemon/test_retention.py)
 
 missing=()
 for p in "${pkgs[@]}"; do

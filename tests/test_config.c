@@ -189,7 +189,7 @@ static void test_errors(void)
 {
 	/* unknown section: the allowed list */
 	EXPECT_ERR("[server]\nlisten = 127.0.0.1:1\n\n[tier.ssd]\n", 4, "unknown section [tier.ssd]",
-		   "allowed: server, model, cache, scheduler, tier.hbm, tier.host, tier.nvme, index, log");
+		   "allowed: server, model, cache, scheduler, tenants, tier.hbm, tier.host, tier.nvme, index, log");
 	/* unknown key: the closest key of the section */
 	EXPECT_ERR("# c\n[cache]\nblok_tokens = 16\n", 3, "unknown key 'blok_tokens' in [cache]",
 		   "did you mean 'block_tokens'?", "keys of [cache]: block_tokens, persist");
@@ -244,6 +244,13 @@ static void test_errors(void)
 	EXPECT_ERR("[server]\napi_keys = \"alice:\"\n", 2, "must be 1..255 bytes");
 	EXPECT_ERR("[server]\napi_keys = \"a:1,b:2,c:3,d:4,e:5,f:6,g:7,h:8,i:9,j:10,k:11,l:12,m:13,n:14,o:15,p:16,q:17\"\n",
 		   2, "more than 16 keys");
+	/* retention quotas */
+	EXPECT_ERR("[tenants]\nretain_quota = \"alice:64M, bob\"\n", 2, "[tenants] retain_quota", "is not tenant:SIZE");
+	EXPECT_ERR("[tenants]\nretain_quota = \"alice:lots\"\n", 2, "not a size like 64M");
+	EXPECT_ERR("[tenants]\nretain_quota_host = \"a/b:1M\"\n", 2, "[tenants] retain_quota_host", "neither * nor a tenant");
+	EXPECT_ERR("[tenants]\nretain_quota = \"alice:1M, alice:2M\"\n", 2, "given twice");
+	EXPECT_ERR("[tenants]\nretain_quota = \"alice:1M,\"\n", 2, "ends with a comma");
+	EXPECT_ERR("[cache]\nretain_tier = ssd\n", 2, "[cache] retain_tier", "hbm|host|nvme");
 	/* strings */
 	{
 		char text[8400];
@@ -414,6 +421,18 @@ static void test_values(void)
 	/* request_timeout excludes 0 */
 	err[0] = '\0';
 	CHECK_EQ_INT(kvt_config_set(&c, "server", "request_timeout", "0", err, sizeof(err)), KVT_EINVAL);
+	{
+		kvt_config c2;
+		int rc2 = load_text("[cache]\nretain_tier = nvme\n[tenants]\nretain_quota = \"alice : 64M, *:1G\"\n"
+			       "retain_quota_nvme = \"bob:1.5M\"\n", &c2, err, sizeof(err));
+		CHECKF(rc2 == KVT_OK, "%s", err);
+		CHECK_EQ_INT(c2.retain_tier, KVT_TIER_NVME);
+		CHECK_EQ_INT(c2.retain_quota.n, 2);
+		CHECK(!strcmp(c2.retain_quota.e[0].tenant, "alice") && c2.retain_quota.e[0].bytes == 64ull << 20);
+		CHECK(!strcmp(c2.retain_quota.e[1].tenant, "*") && c2.retain_quota.e[1].bytes == 1ull << 30);
+		CHECK_EQ_INT(c2.retain_quota_tier[KVT_TIER_NVME].n, 1);
+		CHECK_EQ_INT(c2.retain_quota_tier[KVT_TIER_NVME].e[0].bytes, 1572864);
+	}
 }
 
 static void test_find(void)

@@ -27,6 +27,7 @@
  * the table names is never free, and a free slot is never named.
  */
 #include "manager.h"
+#include "tiers_int.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -99,6 +100,8 @@ struct kvt_tm {
 	tm_foreign *foreign;           /* [n_foreign] other namespaces' records, least recently used first (tm->mu) */
 	uint32_t n_foreign, next_foreign; /* entries, first not yet reclaimed (tm->mu) */
 	kvt_tm_stats st;               /* counters (capacity/used filled by get_stats) */
+	tm_retain *rt;                 /* the retention ledger (owned) */
+	double sweep_t;                /* last expiry sweep of the ledger (maintenance) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -220,7 +223,9 @@ static bool leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bo
 			any |= t != tier && e.slot[t] >= 0;
 		if (!any) {
 			*dropped = true;
-			(void)kvt_btable_remove(tm->cfg.bt, h); /* KVT_EINVAL: has children; stays as metadata */
+			/* KVT_EINVAL: has children; stays as metadata */
+			if (kvt_btable_remove(tm->cfg.bt, h) == KVT_OK)
+				tm_retain_forget(tm->rt, h);
 		}
 	}
 	pthread_mutex_unlock(&tm->pin_mu);
@@ -250,7 +255,7 @@ static uint32_t pick_victims(kvt_tm *tm, int tier, uint32_t want, uint8_t (*out)
 	uint8_t (*cand)[KVT_HASH_BYTES] = malloc(cap * sizeof(*cand));
 	if (!cand)
 		return 0;
-	if (kvt_btable_coldest(tm->cfg.bt, tier, cap, cand, &n_cand) == KVT_OK)
+	if (kvt_btable_coldest_at(tm->cfg.bt, tier, tm_retain_now(tm->rt), cap, cand, &n_cand) == KVT_OK)
 		for (uint32_t i = 0; i < n_cand && n < want; i++) {
 			if (busy_try(tm, cand[i]))
 				memcpy(out[n++], cand[i], KVT_HASH_BYTES);
@@ -367,7 +372,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		row.raw_bytes = meta[k].raw_bytes;
 		row.last_use = kvt_wall_us();
 		row.hit_count = b->hits;
-		int prc = kvt_db_put_block(tm->cfg.db, &row, NULL, NULL, &tick[k]);
+		int prc = tm_retain_put_row(tm->rt, tm->cfg.db, &row, &tick[k]);
 		if (prc != KVT_OK) {
 			/* No row will point at the extent: it can go back at once. */
 			kvt_t2_free(tm->cfg.t2, &loc[k]);
@@ -477,7 +482,8 @@ static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTE
 			left = true;
 			if (e.slot[KVT_TIER_HBM] < 0 && e.slot[KVT_TIER_HOST] < 0) {
 				dropped = true;
-				(void)kvt_btable_remove(tm->cfg.bt, h[i]);
+				if (kvt_btable_remove(tm->cfg.bt, h[i]) == KVT_OK)
+					tm_retain_forget(tm->rt, h[i]);
 			}
 		}
 		pthread_mutex_unlock(&tm->pin_mu);
@@ -1049,6 +1055,13 @@ static void maintain_locked(kvt_tm *tm, tm_ctx *c)
 		pthread_mutex_unlock(&tm->mu);
 	}
 
+	/* Retention whose TTL ran out: evictable already (the table compares deadlines); tidy the ledger now and then. */
+	double now_s = kvt_now_s();
+	if (now_s - tm->sweep_t > 1.0) {
+		tm->sweep_t = now_s;
+		tm_retain_sweep(tm->rt);
+	}
+
 	/* Watermarks, top down: what T0 pushes out lands in T1, what T1 pushes out lands in T2. */
 	uint32_t n0 = kvt_t0_n_slots(tm->cfg.t0), used0 = n0 - kvt_t0_n_free(tm->cfg.t0);
 	if (used0 > tm->cfg.high[KVT_TIER_HBM] * n0)
@@ -1191,6 +1204,12 @@ static int check_config(const kvt_tm_config *c)
 	return KVT_OK;
 }
 
+static uint64_t wall_clock(void *user)
+{
+	(void)user;
+	return kvt_wall_us();
+}
+
 int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 {
 	int rc = check_config(cfg);
@@ -1223,6 +1242,14 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 		rc = ctx_init(tm, &tm->wctx[i]);
 	if (rc == KVT_OK)
 		rc = ctx_init(tm, &tm->ctx_inline);
+	if (rc == KVT_OK) {
+		tm_retain_config rc_cfg = { .bt = cfg->bt, .db = cfg->t2 ? cfg->db : NULL,
+					    .clock_us = cfg->clock_us ? cfg->clock_us : wall_clock,
+					    .clock_user = cfg->clock_user };
+		rc_cfg.cost[KVT_TIER_HBM] = kvt_t0_block_bytes(cfg->t0);
+		rc_cfg.cost[KVT_TIER_HOST] = rc_cfg.cost[KVT_TIER_NVME] = tm->packed_bytes;
+		rc = tm_retain_create(&rc_cfg, &tm->rt);
+	}
 	if (rc)
 		goto fail;
 	for (uint32_t i = 0; i < cfg->n_io_threads; i++) {
@@ -1305,6 +1332,7 @@ void kvt_tm_destroy(kvt_tm *tm)
 		ctx_deinit(tm, &tm->ctx_inline);
 	kvt_dev_event_destroy(tm->cfg.dev, tm->ev_compute);
 	kvt_t1_destroy(tm->t1);
+	tm_retain_destroy(tm->rt);
 	pthread_mutex_destroy(&tm->mu);
 	pthread_mutex_destroy(&tm->pin_mu);
 	pthread_mutex_destroy(&tm->maint_mu);
@@ -1381,6 +1409,8 @@ static int recover_insert(void *arg, const kvt_db_block_row *row)
 	int rc = kvt_btable_insert(r->tm->cfg.bt, row->hash, row->parent, row->tokens, &created);
 	if (rc == KVT_OK)
 		rc = kvt_btable_set_nvme(r->tm->cfg.bt, row->hash, &row->loc);
+	if (rc == KVT_OK && row->retain_until_us)
+		(void)tm_retain_recover(r->tm->rt, row, (uint32_t)r->n); /* later rows of a chain were used later */
 	if (rc == KVT_OK)
 		r->n++;
 	return 0;
@@ -1425,6 +1455,7 @@ int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 	}
 	if (rc == KVT_OK)
 		rc = r.rc;
+	tm_retain_enforce(tm->rt); /* quotas may have shrunk since the rows were written */
 	if (r.n_foreign)
 		qsort(r.foreign, r.n_foreign, sizeof(*r.foreign), cmp_last_use);
 	pthread_mutex_lock(&tm->mu);
@@ -1755,7 +1786,51 @@ void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 		t2->degraded = full || s.read_only || ds.degraded;
 		st->t2_read_only = s.read_only;
 	}
+	tm_retain_stats(tm->rt, &st->retain, NULL, 0, &st->retain.n_tenants);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Retention (the ledger is tiers/retain.c)                                 */
+/* ------------------------------------------------------------------------ */
+
+int kvt_tm_set_quota(kvt_tm *tm, const char *tenant, const kvt_tm_quota *q)
+{
+	return tm_retain_set_quota(tm->rt, tenant, q);
+}
+
+int kvt_tm_retain(kvt_tm *tm, const char *tenant, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES],
+		  uint64_t ttl_us, int floor, kvt_tm_retain_result *res)
+{
+	if (floor == KVT_TIER_NVME && !tm->cfg.t2)
+		floor = KVT_TIER_HOST; /* no NVMe tier: the slowest one there is */
+	return tm_retain_add(tm->rt, tenant, n, hashes, ttl_us, floor, res);
+}
+
+uint32_t kvt_tm_retain_refresh(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
+{
+	return tm_retain_refresh(tm->rt, n, hashes);
+}
+
+uint32_t kvt_tm_release(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
+{
+	uint32_t k = tm_retain_release(tm->rt, n, hashes);
+	if (k)
+		kick(tm); /* what was kept over the watermark may go now */
+	return k;
+}
+
+bool kvt_tm_get_retention(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], kvt_tm_retention *out)
+{
+	return tm_retain_get(tm->rt, hash, out);
+}
+
+void kvt_tm_get_tenants(kvt_tm *tm, kvt_tm_tenant_stats *out, uint32_t cap, uint32_t *n_out)
+{
+	kvt_tm_retain_stats st;
+	tm_retain_stats(tm->rt, &st, out, cap, n_out);
+}
+
+uint64_t kvt_tm_now_us(kvt_tm *tm) { return tm_retain_now(tm->rt); }
 
 int kvt_tm_check(kvt_tm *tm)
 {

@@ -50,6 +50,24 @@
  * when it leaves the last tier holding it. Both flush everything at
  * kvt_tm_destroy (and kvt_tm_flush on demand).
  *
+ * Retention (tiers/retain.c): a client may ask to keep a prefix (a chain of
+ * blocks, in order) for a TTL: kvt_tm_retain. Until its deadline a retained
+ * block is skipped by eviction in its floor tier and every tier below it
+ * (kvt_btable_coldest_at), so it may still move down to its floor (a block
+ * retained in T1 leaves T0 under pressure, and comes back on use) but is
+ * never dropped. Every hit restarts the TTL (kvt_tm_retain_refresh, called
+ * with the matched prefix). The deadline, TTL, floor and tenant are in the
+ * block's index row (written with the row, updated by a queued write), so a
+ * restart keeps them (kvt_tm_recover); a deadline is unix microseconds on
+ * the manager's clock (cfg.clock_us: tests pass their own to expire TTLs
+ * without waiting). Quotas (kvt_tm_set_quota) bound the bytes a tenant holds
+ * retained (a block counts its size in its floor tier: T0 the fp16 block,
+ * T1/T2 the packed record), in all and per floor tier; over quota the
+ * tenant's own oldest retentions go first (never another tenant's), and a
+ * request that alone does not fit gets the longest prefix that does
+ * (kvt_tm_retain_result.n_denied says how much was refused). Without T2, a
+ * T2 floor is taken as T1. kvt_tm_release (a deleted session) ends retention.
+ *
  * Threads: one maintenance thread (watermarks, persistence) and n_io_threads
  * promotion workers, each with its own device stream, device staging buffer
  * and pinned host staging buffer. The engine's calls (register, pin, lookup,
@@ -96,7 +114,56 @@ typedef struct kvt_tm_config {
 	uint32_t n_io_threads;   /* promotion workers (default 2, 1..16) */
 	uint32_t batch_blocks;   /* blocks per move / T2 batch; sizes the staging buffers (default 16) */
 	double poll_s;           /* maintenance period when nothing signals it (default 0.02) */
+	uint64_t (*clock_us)(void *user); /* retention clock, microseconds; NULL = unix time (kvt_wall_us) */
+	void *clock_user;        /* its argument */
 } kvt_tm_config;
+
+/* A tenant's retention quota; 0 = no limit. */
+typedef struct kvt_tm_quota {
+	uint64_t bytes;                          /* retained bytes in all */
+	uint64_t tier_bytes[KVT_TIER_COUNT];     /* retained bytes whose floor is this tier */
+} kvt_tm_quota;
+
+/* What one kvt_tm_retain did with the blocks it was given (in chain order). */
+typedef struct kvt_tm_retain_result {
+	uint32_t n_new;    /* blocks retained that were not before (cache writes) */
+	uint32_t n_kept;   /* blocks already retained: deadline extended (never shortened) */
+	uint32_t n_denied; /* blocks refused (the tail of the chain): over quota, or not cached */
+} kvt_tm_retain_result;
+
+/* One block's retention (kvt_tm_get_retention). */
+typedef struct kvt_tm_retention {
+	char tenant[KVT_NAME_MAX + 1]; /* whose quota it counts against */
+	uint64_t until_us;             /* deadline on the manager's clock */
+	uint64_t ttl_us;               /* restarted on every hit */
+	int floor;                     /* enum kvt_tier */
+} kvt_tm_retention;
+
+/* Per-tenant retention counters (kvt_tm_get_tenants). */
+typedef struct kvt_tm_tenant_stats {
+	char tenant[KVT_NAME_MAX + 1];      /* the tenant */
+	kvt_tm_quota quota;                 /* its quota (the default "*" unless set for it) */
+	bool quota_set;                     /* set for this tenant by name */
+	uint64_t n_blocks[KVT_TIER_COUNT];  /* retained blocks now, by floor tier */
+	uint64_t bytes[KVT_TIER_COUNT];     /* their bytes, by floor tier */
+	uint64_t n_granted_blocks;          /* blocks newly retained so far */
+	uint64_t n_denied_blocks;           /* blocks refused (quota) */
+	uint64_t n_quota_released;          /* retentions ended early to make room for newer ones of the tenant */
+	uint64_t n_expired;                 /* retentions whose TTL ran out */
+	uint64_t n_released;                /* retentions ended by kvt_tm_release (session deleted) */
+	uint64_t n_lost;                    /* retained blocks dropped anyway (no floor tier had room) */
+	uint64_t n_hits;                    /* retained blocks hit (TTL restarted) */
+} kvt_tm_tenant_stats;
+
+/* Retention in all (kvt_tm_stats.retain). */
+typedef struct kvt_tm_retain_stats {
+	uint64_t n_blocks;                    /* retained blocks now */
+	uint64_t bytes;                       /* their bytes (as quotas count them) */
+	uint64_t n_by_floor[KVT_TIER_COUNT];  /* of those, by floor tier */
+	uint64_t n_in_tier[KVT_TIER_COUNT];   /* retained blocks present in each tier now */
+	uint64_t bytes_in_tier[KVT_TIER_COUNT]; /* their bytes in that tier (its slot / record size) */
+	uint32_t n_tenants;                   /* tenants with retention state or a quota */
+} kvt_tm_retain_stats;
 
 /* Defaults for everything but the borrowed handles (left NULL). */
 void kvt_tm_config_default(kvt_tm_config *c);
@@ -134,6 +201,7 @@ typedef struct kvt_tm_stats {
 	uint64_t n_reclaimed;     /* of those, records reclaimed (row deleted, extent freed) to make room */
 	uint64_t n_turn_late;     /* END_OF_TURN blocks made durable later than end_turn_s after their turn ended */
 	double max_turn_s;        /* longest end of turn -> durable (row committed) seen, seconds */
+	kvt_tm_retain_stats retain; /* retention (see "Retention" above) */
 } kvt_tm_stats;
 
 typedef struct kvt_tm kvt_tm;
@@ -253,6 +321,29 @@ int kvt_tm_flush(kvt_tm *tm);
 void kvt_tm_maintain(kvt_tm *tm);
 
 void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st);
+
+/* ---- retention (see the file comment) ---- */
+
+/* Set a tenant's quota; tenant "*" (or NULL) sets the default of every tenant not set by name. KVT_EINVAL. */
+int kvt_tm_set_quota(kvt_tm *tm, const char *tenant, const kvt_tm_quota *q);
+/*
+ * Retain the chain hashes[0..n) (block 0 first) of tenant for ttl_us, floor
+ * tier floor (KVT_TIER_*). Blocks not in the table end the chain (counted as
+ * denied). Deadlines are extended, never shortened; a stronger floor wins.
+ * *res says how many were new, kept, denied. KVT_EINVAL (logged), KVT_ENOMEM.
+ */
+int kvt_tm_retain(kvt_tm *tm, const char *tenant, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES],
+		  uint64_t ttl_us, int floor, kvt_tm_retain_result *res);
+/* A hit on the prefix hashes[0..n): restart the TTL of its retained blocks; returns how many leading blocks are retained. */
+uint32_t kvt_tm_retain_refresh(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
+/* End the retention of these blocks (a deleted session's); returns how many were retained. */
+uint32_t kvt_tm_release(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
+/* Whether the block is retained now; *out filled when it is. */
+bool kvt_tm_get_retention(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], kvt_tm_retention *out);
+/* Per-tenant counters: up to cap into out, *n_out = how many tenants there are. */
+void kvt_tm_get_tenants(kvt_tm *tm, kvt_tm_tenant_stats *out, uint32_t cap, uint32_t *n_out);
+/* The manager's retention clock now (microseconds). */
+uint64_t kvt_tm_now_us(kvt_tm *tm);
 
 /* Walk the manager's invariants against the table and the pools (tests, debug). KVT_ECORRUPT (logged). */
 int kvt_tm_check(kvt_tm *tm);

@@ -12,6 +12,7 @@
 #define KVT_TIERS_INT_H
 
 #include "kvt.h"
+#include "manager.h"
 
 #include <pthread.h>
 
@@ -34,5 +35,39 @@ void kvt_slots_unref(kvt_slots *s, int32_t slot);
 uint32_t kvt_slots_refcount(kvt_slots *s, int32_t slot);
 /* Walk the invariants: KVT_ECORRUPT (logged, naming the slot) if broken. */
 int kvt_slots_check(kvt_slots *s);
+
+/*
+ * The retention ledger of the tiering manager (tiers/retain.c; the contract
+ * is manager.h's "Retention"). One mutex; safe from any thread. Lock order:
+ * the manager's pin_mu, then the ledger's mutex, then the block table's.
+ */
+typedef struct tm_retain tm_retain;
+typedef struct tm_retain_config {
+	kvt_btable *bt;                /* borrowed: where eviction sees deadlines */
+	kvt_db *db;                    /* borrowed; NULL: retention is not durable */
+	uint64_t (*clock_us)(void *);  /* the clock, microseconds (unix time by default) */
+	void *clock_user;              /* its argument */
+	uint64_t cost[KVT_TIER_COUNT]; /* bytes one retained block counts, by floor tier */
+} tm_retain_config;
+int tm_retain_create(const tm_retain_config *c, tm_retain **out);
+void tm_retain_destroy(tm_retain *rt); /* NULL is a no-op */
+uint64_t tm_retain_now(tm_retain *rt);
+int tm_retain_set_quota(tm_retain *rt, const char *tenant, const kvt_tm_quota *q);
+int tm_retain_add(tm_retain *rt, const char *tenant, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES],
+		  uint64_t ttl_us, int floor, kvt_tm_retain_result *res);
+uint32_t tm_retain_refresh(tm_retain *rt, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
+uint32_t tm_retain_release(tm_retain *rt, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
+/* The block left the table (dropped): forget its record (its row is gone or going). */
+void tm_retain_forget(tm_retain *rt, const uint8_t hash[KVT_HASH_BYTES]);
+/* Drop the records whose deadline has passed. */
+void tm_retain_sweep(tm_retain *rt);
+/* Start-up: a row read back from the index; depth = its position in load order (parents first). */
+int tm_retain_recover(tm_retain *rt, const kvt_db_block_row *row, uint32_t depth);
+/* After recovery (or a quota change): release the oldest records of tenants over their quota. */
+void tm_retain_enforce(tm_retain *rt);
+/* Queue a block's row with its retention filled in, atomically against retention changes. */
+int tm_retain_put_row(tm_retain *rt, kvt_db *db, kvt_db_block_row *row, uint64_t *ticket);
+bool tm_retain_get(tm_retain *rt, const uint8_t hash[KVT_HASH_BYTES], kvt_tm_retention *out);
+void tm_retain_stats(tm_retain *rt, kvt_tm_retain_stats *st, kvt_tm_tenant_stats *ten, uint32_t cap, uint32_t *n_ten);
 
 #endif

@@ -446,6 +446,52 @@ static void c_degraded(const json_t *t, char *o, size_t n)
 	snprintf(o, n, "%s", json_is_true(json_object_get(t, "degraded")) ? "YES" : "no");
 }
 
+static bool g_stats_tenants; /* --tenants: the retention table per tenant */
+
+/* The retention lines of a report: in all and, with --tenants (or a tenant's own view), per tenant. */
+static void render_retention(json_t *ret, bool tenants)
+{
+	if (!json_is_object(ret))
+		return;
+	json_t *tiers = json_object_get(ret, "tiers"), *ts = json_object_get(ret, "tenants");
+	if (json_is_array(tiers) && json_array_size(tiers)) {
+		char b[48];
+		fmt_bytes(num(ret, "bytes"), b, sizeof(b));
+		printf("\n  retention: %.0f blocks, %s (as quotas count them); by floor tier:", num(ret, "blocks"), b);
+		for (size_t i = 0; i < json_array_size(tiers); i++) {
+			json_t *t = json_array_get(tiers, i);
+			printf(" %s %.0f", json_string_value(json_object_get(t, "name")), num(t, "floor_blocks"));
+		}
+		printf("\n");
+	}
+	if (!tenants || !json_is_array(ts))
+		return;
+	printf("\n  %-24s %8s %12s %12s %8s %8s %9s %8s %9s %8s\n", "tenant", "blocks", "retained", "quota", "granted",
+	       "denied", "released", "expired", "quota-out", "hits");
+	for (size_t i = 0; i < json_array_size(ts); i++) {
+		json_t *t = json_array_get(ts, i);
+		char b[48], q[48];
+		fmt_bytes(num(t, "bytes"), b, sizeof(b));
+		if (num(t, "quota_bytes") > 0)
+			fmt_bytes(num(t, "quota_bytes"), q, sizeof(q));
+		else
+			snprintf(q, sizeof(q), "none");
+		printf("  %-24.24s %8.0f %12s %12s %8.0f %8.0f %9.0f %8.0f %9.0f %8.0f\n",
+		       json_string_value(json_object_get(t, "tenant")), num(t, "blocks"), b, q, num(t, "granted_blocks"),
+		       num(t, "denied_blocks"), num(t, "released"), num(t, "expired"), num(t, "quota_released"),
+		       num(t, "hits"));
+	}
+	if (!json_array_size(ts))
+		printf("  (no tenant holds or has held retention)\n");
+}
+
+static void c_retained(const json_t *t, char *o, size_t n)
+{
+	char b[48];
+	fmt_bytes(num(t, "bytes"), b, sizeof(b));
+	snprintf(o, n, "%.0f, %s", num(t, "blocks"), b);
+}
+
 /* Render a /v1/stats document (or the offline one). EX_DATAERR (printed) when it is not one. */
 static int render_stats(json_t *j, const char *source)
 {
@@ -458,6 +504,7 @@ static int render_stats(json_t *j, const char *source)
 		printf("tenant %s: %.0f sessions; %.0f requests, %.0f prompt tokens (%.0f from the cache), %.0f generated\n",
 		       json_string_value(tenant), num(j, "sessions"), num(u, "requests"), num(u, "prompt_tokens"),
 		       num(u, "cached_tokens"), num(u, "completion_tokens"));
+		render_retention(json_object_get(j, "retention"), true);
 		printf("(the tiers and engine numbers need an admin key: server.admin_keys)\n");
 		return 0;
 	}
@@ -494,6 +541,14 @@ static int render_stats(json_t *j, const char *source)
 		tier_row("  rate", t, c_dem_rate);
 		tier_row("evictions", t, c_evict);
 	}
+	json_t *ret = json_object_get(j, "retention");
+	json_t *rt_tiers = json_object_get(ret, "tiers");
+	if (json_is_array(rt_tiers) && json_array_size(rt_tiers) == 3) {
+		json_t *rt[3];
+		for (int k = 0; k < 3; k++)
+			rt[k] = json_array_get(rt_tiers, k);
+		tier_row("retained", rt, c_retained);
+	}
 	tier_row("compression", t, c_comp);
 	tier_row("dtype", t, c_dtype);
 	if (!offline) {
@@ -517,8 +572,10 @@ static int render_stats(json_t *j, const char *source)
 			       num(x, "blocks"), b, s,
 			       json_is_true(json_object_get(x, "this_model")) ? "the T2 file's model" : "another model");
 		}
+		render_retention(ret, g_stats_tenants);
 		return 0;
 	}
+	render_retention(ret, g_stats_tenants);
 	if (json_is_object(eng)) {
 		double prompt = num(eng, "prompt_tokens"), cached = num(eng, "cached_tokens");
 		json_t *bt = json_object_get(eng, "cached_tokens_by_tier");
@@ -628,9 +685,18 @@ typedef struct ns_acc {
 	bool this_model;        /* the namespace belongs to the T2 file's model */
 } ns_acc;
 
+typedef struct ret_acc {
+	char tenant[KVT_NAME_MAX + 1];        /* the tenant of the retained rows */
+	uint64_t blocks[KVT_TIER_COUNT];      /* rows retained now, by floor tier */
+	uint64_t bytes[KVT_TIER_COUNT];       /* their payload bytes before compression */
+} ret_acc;
+
 typedef struct offline_ctx {
 	ns_acc *v;    /* namespaces seen */
 	size_t n, cap;
+	ret_acc *r;   /* tenants with rows retained now (deadline ahead) */
+	size_t n_r, cap_r;
+	uint64_t now_us; /* the wall clock the deadlines are compared with */
 } offline_ctx;
 
 static int offline_row(void *arg, const kvt_db_block_row *row)
@@ -664,7 +730,59 @@ static int offline_row(void *arg, const kvt_db_block_row *row)
 		a->codec = row->codec;
 	else if (a->codec != row->codec)
 		a->codec = -2;
+	if (row->retain_until_us > c->now_us && row->retain_tenant[0] && row->retain_floor < KVT_TIER_COUNT) {
+		ret_acc *t = NULL;
+		for (size_t i = 0; i < c->n_r && !t; i++)
+			if (!strcmp(c->r[i].tenant, row->retain_tenant))
+				t = &c->r[i];
+		if (!t) {
+			if (c->n_r == c->cap_r) {
+				size_t cap = c->cap_r ? 2 * c->cap_r : 8;
+				ret_acc *v = realloc(c->r, cap * sizeof(*v));
+				if (!v)
+					return KVT_ENOMEM;
+				c->r = v;
+				c->cap_r = cap;
+			}
+			t = &c->r[c->n_r++];
+			memset(t, 0, sizeof(*t));
+			memcpy(t->tenant, row->retain_tenant, sizeof(t->tenant));
+		}
+		t->blocks[row->retain_floor]++;
+		t->bytes[row->retain_floor] += row->raw_bytes;
+	}
 	return 0;
+}
+
+/* The offline "retention": rows whose deadline is still ahead, per floor tier and tenant. */
+static json_t *offline_retention(const offline_ctx *c)
+{
+	uint64_t floor_blocks[KVT_TIER_COUNT] = { 0 }, blocks = 0, bytes = 0;
+	static const char *const names[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };
+	json_t *tenants = json_array(), *tiers = json_array();
+	for (size_t i = 0; i < c->n_r; i++) {
+		const ret_acc *t = &c->r[i];
+		uint64_t tb = 0, tbytes = 0;
+		for (int f = 0; f < KVT_TIER_COUNT; f++) {
+			floor_blocks[f] += t->blocks[f];
+			tb += t->blocks[f];
+			tbytes += t->bytes[f];
+		}
+		blocks += tb;
+		bytes += tbytes;
+		json_array_append_new(tenants, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "tenant",
+							 t->tenant, "blocks", (json_int_t)tb, "bytes", (json_int_t)tbytes,
+							 "quota_bytes", (json_int_t)0, "granted_blocks", (json_int_t)0,
+							 "denied_blocks", (json_int_t)0, "released", (json_int_t)0,
+							 "expired", (json_int_t)0, "quota_released", (json_int_t)0));
+	}
+	for (int f = 0; f < KVT_TIER_COUNT; f++) /* offline every retained row is in NVMe (where the rows point) */
+		json_array_append_new(tiers, json_pack("{s:s, s:I, s:I, s:I}", "name", names[f], "blocks",
+						       (json_int_t)(f == KVT_TIER_NVME ? blocks : 0), "bytes",
+						       (json_int_t)(f == KVT_TIER_NVME ? bytes : 0), "floor_blocks",
+						       (json_int_t)floor_blocks[f]));
+	return json_pack("{s:I, s:I, s:o, s:o}", "blocks", (json_int_t)blocks, "bytes", (json_int_t)bytes, "tiers",
+			 tiers, "tenants", tenants);
 }
 
 static json_t *tier_json(const char *name, const char *dtype)
@@ -683,7 +801,7 @@ static json_t *tier_json(const char *name, const char *dtype)
 static int offline_report(const char *dir, json_t **out)
 {
 	char t2_path[4096], idx_path[4096];
-	offline_ctx oc = { 0 };
+	offline_ctx oc = { .now_us = kvt_wall_us() };
 	kvt_datadir_lock *lock = NULL;
 	kvt_db *db = NULL;
 	kvt_db_config cfg;
@@ -817,6 +935,8 @@ static int offline_report(const char *dir, json_t **out)
 			      "registered", (json_int_t)0, "persisted", (json_int_t)blocks, "failed", (json_int_t)0,
 			      "read_only", 0, "sessions", (json_int_t)sessions, "uptime_s", 0.0, "model", fphex,
 			      "offline", 1, "data_dir", dir, "model_fingerprint", fphex, "namespaces", nss);
+	if (j)
+		json_object_set_new(j, "retention", offline_retention(&oc));
 	if (!j) {
 		fprintf(stderr, "kvtier stats: out of memory building the report\n");
 		ret = EX_OSERR;
@@ -825,6 +945,7 @@ static int offline_report(const char *dir, json_t **out)
 	*out = j;
 out:
 	free(oc.v);
+	free(oc.r);
 	kvt_datadir_lock_release(lock);
 	return ret;
 }
@@ -833,8 +954,8 @@ out:
 
 static void usage_stats(FILE *f)
 {
-	fprintf(f, "usage: kvtier stats [--json] [--watch [SECONDS]] [--url URL] [--api-key KEY] [-c FILE]\n"
-		   "       kvtier stats --offline --data-dir DIR [--json]\n"
+	fprintf(f, "usage: kvtier stats [--json] [--tenants] [--watch [SECONDS]] [--url URL] [--api-key KEY] [-c FILE]\n"
+		   "       kvtier stats --offline --data-dir DIR [--json] [--tenants]\n"
 		   "  --offline reads the index of a stopped daemon; while kvtierd holds DIR it is refused (exit 75)\n");
 }
 
@@ -851,6 +972,8 @@ int kvt_cli_stats(int argc, char **argv)
 			continue;
 		if (!strcmp(a, "--offline")) {
 			offline = true;
+		} else if (!strcmp(a, "--tenants")) {
+			g_stats_tenants = true;
 		} else if (!strcmp(a, "--data-dir")) {
 			if (i + 1 >= argc || !argv[i + 1][0]) {
 				fprintf(stderr, "kvtier stats: --data-dir needs a value\n");

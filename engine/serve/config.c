@@ -54,6 +54,7 @@ enum vtype {
 	V_STRING,   /* char[size] */
 	V_LISTEN,   /* HOST:PORT into listen_host/listen_port */
 	V_APIKEYS,  /* "tenant:key, ..." into a kvt_api_key[KVT_CONFIG_MAX_KEYS] at off, its count (size_t) at size */
+	V_QUOTAS,   /* "tenant:SIZE, ..., *:SIZE" into a kvt_quota_list at off */
 };
 
 typedef struct key_def {
@@ -89,6 +90,8 @@ static const char *const preempt_names[] = { "auto", "swap", "recompute", NULL }
 static const int preempt_values[] = { KVT_CONFIG_PREEMPT_AUTO, KVT_PREEMPT_SWAP, KVT_PREEMPT_RECOMPUTE };
 static const char *const admission_names[] = { "prompt", "longest", NULL };
 static const int admission_values[] = { 0, 1 };
+static const char *const tier_names[] = { "hbm", "host", "nvme", NULL };
+static const int tier_values[] = { KVT_TIER_HBM, KVT_TIER_HOST, KVT_TIER_NVME };
 static const char *const comp_names[] = { "none", "lz4", NULL };
 static const int comp_values[] = { 0, 1 };
 
@@ -145,6 +148,13 @@ static const key_def keys[] = {
 	BOOLK("cache", "enabled", cache_enabled, "true", "reuse cached prefixes (false: benchmark baseline)"),
 	U32("cache", "max_running", max_running, 1, 1024, "16", "sequences per decode batch"),
 	U32("cache", "prefill_chunk", prefill_chunk, 1, 65536, "256", "prompt tokens per scheduler step"),
+	ENUMK("cache", "retain_tier", retain_tier, tier, "host", "floor tier of cache_control retention (kept there or above until the TTL)"),
+
+#define QUOTA(n, f, doc) { "tenants", n, V_QUOTAS, OFF(f), 0, 0, 0, false, false, NULL, NULL, "", doc }
+	QUOTA("retain_quota", retain_quota, "retained bytes per tenant, all tiers: \"tenant:SIZE, *:SIZE\" (\"\" = no limit)"),
+	QUOTA("retain_quota_hbm", retain_quota_tier[0], "retained bytes per tenant whose floor is hbm"),
+	QUOTA("retain_quota_host", retain_quota_tier[1], "retained bytes per tenant whose floor is host"),
+	QUOTA("retain_quota_nvme", retain_quota_tier[2], "retained bytes per tenant whose floor is nvme"),
 
 	ENUMK("scheduler", "policy", sched_policy, policy, "fair", "how a step's prefill budget is shared: fair (priority, shortest remaining, aging) or fifo (oldest first)"),
 	U32("scheduler", "aging_steps", aging_steps, 1, 1000000, "4", "fair: a prompt passed over this many steps goes first"),
@@ -173,7 +183,7 @@ static const key_def keys[] = {
 };
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))
 
-static const char *const sections[] = { "server", "model", "cache", "scheduler", "tier.hbm", "tier.host", "tier.nvme", "index", "log" };
+static const char *const sections[] = { "server", "model", "cache", "scheduler", "tenants", "tier.hbm", "tier.host", "tier.nvme", "index", "log" };
 #define N_SECTIONS (sizeof(sections) / sizeof(sections[0]))
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -238,6 +248,77 @@ static bool parse_u64_dec(const char *s, uint64_t *out)
 	if (*s)
 		return false;
 	*out = v;
+	return true;
+}
+
+static bool parse_size(const char *s, uint64_t *out, bool *overflow);
+
+/* "tenant:SIZE, tenant2:SIZE, *:SIZE" (empty: none). false with why set. */
+static bool parse_quotas(const char *s, kvt_quota_list *out, char *why, size_t why_cap)
+{
+	memset(out, 0, sizeof(*out));
+	const char *p = s;
+	while (isspace((unsigned char)*p))
+		p++;
+	while (*p) {
+		const char *e = strchr(p, ',');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		char item[256];
+		while (len && isspace((unsigned char)*p)) {
+			p++;
+			len--;
+		}
+		while (len && isspace((unsigned char)p[len - 1]))
+			len--;
+		if (len == 0 || len >= sizeof(item)) {
+			snprintf(why, why_cap, "entry %zu is %s", out->n + 1, len ? "too long" : "empty");
+			return false;
+		}
+		if (out->n == KVT_CONFIG_MAX_QUOTAS) {
+			snprintf(why, why_cap, "more than %d entries", KVT_CONFIG_MAX_QUOTAS);
+			return false;
+		}
+		memcpy(item, p, len);
+		item[len] = '\0';
+		char *c = strrchr(item, ':');
+		if (!c) {
+			snprintf(why, why_cap, "entry %zu (\"%.64s\") is not tenant:SIZE", out->n + 1, item);
+			return false;
+		}
+		*c = '\0';
+		const char *size = c + 1;
+		while (isspace((unsigned char)*size))
+			size++;
+		for (char *t = c; t > item && isspace((unsigned char)t[-1]);)
+			*--t = '\0';
+		if (strcmp(item, "*") && !kvt_name_valid(item)) {
+			snprintf(why, why_cap, "\"%.64s\" is neither * nor a tenant name (1..%d of [A-Za-z0-9._-])", item,
+				 KVT_NAME_MAX);
+			return false;
+		}
+		uint64_t v;
+		bool overflow;
+		if (!parse_size(size, &v, &overflow) || overflow) {
+			snprintf(why, why_cap, "the size of \"%.64s\" (\"%.32s\") is not a size like 64M or 1G", item, size);
+			return false;
+		}
+		for (size_t i = 0; i < out->n; i++)
+			if (!strcmp(out->e[i].tenant, item)) {
+				snprintf(why, why_cap, "tenant \"%.64s\" is given twice", item);
+				return false;
+			}
+		memcpy(out->e[out->n].tenant, item, strlen(item) + 1); /* a name or "*": <= KVT_NAME_MAX bytes */
+		out->e[out->n++].bytes = v;
+		if (!e)
+			break;
+		p = e + 1;
+		while (isspace((unsigned char)*p))
+			p++;
+		if (!*p) {
+			snprintf(why, why_cap, "the list ends with a comma");
+			return false;
+		}
+	}
 	return true;
 }
 
@@ -656,6 +737,17 @@ static int apply_key(kvt_config *c, const key_def *k, const char *value, const c
 		memset(dst, 0, KVT_CONFIG_MAX_KEYS * sizeof(*dst));
 		memcpy(dst, tmp, n * sizeof(tmp[0]));
 		*(size_t *)(base + k->size) = n;
+		return KVT_OK;
+	}
+	case V_QUOTAS: {
+		kvt_quota_list tmp;
+		char why[256];
+		if (!parse_quotas(value, &tmp, why, sizeof(why))) {
+			set_err(err, cap, where, "[%s] %s: %s (allowed: \"tenant:SIZE, tenant2:SIZE, *:SIZE\", at most %d)",
+				sec, name, why, KVT_CONFIG_MAX_QUOTAS);
+			return KVT_EINVAL;
+		}
+		memcpy(base + k->off, &tmp, sizeof(tmp));
 		return KVT_OK;
 	}
 	}
@@ -1260,6 +1352,16 @@ int kvt_config_write(const kvt_config *c, FILE *f)
 				fprintf(f, "%s:%u", c->listen_host, c->listen_port);
 			break;
 		case V_APIKEYS: break;
+		case V_QUOTAS: {
+			const kvt_quota_list *q = (const kvt_quota_list *)(base + k->off);
+			fputc('"', f);
+			for (size_t j = 0; j < q->n; j++) {
+				fprintf(f, "%s%s:", j ? ", " : "", q->e[j].tenant);
+				write_size(f, q->e[j].bytes);
+			}
+			fputc('"', f);
+			break;
+		}
 		}
 		fputc('\n', f);
 	}

@@ -25,6 +25,20 @@
 #define KVT_CONFIG_MAX_KEYS 16
 #define KVT_CONFIG_PATH_MAX 4096
 
+#define KVT_CONFIG_MAX_QUOTAS 64
+
+/* One "tenant:SIZE" entry of a [tenants] quota list ("*" = every tenant not named). */
+typedef struct kvt_quota_entry {
+	char tenant[KVT_NAME_MAX + 1]; /* a tenant name, or "*" */
+	uint64_t bytes;                /* the most retained bytes (0 = no limit) */
+} kvt_quota_entry;
+
+/* A quota list: retain_quota (all tiers) or retain_quota_<tier>. */
+typedef struct kvt_quota_list {
+	kvt_quota_entry e[KVT_CONFIG_MAX_QUOTAS]; /* [n] */
+	size_t n;
+} kvt_quota_list;
+
 enum kvt_device_choice { KVT_DEVICE_AUTO = 0, KVT_DEVICE_CUDA = 1, KVT_DEVICE_CPU = 2 };
 
 typedef struct kvt_tier_config {
@@ -74,6 +88,11 @@ typedef struct kvt_config {
 	bool cache_enabled;            /* enabled (default true) */
 	uint32_t max_running;          /* max_running: sequences per decode batch (default 16) */
 	uint32_t prefill_chunk;        /* prefill_chunk (default 256) */
+	int retain_tier;               /* retain_tier = hbm|host|nvme: floor of cache_control retention (default host) */
+
+	/* [tenants] retention quotas, "tenant:SIZE, ..., *:SIZE" (tiers/manager.h, "Retention") */
+	kvt_quota_list retain_quota;   /* retain_quota: retained bytes in all tiers */
+	kvt_quota_list retain_quota_tier[3]; /* retain_quota_hbm / _host / _nvme: retained bytes whose floor is that tier */
 
 	/* [scheduler] */
 	int sched_policy;              /* policy = fair|fifo (enum kvt_sched_policy; default fair) */

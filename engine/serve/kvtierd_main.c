@@ -342,6 +342,48 @@ static int nvme_capacity(const kvt_config *c, const char *t2_path, uint64_t *out
 }
 
 /* Everything after the server is up: model, tiers, index, scheduler. */
+
+/*
+ * The [tenants] quota lists, one entry per tenant named in any of them ("*"
+ * included). A field a named tenant does not set is the "*" entry's.
+ */
+static size_t merge_quotas(const kvt_config *c, kvt_stack_quota *out)
+{
+	size_t n = 0;
+	bool given[4 * KVT_CONFIG_MAX_QUOTAS][4] = { { false } };
+	const kvt_quota_list *lists[4] = { &c->retain_quota, &c->retain_quota_tier[0], &c->retain_quota_tier[1],
+					   &c->retain_quota_tier[2] };
+	for (int l = 0; l < 4; l++)
+		for (size_t i = 0; i < lists[l]->n; i++) {
+			const kvt_quota_entry *q = &lists[l]->e[i];
+			size_t k = 0;
+			while (k < n && strcmp(out[k].tenant, q->tenant))
+				k++;
+			if (k == n) {
+				memset(&out[n], 0, sizeof(out[n]));
+				memcpy(out[n].tenant, q->tenant, sizeof(out[n].tenant));
+				n++;
+			}
+			given[k][l] = true;
+			if (l == 0)
+				out[k].quota.bytes = q->bytes;
+			else
+				out[k].quota.tier_bytes[l - 1] = q->bytes;
+		}
+	for (size_t d = 0; d < n; d++) {
+		if (strcmp(out[d].tenant, "*"))
+			continue;
+		for (size_t k = 0; k < n; k++) {
+			if (!given[k][0])
+				out[k].quota.bytes = out[d].quota.bytes;
+			for (int t = 0; t < 3; t++)
+				if (!given[k][t + 1])
+					out[k].quota.tier_bytes[t] = out[d].quota.tier_bytes[t];
+		}
+	}
+	return n;
+}
+
 static int bring_up(daemon_t *d, int *exit_code)
 {
 	const kvt_config *c = &d->cfg;
@@ -514,6 +556,10 @@ static int bring_up(daemon_t *d, int *exit_code)
 		 c->sched_policy == KVT_SCHED_FIFO ? "fifo" : "fair",
 		 sc.sched.preempt == KVT_PREEMPT_SWAP ? "swap" : "recompute", c->admit_longest ? "longest" : "prompt",
 		 sc.sched.n_tenant_priority, sc.sched.default_priority);
+	sc.sched.retain_tier = c->retain_tier;
+	kvt_stack_quota quotas[4 * KVT_CONFIG_MAX_QUOTAS];
+	sc.quotas = quotas;
+	sc.n_quotas = merge_quotas(c, quotas);
 	double tr = kvt_now_s();
 	if ((rc = kvt_stack_open(&sc, &d->st))) {
 		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EIO ? EX_IOERR : EX_SOFTWARE;

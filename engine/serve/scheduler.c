@@ -137,6 +137,7 @@ void kvt_sched_config_default(kvt_sched_config *c)
 	c->aging_steps = 4;
 	c->priority_aging_s = 5.0;
 	c->preempt = KVT_PREEMPT_SWAP;
+	c->retain_tier = KVT_TIER_HOST;
 }
 
 int kvt_sched_parse_priorities(const char *text, kvt_sched_config *c, char *why, size_t why_cap)
@@ -524,6 +525,38 @@ static void put_session(kvt_sched *s, kvt_sched_handle *h)
 		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
 }
 
+/*
+ * The request asked to keep its prompt's prefix: retain its full blocks that
+ * are cached (served or registered), under the tenant's quota.
+ */
+static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t bt = s->block_tokens;
+	uint32_t want_max = 0, got_max = 0, n_new = 0;
+	for (uint32_t k = 0; k < h->req.n_retain && k < KVT_SCHED_MAX_RETAIN; k++) {
+		const kvt_sched_retain *r = &h->req.retain[k];
+		uint32_t want = (r->tokens < h->req.n_prompt ? r->tokens : h->req.n_prompt) / bt;
+		uint32_t n = want < h->n_hashes ? want : h->n_hashes;
+		want_max = want > want_max ? want : want_max;
+		if (!s->cfg.tm || !s->cfg.cache || !n || !(r->ttl_s > 0))
+			continue;
+		kvt_tm_retain_result res;
+		int tier = r->tier >= 0 ? r->tier : s->cfg.retain_tier;
+		int rc = kvt_tm_retain(s->cfg.tm, tenant_of(h->req.tenant), n, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes,
+				       (uint64_t)(r->ttl_s * 1e6), tier, &res);
+		if (rc) {
+			KVT_LOGW("sched: retention not applied: %s", kvt_strerror(rc));
+			continue;
+		}
+		n_new += res.n_new; /* a later (longer) prefix counts only the blocks new to it */
+		if (res.n_new + res.n_kept > got_max)
+			got_max = res.n_new + res.n_kept;
+	}
+	h->usage.retain_requested_tokens = want_max * bt;
+	h->usage.cache_creation_tokens = n_new * bt;
+	h->usage.retain_denied_tokens = (want_max - (got_max < want_max ? got_max : want_max)) * bt;
+}
+
 /* End a running request: release its blocks and pins, save its session, publish usage. */
 static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 {
@@ -542,6 +575,8 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 	}
 	if (h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR)
 		put_session(s, h);
+	if (h->req.n_retain && finish != KVT_FINISH_ERROR)
+		retain_prompt(s, h);
 	h->state = H_DONE;
 
 	pthread_mutex_lock(&s->mu);
@@ -583,6 +618,9 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots,
 	h->seq.n_synced = 0;
 	h->n_pinned = ok;
 	h->n_hashes = ok; /* blocks past the served prefix get registered anew */
+	/* a hit restarts the TTL of the retained blocks it used (not again when a preempted request resumes) */
+	const uint32_t n_read =
+		h->preempted ? 0 : kvt_tm_retain_refresh(s->cfg.tm, ok, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes);
 	pthread_mutex_lock(&s->mu);
 	if (h->preempted) { /* resumed: the usage describes the prompt, as first served */
 		s->st.resume_recomputed_tokens += h->n_fill - ok * bt;
@@ -592,6 +630,7 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots,
 		for (uint32_t i = 0; i < ok; i++)
 			h->usage.cached_by_tier[h->origin[i]] += bt;
 		h->usage.cached_tokens = ok * bt;
+		h->usage.cache_read_tokens = n_read * bt;
 		s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -1477,6 +1516,15 @@ int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
 	/* An unreadable row (KVT_ECORRUPT, logged) can still be deleted: that is how an operator clears it. */
 	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)) && rc != KVT_ECORRUPT)
 		return rc;
+	if (rc == KVT_OK && s->cfg.tm && row.n_tokens >= s->block_tokens) { /* its retention ends with it */
+		uint8_t root[KVT_HASH_BYTES];
+		uint32_t nb = row.n_tokens / s->block_tokens, n = 0;
+		uint8_t(*hh)[KVT_HASH_BYTES] = malloc((size_t)nb * KVT_HASH_BYTES);
+		if (hh && chain_root(s, tenant, root) == KVT_OK &&
+		    kvt_hash_chain(root, row.tokens, row.n_tokens, s->block_tokens, hh, nb, &n) == KVT_OK)
+			(void)kvt_tm_release(s->cfg.tm, n, (const uint8_t(*)[KVT_HASH_BYTES])hh);
+		free(hh);
+	}
 	kvt_db_session_deinit(&row);
 	if ((rc = kvt_db_delete_session(s->cfg.db, tenant_of(tenant), id, NULL, NULL, &ticket)))
 		return rc;
@@ -1583,4 +1631,24 @@ out:
 	free(res);
 	kvt_db_session_deinit(&row);
 	return rc;
+}
+
+int kvt_sched_tenants(kvt_sched *s, kvt_tm_tenant_stats **out, uint32_t *n)
+{
+	uint32_t cap = 0, have = 0;
+	*out = NULL;
+	*n = 0;
+	if (!s->cfg.tm)
+		return KVT_OK;
+	for (;;) { /* tenants only ever get added: size, then fill, until it fits */
+		kvt_tm_get_tenants(s->cfg.tm, *out, cap, &have);
+		if (have <= cap)
+			break;
+		free(*out);
+		cap = have + 4;
+		if (!(*out = calloc(cap, sizeof(**out))))
+			return KVT_ENOMEM;
+	}
+	*n = have;
+	return KVT_OK;
 }

@@ -91,6 +91,7 @@ typedef struct kvt_sched_config {
 	int default_priority;      /* a request without one, of a tenant not listed (default 0) */
 	kvt_tenant_priority tenant_priority[KVT_SCHED_MAX_TENANT_PRIO]; /* per-tenant defaults */
 	uint32_t n_tenant_priority; /* entries used */
+	int retain_tier;           /* floor tier of a retention that names none (default KVT_TIER_HOST) */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
@@ -110,6 +111,14 @@ enum kvt_finish {
 };
 const char *kvt_finish_name(int finish); /* "stop", "length", "cancelled", "error" */
 
+/* One retained prefix of a request's prompt (tiers/manager.h, "Retention"). */
+#define KVT_SCHED_MAX_RETAIN 4
+typedef struct kvt_sched_retain {
+	uint32_t tokens;               /* keep the full blocks of prompt[0..tokens) */
+	double ttl_s;                  /* for this long (> 0), restarted by every hit */
+	int tier;                      /* floor tier (enum kvt_tier); -1: the config's (kvt_sched_config.retain_tier) */
+} kvt_sched_retain;
+
 typedef struct kvt_sched_req {
 	const int32_t *prompt;         /* [n_prompt] token ids (copied by submit) */
 	uint32_t n_prompt;             /* >= 1 */
@@ -123,6 +132,8 @@ typedef struct kvt_sched_req {
 	char session_id[KVT_NAME_MAX + 1]; /* "" = no session */
 	bool has_priority;             /* priority given; else the tenant's default */
 	int priority;                  /* KVT_PRIORITY_MIN..MAX, lower first */
+	kvt_sched_retain retain[KVT_SCHED_MAX_RETAIN]; /* prefixes to keep (cache-control breakpoints) */
+	uint32_t n_retain;             /* entries of retain[] (0: none) */
 } kvt_sched_req;
 
 typedef struct kvt_sched_usage {
@@ -130,6 +141,10 @@ typedef struct kvt_sched_usage {
 	uint32_t completion_tokens;    /* tokens generated */
 	uint32_t cached_tokens;        /* prompt tokens served from the cache (full blocks) */
 	uint32_t cached_by_tier[KVT_TIER_COUNT]; /* of those, by the tier the block was found in */
+	uint32_t cache_read_tokens;    /* of the cached tokens, those of retained blocks (their TTL restarted) */
+	uint32_t cache_creation_tokens;/* prompt tokens newly retained by this request */
+	uint32_t retain_requested_tokens; /* full-block tokens the request asked to retain */
+	uint32_t retain_denied_tokens; /* of those, refused (over the tenant's quota, or not cached) */
 	double queue_s;                /* submit -> first scheduled */
 	double ttft_s;                 /* submit -> first token */
 	double total_s;                /* submit -> finish */
@@ -218,7 +233,7 @@ typedef struct kvt_session_info {
 
 /* Sessions of a tenant ("" or NULL: every tenant), newest first; *out malloc'd (free()). */
 int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out, size_t *n);
-/* Forget a session (its blocks stay cached). KVT_ENOTFOUND, KVT_EINVAL (bad id). */
+/* Forget a session (its blocks stay cached; their retention ends). KVT_ENOTFOUND, KVT_EINVAL (bad id). */
 int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id);
 
 typedef struct kvt_resume_report {
@@ -288,5 +303,7 @@ typedef struct kvt_sched_stats {
 } kvt_sched_stats;
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);
+/* Retention per tenant (kvt_tm_get_tenants); *out malloc'd (free()), *n = 0 without a cache. */
+int kvt_sched_tenants(kvt_sched *s, kvt_tm_tenant_stats **out, uint32_t *n);
 
 #endif

@@ -35,6 +35,9 @@
 #define _GNU_SOURCE /* POLLRDHUP, memmem */
 #include "server.h"
 
+#include "cachectl.h"
+#include "dashboard.h"
+
 #include "index.h"
 #include "structured.h"
 #include "tokenizer.h"
@@ -689,6 +692,7 @@ typedef struct gen_job {
 	char id[48];                /* "cmpl-..." / "chatcmpl-..." */
 	int64_t created;            /* unix seconds */
 	char session_id[KVT_NAME_MAX + 1]; /* "" if none */
+	kvt_cachectl cc;            /* cache-control fields: the prefixes to retain, prompt_cache_key */
 	char *stops[SRV_MAX_STOPS]; /* stop strings (malloc'd) */
 	size_t stop_len[SRV_MAX_STOPS];
 	uint32_t n_stops;
@@ -960,6 +964,20 @@ static json_t *usage_json(const gen_job *j)
 			       (json_int_t)u0->cached_by_tier[KVT_TIER_NVME], "ttft_ms", u0->ttft_s * 1e3);
 	if (kv && j->session_id[0])
 		json_object_set_new(kv, "session_id", json_string(j->session_id));
+	if (kv) { /* Anthropic's names for the tokens written to and read from retained cache */
+		json_object_set_new(kv, "cache_creation_input_tokens", json_integer(u0->cache_creation_tokens));
+		json_object_set_new(kv, "cache_read_input_tokens", json_integer(u0->cache_read_tokens));
+		if (j->cc.n_retain)
+			json_object_set_new(
+				kv, "retention",
+				json_pack("{s:i, s:i, s:i, s:b}", "requested_tokens", (json_int_t)u0->retain_requested_tokens,
+					  "retained_tokens",
+					  (json_int_t)(u0->retain_requested_tokens - u0->retain_denied_tokens),
+					  "denied_tokens", (json_int_t)u0->retain_denied_tokens, "partial",
+					  u0->retain_denied_tokens > 0));
+		if (j->cc.cache_key[0])
+			json_object_set_new(kv, "prompt_cache_key", json_string(j->cc.cache_key));
+	}
 	return json_pack("{s:i, s:i, s:i, s:{s:i}, s:o*}", "prompt_tokens", (json_int_t)j->n_prompt,
 			 "completion_tokens", (json_int_t)completion, "total_tokens",
 			 (json_int_t)(j->n_prompt + completion), "prompt_tokens_details", "cached_tokens",
@@ -1734,6 +1752,8 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		j->echo = t.p;
 		j->n_echo = json_is_string(pr) ? t.n : strlen(t.p);
 	}
+	if (kvt_cachectl_parse(tok, body, chat, ids, n_ids, &j->cc, e.param, sizeof(e.param), e.msg, sizeof(e.msg)))
+		goto bad;
 	j->n_prompt = n_ids;
 	atomic_store(&r->n_prompt, n_ids);
 
@@ -1779,6 +1799,10 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		snprintf(q.tenant, sizeof(q.tenant), "%s", r->tenant);
 		if (i == 0 && session) /* the session's history is the first choice's turn */
 			snprintf(q.session_id, sizeof(q.session_id), "%s", session);
+		if (i == 0) { /* the choices share the prompt: one retains it */
+			memcpy(q.retain, j->cc.retain, sizeof(q.retain));
+			q.n_retain = j->cc.n_retain;
+		}
 		kvt_tok_stream_init(&j->ch[i].ds);
 		int rc = kvt_sched_submit(sched, &q, &j->ch[i].h);
 		if (rc != KVT_OK) {
@@ -2080,10 +2104,11 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 				  "rolled_back", (json_int_t)st.index.n_full, "kept_session_writes",
 				  (json_int_t)st.index.n_carried, "bad_session_rows", (json_int_t)st.index.n_bad_sessions);
 	return reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s}", "tiers", tiers, "engine", engine,
-				    "scheduler", stats_sched(&st), "persist",
-				    persist, "index", index, "sessions", (json_int_t)st.sessions, "uptime_s",
-				    kvt_now_s() - srv->t_start, "model", srv->model_id),
+			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine", engine,
+				    "scheduler", stats_sched(&st), "persist", persist, "index", index, "sessions",
+				    (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model", srv->model_id,
+				    "retention", kvt_dashboard_retention(sched, &st, NULL), "sessions_table",
+				    kvt_dashboard_sessions(sched, 100)),
 			  false);
 }
 
@@ -2450,6 +2475,7 @@ enum route {
 	R_SESSIONS,
 	R_SESSION,        /* /v1/sessions/{id} */
 	R_SESSION_RESUME, /* /v1/sessions/{id}/resume */
+	R_DASHBOARD,      /* /dashboard: the live view (dashboard.h) */
 };
 
 /* Which route a path names; *id (sessions) points into a buffer of the caller. */
@@ -2463,6 +2489,7 @@ static enum route route_of(const char *path, char *id, size_t id_cap)
 		{ "/v1/chat/completions", R_CHAT },
 		{ "/v1/stats", R_STATS },
 		{ "/v1/sessions", R_SESSIONS },
+		{ "/dashboard", R_DASHBOARD },
 	};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
 		if (!strcmp(path, fixed[i].path))
@@ -2546,13 +2573,60 @@ static enum MHD_Result handle_tenant_stats(conn_req *r, kvt_sched *sched)
 	if (rc != KVT_OK)
 		return reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
 	const tenant_usage *u = r->usage;
+	kvt_sched_stats st;
+	kvt_sched_get_stats(sched, &st);
 	return reply_json(r, 200,
-			  json_pack("{s:s, s:I, s:{s:I, s:I, s:I, s:I}, s:s}", "tenant", r->tenant, "sessions",
+			  json_pack("{s:s, s:I, s:{s:I, s:I, s:I, s:I}, s:s, s:o*}", "tenant", r->tenant, "sessions",
 				    (json_int_t)n, "usage", "requests", (json_int_t)atomic_load(&u->requests),
 				    "prompt_tokens", (json_int_t)atomic_load(&u->prompt_tokens), "cached_tokens",
 				    (json_int_t)atomic_load(&u->cached_tokens), "completion_tokens",
-				    (json_int_t)atomic_load(&u->completion_tokens), "model", r->srv->model_id),
+				    (json_int_t)atomic_load(&u->completion_tokens), "model", r->srv->model_id,
+				    "retention", kvt_dashboard_retention(sched, &st, r->tenant)),
 			  false);
+}
+
+/*
+ * GET /dashboard: the page, behind an admin key when keys are configured. A
+ * browser cannot add a header to a page it navigates to, so the key may also
+ * come as ?key= (the page then sends it as a bearer token on every poll).
+ */
+static enum MHD_Result handle_dashboard(conn_req *r)
+{
+	kvt_server *srv = r->srv;
+	if (auth_on(srv)) {
+		const char *q = MHD_lookup_connection_value(r->con, MHD_GET_ARGUMENT_KIND, "key");
+		bool ok = authenticate(r);
+		if (!ok && q) {
+			size_t n_all = srv->cfg.n_keys + srv->cfg.n_admin_keys, nq = strlen(q);
+			for (size_t i = 0; i < n_all; i++)
+				if (key_equal(q, nq, srv->keys[i].key) && !ok) {
+					ok = true;
+					r->admin = i >= srv->cfg.n_keys;
+				}
+		}
+		if (!ok)
+			return reply_error(r, 401, NULL, "invalid_api_key",
+					   "the dashboard needs an admin key (Authorization: Bearer KEY, or /dashboard?key=KEY)");
+		if (!r->admin)
+			return reply_error(r, 403, NULL, "admin_key_required", "the dashboard needs an admin key (server.admin_keys)");
+	}
+	size_t n;
+	const char *page = kvt_dashboard_html(&n);
+	struct MHD_Response *resp = MHD_create_response_from_buffer(n, (void *)page, MHD_RESPMEM_PERSISTENT);
+	if (!resp)
+		return MHD_NO;
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+	/* Nothing from anywhere else: the page's own script and style, and requests to this daemon only. */
+	MHD_add_response_header(resp, "Content-Security-Policy",
+				"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+				"connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'");
+	MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+	r->status = 200;
+	r->answered = true;
+	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
+	MHD_destroy_response(resp);
+	return ret;
 }
 
 static enum MHD_Result dispatch(conn_req *r)
@@ -2569,6 +2643,8 @@ static enum MHD_Result dispatch(conn_req *r)
 				   r->method, want);
 	if (rt == R_HEALTH)
 		return handle_health(r);
+	if (rt == R_DASHBOARD)
+		return handle_dashboard(r);
 	bool need_key = auth_on(srv) && (rt != R_METRICS || srv->cfg.metrics_admin);
 	if (need_key && !authenticate(r))
 		return reply_error(r, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");

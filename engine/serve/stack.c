@@ -49,7 +49,13 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 		tm.bt = s->bt;
 		tm.t2 = s->t2;
 		tm.db = s->db;
-		if ((rc = kvt_tm_create(&tm, &s->tm)) || (s->t2 && (rc = kvt_tm_recover(s->tm, &s->n_recovered))))
+		if ((rc = kvt_tm_create(&tm, &s->tm)))
+			goto fail;
+		/* quotas first: recovery releases the oldest retention of a tenant now over its quota */
+		for (size_t i = 0; i < c->n_quotas; i++)
+			if ((rc = kvt_tm_set_quota(s->tm, c->quotas[i].tenant, &c->quotas[i].quota)))
+				goto fail;
+		if (s->t2 && (rc = kvt_tm_recover(s->tm, &s->n_recovered)))
 			goto fail;
 	}
 	kvt_sched_config sc = c->sched;

@@ -21,6 +21,12 @@
 #include "manager.h"
 #include "scheduler.h"
 
+/* One tenant's retention quota ("*": every tenant not named). */
+typedef struct kvt_stack_quota {
+	char tenant[KVT_NAME_MAX + 1]; /* a tenant name or "*" */
+	kvt_tm_quota quota;            /* 0 fields: no limit */
+} kvt_stack_quota;
+
 typedef struct kvt_stack_config {
 	kvt_dev *dev;              /* borrowed */
 	kvt_model *model;          /* borrowed */
@@ -36,6 +42,8 @@ typedef struct kvt_stack_config {
 	kvt_tm_config tm;          /* t1_slots (0: no manager), t1_codec, watermarks, persist, threads
 				      (the handles are filled in) */
 	kvt_sched_config sched;    /* max_running, max_queue, prefill_chunk, cache, secret (handles filled in) */
+	const kvt_stack_quota *quotas; /* [n_quotas] retention quotas, set before recovery; borrowed */
+	size_t n_quotas;
 } kvt_stack_config;
 
 /* Defaults: tm and sched at their defaults, no index, no NVMe tier. */

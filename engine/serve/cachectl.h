@@ -1,0 +1,48 @@
+/*
+ * engine/serve/cachectl.h — the cache-control fields of a generation request
+ * (docs/http-api.md, "Cache control"), turned into the prefixes the
+ * scheduler retains (kvt_sched_req.retain).
+ *
+ *  - Anthropic's "cache_control": {"type": "ephemeral", "ttl": "5m" | "1h"}
+ *    on a chat message, on a content part of one, or at the top of the body
+ *    (chat or completions: the whole prompt, i.e. its last element). The
+ *    prefix up to and including that part is retained for the TTL (default
+ *    5m) in the configured floor tier ([cache] retain_tier). At most 4
+ *    breakpoints, as Anthropic allows.
+ *  - OpenAI's "prompt_cache_retention": "in_memory" (the default caching,
+ *    nothing retained) or "24h" (the whole prompt retained for 24 h with
+ *    NVMe as its floor).
+ *  - OpenAI's "prompt_cache_key": a string of at most 256 bytes, echoed in
+ *    usage.kvtier and the request log. kvtier is one node: there is nothing
+ *    to route, and blocks are shared by prefix within a tenant keyed or not.
+ *
+ * Where a breakpoint falls in tokens: the messages up to it are formatted
+ * with the chat template on their own, and the breakpoint is the length of
+ * the part of that which the full prompt shares (so the template's markers
+ * around the cut do not matter).
+ */
+#ifndef KVT_CACHECTL_H
+#define KVT_CACHECTL_H
+
+#include "scheduler.h"
+#include "tokenizer.h"
+
+#include <jansson.h>
+
+#define KVT_CACHECTL_KEY_MAX 256
+
+typedef struct kvt_cachectl {
+	kvt_sched_retain retain[KVT_SCHED_MAX_RETAIN]; /* breakpoints, in prompt order */
+	uint32_t n_retain;                             /* entries */
+	char cache_key[KVT_CACHECTL_KEY_MAX + 1];      /* prompt_cache_key ("" = none) */
+} kvt_cachectl;
+
+/*
+ * Read the cache-control fields of body (already validated as a chat or a
+ * completions request whose prompt is ids[0..n_ids)). 0 on success; -1 with
+ * param (the field at fault) and msg (what is wrong) filled for a 400.
+ */
+int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_t *ids, uint32_t n_ids,
+		       kvt_cachectl *out, char *param, size_t param_cap, char *msg, size_t msg_cap);
+
+#endif
