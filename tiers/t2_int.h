@@ -4,7 +4,8 @@
  *   t2_alloc.c   the 4 KiB-unit bitmap allocator and its exact-size free lists;
  *   t2_io.c      the I/O engines (io_uring contexts, the pread/pwrite pool);
  *   t2_store.c   open/close, the superblock, batches, scan, stats.
- * Nothing here is visible outside tiers/t2_*.c.
+ * Nothing here is visible outside tiers/t2_*.c, except the record functions,
+ * which tiers/t3_remote.c uses to seal and verify T3 (remote) records too.
  */
 #ifndef KVT_T2_INT_H
 #define KVT_T2_INT_H

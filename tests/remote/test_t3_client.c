@@ -11,6 +11,11 @@
  * after it (map refreshed); AUTH right and wrong in single mode; a dead port
  * and a stopped (SIGSTOP) server failing within the command timeout; the
  * breaker (a down node is not dialled again at once); recovery after SIGCONT.
+ * Then the tier (tiers/t3_remote.c): block records round trip bit for bit;
+ * another model's reader, a flipped byte, a truncated value and a record under
+ * another block's key are counted misses (KVT_ECORRUPT), never served; a
+ * prefix read stops at the first miss; sessions round trip, per tenant, and a
+ * damaged one is refused; a dead cluster is a prompt KVT_EIO and "degraded".
  */
 #include "check.h"
 #include "t3_remote.h"
@@ -279,6 +284,166 @@ static void test_failures(void)
 	kvt_rc_destroy(c);
 }
 
+/* The tier: block records round trip, and every bad record is a counted miss. */
+static void test_tier(void)
+{
+	enum { N = 6, RAW = 368640, BT = 16 };
+	uint8_t fp[KVT_HASH_BYTES], fp2[KVT_HASH_BYTES], root[KVT_HASH_BYTES];
+	for (int i = 0; i < KVT_HASH_BYTES; i++)
+		fp[i] = (uint8_t)i, fp2[i] = (uint8_t)(i + 1), root[i] = (uint8_t)(0xa0 + i);
+	kvt_t3_config cfg;
+	kvt_t3_config_default(&cfg);
+	cfg.rc.seeds = cluster_seeds;
+	cfg.prefix = "t3tier:";
+	kvt_t3 *t = NULL, *t2 = NULL;
+	CHECK(kvt_t3_create(&cfg, fp, &t) == KVT_OK);
+	CHECK(kvt_t3_create(&cfg, fp2, &t2) == KVT_OK);
+	static kvt_t2_block_meta m[N], got[N];
+	uint8_t(*h)[KVT_HASH_BYTES] = calloc(N, KVT_HASH_BYTES);
+	uint8_t *pay = malloc((size_t)N * RAW), *back = malloc((size_t)N * RAW);
+	const void *pp[N];
+	void *bp[N];
+	int res[N];
+	for (int i = 0; i < N; i++) {
+		memset(&m[i], 0, sizeof(m[i]));
+		m[i].n_tokens = BT;
+		for (int j = 0; j < BT; j++)
+			m[i].tokens[j] = 1000 * i + j;
+		memcpy(m[i].parent, i ? h[i - 1] : root, KVT_HASH_BYTES);
+		KVT_ASSERT(kvt_hash_block(m[i].parent, m[i].tokens, BT, h[i]) == KVT_OK);
+		memcpy(m[i].hash, h[i], KVT_HASH_BYTES);
+		m[i].codec = 0;
+		m[i].raw_bytes = RAW;
+		for (int j = 0; j < RAW; j++)
+			pay[(size_t)i * RAW + j] = (uint8_t)(j * 7 + i * 13 + j / 1001);
+		pp[i] = pay + (size_t)i * RAW;
+		bp[i] = back + (size_t)i * RAW;
+	}
+	CHECK(kvt_t3_put_blocks(t, N - 1, m, pp, res) == KVT_OK);
+	int ok = 0;
+	for (int i = 0; i < N - 1; i++)
+		ok += res[i] == KVT_OK;
+	CHECK_EQ_INT(ok, N - 1);
+	memset(back, 0, (size_t)N * RAW);
+	CHECK(kvt_t3_get_blocks(t, N, (const uint8_t(*)[KVT_HASH_BYTES])h, false, got, bp, RAW, res) == KVT_OK);
+	ok = 0;
+	for (int i = 0; i < N - 1; i++)
+		ok += res[i] == KVT_OK && !memcmp(bp[i], pp[i], RAW) && got[i].n_tokens == BT &&
+		      !memcmp(got[i].tokens, m[i].tokens, BT * 4) && !memcmp(got[i].parent, m[i].parent, 32);
+	CHECK_EQ_INT(ok, N - 1);
+	CHECK_EQ_INT(res[N - 1], KVT_ENOTFOUND); /* never written */
+	kvt_t3_stats st;
+	kvt_t3_get_stats(t, &st);
+	CHECK_EQ_INT(st.hits, N - 1);
+	CHECK_EQ_INT(st.misses, 1);
+	CHECK_EQ_INT(st.n_writes, N - 1);
+	CHECK(st.bytes_out >= (uint64_t)(N - 1) * RAW && st.bytes_out < (uint64_t)(N - 1) * (RAW + 4096));
+	CHECK(!st.degraded);
+
+	/* Another model's tier (same keys, as if the salt were shared) never accepts them. */
+	CHECK(kvt_t3_get_blocks(t2, N - 1, (const uint8_t(*)[KVT_HASH_BYTES])h, false, got, bp, RAW, res) == KVT_OK);
+	int n_corrupt = 0;
+	for (int i = 0; i < N - 1; i++)
+		n_corrupt += res[i] == KVT_ECORRUPT;
+	CHECK_EQ_INT(n_corrupt, N - 1);
+
+	/* A flipped payload byte, a truncated value, and a record under another block's key. */
+	kvt_rc *c = make(cluster_seeds, true, NULL, 2000, 4);
+	char key[128], key3[128];
+	kvt_t3_block_key(t, h[1], key, sizeof(key));
+	kvt_rc_op g = { .key = key, .key_bytes = strlen(key) };
+	CHECK(kvt_rc_run(c, &g, 1) == KVT_OK && g.rc == KVT_OK);
+	uint8_t *v = malloc(g.data_bytes);
+	size_t vn = g.data_bytes;
+	memcpy(v, g.data, vn);
+	kvt_rc_ops_release(&g, 1);
+	v[KVT_T2_HEADER_BYTES + 12345] ^= 0x40;
+	kvt_t3_block_key(t, h[3], key3, sizeof(key3));
+	kvt_rc_op w[3] = {
+		{ .key = key, .key_bytes = strlen(key), .val = v, .val_bytes = vn },
+		{ .key = key3, .key_bytes = strlen(key3), .val = pp[0], .val_bytes = 1000 },
+	};
+	CHECK(kvt_rc_run(c, w, 2) == KVT_OK && w[0].rc == KVT_OK && w[1].rc == KVT_OK);
+	kvt_t3_get_stats(t, &st);
+	uint64_t c0 = st.n_corrupt;
+	check_log_capture();
+	CHECK(kvt_t3_get_blocks(t, N - 1, (const uint8_t(*)[KVT_HASH_BYTES])h, false, got, bp, RAW, res) == KVT_OK);
+	kvt_log_set_sink(NULL, NULL);
+	CHECK_EQ_INT(res[0], KVT_OK);
+	CHECK_EQ_INT(res[1], KVT_ECORRUPT);
+	CHECK_EQ_INT(res[2], KVT_OK);
+	CHECK_EQ_INT(res[3], KVT_ECORRUPT);
+	CHECK(strstr(check_log_text, "checksum mismatch") != NULL);
+	kvt_t3_get_stats(t, &st);
+	CHECK_EQ_INT(st.n_corrupt - c0, 2);
+	/* A record stored under another block's key: verified, but not this block. */
+	kvt_t3_block_key(t, h[4], key3, sizeof(key3));
+	kvt_rc_op g4 = { .key = key3, .key_bytes = strlen(key3) };
+	CHECK(kvt_rc_run(c, &g4, 1) == KVT_OK && g4.rc == KVT_OK);
+	kvt_rc_op w2 = { .key = key, .key_bytes = strlen(key), .val = g4.data, .val_bytes = g4.data_bytes };
+	CHECK(kvt_rc_run(c, &w2, 1) == KVT_OK && w2.rc == KVT_OK);
+	kvt_rc_ops_release(&g4, 1);
+	CHECK(kvt_t3_get_blocks(t, 2, (const uint8_t(*)[KVT_HASH_BYTES])h, true, got, bp, RAW, res) == KVT_OK);
+	CHECK_EQ_INT(res[0], KVT_OK);
+	CHECK_EQ_INT(res[1], KVT_ECORRUPT);
+	/* stop_at_miss: past the first miss nothing is decoded */
+	CHECK(kvt_t3_get_blocks(t, 4, (const uint8_t(*)[KVT_HASH_BYTES])h, true, got, bp, RAW, res) == KVT_OK);
+	CHECK(res[0] == KVT_OK && res[1] == KVT_ECORRUPT && res[2] == KVT_ENOTFOUND && res[3] == KVT_ENOTFOUND);
+	free(v);
+
+	/* Sessions: round trip; another tenant's name is another key; a bad record is a miss. */
+	int32_t toks[100];
+	for (int i = 0; i < 100; i++)
+		toks[i] = 7 * i;
+	kvt_db_session ses = { .id = "conv-1", .tenant = "acme", .tokens = toks, .n_tokens = 100 };
+	memcpy(ses.last_hash, h[2], KVT_HASH_BYTES);
+	CHECK(kvt_t3_put_session(t, &ses) == KVT_OK);
+	kvt_db_session out;
+	CHECK(kvt_t3_get_session(t, "acme", "conv-1", &out) == KVT_OK);
+	CHECK(out.n_tokens == 100 && !memcmp(out.tokens, toks, sizeof(toks)) && !memcmp(out.last_hash, h[2], 32) &&
+	      !strcmp(out.id, "conv-1") && !strcmp(out.tenant, "acme") && out.created > 0);
+	kvt_db_session_deinit(&out);
+	CHECK_EQ_INT(kvt_t3_get_session(t, "other", "conv-1", &out), KVT_ENOTFOUND);
+	snprintf(key, sizeof(key), "t3tier:s:acme/conv-1");
+	kvt_rc_op sg = { .key = key, .key_bytes = strlen(key) };
+	CHECK(kvt_rc_run(c, &sg, 1) == KVT_OK && sg.rc == KVT_OK);
+	v = malloc(sg.data_bytes);
+	vn = sg.data_bytes;
+	memcpy(v, sg.data, vn);
+	kvt_rc_ops_release(&sg, 1);
+	v[vn - 20] ^= 1;
+	kvt_rc_op sw = { .key = key, .key_bytes = strlen(key), .val = v, .val_bytes = vn };
+	CHECK(kvt_rc_run(c, &sw, 1) == KVT_OK && sw.rc == KVT_OK);
+	CHECK_EQ_INT(kvt_t3_get_session(t, "acme", "conv-1", &out), KVT_ECORRUPT);
+	free(v);
+	kvt_rc_destroy(c);
+
+	/* A dead cluster: every read is a miss with KVT_EIO, within the timeout, and the tier says degraded. */
+	kvt_t3_config dead = cfg;
+	dead.rc.seeds = "127.0.0.1:1";
+	kvt_t3 *td = NULL;
+	CHECK(kvt_t3_create(&dead, fp, &td) == KVT_OK);
+	double t0 = kvt_now_s();
+	CHECK(kvt_t3_get_blocks(td, 3, (const uint8_t(*)[KVT_HASH_BYTES])h, false, got, bp, RAW, res) == KVT_OK);
+	CHECK(kvt_now_s() - t0 < 0.5);
+	CHECK(res[0] == KVT_EIO && res[1] == KVT_EIO && res[2] == KVT_EIO);
+	kvt_t3_get_stats(td, &st);
+	CHECK(st.degraded);
+	CHECK_EQ_INT(st.n_errors, 3);
+	kvt_t3_destroy(td);
+	check_log_capture();
+	dead.rc.seeds = "127.0.0.1";
+	CHECK_EQ_INT(kvt_t3_create(&dead, fp, &td), KVT_EINVAL);
+	CHECK(strstr(check_log_text, "seed \"127.0.0.1\" is not host:port") != NULL);
+	kvt_log_set_sink(NULL, NULL);
+
+	kvt_t3_destroy(t);
+	kvt_t3_destroy(t2);
+	free(h);
+	free(pay);
+	free(back);
+}
+
 int main(void)
 {
 	const char *cs = getenv("KVT_TEST_REDIS_CLUSTER"), *ss = getenv("KVT_TEST_REDIS_SINGLE"),
@@ -295,5 +460,6 @@ int main(void)
 	test_redirects();
 	test_single_auth();
 	test_failures();
+	test_tier();
 	return check_done("test_t3_client");
 }
