@@ -1108,6 +1108,17 @@ int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
 	return kvt_db_wait(s->cfg.db, ticket);
 }
 
+int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id)
+{
+	kvt_db_session row;
+	if (!s->cfg.tm || !kvt_tm_has_remote(s->cfg.tm))
+		return KVT_ENOTFOUND;
+	int rc = kvt_tm_remote_get_session(s->cfg.tm, tenant_of(tenant), id, &row);
+	if (rc == KVT_OK)
+		kvt_db_session_deinit(&row);
+	return rc;
+}
+
 int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
 			     void *user, kvt_resume_report *rep)
 {

@@ -165,9 +165,13 @@ typedef void (*kvt_resume_progress_fn)(void *user, uint32_t done, uint32_t total
 
 /*
  * Page a session's blocks back in (T2 -> T1 -> T0, or as far as room
- * allows), reporting progress. KVT_ENOTFOUND (no such session for this
- * tenant), KVT_EINVAL, KVT_EIO.
+ * allows), reporting progress. A session the index does not have is taken
+ * from T3 when there is one (rep->from_remote; kept in the index from then
+ * on), and blocks past the local ones come from T3 too. KVT_ENOTFOUND (no
+ * such session for this tenant), KVT_EINVAL, KVT_EIO.
  */
+/* Whether T3 (when there is one) holds the session: KVT_OK, KVT_ENOTFOUND (also without T3), KVT_EIO. */
+int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id);
 int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
 			     void *user, kvt_resume_report *rep);
 

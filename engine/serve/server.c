@@ -2105,6 +2105,9 @@ static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *
 		for (size_t i = 0; i < n && !found; i++)
 			found = !strcmp(si[i].id, id);
 		free(si);
+		/* another node's conversation: T3 may have it (asked within its command timeout) */
+		if (!found && kvt_sched_session_remote(sched, r->tenant, id) == KVT_OK)
+			found = true;
 		if (!found)
 			return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
 	}
