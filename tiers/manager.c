@@ -668,6 +668,7 @@ static uint32_t evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_bu
 			hp[n_copy] = kvt_t1_slot_ptr(tm->t1, s);
 			idx[n_copy++] = i;
 		}
+		remote_demote_held(tm, c, n_direct, direct, KVT_TIER_HBM); /* ON_DEMOTE, when T2 will not take them */
 		if (n_direct && t2_writable(tm))
 			(void)persist_held(tm, c, n_direct, direct, ok);
 		if (n_copy) {
@@ -997,8 +998,8 @@ static void remote_demote_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[K
 			bool other = false;
 			for (int t = 0; t < KVT_TIER_COUNT; t++)
 				other |= t != leaving_tier && e->slot[t] >= 0;
-			/* leaving T1 for T2 (dirty, T2 takes writes) is not leaving the node */
-			if (leaving_tier == KVT_TIER_HOST && e->dirty && t2_writable(tm))
+			/* going to T2 (dirty, T2 takes writes) is not leaving the node */
+			if (leaving_tier != KVT_TIER_NVME && e->dirty && t2_writable(tm))
 				other = true;
 			if (!other)
 				memcpy(last[k++], h[i], KVT_HASH_BYTES);
