@@ -421,7 +421,12 @@ static void append_op(rc_node *nd, kvt_rc_op *op)
 
 int kvt_rc_run(kvt_rc *c, kvt_rc_op *ops, uint32_t n)
 {
-	const double deadline = kvt_now_s() + c->cfg.command_timeout_ms / 1e3;
+	return kvt_rc_run_timeout(c, ops, n, c->cfg.command_timeout_ms);
+}
+
+int kvt_rc_run_timeout(kvt_rc *c, kvt_rc_op *ops, uint32_t n, uint32_t timeout_ms)
+{
+	const double deadline = kvt_now_s() + timeout_ms / 1e3;
 	uint32_t *order = malloc((n ? n : 1) * sizeof(*order));
 	int16_t *sent = malloc((n ? n : 1) * sizeof(*sent)); /* [n_order] the node order[j] went to */
 	if (!order || !sent) {

@@ -51,7 +51,7 @@ void kvt_t3_config_default(kvt_t3_config *c)
 	memset(c, 0, sizeof(*c));
 	c->rc.cluster = true;
 	c->rc.connect_timeout_ms = 200;
-	c->rc.command_timeout_ms = 200;
+	c->rc.command_timeout_ms = 500;
 	c->rc.pipeline_depth = 64;
 	c->prefix = "kvt:";
 	c->write_policy = KVT_T3_WRITE_THROUGH;
@@ -171,8 +171,8 @@ static void release(kvt_t3 *t, kvt_rc *c)
 	pthread_mutex_unlock(&t->mu);
 }
 
-/* Run a round and count it: latency, errors. */
-static int run_round(kvt_t3 *t, kvt_rc_op *ops, uint32_t n)
+/* Run a round and count it: latency, errors. Writes get at least KVT_T3_WRITE_MIN_MS. */
+static int run_round(kvt_t3 *t, kvt_rc_op *ops, uint32_t n, bool write)
 {
 	kvt_rc *c = acquire(t);
 	if (!c) {
@@ -181,7 +181,10 @@ static int run_round(kvt_t3 *t, kvt_rc_op *ops, uint32_t n)
 		return KVT_ENOMEM;
 	}
 	double t0 = kvt_now_s();
-	int rc = kvt_rc_run(c, ops, n);
+	uint32_t ms = t->cfg.rc.command_timeout_ms;
+	if (write && ms < KVT_T3_WRITE_MIN_MS)
+		ms = KVT_T3_WRITE_MIN_MS;
+	int rc = kvt_rc_run_timeout(c, ops, n, ms);
 	double dt = kvt_now_s() - t0;
 	release(t, c);
 	if (rc)
@@ -231,7 +234,7 @@ int kvt_t3_get_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 		ops[i].key = keys + i * key_cap;
 		ops[i].key_bytes = strlen(ops[i].key);
 	}
-	int rc = run_round(t, ops, n);
+	int rc = run_round(t, ops, n, false);
 	uint64_t hits = 0, misses = 0, corrupt = 0, bytes = 0;
 	bool stopped = false;
 	for (uint32_t i = 0; i < n; i++) {
@@ -326,7 +329,7 @@ int kvt_t3_put_blocks(kvt_t3 *t, uint32_t n, const kvt_t2_block_meta *metas, con
 		ops[i] = (kvt_rc_op){ .key = keys + i * key_cap, .key_bytes = strlen(keys + i * key_cap), .val = recs[i],
 				      .val_bytes = KVT_T2_HEADER_BYTES + sz.stored_bytes, .ttl_s = t->cfg.ttl_s };
 	}
-	rc = run_round(t, ops, n);
+	rc = run_round(t, ops, n, true);
 	uint64_t bytes = 0, n_ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		results[i] = rc ? rc : ops[i].rc;
@@ -394,7 +397,7 @@ int kvt_t3_put_session(kvt_t3 *t, const kvt_db_session *s)
 	put64le(b + n - 8, XXH3_64bits(b, n - 8));
 	session_key(t, s->tenant, s->id, key, sizeof(key));
 	kvt_rc_op op = { .key = key, .key_bytes = strlen(key), .val = b, .val_bytes = n, .ttl_s = t->cfg.ttl_s };
-	int rc = run_round(t, &op, 1);
+	int rc = run_round(t, &op, 1, true);
 	free(b);
 	if (rc)
 		return rc;
@@ -412,7 +415,7 @@ int kvt_t3_get_session(kvt_t3 *t, const char *tenant, const char *id, kvt_db_ses
 	char key[3 * KVT_NAME_MAX + 64];
 	session_key(t, tenant, id, key, sizeof(key));
 	kvt_rc_op op = { .key = key, .key_bytes = strlen(key) };
-	int rc = run_round(t, &op, 1);
+	int rc = run_round(t, &op, 1, false);
 	if (rc)
 		return rc;
 	if (op.rc != KVT_OK)

@@ -27,8 +27,9 @@
  *    history, last block hash) is stored under "<prefix>s:<tenant>/<id>" as a
  *    small checksummed record of its own.
  *
- * Failure is a miss, never an outage: every call returns within the command
- * timeout (a deadline over the whole pipelined round, not per reply), an
+ * Failure is a miss, never an outage: every read returns within the command
+ * timeout (a deadline over the whole pipelined round, not per reply); writes,
+ * which never hold up a request, get max(command timeout, KVT_T3_WRITE_MIN_MS); an
  * unreachable or slow node fails its commands with KVT_EIO, and the tier is
  * "degraded" while any command failed within the last 2 s. Nothing here
  * retries on its own beyond one redirect per command.
@@ -44,7 +45,8 @@
 #include "t2_store.h"
 
 #define KVT_RC_SLOTS 16384u
-#define KVT_T3_GENERATION 3u /* the generation T3 records are sealed for (their offset is 0) */
+#define KVT_T3_GENERATION 3u
+#define KVT_T3_WRITE_MIN_MS 2000u /* the least round deadline of a write (background: never a request's wait) */ /* the generation T3 records are sealed for (their offset is 0) */
 
 /* ------------------------------------------------------------------------ */
 /* The cluster client (tiers/t3_cluster.c)                                  */
@@ -101,6 +103,8 @@ uint16_t kvt_rc_key_slot(const void *key, size_t n);
  * kvt_rc_ops_release.
  */
 int kvt_rc_run(kvt_rc *c, kvt_rc_op *ops, uint32_t n);
+/* kvt_rc_run with a round deadline of timeout_ms instead of cfg.command_timeout_ms. */
+int kvt_rc_run_timeout(kvt_rc *c, kvt_rc_op *ops, uint32_t n, uint32_t timeout_ms);
 void kvt_rc_ops_release(kvt_rc_op *ops, uint32_t n);
 
 /* Counters of a client (tests). */

@@ -161,7 +161,7 @@ static const key_def keys[] = {
 	STR("tier.remote", "user", remote_user, "", "AUTH user (\"\" = the default user)"),
 	STR("tier.remote", "password_file", remote_password_file, "", "file holding the AUTH password (\"\" = no AUTH)"),
 	DUR("tier.remote", "connect_timeout", remote_connect_timeout_s, 0, 60, true, "0.2", "one connection attempt"),
-	DUR("tier.remote", "command_timeout", remote_command_timeout_s, 0, 60, true, "0.2", "one pipelined round, at most"),
+	DUR("tier.remote", "command_timeout", remote_command_timeout_s, 0, 60, true, "0.5", "one pipelined read round, at most"),
 	STR("tier.remote", "prefix", remote_prefix, "kvt:", "prefix of every key"),
 	U32("tier.remote", "pipeline_depth", remote_pipeline, 1, 4096, "64", "commands in flight per node"),
 	ENUMK("tier.remote", "write_policy", remote_write, remote_write, "write_through", "when blocks are written to T3"),

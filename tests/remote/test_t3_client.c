@@ -294,6 +294,7 @@ static void test_tier(void)
 	kvt_t3_config cfg;
 	kvt_t3_config_default(&cfg);
 	cfg.rc.seeds = cluster_seeds;
+	cfg.rc.command_timeout_ms = 5000; /* not the timeout under test here (sanitizer builds are slow) */
 	cfg.prefix = "t3tier:";
 	kvt_t3 *t = NULL, *t2 = NULL;
 	CHECK(kvt_t3_create(&cfg, fp, &t) == KVT_OK);

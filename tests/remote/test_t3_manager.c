@@ -55,7 +55,7 @@ static int node_open(node *n, int codec, const char *prefix, int policy, const c
 	kvt_t3_config t3c;
 	kvt_t3_config_default(&t3c);
 	t3c.rc.seeds = seed_list;
-	t3c.rc.command_timeout_ms = 1000;
+	t3c.rc.command_timeout_ms = 5000; /* sanitizer builds are slow; the dead T3 is refused at once anyway */
 	t3c.prefix = prefix;
 	t3c.write_policy = policy;
 	if (kvt_t3_create(&t3c, model_fp, &n->t3))
