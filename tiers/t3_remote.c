@@ -221,11 +221,10 @@ int kvt_t3_get_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 	kvt_rc_op *ops = calloc(n, sizeof(*ops));
 	char *keys = malloc(n * key_cap);
 	uint64_t ext_cap = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + payload_cap, KVT_T2_UNIT_BYTES);
-	uint8_t *rec = malloc(ext_cap), *scratch = malloc(payload_cap ? payload_cap : 1);
-	if (!ops || !keys || !rec || !scratch) {
+	uint8_t *scratch = malloc(payload_cap ? payload_cap : 1); /* for a shuffled payload (never written by T3) */
+	if (!ops || !keys || !scratch) {
 		free(ops);
 		free(keys);
-		free(rec);
 		free(scratch);
 		return KVT_ENOMEM;
 	}
@@ -246,19 +245,12 @@ int kvt_t3_get_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 		}
 		if (r == KVT_OK) {
 			bytes += ops[i].data_bytes;
-			const uint8_t *d = ops[i].data;
-			uint32_t ext = 0;
 			const char *why = "short record";
-			/* The header names the extent; what came must fit it; the padding is zeros. */
-			if (ops[i].data_bytes < KVT_T2_HEADER_BYTES ||
-			    !kvt_t2_record_peek(d, 0, ext_cap, &ext) || ops[i].data_bytes > ext) {
-				r = KVT_ECORRUPT;
-				why = ops[i].data_bytes < KVT_T2_HEADER_BYTES ? "short record" : "bad header or length";
-			} else {
-				memcpy(rec, d, ops[i].data_bytes);
-				memset(rec + ops[i].data_bytes, 0, ext - ops[i].data_bytes);
-				r = kvt_t2_record_verify(rec, ext, 0, NULL, t->model_fp, hashes[i], &metas[i], payloads[i],
-							 payload_cap, scratch, NULL, &why);
+			/* Verified in the reply's own bytes: the extent's padding did not travel, it counts as zeros. */
+			{
+				r = kvt_t2_record_verify_unpadded(ops[i].data, ops[i].data_bytes, ext_cap, 0, t->model_fp,
+								  hashes[i], &metas[i], payloads[i], payload_cap, scratch,
+								  &why);
 				if (r == KVT_OK) {
 					/* the tokens must hash, from the parent, to the key: a record is its block */
 					uint8_t h[KVT_HASH_BYTES];
@@ -294,7 +286,6 @@ int kvt_t3_get_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 	pthread_mutex_unlock(&t->mu);
 	free(ops);
 	free(keys);
-	free(rec);
 	free(scratch);
 	return rc == KVT_ENOMEM ? KVT_ENOMEM : KVT_OK;
 }

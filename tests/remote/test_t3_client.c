@@ -391,6 +391,22 @@ static void test_tier(void)
 	CHECK(kvt_t3_get_blocks(t, 4, (const uint8_t(*)[KVT_HASH_BYTES])h, true, got, bp, RAW, res) == KVT_OK);
 	CHECK(res[0] == KVT_OK && res[1] == KVT_ECORRUPT && res[2] == KVT_ENOTFOUND && res[3] == KVT_ENOTFOUND);
 	free(v);
+	/* bytes after the record: it is the whole value or it is nothing */
+	kvt_t3_block_key(t, h[0], key, sizeof(key));
+	kvt_rc_op g0 = { .key = key, .key_bytes = strlen(key) };
+	CHECK(kvt_rc_run(c, &g0, 1) == KVT_OK && g0.rc == KVT_OK);
+	v = malloc(g0.data_bytes + 5000);
+	memcpy(v, g0.data, g0.data_bytes);
+	memset(v + g0.data_bytes, 0, 5000);
+	kvt_rc_op w0 = { .key = key, .key_bytes = strlen(key), .val = v, .val_bytes = g0.data_bytes + 5000 };
+	kvt_rc_ops_release(&g0, 1);
+	CHECK(kvt_rc_run(c, &w0, 1) == KVT_OK && w0.rc == KVT_OK);
+	check_log_capture();
+	CHECK(kvt_t3_get_blocks(t, 1, (const uint8_t(*)[KVT_HASH_BYTES])h, true, got, bp, RAW, res) == KVT_OK);
+	kvt_log_set_sink(NULL, NULL);
+	CHECK_EQ_INT(res[0], KVT_ECORRUPT);
+	CHECK(strstr(check_log_text, "record longer than its extent") != NULL);
+	free(v);
 
 	/* Sessions: round trip; another tenant's name is another key; a bad record is a miss. */
 	int32_t toks[100];
