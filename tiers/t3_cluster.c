@@ -6,8 +6,8 @@
  * (host, port, hiredis context or NULL, breaker state); the slot map is
  * 16384 node indices (-1: unknown). A round (kvt_rc_run) repeats passes until
  * every op has a result: a pass groups the ops still open by node, appends up
- * to pipeline_depth commands to each node, flushes all of them, then reads
- * each node's replies in order. A MOVED reply points the slot at the named
+ * to pipeline_depth commands to each node, sends them all (so every node
+ * works at once), then reads each node's replies in order. A MOVED reply points the slot at the named
  * node (added if new) and reopens the op for the next pass; ASK reopens it
  * with ASKING in front; a reply never arrives within the round's deadline,
  * or the connection breaks, and the node's open ops fail with KVT_EIO and
@@ -484,6 +484,22 @@ int kvt_rc_run_timeout(kvt_rc *c, kvt_rc_op *ops, uint32_t n, uint32_t timeout_m
 			nd->n_queued++;
 			sent[n_order] = op->node_;
 			order[n_order++] = i;
+		}
+		/*
+		 * Send every node its commands before reading any reply: hiredis
+		 * writes a context's buffer only when asked for a reply, so reading
+		 * node 0 first would leave the other nodes idle until their turn.
+		 * (A failed write shows again at the first read of that node.)
+		 */
+		for (uint32_t k = 0; k < c->n_nodes; k++) {
+			rc_node *nd = &c->nodes[k];
+			int done = 0;
+			double left = deadline - kvt_now_s();
+			if (!nd->n_queued || !nd->ctx || left <= 0)
+				continue;
+			redisSetTimeout(nd->ctx, tv_of(left));
+			while (!done && redisBufferWrite(nd->ctx, &done) == REDIS_OK && kvt_now_s() < deadline)
+				;
 		}
 		/* Read back node by node, in the order appended. */
 		for (uint32_t k = 0; k < c->n_nodes; k++) {
