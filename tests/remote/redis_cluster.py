@@ -9,10 +9,12 @@ stop() (SIGKILL, then wait), and stop() runs at exit and on SIGTERM/SIGINT, so
 a failing test leaves no redis-server behind.
 
 As a command:
-    redis_cluster.py [--masters N] [--single] [--password-file F] -- CMD ARGS...
+    redis_cluster.py [--masters N] [--single] [--failover] [--password-file F] -- CMD ARGS...
 runs CMD with KVT_TEST_REDIS_CLUSTER="host:port,..." (and KVT_TEST_REDIS_SINGLE
 ="host:port" and KVT_TEST_REDIS_SINGLE_PASSWORD, a server that requires that
-password, with --single; KVT_TEST_REDIS_PORTS the master ports in order) and
+password, with --single; KVT_TEST_REDIS_FAILOVER="host:port,..." of a second
+cluster of 3 masters with one replica each, with --failover; KVT_TEST_REDIS_PORTS
+the first cluster's master ports in order) and
 exits with its status, stopping the servers whatever happens. Exit 77 (skip)
 when redis-server or redis-cli is not installed.
 """
@@ -115,15 +117,15 @@ class RedisSingle(_Servers):
 
 
 class RedisCluster(_Servers):
-    def __init__(self, masters=3, password=None):
-        super().__init__(masters, True, password)
+    def __init__(self, masters=3, password=None, replicas=0):
+        super().__init__(masters * (1 + replicas), True, password)
         for p in self.ports:
             self._start(p)
         env = dict(os.environ)
         if password:
             env["REDISCLI_AUTH"] = password
         r = subprocess.run(["redis-cli", "--cluster", "create"] + ["%s:%d" % (HOST, p) for p in self.ports] +
-                           ["--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
+                           ["--cluster-replicas", str(replicas), "--cluster-yes"], capture_output=True, text=True,
                            timeout=60, env=env)
         if r.returncode:
             raise RuntimeError("redis-cli --cluster create failed: " + r.stdout[-400:] + r.stderr[-400:])
@@ -133,7 +135,10 @@ class RedisCluster(_Servers):
         t_end = time.time() + timeout
         while time.time() < t_end:
             states = [cli(p, "CLUSTER", "INFO", password=self.password) for p in self.procs]
-            if all("cluster_state:ok" in s for s in states):
+            # with replicas: every replica linked to its master too (a failover needs it)
+            nodes = cli(next(iter(self.procs)), "CLUSTER", "NODES", password=self.password)
+            linked = all(" connected" in line for line in nodes.splitlines() if line.strip())
+            if all("cluster_state:ok" in s for s in states) and linked:
                 return
             time.sleep(0.1)
         raise RuntimeError("cluster did not reach cluster_state:ok")
@@ -153,7 +158,7 @@ def _on_signal(sig, _frame):
 
 
 def main(argv):
-    masters, single, pwfile = 3, False, None
+    masters, single, pwfile, failover = 3, False, None, False
     i = 0
     while i < len(argv) and argv[i] != "--":
         if argv[i] == "--masters":
@@ -162,6 +167,9 @@ def main(argv):
         elif argv[i] == "--single":
             single = True
             i += 1
+        elif argv[i] == "--failover":
+            failover = True
+            i += 1
         elif argv[i] == "--password-file":
             pwfile = argv[i + 1]
             i += 2
@@ -169,7 +177,7 @@ def main(argv):
             sys.exit("redis_cluster.py: unknown option " + argv[i])
     cmd = argv[i + 1:]
     if not cmd:
-        sys.exit("usage: redis_cluster.py [--masters N] [--single] [--password-file F] -- CMD ARGS...")
+        sys.exit("usage: redis_cluster.py [--masters N] [--single] [--failover] [--password-file F] -- CMD ARGS...")
     if not have_redis():
         print("redis_cluster.py: redis-server / redis-cli not installed: skip")
         sys.exit(77)
@@ -186,6 +194,9 @@ def main(argv):
         s = RedisSingle(spw)
         env["KVT_TEST_REDIS_SINGLE"] = s.seeds()
         env["KVT_TEST_REDIS_SINGLE_PASSWORD"] = spw
+    if failover:
+        f = RedisCluster(3, password, replicas=1)
+        env["KVT_TEST_REDIS_FAILOVER"] = f.seeds()
     try:
         rc = subprocess.run(cmd, env=env, timeout=600).returncode
     finally:

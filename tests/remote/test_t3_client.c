@@ -16,6 +16,8 @@
  * another block's key are counted misses (KVT_ECORRUPT), never served; a
  * prefix read stops at the first miss; sessions round trip, per tenant, and a
  * damaged one is refused; a dead cluster is a prompt KVT_EIO and "degraded".
+ * With --failover, a master of a replicated cluster is killed: reads fail
+ * (never a wrong value) until the replica takes over, then all come back.
  */
 #include "check.h"
 #include "t3_remote.h"
@@ -461,6 +463,84 @@ static void test_tier(void)
 	free(back);
 }
 
+/*
+ * A failover (the cluster of 3 masters with a replica each): the master of a
+ * key is killed; meanwhile reads fail (KVT_EIO, never a wrong value); once the
+ * replica is promoted the client finds it (the map reloaded) and every value
+ * reads back.
+ */
+static void test_failover(const char *fseeds)
+{
+	enum { N = 60 };
+	kvt_rc *c = make(fseeds, true, NULL, 500, 8);
+	static char keys[N][32], vals[N][32];
+	kvt_rc_op ops[N];
+	for (int i = 0; i < N; i++) {
+		snprintf(keys[i], sizeof(keys[i]), "fo:k%d", i);
+		snprintf(vals[i], sizeof(vals[i]), "fo-value-%d", i);
+		ops[i] = (kvt_rc_op){ .key = keys[i], .key_bytes = strlen(keys[i]), .val = vals[i], .val_bytes = strlen(vals[i]) };
+	}
+	CHECK(kvt_rc_run(c, ops, N) == KVT_OK);
+	int n_ok = 0;
+	for (int i = 0; i < N; i++)
+		n_ok += ops[i].rc == KVT_OK;
+	CHECK_EQ_INT(n_ok, N);
+	/* the master that holds keys[0]: a replica answers MOVED to a plain GET */
+	pid_t pid = 0;
+	for (const char *p = fseeds; p && *p && !pid;) {
+		int port = atoi(strchr(p, ':') + 1);
+		redisContext *r = raw(port);
+		redisReply *g = redisCommand(r, "GET %s", keys[0]);
+		if (g->type == REDIS_REPLY_STRING) {
+			freeReplyObject(redisCommand(r, "WAIT 1 5000")); /* its replica has every key */
+			redisReply *info = redisCommand(r, "INFO server");
+			const char *pp = strstr(info->str, "process_id:");
+			pid = pp ? (pid_t)atoi(pp + 11) : 0;
+			freeReplyObject(info);
+		}
+		freeReplyObject(g);
+		redisFree(r);
+		p = strchr(p, ',');
+		p = p ? p + 1 : NULL;
+	}
+	CHECK(pid > 0);
+	if (pid <= 0) {
+		kvt_rc_destroy(c);
+		return;
+	}
+	kvt_rc_stats st0, st1;
+	kvt_rc_get_stats(c, &st0);
+	kill(pid, SIGKILL);
+	double t0 = kvt_now_s(), t_back = 0;
+	int wrong = 0, n_eio = 0;
+	while (kvt_now_s() - t0 < 30) {
+		for (int i = 0; i < N; i++)
+			ops[i] = (kvt_rc_op){ .key = keys[i], .key_bytes = strlen(keys[i]) };
+		CHECK(kvt_rc_run(c, ops, N) == KVT_OK);
+		int good = 0;
+		for (int i = 0; i < N; i++) {
+			if (ops[i].rc == KVT_OK)
+				good += ops[i].data_bytes == strlen(vals[i]) && !memcmp(ops[i].data, vals[i], ops[i].data_bytes);
+			wrong += ops[i].rc == KVT_OK &&
+				 (ops[i].data_bytes != strlen(vals[i]) || memcmp(ops[i].data, vals[i], ops[i].data_bytes));
+			n_eio += ops[i].rc == KVT_EIO;
+		}
+		kvt_rc_ops_release(ops, N);
+		if (good == N) {
+			t_back = kvt_now_s() - t0;
+			break;
+		}
+		usleep(100 * 1000);
+	}
+	kvt_rc_get_stats(c, &st1);
+	CHECKF(t_back > 0, "the keys of the killed master never came back through its replica");
+	CHECK_EQ_INT(wrong, 0);
+	CHECK(n_eio > 0);                      /* the gap was seen, as misses */
+	CHECK(st1.n_refresh > st0.n_refresh); /* and the map reloaded to find the new master */
+	printf("failover: every key back after %.1f s (%d reads failed meanwhile)\n", t_back, n_eio);
+	kvt_rc_destroy(c);
+}
+
 int main(void)
 {
 	const char *cs = getenv("KVT_TEST_REDIS_CLUSTER"), *ss = getenv("KVT_TEST_REDIS_SINGLE"),
@@ -478,5 +558,10 @@ int main(void)
 	test_single_auth();
 	test_failures();
 	test_tier();
+	const char *fo = getenv("KVT_TEST_REDIS_FAILOVER");
+	if (fo)
+		test_failover(fo);
+	else
+		printf("test_t3_client: no failover cluster (redis_cluster.py --failover): that part not run\n");
 	return check_done("test_t3_client");
 }
