@@ -14,6 +14,9 @@ server secret, [tier.remote] on the cluster), then:
               B detects them (counted corrupt), recomputes, and answers as A
   resume      A killed (-9) after a conversation; `kvtier resume` on B restores
               the session (from T3) and its blocks from remote
+  haproxy     configs/two-node/haproxy.cfg (ports rewritten) in front of A and B:
+              each session lives on one node, and its turn 2 lands there too
+              (cached locally, nothing from remote); skipped without haproxy
   failover    a master killed while B serves conversations A wrote: 0 failed
               requests, the replies A gave, T3 degraded in /v1/stats, /metrics
               and /health; the master back: writes resume
@@ -111,6 +114,57 @@ def conversation(topic):
              "its history, and why people care about it." % topic}]
 
 
+class Front:
+    """The load balancer's address, where chat() wants a node."""
+    def __init__(self, url):
+        self.url, self.data_dir = url, "haproxy"
+
+
+def haproxy_case(tmp, a, b):
+    port = redis_cluster.free_ports(1)[0]
+    cfg = open(os.path.join(ROOT, "configs", "two-node", "haproxy.cfg")).read()
+    cfg = (cfg.replace("127.0.0.1:8080", "127.0.0.1:%d" % port)
+           .replace("127.0.0.1:8081", a.url[len("http://"):]).replace("127.0.0.1:8082", b.url[len("http://"):]))
+    path = os.path.join(tmp, "haproxy.cfg")
+    with open(path, "w") as f:
+        f.write(cfg)
+    log = open(os.path.join(tmp, "haproxy.log"), "w")
+    hp = subprocess.Popen(["haproxy", "-db", "-f", path], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        front = Front("http://127.0.0.1:%d" % port)
+        t_end = time.time() + 10
+        while time.time() < t_end:
+            try:
+                if http("GET", front.url + "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        sids = ["hp%d" % i for i in range(4)]
+        first = {}
+        for sid in sids:
+            m = conversation("topic number %s" % sid)
+            first[sid] = (m, chat(front, m, session=sid))
+        on = {}
+        for d, name in ((a, "A"), (b, "B")):
+            st, r = http("GET", d.url + "/v1/sessions")
+            for x in (r.get("data") or []) if st == 200 else []:
+                on.setdefault(x["id"], []).append(name)
+        check(all(len(on.get(sid, [])) == 1 for sid in sids),
+              "through haproxy each session lives on exactly one node: %s" % {s: on.get(s) for s in sids})
+        for sid in sids:  # turn 2 lands where turn 1 did: all from that node's own tiers, nothing from T3
+            m, r1 = first[sid]
+            m2 = m + [{"role": "assistant", "content": reply(r1)}, {"role": "user", "content": "Go on."}]
+            r2 = chat(front, m2, session=sid)
+            check(cached(r2) == full_blocks(r1) and by_tier(r2)["remote"] == 0,
+                  "%s turn 2 through haproxy: %d cached (%s), expected %d locally" %
+                  (sid, cached(r2), by_tier(r2), full_blocks(r1)))
+    finally:
+        hp.kill()
+        hp.wait()
+        log.close()
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -196,6 +250,14 @@ def main():
         rac = chat(a, mc2, session="s3")
         check(reply(rac) == reply(rbc), "recomputed on B, the same reply as A:\nA %r\nB %r" % (reply(rac), reply(rbc)))
         print("corrupt: %.1f s" % (time.time() - t), flush=True)
+
+        # haproxy: configs/two-node/haproxy.cfg in front of A and B keeps each session on one node
+        if shutil.which("haproxy"):
+            t = time.time()
+            haproxy_case(tmp, a, b)
+            print("haproxy: %.1f s" % (time.time() - t), flush=True)
+        else:
+            print("haproxy: not installed, case not run", flush=True)
 
         # references for the failover (on A, written to T3)
         refs = []
