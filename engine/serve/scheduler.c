@@ -1156,7 +1156,7 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 	rep->n_blocks = info.n_blocks;
 	/* With T3, the blocks past the local ones are looked up there (the chain goes on from the last local one). */
 	uint32_t n_local = nm;
-	uint8_t root[KVT_HASH_BYTES];
+	uint8_t root[KVT_HASH_BYTES] = { 0 };
 	if (s->cfg.tm && kvt_tm_has_remote(s->cfg.tm) && nm < info.n_blocks &&
 	    chain_root(s, tenant_of(tenant), root) == KVT_OK)
 		nm = info.n_blocks;
