@@ -914,7 +914,11 @@ done:
 #define KVT_TM_REMOTE_QUEUE_MAX 65536u
 #define KVT_TM_REMOTE_RETRY_S 1.0
 
-/* Busy-held blocks: copy their packed bytes into c->h_stage (<= batch) and write them to T3. Returns how many were written. */
+/*
+ * Busy-held blocks: copy their packed bytes (T1, T0 packed, or T2) into
+ * c->h_stage (n <= batch) and write them to T3 in one round. res[i] per
+ * block (KVT_ENOTFOUND: gone, or in no tier). Returns how many were written.
+ */
 static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int *res)
 {
 	kvt_btable_entry *e = malloc(sizeof(*e));

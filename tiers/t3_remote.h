@@ -45,8 +45,8 @@
 #include "t2_store.h"
 
 #define KVT_RC_SLOTS 16384u
-#define KVT_T3_GENERATION 3u
-#define KVT_T3_WRITE_MIN_MS 2000u /* the least round deadline of a write (background: never a request's wait) */ /* the generation T3 records are sealed for (their offset is 0) */
+#define KVT_T3_GENERATION 3u      /* the generation T3 records are sealed for (their offset is 0) */
+#define KVT_T3_WRITE_MIN_MS 2000u /* the least round deadline of a write (background: never a request's wait) */
 
 /* ------------------------------------------------------------------------ */
 /* The cluster client (tiers/t3_cluster.c)                                  */
