@@ -7,6 +7,7 @@ pkgs=(build-essential cmake pkg-config git ca-certificates python3 python3-pip p
       libopenblas-dev libpcre2-dev
       liburing-dev liblz4-dev libsqlite3-dev libssl-dev libxxhash-dev
       libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev fio
+      libhiredis-dev redis-server redis-tools haproxy  # T3 (Redis Cluster), its tests, the two-node example
       lintian file man-db groff-base adduser procps  # the package test
       clang libclang-rt-14-dev  # clang: the libFuzzer targets (tests/fuzz_*.c, ctest -L fuzz)
       chromium)                 # the dashboard in a real headless browser (tests/daemon/test_retention.py)

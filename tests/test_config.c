@@ -189,7 +189,7 @@ static void test_errors(void)
 {
 	/* unknown section: the allowed list */
 	EXPECT_ERR("[server]\nlisten = 127.0.0.1:1\n\n[tier.ssd]\n", 4, "unknown section [tier.ssd]",
-		   "allowed: server, model, cache, scheduler, tenants, tier.hbm, tier.host, tier.nvme, index, log");
+		   "allowed: server, model, cache, scheduler, tenants, tier.hbm, tier.host, tier.nvme, tier.remote, index, log");
 	/* unknown key: the closest key of the section */
 	EXPECT_ERR("# c\n[cache]\nblok_tokens = 16\n", 3, "unknown key 'blok_tokens' in [cache]",
 		   "did you mean 'block_tokens'?", "keys of [cache]: block_tokens, persist");

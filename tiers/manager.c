@@ -51,6 +51,10 @@ struct kvt_tm_ticket {
 	uint32_t next;                    /* next index a worker claims (tm->mu) */
 	uint32_t n_done;                  /* indices finished (tm->mu) */
 	kvt_tm_ticket *qnext;             /* job queue link (tm->mu) */
+	uint32_t n_local;                 /* indices >= n_local are looked up in T3 (= n: none) */
+	uint32_t n_claim;                 /* indices the workers claim (n, or n_local without T3) */
+	uint8_t root[KVT_HASH_BYTES];     /* parent of hashes[0] (T3 blocks' chain check) */
+	bool *pinned;                     /* [n] a pin taken for the caller on a block from T3, or NULL */
 };
 
 typedef struct tm_foreign {
@@ -59,6 +63,11 @@ typedef struct tm_foreign {
 	kvt_nvme_loc loc;             /* its extent (marked used) */
 	uint64_t last_use;            /* the row's last use, unix microseconds */
 } tm_foreign;
+
+typedef struct tm_remote_q {
+	uint8_t hash[KVT_HASH_BYTES]; /* a block to write to T3 */
+	double retry_t;               /* not before this (a failed write's retry; 0: now) */
+} tm_remote_q;
 
 typedef struct tm_pending {
 	uint8_t hash[KVT_HASH_BYTES]; /* a registered block not yet known durable */
@@ -102,6 +111,16 @@ struct kvt_tm {
 	kvt_tm_stats st;               /* counters (capacity/used filled by get_stats) */
 	tm_retain *rt;                 /* the retention ledger (owned) */
 	double sweep_t;                /* last expiry sweep of the ledger (maintenance) */
+	/* T3 (cfg.t3): the write queue, its due prefix and the session copies (tm->mu) */
+	tm_remote_q *rq;               /* [cap_rq] blocks to write, due ones first */
+	uint32_t n_rq, n_rq_due, cap_rq;
+	kvt_db_session *rs;            /* [cap_rs] sessions to write (owned copies) */
+	uint32_t n_rs, cap_rs;
+	bool remote_inflight;          /* the writer holds a batch */
+	bool warned_remote;            /* logged a T3 record of another codec once */
+	pthread_cond_t cv_remote;      /* wakes the remote writer */
+	pthread_t rwriter;             /* the remote writer thread */
+	bool rwriter_started;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -545,7 +564,9 @@ static bool reclaim_foreign(kvt_tm *tm)
 }
 
 /* Free T2 space down to bytes_target used: other namespaces' records first, then our coldest leaves. */
-static void evict_t2(kvt_tm *tm, uint64_t bytes_target)
+static void remote_demote_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int leaving_tier);
+
+static void evict_t2(kvt_tm *tm, tm_ctx *c, uint64_t bytes_target)
 {
 	const uint32_t B = tm->cfg.batch_blocks;
 	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
@@ -561,6 +582,7 @@ static void evict_t2(kvt_tm *tm, uint64_t bytes_target)
 		uint32_t n = pick_victims(tm, KVT_TIER_NVME, B, h, NULL);
 		if (!n)
 			break;
+		remote_demote_held(tm, c, n, h, KVT_TIER_NVME);
 		uint32_t gone = evict_t2_held(tm, n, h);
 		for (uint32_t i = 0; i < n; i++)
 			busy_release(tm, h[i]);
@@ -595,7 +617,8 @@ static uint32_t evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free)
 			    e.slot[KVT_TIER_NVME] < 0 && e.dirty)
 				memcpy(dirty[n_dirty++], h[i], KVT_HASH_BYTES);
 		}
-		/* Write-back: the only copy goes to T2 before it leaves T1. */
+		/* Write-back: the only copy goes to T2 before it leaves T1 (or to T3, ON_DEMOTE, when it leaves the node). */
+		remote_demote_held(tm, c, n, h, KVT_TIER_HOST);
 		if (n_dirty && t2_writable(tm))
 			(void)persist_held(tm, c, n_dirty, dirty, ok);
 		if (!leave_all(tm, n, h, KVT_TIER_HOST))
@@ -651,6 +674,7 @@ static uint32_t evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_bu
 			hp[n_copy] = kvt_t1_slot_ptr(tm->t1, s);
 			idx[n_copy++] = i;
 		}
+		remote_demote_held(tm, c, n_direct, direct, KVT_TIER_HBM); /* ON_DEMOTE, when T2 will not take them */
 		if (n_direct && t2_writable(tm))
 			(void)persist_held(tm, c, n_direct, direct, ok);
 		if (n_copy) {
@@ -871,6 +895,354 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
+/* T3, the remote tier (tiers/t3_remote.h)                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Reads: a ticket's indices [n_local, n) name blocks the table did not know
+ * at submit time (kvt_tm_submit_remote). The first worker to reach them takes
+ * them all and looks them up in T3 in one round (pipelined per node); the
+ * run found from the first (verified: checksum, model, hash, tokens hashing
+ * to it, the parent the chain expects, our codec) enters the table clean (T3
+ * holds it: dropping the local copy loses nothing) with a T1 slot holding
+ * the bytes, pinned for the caller when it takes references, and goes on to
+ * T0 through promote_one. Anything else is a miss.
+ *
+ * Writes: WRITE_THROUGH queues every block registered for T3 and makes the
+ * queue due at each end of turn; ON_DEMOTE writes a block from the eviction
+ * path when it is about to leave the last local tier. Sessions are queued as
+ * copies. The remote writer thread drains the due queue in batches (bytes from
+ * T1, T0 packed through its own mover, or T2), writes them in one round, and
+ * keeps a batch that failed for lack of a server (KVT_EIO) for a retry a
+ * second later, so writes resume when T3 comes back. The queue is bounded
+ * (KVT_TM_REMOTE_QUEUE_MAX); what does not fit is counted and skipped.
+ */
+#define KVT_TM_REMOTE_QUEUE_MAX 65536u
+#define KVT_TM_REMOTE_RETRY_S 1.0
+
+/*
+ * Busy-held blocks: copy their packed bytes (T1, T0 packed, or T2) into
+ * c->h_stage (n <= batch) and write them to T3 in one round. res[i] per
+ * block (KVT_ENOTFOUND: gone, or in no tier). Returns how many were written.
+ */
+static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int *res)
+{
+	kvt_btable_entry *e = malloc(sizeof(*e));
+	kvt_t2_block_meta *meta = malloc((size_t)n * sizeof(*meta));
+	const void **pay = malloc((size_t)n * sizeof(*pay));
+	uint32_t *idx = malloc((size_t)n * sizeof(*idx));
+	int *r = malloc((size_t)n * sizeof(*r));
+	uint32_t n_w = 0, n_ok = 0;
+	KVT_ASSERT(n <= tm->cfg.batch_blocks);
+	for (uint32_t i = 0; i < n; i++)
+		res[i] = KVT_ENOTFOUND;
+	if (!e || !meta || !pay || !idx || !r) {
+		for (uint32_t i = 0; i < n; i++)
+			res[i] = KVT_ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (kvt_btable_get(tm->cfg.bt, h[i], e) != KVT_OK)
+			continue; /* gone */
+		void *dst = c->h_stage + (size_t)n_w * tm->packed_bytes;
+		int rc = KVT_ENOTFOUND;
+		if (e->slot[KVT_TIER_HOST] >= 0) {
+			memcpy(dst, kvt_t1_slot_ptr(tm->t1, e->slot[KVT_TIER_HOST]), tm->packed_bytes);
+			rc = KVT_OK;
+		} else if (e->slot[KVT_TIER_HBM] >= 0) {
+			int32_t s = e->slot[KVT_TIER_HBM];
+			rc = wait_compute(tm, c);
+			if (rc == KVT_OK)
+				rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
+		} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->cfg.t2) {
+			kvt_t2_loc l;
+			l = e->nvme;
+			rc = kvt_t2_read(tm->cfg.t2, &l, h[i], NULL, dst, tm->packed_bytes);
+		}
+		if (rc != KVT_OK) {
+			res[i] = rc;
+			continue;
+		}
+		kvt_t2_block_meta *m = &meta[n_w];
+		memset(m, 0, sizeof(*m));
+		memcpy(m->hash, e->hash, KVT_HASH_BYTES);
+		memcpy(m->parent, e->parent, KVT_HASH_BYTES);
+		m->n_tokens = e->n_tokens;
+		memcpy(m->tokens, e->tokens, e->n_tokens * sizeof(int32_t));
+		m->kv_dtype = KVT_DTYPE_F16;
+		m->codec = (uint8_t)tm->cfg.t1_codec;
+		m->scale_layout = scale_layout_of(tm->cfg.t1_codec);
+		m->raw_bytes = (uint32_t)tm->packed_bytes;
+		pay[n_w] = dst;
+		idx[n_w++] = i;
+	}
+	if (n_w && kvt_t3_put_blocks(tm->cfg.t3, n_w, meta, pay, r) != KVT_OK)
+		for (uint32_t j = 0; j < n_w; j++)
+			r[j] = KVT_ENOMEM;
+	for (uint32_t j = 0; j < n_w; j++) {
+		res[idx[j]] = r[j];
+		n_ok += r[j] == KVT_OK;
+	}
+out:
+	free(e);
+	free(meta);
+	free(pay);
+	free(idx);
+	free(r);
+	return n_ok;
+}
+
+/* ON_DEMOTE: the n busy-held blocks that are about to leave the last local tier holding them go to T3 first. */
+static void remote_demote_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int leaving_tier)
+{
+	if (!tm->cfg.t3 || kvt_t3_write_policy(tm->cfg.t3) != KVT_T3_ON_DEMOTE || !n)
+		return;
+	uint8_t (*last)[KVT_HASH_BYTES] = malloc((size_t)n * sizeof(*last));
+	int *res = malloc((size_t)n * sizeof(*res));
+	kvt_btable_entry *e = malloc(sizeof(*e));
+	uint32_t k = 0;
+	if (last && res && e)
+		for (uint32_t i = 0; i < n; i++) {
+			if (kvt_btable_get(tm->cfg.bt, h[i], e) != KVT_OK || e->pins)
+				continue;
+			bool other = false;
+			for (int t = 0; t < KVT_TIER_COUNT; t++)
+				other |= t != leaving_tier && e->slot[t] >= 0;
+			/* going to T2 (dirty, T2 takes writes) is not leaving the node */
+			if (leaving_tier != KVT_TIER_NVME && e->dirty && t2_writable(tm))
+				other = true;
+			if (!other)
+				memcpy(last[k++], h[i], KVT_HASH_BYTES);
+		}
+	if (k) {
+		uint32_t ok = remote_put_held(tm, c, k, last, res);
+		pthread_mutex_lock(&tm->mu);
+		tm->st.remote.n_demotions += ok;
+		pthread_mutex_unlock(&tm->mu);
+	}
+	free(last);
+	free(res);
+	free(e);
+}
+
+/* Queue a registered block for T3 (WRITE_THROUGH). Under tm->mu. */
+static void remote_queue_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	if (tm->n_rq == tm->cap_rq) {
+		uint32_t cap = tm->cap_rq ? 2 * tm->cap_rq : 256;
+		void *p = cap <= KVT_TM_REMOTE_QUEUE_MAX ? realloc(tm->rq, cap * sizeof(*tm->rq)) : NULL;
+		if (!p) {
+			tm->st.n_remote_skipped++;
+			return;
+		}
+		tm->rq = p;
+		tm->cap_rq = cap;
+	}
+	memcpy(tm->rq[tm->n_rq].hash, h, KVT_HASH_BYTES);
+	tm->rq[tm->n_rq].retry_t = 0;
+	tm->n_rq++;
+}
+
+static void *remote_main(void *arg)
+{
+	kvt_tm *tm = arg;
+	tm_ctx *c = &tm->wctx[tm->cfg.n_io_threads + 1];
+	const uint32_t B = tm->cfg.batch_blocks;
+	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h)), (*hb)[KVT_HASH_BYTES] = malloc(B * sizeof(*hb));
+	int *res = malloc(B * sizeof(*res));
+	if (!h || !hb || !res) {
+		free(h);
+		free(hb);
+		free(res);
+		return NULL;
+	}
+	pthread_mutex_lock(&tm->mu);
+	for (;;) {
+		double now = kvt_now_s();
+		/* due entries ready now (a failed batch waits for its retry time) */
+		bool ready = tm->n_rs > 0 || (tm->n_rq_due > 0 && tm->rq[0].retry_t <= now);
+		if (!ready) {
+			if (tm->stop)
+				break;
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			long ns = ts.tv_nsec + 100L * 1000 * 1000;
+			ts.tv_sec += ns / 1000000000L;
+			ts.tv_nsec = ns % 1000000000L;
+			pthread_cond_timedwait(&tm->cv_remote, &tm->mu, &ts);
+			continue;
+		}
+		/* sessions first: they are small, and a resume elsewhere starts from them */
+		if (tm->n_rs) {
+			kvt_db_session s = tm->rs[--tm->n_rs];
+			tm->remote_inflight = true;
+			pthread_mutex_unlock(&tm->mu);
+			int rc = kvt_t3_put_session(tm->cfg.t3, &s);
+			if (rc != KVT_OK)
+				KVT_LOGD("tm: session \"%s\" not written to T3: %s", s.id, kvt_strerror(rc));
+			kvt_db_session_deinit(&s);
+			pthread_mutex_lock(&tm->mu);
+			tm->remote_inflight = false;
+			continue;
+		}
+		uint32_t n = 0;
+		while (n < B && n < tm->n_rq_due && tm->rq[n].retry_t <= now) {
+			memcpy(h[n], tm->rq[n].hash, KVT_HASH_BYTES);
+			n++;
+		}
+		memmove(tm->rq, tm->rq + n, (tm->n_rq - n) * sizeof(*tm->rq));
+		tm->n_rq -= n;
+		tm->n_rq_due -= n;
+		tm->remote_inflight = true;
+		pthread_mutex_unlock(&tm->mu);
+		/* Take what no other thread is moving; the rest goes back to the queue for a moment. */
+		uint32_t n_got = 0, n_busy = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			if (busy_try(tm, h[i]))
+				memmove(h[n_got++], h[i], KVT_HASH_BYTES);
+			else
+				memcpy(hb[n_busy++], h[i], KVT_HASH_BYTES);
+		}
+		uint32_t n_ok = n_got ? remote_put_held(tm, c, n_got, h, res) : 0;
+		for (uint32_t i = 0; i < n_got; i++)
+			busy_release(tm, h[i]);
+		pthread_mutex_lock(&tm->mu);
+		tm->remote_inflight = false;
+		tm->st.remote.n_demotions += n_ok;
+		/* no server (or busy): back to the front of the due queue, for a retry */
+		uint32_t n_retry = n_busy;
+		for (uint32_t i = 0; i < n_got; i++)
+			n_retry += res[i] == KVT_EIO;
+		if (n_retry && tm->n_rq + n_retry <= tm->cap_rq) {
+			memmove(tm->rq + n_retry, tm->rq, tm->n_rq * sizeof(*tm->rq));
+			uint32_t k = 0;
+			double now2 = kvt_now_s();
+			for (uint32_t i = 0; i < n_got; i++)
+				if (res[i] == KVT_EIO) {
+					memcpy(tm->rq[k].hash, h[i], KVT_HASH_BYTES);
+					tm->rq[k++].retry_t = now2 + KVT_TM_REMOTE_RETRY_S;
+				}
+			for (uint32_t i = 0; i < n_busy; i++) {
+				memcpy(tm->rq[k].hash, hb[i], KVT_HASH_BYTES);
+				tm->rq[k++].retry_t = now2 + 0.05;
+			}
+			tm->n_rq += n_retry;
+			tm->n_rq_due += n_retry;
+		} else {
+			tm->st.n_remote_skipped += n_retry;
+		}
+		for (uint32_t i = 0; i < n_got; i++)
+			tm->st.n_remote_failed += res[i] != KVT_OK && res[i] != KVT_EIO && res[i] != KVT_ENOTFOUND;
+		pthread_cond_broadcast(&tm->cv_done);
+	}
+	pthread_mutex_unlock(&tm->mu);
+	free(h);
+	free(hb);
+	free(res);
+	return NULL;
+}
+
+/*
+ * Look up the ticket's blocks [lo, n) in T3 and bring the run found to the
+ * ticket's tier (see the section comment). Fills results/slots/pinned.
+ */
+static void remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo)
+{
+	const uint32_t m = t->n - lo;
+	kvt_t2_block_meta *meta = malloc((size_t)m * sizeof(*meta));
+	uint8_t *buf = malloc((size_t)m * tm->packed_bytes);
+	void **pay = malloc((size_t)m * sizeof(*pay));
+	int *res = malloc((size_t)m * sizeof(*res));
+	kvt_btable_entry *e = malloc(sizeof(*e));
+	double t_start = kvt_now_s();
+	uint32_t n_hit = 0;
+	for (uint32_t j = 0; j < m; j++)
+		t->results[lo + j] = KVT_ENOTFOUND;
+	if (!meta || !buf || !pay || !res || !e)
+		goto out;
+	for (uint32_t j = 0; j < m; j++)
+		pay[j] = buf + (size_t)j * tm->packed_bytes;
+	if (kvt_t3_get_blocks(tm->cfg.t3, m, (const uint8_t(*)[KVT_HASH_BYTES])t->hashes + lo, true, meta, pay,
+			      tm->packed_bytes, res) != KVT_OK)
+		goto out;
+	for (uint32_t j = 0; j < m; j++) {
+		const uint8_t *h = t->hashes[lo + j];
+		const uint8_t *parent = lo + j ? t->hashes[lo + j - 1] : t->root;
+		if (res[j] != KVT_OK)
+			break;
+		if (meta[j].codec != tm->cfg.t1_codec || meta[j].scale_layout != scale_layout_of(tm->cfg.t1_codec) ||
+		    meta[j].raw_bytes != tm->packed_bytes || meta[j].n_tokens != kvt_btable_block_tokens(tm->cfg.bt) ||
+		    memcmp(meta[j].parent, parent, KVT_HASH_BYTES)) {
+			pthread_mutex_lock(&tm->mu);
+			bool warn = !tm->warned_remote;
+			tm->warned_remote = true;
+			pthread_mutex_unlock(&tm->mu);
+			if (warn)
+				KVT_LOGW("tm: a T3 record holds codec %s, scale layout %u, %u bytes, %u tokens (or another "
+					 "parent); this node runs %s, %zu bytes: such records are misses (nodes sharing T3 "
+					 "must share model, block_tokens and [tier.host] dtype)",
+					 kvt_kv_codec_name(meta[j].codec), (unsigned)meta[j].scale_layout, meta[j].raw_bytes,
+					 meta[j].n_tokens, kvt_kv_codec_name(tm->cfg.t1_codec), tm->packed_bytes);
+			break;
+		}
+		/* Enter it (a concurrent registration may have been first: then ours is a spare copy). */
+		if (busy_wait(tm, h) != KVT_OK)
+			break;
+		bool created = false, ok = false;
+		if (kvt_btable_insert(tm->cfg.bt, h, parent, meta[j].tokens, &created) == KVT_OK &&
+		    kvt_btable_get(tm->cfg.bt, h, e) == KVT_OK) {
+			ok = e->slot[KVT_TIER_HBM] >= 0 || e->slot[KVT_TIER_HOST] >= 0 || e->slot[KVT_TIER_NVME] >= 0;
+			if (!ok) {
+				int32_t s1;
+				if (kvt_t1_alloc(tm->t1, &s1) != KVT_OK) {
+					evict_t1(tm, c, 1);
+					if (kvt_t1_alloc(tm->t1, &s1) != KVT_OK)
+						s1 = -1;
+				}
+				if (s1 >= 0) {
+					memcpy(kvt_t1_slot_ptr(tm->t1, s1), pay[j], tm->packed_bytes);
+					if (kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, s1) == KVT_OK) {
+						ok = true;
+						if (created)
+							(void)kvt_btable_set_dirty(tm->cfg.bt, h, false); /* T3 holds it */
+					} else {
+						kvt_t1_unref(tm->t1, s1);
+					}
+				}
+			}
+			if (ok && t->take_refs && kvt_tm_pin(tm, h) == KVT_OK)
+				t->pinned[lo + j] = true;
+			if (!ok && created)
+				(void)kvt_btable_remove(tm->cfg.bt, h);
+		}
+		busy_release(tm, h);
+		if (!ok)
+			break;
+		n_hit++;
+		int32_t slot = -1;
+		/* promote_one counts a local hit in T1: the lookup that mattered was T3's, counted below */
+		int rc = promote_one(tm, c, h, t->tier, t->take_refs, &slot);
+		t->results[lo + j] = rc;
+		t->slots[lo + j] = slot;
+		if (rc != KVT_OK)
+			break;
+	}
+out:
+	pthread_mutex_lock(&tm->mu);
+	tm->st.remote.hits += n_hit;
+	tm->st.remote.misses += m - n_hit;
+	tm->st.remote.n_promotions += n_hit;
+	tm->st.remote.promotion_bytes += (uint64_t)n_hit * tm->packed_bytes;
+	tm->st.remote.promotion_s += kvt_now_s() - t_start;
+	pthread_mutex_unlock(&tm->mu);
+	free(meta);
+	free(buf);
+	free(pay);
+	free(res);
+	free(e);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Threads                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -891,19 +1263,25 @@ static void *worker_main(void *arg)
 		if (!tm->q_head)
 			break; /* stop, and the queue is drained */
 		kvt_tm_ticket *t = tm->q_head;
-		uint32_t i = t->next++;
-		if (t->next == t->n) {
+		uint32_t i = t->next, k = i < t->n_local ? 1 : t->n - i; /* T3 blocks: all in one round */
+		t->next += k;
+		if (t->next == t->n_claim) {
 			tm->q_head = t->qnext;
 			if (!tm->q_head)
 				tm->q_tail = NULL;
 		}
 		pthread_mutex_unlock(&tm->mu);
-		int32_t slot = -1;
-		int rc = promote_one(tm, c, t->hashes[i], t->tier, t->take_refs, &slot);
-		pthread_mutex_lock(&tm->mu);
-		t->results[i] = rc;
-		t->slots[i] = slot;
-		t->n_done++;
+		if (i < t->n_local) {
+			int32_t slot = -1;
+			int rc = promote_one(tm, c, t->hashes[i], t->tier, t->take_refs, &slot);
+			pthread_mutex_lock(&tm->mu);
+			t->results[i] = rc;
+			t->slots[i] = slot;
+		} else {
+			remote_fetch(tm, c, t, i);
+			pthread_mutex_lock(&tm->mu);
+		}
+		t->n_done += k;
 		pthread_cond_broadcast(&tm->cv_done);
 	}
 	pthread_mutex_unlock(&tm->mu);
@@ -1073,7 +1451,7 @@ static void maintain_locked(kvt_tm *tm, tm_ctx *c)
 		kvt_t2_stats s;
 		kvt_t2_get_stats(tm->cfg.t2, &s);
 		if (s.used_bytes > tm->cfg.high[KVT_TIER_NVME] * (double)s.capacity_bytes)
-			evict_t2(tm, (uint64_t)(tm->cfg.low[KVT_TIER_NVME] * (double)s.capacity_bytes));
+			evict_t2(tm, c, (uint64_t)(tm->cfg.low[KVT_TIER_NVME] * (double)s.capacity_bytes));
 	}
 }
 
@@ -1227,7 +1605,8 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 	pthread_cond_init(&tm->cv_work, NULL);
 	pthread_cond_init(&tm->cv_done, NULL);
 	pthread_cond_init(&tm->cv_maint, NULL);
-	tm->wctx = calloc(cfg->n_io_threads + 1, sizeof(*tm->wctx));
+	pthread_cond_init(&tm->cv_remote, NULL);
+	tm->wctx = calloc(cfg->n_io_threads + 2, sizeof(*tm->wctx)); /* workers, maintenance, the T3 writer */
 	tm->workers = calloc(cfg->n_io_threads, sizeof(*tm->workers));
 	if (!tm->wctx || !tm->workers) {
 		rc = KVT_ENOMEM;
@@ -1238,7 +1617,7 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 		rc = kvt_dev_event_create(cfg->dev, &tm->ev_compute);
 	if (rc == KVT_OK)
 		rc = kvt_dev_event_record(cfg->dev, tm->ev_compute, NULL);
-	for (uint32_t i = 0; i <= cfg->n_io_threads && rc == KVT_OK; i++)
+	for (uint32_t i = 0; i <= cfg->n_io_threads + (cfg->t3 != NULL) && rc == KVT_OK; i++)
 		rc = ctx_init(tm, &tm->wctx[i]);
 	if (rc == KVT_OK)
 		rc = ctx_init(tm, &tm->ctx_inline);
@@ -1274,6 +1653,14 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 		goto fail;
 	}
 	tm->maint_started = true;
+	if (cfg->t3) {
+		if (pthread_create(&tm->rwriter, NULL, remote_main, tm)) {
+			KVT_LOGE("tm: cannot start the T3 writer thread");
+			rc = KVT_ENOMEM;
+			goto fail;
+		}
+		tm->rwriter_started = true;
+	}
 	*out = tm;
 	return KVT_OK;
 fail:
@@ -1315,17 +1702,20 @@ void kvt_tm_destroy(kvt_tm *tm)
 	tm->stop = true;
 	pthread_cond_broadcast(&tm->cv_work);
 	pthread_cond_broadcast(&tm->cv_maint);
+	pthread_cond_broadcast(&tm->cv_remote);
 	pthread_mutex_unlock(&tm->mu);
 	for (uint32_t i = 0; i < tm->n_workers; i++)
 		pthread_join(tm->workers[i], NULL);
 	if (tm->maint_started)
 		pthread_join(tm->maint, NULL);
+	if (tm->rwriter_started)
+		pthread_join(tm->rwriter, NULL); /* it wrote what was due and reachable */
 	if (tm->t1) {
 		release_tier(tm, KVT_TIER_HBM);
 		release_tier(tm, KVT_TIER_HOST);
 	}
 	if (tm->wctx)
-		for (uint32_t i = 0; i <= tm->cfg.n_io_threads; i++)
+		for (uint32_t i = 0; i <= tm->cfg.n_io_threads + 1; i++)
 			if (tm->wctx[i].mv || tm->wctx[i].h_stage)
 				ctx_deinit(tm, &tm->wctx[i]);
 	if (tm->ctx_inline.mv || tm->ctx_inline.h_stage)
@@ -1339,6 +1729,11 @@ void kvt_tm_destroy(kvt_tm *tm)
 	pthread_cond_destroy(&tm->cv_work);
 	pthread_cond_destroy(&tm->cv_done);
 	pthread_cond_destroy(&tm->cv_maint);
+	pthread_cond_destroy(&tm->cv_remote);
+	for (uint32_t i = 0; i < tm->n_rs; i++)
+		kvt_db_session_deinit(&tm->rs[i]);
+	free(tm->rs);
+	free(tm->rq);
 	free(tm->foreign);
 	free(tm->wctx);
 	free(tm->workers);
@@ -1528,6 +1923,8 @@ int kvt_tm_register(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_
 			rc = KVT_ENOMEM;
 		}
 		tm->st.n_registered += created;
+		if (created && tm->cfg.t3 && kvt_t3_write_policy(tm->cfg.t3) == KVT_T3_WRITE_THROUGH)
+			remote_queue_locked(tm, hash);
 		pthread_mutex_unlock(&tm->mu);
 	}
 	busy_release(tm, hash);
@@ -1574,6 +1971,18 @@ int kvt_tm_lookup(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const int32_t 
 int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier, bool take_refs,
 		  kvt_tm_ticket **out)
 {
+	return kvt_tm_submit_remote(tm, n, hashes, n, NULL, tier, take_refs, out);
+}
+
+bool kvt_tm_has_remote(const kvt_tm *tm) { return tm->cfg.t3 != NULL; }
+
+int kvt_tm_submit_remote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_local,
+			 const uint8_t root[KVT_HASH_BYTES], int tier, bool take_refs, kvt_tm_ticket **out)
+{
+	if (n_local > n || (n_local < n && n_local == 0 && !root)) {
+		KVT_LOGE("tm submit: %u local blocks of %u, %s root", n_local, n, root ? "a" : "no");
+		return KVT_EINVAL;
+	}
 	if (tier != KVT_TIER_HBM && tier != KVT_TIER_HOST) {
 		KVT_LOGE("tm submit: tier %d (promotion targets T0 or T1)", tier);
 		return KVT_EINVAL;
@@ -1603,7 +2012,23 @@ int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES
 		t->results[i] = KVT_ENOTFOUND;
 		t->slots[i] = -1;
 	}
-	if (n) {
+	/* Without T3 the remote part is a miss at once: no worker sees it. */
+	t->n_local = n_local;
+	t->n_claim = n;
+	if (n_local < n && !tm->cfg.t3) {
+		t->n_claim = n_local;
+		t->n_done = n - n_local;
+	}
+	if (root)
+		memcpy(t->root, root, KVT_HASH_BYTES);
+	if (t->n_local < t->n && !(t->pinned = calloc(n, sizeof(*t->pinned)))) {
+		free(t->hashes);
+		free(t->results);
+		free(t->slots);
+		free(t);
+		return KVT_ENOMEM;
+	}
+	if (t->n_claim) {
 		pthread_mutex_lock(&tm->mu);
 		if (tm->q_tail)
 			tm->q_tail->qnext = t;
@@ -1653,6 +2078,12 @@ void kvt_tm_ticket_results(kvt_tm *tm, kvt_tm_ticket *t, int32_t *t0_slots, int 
 	if (t0_slots) {
 		memcpy(t0_slots, t->slots, t->n * sizeof(*t0_slots));
 		t->collected = true;
+		/* the pins of T3 blocks that made it go with their slots; the others are dropped now */
+		for (uint32_t i = t->n_local; t->pinned && i < t->n; i++)
+			if (t->pinned[i] && t->results[i] != KVT_OK) {
+				kvt_tm_unpin(tm, t->hashes[i]);
+				t->pinned[i] = false;
+			}
 	}
 }
 
@@ -1665,6 +2096,10 @@ void kvt_tm_ticket_free(kvt_tm *tm, kvt_tm_ticket *t)
 		for (uint32_t i = 0; i < t->n; i++)
 			if (t->results[i] == KVT_OK)
 				kvt_t0_unref(tm->cfg.t0, t->slots[i]);
+	for (uint32_t i = t->n_local; t->pinned && !t->collected && i < t->n; i++)
+		if (t->pinned[i])
+			kvt_tm_unpin(tm, t->hashes[i]);
+	free(t->pinned);
 	free(t->hashes);
 	free(t->results);
 	free(t->slots);
@@ -1717,6 +2152,12 @@ int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free)
 
 void kvt_tm_end_turn(kvt_tm *tm)
 {
+	if (tm->cfg.t3) { /* the turn's blocks become due for T3 (WRITE_THROUGH queues them) */
+		pthread_mutex_lock(&tm->mu);
+		tm->n_rq_due = tm->n_rq;
+		pthread_cond_signal(&tm->cv_remote);
+		pthread_mutex_unlock(&tm->mu);
+	}
 	if (tm->cfg.persist != KVT_PERSIST_END_OF_TURN || !tm->cfg.t2)
 		return;
 	double now = kvt_now_s();
@@ -1753,12 +2194,79 @@ void kvt_tm_maintain(kvt_tm *tm)
 	pthread_mutex_unlock(&tm->ctx_inline.mu);
 }
 
+int kvt_tm_remote_put_session(kvt_tm *tm, const kvt_db_session *s)
+{
+	if (!tm->cfg.t3)
+		return KVT_OK;
+	kvt_db_session c = *s;
+	c.tokens = malloc((s->n_tokens ? s->n_tokens : 1) * sizeof(int32_t));
+	if (!c.tokens)
+		return KVT_ENOMEM;
+	memcpy(c.tokens, s->tokens, s->n_tokens * sizeof(int32_t));
+	pthread_mutex_lock(&tm->mu);
+	/* a newer copy of the same session replaces a queued one */
+	for (uint32_t i = 0; i < tm->n_rs; i++)
+		if (!strcmp(tm->rs[i].id, s->id) && !strcmp(tm->rs[i].tenant, s->tenant)) {
+			kvt_db_session_deinit(&tm->rs[i]);
+			tm->rs[i] = c;
+			pthread_mutex_unlock(&tm->mu);
+			return KVT_OK;
+		}
+	if (tm->n_rs == tm->cap_rs) {
+		uint32_t cap = tm->cap_rs ? 2 * tm->cap_rs : 16;
+		void *p = cap <= 4096 ? realloc(tm->rs, cap * sizeof(*tm->rs)) : NULL;
+		if (!p) {
+			tm->st.n_remote_skipped++;
+			pthread_mutex_unlock(&tm->mu);
+			free(c.tokens);
+			return KVT_ENOMEM;
+		}
+		tm->rs = p;
+		tm->cap_rs = cap;
+	}
+	tm->rs[tm->n_rs++] = c;
+	pthread_cond_signal(&tm->cv_remote);
+	pthread_mutex_unlock(&tm->mu);
+	return KVT_OK;
+}
+
+int kvt_tm_remote_get_session(kvt_tm *tm, const char *tenant, const char *id, kvt_db_session *out)
+{
+	if (!tm->cfg.t3)
+		return KVT_ENOTFOUND;
+	return kvt_t3_get_session(tm->cfg.t3, tenant, id, out);
+}
+
+bool kvt_tm_remote_drain(kvt_tm *tm, double timeout_s)
+{
+	double end = kvt_now_s() + timeout_s;
+	pthread_mutex_lock(&tm->mu);
+	while ((tm->n_rq_due || tm->n_rs || tm->remote_inflight) && kvt_now_s() < end) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		long ns = ts.tv_nsec + 20L * 1000 * 1000;
+		ts.tv_sec += ns / 1000000000L;
+		ts.tv_nsec = ns % 1000000000L;
+		pthread_cond_timedwait(&tm->cv_done, &tm->mu, &ts);
+	}
+	bool done = !tm->n_rq_due && !tm->n_rs && !tm->remote_inflight;
+	pthread_mutex_unlock(&tm->mu);
+	return done;
+}
+
 void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 {
 	pthread_mutex_lock(&tm->mu);
 	*st = tm->st;
 	bool full = tm->t2_full;
+	st->n_remote_queued = tm->n_rq + tm->n_rs;
 	pthread_mutex_unlock(&tm->mu);
+	if (tm->cfg.t3) {
+		st->has_remote = true;
+		kvt_t3_get_stats(tm->cfg.t3, &st->t3);
+		st->remote.n_corrupt = st->t3.n_corrupt;
+		st->remote.degraded = st->t3.degraded;
+	}
 	kvt_tm_tier_stats *t0 = &st->tier[KVT_TIER_HBM], *t1 = &st->tier[KVT_TIER_HOST], *t2 = &st->tier[KVT_TIER_NVME];
 	uint32_t n0 = kvt_t0_n_slots(tm->cfg.t0), n1 = kvt_t1_n_slots(tm->t1);
 	t0->capacity_blocks = n0;

@@ -68,6 +68,15 @@
  * (kvt_tm_retain_result.n_denied says how much was refused). Without T2, a
  * T2 floor is taken as T1. kvt_tm_release (a deleted session) ends retention.
  *
+ * T3 (optional, cfg.t3): a remote tier shared with other nodes. Blocks the
+ * table does not know are looked up there (kvt_tm_submit_remote), verified,
+ * entered clean (T3 holds them) and promoted T3 -> T1 -> T0 on the I/O
+ * threads. Writes run on a thread of their own: WRITE_THROUGH writes every
+ * registered block after its turn ends (kvt_tm_end_turn), ON_DEMOTE a block
+ * about to leave the last local tier that holds it; sessions are written as
+ * queued (kvt_tm_remote_put_session). A T3 failure is a miss; a write that
+ * found no server is retried a second later. T3 never holds up T0-T2.
+ *
  * Threads: one maintenance thread (watermarks, persistence) and n_io_threads
  * promotion workers, each with its own device stream, device staging buffer
  * and pinned host staging buffer. The engine's calls (register, pin, lookup,
@@ -81,6 +90,7 @@
 
 #include "index.h"
 #include "t2_store.h"
+#include "t3_remote.h"
 #include "tiers.h"
 
 enum kvt_persist {
@@ -99,6 +109,10 @@ enum kvt_persist {
 #define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32 2 /* INT8: one scale per token, KV head and 32 dims (the whole head when
                                                head_dim is not a multiple of 32) */
 
+/* The remote tier's index in per-tier arrays that count it beside T0-T2 (usage, resume reports). */
+#define KVT_TM_TIER_REMOTE KVT_TIER_COUNT
+#define KVT_TM_N_TIERS (KVT_TIER_COUNT + 1)
+
 typedef struct kvt_tm_config {
 	kvt_dev *dev;            /* borrowed; must outlive the manager */
 	kvt_t0_pool *t0;         /* borrowed: the engine's T0 pool */
@@ -116,6 +130,7 @@ typedef struct kvt_tm_config {
 	double poll_s;           /* maintenance period when nothing signals it (default 0.02) */
 	uint64_t (*clock_us)(void *user); /* retention clock, microseconds; NULL = unix time (kvt_wall_us) */
 	void *clock_user;        /* its argument */
+	kvt_t3 *t3;              /* borrowed; NULL = no remote tier */
 } kvt_tm_config;
 
 /* A tenant's retention quota; 0 = no limit. */
@@ -202,6 +217,14 @@ typedef struct kvt_tm_stats {
 	uint64_t n_turn_late;     /* END_OF_TURN blocks made durable later than end_turn_s after their turn ended */
 	double max_turn_s;        /* longest end of turn -> durable (row committed) seen, seconds */
 	kvt_tm_retain_stats retain; /* retention (see "Retention" above) */
+	/* T3 (when cfg.t3): hits/misses are blocks looked up there; n_promotions/promotion_bytes/promotion_s
+	 * the blocks brought in from it; n_demotions the blocks written to it */
+	bool has_remote;          /* a remote tier is configured */
+	kvt_tm_tier_stats remote; /* as the local tiers (degraded, n_corrupt from t3) */
+	kvt_t3_stats t3;          /* the remote tier's own counters: bytes, errors, latency */
+	uint64_t n_remote_queued; /* blocks waiting to be written to T3 (due or not) */
+	uint64_t n_remote_skipped;/* blocks never written to T3: the queue was full */
+	uint64_t n_remote_failed; /* blocks T3 refused (OOM, an error reply) */
 } kvt_tm_stats;
 
 typedef struct kvt_tm kvt_tm;
@@ -280,6 +303,27 @@ int kvt_tm_promote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTE
  */
 int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier, bool take_refs,
 		  kvt_tm_ticket **out);
+/*
+ * kvt_tm_submit for hashes[0, n_local) (blocks the caller found in the table),
+ * then hashes[n_local, n): the chain continued (hashes[n_local]'s parent is
+ * hashes[n_local - 1], or root), blocks not in the table, looked up in T3 in
+ * one round. The run found from hashes[n_local] is promoted; the rest is
+ * KVT_ENOTFOUND. With take_refs, a block brought in from T3 with result
+ * KVT_OK also carries a pin for the caller once kvt_tm_ticket_results has
+ * handed out the T0 slots (unpin it as the pins of kvt_tm_lookup);
+ * kvt_tm_ticket_free drops the pins not handed out. Without T3 the remote
+ * part is KVT_ENOTFOUND. KVT_EINVAL, KVT_ENOMEM.
+ */
+int kvt_tm_submit_remote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_local,
+			 const uint8_t root[KVT_HASH_BYTES], int tier, bool take_refs, kvt_tm_ticket **out);
+bool kvt_tm_has_remote(const kvt_tm *tm);
+/* Queue a copy of s for T3 (no-op without T3). KVT_ENOMEM. Never waits on the network. */
+int kvt_tm_remote_put_session(kvt_tm *tm, const kvt_db_session *s);
+/* Read a session from T3 (within its command timeout). KVT_ENOTFOUND also without T3; see kvt_t3_get_session. */
+int kvt_tm_remote_get_session(kvt_tm *tm, const char *tenant, const char *id, kvt_db_session *out);
+/* Wait (up to timeout_s) until nothing due is waiting to be written to T3; true if so (tests, benchmarks). */
+bool kvt_tm_remote_drain(kvt_tm *tm, double timeout_s);
+
 /* Prefetch: kvt_tm_submit without references. */
 int kvt_tm_prefetch(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier,
 		    kvt_tm_ticket **out);

@@ -4,7 +4,8 @@
  *   t2_alloc.c   the 4 KiB-unit bitmap allocator and its exact-size free lists;
  *   t2_io.c      the I/O engines (io_uring contexts, the pread/pwrite pool);
  *   t2_store.c   open/close, the superblock, batches, scan, stats.
- * Nothing here is visible outside tiers/t2_*.c.
+ * Nothing here is visible outside tiers/t2_*.c, except the record functions,
+ * which tiers/t3_remote.c uses to seal and verify T3 (remote) records too.
  */
 #ifndef KVT_T2_INT_H
 #define KVT_T2_INT_H
@@ -66,6 +67,16 @@ void kvt_t2_record_seal(const kvt_t2_block_meta *meta, const uint8_t model_fp[32
 int kvt_t2_record_verify(const uint8_t *rec, size_t n, uint64_t off, const kvt_t2_loc *want,
 			 const uint8_t model_fp[32], const uint8_t *expect_hash, kvt_t2_block_meta *meta_out,
 			 void *payload_out, size_t payload_cap, void *scratch, kvt_t2_loc *loc_out, const char **why);
+/*
+ * As kvt_t2_record_verify (want NULL, no loc) for a record of which only the
+ * first n bytes are present, its extent's bytes past them taken as zeros
+ * (T3 sends records without their padding); the extent may be up to limit.
+ * A record with more bytes than its extent, or fewer than its header and
+ * stored payload, is KVT_ECORRUPT.
+ */
+int kvt_t2_record_verify_unpadded(const uint8_t *rec, size_t n, uint64_t limit, uint64_t off,
+				  const uint8_t model_fp[32], const uint8_t *expect_hash, kvt_t2_block_meta *meta_out,
+				  void *payload_out, size_t payload_cap, void *scratch, const char **why);
 /* Header-only sanity check for scan: the magic and lengths; *extent_bytes from the header. */
 bool kvt_t2_record_peek(const uint8_t *rec, uint64_t off, uint64_t file_bytes, uint32_t *extent_bytes);
 

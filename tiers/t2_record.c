@@ -43,17 +43,33 @@ uint64_t kvt_t2_seed(uint64_t off, uint64_t generation)
 	return XXH3_64bits_withSeed(b, sizeof(b), 0x6b76743254324b56ull /* "VK2T2tvk" */);
 }
 
-/* Checksum of the whole extent: header (csum field as zero), payload, padding. */
-static uint64_t record_checksum(const uint8_t *rec, uint32_t extent_bytes, uint64_t seed)
+/*
+ * Checksum of the whole extent: header (csum field as zero), payload, padding.
+ * Only the first have bytes are in rec (have >= H_CSUM + 8); the rest of the
+ * extent is taken as zeros (a T3 record travels without its padding).
+ */
+static uint64_t record_checksum_have(const uint8_t *rec, size_t have, uint32_t extent_bytes, uint64_t seed)
 {
-	static const uint8_t zero8[8];
+	static const uint8_t zeros[4096];
 	XXH3_state_t st;
 	memset(&st, 0, sizeof(st)); /* NOTE: gcc 12 cannot see that reset fills it */
 	XXH3_64bits_reset_withSeed(&st, seed);
 	XXH3_64bits_update(&st, rec, H_CSUM);
-	XXH3_64bits_update(&st, zero8, 8);
-	XXH3_64bits_update(&st, rec + H_CSUM + 8, (size_t)extent_bytes - H_CSUM - 8);
+	XXH3_64bits_update(&st, zeros, 8);
+	if (have > extent_bytes)
+		have = extent_bytes;
+	XXH3_64bits_update(&st, rec + H_CSUM + 8, have - H_CSUM - 8);
+	for (size_t left = extent_bytes - have; left;) {
+		size_t k = left < sizeof(zeros) ? left : sizeof(zeros);
+		XXH3_64bits_update(&st, zeros, k);
+		left -= k;
+	}
 	return XXH3_64bits_digest(&st);
+}
+
+static uint64_t record_checksum(const uint8_t *rec, uint32_t extent_bytes, uint64_t seed)
+{
+	return record_checksum_have(rec, extent_bytes, extent_bytes, seed);
 }
 
 void kvt_t2_shuffle2(const uint8_t *src, uint8_t *dst, size_t n)
@@ -178,17 +194,22 @@ bool kvt_t2_record_peek(const uint8_t *rec, uint64_t off, uint64_t file_bytes, u
 	return true;
 }
 
-int kvt_t2_record_verify(const uint8_t *rec, size_t n, uint64_t off, const kvt_t2_loc *want,
-			 const uint8_t model_fp[32], const uint8_t *expect_hash, kvt_t2_block_meta *meta_out,
-			 void *payload_out, size_t payload_cap, void *scratch, kvt_t2_loc *loc_out, const char **why)
+/* n bytes of rec are present; unpadded: the extent may reach up to limit, its bytes past n being zeros. */
+static int verify_impl(const uint8_t *rec, size_t n, bool unpadded, uint64_t limit, uint64_t off,
+		       const kvt_t2_loc *want, const uint8_t model_fp[32], const uint8_t *expect_hash, kvt_t2_block_meta *meta_out,
+		       void *payload_out, size_t payload_cap, void *scratch, kvt_t2_loc *loc_out, const char **why)
 {
 	if (n < KVT_T2_HEADER_BYTES)
 		return *why = "short record", KVT_ECORRUPT;
-	if (!header_sane(rec, off, n, why))
+	if (!header_sane(rec, off, limit, why))
 		return KVT_ECORRUPT;
 	uint64_t gen = get64(rec + H_GEN), csum = get64(rec + H_CSUM);
 	uint32_t raw = get32(rec + H_RAW), stored = get32(rec + H_STORED), ext = get32(rec + H_EXTENT);
 	uint8_t comp = rec[H_COMP];
+	if (n < (size_t)KVT_T2_HEADER_BYTES + stored)
+		return *why = "short record", KVT_ECORRUPT;
+	if (unpadded && n > ext) /* a T3 value is the record, nothing after it */
+		return *why = "record longer than its extent", KVT_ECORRUPT;
 	if (want) {
 		if (gen != want->generation)
 			return *why = "stale or foreign generation", KVT_ECORRUPT;
@@ -196,7 +217,7 @@ int kvt_t2_record_verify(const uint8_t *rec, size_t n, uint64_t off, const kvt_t
 		    comp != want->compressed)
 			return *why = "record differs from its index entry", KVT_ECORRUPT;
 	}
-	if (record_checksum(rec, ext, kvt_t2_seed(off, gen)) != csum)
+	if (record_checksum_have(rec, n, ext, kvt_t2_seed(off, gen)) != csum)
 		return *why = "checksum mismatch", KVT_ECORRUPT;
 	if (memcmp(rec + H_MODEL, model_fp, 32) != 0)
 		return *why = "record of another model", KVT_ECORRUPT;
@@ -241,4 +262,20 @@ int kvt_t2_record_verify(const uint8_t *rec, size_t n, uint64_t off, const kvt_t
 		loc_out->compressed = comp;
 	}
 	return KVT_OK;
+}
+
+int kvt_t2_record_verify(const uint8_t *rec, size_t n, uint64_t off, const kvt_t2_loc *want,
+			 const uint8_t model_fp[32], const uint8_t *expect_hash, kvt_t2_block_meta *meta_out,
+			 void *payload_out, size_t payload_cap, void *scratch, kvt_t2_loc *loc_out, const char **why)
+{
+	return verify_impl(rec, n, false, n, off, want, model_fp, expect_hash, meta_out, payload_out, payload_cap, scratch,
+			   loc_out, why);
+}
+
+int kvt_t2_record_verify_unpadded(const uint8_t *rec, size_t n, uint64_t limit, uint64_t off,
+				  const uint8_t model_fp[32], const uint8_t *expect_hash, kvt_t2_block_meta *meta_out,
+				  void *payload_out, size_t payload_cap, void *scratch, const char **why)
+{
+	return verify_impl(rec, n, true, limit, off, NULL, model_fp, expect_hash, meta_out, payload_out, payload_cap,
+			   scratch, NULL, why);
 }

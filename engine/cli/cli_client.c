@@ -576,6 +576,26 @@ static int render_stats(json_t *j, const char *source)
 		return 0;
 	}
 	render_retention(ret, g_stats_tenants);
+	json_t *r3 = json_object_get(j, "remote");
+	if (json_is_object(r3)) { /* T3, shared with other nodes: its own lines (no capacity of ours to show) */
+		json_t *rt = NULL;
+		for (size_t i = 0; i < json_array_size(tiers); i++) {
+			const char *nm = json_string_value(json_object_get(json_array_get(tiers, i), "name"));
+			if (nm && !strcmp(nm, "remote"))
+				rt = json_array_get(tiers, i);
+		}
+		char bi[48], bo[48];
+		fmt_bytes(num(r3, "bytes_in"), bi, sizeof(bi));
+		fmt_bytes(num(r3, "bytes_out"), bo, sizeof(bo));
+		printf("\n  remote (T3)%s\n", json_is_true(json_object_get(r3, "degraded")) ? ": DEGRADED (misses, not outages)" : "");
+		printf("  %-24s %.0f hits, %.0f misses (%.1f%%)\n", "lookups", num(rt, "hits"), num(rt, "misses"),
+		       100 * num(rt, "hit_rate"));
+		printf("  %-24s %s in, %s out; %.0f blocks written, %.0f queued\n", "bytes", bi, bo, num(r3, "writes"),
+		       num(r3, "write_queue"));
+		printf("  %-24s %.0f errors, %.0f corrupt records (counted misses)\n", "failures", num(r3, "errors"),
+		       num(r3, "corrupt"));
+		printf("  %-24s %.0f written, %.0f read\n", "sessions", num(r3, "sessions_written"), num(r3, "sessions_read"));
+	}
 	if (json_is_object(eng)) {
 		double prompt = num(eng, "prompt_tokens"), cached = num(eng, "cached_tokens");
 		json_t *bt = json_object_get(eng, "cached_tokens_by_tier");
@@ -583,8 +603,11 @@ static int render_stats(json_t *j, const char *source)
 		printf("  %-24s %.0f (%.0f failed; %.0f running, %.0f queued)\n", "requests", num(eng, "requests"),
 		       num(eng, "requests_failed"), num(eng, "running"), num(eng, "queued"));
 		printf("  %-24s %.0f\n", "prompt tokens", prompt);
-		printf("  %-24s %.0f (%.1f%% of prompt tokens; hbm %.0f, host %.0f, nvme %.0f)\n", "cached tokens", cached,
+		printf("  %-24s %.0f (%.1f%% of prompt tokens; hbm %.0f, host %.0f, nvme %.0f", "cached tokens", cached,
 		       prompt > 0 ? 100 * cached / prompt : 0.0, num(bt, "hbm"), num(bt, "host"), num(bt, "nvme"));
+		if (json_is_object(r3))
+			printf(", remote %.0f", num(bt, "remote"));
+		printf(")\n");
 		printf("  %-24s %.1f%% (cached / reusable %.0f)\n", "cache efficiency", 100 * num(eng, "cache_efficiency"),
 		       num(eng, "reusable_tokens"));
 		printf("  %-24s %.0f\n", "prefill tokens saved", num(eng, "prefill_tokens_saved"));
@@ -1206,12 +1229,14 @@ static int resume_line(void *user, const char *line, size_t len)
 
 static void print_report(const json_t *r, const char *id)
 {
-	static const char *const tiers[3] = { "hbm", "host", "nvme" };
+	static const char *const tiers[4] = { "hbm", "host", "nvme", "remote" };
 	json_t *tok = json_object_get(r, "restored_tokens"), *bytes = json_object_get(r, "restored_bytes");
 	double total_tok = 0, total_b = 0;
 	const char *rid = json_string_value(json_object_get(r, "id"));
-	printf("session %s: %.0f tokens, %.0f blocks\n", rid ? rid : id, num(r, "tokens"), num(r, "blocks"));
-	for (int i = 0; i < 3; i++) {
+	printf("session %s: %.0f tokens, %.0f blocks%s\n", rid ? rid : id, num(r, "tokens"), num(r, "blocks"),
+	       json_is_true(json_object_get(r, "session_from_remote")) ? " (session from T3)" : "");
+	/* the remote line only when T3 gave something */
+	for (int i = 0; i < (num(tok, "remote") > 0 ? 4 : 3); i++) {
 		char b[48];
 		fmt_bytes(num(bytes, tiers[i]), b, sizeof(b));
 		printf("  restored from %-5s %10.0f tokens %14s\n", tiers[i], num(tok, tiers[i]), b);

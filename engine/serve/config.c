@@ -25,6 +25,7 @@
 #include "scheduler.h"
 #include "manager.h"
 #include "t2_store.h"
+#include "t3_remote.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -92,6 +93,10 @@ static const char *const admission_names[] = { "prompt", "longest", NULL };
 static const int admission_values[] = { 0, 1 };
 static const char *const tier_names[] = { "hbm", "host", "nvme", NULL };
 static const int tier_values[] = { KVT_TIER_HBM, KVT_TIER_HOST, KVT_TIER_NVME };
+static const char *const remote_mode_names[] = { "cluster", "single", NULL };
+static const int remote_mode_values[] = { 1, 0 };
+static const char *const remote_write_names[] = { "write_through", "on_demote", NULL };
+static const int remote_write_values[] = { KVT_T3_WRITE_THROUGH, KVT_T3_ON_DEMOTE };
 static const char *const comp_names[] = { "none", "lz4", NULL };
 static const int comp_values[] = { 0, 1 };
 
@@ -175,6 +180,18 @@ static const key_def keys[] = {
 	ENUMK("tier.nvme", "io", nvme_io, io, "auto", "auto = io_uring, else a thread pool"),
 	U32("tier.nvme", "io_threads", io_threads, 1, 16, "2", "promotion workers"),
 
+	BOOLK("tier.remote", "enabled", remote_enabled, "false", "T3: a Redis Cluster (or server) shared by several nodes"),
+	STR("tier.remote", "seeds", remote_seeds, "", "host:port of one or more servers, comma-separated"),
+	ENUMK("tier.remote", "mode", remote_mode, remote_mode, "cluster", "cluster = Redis Cluster slot routing; single = one server"),
+	STR("tier.remote", "user", remote_user, "", "AUTH user (\"\" = the default user)"),
+	STR("tier.remote", "password_file", remote_password_file, "", "file holding the AUTH password (\"\" = no AUTH)"),
+	DUR("tier.remote", "connect_timeout", remote_connect_timeout_s, 0, 60, true, "0.2", "one connection attempt"),
+	DUR("tier.remote", "command_timeout", remote_command_timeout_s, 0, 60, true, "0.5", "one pipelined read round, at most"),
+	STR("tier.remote", "prefix", remote_prefix, "kvt:", "prefix of every key"),
+	U32("tier.remote", "pipeline_depth", remote_pipeline, 1, 4096, "64", "commands in flight per node"),
+	ENUMK("tier.remote", "write_policy", remote_write, remote_write, "write_through", "when blocks are written to T3"),
+	DUR("tier.remote", "ttl", remote_ttl_s, 0, 31536000, false, "0", "expiry of every record, seconds (0 = none)"),
+
 	STR("index", "data_dir", data_dir, "./kvtier-data", "holds the T2 file, the index and the secret"),
 	STR("index", "path", index_path, "", "SQLite index (\"\" = DATA_DIR/index.sqlite)"),
 
@@ -183,7 +200,8 @@ static const key_def keys[] = {
 };
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))
 
-static const char *const sections[] = { "server", "model", "cache", "scheduler", "tenants", "tier.hbm", "tier.host", "tier.nvme", "index", "log" };
+static const char *const sections[] = { "server", "model", "cache", "scheduler", "tenants", "tier.hbm", "tier.host",
+					 "tier.nvme", "tier.remote", "index", "log" };
 #define N_SECTIONS (sizeof(sections) / sizeof(sections[0]))
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -1011,7 +1029,7 @@ int kvt_config_load(kvt_config *c, const char *path, char *err, size_t cap)
 		}
 		if (!section[0]) {
 			set_err(err, cap, where, "key '%.64s' before any [section] (allowed sections: server, model, cache, "
-				"tier.hbm, tier.host, tier.nvme, index, log)", name);
+				"tier.hbm, tier.host, tier.nvme, tier.remote, index, log)", name);
 			rc = KVT_EINVAL;
 			goto out;
 		}
@@ -1065,7 +1083,7 @@ int kvt_config_set(kvt_config *c, const char *section, const char *key, const ch
 	}
 	if (!section_known(section)) {
 		set_err(err, cap, where, "unknown section [%.64s] (allowed: server, model, cache, tier.hbm, tier.host, "
-			"tier.nvme, index, log)", section);
+			"tier.nvme, tier.remote, index, log)", section);
 		return KVT_EINVAL;
 	}
 	const key_def *k = find_key(section, key);
@@ -1203,6 +1221,20 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 			c->max_connections_per_ip, c->max_connections);
 		return KVT_EINVAL;
 	}
+	if (c->remote_enabled && !c->remote_seeds[0]) {
+		set_err(err, cap, where, "[tier.remote] enabled = true needs seeds (host:port, comma-separated)");
+		return KVT_EINVAL;
+	}
+	if (c->remote_ttl_s != (double)(uint32_t)c->remote_ttl_s) {
+		set_err(err, cap, where, "[tier.remote] ttl %g: must be whole seconds", c->remote_ttl_s);
+		return KVT_EINVAL;
+	}
+	for (const char *q = c->remote_prefix; *q; q++)
+		if ((unsigned char)*q <= ' ' || *q == 0x7f || *q == '{' || *q == '}') {
+			set_err(err, cap, where, "[tier.remote] prefix \"%.64s\": no spaces, control characters or braces "
+				"(a brace would make a hash tag and put every key in one slot)", c->remote_prefix);
+			return KVT_EINVAL;
+		}
 	if (!c->data_dir[0]) {
 		set_err(err, cap, where, "[index] data_dir must not be empty");
 		return KVT_EINVAL;
@@ -1233,7 +1265,9 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 	}
 	if (c->device < KVT_DEVICE_AUTO || c->device > KVT_DEVICE_CPU || c->persist < 0 || c->persist > 1 ||
 	    c->host_dtype < 0 || c->host_dtype >= KVT_KV_CODEC_COUNT || c->nvme_io < KVT_T2_IO_AUTO ||
-	    c->nvme_io > KVT_T2_IO_THREADS || c->log_level < KVT_LOG_ERROR || c->log_level > KVT_LOG_DEBUG) {
+	    c->nvme_io > KVT_T2_IO_THREADS || c->log_level < KVT_LOG_ERROR || c->log_level > KVT_LOG_DEBUG ||
+	    c->remote_mode < 0 || c->remote_mode > 1 || c->remote_write < KVT_T3_WRITE_THROUGH ||
+	    c->remote_write > KVT_T3_ON_DEMOTE) {
 		set_err(err, cap, where, "an enum field holds a value outside its enum");
 		return KVT_EINVAL;
 	}

@@ -115,6 +115,19 @@ typedef struct kvt_config {
 	int nvme_io;                   /* io = auto|uring|threads */
 	uint32_t io_threads;           /* io_threads: promotion workers (default 2) */
 
+	/* [tier.remote] T3, a Redis Cluster shared by several nodes (tiers/t3_remote.h) */
+	bool remote_enabled;           /* enabled (default false) */
+	char remote_seeds[1024];       /* seeds = "host:port, host:port" (required when enabled) */
+	int remote_mode;               /* mode = cluster|single (1/0: kvt_rc_config.cluster) */
+	char remote_user[256];         /* user: AUTH user ("" = the default user) */
+	char remote_password_file[KVT_CONFIG_PATH_MAX]; /* password_file: the AUTH password ("" = no AUTH); never printed */
+	double remote_connect_timeout_s; /* connect_timeout (default 0.2) */
+	double remote_command_timeout_s; /* command_timeout: one pipelined round, at most (default 0.2) */
+	char remote_prefix[65];        /* prefix of every key (default "kvt:") */
+	uint32_t remote_pipeline;      /* pipeline_depth: commands in flight per node (default 64) */
+	int remote_write;              /* write_policy = write_through|on_demote (enum kvt_t3_write) */
+	double remote_ttl_s;           /* ttl: expiry of every record, whole seconds (0 = none, default) */
+
 	/* [index] */
 	char data_dir[KVT_CONFIG_PATH_MAX];   /* data_dir (default ./kvtier-data) */
 	char index_path[KVT_CONFIG_PATH_MAX]; /* path ("" = DATA_DIR/index.sqlite) */

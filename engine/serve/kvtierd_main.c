@@ -175,6 +175,36 @@ static int load_secret(const char *path, uint8_t *out, size_t *n)
 	return KVT_OK;
 }
 
+/* The T3 AUTH password: the first line of path, which only its owner may read. Never logged. */
+static int load_remote_password(const char *path, char *out, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		KVT_LOGE("[tier.remote] password_file %s: %s", path, strerror(errno));
+		return KVT_EIO;
+	}
+	struct stat sb;
+	if (fstat(fd, &sb) == 0 && (sb.st_mode & 077)) {
+		KVT_LOGE("[tier.remote] password_file %s is readable by group or others (mode %04o); chmod 600 %s", path,
+			 (unsigned)(sb.st_mode & 07777), path);
+		close(fd);
+		return KVT_EINVAL;
+	}
+	ssize_t r = read(fd, out, cap - 1);
+	close(fd);
+	if (r < 0) {
+		KVT_LOGE("[tier.remote] password_file %s: %s", path, strerror(errno));
+		return KVT_EIO;
+	}
+	out[r] = 0;
+	out[strcspn(out, "\r\n")] = 0;
+	if (!out[0]) {
+		KVT_LOGE("[tier.remote] password_file %s is empty", path);
+		return KVT_EINVAL;
+	}
+	return KVT_OK;
+}
+
 static void data_path(char *out, size_t cap, const char *dir, const char *set, const char *name)
 {
 	if (set && set[0])
@@ -560,17 +590,43 @@ static int bring_up(daemon_t *d, int *exit_code)
 	kvt_stack_quota quotas[4 * KVT_CONFIG_MAX_QUOTAS];
 	sc.quotas = quotas;
 	sc.n_quotas = merge_quotas(c, quotas);
+	char remote_pw[512] = "";
+	if (c->remote_enabled) {
+		if (c->remote_password_file[0] &&
+		    (rc = load_remote_password(c->remote_password_file, remote_pw, sizeof(remote_pw)))) {
+			*exit_code = EX_CONFIG;
+			return rc;
+		}
+		sc.remote = true;
+		sc.t3.rc.seeds = c->remote_seeds;
+		sc.t3.rc.cluster = c->remote_mode == 1;
+		sc.t3.rc.user = c->remote_user[0] ? c->remote_user : NULL;
+		sc.t3.rc.password = remote_pw[0] ? remote_pw : NULL;
+		sc.t3.rc.connect_timeout_ms = (uint32_t)(c->remote_connect_timeout_s * 1e3 + 0.5);
+		sc.t3.rc.command_timeout_ms = (uint32_t)(c->remote_command_timeout_s * 1e3 + 0.5);
+		if (!sc.t3.rc.connect_timeout_ms)
+			sc.t3.rc.connect_timeout_ms = 1;
+		if (!sc.t3.rc.command_timeout_ms)
+			sc.t3.rc.command_timeout_ms = 1;
+		sc.t3.rc.pipeline_depth = c->remote_pipeline;
+		sc.t3.prefix = c->remote_prefix;
+		sc.t3.ttl_s = (uint32_t)c->remote_ttl_s;
+		sc.t3.write_policy = c->remote_write;
+	}
 	double tr = kvt_now_s();
-	if ((rc = kvt_stack_open(&sc, &d->st))) {
+	rc = kvt_stack_open(&sc, &d->st);
+	memset(remote_pw, 0, sizeof(remote_pw)); /* the clients keep their own copies */
+	if (rc) {
 		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EIO ? EX_IOERR : EX_SOFTWARE;
 		return rc;
 	}
 	kvt_tm_stats ts = { 0 };
 	if (d->st.tm)
 		kvt_tm_get_stats(d->st.tm, &ts);
-	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s; %llu durable blocks recovered, %llu lost; "
-		 "ready in %.3f s",
+	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s, remote %s; %llu durable blocks recovered, "
+		 "%llu lost; ready in %.3f s",
 		 (unsigned long long)n_t0, sc.tm.t1_slots, kvt_kv_codec_name(c->host_dtype), sc.t2_path ? t2_path : "off",
+		 d->st.t3 ? c->remote_seeds : "off",
 		 (unsigned long long)d->st.n_recovered, (unsigned long long)ts.n_lost, kvt_now_s() - tr);
 	memset(secret, 0, sizeof(secret));
 	*exit_code = 0;

@@ -84,6 +84,7 @@ struct kvt_sched_handle {
 	uint32_t n_pinned;          /* leading hashes[] pinned at admission (the cached prefix) */
 	uint8_t *origin;            /* [blocks] tier each cached block was found in */
 	uint32_t n_usable;          /* cached blocks found in some tier (being promoted) */
+	uint32_t n_local;           /* of those, found in the table (pinned); the rest are looked up in T3 */
 	kvt_tm_ticket *ticket;      /* H_PROMOTE: the manager bringing them to T0 */
 	double t_submit, t_first;
 	int prio;                   /* priority (the request's, or its tenant's default) */
@@ -494,7 +495,7 @@ static void record_usage_locked(kvt_sched *s, kvt_sched_handle *h)
 	st->requests_failed += h->finish == KVT_FINISH_ERROR;
 	st->prompt_tokens += u->prompt_tokens;
 	st->cached_tokens += u->cached_tokens;
-	for (int t = 0; t < KVT_TIER_COUNT; t++)
+	for (int t = 0; t < KVT_TM_N_TIERS; t++)
 		st->cached_by_tier[t] += u->cached_by_tier[t];
 	st->completion_tokens += u->completion_tokens;
 	if (h->t_first > 0) {
@@ -523,6 +524,8 @@ static void put_session(kvt_sched *s, kvt_sched_handle *h)
 	int rc = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
 	if (rc)
 		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
+	if (s->cfg.tm && (rc = kvt_tm_remote_put_session(s->cfg.tm, &row)))
+		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(rc));
 }
 
 /*
@@ -607,7 +610,8 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots,
 	for (uint32_t i = ok; i < usable; i++) {
 		if (res[i] == KVT_OK)
 			kvt_t0_unref(s->cfg.t0, slots[i]);
-		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
+		if (i < h->n_local || res[i] == KVT_OK) /* a T3 block is pinned only when it came */
+			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
 	}
 	if (ok < usable)
 		KVT_LOGW("sched: %u of %u cached blocks could not be promoted (%s): recomputing them", usable - ok, usable,
@@ -727,9 +731,28 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	}
 	for (uint32_t i = usable; i < nm; i++) /* matched, but in no tier: let them go */
 		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
-	h->n_pinned = h->n_usable = usable;
+	h->n_pinned = h->n_usable = h->n_local = usable;
+	/* A local miss with T3: the chain goes on there (looked up by the manager's threads). */
+	uint32_t n_remote = 0;
+	if (usable == nm && usable < n_full && !t0_only && kvt_tm_has_remote(s->cfg.tm)) {
+		for (uint32_t i = usable; i < n_full; i++) {
+			if (i < nh)
+				memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
+			else if (kvt_hash_block(i ? h->hashes[i - 1] : h->root, h->toks + (size_t)i * bt, bt, h->hashes[i]))
+				break;
+			h->origin[i] = KVT_TM_TIER_REMOTE;
+			n_remote++;
+		}
+	}
 	free(mt);
 	mt = NULL;
+	if (n_remote &&
+	    kvt_tm_submit_remote(s->cfg.tm, usable + n_remote, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, usable,
+				 h->root, KVT_TIER_HBM, true, &h->ticket) == KVT_OK) {
+		h->n_usable = usable + n_remote;
+		h->state = H_PROMOTE;
+		return;
+	}
 	if (!usable) {
 		if (h->preempted) {
 			pthread_mutex_lock(&s->mu);
@@ -1531,6 +1554,17 @@ int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
 	return kvt_db_wait(s->cfg.db, ticket);
 }
 
+int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id)
+{
+	kvt_db_session row;
+	if (!s->cfg.tm || !kvt_tm_has_remote(s->cfg.tm))
+		return KVT_ENOTFOUND;
+	int rc = kvt_tm_remote_get_session(s->cfg.tm, tenant_of(tenant), id, &row);
+	if (rc == KVT_OK)
+		kvt_db_session_deinit(&row);
+	return rc;
+}
+
 int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
 			     void *user, kvt_resume_report *rep)
 {
@@ -1547,13 +1581,31 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 	if (!s->cfg.db)
 		return KVT_ENOTFOUND;
 	double t0 = kvt_now_s();
-	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)))
+	rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row);
+	if (rc == KVT_ENOTFOUND && s->cfg.tm && kvt_tm_has_remote(s->cfg.tm)) {
+		/* Another node's conversation: the session comes from T3, and is kept here from now on. */
+		int r3 = kvt_tm_remote_get_session(s->cfg.tm, tenant_of(tenant), id, &row);
+		if (r3 == KVT_OK) {
+			rc = KVT_OK;
+			rep->from_remote = true;
+			int rp = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
+			if (rp)
+				KVT_LOGW("sched: session \"%s\" from T3 not saved here: %s", id, kvt_strerror(rp));
+		}
+	}
+	if (rc)
 		return rc;
 	rc = locate(s, tenant_of(tenant), row.tokens, row.n_tokens, &info, &mt, &nm);
 	if (rc)
 		goto out;
 	rep->n_tokens = row.n_tokens;
 	rep->n_blocks = info.n_blocks;
+	/* With T3, the blocks past the local ones are looked up there (the chain goes on from the last local one). */
+	uint32_t n_local = nm;
+	uint8_t root[KVT_HASH_BYTES] = { 0 };
+	if (s->cfg.tm && kvt_tm_has_remote(s->cfg.tm) && nm < info.n_blocks &&
+	    chain_root(s, tenant_of(tenant), root) == KVT_OK)
+		nm = info.n_blocks;
 	if (progress)
 		progress(user, 0, nm);
 	if (nm && s->cfg.tm) {
@@ -1565,11 +1617,17 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 			rc = KVT_ENOMEM;
 			goto out;
 		}
-		for (uint32_t i = 0; i < nm; i++)
-			memcpy(hh[i], mt[i].hash, KVT_HASH_BYTES);
+		for (uint32_t i = 0; i < nm; i++) {
+			if (i < n_local)
+				memcpy(hh[i], mt[i].hash, KVT_HASH_BYTES);
+			else if ((rc = kvt_hash_block(i ? hh[i - 1] : root, row.tokens + (size_t)i * s->block_tokens,
+						      s->block_tokens, hh[i])))
+				goto out;
+		}
 		kvt_tm_get_stats(s->cfg.tm, &a);
 		/* to T0 as far as it has room; what does not fit stays in (or comes up to) T1 */
-		if ((rc = kvt_tm_prefetch(s->cfg.tm, nm, (const uint8_t(*)[KVT_HASH_BYTES])hh, KVT_TIER_HBM, &t)))
+		if ((rc = kvt_tm_submit_remote(s->cfg.tm, nm, (const uint8_t(*)[KVT_HASH_BYTES])hh, n_local, root,
+					       KVT_TIER_HBM, false, &t)))
 			goto out;
 		uint32_t done = 0, last = 0;
 		while (!kvt_tm_ticket_done(s->cfg.tm, t, &done)) {
@@ -1581,22 +1639,25 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 		kvt_tm_ticket_results(s->cfg.tm, t, NULL, res);
 		kvt_tm_ticket_free(s->cfg.tm, t);
 		uint32_t n_host = 0;
-		for (uint32_t i = 0; i < nm; i++)
+		uint8_t(*hf)[KVT_HASH_BYTES] = calloc(nm, KVT_HASH_BYTES);
+		for (uint32_t i = 0; hf && i < nm; i++)
 			if (res[i] == KVT_EFULL)
-				memcpy(hh[n_host++], mt[i].hash, KVT_HASH_BYTES);
-		if (n_host && kvt_tm_prefetch(s->cfg.tm, n_host, (const uint8_t(*)[KVT_HASH_BYTES])hh, KVT_TIER_HOST,
+				memcpy(hf[n_host++], hh[i], KVT_HASH_BYTES);
+		if (n_host && kvt_tm_prefetch(s->cfg.tm, n_host, (const uint8_t(*)[KVT_HASH_BYTES])hf, KVT_TIER_HOST,
 					      &t) == KVT_OK) {
 			kvt_tm_ticket_wait(s->cfg.tm, t);
 			kvt_tm_ticket_free(s->cfg.tm, t);
 		}
+		free(hf);
 		kvt_tm_get_stats(s->cfg.tm, &b);
 		uint32_t served = 0;
 		for (uint32_t i = 0; i < nm; i++) {
 			if (res[i] != KVT_OK && res[i] != KVT_EFULL)
 				break; /* a miss (corrupt, gone): the rest of the chain is recomputed */
-			rep->tokens_from[origin_tier(&mt[i])] += s->block_tokens;
+			rep->tokens_from[i < n_local ? origin_tier(&mt[i]) : KVT_TM_TIER_REMOTE] += s->block_tokens;
 			served++;
 		}
+		rep->bytes_from[KVT_TM_TIER_REMOTE] = b.remote.promotion_bytes - a.remote.promotion_bytes;
 		/*
 		 * Bytes by the tier each block was found in. NOTE: a block from NVMe
 		 * that goes on to T0 is counted by the manager twice (its record read
@@ -1607,7 +1668,7 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 		uint64_t up_n = b.tier[KVT_TIER_HBM].n_promotions - a.tier[KVT_TIER_HBM].n_promotions;
 		uint64_t up_bytes = b.tier[KVT_TIER_HBM].promotion_bytes - a.tier[KVT_TIER_HBM].promotion_bytes;
 		uint64_t n_host_up = 0;
-		for (uint32_t i = 0; i < served; i++)
+		for (uint32_t i = 0; i < served && i < n_local; i++)
 			n_host_up += origin_tier(&mt[i]) == KVT_TIER_HOST && res[i] == KVT_OK;
 		rep->bytes_from[KVT_TIER_HOST] = up_n ? up_bytes / up_n * n_host_up : 0;
 		rep->bytes_from[KVT_TIER_NVME] = b.tier[KVT_TIER_HOST].promotion_bytes - a.tier[KVT_TIER_HOST].promotion_bytes;

@@ -140,7 +140,7 @@ typedef struct kvt_sched_usage {
 	uint32_t prompt_tokens;        /* tokens of the prompt */
 	uint32_t completion_tokens;    /* tokens generated */
 	uint32_t cached_tokens;        /* prompt tokens served from the cache (full blocks) */
-	uint32_t cached_by_tier[KVT_TIER_COUNT]; /* of those, by the tier the block was found in */
+	uint32_t cached_by_tier[KVT_TM_N_TIERS]; /* of those, by the tier the block was found in (KVT_TM_TIER_REMOTE: T3) */
 	uint32_t cache_read_tokens;    /* of the cached tokens, those of retained blocks (their TTL restarted) */
 	uint32_t cache_creation_tokens;/* prompt tokens newly retained by this request */
 	uint32_t retain_requested_tokens; /* full-block tokens the request asked to retain */
@@ -240,8 +240,9 @@ typedef struct kvt_resume_report {
 	char id[KVT_NAME_MAX + 1];
 	uint32_t n_tokens;            /* tokens of the session's history */
 	uint32_t n_blocks;            /* full blocks */
-	uint32_t tokens_from[KVT_TIER_COUNT]; /* tokens restored, by the tier each block was found in */
-	uint64_t bytes_from[KVT_TIER_COUNT];  /* bytes read from each tier */
+	uint32_t tokens_from[KVT_TM_N_TIERS]; /* tokens restored, by the tier each block was found in (and T3) */
+	uint64_t bytes_from[KVT_TM_N_TIERS];  /* bytes read from each tier (and T3) */
+	bool from_remote;             /* the session itself came from T3 (not in the local index) */
 	uint32_t tokens_missing;      /* tokens whose blocks are in no tier (will be prefilled) */
 	double seconds;               /* wall time of the resume */
 	double prefill_s;             /* re-prefill time avoided */
@@ -253,9 +254,13 @@ typedef void (*kvt_resume_progress_fn)(void *user, uint32_t done, uint32_t total
 
 /*
  * Page a session's blocks back in (T2 -> T1 -> T0, or as far as room
- * allows), reporting progress. KVT_ENOTFOUND (no such session for this
- * tenant), KVT_EINVAL, KVT_EIO.
+ * allows), reporting progress. A session the index does not have is taken
+ * from T3 when there is one (rep->from_remote; kept in the index from then
+ * on), and blocks past the local ones come from T3 too. KVT_ENOTFOUND (no
+ * such session for this tenant), KVT_EINVAL, KVT_EIO.
  */
+/* Whether T3 (when there is one) holds the session: KVT_OK, KVT_ENOTFOUND (also without T3), KVT_EIO. */
+int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id);
 int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
 			     void *user, kvt_resume_report *rep);
 
@@ -274,7 +279,7 @@ typedef struct kvt_sched_stats {
 	uint64_t requests_failed;      /* of those, KVT_FINISH_ERROR */
 	uint64_t prompt_tokens;        /* prompt tokens of finished requests */
 	uint64_t cached_tokens;        /* of those, served from cache */
-	uint64_t cached_by_tier[KVT_TIER_COUNT];
+	uint64_t cached_by_tier[KVT_TM_N_TIERS];
 	uint64_t reusable_tokens;      /* of those, the full blocks of the prompt (the cacheable part) */
 	uint64_t prefill_tokens;       /* tokens prefilled (prompt - cached) */
 	uint64_t completion_tokens;    /* tokens generated */

@@ -174,7 +174,7 @@ void kvt_server_config_default(kvt_server_config *c)
 	c->model_id = "kvtier";
 }
 
-static const char *tier_name[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };
+static const char *tier_name[KVT_TM_N_TIERS] = { "hbm", "host", "nvme", "remote" };
 
 /* Requests need a key (any API key or admin key is configured). */
 static bool auth_on(const kvt_server *srv)
@@ -958,10 +958,11 @@ static json_t *usage_json(const gen_job *j)
 	uint32_t completion = 0;
 	for (uint32_t i = 0; i < j->n; i++)
 		completion += choice_completion_tokens(&j->ch[i]);
-	json_t *kv = json_pack("{s:{s:i, s:i, s:i}, s:f}", "cached_tokens_by_tier", "hbm",
+	json_t *kv = json_pack("{s:{s:i, s:i, s:i, s:i}, s:f}", "cached_tokens_by_tier", "hbm",
 			       (json_int_t)u0->cached_by_tier[KVT_TIER_HBM], "host",
 			       (json_int_t)u0->cached_by_tier[KVT_TIER_HOST], "nvme",
-			       (json_int_t)u0->cached_by_tier[KVT_TIER_NVME], "ttft_ms", u0->ttft_s * 1e3);
+			       (json_int_t)u0->cached_by_tier[KVT_TIER_NVME], "remote",
+			       (json_int_t)u0->cached_by_tier[KVT_TM_TIER_REMOTE], "ttft_ms", u0->ttft_s * 1e3);
 	if (kv && j->session_id[0])
 		json_object_set_new(kv, "session_id", json_string(j->session_id));
 	if (kv) { /* Anthropic's names for the tokens written to and read from retained cache */
@@ -1881,6 +1882,8 @@ static enum MHD_Result handle_health(conn_req *r)
 	for (int t = 0; t < KVT_TIER_COUNT; t++)
 		if (ss.have_tiers && ss.tiers.tier[t].degraded)
 			json_array_append_new(what, json_string(tier_name[t]));
+	if (ss.have_tiers && ss.tiers.has_remote && ss.tiers.remote.degraded)
+		json_array_append_new(what, json_string("remote")); /* served on without it: misses */
 	if (!json_array_size(what)) {
 		json_decref(what);
 		return reply_json(r, 200, json_pack("{s:s}", "status", "ok"), false);
@@ -1913,10 +1916,12 @@ static void metric_head(sbuf *b, const char *name, const char *type, const char 
 	sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void metric_tiers(sbuf *b, const char *name, const char *type, const char *help, const uint64_t v[KVT_TIER_COUNT])
+/* v[KVT_TM_N_TIERS]: the remote tier's value (last) is printed only when one is configured. */
+static int metric_n_tiers = KVT_TIER_COUNT;
+static void metric_tiers(sbuf *b, const char *name, const char *type, const char *help, const uint64_t *v)
 {
 	metric_head(b, name, type, help);
-	for (int t = 0; t < KVT_TIER_COUNT; t++)
+	for (int t = 0; t < metric_n_tiers; t++)
 		sbuf_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_name[t], (unsigned long long)v[t]);
 }
 
@@ -1958,11 +1963,14 @@ static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
 	kvt_sched_stats st;
 	kvt_sched_get_stats(sched, &st);
 	sbuf b = { 0 };
-	uint64_t v[KVT_TIER_COUNT];
+	uint64_t v[KVT_TM_N_TIERS];
+	/* NOTE: a per-call value would be cleaner; every /metrics of one daemon has the same tiers */
+	metric_n_tiers = st.tiers.has_remote ? KVT_TM_N_TIERS : KVT_TIER_COUNT;
 #define TIERS(field)                                          \
 	do {                                                  \
 		for (int t_ = 0; t_ < KVT_TIER_COUNT; t_++) \
 			v[t_] = (uint64_t)(st.tiers.tier[t_].field); \
+		v[KVT_TM_TIER_REMOTE] = (uint64_t)(st.tiers.remote.field); \
 	} while (0)
 	TIERS(capacity_bytes);
 	metric_tiers(&b, "kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier in bytes.", v);
@@ -2009,6 +2017,29 @@ static enum MHD_Result handle_metrics(conn_req *r, kvt_sched *sched)
 		   st.prefix_hits_tokens);
 	metric_tiers(&b, "kvtier_cached_tokens_total", "counter", "Prompt tokens served from the cache, by tier.",
 		     st.cached_by_tier);
+	if (st.tiers.has_remote) {
+		const kvt_t3_stats *r3 = &st.tiers.t3;
+		metric_one(&b, "kvtier_remote_read_bytes_total", "counter", "Record bytes read from T3.", r3->bytes_in);
+		metric_one(&b, "kvtier_remote_written_bytes_total", "counter", "Record bytes written to T3.", r3->bytes_out);
+		metric_one(&b, "kvtier_remote_errors_total", "counter",
+			   "T3 commands that failed (node down, timeout, OOM, error reply): misses.", r3->n_errors);
+		metric_one(&b, "kvtier_remote_write_queue", "gauge", "Blocks and sessions waiting to be written to T3.",
+			   st.tiers.n_remote_queued);
+		metric_one(&b, "kvtier_remote_write_skipped_total", "counter", "Blocks never written to T3 (queue full).",
+			   st.tiers.n_remote_skipped);
+		metric_head(&b, "kvtier_remote_round_seconds", "histogram", "Latency of one pipelined T3 round.");
+		uint64_t c3 = 0;
+		for (unsigned i = 0; i < KVT_T3_LAT_BUCKETS; i++) {
+			c3 += r3->lat[i];
+			if (i == KVT_T3_LAT_BUCKETS - 1)
+				sbuf_printf(&b, "kvtier_remote_round_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)c3);
+			else
+				sbuf_printf(&b, "kvtier_remote_round_seconds_bucket{le=\"%g\"} %llu\n", kvt_t3_lat_bounds[i],
+					    (unsigned long long)c3);
+		}
+		sbuf_printf(&b, "kvtier_remote_round_seconds_sum %.9g\nkvtier_remote_round_seconds_count %llu\n",
+			    r3->lat_sum_s, (unsigned long long)c3);
+	}
 	metric_head(&b, "kvtier_ttft_seconds", "histogram", "Time to first token.");
 	uint64_t cum = 0;
 	for (int i = 0; i < KVT_TTFT_BUCKETS; i++) {
@@ -2081,8 +2112,33 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 				  t == KVT_TIER_HBM ? "f16" : rec_dtype, "corrupt", (json_int_t)ts->n_corrupt, "degraded",
 				  (int)ts->degraded));
 	}
+	json_t *remote = json_null();
+	if (st.tiers.has_remote) {
+		const kvt_tm_tier_stats *ts = &st.tiers.remote;
+		const kvt_t3_stats *r3 = &st.tiers.t3;
+		json_t *lat = json_array();
+		for (unsigned i = 0; i < KVT_T3_LAT_BUCKETS; i++)
+			json_array_append_new(lat, json_integer((json_int_t)r3->lat[i]));
+		json_array_append_new(
+			tiers, json_pack("{s:s, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:s, s:I, s:b}", "name", "remote",
+					 "hits", (json_int_t)ts->hits, "misses", (json_int_t)ts->misses, "hit_rate",
+					 ratio((double)ts->hits, (double)(ts->hits + ts->misses)), "promotions",
+					 (json_int_t)ts->n_promotions, "promotion_bytes", (json_int_t)ts->promotion_bytes,
+					 "promotion_mb_s", ratio((double)ts->promotion_bytes / 1e6, ts->promotion_s),
+					 "demotions", (json_int_t)ts->n_demotions, "demotion_bytes", (json_int_t)r3->bytes_out,
+					 "dtype", rec_dtype, "corrupt", (json_int_t)ts->n_corrupt, "degraded",
+					 (int)ts->degraded));
+		remote = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o, s:b}", "bytes_in",
+				   (json_int_t)r3->bytes_in, "bytes_out", (json_int_t)r3->bytes_out, "writes",
+				   (json_int_t)r3->n_writes, "errors", (json_int_t)r3->n_errors, "corrupt",
+				   (json_int_t)r3->n_corrupt, "sessions_written", (json_int_t)r3->n_sessions_put,
+				   "sessions_read", (json_int_t)r3->n_sessions_got, "write_queue",
+				   (json_int_t)st.tiers.n_remote_queued, "write_skipped", (json_int_t)st.tiers.n_remote_skipped,
+				   "write_refused", (json_int_t)st.tiers.n_remote_failed, "round_seconds_sum", r3->lat_sum_s,
+				   "round_seconds_buckets", lat, "degraded", (int)r3->degraded);
+	}
 	json_t *engine = json_pack(
-		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:{s:I, s:I, s:I}}", "requests",
+		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I}}", "requests",
 		(json_int_t)st.requests, "requests_failed", (json_int_t)st.requests_failed, "running",
 		(json_int_t)st.running, "queued", (json_int_t)st.queued, "prompt_tokens", (json_int_t)st.prompt_tokens,
 		"cached_tokens", (json_int_t)st.cached_tokens, "reusable_tokens", (json_int_t)st.reusable_tokens,
@@ -2092,7 +2148,7 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 		ratio((double)st.prefill_tokens, st.prefill_s), "decode_tokens_per_s",
 		ratio((double)st.completion_tokens, st.decode_s), "cached_tokens_by_tier", "hbm",
 		(json_int_t)st.cached_by_tier[KVT_TIER_HBM], "host", (json_int_t)st.cached_by_tier[KVT_TIER_HOST], "nvme",
-		(json_int_t)st.cached_by_tier[KVT_TIER_NVME]);
+		(json_int_t)st.cached_by_tier[KVT_TIER_NVME], "remote", (json_int_t)st.cached_by_tier[KVT_TM_TIER_REMOTE]);
 	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:b, s:I, s:I, s:I}", "registered",
 				    (json_int_t)st.tiers.n_registered, "persisted", (json_int_t)st.tiers.n_persisted,
 				    "failed", (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only,
@@ -2104,10 +2160,10 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 				  "rolled_back", (json_int_t)st.index.n_full, "kept_session_writes",
 				  (json_int_t)st.index.n_carried, "bad_session_rows", (json_int_t)st.index.n_bad_sessions);
 	return reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine", engine,
-				    "scheduler", stats_sched(&st), "persist", persist, "index", index, "sessions",
-				    (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model", srv->model_id,
-				    "retention", kvt_dashboard_retention(sched, &st, NULL), "sessions_table",
+			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine", engine,
+				    "scheduler", stats_sched(&st), "persist", persist, "index", index, "remote", remote,
+				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",
+				    srv->model_id, "retention", kvt_dashboard_retention(sched, &st, NULL), "sessions_table",
 				    kvt_dashboard_sessions(sched, 100)),
 			  false);
 }
@@ -2204,13 +2260,16 @@ static enum MHD_Result handle_session_delete(conn_req *r, kvt_sched *sched, cons
 
 static json_t *resume_json(const kvt_resume_report *rep)
 {
-	return json_pack("{s:s, s:I, s:I, s:o, s:{s:I, s:I, s:I}, s:I, s:f, s:f, s:b}", "id", rep->id, "tokens",
-			 (json_int_t)rep->n_tokens, "blocks", (json_int_t)rep->n_blocks, "restored_tokens",
-			 tiers3(rep->tokens_from), "restored_bytes", "hbm", (json_int_t)rep->bytes_from[KVT_TIER_HBM],
-			 "host", (json_int_t)rep->bytes_from[KVT_TIER_HOST], "nvme",
-			 (json_int_t)rep->bytes_from[KVT_TIER_NVME], "missing_tokens", (json_int_t)rep->tokens_missing,
-			 "seconds", rep->seconds, "prefill_seconds_avoided", rep->prefill_s, "prefill_measured",
-			 (int)rep->prefill_measured);
+	json_t *tok = tiers3(rep->tokens_from);
+	if (tok)
+		json_object_set_new(tok, "remote", json_integer((json_int_t)rep->tokens_from[KVT_TM_TIER_REMOTE]));
+	return json_pack("{s:s, s:I, s:I, s:o, s:{s:I, s:I, s:I, s:I}, s:I, s:f, s:f, s:b, s:b}", "id", rep->id,
+			 "tokens", (json_int_t)rep->n_tokens, "blocks", (json_int_t)rep->n_blocks, "restored_tokens", tok,
+			 "restored_bytes", "hbm", (json_int_t)rep->bytes_from[KVT_TIER_HBM], "host",
+			 (json_int_t)rep->bytes_from[KVT_TIER_HOST], "nvme", (json_int_t)rep->bytes_from[KVT_TIER_NVME],
+			 "remote", (json_int_t)rep->bytes_from[KVT_TM_TIER_REMOTE], "missing_tokens",
+			 (json_int_t)rep->tokens_missing, "seconds", rep->seconds, "prefill_seconds_avoided", rep->prefill_s,
+			 "prefill_measured", (int)rep->prefill_measured, "session_from_remote", (int)rep->from_remote);
 }
 
 /*
@@ -2405,6 +2464,9 @@ static enum MHD_Result handle_resume(conn_req *r, kvt_sched *sched, const char *
 		for (size_t i = 0; i < n && !found; i++)
 			found = !strcmp(si[i].id, id);
 		free(si);
+		/* another node's conversation: T3 may have it (asked within its command timeout) */
+		if (!found && kvt_sched_session_remote(sched, r->tenant, id) == KVT_OK)
+			found = true;
 		if (!found)
 			return reply_error(r, 404, "id", "not_found", "no session '%s'", id);
 	}

@@ -11,6 +11,7 @@ void kvt_stack_config_default(kvt_stack_config *c)
 	c->block_tokens = 16;
 	kvt_tm_config_default(&c->tm);
 	kvt_sched_config_default(&c->sched);
+	kvt_t3_config_default(&c->t3);
 }
 
 int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
@@ -42,8 +43,11 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 			goto fail;
 		}
 	}
+	if (c->remote && c->tm.t1_slots && (rc = kvt_t3_create(&c->t3, c->model_fp, &s->t3)))
+		goto fail;
 	if (c->tm.t1_slots) {
 		kvt_tm_config tm = c->tm;
+		tm.t3 = s->t3;
 		tm.dev = c->dev;
 		tm.t0 = s->t0;
 		tm.bt = s->bt;
@@ -80,6 +84,7 @@ void kvt_stack_close(kvt_stack *s)
 {
 	kvt_sched_destroy(s->sched); /* flushes the cache to NVMe and commits the index */
 	kvt_tm_destroy(s->tm);
+	kvt_t3_destroy(s->t3); /* after the manager: its threads use it */
 	kvt_db_close(s->db);
 	kvt_t2_close(s->t2);
 	kvt_btable_destroy(s->bt);

@@ -44,6 +44,8 @@ typedef struct kvt_stack_config {
 	kvt_sched_config sched;    /* max_running, max_queue, prefill_chunk, cache, secret (handles filled in) */
 	const kvt_stack_quota *quotas; /* [n_quotas] retention quotas, set before recovery; borrowed */
 	size_t n_quotas;
+	bool remote;               /* a remote tier (T3) with the settings below (needs the manager) */
+	kvt_t3_config t3;          /* seeds, mode, AUTH, timeouts, prefix, pipeline depth, policy, ttl */
 } kvt_stack_config;
 
 /* Defaults: tm and sched at their defaults, no index, no NVMe tier. */
@@ -54,6 +56,7 @@ typedef struct kvt_stack {
 	kvt_btable *bt;
 	kvt_db *db;
 	kvt_t2_store *t2;
+	kvt_t3 *t3;                /* the remote tier, or NULL */
 	kvt_tm *tm;
 	kvt_sched *sched;
 	uint64_t n_recovered;      /* durable blocks found in the index at start */
