@@ -5,18 +5,23 @@ data_dir) to DATA_DIR/kvtier.conf, starts BUILD/kvtierd on it, logging to
 DATA_DIR/kvtierd.log, and waits for /health; the port is the one the log says it
 listens on (listen = 127.0.0.1:0 picks an ephemeral one). http() is a JSON client
 that returns (status, body) for errors too; check() records failed checks in FAILS.
+run_cases() is the main() of a suite whose cases each get a fresh data dir.
 """
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 
 
 FAILS = []
+SKIPS = []  # cases that could not run here (a reason each)
 
 
 def check(cond, what):
@@ -93,3 +98,30 @@ class Daemon:
         rc = self.proc.returncode if self.proc else 0
         self.proc = None
         return rc
+
+
+def run_cases(suite, doc, model, cases):
+    """argv: BUILD [CASE ...]. Runs each case(build, tmp) in a fresh temporary dir (removed
+    unless something failed); 77 (skip) without the model or when every case skipped."""
+    if len(sys.argv) < 2:
+        print(doc)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    if not os.path.exists(model):
+        print("skip: no default model at", model)
+        return 77
+    names = sys.argv[2:] or list(cases)
+    for name in names:
+        tmp = tempfile.mkdtemp(prefix="kvt_%s_%s_" % (suite, name))
+        t = time.time()
+        try:
+            cases[name](build, tmp)
+        except Exception as e:  # a crash in a case is a failure of that case
+            check(False, "%s: %s: %s" % (name, type(e).__name__, e))
+        print("%s: %.1f s" % (name, time.time() - t), flush=True)
+        if not FAILS:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("test_%s: %d failure(s)" % (suite, len(FAILS)))
+    if not FAILS and SKIPS and len(SKIPS) == len(names):
+        return 77
+    return 1 if FAILS else 0

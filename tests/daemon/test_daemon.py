@@ -31,7 +31,6 @@ installs it into .venv-test; KVT_TEST_STRICT=1 makes its absence a failure).
 import json
 import re
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvtierd_proc import FAILS, Daemon, check, http  # noqa: E402
+from kvtierd_proc import SKIPS, Daemon, check, http, run_cases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -424,7 +423,6 @@ def case_blocksize(build, tmp):
             check(d.stop() == 0, "SIGTERM exits 0 (block_tokens %d)" % bt)
 
 
-SKIPS = []
 
 
 def can_mount():
@@ -822,28 +820,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__)
-        return 2
-    build = os.path.abspath(sys.argv[1])
-    if not os.path.exists(MODEL):
-        print("skip: no default model at", MODEL)
-        return 77
-    names = sys.argv[2:] or list(CASES)
-    for name in names:
-        tmp = tempfile.mkdtemp(prefix="kvt_daemon_%s_" % name)
-        t = time.time()
-        try:
-            CASES[name](build, tmp)
-        except Exception as e:  # a crash in a case is a failure of that case
-            check(False, "%s: %s: %s" % (name, type(e).__name__, e))
-        print("%s: %.1f s" % (name, time.time() - t), flush=True)
-        if not FAILS:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print("test_daemon: %d failure(s)" % len(FAILS))
-    if not FAILS and SKIPS and len(SKIPS) == len(names):
-        return 77
-    return 1 if FAILS else 0
+    return run_cases("daemon", __doc__, MODEL, CASES)
 
 
 if __name__ == "__main__":

@@ -29,17 +29,15 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvtierd_proc import FAILS, Daemon, check, http  # noqa: E402
+from kvtierd_proc import SKIPS, Daemon, check, http, run_cases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 BT = 16
 HOST_BLOCK = 195840  # an fp8 host record of SmolLM2-135M (tiers/README.md): what a retained block counts
-SKIPS = []
 SYSTEM = ("You are a careful assistant who answers questions about oceans, rivers, lakes, "
           "mountains and forests in plain, short words. ") * 4
 
@@ -351,28 +349,7 @@ CASES = {"wire": case_wire, "quota": case_quota, "restart": case_restart, "dashb
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__)
-        return 2
-    build = os.path.abspath(sys.argv[1])
-    if not os.path.exists(MODEL):
-        print("skip: no default model at", MODEL)
-        return 77
-    names = sys.argv[2:] or list(CASES)
-    for name in names:
-        tmp = tempfile.mkdtemp(prefix="kvt_retention_%s_" % name)
-        t = time.time()
-        try:
-            CASES[name](build, tmp)
-        except Exception as e:  # a crash in a case is a failure of that case
-            check(False, "%s: %s: %s" % (name, type(e).__name__, e))
-        print("%s: %.1f s" % (name, time.time() - t), flush=True)
-        if not FAILS:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print("test_retention: %d failure(s)" % len(FAILS))
-    if not FAILS and SKIPS and len(SKIPS) == len(names):
-        return 77
-    return 1 if FAILS else 0
+    return run_cases("retention", __doc__, MODEL, CASES)
 
 
 if __name__ == "__main__":
