@@ -2915,8 +2915,10 @@ static int server_keys(kvt_server *srv, const kvt_server_config *cfg)
 	srv->usage = calloc(n_all, sizeof(*srv->usage));
 	if (!srv->keys || !srv->key_usage || !srv->usage)
 		return KVT_ENOMEM;
-	memcpy(srv->keys, cfg->keys, cfg->n_keys * sizeof(*srv->keys));
-	memcpy(srv->keys + cfg->n_keys, cfg->admin_keys, cfg->n_admin_keys * sizeof(*srv->keys));
+	if (cfg->n_keys) /* either list may be empty (and NULL: memcpy must not see it) */
+		memcpy(srv->keys, cfg->keys, cfg->n_keys * sizeof(*srv->keys));
+	if (cfg->n_admin_keys)
+		memcpy(srv->keys + cfg->n_keys, cfg->admin_keys, cfg->n_admin_keys * sizeof(*srv->keys));
 	for (size_t i = 0; i < n_all; i++) {
 		const char *t = srv->keys[i].tenant[0] ? srv->keys[i].tenant : "default";
 		size_t u = 0;
