@@ -6,7 +6,9 @@ yes, each in a temp dir of its own, no persistence), joins them with
 `redis-cli --cluster create`, and waits for cluster_state:ok on every node.
 RedisSingle starts one plain server. Both kill every process they started in
 stop() (SIGKILL, then wait), and stop() runs at exit and on SIGTERM/SIGINT, so
-a failing test leaves no redis-server behind.
+a failing test leaves no redis-server behind; each server also gets
+PR_SET_PDEATHSIG, so it dies with the process that started it even when that one
+is killed outright (a ctest timeout).
 
 As a command:
     redis_cluster.py [--masters N] [--single] [--failover] [--password-file F] -- CMD ARGS...
@@ -19,6 +21,7 @@ exits with its status, stopping the servers whatever happens. Exit 77 (skip)
 when redis-server or redis-cli is not installed.
 """
 import atexit
+import ctypes
 import os
 import random
 import shutil
@@ -31,6 +34,14 @@ import time
 
 HOST = "127.0.0.1"
 _live = []
+
+
+def _die_with_parent():
+    """In the child: SIGKILL when the process that started it dies (even by SIGKILL: a ctest timeout)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def have_redis():
@@ -86,7 +97,8 @@ class _Servers:
                      "--cluster-node-timeout", "2000"]
         if self.password:
             args += ["--requirepass", self.password]
-        self.procs[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            preexec_fn=_die_with_parent)
         for _ in range(200):
             if cli(port, "PING", password=self.password) == "PONG":
                 return
