@@ -103,6 +103,17 @@ static void json_strings(void)
 	CHECK(accepts(g2, "[true]"));
 	kvt_grammar_unref(g2);
 
+	/* groups nested too deep are refused, not recursed into */
+	char nest[1200];
+	size_t k = (size_t)snprintf(nest, sizeof(nest), "root ::= ");
+	for (int i = 0; i < 300; i++)
+		nest[k++] = '(';
+	k += (size_t)snprintf(nest + k, sizeof(nest) - k, "\"a\"");
+	for (int i = 0; i < 300; i++)
+		nest[k++] = ')';
+	nest[k] = 0;
+	CHECK(kvt_grammar_compile(nest, k, "root", &g, err, sizeof(err)) == KVT_EINVAL && strstr(err, "nest deeper"));
+
 	/* exact counts */
 	const char *rep = "root ::= \"a\"{2,3} \"b\"{2} \"c\"{1,}\n";
 	CHECK(kvt_grammar_compile(rep, strlen(rep), "root", &g, err, sizeof(err)) == KVT_OK);

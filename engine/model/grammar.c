@@ -89,7 +89,10 @@ typedef struct gparse {
 	char *err;
 	size_t err_cap;
 	bool failed, oom;
+	int depth;           /* groups open */
 } gparse;
+
+#define GROUP_DEPTH_MAX 256 /* keeps the parser's (and the matcher's) recursion shallow */
 
 static int perr(gparse *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int perr(gparse *p, const char *fmt, ...)
@@ -408,9 +411,12 @@ static int parse_seq(gparse *p, int rule, bool group)
 				return -1;
 		} else if (c == '(') {
 			p->s++;
+			if (++p->depth > GROUP_DEPTH_MAX)
+				return perr(p, "groups nest deeper than %d", GROUP_DEPTH_MAX);
 			int g = new_rule(p, NULL, 0);
 			if (g < 0 || parse_alts(p, g, true))
 				return -1;
+			p->depth--;
 			if (p->s >= p->end || *p->s != ')')
 				return perr(p, "'(' without ')'");
 			p->s++;
@@ -890,11 +896,19 @@ static bool stack_eq(const kvt_gmatch *m, int32_t a, int32_t b)
 	return a == b;
 }
 
+#define SET_MAX 2048u /* stacks in one state: beyond, the grammar is too ambiguous to follow (refused) */
+
 static void emit(kvt_gmatch *m, gset *out, int32_t st)
 {
 	for (uint32_t i = 0; i < out->n; i++)
 		if (stack_eq(m, out->s[i], st))
 			return;
+	if (out->n >= SET_MAX) {
+		if (!m->oom)
+			KVT_LOGE("grammar: a state of more than %u parse stacks (a grammar too ambiguous to follow)", SET_MAX);
+		m->oom = true;
+		return;
+	}
 	if (!grow((void **)&out->s, &out->cap, out->n + 1, sizeof(int32_t))) {
 		m->oom = true;
 		return;

@@ -180,6 +180,7 @@ typedef struct rx {
 	const char *s, *end;
 	sctx *c;
 	const char *path;
+	int depth;           /* groups open */
 } rx;
 
 static int rx_alt(rx *r, gbuf *x);
@@ -255,6 +256,8 @@ static int rx_atom(rx *r, gbuf *x)
 {
 	unsigned char ch = (unsigned char)*r->s++;
 	if (ch == '(') {
+		if (++r->depth > 32)
+			return rx_fail(r, "nesting groups deeper than 32");
 		if (r->end - r->s >= 2 && r->s[0] == '?') {
 			if (r->s[1] != ':')
 				return rx_fail(r, "a lookaround or named group");
@@ -266,6 +269,7 @@ static int rx_atom(rx *r, gbuf *x)
 		if (r->s >= r->end || *r->s != ')')
 			return rx_fail(r, "an unclosed group");
 		r->s++;
+		r->depth--;
 		gb_add(x, " )", 2);
 		return 0;
 	}
@@ -394,7 +398,9 @@ static int rx_alt(rx *r, gbuf *x)
 
 static int gen_pattern(sctx *c, gbuf *x, const char *pat, size_t n, const char *path)
 {
-	rx r = { pat, pat + n, c, path };
+	rx r = { pat, pat + n, c, path, 0 };
+	if (n > 1024)
+		return efail(c->e, c->param, "'pattern' at %s is longer than 1024 bytes", path);
 	bool start = n && pat[0] == '^', end = n && pat[n - 1] == '$' && (n < 2 || pat[n - 2] != '\\');
 	if (start)
 		r.s++;
@@ -672,8 +678,8 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 	if (cst) {
 		rc = gen_literal(c, &x, cst);
 	} else if (en) {
-		if (!json_is_array(en) || !json_array_size(en)) {
-			rc = efail(c->e, c->param, "'enum' at %s must be a non-empty array", path);
+		if (!json_is_array(en) || !json_array_size(en) || json_array_size(en) > 256) {
+			rc = efail(c->e, c->param, "'enum' at %s must be an array of 1-256 values", path);
 			goto out;
 		}
 		size_t i;
@@ -686,8 +692,8 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 				goto out;
 		}
 	} else if (any) {
-		if (!json_is_array(any) || !json_array_size(any)) {
-			rc = efail(c->e, c->param, "'anyOf' at %s must be a non-empty array", path);
+		if (!json_is_array(any) || !json_array_size(any) || json_array_size(any) > 64) {
+			rc = efail(c->e, c->param, "'anyOf' at %s must be an array of 1-64 schemas", path);
 			goto out;
 		}
 		size_t i;
