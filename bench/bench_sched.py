@@ -21,9 +21,9 @@ time (client-measured, send -> response), total time, throughput (prompt +
 completion tokens / total time), and the ratios the issue targets: short p99 /
 idle short TTFT, fair long completion / fifo's, fair throughput / fifo's.
 
-The daemons run the CPU backend with max_running = 64 and
-max_concurrent_requests = 64 so all 36 requests are admitted (with the default
-16 running, 20 of the 32 short ones would wait for a slot whatever the policy).
+The daemons run the CPU backend with max_running = 64 (and no connection or
+concurrency limit in the way) so all 36 requests are admitted: with the default
+16 running, 20 of the 32 short ones would wait for a slot whatever the policy.
 
 Usage: bench/bench_sched.py [--build build] [--out FILE]
 """
@@ -56,8 +56,12 @@ def pct(xs, q):
 
 def request(url, prompt, max_tokens, out, key):
     t0 = time.time()
-    st, r = http("POST", url + "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                                    "ignore_eos": True})
+    try:
+        st, r = http("POST", url + "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                                        "ignore_eos": True})
+    except OSError as e:  # refused or reset: counted as an error, not a crash of the run
+        out[key] = {"error": str(e)}
+        return
     t1 = time.time()
     if st != 200:
         out[key] = {"error": "%s %s" % (st, r)}
@@ -134,7 +138,8 @@ def steady(url, a):
 
 
 def run_policy(a, tmp, policy):
-    conf = ("[server]\nlisten = 127.0.0.1:0\nmax_concurrent_requests = 64\nmax_queue = 128\n"
+    conf = ("[server]\nlisten = 127.0.0.1:0\nmax_concurrent_requests = 256\nmax_queue = 256\n"
+            "max_connections_per_ip = 0\n"
             "[model]\npath = %s\ndevice = cpu\ncontext = 4096\n%s"
             "[cache]\nmax_running = 64\n[scheduler]\npolicy = %s\n"
             "[tier.hbm]\ncapacity = 1G\n[tier.host]\ncapacity = 256M\n[tier.nvme]\ncapacity = 64M\n"
@@ -164,11 +169,12 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--n-long", type=int, default=4)
     ap.add_argument("--n-short", type=int, default=32)
-    ap.add_argument("--long-chars", type=int, default=14000, help="characters of text per long prompt (~3.2K tokens)")
+    ap.add_argument("--long-chars", type=int, default=15000, help="characters of text per long prompt (~3.3K tokens)")
+    ap.add_argument("--order", default="fifo,fair", help="which policy runs first (machine drift favours one)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--steady-s", type=float, default=40.0, help="0 skips the steady mix")
-    ap.add_argument("--long-every-s", type=float, default=15.0)
-    ap.add_argument("--short-every-s", type=float, default=0.5)
+    ap.add_argument("--long-every-s", type=float, default=20.0)
+    ap.add_argument("--short-every-s", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=0, help="[model] threads (0 = auto)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -176,7 +182,7 @@ def main():
     res = {"date": datetime.datetime.utcnow().isoformat() + "Z", "machine": platform.processor() or platform.machine(),
            "cpus": os.cpu_count(), "args": vars(a)}
     try:
-        for policy in ("fifo", "fair"):
+        for policy in a.order.split(","):
             print("running %s ..." % policy, flush=True)
             res[policy] = run_policy(a, tmp, policy)
     finally:

@@ -32,6 +32,11 @@
  * prefix cache (SWAP) or only those still in T0, prefilling the rest
  * (RECOMPUTE), and goes on exactly where it stopped: with a lossless T1
  * (or by recompute) its greedy tokens are those of an uninterrupted run.
+ * NOTE: "identical" assumes kernels whose result for a row does not depend
+ * on how many rows share the matmul (the reference kernels, the emulator);
+ * recomputed rows run as prefill where they first ran as decode, and a fast
+ * path whose prefill and decode matmuls round differently can flip a
+ * near-tie, exactly as continuous batching itself can.
  *
  * Threads: kvt_sched_* calls are safe from any thread (the HTTP server's
  * connection threads). Only the scheduler thread touches the model.
