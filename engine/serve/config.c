@@ -1197,9 +1197,9 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 		return KVT_EINVAL;
 	}
 	{
-		kvt_sched_config sc;
+		kvt_sched_config sc; /* only the priorities are read and written: no engine defaults needed */
 		char why[256];
-		kvt_sched_config_default(&sc);
+		memset(&sc, 0, sizeof(sc));
 		if (kvt_sched_parse_priorities(c->priorities, &sc, why, sizeof(why))) {
 			set_err(err, cap, where,
 				"[scheduler] priorities: %s (allowed: \"tenant:prio, ..., *:prio\", prio %d..%d)", why,
