@@ -306,12 +306,33 @@ def main():
                 n_fail += 1
                 print("request failed:", e)
             if i == 1:
-                sb = stats(b)
-                check((sb.get("remote") or {}).get("degraded") is True, "T3 degraded after the kill: %s" % sb.get("remote"))
-                st, met = http("GET", b.url + "/metrics")
-                check('kvtier_tier_degraded{tier="remote"} 1' in met, "metrics say remote degraded")
-                st, h = http("GET", b.url + "/health")
-                check(st == 200 and "remote" in (h.get("degraded") or []), "/health names remote: %s" % h)
+                # B is degraded once it has sent something to the dead master (a lookup or a
+                # write of a key in its slots), and for 2 s after each failure. That need not
+                # have happened by the time a turn is answered (its end-of-turn writes go
+                # later), so new turns keep traffic going until every view showed it.
+                seen = {"stats": None, "metrics": False, "health": None}
+                deadline = time.time() + 30
+                k = 0
+                while time.time() < deadline and not all(seen.values()):
+                    sb = stats(b)
+                    if (sb.get("remote") or {}).get("degraded") is True:
+                        seen["stats"] = sb.get("remote")
+                    st, met = http("GET", b.url + "/metrics")
+                    seen["metrics"] = seen["metrics"] or 'kvtier_tier_degraded{tier="remote"} 1' in met
+                    st, h = http("GET", b.url + "/health")
+                    if st == 200 and "remote" in (h.get("degraded") or []):
+                        seen["health"] = h
+                    if not all(seen.values()):
+                        k += 1
+                        try:  # a fresh conversation: its blocks are looked up in, and written to, T3
+                            chat(b, conversation("topic %d of the failover" % k), session="fo%d" % k)
+                        except Exception as e:  # noqa: BLE001 - counted like the others
+                            n_fail += 1
+                            print("request failed:", e)
+                check(seen["stats"] is not None, "T3 degraded after the kill (stats): %s" % sb.get("remote"))
+                check(seen["metrics"], "metrics say remote degraded")
+                check(seen["health"] is not None, "/health names remote: %s" % h)
+                print("failover: degraded seen in stats, metrics and /health after %d more turns" % k)
         check(n_fail == 0, "%d requests failed with a master down" % n_fail)
         check(got == [ref for _, ref in refs], "replies with a master down equal A's:\n%r\n%r" % (got, [x for _, x in refs]))
         # the master comes back (no data: no persistence); B's writes resume
