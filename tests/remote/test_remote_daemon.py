@@ -91,12 +91,21 @@ def stats(d):
 
 
 def drain(d, timeout=15):
-    """Wait until the node's T3 write queue is empty (its end-of-turn writes are in Redis)."""
+    """Wait until the node's T3 writes are in Redis: the write queue empty and the count of
+    blocks written unchanged for 0.5 s (write_queue does not count a batch the writer has
+    taken and is still sending, so an empty queue alone can come just before the writes)."""
     t_end = time.time() + timeout
+    quiet_since, last = None, None
     while time.time() < t_end:
         r = stats(d).get("remote") or {}
-        if r.get("write_queue", 1) == 0:
-            return True
+        now = (r.get("write_queue", 1), r.get("writes"))
+        if now[0] == 0 and now == last:
+            quiet_since = quiet_since or time.time()
+            if time.time() - quiet_since >= 0.5:
+                return True
+        else:
+            quiet_since = None
+        last = now
         time.sleep(0.05)
     return check(False, "%s: T3 write queue did not drain" % d.data_dir)
 
