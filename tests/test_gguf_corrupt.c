@@ -383,18 +383,18 @@ static void test_unsupported_type(void)
 
 	hdr(&b, 3, 2, 1);
 	kv_str(&b, "general.architecture", "llama");
-	ti(&b, "blk.7.attn_q.weight", 2, (uint64_t[]){ 256, 2 }, KVT_GGML_Q5_K, 0);
-	ti(&b, "blk.7.attn_k.weight", 1, (uint64_t[]){ 32 }, KVT_GGML_Q8_0, 352);
+	ti(&b, "blk.7.attn_q.weight", 2, (uint64_t[]){ 256, 2 }, KVT_GGML_Q3_K, 0);
+	ti(&b, "blk.7.attn_k.weight", 1, (uint64_t[]){ 32 }, KVT_GGML_Q8_0, 224);
 	b_pad(&b, 32);
-	b_zeros(&b, 352 + 34);
+	b_zeros(&b, 224 + 34);
 	write_file(tmp_file, b.p, b.n);
 	check_log_reset();
 	CHECK(kvt_gguf_open(tmp_file, &g) == KVT_OK && check_log_n_errors == 0);
 	if (g) {
 		const kvt_gguf_tensor *t = kvt_gguf_find_tensor(g, "blk.7.attn_q.weight");
-		CHECK(t && t->type == KVT_GGML_Q5_K && t->n_bytes == 352);
+		CHECK(t && t->type == KVT_GGML_Q3_K && t->n_bytes == 220);
 		CHECK(kvt_gguf_tensor_to_f32(g, t, out) == KVT_EUNSUPPORTED);
-		snprintf(want, sizeof(want), "%s: blk.7.attn_q.weight: type Q5_K is not supported", tmp_file);
+		snprintf(want, sizeof(want), "%s: blk.7.attn_q.weight: type Q3_K is not supported", tmp_file);
 		CHECKF(check_log_n_errors == 1 && strstr(check_log_text, want), "log: %s", check_log_text);
 		t = kvt_gguf_find_tensor(g, "blk.7.attn_k.weight");
 		CHECK(t && kvt_gguf_tensor_to_f32(g, t, out) == KVT_OK && out[0] == 0.0f);

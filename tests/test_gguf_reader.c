@@ -3,7 +3,7 @@
  * getters, (de)quantization against handcrafted blocks and reference values,
  * alignment, and the synthetic Llama model.
  *
- * Reference values for Q4_K and Q6_K come from the python `gguf` package
+ * Reference values for Q5_0, Q4_K, Q5_K and Q6_K come from the python `gguf` package
  * (gguf 0.19.0, gguf.quants.dequantize) run on the same pattern block that
  * pattern_block() builds here; the quantizers were checked byte-for-byte
  * against gguf.quants.quantize (which mirrors ggml's reference quantizers) on
@@ -229,7 +229,7 @@ static void put16(uint8_t *p, uint16_t v)
 
 static void test_dequant_blocks(void)
 {
-	uint8_t q8[34], q41[20], q40[18], q4k[144], q6k[210];
+	uint8_t q8[34], q41[20], q40[18], q50[22], q4k[144], q5k[176], q6k[210];
 	float out[256];
 
 	/* Q8_0: d = 0.5, q[j] = j - 16, with the int8 extremes at both ends. */
@@ -295,13 +295,33 @@ static void test_dequant_blocks(void)
 		CHECKF(out[idx[i]] == ref_q6k[i], "q6_K [%d] = %.9g, gguf-py %.9g", idx[i], (double)out[idx[i]],
 		       (double)ref_q6k[i]);
 
+
+	/* Q5_0 and Q5_K pattern blocks against gguf-py (see the file comment). */
+	static const float ref_q50[32] = { 4.5f, -1.0f, 1.5f, -4.0f, 6.5f, -7.0f, 3.5f, -2.0f, -7.5f, 3.0f, -2.5f,
+					   0.0f, 2.5f, 5.0f, 7.5f, -6.0f, 7.0f, 0.0f, 1.5f, 2.5f, 3.5f, -3.0f,
+					   -2.0f, 7.0f, -7.5f, -6.5f, 2.5f, -4.0f, -3.0f, -2.0f, 7.0f, 0.5f };
+	static const float ref_q5k[16] = { 405.75f, -12.75f, 80.25f, 405.75f, 80.25f, 56.0f, -2.0f, 40.0f,
+					   210.25f, 117.5f, -1.5f, 523.5f, 82.5f, 69.25f, 534.75f, 54.25f };
+	pattern_block(q50, sizeof(q50));
+	put16(q50, h16(0.5f));
+	CHECK(kvt_ggml_dequantize(KVT_GGML_Q5_0, q50, out, 32) == KVT_OK);
+	for (int j = 0; j < 32; j++)
+		CHECKF(out[j] == ref_q50[j], "q5_0 [%d] = %.9g, gguf-py %.9g", j, (double)out[j], (double)ref_q50[j]);
+	pattern_block(q5k, sizeof(q5k));
+	put16(q5k, h16(0.5f));
+	put16(q5k + 2, h16(0.25f));
+	CHECK(kvt_ggml_dequantize(KVT_GGML_Q5_K, q5k, out, 256) == KVT_OK);
+	for (int i = 0; i < 16; i++)
+		CHECKF(out[idx[i]] == ref_q5k[i], "q5_K [%d] = %.9g, gguf-py %.9g", idx[i], (double)out[idx[i]],
+		       (double)ref_q5k[i]);
+
 	/* Argument errors. */
 	check_log_reset();
 	CHECK(kvt_ggml_dequantize(KVT_GGML_Q8_0, q8, out, 31) == KVT_EINVAL);
-	CHECK(kvt_ggml_dequantize(KVT_GGML_Q5_K, q8, out, 256) == KVT_EUNSUPPORTED);
+	CHECK(kvt_ggml_dequantize(KVT_GGML_Q3_K, q8, out, 256) == KVT_EUNSUPPORTED);
 	CHECK(kvt_ggml_dequantize(99, q8, out, 32) == KVT_EUNSUPPORTED);
-	CHECK(check_log_n_errors == 3 && strstr(check_log_text, "type Q5_K is not supported") && strstr(check_log_text, "type99"));
-	CHECK(!kvt_ggml_type_supported(KVT_GGML_Q5_K) && !kvt_ggml_type_supported(4));
+	CHECK(check_log_n_errors == 3 && strstr(check_log_text, "type Q3_K is not supported") && strstr(check_log_text, "type99"));
+	CHECK(!kvt_ggml_type_supported(KVT_GGML_Q3_K) && !kvt_ggml_type_supported(4));
 	uint32_t be, bb;
 	CHECK(kvt_ggml_type_block(KVT_GGML_Q5_K, &be, &bb) && be == 256 && bb == 176);
 	CHECK(kvt_ggml_type_block(KVT_GGML_Q8_1, &be, &bb) && be == 32 && bb == 36);

@@ -28,7 +28,7 @@
  * they are reported as KVT_EUNSUPPORTED. Tensor type numbers ggml does not
  * define (or no longer sizes, like 4 and 5) are corrupt; every type ggml
  * sizes opens, and only kvt_gguf_tensor_to_f32() refuses the ones without a
- * dequantizer here (Q5_K, IQ*, ...).
+ * dequantizer here (Q5_1, Q2_K, Q3_K, IQ*, ...).
  *
  * The quantizers follow ggml's reference ("_ref") quantizers' arithmetic
  * operation for operation, so a tensor quantized here has the bytes llama.cpp
@@ -155,6 +155,27 @@ static void dq_q4_0(const uint8_t *src, float *dst, uint64_t n_blocks)
 	}
 }
 
+/*
+ * Q5_0, 22 bytes: f16 d, a 32-bit little-endian word qh of fifth bits, 16
+ * bytes of nibbles as Q4_0; element j's fifth bit is bit j of qh;
+ * x = (q - 16) * d.
+ */
+static void dq_q5_0(const uint8_t *src, float *dst, uint64_t n_blocks)
+{
+	for (uint64_t b = 0; b < n_blocks; b++, src += 22, dst += 32) {
+		float d = ld_f16(src);
+		uint32_t qh;
+		memcpy(&qh, src + 2, 4);
+		const uint8_t *qs = src + 6;
+		for (int j = 0; j < 16; j++) {
+			int lo = (qs[j] & 0xf) | (int)(((qh >> j) & 1) << 4);
+			int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+			dst[j] = (float)(lo - 16) * d;
+			dst[j + 16] = (float)(hi - 16) * d;
+		}
+	}
+}
+
 /* Q4_1, 20 bytes: f16 d, f16 m, 16 bytes (nibbles as Q4_0); x = q * d + m. */
 static void dq_q4_1(const uint8_t *src, float *dst, uint64_t n_blocks)
 {
@@ -205,6 +226,31 @@ static void dq_q4_k(const uint8_t *src, float *dst, uint64_t n_blocks)
 				*dst++ = d1 * (float)(q[l] & 0xf) - m1;
 			for (int l = 0; l < 32; l++)
 				*dst++ = d2 * (float)(q[l] >> 4) - m2;
+		}
+	}
+}
+
+/*
+ * Q5_K, 176 bytes per 256: f16 d, f16 dmin, 12 scale bytes (as Q4_K), qh[32]
+ * of fifth bits, 128 bytes of nibbles (as Q4_K). Sub-block s takes its fifth
+ * bit from bit s of qh[l]; x = d*sc*q - dmin*mn.
+ */
+static void dq_q5_k(const uint8_t *src, float *dst, uint64_t n_blocks)
+{
+	for (uint64_t b = 0; b < n_blocks; b++, src += 176) {
+		float d = ld_f16(src), dmin = ld_f16(src + 2);
+		const uint8_t *scales = src + 4, *qh = src + 16;
+		const uint8_t *q = src + 48;
+		for (int sub = 0; sub < 8; sub += 2, q += 32) {
+			uint8_t sc, mn;
+			q4_k_scale_min(sub, scales, &sc, &mn);
+			float d1 = d * sc, m1 = dmin * mn;
+			q4_k_scale_min(sub + 1, scales, &sc, &mn);
+			float d2 = d * sc, m2 = dmin * mn;
+			for (int l = 0; l < 32; l++)
+				*dst++ = d1 * (float)((q[l] & 0xf) | (((qh[l] >> sub) & 1) << 4)) - m1;
+			for (int l = 0; l < 32; l++)
+				*dst++ = d2 * (float)((q[l] >> 4) | (((qh[l] >> (sub + 1)) & 1) << 4)) - m2;
 		}
 	}
 }
@@ -325,14 +371,14 @@ static const ggml_type_info ggml_types[] = {
 	[KVT_GGML_F16] = { "F16", 1, 2, dq_f16, q_f16 },
 	[KVT_GGML_Q4_0] = { "Q4_0", 32, 18, dq_q4_0, q_q4_0 },
 	[KVT_GGML_Q4_1] = { "Q4_1", 32, 20, dq_q4_1, q_q4_1 },
-	[KVT_GGML_Q5_0] = { "Q5_0", 32, 22, NULL, NULL },
+	[KVT_GGML_Q5_0] = { "Q5_0", 32, 22, dq_q5_0, NULL },
 	[KVT_GGML_Q5_1] = { "Q5_1", 32, 24, NULL, NULL },
 	[KVT_GGML_Q8_0] = { "Q8_0", 32, 34, dq_q8_0, q_q8_0 },
 	[KVT_GGML_Q8_1] = { "Q8_1", 32, 36, NULL, NULL },
 	[KVT_GGML_Q2_K] = { "Q2_K", 256, 84, NULL, NULL },
 	[KVT_GGML_Q3_K] = { "Q3_K", 256, 110, NULL, NULL },
 	[KVT_GGML_Q4_K] = { "Q4_K", 256, 144, dq_q4_k, NULL },
-	[KVT_GGML_Q5_K] = { "Q5_K", 256, 176, NULL, NULL },
+	[KVT_GGML_Q5_K] = { "Q5_K", 256, 176, dq_q5_k, NULL },
 	[KVT_GGML_Q6_K] = { "Q6_K", 256, 210, dq_q6_k, NULL },
 	[KVT_GGML_Q8_K] = { "Q8_K", 256, 292, NULL, NULL },
 	[16] = { "IQ2_XXS", 256, 66, NULL, NULL },
