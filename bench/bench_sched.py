@@ -141,10 +141,11 @@ def run_policy(a, tmp, policy):
     conf = ("[server]\nlisten = 127.0.0.1:0\nmax_concurrent_requests = 256\nmax_queue = 256\n"
             "max_connections_per_ip = 0\n"
             "[model]\npath = %s\ndevice = cpu\ncontext = 4096\n%s"
-            "[cache]\nmax_running = 64\n[scheduler]\npolicy = %s\n"
+            "[cache]\nmax_running = 64\n[scheduler]\npolicy = %s\n%s"
             "[tier.hbm]\ncapacity = 1G\n[tier.host]\ncapacity = 256M\n[tier.nvme]\ncapacity = 64M\n"
-            "[index]\ndata_dir = @DATA@\n[log]\nlevel = info\n") % (
-                MODEL, "threads = %d\n" % a.threads if a.threads else "", policy)
+            "[index]\ndata_dir = @DATA@\n[log]\nlevel = %s\n") % (
+                MODEL, "threads = %d\n" % a.threads if a.threads else "", policy,
+                "head_share = %g\n" % a.head_share if a.head_share is not None else "", a.log_level)
     d = Daemon(a.build, os.path.join(tmp, policy), conf)
     try:
         d.start()
@@ -154,13 +155,18 @@ def run_policy(a, tmp, policy):
         for i in range(5):
             request(d.url, short_prompt(500 + i), a.max_tokens, idle, "i")
             ttfts.append(idle["i"]["ttft_s"])
-        out = {"idle_short_ttft_s": statistics.median(ttfts), "burst": burst(d.url, a)}
+        out = {"idle_short_ttft_s": statistics.median(ttfts)}
+        if a.burst:
+            out["burst"] = burst(d.url, a)
         if a.steady_s > 0:
             out["steady"] = steady(d.url, a)
         st, stats = http("GET", d.url + "/v1/stats")
         out["scheduler_stats"] = stats.get("scheduler") if st == 200 else None
     finally:
         d.stop()
+        if a.keep_logs:
+            os.makedirs(a.keep_logs, exist_ok=True)
+            shutil.copy(d.log, os.path.join(a.keep_logs, "kvtierd-%s.log" % policy))
     return out
 
 
@@ -172,10 +178,14 @@ def main():
     ap.add_argument("--long-chars", type=int, default=15000, help="characters of text per long prompt (~3.3K tokens)")
     ap.add_argument("--order", default="fifo,fair", help="which policy runs first (machine drift favours one)")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--no-burst", dest="burst", action="store_false", help="skip the burst (steady mix only)")
     ap.add_argument("--steady-s", type=float, default=40.0, help="0 skips the steady mix")
     ap.add_argument("--long-every-s", type=float, default=20.0)
     ap.add_argument("--short-every-s", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=0, help="[model] threads (0 = auto)")
+    ap.add_argument("--head-share", type=float, default=None, help="[scheduler] head_share (default: the daemon's)")
+    ap.add_argument("--log-level", default="info", help="debug logs each step's rows and time")
+    ap.add_argument("--keep-logs", default=None, help="copy each daemon's log into this folder")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvt-bench-sched-")
@@ -200,7 +210,8 @@ def main():
                 r["long_ttft_p99_s"], r["long_done_mean_s"], r["total_s"], r["tokens_per_s"], r["errors"]))
     for policy in ("fifo", "fair"):
         print("%s: idle short TTFT %.1f ms; long prompts %d tokens" % (
-            policy, res[policy]["idle_short_ttft_s"] * 1e3, res[policy]["burst"]["long_prompt_tokens"]))
+            policy, res[policy]["idle_short_ttft_s"] * 1e3,
+            (res[policy].get("burst") or res[policy].get("steady") or {}).get("long_prompt_tokens", 0)))
     ratios = {}
     for load in ("burst", "steady"):
         f, g = res["fifo"].get(load), res["fair"].get(load)

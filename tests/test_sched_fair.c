@@ -47,6 +47,7 @@ typedef struct rig_opts {
 	int preempt;
 	bool admit_longest;
 	uint32_t t0_slots, max_running, prefill_chunk;
+	bool no_head_bound; /* FAIR with head_share = 0 */
 } rig_opts;
 
 static int rig_open(rig *r, const rig_opts *o, const char *name)
@@ -88,6 +89,8 @@ static int rig_open(rig *r, const rig_opts *o, const char *name)
 	c.sched.preempt = o->preempt;
 	c.sched.admit_longest = o->admit_longest;
 	c.sched.priority_aging_s = 600; /* no aging within the test */
+	if (o->no_head_bound)
+		c.sched.head_share = 0;
 	snprintf(c.sched.tenant_priority[0].tenant, sizeof(c.sched.tenant_priority[0].tenant), "vip");
 	c.sched.tenant_priority[0].priority = -10;
 	c.sched.n_tenant_priority = 1;
@@ -185,6 +188,66 @@ static void test_short_behind_long(void)
 	uint32_t fifo = short_behind_long(KVT_SCHED_FIFO);
 	CHECKF(fair <= 2, "fair: the short request waited %u steps for its first token (bound 2)", fair);
 	CHECKF(fifo >= 8, "fifo: the short request waited only %u steps: the long prompt was not in its way", fifo);
+}
+
+/*
+ * A 480-token prompt (chunks of 32: 15 steps alone) with 40 short prompts
+ * of 12 tokens submitted right behind it (480 rows of prompt, 80 of
+ * decode). Unbounded, shortest first runs all of them before the long
+ * one's chunks; with head_share 0.8 they run first only until their rows
+ * reach a quarter of its prompt (120), then it goes first.
+ */
+static uint32_t long_among_shorts(int policy, bool unbounded, uint32_t *first_short)
+{
+	enum { NS = 40 };
+	rig r;
+	rig_opts o = { .policy = policy, .t0_slots = 200, .max_running = NS + 1, .prefill_chunk = 32,
+		       .no_head_bound = unbounded };
+	static int32_t lp[480], sp[NS][12];
+	kvt_sched_req q;
+	kvt_sched_handle *hl, *hs[NS];
+	result rl, rs;
+	CHECK(rig_open(&r, &o, "head") == KVT_OK);
+	make_prompt(lp, 480, 7);
+	req_init(&q, lp, 480, 2, "long");
+	CHECK(kvt_sched_submit(r.s, &q, &hl) == KVT_OK);
+	for (int i = 0; i < NS; i++) {
+		make_prompt(sp[i], 12, 100 + (uint32_t)i);
+		req_init(&q, sp[i], 12, 2, "short");
+		CHECK(kvt_sched_submit(r.s, &q, &hs[i]) == KVT_OK);
+	}
+	*first_short = UINT32_MAX;
+	for (int i = 0; i < NS; i++) {
+		CHECK(collect(hs[i], &rs) == KVT_OK && rs.finish == KVT_FINISH_LENGTH);
+		if (rs.u.ttft_steps < *first_short)
+			*first_short = rs.u.ttft_steps;
+	}
+	CHECK(collect(hl, &rl) == KVT_OK && rl.finish == KVT_FINISH_LENGTH);
+	printf("  %s head_share %s: the long prompt's first token after %u steps (the first short one's after %u)\n",
+	       policy == KVT_SCHED_FAIR ? "fair" : "fifo", unbounded ? "0" : "0.8 (default)",
+	       rl.u.ttft_steps, *first_short);
+	rig_close(&r);
+	char p[600];
+	snprintf(p, sizeof(p), "%s/head.t2", dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/head.sqlite", dir);
+	unlink(p);
+	return rl.u.ttft_steps;
+}
+
+static void test_head_bound(void)
+{
+	uint32_t fs_bounded, fs_unbounded, fs_fifo;
+	uint32_t bounded = long_among_shorts(KVT_SCHED_FAIR, false, &fs_bounded);
+	uint32_t unbounded = long_among_shorts(KVT_SCHED_FAIR, true, &fs_unbounded);
+	uint32_t fifo = long_among_shorts(KVT_SCHED_FIFO, false, &fs_fifo);
+	/* its 15 chunks, the 120 rows it lets go first (4 steps of 32), a step of slack */
+	CHECKF(bounded <= 15 + 4 + 2, "bounded: the long prompt waited %u steps (bound 21)", bounded);
+	CHECKF(unbounded >= 15 + 12, "unbounded: the long prompt waited only %u steps: the shorts did not go first", unbounded);
+	CHECKF(fifo <= 16, "fifo: the long prompt waited %u steps", fifo);
+	/* the shorts still go ahead of it at first */
+	CHECKF(fs_bounded <= 2 && fs_unbounded <= 2, "first short token after %u / %u steps", fs_bounded, fs_unbounded);
+	CHECKF(fs_fifo >= 15, "fifo: a short request's first token after only %u steps", fs_fifo);
 }
 
 /* One running slot: a blocker runs; four queued requests start by priority (FAIR) or arrival (FIFO). */
@@ -328,6 +391,7 @@ int main(void)
 	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
 
 	test_short_behind_long();
+	test_head_bound();
 	priorities(KVT_SCHED_FAIR);
 	priorities(KVT_SCHED_FIFO);
 	test_preemption();

@@ -163,6 +163,8 @@ static const key_def keys[] = {
 
 	ENUMK("scheduler", "policy", sched_policy, policy, "fair", "how a step's prefill budget is shared: fair (priority, shortest remaining, aging) or fifo (oldest first)"),
 	U32("scheduler", "aging_steps", aging_steps, 1, 1000000, "4", "fair: a prompt passed over this many steps goes first"),
+	{ "scheduler", "head_share", V_FRACTION, OFF(head_share), 0, 0, 1, false, false, NULL, NULL, "0.8",
+	  "fair: others' rows may delay the oldest prompt of the best priority by (1/head_share - 1) x its length, then it goes first (0 = no bound)" },
 	DUR("scheduler", "priority_aging", priority_aging_s, 0, 86400, false, "5", "a waiting request gains one priority level per this (0 = never)"),
 	ENUMK("scheduler", "preempt", preempt, preempt, "auto", "T0 full: how a preempted request resumes (auto = swap with tier.host dtype f16, else recompute)"),
 	{ "scheduler", "admission", V_ENUMBOOL, OFF(admit_longest), 0, 0, 0, false, false, admission_names, admission_values,

@@ -97,6 +97,7 @@ typedef struct kvt_config {
 	/* [scheduler] */
 	int sched_policy;              /* policy = fair|fifo (enum kvt_sched_policy; default fair) */
 	uint32_t aging_steps;          /* aging_steps: fair: a prompt passed over this many steps goes first (default 4) */
+	float head_share;              /* head_share: fair: others' rows may delay the head prompt by (1/x - 1) times its length (default 0.8) */
 	double priority_aging_s;       /* priority_aging: a waiting request gains one priority level per this (default 5; 0 = never) */
 	int preempt;                   /* preempt = auto|swap|recompute (KVT_CONFIG_PREEMPT_AUTO, enum kvt_preempt_mode) */
 	bool admit_longest;            /* admission = prompt|longest (default prompt) */

@@ -569,6 +569,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	sc.sched.cache = c->cache_enabled;
 	sc.sched.policy = c->sched_policy;
 	sc.sched.aging_steps = c->aging_steps;
+	sc.sched.head_share = c->head_share;
 	sc.sched.priority_aging_s = c->priority_aging_s;
 	sc.sched.admit_longest = c->admit_longest;
 	/* auto: swap only where T1 gives the blocks back bit for bit (greedy output unchanged) */

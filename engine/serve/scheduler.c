@@ -94,6 +94,7 @@ struct kvt_sched_handle {
 	bool resume_decode;         /* preempted while decoding: after the fill, decode without sampling */
 	bool preempted;             /* re-queued by a preemption (admission does not count it anew) */
 	uint32_t passed;            /* FAIR: steps passed over while prefilling */
+	uint32_t yielded;           /* FAIR: others' rows run while this was the head prompt */
 	uint32_t committed;         /* T0 blocks committed at admission (t0_committed) */
 	uint64_t seq_no;            /* admission order (latest = largest) */
 };
@@ -136,6 +137,7 @@ void kvt_sched_config_default(kvt_sched_config *c)
 	c->cache = true;
 	c->policy = KVT_SCHED_FAIR;
 	c->aging_steps = 4;
+	c->head_share = 0.8f;
 	c->priority_aging_s = 5.0;
 	c->preempt = KVT_PREEMPT_SWAP;
 	c->retain_tier = KVT_TIER_HOST;
@@ -906,6 +908,30 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	if (fair)
 		qsort(cands, n_cand, sizeof(cand), cmp_cand);
 	uint32_t budget = s->cfg.prefill_chunk;
+	/*
+	 * FAIR's head: the oldest prefilling sequence of the best effective
+	 * priority. Others' rows (prompt and decode) run before it until they
+	 * add up to (1 / head_share - 1) times its prompt; from then on it takes
+	 * the budget first, as FIFO would, so they cannot stretch its prefill by
+	 * more than that however fast they arrive.
+	 */
+	kvt_sched_handle *head = NULL;
+	if (fair && n_cand > 1 && s->cfg.head_share > 0) {
+		uint32_t hi = 0;
+		for (uint32_t i = 1; i < n_cand; i++)
+			if (cands[i].prio < cands[hi].prio ||
+			    (cands[i].prio == cands[hi].prio && cands[i].h->seq_no < cands[hi].h->seq_no))
+				hi = i;
+		head = cands[hi].h;
+		double allowance = (1.0 / s->cfg.head_share - 1.0) * (double)head->n_fill;
+		if ((double)head->yielded >= allowance && hi) { /* its turn: first, taking all it can */
+			cand c = cands[hi];
+			memmove(cands + 1, cands, hi * sizeof(cand));
+			cands[0] = c;
+			cands[0].aged = false; /* no half-budget cap */
+		}
+	}
+	uint32_t head_rows = 0;
 	for (uint32_t i = 0; i < n_cand; i++) {
 		kvt_sched_handle *h = cands[i].h;
 		uint32_t left = cands[i].left, c = left;
@@ -926,7 +952,11 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		memcpy(rows + n_rows, h->toks + h->seq.n_tokens, (size_t)c * sizeof(int32_t));
 		n_rows += c;
 		budget -= c;
+		if (h == head)
+			head_rows = c;
 	}
+	if (head)
+		head->yielded += n_rows - head_rows;
 	if (!n_ent)
 		return false;
 
@@ -979,6 +1009,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	double t0 = kvt_now_s();
 	int rc = kvt_model_forward_batch(s->cfg.model, n_ent, seqs, n, rows, want, s->logits);
 	double dt = kvt_now_s() - t0;
+	KVT_LOGD("sched: step: %u rows (%u decode, %u prefill) in %u sequences, %.1f ms", n_rows, n_rows - n_prefill,
+		 n_prefill, n_ent, dt * 1e3);
 	if (rc) {
 		KVT_LOGE("sched: a batch of %u rows failed: %s", n_rows, kvt_strerror(rc));
 		for (uint32_t i = 0; i < n_ent; i++)
@@ -1205,7 +1237,7 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 	const char *bad = !cfg->dev ? "dev" : !cfg->model ? "model" : !cfg->t0 ? "t0" : (cfg->tm && !cfg->bt) ? "bt"
 		: (!cfg->secret || cfg->secret_bytes < 16 || cfg->secret_bytes > 64) ? "secret (16..64 bytes)"
 		: !cfg->max_running ? "max_running" : !cfg->max_queue ? "max_queue" : !cfg->prefill_chunk ? "prefill_chunk"
-		: NULL;
+		: !(cfg->head_share >= 0 && cfg->head_share <= 1) ? "head_share (0..1)" : NULL;
 	if (bad) {
 		KVT_LOGE("sched: bad config: %s", bad);
 		return KVT_EINVAL;

@@ -19,8 +19,13 @@
  * under the policy (enum kvt_sched_policy): FAIR ranks them by effective
  * priority, then shortest remaining prompt first, and a sequence passed over
  * for aging_steps steps goes first, so a request admitted behind a long
- * prompt gets its first chunk in the next step and no prompt starves; FIFO
- * is the old order (oldest first, taking all it can), kept as the baseline.
+ * prompt gets its first chunk in the next step and no prompt starves. The
+ * head prompt (the oldest prefilling sequence of the best effective
+ * priority) lets the others' rows (prompt and decode) run before it only
+ * until they add up to (1 / head_share - 1) times its prompt; then it goes
+ * first, so a stream of short requests cannot stretch a long prompt's
+ * prefill past that however fast they arrive. FIFO is the old order
+ * (oldest first, taking all it can), kept as the baseline.
  * Priorities (lower first, KVT_PRIORITY_MIN..MAX) also order the queue; a
  * waiting request gains one level per priority_aging_s.
  *
@@ -90,6 +95,7 @@ typedef struct kvt_sched_config {
 	bool cache;                /* reuse cached prefixes (default true; false: benchmark baseline) */
 	int policy;                /* enum kvt_sched_policy (default FAIR) */
 	uint32_t aging_steps;      /* FAIR: a prefilling sequence passed over this many steps goes first (default 4) */
+	float head_share;          /* FAIR: others may run (1/head_share - 1) x the head prompt's length before it (default 0.8; 0 = no limit) */
 	double priority_aging_s;   /* a waiting request's priority improves one level per this (default 5; 0 = never) */
 	int preempt;               /* enum kvt_preempt_mode (default SWAP) */
 	bool admit_longest;        /* admit only when T0 holds every request at its longest (no preemption needed; default false: the prompt's blocks) */
