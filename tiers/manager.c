@@ -117,6 +117,7 @@ struct kvt_tm {
 	kvt_db_session *rs;            /* [cap_rs] sessions to write (owned copies) */
 	uint32_t n_rs, cap_rs;
 	bool remote_inflight;          /* the writer holds a batch */
+	uint32_t remote_inflight_n;    /* entries in it (blocks, or 1 session) */
 	bool warned_remote;            /* logged a T3 record of another codec once */
 	pthread_cond_t cv_remote;      /* wakes the remote writer */
 	pthread_t rwriter;             /* the remote writer thread */
@@ -1076,6 +1077,7 @@ static void *remote_main(void *arg)
 		if (tm->n_rs) {
 			kvt_db_session s = tm->rs[--tm->n_rs];
 			tm->remote_inflight = true;
+			tm->remote_inflight_n = 1;
 			pthread_mutex_unlock(&tm->mu);
 			int rc = kvt_t3_put_session(tm->cfg.t3, &s);
 			if (rc != KVT_OK)
@@ -1083,6 +1085,7 @@ static void *remote_main(void *arg)
 			kvt_db_session_deinit(&s);
 			pthread_mutex_lock(&tm->mu);
 			tm->remote_inflight = false;
+			tm->remote_inflight_n = 0;
 			continue;
 		}
 		uint32_t n = 0;
@@ -1094,6 +1097,7 @@ static void *remote_main(void *arg)
 		tm->n_rq -= n;
 		tm->n_rq_due -= n;
 		tm->remote_inflight = true;
+		tm->remote_inflight_n = n;
 		pthread_mutex_unlock(&tm->mu);
 		/* Take what no other thread is moving; the rest goes back to the queue for a moment. */
 		uint32_t n_got = 0, n_busy = 0;
@@ -1108,6 +1112,7 @@ static void *remote_main(void *arg)
 			busy_release(tm, h[i]);
 		pthread_mutex_lock(&tm->mu);
 		tm->remote_inflight = false;
+		tm->remote_inflight_n = 0;
 		tm->st.remote.n_demotions += n_ok;
 		/* no server (or busy): back to the front of the due queue, for a retry */
 		uint32_t n_retry = n_busy;
@@ -2259,7 +2264,7 @@ void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 	pthread_mutex_lock(&tm->mu);
 	*st = tm->st;
 	bool full = tm->t2_full;
-	st->n_remote_queued = tm->n_rq + tm->n_rs;
+	st->n_remote_queued = tm->n_rq + tm->n_rs + tm->remote_inflight_n; /* the batch being sent too: 0 means written */
 	pthread_mutex_unlock(&tm->mu);
 	if (tm->cfg.t3) {
 		st->has_remote = true;

@@ -222,7 +222,7 @@ typedef struct kvt_tm_stats {
 	bool has_remote;          /* a remote tier is configured */
 	kvt_tm_tier_stats remote; /* as the local tiers (degraded, n_corrupt from t3) */
 	kvt_t3_stats t3;          /* the remote tier's own counters: bytes, errors, latency */
-	uint64_t n_remote_queued; /* blocks waiting to be written to T3 (due or not) */
+	uint64_t n_remote_queued; /* blocks (and sessions) not yet written to T3: queued, due or not, and the batch being sent */
 	uint64_t n_remote_skipped;/* blocks never written to T3: the queue was full */
 	uint64_t n_remote_failed; /* blocks T3 refused (OOM, an error reply) */
 } kvt_tm_stats;
