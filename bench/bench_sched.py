@@ -176,7 +176,7 @@ def main():
     ap.add_argument("--n-long", type=int, default=4)
     ap.add_argument("--n-short", type=int, default=32)
     ap.add_argument("--long-chars", type=int, default=15000, help="characters of text per long prompt (~3.3K tokens)")
-    ap.add_argument("--order", default="fifo,fair", help="which policy runs first (machine drift favours one)")
+    ap.add_argument("--order", default="fifo,fair", help="the runs in order (machine drift favours one; fifo,fair,fair,fifo cancels a steady drift)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--no-burst", dest="burst", action="store_false", help="skip the burst (steady mix only)")
     ap.add_argument("--steady-s", type=float, default=40.0, help="0 skips the steady mix")
@@ -191,16 +191,26 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kvt-bench-sched-")
     res = {"date": datetime.datetime.utcnow().isoformat() + "Z", "machine": platform.processor() or platform.machine(),
            "cpus": os.cpu_count(), "args": vars(a)}
+    runs = {}
     try:
-        for policy in a.order.split(","):
+        for k, policy in enumerate(a.order.split(",")):
             print("running %s ..." % policy, flush=True)
-            res[policy] = run_policy(a, tmp, policy)
+            runs.setdefault(policy, []).append(run_policy(a, os.path.join(tmp, str(k)), policy))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # a policy run more than once (--order fifo,fair,fair,fifo cancels a steady drift of the machine):
+    # every figure is the mean of its runs; the runs themselves are kept under "runs"
+    for policy, rs in runs.items():
+        m = {"idle_short_ttft_s": statistics.mean(r["idle_short_ttft_s"] for r in rs), "runs": rs,
+             "scheduler_stats": rs[-1]["scheduler_stats"]}
+        for load in ("burst", "steady"):
+            if all(load in r for r in rs):
+                m[load] = {k: statistics.mean(r[load][k] for r in rs) for k in rs[0][load]}
+        res[policy] = m
     print("\n%-8s %-7s %10s %10s %10s %10s %12s %9s %9s %6s" % ("policy", "load", "short p50", "short p99",
                                                                   "long p50", "long p99", "long done", "total",
                                                                   "tok/s", "errors"))
-    for policy in ("fifo", "fair"):
+    for policy in [p for p in ("fifo", "fair") if p in res]:
         for load in ("burst", "steady"):
             r = res[policy].get(load)
             if not r:
@@ -208,13 +218,13 @@ def main():
             print("%-8s %-7s %9.2fs %9.2fs %9.2fs %9.2fs %11.2fs %8.1fs %9.1f %6d" % (
                 policy, load, r["short_ttft_p50_s"], r["short_ttft_p99_s"], r["long_ttft_p50_s"],
                 r["long_ttft_p99_s"], r["long_done_mean_s"], r["total_s"], r["tokens_per_s"], r["errors"]))
-    for policy in ("fifo", "fair"):
+    for policy in [p for p in ("fifo", "fair") if p in res]:
         print("%s: idle short TTFT %.1f ms; long prompts %d tokens" % (
             policy, res[policy]["idle_short_ttft_s"] * 1e3,
             (res[policy].get("burst") or res[policy].get("steady") or {}).get("long_prompt_tokens", 0)))
     ratios = {}
     for load in ("burst", "steady"):
-        f, g = res["fifo"].get(load), res["fair"].get(load)
+        f, g = res.get("fifo", {}).get(load), res.get("fair", {}).get(load)
         if not f or not g:
             continue
         ratios[load] = {

@@ -250,6 +250,47 @@ static void test_head_bound(void)
 	CHECKF(fs_fifo >= 15, "fifo: a short request's first token after only %u steps", fs_fifo);
 }
 
+/* Three equal 160-token prompts (5 chunks of 32 each) at once: with the head bound they run one after another. */
+static void longs_in_turn(bool unbounded, uint32_t ttft[3])
+{
+	rig r;
+	rig_opts o = { .policy = KVT_SCHED_FAIR, .t0_slots = 200, .max_running = 4, .prefill_chunk = 32,
+		       .no_head_bound = unbounded };
+	static int32_t lp[3][160];
+	kvt_sched_req q;
+	kvt_sched_handle *h[3];
+	result res;
+	CHECK(rig_open(&r, &o, "turns") == KVT_OK);
+	for (int i = 0; i < 3; i++) {
+		make_prompt(lp[i], 160, 20 + (uint32_t)i);
+		req_init(&q, lp[i], 160, 2, "long");
+		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
+	}
+	for (int i = 0; i < 3; i++) {
+		CHECK(collect(h[i], &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH);
+		ttft[i] = res.u.ttft_steps;
+	}
+	printf("  fair head_share %s: three equal prompts' first tokens after %u, %u, %u steps\n",
+	       unbounded ? "0 (aging)" : "0.8", ttft[0], ttft[1], ttft[2]);
+	rig_close(&r);
+	char p[600];
+	snprintf(p, sizeof(p), "%s/turns.t2", dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/turns.sqlite", dir);
+	unlink(p);
+}
+
+static void test_longs_in_turn(void)
+{
+	uint32_t b[3], u[3];
+	longs_in_turn(false, b);
+	longs_in_turn(true, u);
+	/* 5 chunks each, one after another (a step of slack each for the decode row) */
+	CHECKF(b[0] <= 6 && b[1] <= 12 && b[2] <= 18, "bounded: first tokens after %u, %u, %u steps", b[0], b[1], b[2]);
+	/* aging round-robins them: the first one finishes later */
+	CHECKF(u[0] > b[0], "aging: the first prompt's first token after %u steps, bounded %u", u[0], b[0]);
+}
+
 /* One running slot: a blocker runs; four queued requests start by priority (FAIR) or arrival (FIFO). */
 static void priorities(int policy)
 {
@@ -392,6 +433,7 @@ int main(void)
 
 	test_short_behind_long();
 	test_head_bound();
+	test_longs_in_turn();
 	priorities(KVT_SCHED_FAIR);
 	priorities(KVT_SCHED_FIFO);
 	test_preemption();

@@ -900,7 +900,9 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		if (h->state != H_PREFILL)
 			continue;
 		cands[n_cand++] = (cand){ .h = h,
-					  .aged = h->passed >= s->cfg.aging_steps,
+					  /* with the head bound, the head's turn replaces aging (which would
+					     round-robin long prompts and delay all of them) */
+					  .aged = s->cfg.head_share <= 0 && h->passed >= s->cfg.aging_steps,
 					  .prio = effective_priority(s, h, now),
 					  .left = h->n_fill - h->seq.n_tokens };
 	}
