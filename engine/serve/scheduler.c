@@ -900,24 +900,24 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		if (h->state != H_PREFILL)
 			continue;
 		cands[n_cand++] = (cand){ .h = h,
-					  /* with the head bound, the head's turn replaces aging (which would
-					     round-robin long prompts and delay all of them) */
-					  .aged = s->cfg.head_share <= 0 && h->passed >= s->cfg.aging_steps,
+					  .aged = h->passed >= s->cfg.aging_steps,
 					  .prio = effective_priority(s, h, now),
 					  .left = h->n_fill - h->seq.n_tokens };
 	}
 	const bool fair = s->cfg.policy == KVT_SCHED_FAIR;
-	if (fair)
-		qsort(cands, n_cand, sizeof(cand), cmp_cand);
 	uint32_t budget = s->cfg.prefill_chunk;
 	/*
 	 * FAIR's head: the oldest prefilling sequence of the best effective
 	 * priority. Others' rows (prompt and decode) run before it until they
 	 * add up to (1 / head_share - 1) times its prompt; from then on it takes
 	 * the budget first, as FIFO would, so they cannot stretch its prefill by
-	 * more than that however fast they arrive.
+	 * more than that however fast they arrive. Aging still lifts a shorter
+	 * prompt passed over (so a short one never waits out a long prefill),
+	 * but not one at least as long as the head: those wait to be head in
+	 * turn rather than round-robin with it, which would delay them all.
 	 */
 	kvt_sched_handle *head = NULL;
+	uint32_t head_cap = 0; /* its cap in its turn; 0: none */
 	if (fair && n_cand > 1 && s->cfg.head_share > 0) {
 		uint32_t hi = 0;
 		for (uint32_t i = 1; i < n_cand; i++)
@@ -925,12 +925,34 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 			    (cands[i].prio == cands[hi].prio && cands[i].h->seq_no < cands[hi].h->seq_no))
 				hi = i;
 		head = cands[hi].h;
+		for (uint32_t i = 0; i < n_cand; i++)
+			if (i != hi && cands[i].left >= cands[hi].left)
+				cands[i].aged = false;
+	}
+	if (fair)
+		qsort(cands, n_cand, sizeof(cand), cmp_cand);
+	if (head) {
+		uint32_t hi = 0;
+		while (cands[hi].h != head)
+			hi++;
 		double allowance = (1.0 / s->cfg.head_share - 1.0) * (double)head->n_fill;
-		if ((double)head->yielded >= allowance && hi) { /* its turn: first, taking all it can */
+		if ((double)head->yielded >= allowance) {
+			/*
+			 * Its turn: first, taking all it can, or head_share of the
+			 * budget while shorter prompts have aged (they share the rest).
+			 */
+			bool aged_others = false;
+			for (uint32_t i = 0; i < n_cand; i++)
+				aged_others = aged_others || (i != hi && cands[i].aged);
 			cand c = cands[hi];
 			memmove(cands + 1, cands, hi * sizeof(cand));
 			cands[0] = c;
-			cands[0].aged = false; /* no half-budget cap */
+			cands[0].aged = false;
+			if (aged_others) {
+				head_cap = (uint32_t)ceilf(s->cfg.head_share * (float)s->cfg.prefill_chunk);
+				if (!head_cap)
+					head_cap = 1;
+			}
 		}
 	}
 	uint32_t head_rows = 0;
@@ -939,6 +961,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		uint32_t left = cands[i].left, c = left;
 		/* an aged sequence goes first but leaves half the budget to the others waiting */
 		uint32_t cap = fair && cands[i].aged && i + 1 < n_cand ? (s->cfg.prefill_chunk + 1) / 2 : budget;
+		if (h == head && head_cap)
+			cap = head_cap;
 		if (c > cap)
 			c = cap;
 		if (c > budget)

@@ -18,14 +18,15 @@
  * budget (prefill_chunk prompt tokens) shared by the prefilling sequences
  * under the policy (enum kvt_sched_policy): FAIR ranks them by effective
  * priority, then shortest remaining prompt first, so a request admitted
- * behind a long prompt gets its first chunk in the next step. The
+ * behind a long prompt gets its first chunk in the next step, and a shorter
+ * one passed over for aging_steps steps goes first. The
  * head prompt (the oldest prefilling sequence of the best effective
  * priority) lets the others' rows (prompt and decode) run before it only
  * until they add up to (1 / head_share - 1) times its prompt; then it goes
- * first, so a stream of short requests cannot stretch a long prompt's
- * prefill past that however fast they arrive, and no prompt starves (with
- * head_share = 0, a sequence passed over for aging_steps steps goes first
- * instead). FIFO is the old order
+ * first (with at least head_share of the budget while shorter ones have
+ * aged), so a stream of short requests cannot stretch a long prompt's
+ * prefill without bound, no prompt starves, and prompts at least as long
+ * as the head do not age: they wait to be head in turn. FIFO is the old order
  * (oldest first, taking all it can), kept as the baseline.
  * Priorities (lower first, KVT_PRIORITY_MIN..MAX) also order the queue; a
  * waiting request gains one level per priority_aging_s.
