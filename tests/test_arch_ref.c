@@ -280,6 +280,34 @@ static void check_llama3_keys(kvt_dev *d, const fam *tensor_fam, const char *dir
 		free(lg[i]);
 }
 
+/* A mistral-named file (mistral.* keys, Llama's tensors) is a Llama: the same logits as the llama file. */
+static void check_mistral(kvt_dev *d, const char *dir)
+{
+	kvt_synth_llama cfg[2];
+	int32_t ids[N_PROMPT];
+	float *lg[2];
+	prompt(ids);
+	for (int i = 0; i < 2; i++) {
+		char path[512];
+		run r = { 0 };
+		kvt_synth_llama_default(&cfg[i]);
+		cfg[i].arch = i ? "mistral" : "llama";
+		snprintf(path, sizeof(path), "%s/%s.gguf", dir, cfg[i].arch);
+		CHECK(kvt_synth_llama_write(&cfg[i], path) == KVT_OK);
+		lg[i] = calloc((size_t)N_PROMPT * kvt_synth_llama_n_vocab(), 4);
+		if (open_run(&r, d, path, 64) == KVT_OK)
+			all_logits(&r, d, ids, lg[i]);
+		else
+			CHECKF(0, "%s loads", cfg[i].arch);
+		close_run(&r);
+		unlink(path);
+	}
+	double e = max_abs(lg[0], lg[1], (size_t)N_PROMPT * kvt_synth_llama_n_vocab());
+	printf("mistral vs llama keys, same weights: %.3g\n", e);
+	CHECKF(e == 0, "mistral vs llama: %.3g", e);
+	free(lg[0]), free(lg[1]);
+}
+
 int main(int argc, char **argv)
 {
 	fam f[4];
@@ -312,6 +340,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 4; i++)
 		check_family(d, &f[i], dir, refs, n_refs, exact, n_exact);
 	check_llama3_keys(d, &f[0], dir);
+	check_mistral(d, dir);
 	for (int i = 0; i < n_refs; i++)
 		free(refs[i].v);
 	for (int i = 0; i < n_exact; i++)

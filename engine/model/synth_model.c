@@ -220,8 +220,8 @@ static int check_config(const kvt_synth_llama *c)
 		return KVT_EINVAL;
 	}
 	const char *a = c->arch ? c->arch : "llama";
-	if (strcmp(a, "llama") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "gemma3")) {
-		KVT_LOGE("synth model: arch '%s' is not one of llama, qwen2, qwen3, gemma3", a);
+	if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "gemma3")) {
+		KVT_LOGE("synth model: arch '%s' is not one of llama, mistral, qwen2, qwen3, gemma3", a);
 		return KVT_EINVAL;
 	}
 	if (c->n_head % c->n_head_kv) {

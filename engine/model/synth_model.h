@@ -37,7 +37,8 @@ typedef struct kvt_synth_llama {
 	                         (block types need n_embd and n_ff divisible by 32) */
 	bool tied_embeddings; /* true: no output.weight (the output projection is token_embd) */
 	uint64_t seed;        /* weight generator seed */
-	const char *arch;     /* general.architecture: NULL or "llama", "qwen2" (adds Q/K/V biases),
+	const char *arch;     /* general.architecture: NULL or "llama", "mistral" (Llama's tensors
+	                         under mistral.* keys), "qwen2" (adds Q/K/V biases),
 	                         "qwen3" (Q/K norms), "gemma3" (Q/K norms, post-attention and post-FFN
 	                         norms, sliding window); the keys are prefixed with it */
 	uint32_t head_dim;    /* 0: n_embd / n_head; else written as attention.key_length and
