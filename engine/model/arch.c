@@ -12,7 +12,7 @@
  *           RoPE base 10000 there. Its GGUF norm weights already hold 1 + w (the
  *           converter adds the 1 that Gemma's RMSNorm applies), so they multiply as
  *           stored. Query scale 1/sqrt(attention.key_length), which is what every
- *           size but 27B uses.
+ *           size but 27B uses (model.c makes its exception, as llama.cpp does).
  */
 #include "arch.h"
 

@@ -252,6 +252,11 @@ static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 	if ((rc = read_rope_scaling(g, hp)))
 		return rc;
 	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+	/* NOTE: Gemma 3 27B (62 layers) was trained with query_pre_attn_scalar = n_embd / n_head
+	 * (168), not head_dim (128); its GGUF has no key for it, and llama.cpp keys the
+	 * exception on the layer count as done here. */
+	if (ad->swa && !strcmp(hp->arch, "gemma3") && hp->n_layer == 62)
+		hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
 	if (ad->swa) {
 		if ((rc = get_u32_key(g, hp->arch, "attention.sliding_window", true, 0, &hp->n_swa)))
 			return rc;

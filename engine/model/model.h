@@ -58,7 +58,7 @@ typedef struct kvt_model_hparams {
 	uint32_t n_swa;         /* sliding window of the local layers in tokens; 0: every layer is global */
 	uint32_t swa_pattern;   /* layer l is local when n_swa and l % swa_pattern < swa_pattern - 1 */
 	float rope_base_swa;    /* RoPE base of the local layers */
-	float attn_scale;       /* query scale: 1/sqrt(head_dim) */
+	float attn_scale;       /* query scale: 1/sqrt(head_dim) (Gemma 3 27B: 1/sqrt(n_embd / n_head)) */
 	int rope_scaling;       /* 0 none, 1 linear, 2 llama3 ({arch}.rope.scaling.type) */
 	float rope_scale_factor;   /* rope.scaling.factor (1: none) */
 	float rope_low_freq;       /* llama3: rope.scaling.low_freq_factor (default 1) */
