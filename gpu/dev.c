@@ -8,6 +8,7 @@
 #include "dev_impl.h"
 #include "kv_codec.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #define BAD(op, ...)                                   \
@@ -167,6 +168,8 @@ int kvt_dev_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
 {
 	if (!a->n || !a->gate || !a->up || !a->y)
 		BAD("swiglu", "bad arguments");
+	if (a->act < 0 || a->act >= KVT_ACT_COUNT)
+		BAD("swiglu", "activation %d", a->act);
 	return d->ops->swiglu(d, a);
 }
 
@@ -174,6 +177,9 @@ int kvt_dev_add(kvt_dev *d, const kvt_add_args *a)
 {
 	if (!a->n || !a->x || !a->y)
 		BAD("add", "bad arguments");
+	if (a->n_x && a->n % a->n_x)
+		BAD("add", "a row of %llu does not divide %llu elements", (unsigned long long)a->n_x,
+		    (unsigned long long)a->n);
 	return d->ops->add(d, a);
 }
 
@@ -181,6 +187,8 @@ int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a)
 {
 	if (!a->n_rows || !a->n_dim || !a->n_vocab || !a->table || !a->ids || !a->y)
 		BAD("embed", "bad arguments");
+	if (!isfinite(a->scale))
+		BAD("embed", "scale %g", a->scale);
 	if (!weight_ok(d, a->table_dtype, a->n_dim))
 		BAD("embed", "table dtype %s with rows of %u", kvt_dtype_name(a->table_dtype), a->n_dim);
 	return d->ops->embed(d, a);

@@ -186,9 +186,11 @@ typedef struct kvt_rmsnorm_args {
 int kvt_dev_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a);
 
 /*
- * Rotary embedding in GGUF's "normal" mode: within each head, adjacent pairs
- * (x[2i], x[2i+1]) rotate by pos * base^(-2i/n_rot). Dims >= n_rot are left.
- * In place on x.
+ * Rotary embedding. Pair i (i < n_rot / 2) of each head rotates by
+ * theta_i = pos * base^(-2i/n_rot) / f_i (f_i = freq_factors[i], or 1):
+ * in GGUF's "normal" mode the pair is (x[2i], x[2i+1]) (Llama: the converter
+ * permuted Q/K for it); in NEOX mode it is (x[i], x[i + n_rot/2]) (Qwen2/3,
+ * Gemma 3). Dims >= n_rot are left. In place on x.
  */
 typedef struct kvt_rope_args {
 	uint32_t n_rows;    /* tokens */
@@ -198,27 +200,40 @@ typedef struct kvt_rope_args {
 	float freq_base;    /* theta base */
 	const int32_t *pos; /* [n_rows] absolute positions, device */
 	float *x;           /* [n_rows][n_heads][head_dim], device, in place */
+	bool neox;          /* NEOX pairing (x[i], x[i + n_rot/2]) instead of adjacent pairs */
+	const float *freq_factors; /* [n_rot / 2] divisors of each pair's angle (Llama 3 rope
+	                              scaling), device; NULL: none */
 } kvt_rope_args;
 int kvt_dev_rope(kvt_dev *d, const kvt_rope_args *a);
 
-/* y = silu(gate) * up, elementwise over n floats (y may equal gate or up). */
+/* Activations of the gated FFN op. */
+enum kvt_act {
+	KVT_ACT_SILU = 0,      /* x / (1 + e^-x) (Llama, Qwen) */
+	KVT_ACT_GELU_TANH = 1, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma) */
+	KVT_ACT_COUNT
+};
+
+/* y = act(gate) * up, elementwise over n floats (y may equal gate or up). */
 typedef struct kvt_swiglu_args {
 	uint64_t n;          /* elements */
 	const float *gate;   /* device */
 	const float *up;     /* device */
 	float *y;            /* device */
+	int act;             /* enum kvt_act; 0 (SiLU) by default */
 } kvt_swiglu_args;
 int kvt_dev_swiglu(kvt_dev *d, const kvt_swiglu_args *a);
 
-/* y += x over n floats. */
+/* y[i] += x[i] over n floats; with n_x set, y[i] += x[i % n_x] (a bias row
+ * added to each of n / n_x rows). */
 typedef struct kvt_add_args {
 	uint64_t n;       /* elements */
-	const float *x;   /* device */
-	float *y;         /* device, in place */
+	const float *x;   /* [n] (or [n_x]), device */
+	float *y;         /* [n], device, in place */
+	uint64_t n_x;     /* 0: x has n elements; else its length, dividing n */
 } kvt_add_args;
 int kvt_dev_add(kvt_dev *d, const kvt_add_args *a);
 
-/* y[m] = table[ids[m]] (rows of n_dim), ids checked against n_vocab. */
+/* y[m] = table[ids[m]] * scale (rows of n_dim), ids checked against n_vocab. */
 typedef struct kvt_embed_args {
 	uint32_t n_rows;      /* tokens */
 	uint32_t n_dim;       /* row width */
@@ -227,6 +242,8 @@ typedef struct kvt_embed_args {
 	const void *table;    /* [n_vocab] rows of n_dim elements, device */
 	const int32_t *ids;   /* [n_rows], device */
 	float *y;             /* [n_rows][n_dim], device */
+	float scale;          /* multiplies every element (Gemma: sqrt(n_dim)); NOTE: 0 means 1,
+	                         so a zero-initialised struct embeds unscaled */
 } kvt_embed_args;
 int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a);
 
@@ -319,7 +336,8 @@ int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
 /*
  * Causal GQA attention over paged KV. Query row m sits at position pos0 + m
  * and attends to positions 0..pos0+m of the sequence (their K/V already
- * stored). Query head h reads KV head h / (n_heads / n_kv_heads).
+ * stored); with a sliding window W, only to positions pos0+m-W+1..pos0+m
+ * (keys older than that are skipped, and their blocks need not be read). Query head h reads KV head h / (n_heads / n_kv_heads).
  * One op serves prefill (n_rows > 1, over a cached prefix plus the new
  * tokens) and decode (n_rows = 1).
  */
@@ -333,6 +351,7 @@ typedef struct kvt_attention_args {
 	float scale;                /* usually 1/sqrt(head_dim) */
 	const float *q;             /* [n_rows][n_heads][head_dim], device */
 	float *out;                 /* [n_rows][n_heads][head_dim], device */
+	uint32_t window;            /* sliding window in tokens; 0: full causal */
 } kvt_attention_args;
 size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a);
 int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace);

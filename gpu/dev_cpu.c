@@ -593,14 +593,18 @@ static void rope_task(void *ctx, uint32_t m, uint32_t worker)
 	 * cache does, so angles round the same way as llama.cpp's. */
 	const kvt_rope_args *a = ctx;
 	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
+	const uint32_t half = a->n_rot / 2;
 	float theta = (float)a->pos[m];
-	for (uint32_t i = 0; i < a->n_rot; i += 2) {
-		float c = cosf(theta), s = sinf(theta);
+	for (uint32_t i = 0; i < half; i++) {
+		const float th = a->freq_factors ? theta / a->freq_factors[i] : theta;
+		const float c = cosf(th), s = sinf(th);
+		/* the pair's two dims: adjacent, or half the rotated width apart (NEOX) */
+		const uint32_t i0 = a->neox ? i : 2 * i, i1 = a->neox ? i + half : 2 * i + 1;
 		for (uint32_t h = 0; h < a->n_heads; h++) {
-			float *x = a->x + ((size_t)m * a->n_heads + h) * a->head_dim + i;
-			float x0 = x[0], x1 = x[1];
-			x[0] = x0 * c - x1 * s;
-			x[1] = x0 * s + x1 * c;
+			float *x = a->x + ((size_t)m * a->n_heads + h) * a->head_dim;
+			float x0 = x[i0], x1 = x[i1];
+			x[i0] = x0 * c - x1 * s;
+			x[i1] = x0 * s + x1 * c;
 		}
 		theta *= theta_scale;
 	}
@@ -618,12 +622,24 @@ typedef struct elem_job {
 	uint32_t n_tasks;   /* chunks */
 } elem_job;
 
+/* GELU, tanh form, in fp32 as ggml computes it. */
+static inline float gelu_tanh(float x)
+{
+	const float k = 0.79788456080286535587989211986876f; /* sqrt(2 / pi) */
+	return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+}
+
 static void swiglu_task(void *ctx, uint32_t t, uint32_t worker)
 {
 	const elem_job *j = ctx;
 	const kvt_swiglu_args *a = j->args;
 	uint64_t lo, hi;
 	task_range(j->n, j->n_tasks, t, &lo, &hi);
+	if (a->act == KVT_ACT_GELU_TANH) {
+		for (uint64_t i = lo; i < hi; i++)
+			a->y[i] = gelu_tanh(a->gate[i]) * a->up[i];
+		return;
+	}
 	for (uint64_t i = lo; i < hi; i++) {
 		float g = a->gate[i];
 		a->y[i] = g / (1.0f + expf(-g)) * a->up[i];
@@ -643,6 +659,11 @@ static void add_task(void *ctx, uint32_t t, uint32_t worker)
 	const kvt_add_args *a = j->args;
 	uint64_t lo, hi;
 	task_range(j->n, j->n_tasks, t, &lo, &hi);
+	if (a->n_x) { /* a row broadcast over the rows of y */
+		for (uint64_t i = lo; i < hi; i++)
+			a->y[i] += a->x[i % a->n_x];
+		return;
+	}
 	for (uint64_t i = lo; i < hi; i++)
 		a->y[i] += a->x[i];
 }
@@ -670,6 +691,9 @@ static int cpu_embed(kvt_dev *d, const kvt_embed_args *a)
 				y[k] = row_elem(a->table_dtype, row, k);
 		else
 			widen_row(a->table_dtype, row, y, a->n_dim);
+		if (a->scale != 0 && a->scale != 1)
+			for (uint32_t k = 0; k < a->n_dim; k++)
+				y[k] *= a->scale;
 	}
 	return KVT_OK;
 }
@@ -775,6 +799,12 @@ static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 	return KVT_OK;
 }
 
+/* The first position a query at pos sees: pos - window + 1 under a sliding window, else 0. */
+static inline uint32_t attn_first_key(const kvt_attention_args *a, uint32_t pos)
+{
+	return a->window && pos + 1 > a->window ? pos + 1 - a->window : 0;
+}
+
 /* Query rows per task of the blocked (prefill) attention kernel. */
 #define ATTN_ROWS 8
 
@@ -799,7 +829,8 @@ static size_t attn_block_floats(const kvt_attention_args *a)
 /* Decode key splits per KV head: about two tasks per thread, at least 4 blocks each. */
 static uint32_t attn_n_splits(const kvt_dev *d, const kvt_attention_args *a)
 {
-	const uint32_t n_blk = (a->pos0 + a->n_rows + a->kv->block_tokens - 1) / a->kv->block_tokens;
+	const uint32_t n_blk = (a->pos0 + a->n_rows + a->kv->block_tokens - 1) / a->kv->block_tokens -
+			       attn_first_key(a, a->pos0) / a->kv->block_tokens;
 	uint32_t n = (2 * (uint32_t)cpu_n_threads(d) + a->kv->n_kv_heads - 1) / a->kv->n_kv_heads;
 	if (n > n_blk / 4)
 		n = n_blk / 4;
@@ -973,20 +1004,24 @@ static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t 
 		f16_to_f32_row(kv_row(l, slot, a->layer, 1, kh, 0), vb, (size_t)nk * hd);
 		for (uint32_t r = 0; r < nr; r++) {
 			const uint32_t n_vis = a->pos0 + r0 + r + 1; /* causal: positions 0..pos0+r0+r */
-			if (n_vis <= p0)
+			const uint32_t first = attn_first_key(a, n_vis - 1);
+			if (n_vis <= p0 || first >= p0 + nk)
 				continue;
-			const uint32_t kmax = n_vis - p0 < nk ? n_vis - p0 : nk;
+			/* this row's keys in the block: [k0, kmax) */
+			const uint32_t kmax = n_vis - p0 < nk ? n_vis - p0 : nk, k0 = first > p0 ? first - p0 : 0;
+			const float *kr = kb + (size_t)k0 * hd, *vr = vb + (size_t)k0 * hd;
+			const uint32_t n_k = kmax - k0;
 			for (uint32_t g = 0; g < G; g++) {
 				const uint32_t qi = r * G + g;
 				const float *q = a->q + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
-				const float bmax = block_scores(q, kb, kmax, hd, a->scale, sc);
+				const float bmax = block_scores(q, kr, n_k, hd, a->scale, sc);
 				const float m_new = bmax > mx[qi] ? bmax : mx[qi];
 				const float c = expf(mx[qi] - m_new); /* 0 for the first block: mx is -inf */
 				float *y = acc + (size_t)qi * hd;
-				sum[qi] = sum[qi] * c + block_exp(sc, kmax, m_new);
-				scale_axpy_f32(y, c, sc[0], vb, hd);
-				for (uint32_t k = 1; k < kmax; k++)
-					scale_axpy_f32(y, 1.0f, sc[k], vb + (size_t)k * hd, hd);
+				sum[qi] = sum[qi] * c + block_exp(sc, n_k, m_new);
+				scale_axpy_f32(y, c, sc[0], vr, hd);
+				for (uint32_t k = 1; k < n_k; k++)
+					scale_axpy_f32(y, 1.0f, sc[k], vr + (size_t)k * hd, hd);
 				mx[qi] = m_new;
 			}
 		}
@@ -1015,7 +1050,8 @@ static void attention_prefill_task(void *ctx, uint32_t t, uint32_t worker)
 	const uint32_t n_kv = a->kv->n_kv_heads, G = a->n_heads / n_kv, bt = a->kv->block_tokens;
 	const uint32_t rb = j->n_row_blocks - 1 - t / n_kv, r0 = rb * ATTN_ROWS;
 	const uint32_t nr = a->n_rows - r0 < ATTN_ROWS ? a->n_rows - r0 : ATTN_ROWS;
-	attend_blocks(j, r0, nr, (t % n_kv) * G, 0, (a->pos0 + r0 + nr + bt - 1) / bt, worker, NULL);
+	attend_blocks(j, r0, nr, (t % n_kv) * G, attn_first_key(a, a->pos0 + r0) / bt, (a->pos0 + r0 + nr + bt - 1) / bt,
+		      worker, NULL);
 }
 
 /*
@@ -1029,9 +1065,10 @@ static void attention_decode_task(void *ctx, uint32_t t, uint32_t worker)
 	const kvt_attention_args *a = j->a;
 	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
 	const uint32_t kh = t / j->n_splits, sp = t % j->n_splits;
-	const uint32_t n_blk = (a->pos0 + 1 + a->kv->block_tokens - 1) / a->kv->block_tokens;
-	const uint32_t b0 = (uint32_t)((uint64_t)n_blk * sp / j->n_splits);
-	const uint32_t b1 = (uint32_t)((uint64_t)n_blk * (sp + 1) / j->n_splits);
+	const uint32_t lo = attn_first_key(a, a->pos0) / a->kv->block_tokens; /* the window's first block */
+	const uint32_t n_blk = (a->pos0 + 1 + a->kv->block_tokens - 1) / a->kv->block_tokens - lo;
+	const uint32_t b0 = lo + (uint32_t)((uint64_t)n_blk * sp / j->n_splits);
+	const uint32_t b1 = lo + (uint32_t)((uint64_t)n_blk * (sp + 1) / j->n_splits);
 	attend_blocks(j, 0, 1, kh * G, b0, b1, worker, j->partial + (size_t)t * G * (hd + 2));
 }
 
@@ -1074,6 +1111,7 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 	const size_t n_ctx = (size_t)a->pos0 + a->n_rows;
 	const uint32_t m = w / a->n_heads, h = w % a->n_heads, kh = h / group;
 	const uint32_t n_vis = a->pos0 + m + 1; /* causal: positions 0..pos0+m */
+	const uint32_t first = attn_first_key(a, a->pos0 + m); /* the sliding window's start */
 	float *scores = j->ws + (size_t)worker * j->ws_floats;
 	float *acc = scores + n_ctx;
 	const float *q = a->q + ((size_t)m * a->n_heads + h) * hd;
@@ -1082,7 +1120,7 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 	float *row = acc + hd; /* one K or V row of an 8-bit pool, dequantized */
 	const bool q8 = l->codec != KVT_KV_CODEC_F16;
 
-	for (uint32_t p = 0; p < n_vis; p++) {
+	for (uint32_t p = first; p < n_vis; p++) {
 		float s;
 		if (q8) {
 			kv_vec(l, a->block_table[p / bt], a->layer, 0, kh, p % bt, row);
@@ -1094,12 +1132,12 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 		mx = s > mx ? s : mx;
 	}
 	float sum = 0;
-	for (uint32_t p = 0; p < n_vis; p++) {
+	for (uint32_t p = first; p < n_vis; p++) {
 		scores[p] = expf(scores[p] - mx);
 		sum += scores[p];
 	}
 	memset(acc, 0, hd * sizeof(float));
-	for (uint32_t p = 0; p < n_vis; p++) {
+	for (uint32_t p = first; p < n_vis; p++) {
 		if (q8) {
 			kv_vec(l, a->block_table[p / bt], a->layer, 1, kh, p % bt, row);
 			scale_axpy_f32(acc, 1.0f, scores[p] / sum, row, hd);

@@ -437,13 +437,17 @@ __global__ void rope_kernel(kvt_rope_args a, float theta_scale)
 	float theta = (float)a.pos[m];
 	for (uint32_t j = 0; j < i; j++)
 		theta *= theta_scale;
+	if (a.freq_factors)
+		theta /= a.freq_factors[i];
 	float c, s;
 	sincosf(theta, &s, &c);
+	/* the pair's dims: adjacent, or half the rotated width apart (NEOX) */
+	const uint32_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + pairs : 2 * i + 1;
 	for (uint32_t h = 0; h < a.n_heads; h++) {
-		float *x = a.x + ((size_t)m * a.n_heads + h) * a.head_dim + 2 * i;
-		float x0 = x[0], x1 = x[1];
-		x[0] = x0 * c - x1 * s;
-		x[1] = x0 * s + x1 * c;
+		float *x = a.x + ((size_t)m * a.n_heads + h) * a.head_dim;
+		float x0 = x[i0], x1 = x[i1];
+		x[i0] = x0 * c - x1 * s;
+		x[i1] = x0 * s + x1 * c;
 	}
 }
 
@@ -455,11 +459,14 @@ static int cuda_rope(kvt_dev *d, const kvt_rope_args *a)
 	return LAUNCHED("rope");
 }
 
-__global__ void swiglu_kernel(const float *g, const float *u, float *y, uint64_t n)
+__global__ void swiglu_kernel(const float *g, const float *u, float *y, uint64_t n, int act)
 {
 	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
 		float v = g[i];
-		y[i] = v / (1.0f + expf(-v)) * u[i];
+		if (act == KVT_ACT_GELU_TANH) /* sqrt(2 / pi) */
+			y[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286535587989211986876f * v * (1.0f + 0.044715f * v * v))) * u[i];
+		else
+			y[i] = v / (1.0f + expf(-v)) * u[i];
 	}
 }
 
@@ -467,20 +474,27 @@ static unsigned grid_for(uint64_t n) { return div_up(n, 256) < 8192 ? div_up(n, 
 
 static int cuda_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
 {
-	swiglu_kernel<<<grid_for(a->n), 256, 0, C(d)->stream>>>(a->gate, a->up, a->y, a->n);
+	swiglu_kernel<<<grid_for(a->n), 256, 0, C(d)->stream>>>(a->gate, a->up, a->y, a->n, a->act);
 	return LAUNCHED("swiglu");
 }
 
-__global__ void add_kernel(const float *x, float *y, uint64_t n)
+/* n_x = 0: y += x; else x is a row of n_x broadcast over y's rows (a bias). */
+__global__ void add_kernel(const float *x, float *y, uint64_t n, uint64_t n_x)
 {
 	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
-		y[i] += x[i];
+		y[i] += x[n_x ? i % n_x : i];
 }
 
 static int cuda_add(kvt_dev *d, const kvt_add_args *a)
 {
-	add_kernel<<<grid_for(a->n), 256, 0, C(d)->stream>>>(a->x, a->y, a->n);
+	add_kernel<<<grid_for(a->n), 256, 0, C(d)->stream>>>(a->x, a->y, a->n, a->n_x);
 	return LAUNCHED("add");
+}
+
+__global__ void scale_kernel(float *y, uint64_t n, float s)
+{
+	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] *= s;
 }
 
 /* Out-of-range ids are reported through *bad (the first one seen) and leave their row 0. */
@@ -516,7 +530,13 @@ static int cuda_embed(kvt_dev *d, const kvt_embed_args *a)
 	int rc = CU(cudaMemcpyAsync(c->d_flag, &h_bad, sizeof h_bad, cudaMemcpyHostToDevice, c->stream));
 	if (!rc) {
 		embed_kernel<<<a->n_rows, 128, 0, c->stream>>>(*a, c->d_flag);
-		if (!(rc = LAUNCHED("embed")))
+		rc = LAUNCHED("embed");
+		if (!rc && a->scale != 0 && a->scale != 1) {
+			const uint64_t n = (uint64_t)a->n_rows * a->n_dim;
+			scale_kernel<<<grid_for(n), 256, 0, c->stream>>>(a->y, n, a->scale);
+			rc = LAUNCHED("embed scale");
+		}
+		if (!rc)
 			rc = CU(cudaMemcpyAsync(&h_bad, c->d_flag, sizeof h_bad, cudaMemcpyDeviceToHost, c->stream));
 	}
 	if (!rc)
@@ -841,6 +861,12 @@ static int cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
  * read once per KV head) and an online softmax per head in log2 units
  * (exp2). Partials go to ws as [split][query head] { max, sum, acc[head_dim] }.
  */
+/* The first position a query at pos sees: pos - window + 1 under a sliding window, else 0. */
+__host__ __device__ static inline uint32_t attn_first_key(const kvt_attention_args &a, uint32_t pos)
+{
+	return a.window && pos + 1 > a.window ? pos + 1 - a.window : 0;
+}
+
 template <int D, bool Q8>
 __device__ __forceinline__ void load_key(const kvt_kv_layout &l, uint32_t layer, uint32_t kh, int32_t slot,
 					 uint32_t t, int sub, float *kf, float *vf)
@@ -950,7 +976,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 	constexpr int GROUPS = 4 * GPW; /* lane groups in the CTA */
 	constexpr int U = Q8 ? 4 : 2;   /* keys per lane group per trip */
 	const uint32_t kh = blockIdx.x, split = blockIdx.y;
-	const uint32_t k0 = split * keys_per_split;
+	const uint32_t k0 = attn_first_key(a, a.pos0) + split * keys_per_split; /* splits cover the window */
 	const uint32_t k1 = min(a.pos0 + 1, k0 + keys_per_split);
 	const int tid = threadIdx.x, grp = tid / LPK, sub = tid % LPK, gi = grp % GPW;
 	const uint32_t bt = l.block_tokens;
@@ -1116,8 +1142,8 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 	/* groups up to 4 have a kernel each, so their loops over G unroll without a guard */
 	const uint32_t G = GMAX <= 4 ? GMAX : a.n_heads / l.n_kv_heads;
 	const uint32_t bt = l.block_tokens, n_ctx = a.pos0 + 1;
-	const uint32_t kh = blockIdx.x, split = blockIdx.y;
-	const uint32_t b0 = split * blocks_per_split;
+	const uint32_t kh = blockIdx.x, split = blockIdx.y, lo = attn_first_key(a, a.pos0);
+	const uint32_t b0 = lo / bt + split * blocks_per_split; /* splits cover the window's blocks */
 	const uint32_t b1 = min(b0 + blocks_per_split, (n_ctx + bt - 1) / bt);
 	const uint32_t cpb = (bt + TPT - 1) / TPT; /* chunks per block */
 	/* Every chunk starts at a visible token: the last block has only as many as it needs. */
@@ -1153,7 +1179,7 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			const uint32_t t = t0 + u * GPW + gi;
-			valid[u] = t < bt && blk * bt + t < n_ctx;
+			valid[u] = t < bt && blk * bt + t < n_ctx && blk * bt + t >= lo;
 			const uint32_t tl = valid[u] ? t : t0; /* a masked key loads a visible one */
 			if constexpr (Q8) {
 				const uint8_t *bp = q_block(l, slot);
@@ -1301,7 +1327,8 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 			acc[j][e] = 0.0f;
 	}
 	const uint32_t last = a.pos0 + r0 + rows - 1; /* the tile's last visible key */
-	for (uint32_t t0 = 0; t0 <= last; t0 += PF_KEYS) {
+	/* the tile's first visible key (its first row's window start), rounded down to a key tile */
+	for (uint32_t t0 = attn_first_key(a, a.pos0 + r0) / PF_KEYS * PF_KEYS; t0 <= last; t0 += PF_KEYS) {
 		__syncthreads();
 		for (uint32_t i = threadIdx.x; i < PF_KEYS * D; i += blockDim.x) {
 			uint32_t kk = i / D, dd = i % D, p = t0 + kk;
@@ -1332,7 +1359,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 			uint32_t pos = a.pos0 + r0 + v / G;
 			uint32_t p = t0 + lane;
 			float s = -INFINITY;
-			if (p <= pos) {
+			if (p <= pos && p >= attn_first_key(a, pos)) {
 				s = 0.0f;
 				const float *qv = sq + v * D, *kv = sk + lane * (D + 1);
 				for (uint32_t dd = 0; dd < D; dd++)
@@ -1390,7 +1417,7 @@ static uint32_t decode_want(const cuda_dev *c, const kvt_attention_args *a)
 
 static uint32_t decode_splits(const cuda_dev *c, const kvt_attention_args *a, uint32_t *keys_per_split)
 {
-	uint32_t n_ctx = a->pos0 + 1;
+	uint32_t n_ctx = a->pos0 + 1 - attn_first_key(*a, a->pos0); /* keys in the window */
 	uint32_t kps = div_up(n_ctx, decode_want(c, a));
 	if (kps < 64)
 		kps = 64;
@@ -1457,7 +1484,7 @@ static uint32_t decode2_splits(cuda_dev *c, const kvt_attention_args *a, uint32_
 {
 	int occ;
 	decode2_pick(c, a, &occ);
-	const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens);
+	const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens) - attn_first_key(*a, a->pos0) / a->kv->block_tokens;
 	const uint32_t per_head = div_up((uint64_t)occ * c->n_sm, a->kv->n_kv_heads);
 	*blocks_per_split = div_up(nb, per_head);
 	return div_up(nb, *blocks_per_split);

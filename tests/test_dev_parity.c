@@ -130,7 +130,7 @@ static void test_matmul(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc)
 static void test_rows(uint32_t M, uint32_t D)
 {
 	size_t n = (size_t)M * D;
-	float *x = malloc(n * 4), *w = malloc(D * 4), *u = malloc(n * 4), *o[2][3];
+	float *x = malloc(n * 4), *w = malloc(D * 4), *u = malloc(n * 4), *o[2][5];
 	fill_f32(x, n, 3.0f);
 	fill_f32(w, D, 1.0f);
 	fill_f32(u, n, 2.0f);
@@ -146,13 +146,32 @@ static void test_rows(uint32_t M, uint32_t D)
 		CHECK(kvt_dev_rmsnorm(devs[i], &rn) == KVT_OK);
 		CHECK(kvt_dev_swiglu(devs[i], &sw) == KVT_OK);
 		CHECK(kvt_dev_add(devs[i], &ad) == KVT_OK);
-		for (int j = 0; j < 3; j++)
+		for (int j = 0; j < 5; j++)
 			o[i][j] = malloc(n * 4);
 		kvt_dev_copy_d2h(devs[i], o[i][0], dy, n * 4);
 		kvt_dev_copy_d2h(devs[i], o[i][1], du, n * 4);
 		kvt_dev_copy_d2h(devs[i], o[i][2], dz, n * 4);
+		/* Gemma's GELU-tanh gate, and a bias row added to every row (Qwen2) */
+		kvt_swiglu_args ge = { .n = n, .gate = dx, .up = dz, .y = dy, .act = KVT_ACT_GELU_TANH };
+		kvt_add_args bias = { .n = n, .x = dw, .y = dz, .n_x = D };
+		CHECK(kvt_dev_swiglu(devs[i], &ge) == KVT_OK);
+		CHECK(kvt_dev_add(devs[i], &bias) == KVT_OK);
+		kvt_dev_copy_d2h(devs[i], o[i][3], dy, n * 4);
+		kvt_dev_copy_d2h(devs[i], o[i][4], dz, n * 4);
+		kvt_add_args bad = bias;
+		bad.n_x = D + 1;
+		CHECK(n % (D + 1) == 0 || kvt_dev_add(devs[i], &bad) == KVT_EINVAL);
 		CHECK(fb_fences_ok(&by) && fb_fences_ok(&bu) && fb_fences_ok(&bz));
 		fb_free(&bx), fb_free(&bw), fb_free(&bu), fb_free(&by), fb_free(&bz);
+	}
+	CHECKF(nmse(o[0][3], o[1][3], n) < 1e-12, "gelu-tanh gate M%u D%u", M, D);
+	CHECKF(!memcmp(o[0][4], o[1][4], n * 4), "bias add M%u D%u", M, D);
+	for (size_t i = 0; i < n; i++) { /* against the formulas, in double */
+		double g = x[i], up = o[0][2][i];
+		double want = 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up;
+		CHECKF(fabs(o[0][3][i] - want) <= 1e-5 * (1 + fabs(want)), "gelu-tanh element %zu: %g vs %g", i,
+		       o[0][3][i], want);
+		CHECKF(o[0][4][i] == (float)(o[0][2][i] + w[i % D]), "bias element %zu", i);
 	}
 	CHECKF(nmse(o[0][0], o[1][0], n) < 1e-12, "rmsnorm M%u D%u", M, D);
 	CHECKF(nmse(o[0][1], o[1][1], n) < 1e-12, "swiglu M%u D%u", M, D);
@@ -169,7 +188,7 @@ static void test_rows(uint32_t M, uint32_t D)
 		CHECKF(worst < 1e-5, "rmsnorm formula row %u: %g", m, worst);
 	}
 	for (int i = 0; i < 2; i++)
-		for (int j = 0; j < 3; j++)
+		for (int j = 0; j < 5; j++)
 			free(o[i][j]);
 	free(x), free(w), free(u);
 }
@@ -215,6 +234,50 @@ static void test_rope(uint32_t M, uint32_t H, uint32_t hd, uint32_t n_rot, float
 	free(o[0]), free(o[1]), free(x), free(pos);
 }
 
+/* NEOX pairing (x[i], x[i + n_rot/2]) with per-pair angle divisors, against the closed form. */
+static void test_rope_neox(uint32_t M, uint32_t H, uint32_t hd, uint32_t n_rot, float base, uint32_t pos0)
+{
+	size_t n = (size_t)M * H * hd;
+	const uint32_t half = n_rot / 2;
+	float *x = malloc(n * 4), *ff = malloc(half * 4), *o[2];
+	int32_t *pos = malloc(M * 4);
+	fill_f32(x, n, 1.0f);
+	for (uint32_t i = 0; i < half; i++)
+		ff[i] = 1.0f + (float)(i % 5); /* Llama 3 factors lie in [1, factor] */
+	for (uint32_t m = 0; m < M; m++)
+		pos[m] = (int32_t)(pos0 + m);
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bx, bp, bf;
+		kvt_rope_args a = { .n_rows = M, .n_heads = H, .head_dim = hd, .n_rot = n_rot, .freq_base = base,
+				    .neox = true };
+		a.x = upload(&bx, devs[i], x, n * 4);
+		a.pos = upload(&bp, devs[i], pos, M * 4);
+		a.freq_factors = upload(&bf, devs[i], ff, half * 4);
+		CHECK(kvt_dev_rope(devs[i], &a) == KVT_OK);
+		o[i] = malloc(n * 4);
+		kvt_dev_copy_d2h(devs[i], o[i], a.x, n * 4);
+		CHECK(fb_fences_ok(&bx));
+		fb_free(&bx), fb_free(&bp), fb_free(&bf);
+	}
+	CHECKF(!memcmp(o[0], o[1], n * 4), "rope neox M%u H%u hd%u", M, H, hd);
+	double worst = 0;
+	for (uint32_t m = 0; m < M; m++)
+		for (uint32_t h = 0; h < H; h++) {
+			const float *xi = x + ((size_t)m * H + h) * hd, *oi = o[0] + ((size_t)m * H + h) * hd;
+			for (uint32_t i = 0; i < half; i++) {
+				double th = pos[m] * pow(base, -2.0 * i / n_rot) / ff[i];
+				double e0 = xi[i] * cos(th) - xi[i + half] * sin(th);
+				double e1 = xi[i] * sin(th) + xi[i + half] * cos(th);
+				worst = fmax(worst, fmax(fabs(e0 - oi[i]), fabs(e1 - oi[i + half])));
+			}
+			for (uint32_t i = n_rot; i < hd; i++) /* dims past n_rot are left */
+				worst = fmax(worst, fabs(xi[i] - oi[i]));
+		}
+	CHECKF(worst < 2e-3, "rope neox closed form M%u pos0 %u: %g", M, pos0, worst);
+	free(o[0]), free(o[1]), free(x), free(ff), free(pos);
+}
+
 static void test_embed(uint32_t V, uint32_t D, int dt)
 {
 	const uint32_t M = 7;
@@ -235,6 +298,16 @@ static void test_embed(uint32_t V, uint32_t D, int dt)
 		o[i] = malloc((size_t)M * D * 4);
 		kvt_dev_copy_d2h(devs[i], o[i], a.y, (size_t)M * D * 4);
 		CHECK(fb_fences_ok(&by));
+		/* a scaled embedding (Gemma): each element times the scale, nothing else */
+		float *sc = malloc((size_t)M * D * 4);
+		a.scale = 8.0f;
+		CHECK(kvt_dev_embed(devs[i], &a) == KVT_OK);
+		kvt_dev_copy_d2h(devs[i], sc, a.y, (size_t)M * D * 4);
+		for (size_t k = 0; k < (size_t)M * D; k++)
+			CHECKF(sc[k] == o[i][k] * 8.0f, "embed scale element %zu", k);
+		free(sc);
+		a.scale = 0;
+		kvt_dev_copy_h2d(devs[i], a.y, o[i], (size_t)M * D * 4);
 		/* an id outside the vocabulary is refused, not read */
 		int32_t bad = (int32_t)V;
 		kvt_dev_copy_h2d(devs[i], (void *)a.ids, &bad, 4);
@@ -260,6 +333,8 @@ static void test_embed(uint32_t V, uint32_t D, int dt)
  * really exercised. Compared: the K/V pool bytes (bitwise) and the outputs
  * (NMSE), and both against a dense attention computed here in double.
  */
+static uint32_t attn_window; /* sliding window of the test_attention calls (0: none) */
+
 static void test_attention(uint32_t n_kv, uint32_t group, uint32_t hd, uint32_t bt, uint32_t n_prev, uint32_t n_rows)
 {
 	const uint32_t L = 2, layer = 1, H = n_kv * group, n_ctx = n_prev + n_rows;
@@ -302,7 +377,8 @@ static void test_attention(uint32_t n_kv, uint32_t group, uint32_t hd, uint32_t 
 			CHECK(kvt_dev_kv_store(devs[i], &st) == KVT_OK);
 		}
 		kvt_attention_args at = { .kv = &l, .layer = layer, .block_table = dtab, .pos0 = n_prev, .n_rows = n_rows,
-					  .n_heads = H, .scale = 1.0f / sqrtf((float)hd), .q = dq, .out = dout };
+					  .n_heads = H, .scale = 1.0f / sqrtf((float)hd), .q = dq, .out = dout,
+					  .window = attn_window };
 		size_t wsb = kvt_dev_attention_workspace_bytes(devs[i], &at);
 		void *ws = wsb ? fb_alloc(&bws, devs[i], wsb) : NULL;
 		CHECK(kvt_dev_attention(devs[i], &at, ws) == KVT_OK);
@@ -319,7 +395,8 @@ static void test_attention(uint32_t n_kv, uint32_t group, uint32_t hd, uint32_t 
 	}
 	CHECKF(!memcmp(pools[0], pools[1], pool_bytes), "kv_store bytes kv%u hd%u bt%u ctx%u", n_kv, hd, bt, n_ctx);
 	double e = nmse(o[0], o[1], qn);
-	CHECKF(e < 1e-10, "attention kv%u g%u hd%u bt%u prev%u rows%u: nmse %g", n_kv, group, hd, bt, n_prev, n_rows, e);
+	CHECKF(e < 1e-10, "attention kv%u g%u hd%u bt%u prev%u rows%u window %u: nmse %g", n_kv, group, hd, bt, n_prev,
+	       n_rows, attn_window, e);
 
 	/* dense reference in double, with K/V rounded to fp16 as stored */
 	double num = 0, den = 0;
@@ -327,27 +404,29 @@ static void test_attention(uint32_t n_kv, uint32_t group, uint32_t hd, uint32_t 
 	for (uint32_t m = 0; m < n_rows; m++)
 		for (uint32_t h = 0; h < H; h++) {
 			uint32_t kh = h / group, vis = n_prev + m + 1;
+			uint32_t first = attn_window && vis > attn_window ? vis - attn_window : 0; /* the window */
 			const float *qq = q + ((size_t)m * H + h) * hd;
 			double mx = -1e300, sum = 0;
-			for (uint32_t p = 0; p < vis; p++) {
+			for (uint32_t p = first; p < vis; p++) {
 				double s = 0;
 				for (uint32_t j = 0; j < hd; j++)
 					s += qq[j] * (double)kvt_f16_to_f32(kvt_f32_to_f16(k[((size_t)p * n_kv + kh) * hd + j]));
 				sc[p] = s / sqrt((double)hd);
 				mx = fmax(mx, sc[p]);
 			}
-			for (uint32_t p = 0; p < vis; p++)
+			for (uint32_t p = first; p < vis; p++)
 				sum += (sc[p] = exp(sc[p] - mx));
 			for (uint32_t j = 0; j < hd; j++) {
 				double acc = 0;
-				for (uint32_t p = 0; p < vis; p++)
+				for (uint32_t p = first; p < vis; p++)
 					acc += sc[p] / sum * kvt_f16_to_f32(kvt_f32_to_f16(v[((size_t)p * n_kv + kh) * hd + j]));
 				double got = o[0][((size_t)m * H + h) * hd + j];
 				num += (acc - got) * (acc - got);
 				den += acc * acc;
 			}
 		}
-	CHECKF(num / den < 1e-10, "attention vs dense kv%u g%u hd%u: nmse %g", n_kv, group, hd, num / den);
+	CHECKF(num / den < 1e-10, "attention vs dense kv%u g%u hd%u window %u: nmse %g", n_kv, group, hd, attn_window,
+	       num / den);
 	free(sc), free(o[0]), free(o[1]), free(pools[0]), free(pools[1]);
 	free(k), free(v), free(q), free(table), free(perm);
 }
@@ -468,6 +547,8 @@ int main(void)
 	test_rope(1, 9, 64, 64, 100000.0f, 0);
 	test_rope(5, 4, 128, 128, 10000.0f, 4093);
 	test_rope(3, 2, 64, 32, 10000.0f, 7); /* partial rotary dims */
+	test_rope_neox(4, 4, 256, 256, 1000000.0f, 1000); /* Gemma 3's heads */
+	test_rope_neox(3, 2, 64, 32, 10000.0f, 7);        /* partial rotary dims */
 	test_embed(50, 64, KVT_DTYPE_F32);
 	test_embed(50, 72, KVT_DTYPE_F16);
 	for (int dt = KVT_DTYPE_Q8_0; dt <= KVT_DTYPE_Q4_1; dt++)
@@ -482,6 +563,15 @@ int main(void)
 	test_attention(3, 3, 64, 16, 200, 100); /* long prefill on a prefix: many row blocks */
 	test_attention(2, 4, 128, 16, 5, 13);   /* a partial row block, GQA 4 */
 	test_attention(1, 2, 64, 16, 0, 300);   /* a long prompt from nothing */
+	test_attention(1, 4, 256, 16, 0, 5);    /* Gemma 3's head_dim 256, one KV head */
+	attn_window = 37; /* sliding windows, checked against the dense reference's window too */
+	test_attention(1, 4, 256, 16, 500, 1);  /* decode far past the window */
+	test_attention(2, 2, 64, 16, 100, 60);  /* prefill rows straddling the window edge */
+	test_attention(1, 2, 64, 16, 0, 300);   /* a long prompt from nothing */
+	test_attention(2, 4, 128, 16, 4096, 1); /* long context: the split covers only the window */
+	attn_window = 512;
+	test_attention(3, 3, 64, 16, 200, 100); /* a window wider than the context */
+	attn_window = 0;
 	test_argmax();
 
 	kvt_dev_destroy(ref);

@@ -221,6 +221,21 @@ static void test_rows(void)
 		e = cmp_f32(&by, n);
 		CHECKF(e <= 1e-12, "swiglu n%zu: nmse %.3g", n, e);
 
+		sw.act = KVT_ACT_GELU_TANH; /* Gemma's gate (tanhf on both: same formula, same order) */
+		sw.gate = bx.c, sw.up = bu.c, sw.y = by.c;
+		CHECK(kvt_dev_swiglu(cpu, &sw) == KVT_OK);
+		sw.gate = bx.g, sw.up = bu.g, sw.y = by.g;
+		CHECK(kvt_dev_swiglu(gpu, &sw) == KVT_OK);
+		e = cmp_f32(&by, n);
+		CHECKF(e <= 1e-12, "gelu-tanh gate n%zu: nmse %.3g", n, e);
+
+		kvt_add_args bias = { .n = n, .x = bw.c, .y = bu.c, .n_x = D }; /* a row broadcast (Qwen2's biases) */
+		CHECK(kvt_dev_add(cpu, &bias) == KVT_OK);
+		bias.x = bw.g, bias.y = bu.g;
+		CHECK(kvt_dev_add(gpu, &bias) == KVT_OK);
+		e = cmp_f32(&bu, n);
+		CHECKF(e <= 1e-12, "bias add n%zu: nmse %.3g", n, e);
+
 		kvt_add_args ad = { .n = n, .x = bu.c, .y = bx.c };
 		CHECK(kvt_dev_add(cpu, &ad) == KVT_OK);
 		ad.x = bu.g, ad.y = bx.g;
@@ -268,6 +283,19 @@ static void test_rope_embed(void)
 		CHECK(kvt_dev_rope(gpu, &r) == KVT_OK);
 		double e = cmp_f32(&bx, n);
 		CHECKF(e <= 1e-10, "rope hd%u: nmse %.3g", hd, e);
+		/* NEOX pairs with per-pair angle divisors (Qwen / Gemma pairing, Llama 3 factors) */
+		float *ff = rand_f32(r.n_rot / 2, 1.0f);
+		for (uint32_t i = 0; i < r.n_rot / 2; i++)
+			ff[i] = 1.0f + 8.0f * fabsf(ff[i]);
+		buf2 bf = both(ff, r.n_rot / 2 * 4);
+		r.neox = true, r.freq_factors = bf.c, r.pos = bp.c, r.x = bx.c;
+		CHECK(kvt_dev_rope(cpu, &r) == KVT_OK);
+		r.freq_factors = bf.g, r.pos = bp.g, r.x = bx.g;
+		CHECK(kvt_dev_rope(gpu, &r) == KVT_OK);
+		e = cmp_f32(&bx, n);
+		CHECKF(e <= 1e-10, "rope neox + factors hd%u: nmse %.3g", hd, e);
+		both_free(&bf);
+		free(ff);
 		both_free(&bx);
 		both_free(&bp);
 		free(x);
@@ -287,6 +315,13 @@ static void test_rope_embed(void)
 		a.table = bt.g, a.ids = bi.g, a.y = by.g;
 		CHECK(kvt_dev_embed(gpu, &a) == KVT_OK);
 		CHECKF(cmp_bytes(by.c, by.g, (size_t)M * D * 4), "embed %s", kvt_dtype_name(dt));
+		a.scale = 25.3f; /* Gemma's sqrt(n_embd): one fp32 multiply on both */
+		a.table = bt.c, a.ids = bi.c, a.y = by.c;
+		CHECK(kvt_dev_embed(cpu, &a) == KVT_OK);
+		a.table = bt.g, a.ids = bi.g, a.y = by.g;
+		CHECK(kvt_dev_embed(gpu, &a) == KVT_OK);
+		CHECKF(cmp_bytes(by.c, by.g, (size_t)M * D * 4), "embed %s scaled", kvt_dtype_name(dt));
+		a.scale = 0;
 		/* an id out of range is an error on both */
 		ids[2] = 300;
 		kvt_dev_copy_h2d(gpu, bi.g, ids, sizeof ids);
@@ -357,8 +392,9 @@ static void kv_close(kvpair *p)
 
 static void test_attention(void)
 {
-	/* {head_dim, kv heads, group, context, query rows, block tokens (0: 16), layers (0: 2)} */
-	static const uint32_t cases[][7] = {
+	/* {head_dim, kv heads, group, context, query rows, block tokens (0: 16), layers (0: 2),
+	 *  sliding window (0: none)} */
+	static const uint32_t cases[][8] = {
 		{ 64, 3, 3, 1, 1 },    { 64, 3, 3, 7, 1 },   { 64, 2, 1, 100, 1 },  { 128, 8, 4, 4096, 1 },
 		{ 128, 2, 8, 333, 1 }, { 64, 3, 3, 16, 16 }, { 64, 3, 3, 57, 7 },   { 128, 8, 4, 300, 45 },
 		{ 64, 1, 2, 700, 33 }, { 128, 4, 1, 50, 50 }, { 64, 3, 3, 20000, 1 }, { 256, 2, 2, 90, 1 },
@@ -369,13 +405,18 @@ static void test_attention(void)
 		{ 128, 1, 5, 777, 1 },    { 64, 1, 16, 129, 1 },      { 256, 2, 4, 1000, 1, 24 },
 		/* 8-bit blocks whose size is not a multiple of 16 bytes (odd layers x heads x tokens) */
 		{ 64, 3, 3, 100, 1, 15, 3 },
+		/* sliding windows (Gemma 3: head_dim 256, one KV head, group 4): decode far past the
+		 * window, a window that is not a block multiple, prefill rows straddling the window
+		 * edge, a window wider than the context */
+		{ 256, 1, 4, 1000, 1, 0, 0, 100 }, { 64, 2, 2, 333, 1, 0, 0, 37 }, { 256, 1, 4, 300, 45, 0, 0, 40 },
+		{ 64, 3, 3, 57, 7, 0, 0, 5 },      { 128, 2, 4, 90, 1, 0, 0, 512 },
 	};
 	for (size_t cc = 0; cc < 3 * sizeof cases / sizeof cases[0]; cc++) {
 		const size_t ci = cc % (sizeof cases / sizeof cases[0]);
 		const int codec = (int)(cc / (sizeof cases / sizeof cases[0]));
 		const uint32_t hd = cases[ci][0], H = cases[ci][1], G = cases[ci][2], n_ctx = cases[ci][3];
 		const uint32_t R = cases[ci][4], L = cases[ci][6] ? cases[ci][6] : 2, layer = 1, pos0 = n_ctx - R;
-		const uint32_t bt = cases[ci][5] ? cases[ci][5] : 16;
+		const uint32_t bt = cases[ci][5] ? cases[ci][5] : 16, win = cases[ci][7];
 		if (codec && n_ctx > 5000)
 			continue; /* the CPU reference is slow on 8-bit pools; long contexts are covered in fp16 */
 		kvpair p;
@@ -396,17 +437,17 @@ static void test_attention(void)
 
 		kvt_attention_args a = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = pos0,
 					 .n_rows = R, .n_heads = H * G, .scale = 1.0f / sqrtf((float)hd),
-					 .q = bq.c, .out = bo.c };
+					 .q = bq.c, .out = bo.c, .window = win };
 		void *wc = ws(cpu, kvt_dev_attention_workspace_bytes(cpu, &a));
 		CHECK(kvt_dev_attention(cpu, &a, wc) == KVT_OK);
 		a.kv = &p.lg, a.block_table = p.bt.g, a.q = bq.g, a.out = bo.g;
 		void *wg = ws(gpu, kvt_dev_attention_workspace_bytes(gpu, &a));
 		CHECK(kvt_dev_attention(gpu, &a, wg) == KVT_OK);
 		double e = cmp_f32(&bo, qn);
-		CHECKF(e <= 1e-9, "attention %s hd%u kvh%u G%u ctx%u rows%u bt%u: nmse %.3g", kvt_kv_codec_name(codec),
-		       hd, H, G, n_ctx, R, bt, e);
-		printf("attention %s pool hd%u kvh%u G%u ctx%u rows%u bt%u: nmse %.3g\n", kvt_kv_codec_name(codec), hd,
-		       H, G, n_ctx, R, bt, e);
+		CHECKF(e <= 1e-9, "attention %s hd%u kvh%u G%u ctx%u rows%u bt%u window %u: nmse %.3g",
+		       kvt_kv_codec_name(codec), hd, H, G, n_ctx, R, bt, win, e);
+		printf("attention %s pool hd%u kvh%u G%u ctx%u rows%u bt%u window %u: nmse %.3g\n",
+		       kvt_kv_codec_name(codec), hd, H, G, n_ctx, R, bt, win, e);
 		for (int dk = 0; dk < 2 && R == 1; dk++) { /* the same decode on the other decode kernels */
 			kvt_dev *g2 = gpu_dec[dk];
 			if (!g2 || (dk == 1 && codec == KVT_KV_CODEC_F16))

@@ -79,6 +79,24 @@ int main(void)
 	CHECK(kvt_model_fingerprint(b, cache, fa2, &hit) == KVT_OK && !hit && memcmp(fa2, fc, 32) == 0);
 	CHECK(kvt_model_fingerprint(b, cache, fa2, &hit) == KVT_OK && hit && memcmp(fa2, fc, 32) == 0);
 
+	/* every architecture, and each K/V-changing setting of one, is its own fingerprint:
+	 * the same weights under llama, qwen3, gemma3, a gemma3 window of 16 instead of 8 */
+	{
+		static const char *const archs[] = { "llama", "qwen3", "gemma3", "gemma3" };
+		uint8_t fps[4][32];
+		kvt_synth_llama fc_cfg;
+		kvt_synth_llama_default(&fc_cfg);
+		for (int i = 0; i < 4; i++) {
+			fc_cfg.arch = archs[i];
+			fc_cfg.sliding_window = i == 3 ? 16 : 0;
+			CHECK(kvt_synth_llama_write(&fc_cfg, b) == KVT_OK);
+			CHECK(kvt_model_fingerprint(b, NULL, fps[i], NULL) == KVT_OK);
+			for (int j = 0; j < i; j++)
+				CHECKF(memcmp(fps[i], fps[j], 32) != 0, "fingerprints of %s and %s (window) are equal", archs[i],
+				       archs[j]);
+		}
+	}
+
 	/* a missing or broken model is an error, never a fingerprint */
 	char none[256];
 	path_in(none, sizeof(none), "none.gguf");

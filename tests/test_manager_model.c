@@ -14,10 +14,14 @@
  * and a new sequence made of the promoted slots (the cached prefix) decodes
  * greedily from the last prompt token. The reference decodes the same prompt
  * with no cache. Real pieces throughout (CPU device, SQLite index, T2 file).
+ * Run on a synthetic Llama and a synthetic Gemma 3 (head_dim 32 over a width
+ * of 64, a window of 8 on 5 of its 6 layers: the promoted prefix is mostly
+ * outside the local layers' windows, so those read only its last block).
  */
 #include "check.h"
 #include "test_dev.h"
 #include "gguf.h"
+#include "fingerprint.h"
 #include "manager.h"
 #include "model.h"
 #include "synth_model.h"
@@ -147,28 +151,25 @@ static void rmdir_all(void)
 		fprintf(stderr, "could not remove %s\n", dir);
 }
 
-int main(void)
+static int run_arch(const char *arch)
 {
-	if (!mkdtemp(dir))
-		return 1;
-	snprintf(model_path, sizeof(model_path), "%s/synth.gguf", dir);
-	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
-	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
 	kvt_synth_llama sc;
 	kvt_synth_llama_default(&sc);
 	sc.n_ctx = 256;
+	if (!strcmp(arch, "gemma3")) {
+		sc.arch = "gemma3";
+		sc.n_layer = 6;
+		sc.head_dim = 32;
+		sc.n_head_kv = 1;
+		sc.sliding_window = 8;
+	}
+	printf("architecture: %s\n", arch);
 	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
-
+	CHECK(kvt_model_fingerprint(model_path, NULL, model_fp, NULL) == KVT_OK); /* the chain's root, per file */
 	kvt_gguf *g;
 	kvt_model_config mc;
-	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 2 };
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = KVT_DTYPE_F32;
-	if (kvt_dev_create(&dc, &dev)) {
-		rmdir_all();
-		return dc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_model", "the requested device is not available");
-	}
-	printf("device: %s\n", kvt_dev_name(dev));
 	if (kvt_gguf_open(model_path, &g) || kvt_model_load(dev, g, &mc, &m))
 		return 1;
 	kvt_gguf_close(g);
@@ -230,6 +231,24 @@ int main(void)
 
 	kvt_t0_destroy(t0);
 	kvt_model_destroy(m);
+	return 0;
+}
+
+int main(void)
+{
+	if (!mkdtemp(dir))
+		return 1;
+	snprintf(model_path, sizeof(model_path), "%s/synth.gguf", dir);
+	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
+	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
+	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 2 };
+	if (kvt_dev_create(&dc, &dev)) {
+		rmdir_all();
+		return dc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_model", "the requested device is not available");
+	}
+	printf("device: %s\n", kvt_dev_name(dev));
+	if (run_arch("llama") || run_arch("gemma3"))
+		return 1;
 	kvt_dev_destroy(dev);
 	rmdir_all();
 	return check_done("test_manager_model");

@@ -192,6 +192,31 @@ int main(void)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++)
 		run_case(dev, &cases[i]); /* weight_dtype 0 is KVT_DTYPE_F32 */
+
+	/* the other families: what their traits require is named when it is missing */
+	static const struct { const char *arch; mutation mu; } fam_cases[] = {
+		{ "qwen2", { .name = "qwen2 unchanged", .want_rc = KVT_OK, .want_msg = "" } },
+		{ "qwen2", { .name = "qwen2 without a bias", .drop_tensor = "blk.0.attn_q.bias",
+			     .want_rc = KVT_ECORRUPT, .want_msg = "missing tensor blk.0.attn_q.bias" } },
+		{ "qwen3", { .name = "qwen3 without a K norm", .drop_tensor = "blk.1.attn_k_norm.weight",
+			     .want_rc = KVT_ECORRUPT, .want_msg = "missing tensor blk.1.attn_k_norm.weight" } },
+		{ "gemma3", { .name = "gemma3 unchanged", .want_rc = KVT_OK, .want_msg = "" } },
+		{ "gemma3", { .name = "gemma3 without post-norm", .drop_tensor = "blk.1.post_ffw_norm.weight",
+			      .want_rc = KVT_ECORRUPT, .want_msg = "missing tensor blk.1.post_ffw_norm.weight" } },
+		{ "gemma3", { .name = "gemma3 without window", .drop_key = "gemma3.attention.sliding_window",
+			      .want_rc = KVT_ECORRUPT, .want_msg = "missing metadata key gemma3.attention.sliding_window" } },
+		{ "gemma3", { .name = "gemma3 window 0", .set_key = "gemma3.attention.sliding_window", .set_u32 = 0,
+			      .want_rc = KVT_ECORRUPT, .want_msg = "gemma3.attention.sliding_window is 0" } },
+		{ "gemma3", { .name = "gemma3 V wider than K", .set_key = "gemma3.attention.value_length", .set_u32 = 32,
+			      .want_rc = KVT_ECORRUPT, .want_msg = "value_length 32" } },
+	};
+	for (size_t i = 0; i < sizeof(fam_cases) / sizeof(*fam_cases); i++) {
+		cfg.arch = fam_cases[i].arch;
+		cfg.head_dim = !strcmp(cfg.arch, "gemma3") ? 16 : 0; /* written as key_length / value_length */
+		if (kvt_synth_llama_write(&cfg, base_path))
+			return 1;
+		run_case(dev, &fam_cases[i].mu);
+	}
 	kvt_log_set_sink(NULL, NULL);
 	kvt_dev_destroy(dev);
 	unlink(base_path);

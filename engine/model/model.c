@@ -1,24 +1,34 @@
 /*
- * engine/model/model.c — Llama forward pass on the device interface.
+ * engine/model/model.c — the forward pass on the device interface, one for
+ * every architecture: arch.h's traits switch its optional steps (marked [trait]).
  *
  * Per chunk of M tokens at positions pos0..pos0+M-1 (x is the residual
- * stream, [M][n_embd]):
- *   x = embed(tokens)
- *   for each layer:
+ * stream, [M][n_embd]; Q and the attention output are [M][n_head * head_dim],
+ * which need not be n_embd: Gemma 3 270M has 4 heads of 256 over 640):
+ *   x = embed(tokens)                                  [embd_scale: * sqrt(n_embd)]
+ *   for each layer l:
  *     h = rmsnorm(x) * attn_norm
- *     q, k, v = h Wq, h Wk, h Wv;  rope(q), rope(k)   (GGUF "normal" pairs)
+ *     q, k, v = h Wq, h Wk, h Wv                       [qkv_bias: + bq, bk, bv]
+ *     [qk_norm: q, k = rmsnorm of each head * attn_{q,k}_norm]
+ *     rope(q), rope(k)   (adjacent pairs; [rope_neox]: pairs half a head apart;
+ *                         local layers use their own base; Llama 3 / linear
+ *                         scaling divides each pair's angle by its factor)
  *     store k, v into the sequence's blocks at pos0..
- *     x += attention(q, paged K/V of positions 0..pos) Wo
+ *     a = attention(q, paged K/V of positions 0..pos) Wo
+ *                         [swa, local layer: only positions pos-window+1..pos]
+ *     x += a              [post_norms: x += rmsnorm(a) * post_attention_norm]
  *     h = rmsnorm(x) * ffn_norm
- *     x += (silu(h Wgate) * (h Wup)) Wdown
+ *     f = (act(h Wgate) * (h Wup)) Wdown               (act: SiLU, or GELU-tanh)
+ *     x += f              [post_norms: x += rmsnorm(f) * post_ffw_norm]
  *   logits = (rmsnorm(x) * output_norm) Wout   (only the rows asked for)
- * Residual additions ride on the matmul's accumulate flag, so the block
- * needs no separate add op. The GGUF's Q/K weights are already permuted for
+ * Residual additions ride on the matmul's accumulate flag where no post-norm
+ * sits between. Llama's GGUF Q/K weights are already permuted for
  * adjacent-pair rotation by the converter, which is why "normal" RoPE is
- * right here.
+ * right there; the NEOX families are converted unpermuted.
  */
 #include "model.h"
 
+#include "arch.h"
 #include "gguf.h"
 
 #include <math.h>
@@ -40,20 +50,29 @@ typedef struct wmat {
 
 typedef struct layer_w {
 	float *attn_norm;  /* [n_embd], device fp32 */
-	wmat wq;           /* [n_embd][n_embd] */
+	wmat wq;           /* [q_dim][n_embd] */
 	wmat wk;           /* [kv_dim][n_embd] */
 	wmat wv;           /* [kv_dim][n_embd] */
-	wmat wo;           /* [n_embd][n_embd] */
+	wmat wo;           /* [n_embd][q_dim] */
 	float *ffn_norm;   /* [n_embd], device fp32 */
 	wmat w_gate;       /* [n_ff][n_embd] */
 	wmat w_up;         /* [n_ff][n_embd] */
 	wmat w_down;       /* [n_embd][n_ff] */
+	float *bq;         /* [q_dim] Q bias, device fp32 (qkv_bias; else NULL) */
+	float *bk;         /* [kv_dim] */
+	float *bv;         /* [kv_dim] */
+	float *q_norm;     /* [head_dim] per-head Q norm (qk_norm; else NULL) */
+	float *k_norm;     /* [head_dim] */
+	float *post_attn_norm; /* [n_embd] (post_norms; else NULL) */
+	float *post_ffn_norm;  /* [n_embd] */
 } layer_w;
 
 struct kvt_model {
 	kvt_dev *dev;             /* borrowed */
 	kvt_model_hparams hp;     /* hyperparameters */
 	kvt_model_config cfg;     /* effective config */
+	const kvt_arch *arch;     /* the architecture's traits (static) */
+	float *rope_factors;      /* [n_rot / 2] RoPE angle divisors, device (NULL: none) */
 	size_t weight_bytes;      /* device bytes of weights */
 	wmat tok_embd;            /* [n_vocab][n_embd] */
 	wmat output;              /* [n_vocab][n_embd]; the same pointer as tok_embd when tied */
@@ -62,10 +81,11 @@ struct kvt_model {
 	/* activations, device, sized for cfg.max_batch rows */
 	float *x;                 /* [B][n_embd] residual stream */
 	float *h;                 /* [B][n_embd] normed input */
-	float *q;                 /* [B][n_embd] */
+	float *q;                 /* [B][q_dim] */
 	float *k;                 /* [B][kv_dim] */
 	float *v;                 /* [B][kv_dim] */
-	float *att;               /* [B][n_embd] attention output */
+	float *att;               /* [B][max(q_dim, n_embd)] attention output */
+	float *sub;               /* [B][n_embd] a sublayer's output before its post-norm (post_norms; else NULL) */
 	float *gate;              /* [B][n_ff] */
 	float *up;                /* [B][n_ff] */
 	float *logits;            /* [LOGIT_ROWS][n_vocab] */
@@ -113,6 +133,49 @@ static int get_f32_key(const kvt_gguf *g, const char *arch, const char *suffix, 
 	return rc;
 }
 
+/* {arch}.rope.scaling.*: none, linear (every angle / factor) or llama3 (per-frequency factors). */
+static int read_rope_scaling(const kvt_gguf *g, kvt_model_hparams *hp)
+{
+	const char *path = kvt_gguf_path(g);
+	char key[128];
+	kvt_gguf_str type;
+	int rc;
+
+	hp->rope_scale_factor = 1.0f;
+	hp->rope_low_freq = 1.0f;
+	hp->rope_high_freq = 4.0f;
+	hp->rope_orig_ctx = 8192;
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", hp->arch);
+	rc = kvt_gguf_get_str(g, key, &type);
+	if (rc == KVT_ENOTFOUND)
+		return KVT_OK;
+	if (rc)
+		return rc;
+	if (type.len == 4 && !memcmp(type.ptr, "none", 4))
+		return KVT_OK;
+	if (type.len == 6 && !memcmp(type.ptr, "linear", 6))
+		hp->rope_scaling = 1;
+	else if (type.len == 6 && !memcmp(type.ptr, "llama3", 6))
+		hp->rope_scaling = 2;
+	else {
+		KVT_LOGE("%s: %s '%.*s' is not supported (none, linear, llama3)", path, key,
+			 (int)(type.len > 32 ? 32 : type.len), type.ptr);
+		return KVT_EUNSUPPORTED;
+	}
+	if ((rc = get_f32_key(g, hp->arch, "rope.scaling.factor", 1.0f, &hp->rope_scale_factor)) ||
+	    (rc = get_f32_key(g, hp->arch, "rope.scaling.low_freq_factor", 1.0f, &hp->rope_low_freq)) ||
+	    (rc = get_f32_key(g, hp->arch, "rope.scaling.high_freq_factor", 4.0f, &hp->rope_high_freq)) ||
+	    (rc = get_u32_key(g, hp->arch, "rope.scaling.original_context_length", false, 8192, &hp->rope_orig_ctx)))
+		return rc;
+	if (!(hp->rope_scale_factor >= 1.0f) || !isfinite(hp->rope_scale_factor) || !(hp->rope_low_freq > 0) ||
+	    !(hp->rope_high_freq > hp->rope_low_freq) || !isfinite(hp->rope_high_freq) || !hp->rope_orig_ctx) {
+		KVT_LOGE("%s: bad rope scaling: factor %g, low_freq_factor %g, high_freq_factor %g, original context %u",
+			 path, hp->rope_scale_factor, hp->rope_low_freq, hp->rope_high_freq, hp->rope_orig_ctx);
+		return KVT_ECORRUPT;
+	}
+	return KVT_OK;
+}
+
 static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 {
 	const char *path = kvt_gguf_path(g);
@@ -125,14 +188,10 @@ static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 		KVT_LOGE("%s: no general.architecture", path);
 		return KVT_ECORRUPT;
 	}
-	/* Families whose GGUF keys and tensors are Llama's. */
-	static const char *const llama_like[] = { "llama", "mistral" };
-	bool ok = false;
-	for (size_t i = 0; i < sizeof(llama_like) / sizeof(*llama_like); i++)
-		ok |= arch.len == strlen(llama_like[i]) && !memcmp(arch.ptr, llama_like[i], arch.len);
-	if (!ok) {
-		KVT_LOGE("%s: architecture '%.*s' is not supported (llama, mistral)", path,
-			 (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+	const kvt_arch *ad = kvt_arch_find(arch.ptr, arch.len);
+	if (!ad) {
+		KVT_LOGE("%s: architecture '%.*s' is not supported (%s)", path, (int)(arch.len > 64 ? 64 : arch.len),
+			 arch.ptr, kvt_arch_names());
 		return KVT_EUNSUPPORTED;
 	}
 	memcpy(hp->arch, arch.ptr, arch.len);
@@ -148,13 +207,38 @@ static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 		return rc;
 
 	if (!hp->n_layer || hp->n_layer > MAX_LAYERS || !hp->n_embd || hp->n_embd > MAX_DIM || !hp->n_ff ||
-	    hp->n_ff > 4 * MAX_DIM || !hp->n_head || hp->n_head > hp->n_embd || hp->n_embd % hp->n_head ||
-	    !hp->n_head_kv || hp->n_head % hp->n_head_kv || !hp->n_ctx_train) {
+	    hp->n_ff > 4 * MAX_DIM || !hp->n_head || hp->n_head > hp->n_embd || !hp->n_head_kv ||
+	    hp->n_head % hp->n_head_kv || !hp->n_ctx_train) {
 		KVT_LOGE("%s: bad hyperparameters: layers %u, embd %u, ff %u, heads %u, kv heads %u, ctx %u",
 			 path, hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->n_ctx_train);
 		return KVT_ECORRUPT;
 	}
-	hp->head_dim = hp->n_embd / hp->n_head;
+	/* head_dim: attention.key_length where the file gives it (Gemma 3: 256 over a width of 640),
+	 * else n_embd / n_head; V heads must be as wide (one K/V block shape) */
+	uint32_t v_len;
+	bool has_key_len = false;
+	{
+		char key[128];
+		snprintf(key, sizeof(key), "%s.attention.key_length", hp->arch);
+		has_key_len = kvt_gguf_get_u32(g, key, &hp->head_dim) == KVT_OK;
+	}
+	if (!has_key_len) {
+		if (hp->n_embd % hp->n_head) {
+			KVT_LOGE("%s: bad hyperparameters: embedding_length %u is not a multiple of head_count %u "
+				 "(and no attention.key_length)",
+				 path, hp->n_embd, hp->n_head);
+			return KVT_ECORRUPT;
+		}
+		hp->head_dim = hp->n_embd / hp->n_head;
+	}
+	if ((rc = get_u32_key(g, hp->arch, "attention.value_length", false, hp->head_dim, &v_len)))
+		return rc;
+	if (!hp->head_dim || hp->head_dim > 1024 || (uint64_t)hp->head_dim * hp->n_head > 4 * MAX_DIM ||
+	    v_len != hp->head_dim) {
+		KVT_LOGE("%s: bad head size: key_length %u, value_length %u, heads %u", path, hp->head_dim, v_len,
+			 hp->n_head);
+		return KVT_ECORRUPT;
+	}
 	if ((rc = get_u32_key(g, hp->arch, "rope.dimension_count", false, hp->head_dim, &hp->n_rot)))
 		return rc;
 	if (hp->head_dim % 2 || !hp->n_rot || hp->n_rot % 2 || hp->n_rot > hp->head_dim) {
@@ -164,6 +248,24 @@ static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 	if (!(hp->rope_base > 0) || !(hp->rms_eps >= 0) || !isfinite(hp->rope_base) || !isfinite(hp->rms_eps)) {
 		KVT_LOGE("%s: bad rope.freq_base %g or rms epsilon %g", path, hp->rope_base, hp->rms_eps);
 		return KVT_ECORRUPT;
+	}
+	if ((rc = read_rope_scaling(g, hp)))
+		return rc;
+	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+	/* NOTE: Gemma 3 27B (62 layers) was trained with query_pre_attn_scalar = n_embd / n_head
+	 * (168), not head_dim (128); its GGUF has no key for it, and llama.cpp keys the
+	 * exception on the layer count as done here. */
+	if (ad->swa && !strcmp(hp->arch, "gemma3") && hp->n_layer == 62)
+		hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+	if (ad->swa) {
+		if ((rc = get_u32_key(g, hp->arch, "attention.sliding_window", true, 0, &hp->n_swa)))
+			return rc;
+		if (!hp->n_swa) {
+			KVT_LOGE("%s: %s.attention.sliding_window is 0", path, hp->arch);
+			return KVT_ECORRUPT;
+		}
+		hp->swa_pattern = ad->swa_pattern;
+		hp->rope_base_swa = ad->swa_rope_base;
 	}
 	const kvt_gguf_tensor *te = kvt_gguf_find_tensor(g, "token_embd.weight");
 	if (!te) {
@@ -249,6 +351,60 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 	return kvt_dev_copy_h2d(m->dev, *out, dtype == keep ? t->data : (const void *)tmp, bytes);
 }
 
+/*
+ * RoPE angle divisors, one per rotated pair: the file's rope_freqs.weight
+ * where it has one (llama.cpp's converter writes it for Llama 3.x and
+ * llama.cpp reads only it), else computed from rope.scaling: linear divides
+ * every angle by the factor; llama3 (Meta's formula, as llama.cpp's converter
+ * applies it) keeps high frequencies (wavelength < original context /
+ * high_freq_factor), divides low ones (wavelength > original context /
+ * low_freq_factor) by the factor, and blends smoothly between.
+ */
+static int load_rope_factors(kvt_model *m, const kvt_gguf *g)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const uint32_t half = hp->n_rot / 2;
+	float f[MAX_DIM / 2];
+	int rc;
+
+	if (kvt_gguf_find_tensor(g, "rope_freqs.weight")) {
+		if ((rc = load_tensor(m, g, "rope_freqs.weight", half, 0, KVT_DTYPE_F32, f, (void **)&m->rope_factors,
+				      NULL)))
+			return rc;
+		if (kvt_dev_copy_d2h(m->dev, f, m->rope_factors, half * sizeof(float)) == KVT_OK)
+			for (uint32_t i = 0; i < half; i++)
+				if (!(f[i] > 0)) {
+					KVT_LOGE("%s: rope_freqs.weight: element %u (%g) is not positive", kvt_gguf_path(g),
+						 i, f[i]);
+					return KVT_ECORRUPT;
+				}
+		return KVT_OK;
+	}
+	if (!hp->rope_scaling || hp->rope_scale_factor == 1.0f)
+		return KVT_OK;
+	for (uint32_t i = 0; i < half; i++) {
+		if (hp->rope_scaling == 1) {
+			f[i] = hp->rope_scale_factor;
+			continue;
+		}
+		const double freq = pow(hp->rope_base, -2.0 * i / hp->n_rot), wavelen = 2 * M_PI / freq;
+		const double lo_wl = hp->rope_orig_ctx / hp->rope_low_freq, hi_wl = hp->rope_orig_ctx / hp->rope_high_freq;
+		if (wavelen < hi_wl)
+			f[i] = 1.0f;
+		else if (wavelen > lo_wl)
+			f[i] = hp->rope_scale_factor;
+		else {
+			const double smooth = (hp->rope_orig_ctx / wavelen - hp->rope_low_freq) /
+					      (hp->rope_high_freq - hp->rope_low_freq);
+			f[i] = (float)(1.0 / ((1 - smooth) / hp->rope_scale_factor + smooth));
+		}
+	}
+	if ((rc = kvt_dev_alloc(m->dev, half * sizeof(float), (void **)&m->rope_factors)))
+		return rc;
+	m->weight_bytes += half * sizeof(float);
+	return kvt_dev_copy_h2d(m->dev, m->rope_factors, f, half * sizeof(float));
+}
+
 static int alloc_act(kvt_model *m, size_t n_floats, void *out)
 {
 	return kvt_dev_alloc(m->dev, n_floats * sizeof(float), (void **)out);
@@ -258,11 +414,13 @@ static int alloc_buffers(kvt_model *m)
 {
 	const kvt_model_hparams *hp = &m->hp;
 	const size_t B = m->cfg.max_batch, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+	const size_t qd = (size_t)hp->n_head * hp->head_dim, attd = qd > hp->n_embd ? qd : hp->n_embd;
 	int rc;
 
 	if ((rc = alloc_act(m, B * hp->n_embd, &m->x)) || (rc = alloc_act(m, B * hp->n_embd, &m->h)) ||
-	    (rc = alloc_act(m, B * hp->n_embd, &m->q)) || (rc = alloc_act(m, B * kvd, &m->k)) ||
-	    (rc = alloc_act(m, B * kvd, &m->v)) || (rc = alloc_act(m, B * hp->n_embd, &m->att)) ||
+	    (rc = alloc_act(m, B * qd, &m->q)) || (rc = alloc_act(m, B * kvd, &m->k)) ||
+	    (rc = alloc_act(m, B * kvd, &m->v)) || (rc = alloc_act(m, B * attd, &m->att)) ||
+	    (m->arch->post_norms && (rc = alloc_act(m, B * hp->n_embd, &m->sub))) ||
 	    (rc = alloc_act(m, B * hp->n_ff, &m->gate)) || (rc = alloc_act(m, B * hp->n_ff, &m->up)) ||
 	    (rc = alloc_act(m, (size_t)LOGIT_ROWS * hp->n_vocab, &m->logits)) ||
 	    (rc = kvt_dev_alloc(m->dev, B * sizeof(int32_t), (void **)&m->ids)) ||
@@ -270,7 +428,8 @@ static int alloc_buffers(kvt_model *m)
 		return rc;
 
 	/* The workspace must cover the largest matmul and the longest attention. */
-	const uint32_t widest_in = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+	uint32_t widest_in = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+	widest_in = qd > widest_in ? (uint32_t)qd : widest_in;
 	kvt_kv_layout shape;
 	kvt_model_kv_shape(m, 16, &shape);
 	kvt_attention_args at = { .kv = &shape, .pos0 = m->cfg.max_ctx, .n_rows = m->cfg.max_batch,
@@ -304,6 +463,7 @@ int kvt_model_load(kvt_dev *d, const kvt_gguf *g, const kvt_model_config *cfg, k
 	if (rc)
 		goto fail;
 	const kvt_model_hparams *hp = &m->hp;
+	m->arch = kvt_arch_find(hp->arch, strlen(hp->arch));
 	if (m->cfg.max_ctx == 0 || m->cfg.max_ctx > hp->n_ctx_train)
 		m->cfg.max_ctx = hp->n_ctx_train;
 	if (m->cfg.max_batch == 0 || m->cfg.max_batch > m->cfg.max_ctx)
@@ -315,7 +475,9 @@ int kvt_model_load(kvt_dev *d, const kvt_gguf *g, const kvt_model_config *cfg, k
 	}
 
 	const uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+	const uint64_t Q = (uint64_t)hp->n_head * hp->head_dim, HD = hp->head_dim;
 	uint64_t biggest = V * E > F * E ? V * E : F * E;
+	biggest = Q * E > biggest ? Q * E : biggest;
 	tmp = malloc(biggest * sizeof(float));
 	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
 	if (!tmp || !m->layers) {
@@ -330,6 +492,8 @@ int kvt_model_load(kvt_dev *d, const kvt_gguf *g, const kvt_model_config *cfg, k
 		m->output = m->tok_embd;
 	else if ((rc = load_tensor(m, g, "output.weight", E, V, wd, tmp, &m->output.p, &m->output.dtype)))
 		goto fail;
+	if ((rc = load_rope_factors(m, g)))
+		goto fail;
 	for (uint32_t i = 0; i < hp->n_layer; i++) {
 		layer_w *L = &m->layers[i];
 		char name[96];
@@ -341,17 +505,35 @@ int kvt_model_load(kvt_dev *d, const kvt_gguf *g, const kvt_model_config *cfg, k
 	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                       \
 	if ((rc = load_tensor(m, g, name, ne0, ne1, wd, tmp, &L->field.p, &L->field.dtype)))      \
 		goto fail;
+#define LOAD_VEC(field, suffix, n)                                                                \
+	snprintf(name, sizeof(name), "blk.%u." suffix, i);                                       \
+	if ((rc = load_tensor(m, g, name, n, 0, KVT_DTYPE_F32, tmp, (void **)&L->field, NULL)))  \
+		goto fail;
 		LOAD_NORM(attn_norm, "attn_norm.weight")
-		LOAD_MAT(wq, "attn_q.weight", E, E)
+		LOAD_MAT(wq, "attn_q.weight", E, Q)
 		LOAD_MAT(wk, "attn_k.weight", E, KV)
 		LOAD_MAT(wv, "attn_v.weight", E, KV)
-		LOAD_MAT(wo, "attn_output.weight", E, E)
+		LOAD_MAT(wo, "attn_output.weight", Q, E)
 		LOAD_NORM(ffn_norm, "ffn_norm.weight")
 		LOAD_MAT(w_gate, "ffn_gate.weight", E, F)
 		LOAD_MAT(w_up, "ffn_up.weight", E, F)
 		LOAD_MAT(w_down, "ffn_down.weight", F, E)
+		if (m->arch->qkv_bias) {
+			LOAD_VEC(bq, "attn_q.bias", Q)
+			LOAD_VEC(bk, "attn_k.bias", KV)
+			LOAD_VEC(bv, "attn_v.bias", KV)
+		}
+		if (m->arch->qk_norm) {
+			LOAD_VEC(q_norm, "attn_q_norm.weight", HD)
+			LOAD_VEC(k_norm, "attn_k_norm.weight", HD)
+		}
+		if (m->arch->post_norms) {
+			LOAD_NORM(post_attn_norm, "post_attention_norm.weight")
+			LOAD_NORM(post_ffn_norm, "post_ffw_norm.weight")
+		}
 #undef LOAD_NORM
 #undef LOAD_MAT
+#undef LOAD_VEC
 	}
 	free(tmp);
 	tmp = NULL;
@@ -375,7 +557,8 @@ void kvt_model_destroy(kvt_model *m)
 		for (uint32_t i = 0; i < m->hp.n_layer; i++) {
 			layer_w *L = &m->layers[i];
 			void *ptrs[] = { L->attn_norm, L->wq.p, L->wk.p, L->wv.p, L->wo.p, L->ffn_norm, L->w_gate.p,
-					 L->w_up.p, L->w_down.p };
+					 L->w_up.p, L->w_down.p, L->bq, L->bk, L->bv, L->q_norm, L->k_norm,
+					 L->post_attn_norm, L->post_ffn_norm };
 			for (size_t j = 0; j < sizeof(ptrs) / sizeof(*ptrs); j++)
 				kvt_dev_free(d, ptrs[j]);
 		}
@@ -384,7 +567,7 @@ void kvt_model_destroy(kvt_model *m)
 	if (m->output.p != m->tok_embd.p)
 		kvt_dev_free(d, m->output.p);
 	void *bufs[] = { m->tok_embd.p, m->output_norm, m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
-			 m->up, m->logits, m->ids, m->pos, m->ws };
+			 m->up, m->logits, m->ids, m->pos, m->ws, m->sub, m->rope_factors };
 	for (size_t j = 0; j < sizeof(bufs) / sizeof(*bufs); j++)
 		kvt_dev_free(d, bufs[j]);
 	free(m);
@@ -513,6 +696,24 @@ static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w
 }
 
 /*
+ * x += in W (a sublayer's output projection into the residual stream), or
+ * with a post-norm x += rmsnorm(in W) * post_norm.
+ */
+static int sublayer_out(kvt_model *m, uint32_t M, uint32_t n_in, wmat w, const float *in, const float *post_norm)
+{
+	const uint32_t E = m->hp.n_embd;
+	if (!post_norm)
+		return mm(m, M, n_in, E, w, in, m->x, true);
+	kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = m->hp.rms_eps, .w = post_norm, .x = m->sub, .y = m->sub };
+	kvt_add_args ad = { .n = (uint64_t)M * E, .x = m->sub, .y = m->x };
+	int rc;
+	if ((rc = mm(m, M, n_in, E, w, in, m->sub, false)) || (rc = kvt_dev_rmsnorm(m->dev, &rn)) ||
+	    (rc = kvt_dev_add(m->dev, &ad)))
+		return rc;
+	return KVT_OK;
+}
+
+/*
  * Embed M rows and run every layer over them. The rows are n_seq runs of
  * consecutive tokens, run i of n[i] tokens appended to seqs[i] (which holds
  * the blocks for them); the matmuls see all M rows at once, K/V storing and
@@ -540,23 +741,46 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 			}
 		}
 	}
+	const kvt_arch *ar = m->arch;
+	const uint32_t QD = hp->n_head * hp->head_dim;
 	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->tok_embd.dtype,
-			      .table = m->tok_embd.p, .ids = m->ids, .y = m->x };
+			      .table = m->tok_embd.p, .ids = m->ids, .y = m->x,
+			      .scale = ar->embd_scale ? sqrtf((float)E) : 1.0f };
 	if ((rc = kvt_dev_embed(m->dev, &ea)))
 		return rc;
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const layer_w *L = &m->layers[l];
+		const bool local = kvt_model_layer_is_local(hp, l);
 		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
 		kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
-				     .freq_base = hp->rope_base, .pos = m->pos, .x = m->q };
+				     .freq_base = local ? hp->rope_base_swa : hp->rope_base, .pos = m->pos, .x = m->q,
+				     .neox = ar->rope_neox, .freq_factors = local ? NULL : m->rope_factors };
 		kvt_rope_args rk = rq;
 		rk.n_heads = hp->n_head_kv;
 		rk.x = m->k;
-		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, E, L->wq, m->h, m->q, false)) ||
+		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, QD, L->wq, m->h, m->q, false)) ||
 		    (rc = mm(m, M, E, KVD, L->wk, m->h, m->k, false)) ||
-		    (rc = mm(m, M, E, KVD, L->wv, m->h, m->v, false)) || (rc = kvt_dev_rope(m->dev, &rq)) ||
-		    (rc = kvt_dev_rope(m->dev, &rk)))
+		    (rc = mm(m, M, E, KVD, L->wv, m->h, m->v, false)))
+			return rc;
+		if (ar->qkv_bias) {
+			kvt_add_args bq = { .n = (uint64_t)M * QD, .x = L->bq, .y = m->q, .n_x = QD };
+			kvt_add_args bk = { .n = (uint64_t)M * KVD, .x = L->bk, .y = m->k, .n_x = KVD };
+			kvt_add_args bv = { .n = (uint64_t)M * KVD, .x = L->bv, .y = m->v, .n_x = KVD };
+			if ((rc = kvt_dev_add(m->dev, &bq)) || (rc = kvt_dev_add(m->dev, &bk)) || (rc = kvt_dev_add(m->dev, &bv)))
+				return rc;
+		}
+		if (ar->qk_norm) { /* each head is a row of head_dim */
+			kvt_rmsnorm_args nq = { .n_rows = M * hp->n_head, .n_dim = hp->head_dim, .eps = hp->rms_eps,
+						.w = L->q_norm, .x = m->q, .y = m->q };
+			kvt_rmsnorm_args nk = nq;
+			nk.n_rows = M * hp->n_head_kv;
+			nk.w = L->k_norm;
+			nk.x = nk.y = m->k;
+			if ((rc = kvt_dev_rmsnorm(m->dev, &nq)) || (rc = kvt_dev_rmsnorm(m->dev, &nk)))
+				return rc;
+		}
+		if ((rc = kvt_dev_rope(m->dev, &rq)) || (rc = kvt_dev_rope(m->dev, &rk)))
 			return rc;
 		for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
 			const kvt_seq *s = seqs[i];
@@ -564,19 +788,20 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 			kvt_kv_store_args st = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
 						 .n_rows = n[i], .k = m->k + (size_t)r0 * KVD, .v = m->v + (size_t)r0 * KVD };
 			kvt_attention_args at = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
-						  .n_rows = n[i], .n_heads = hp->n_head,
-						  .scale = 1.0f / sqrtf((float)hp->head_dim),
-						  .q = m->q + (size_t)r0 * E, .out = m->att + (size_t)r0 * E };
+						  .n_rows = n[i], .n_heads = hp->n_head, .scale = hp->attn_scale,
+						  .q = m->q + (size_t)r0 * QD, .out = m->att + (size_t)r0 * QD,
+						  .window = local ? hp->n_swa : 0 };
 			if ((rc = kvt_dev_kv_store(m->dev, &st)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
 				return rc;
 		}
-		if ((rc = mm(m, M, E, E, L->wo, m->att, m->x, true)))
+		if ((rc = sublayer_out(m, M, QD, L->wo, m->att, L->post_attn_norm)))
 			return rc;
 		rn.w = L->ffn_norm;
-		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate };
+		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate,
+				       .act = ar->act };
 		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) ||
 		    (rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)) || (rc = kvt_dev_swiglu(m->dev, &sw)) ||
-		    (rc = mm(m, M, hp->n_ff, E, L->w_down, m->gate, m->x, true)))
+		    (rc = sublayer_out(m, M, hp->n_ff, L->w_down, m->gate, L->post_ffn_norm)))
 			return rc;
 	}
 	for (uint32_t i = 0; i < n_seq; i++)

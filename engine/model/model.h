@@ -9,8 +9,9 @@
  * header of engine/serve/ or engine/cli/ (cmake/check_layout.cmake fails the
  * build if it does).
  *
- * engine/model/model.h — a Llama-family model: weights on the device, the forward
- * pass over paged KV, and the per-sequence block table.
+ * engine/model/model.h — a model of one of the supported architectures
+ * (arch.h: Llama, Mistral, Qwen2, Qwen3, Gemma 3): weights on the device, the
+ * forward pass over paged KV, and the per-sequence block table.
  *
  * Loading reads the architecture from GGUF metadata ({arch}.block_count,
  * ...), checks every tensor's presence, shape and values, and stores it on the
@@ -54,7 +55,22 @@ typedef struct kvt_model_hparams {
 	float rope_base;        /* RoPE theta base */
 	float rms_eps;          /* RMSNorm epsilon */
 	bool tied_embeddings;   /* output projection is token_embd */
+	uint32_t n_swa;         /* sliding window of the local layers in tokens; 0: every layer is global */
+	uint32_t swa_pattern;   /* layer l is local when n_swa and l % swa_pattern < swa_pattern - 1 */
+	float rope_base_swa;    /* RoPE base of the local layers */
+	float attn_scale;       /* query scale: 1/sqrt(head_dim) (Gemma 3 27B: 1/sqrt(n_embd / n_head)) */
+	int rope_scaling;       /* 0 none, 1 linear, 2 llama3 ({arch}.rope.scaling.type) */
+	float rope_scale_factor;   /* rope.scaling.factor (1: none) */
+	float rope_low_freq;       /* llama3: rope.scaling.low_freq_factor (default 1) */
+	float rope_high_freq;      /* llama3: rope.scaling.high_freq_factor (default 4) */
+	uint32_t rope_orig_ctx;    /* llama3: rope.scaling.original_context_length (default 8192) */
 } kvt_model_hparams;
+
+/* Whether layer l of a model attends through a sliding window (hp->n_swa tokens). */
+static inline bool kvt_model_layer_is_local(const kvt_model_hparams *hp, uint32_t l)
+{
+	return hp->n_swa && hp->swa_pattern && l % hp->swa_pattern < hp->swa_pattern - 1;
+}
 
 typedef struct kvt_model_config {
 	int weight_dtype;    /* enum kvt_dtype for dequantized matrices: F16 (default) or F32 */
@@ -70,8 +86,8 @@ typedef struct kvt_model kvt_model;
 
 /*
  * Load from an open GGUF (borrowed; may be closed after this returns) onto d
- * (borrowed; must outlive the model). KVT_EUNSUPPORTED for a non-Llama
- * architecture or tensor type, KVT_ECORRUPT for missing or misshapen
+ * (borrowed; must outlive the model). KVT_EUNSUPPORTED for an architecture
+ * that arch.h does not describe, or a tensor type, KVT_ECORRUPT for missing or misshapen
  * tensors and bad hyperparameters (logged, naming the key or tensor),
  * KVT_ENOMEM.
  */

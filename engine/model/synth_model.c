@@ -214,8 +214,14 @@ static int check_config(const kvt_synth_llama *c)
 			 c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->n_ff, c->n_ctx);
 		return KVT_EINVAL;
 	}
-	if (c->n_embd % c->n_head || (c->n_embd / c->n_head) % 2) {
-		KVT_LOGE("synth model: n_embd %u / n_head %u must give an even head_dim", c->n_embd, c->n_head);
+	if (c->head_dim ? c->head_dim % 2 : c->n_embd % c->n_head || (c->n_embd / c->n_head) % 2) {
+		KVT_LOGE("synth model: n_embd %u / n_head %u (or head_dim %u) must give an even head_dim", c->n_embd,
+			 c->n_head, c->head_dim);
+		return KVT_EINVAL;
+	}
+	const char *a = c->arch ? c->arch : "llama";
+	if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "gemma3")) {
+		KVT_LOGE("synth model: arch '%s' is not one of llama, mistral, qwen2, qwen3, gemma3", a);
 		return KVT_EINVAL;
 	}
 	if (c->n_head % c->n_head_kv) {
@@ -253,30 +259,60 @@ static uint32_t file_type(uint32_t weight_type)
 	return 0; /* ALL_F32 */
 }
 
+static const char *arch_of(const kvt_synth_llama *c) { return c->arch ? c->arch : "llama"; }
+static uint32_t head_dim_of(const kvt_synth_llama *c) { return c->head_dim ? c->head_dim : c->n_embd / c->n_head; }
+
+/* The "<arch>." keys beyond Llama's. */
+static int add_arch_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c)
+{
+	const char *a = arch_of(c);
+	char key[96];
+	int rc = KVT_OK;
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
+	if (c->head_dim && ((rc = kvt_gguf_writer_add_u32(w, KEY("attention.key_length"), c->head_dim)) ||
+			    (rc = kvt_gguf_writer_add_u32(w, KEY("attention.value_length"), c->head_dim))))
+		return rc;
+	if (!strcmp(a, "gemma3") &&
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("attention.sliding_window"), c->sliding_window ? c->sliding_window : 8)))
+		return rc;
+	if (c->llama3_rope == 2 && ((rc = kvt_gguf_writer_add_str(w, KEY("rope.scaling.type"), "llama3")) ||
+			       (rc = kvt_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), 8.0f)) ||
+			       (rc = kvt_gguf_writer_add_f32(w, KEY("rope.scaling.low_freq_factor"), 1.0f)) ||
+			       (rc = kvt_gguf_writer_add_f32(w, KEY("rope.scaling.high_freq_factor"), 4.0f)) ||
+			       (rc = kvt_gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), 32))))
+		return rc;
+#undef KEY
+	return rc;
+}
+
 static int add_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c, const synth_vocab *v)
 {
-	uint32_t head_dim = c->n_embd / c->n_head;
+	uint32_t head_dim = head_dim_of(c);
 	uint32_t id_eot = 256 + N_MERGES, id_bos = id_eot + 1, id_eos = id_eot + 2;
 	int rc;
 
 	/* Each add logs its own failure; stop at the first. */
-	if ((rc = kvt_gguf_writer_add_str(w, "general.architecture", "llama")) ||
+	const char *a = arch_of(c);
+	char key[96];
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
+	if ((rc = kvt_gguf_writer_add_str(w, "general.architecture", a)) ||
 	    (rc = kvt_gguf_writer_add_str(w, "general.type", "model")) ||
 	    (rc = kvt_gguf_writer_add_str(w, "general.name", "kvtier synthetic llama")) ||
 	    (rc = kvt_gguf_writer_add_u32(w, "general.alignment", KVT_GGUF_DEFAULT_ALIGNMENT)) ||
 	    (rc = kvt_gguf_writer_add_u32(w, "general.file_type", file_type(c->weight_type))) ||
 	    (rc = kvt_gguf_writer_add_u32(w, "general.quantization_version", 2)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.block_count", c->n_layer)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.context_length", c->n_ctx)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.embedding_length", c->n_embd)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.feed_forward_length", c->n_ff)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.attention.head_count", c->n_head)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.attention.head_count_kv", c->n_head_kv)) ||
-	    (rc = kvt_gguf_writer_add_f32(w, "llama.rope.freq_base", c->rope_base != 0.0f ? c->rope_base : 10000.0f)) ||
-	    (rc = kvt_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon",
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("block_count"), c->n_layer)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("context_length"), c->n_ctx)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("embedding_length"), c->n_embd)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("feed_forward_length"), c->n_ff)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("attention.head_count"), c->n_head)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), c->n_head_kv)) ||
+	    (rc = kvt_gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_base != 0.0f ? c->rope_base : 10000.0f)) ||
+	    (rc = kvt_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"),
 					  c->rms_eps != 0.0f ? c->rms_eps : 1e-5f)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.vocab_size", (uint32_t)N_VOCAB)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "llama.rope.dimension_count", head_dim)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)N_VOCAB)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("rope.dimension_count"), head_dim)) ||
+	    (rc = add_arch_metadata(w, c)) ||
 	    (rc = kvt_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false)) ||
 	    (rc = kvt_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false)) ||
 	    (rc = kvt_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2")) ||
@@ -290,13 +326,42 @@ static int add_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c, const synt
 	    (rc = kvt_gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", id_eos)) ||
 	    (rc = kvt_gguf_writer_add_str(w, "tokenizer.chat_template", synth_chat_template)))
 		return rc;
+#undef KEY
 	return KVT_OK;
+}
+
+/* rope_freqs.weight: Llama 3's per-pair divisors, as llama.cpp's converter computes them
+ * (the constants of kvt_synth_llama.llama3_rope). */
+static int add_rope_freqs(kvt_gguf_writer *w, const kvt_synth_llama *c)
+{
+	const uint32_t hd = head_dim_of(c), half = hd / 2;
+	const double base = c->rope_base != 0.0f ? c->rope_base : 10000.0f, factor = 8, lo = 1, hi = 4, orig = 32;
+	float f[512];
+	uint64_t ne[1] = { half };
+	if (half > 512)
+		return KVT_EINVAL;
+	for (uint32_t i = 0; i < half; i++) {
+		const double freq = pow(base, -2.0 * i / hd), wl = 2 * M_PI / freq;
+		if (wl < orig / hi)
+			f[i] = 1.0f;
+		else if (wl > orig / lo)
+			f[i] = (float)factor;
+		else {
+			const double smooth = (orig / wl - lo) / (hi - lo);
+			f[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+		}
+	}
+	return kvt_gguf_writer_add_tensor_f32(w, "rope_freqs.weight", KVT_GGML_F32, 1, ne, f);
 }
 
 static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
 {
-	uint32_t head_dim = c->n_embd / c->n_head, n_kv = c->n_head_kv * head_dim;
+	uint32_t head_dim = head_dim_of(c), n_kv = c->n_head_kv * head_dim, n_q = c->n_head * head_dim;
 	uint32_t wt = c->weight_type;
+	const char *a = arch_of(c);
+	const bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "gemma3");
+	const bool post = !strcmp(a, "gemma3");
+	float s_q = sqrtf(3.0f / (float)n_q);
 	float s_embd = sqrtf(3.0f / (float)c->n_embd), s_ff = sqrtf(3.0f / (float)c->n_ff);
 	char name[64];
 	int rc;
@@ -313,8 +378,8 @@ static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
 			{ "ffn_up", c->n_embd, c->n_ff, 0.0f, s_embd },
 			{ "ffn_norm", c->n_embd, 0, 1.0f, 0.1f },
 			{ "attn_k", c->n_embd, n_kv, 0.0f, s_embd },
-			{ "attn_output", c->n_embd, c->n_embd, 0.0f, s_embd },
-			{ "attn_q", c->n_embd, c->n_embd, 0.0f, s_embd },
+			{ "attn_output", n_q, c->n_embd, 0.0f, s_q },
+			{ "attn_q", c->n_embd, n_q, 0.0f, s_embd },
 			{ "attn_v", c->n_embd, n_kv, 0.0f, s_embd },
 		};
 		for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
@@ -324,7 +389,24 @@ static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
 					     t[i].center, t[i].scale, c->seed)))
 				return rc;
 		}
+		/* the family's extra tensors (1-D, F32): biases, per-head Q/K norms, post-norms */
+		const struct { const char *n; uint64_t ne0; float center, scale; bool on; } x[] = {
+			{ "attn_q.bias", n_q, 0.0f, 0.5f, bias },
+			{ "attn_k.bias", n_kv, 0.0f, 0.5f, bias },
+			{ "attn_v.bias", n_kv, 0.0f, 0.5f, bias },
+			{ "attn_q_norm.weight", head_dim, 1.0f, 0.1f, qk_norm },
+			{ "attn_k_norm.weight", head_dim, 1.0f, 0.1f, qk_norm },
+			{ "post_attention_norm.weight", c->n_embd, 1.0f, 0.1f, post },
+			{ "post_ffw_norm.weight", c->n_embd, 1.0f, 0.1f, post },
+		};
+		for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++) {
+			snprintf(name, sizeof(name), "blk.%u.%s", l, x[i].n);
+			if (x[i].on && (rc = add_weight(w, name, KVT_GGML_F32, x[i].ne0, 0, x[i].center, x[i].scale, c->seed)))
+				return rc;
+		}
 	}
+	if (c->llama3_rope == 1 && (rc = add_rope_freqs(w, c)))
+		return rc;
 	if ((rc = add_weight(w, "output_norm.weight", KVT_GGML_F32, c->n_embd, 0, 1.0f, 0.1f, c->seed)))
 		return rc;
 	if (!c->tied_embeddings &&

@@ -14,6 +14,10 @@
  * token to token. A tensor's float values do not depend on weight_type or on
  * the other settings' effect on other tensors, so an F32 and a Q8_0 model with
  * the same seed and shape differ only by quantization.
+ *
+ * Other architectures (arch): the same vocabulary and weights, plus the
+ * tensors and keys the family needs, named as llama.cpp's converter names
+ * them, so llama.cpp loads the file as that family.
  */
 #ifndef KVT_SYNTH_MODEL_H
 #define KVT_SYNTH_MODEL_H
@@ -33,6 +37,18 @@ typedef struct kvt_synth_llama {
 	                         (block types need n_embd and n_ff divisible by 32) */
 	bool tied_embeddings; /* true: no output.weight (the output projection is token_embd) */
 	uint64_t seed;        /* weight generator seed */
+	const char *arch;     /* general.architecture: NULL or "llama", "mistral" (Llama's tensors
+	                         under mistral.* keys), "qwen2" (adds Q/K/V biases),
+	                         "qwen3" (Q/K norms), "gemma3" (Q/K norms, post-attention and post-FFN
+	                         norms, sliding window); the keys are prefixed with it */
+	uint32_t head_dim;    /* 0: n_embd / n_head; else written as attention.key_length and
+	                         value_length (Q is n_head * head_dim wide) */
+	uint32_t sliding_window; /* gemma3: attention.sliding_window (0: 8) */
+	uint32_t llama3_rope; /* llama, Llama 3 RoPE scaling (factor 8, low 1, high 4, original
+	                         context 32: small, so a short prompt sees all three bands):
+	                         0 none; 1 the rope_freqs.weight tensor llama.cpp's converter
+	                         computes (what real Llama 3.x GGUFs carry); 2 only the
+	                         rope.scaling.* keys (type "llama3"; llama.cpp refuses these) */
 } kvt_synth_llama;
 
 /* 2 layers, n_embd 64, 4 heads, 2 kv heads, n_ff 128, n_ctx 512, F32, tied, seed 1. */
