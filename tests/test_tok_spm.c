@@ -13,7 +13,10 @@
  * with and without parse_special, decoding of U+2581/BYTE/UNUSED tokens, a
  * vocabulary written to a GGUF and read back with llama.cpp's defaults, and
  * every chat family rendered and encoded, forced by kvt_tok_set_chat, and the
- * errors for an unknown or missing template.
+ * errors for an unknown or missing template. The expected chat strings are
+ * the output of llama.cpp's built-in templates (llama-cpp-python 0.3.16,
+ * llama_chat_apply_template with "gemma", "mistral-v3", "llama3" and
+ * "chatml", add_ass on) for the same messages.
  */
 #include "check.h"
 #include "gguf.h"
@@ -186,6 +189,23 @@ static void test_encode(void)
 	/* With add_space_prefix: a leading space, and again after a special token (parsed). */
 	EXPECT(p, "hello", false, SP "hello");
 	EXPECT(p, "hello<end_of_turn>hello", true, SP "hello <end_of_turn> " SP "hello");
+	/* Decoding from the start with strip_space drops the added space, once. */
+	{
+		int32_t ids[8];
+		size_t n = 0, got = 0;
+		char out[32];
+		kvt_tok_stream st;
+
+		CHECK(kvt_tok_add_space_prefix(p) && !kvt_tok_add_space_prefix(t));
+		CHECK(kvt_tok_encode(p, "hello hello", 11, false, ids, 8, &n) == KVT_OK && n == 2);
+		kvt_tok_stream_init(&st);
+		CHECK(!st.strip_space);
+		st.strip_space = true;
+		CHECK(kvt_tok_stream_push(p, &st, ids[0], out, sizeof(out), &got) == KVT_OK && got == 5 &&
+		      memcmp(out, "hello", 5) == 0);
+		CHECK(kvt_tok_stream_push(p, &st, ids[1], out, sizeof(out), &got) == KVT_OK && got == 6 &&
+		      memcmp(out, " hello", 6) == 0);
+	}
 	/* A user-defined token (split even without parse_special) also counts as special. */
 	EXPECT(p, "a\n\nb", false, SP " a \n\n " SP " b");
 	/* Without parse_special, CONTROL text is ordinary text (here: bytes and characters). */

@@ -1040,6 +1040,11 @@ bool kvt_tok_add_eos(const kvt_tok *t)
 	return t->add_eos;
 }
 
+bool kvt_tok_add_space_prefix(const kvt_tok *t)
+{
+	return t->add_space_prefix;
+}
+
 int kvt_tok_model(const kvt_tok *t)
 {
 	return t->model;
@@ -1661,6 +1666,12 @@ int kvt_tok_stream_push(const kvt_tok *t, kvt_tok_stream *s, int32_t id, char *o
 
 	if ((rc = kvt_tok_token_bytes(t, id, (const char **)&b, &n)))
 		return rc;
+	/* As llama.cpp's detokenize: only the first token may lose its space, whatever it holds. */
+	if (st.strip_space && n && b[0] == ' ') {
+		b++;
+		n--;
+	}
+	st.strip_space = false;
 	for (size_t i = 0; i < n;) {
 		unsigned char c = b[i];
 

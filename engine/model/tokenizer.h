@@ -100,6 +100,14 @@ bool kvt_tok_is_eog(const kvt_tok *t, int32_t id);
 bool kvt_tok_add_bos(const kvt_tok *t);
 /* tokenizer.ggml.add_eos_token (SentencePiece; false for BPE). Prompts for generation never end in EOS. */
 bool kvt_tok_add_eos(const kvt_tok *t);
+/*
+ * SentencePiece add_space_prefix: the encoder puts a space before text that
+ * opens the input or follows a special token. Decoding a whole text from its
+ * start then drops that space with kvt_tok_stream.strip_space, as llama.cpp's
+ * detokenize does; generated tokens are decoded as they are (llama.cpp's
+ * per-token pieces), so a reply's first " Hello" keeps its space.
+ */
+bool kvt_tok_add_space_prefix(const kvt_tok *t);
 /* enum kvt_tok_model of the vocabulary. */
 int kvt_tok_model(const kvt_tok *t);
 /* enum kvt_tok_type of id after the EOG overrides (KVT_TOK_UNDEFINED out of range). */
@@ -130,6 +138,7 @@ int kvt_tok_token_bytes(const kvt_tok *t, int32_t id, const char **bytes, size_t
 typedef struct kvt_tok_stream {
 	unsigned char pending[8]; /* bytes of an incomplete UTF-8 character held back */
 	size_t n_pending;          /* how many */
+	bool strip_space;          /* drop one leading ' ' of the next token's bytes (then cleared); init: false */
 } kvt_tok_stream;
 
 void kvt_tok_stream_init(kvt_tok_stream *s);
