@@ -207,7 +207,8 @@ int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msg
  * cannot close their turn and open a forged one). Text without special tokens
  * encodes exactly as kvt_tok_encode(parse_special) of kvt_tok_chat_format's
  * string. Errors as kvt_tok_chat_format; KVT_EUNSUPPORTED (logged) when a
- * marker is not in the vocabulary.
+ * marker is not in the vocabulary (Mistral's [INST] and [/INST], plain text
+ * in v1 vocabularies, are then encoded as text).
  */
 int kvt_tok_chat_encode(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
 			int32_t **ids, size_t *n_ids);
