@@ -15,7 +15,8 @@
  *      conversation tokenizes (specials parsed) to the same ids, and
  *      kvt_tok_chat_encode of the same messages gives those ids too;
  *   E: the end-of-generation set is exactly llama.cpp's (EOS 1, <end_of_turn> 106);
- * plus BOS/EOS/add_bos/add_space_prefix as llama.cpp reports them.
+ * plus BOS/EOS/add_bos/add_eos as llama.cpp reports them, and it prints the
+ * encode speed on ~100 KB of text (information, not an assertion).
  */
 #define _GNU_SOURCE /* memmem */
 #include "check.h"
@@ -286,6 +287,35 @@ static void check_reference(const kvt_tok *t)
 	       n_chats);
 }
 
+/* Encode speed on ~100 KB of mixed text, with and without special parsing (information, not an assertion). */
+static void report_speed(const kvt_tok *t)
+{
+	static const char unit[] = "The quick brown fox jumps over the lazy dog. Caf\xc3\xa9 na\xc3\xafve, "
+				   "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x98\x80 int main(void) { return 0; }\n\n";
+	size_t n_unit = sizeof(unit) - 1, n = 0, n_ids = 0;
+	char *text = malloc(100 * 1024 + n_unit);
+	int32_t *ids = malloc(100 * 1024 * sizeof(int32_t));
+
+	if (!text || !ids) {
+		free(text);
+		free(ids);
+		return;
+	}
+	while (n < 100 * 1024) {
+		memcpy(text + n, unit, n_unit);
+		n += n_unit;
+	}
+	for (int sp = 1; sp >= 0; sp--) {
+		double t0 = kvt_now_s();
+
+		CHECK(kvt_tok_encode(t, text, n, sp, ids, 100 * 1024, &n_ids) == KVT_OK);
+		printf("encode: %zu bytes (parse_special=%d) -> %zu tokens in %.1f ms\n", n, sp, n_ids,
+		       (kvt_now_s() - t0) * 1e3);
+	}
+	free(text);
+	free(ids);
+}
+
 int main(void)
 {
 	const char *path = gemma3_path();
@@ -308,6 +338,7 @@ int main(void)
 		/* No tokenizer.chat_template in this GGUF: auto picks gemma by architecture. */
 		CHECK_EQ_INT(kvt_tok_chat_kind(t), KVT_TOK_CHAT_GEMMA);
 		check_reference(t);
+		report_speed(t);
 	}
 	kvt_tok_destroy(t);
 	kvt_gguf_close(g);
