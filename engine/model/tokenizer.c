@@ -1,6 +1,6 @@
 /*
- * engine/model/tokenizer.c — GPT-2 byte-level BPE as llama.cpp runs it for a GGUF
- * whose tokenizer.ggml.model is "gpt2".
+ * engine/model/tokenizer.c — GPT-2 byte-level BPE and SentencePiece as
+ * llama.cpp runs them for a GGUF whose tokenizer.ggml.model is "gpt2" / "llama".
  *
  * Pipeline of kvt_tok_encode():
  *   1. Special tokens are split out of the raw bytes exactly as llama.cpp's
@@ -37,12 +37,29 @@
  *      lookup. Pre-types with ignore_merges (llama3) first look the whole piece
  *      up in the vocabulary.
  *
+ * SentencePiece (tokenizer.ggml.model "llama", llama.cpp's SPM tokenizer):
+ * step 1 as above; steps 2-4 are replaced by kvt_tok_spm(): the fragment gets
+ * a leading space when add_space_prefix is set and it opens the input or
+ * follows a special token, every ' ' becomes U+2581, the text is cut into one
+ * symbol per UTF-8 character (length from the lead byte alone, cut short at
+ * the end, so stray bytes are one-byte symbols; no U+FFFD rewriting), and
+ * adjacent symbols whose concatenation is a token merge, highest token score
+ * first, leftmost first on ties (the same heap, keyed by an order-preserving
+ * map of the float score). A final symbol that is not a token (only possible
+ * for a single character, since merges only form tokens) becomes one <0xXX>
+ * byte token per byte; a byte without one falls back to the one-character
+ * token, then to UNK (llama.cpp throws there). Token types are not consulted
+ * when merging, as in llama.cpp.
+ *
  * Decoding: each token's raw bytes are computed once at creation (special
  * tokens: their text; others: the inverse byte map, characters outside it
  * copied verbatim), so kvt_tok_token_bytes() is a lookup. NOTE: llama.cpp
  * renders BYTE/UNUSED/UNDEFINED tokens of a gpt2 vocabulary as nothing; we
  * decode them like NORMAL ones (the encoder never produces them from text
- * unless a merge leads there).
+ * unless a merge leads there). SentencePiece: NORMAL tokens with U+2581 as a
+ * space, BYTE tokens <0xXX> as that byte, UNUSED/UNDEFINED as nothing (as
+ * llama.cpp). The space add_space_prefix put in front is decoded too, as
+ * llama.cpp's token_to_piece does for each token; see kvt_tok_add_space_prefix.
  *
  * Invariants: a kvt_tok never changes after kvt_tok_create() returns; every
  * call allocates its own scratch (and its own PCRE2 match data), so one
@@ -162,7 +179,13 @@ struct kvt_tok {
 	int32_t eos_id;               /* -1 if none */
 	int32_t eot_id;               /* -1 if none */
 	bool add_bos;                 /* callers should prepend BOS */
-	bool chatml;                  /* the chat template is ChatML (<|im_start|>) */
+	int model;                    /* enum kvt_tok_model */
+	float *scores;                /* [n_tokens] SentencePiece merge scores (NULL for BPE) */
+	int32_t unk_id;               /* SentencePiece: a byte with no token becomes this; -1 if none */
+	bool add_eos;                 /* SentencePiece: tokenizer.ggml.add_eos_token */
+	bool add_space_prefix;        /* SentencePiece: a space before a fragment that opens the text */
+	int chat;                     /* enum kvt_tok_chat: the template family chat formatting uses */
+	bool chat_unknown;            /* a template was stored but none of the families matched it */
 	char *default_system;         /* ChatML default system prompt from the template, or NULL */
 };
 
@@ -647,6 +670,42 @@ static int kvt_tok_build_merges(kvt_tok *t, const kvt_tok_vocab *v)
 	return KVT_OK;
 }
 
+static int kvt_tok_hex(unsigned char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* The byte of a SentencePiece byte token's text "<0xXX>", or -1 if s[0..n) is not one. */
+static int kvt_tok_spm_byte(const unsigned char *s, size_t n)
+{
+	if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || kvt_tok_hex(s[3]) < 0 || kvt_tok_hex(s[4]) < 0)
+		return -1;
+	return kvt_tok_hex(s[3]) << 4 | kvt_tok_hex(s[4]);
+}
+
+/* SentencePiece raw bytes of a non-special token of type ty and text s[0..n) into o; returns the length. */
+static size_t kvt_tok_spm_piece(int ty, const unsigned char *s, size_t n, unsigned char *o)
+{
+	size_t k = 0;
+	int b = kvt_tok_spm_byte(s, n);
+
+	if (ty == KVT_TOK_BYTE && b >= 0) {
+		o[0] = (unsigned char)b;
+		return 1;
+	}
+	if (ty == KVT_TOK_UNUSED || ty == KVT_TOK_UNDEFINED)
+		return 0;
+	for (size_t i = 0; i < n;) {
+		if (n - i >= 3 && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
+			o[k++] = ' ';
+			i += 3;
+		} else {
+			o[k++] = s[i++];
+		}
+	}
+	return k;
+}
+
 /* Raw bytes of every token (see the file comment). */
 static void kvt_tok_build_bytes(kvt_tok *t)
 {
@@ -662,6 +721,8 @@ static void kvt_tok_build_bytes(kvt_tok *t)
 		if (kvt_tok_is_special_type(t->types[id])) {
 			memcpy(o, s, n);
 			k = n;
+		} else if (t->model == KVT_TOK_MODEL_SPM) {
+			k = kvt_tok_spm_piece(t->types[id], s, n, o);
 		} else {
 			while (i < n) {
 				uint32_t cp;
@@ -732,6 +793,25 @@ static char *kvt_tok_jinja_unescape(const char *s, size_t n)
 }
 
 /*
+ * The family of a stored template, recognised by its markers as llama.cpp's
+ * llm_chat_detect_template does; KVT_TOK_CHAT_AUTO for none (or no template).
+ */
+static int kvt_tok_chat_detect(const char *tmpl)
+{
+	if (!tmpl)
+		return KVT_TOK_CHAT_AUTO;
+	if (strstr(tmpl, "<|im_start|>"))
+		return KVT_TOK_CHAT_CHATML;
+	if (strstr(tmpl, "<start_of_turn>"))
+		return KVT_TOK_CHAT_GEMMA;
+	if (strstr(tmpl, "<|start_header_id|>") && strstr(tmpl, "<|end_header_id|>"))
+		return KVT_TOK_CHAT_LLAMA3;
+	if (strstr(tmpl, "[INST]"))
+		return KVT_TOK_CHAT_MISTRAL;
+	return KVT_TOK_CHAT_AUTO;
+}
+
+/*
  * ChatML detection and the default system prompt: a template literal
  * "<|im_start|>system" + newline (real or the escape \n) + text + "<|im_end|>"
  * whose text holds no quote or Jinja expression is the prompt the template
@@ -742,9 +822,10 @@ static int kvt_tok_parse_template(kvt_tok *t, const char *tmpl)
 	static const char head[] = "<|im_start|>system";
 	const char *p;
 
-	if (!tmpl || !strstr(tmpl, "<|im_start|>"))
+	t->chat = kvt_tok_chat_detect(tmpl);
+	t->chat_unknown = tmpl && t->chat == KVT_TOK_CHAT_AUTO;
+	if (t->chat != KVT_TOK_CHAT_CHATML)
 		return KVT_OK;
-	t->chatml = true;
 	for (p = strstr(tmpl, head); p; p = strstr(p + 1, head)) {
 		const char *s = p + sizeof(head) - 1, *e;
 		bool literal = true;
@@ -785,11 +866,17 @@ static int kvt_tok_check_id(const char *what, int32_t id, uint32_t n_tokens)
 
 int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 {
-	const char *pre_name = v->pre ? v->pre : "default";
+	const bool spm = v->model == KVT_TOK_MODEL_SPM;
+	/* NOTE: SentencePiece has no pre-tokenizer; tokenizer.ggml.pre is ignored, as in llama.cpp. */
+	const char *pre_name = spm ? "default" : v->pre ? v->pre : "default";
 	const struct kvt_tok_pre *pre = kvt_tok_pre_find(pre_name);
 	kvt_tok *t;
 	int rc;
 
+	if (v->model != KVT_TOK_MODEL_BPE && !spm) {
+		KVT_LOGE("tokenizer: model kind %d is not supported", v->model);
+		return KVT_EUNSUPPORTED;
+	}
 	if (!pre) {
 		KVT_LOGE("tokenizer: pre-tokenizer '%s' is not supported", pre_name);
 		return KVT_EUNSUPPORTED;
@@ -802,7 +889,8 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 	}
 	if ((rc = kvt_tok_check_id("bos", v->bos_id, v->n_tokens)) ||
 	    (rc = kvt_tok_check_id("eos", v->eos_id, v->n_tokens)) ||
-	    (rc = kvt_tok_check_id("eot", v->eot_id, v->n_tokens)))
+	    (rc = kvt_tok_check_id("eot", v->eot_id, v->n_tokens)) ||
+	    (spm && (rc = kvt_tok_check_id("unk", v->unk_id, v->n_tokens))))
 		return rc;
 	t = calloc(1, sizeof(*t));
 	if (!t)
@@ -813,6 +901,19 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 	t->eot_id = v->eot_id;
 	t->add_bos = v->add_bos;
 	t->ignore_merges = pre->ignore_merges;
+	t->model = v->model;
+	t->unk_id = spm ? v->unk_id : -1;
+	t->add_eos = spm && v->add_eos;
+	t->add_space_prefix = spm && v->add_space_prefix;
+	if (spm) {
+		t->scores = malloc(v->n_tokens * sizeof(float));
+		if (!t->scores) {
+			rc = KVT_ENOMEM;
+			goto fail;
+		}
+		for (uint32_t i = 0; i < v->n_tokens; i++)
+			t->scores[i] = v->scores ? v->scores[i] : 0.0f;
+	}
 	t->text_off = malloc(v->n_tokens * sizeof(size_t));
 	t->text_len = malloc(v->n_tokens * sizeof(uint32_t));
 	t->bytes_off = malloc(v->n_tokens * sizeof(size_t));
@@ -830,7 +931,7 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 	}
 	kvt_tok_init_byte_map(t);
 	if ((rc = kvt_tok_copy_tokens(t, v)) || (rc = kvt_tok_build_text_map(t)) ||
-	    (rc = kvt_tok_build_merges(t, v)))
+	    (!spm && (rc = kvt_tok_build_merges(t, v))))
 		goto fail;
 
 	/* As llama.cpp: end-of-generation texts are EOG and CONTROL whatever their stored type. */
@@ -851,10 +952,23 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 		unsigned char enc[4];
 		size_t l = kvt_tok_utf8_put(t->byte_cp[b], enc);
 
+		if (spm) {
+			static const char hex[] = "0123456789ABCDEF";
+			const char name[6] = { '<', '0', 'x', hex[b >> 4], hex[b & 15], '>' };
+			const char one = (char)b;
+
+			/* As llama.cpp's byte_to_token: <0xXX>, else the one-byte text; then (our choice) UNK. */
+			t->byte_token[b] = kvt_tok_find_text(t, name, 6);
+			if (t->byte_token[b] < 0)
+				t->byte_token[b] = kvt_tok_find_text(t, &one, 1);
+			if (t->byte_token[b] < 0)
+				t->byte_token[b] = t->unk_id;
+			continue;
+		}
 		t->byte_token[b] = kvt_tok_find_text(t, (const char *)enc, l);
 	}
 	kvt_tok_build_bytes(t);
-	if ((rc = kvt_tok_build_specials(t)) || (rc = kvt_tok_compile(t, pre, pre_name)) ||
+	if ((rc = kvt_tok_build_specials(t)) || (!spm && (rc = kvt_tok_compile(t, pre, pre_name))) ||
 	    (rc = kvt_tok_parse_template(t, v->chat_template)))
 		goto fail;
 	*out = t;
@@ -887,6 +1001,7 @@ void kvt_tok_destroy(kvt_tok *t)
 	free(t->merge_result);
 	free(t->specials);
 	free(t->default_system);
+	free(t->scores);
 	free(t);
 }
 
@@ -918,6 +1033,21 @@ int kvt_tok_token_type(const kvt_tok *t, int32_t id)
 bool kvt_tok_add_bos(const kvt_tok *t)
 {
 	return t->add_bos;
+}
+
+bool kvt_tok_add_eos(const kvt_tok *t)
+{
+	return t->add_eos;
+}
+
+bool kvt_tok_add_space_prefix(const kvt_tok *t)
+{
+	return t->add_space_prefix;
+}
+
+int kvt_tok_model(const kvt_tok *t)
+{
+	return t->model;
 }
 
 /* ---- encoding ---- */
@@ -1251,25 +1381,155 @@ static int kvt_tok_encode_text(const kvt_tok *t, struct kvt_tok_work *w, const u
 	return KVT_OK;
 }
 
+/* Heap key of a SentencePiece score: lower keys pop first, so higher scores merge first. */
+static uint32_t kvt_tok_score_rank(float score)
+{
+	uint32_t u;
+
+	memcpy(&u, &score, sizeof(u));
+	u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* now increasing with the float's order */
+	return ~u;
+}
+
+/* SentencePiece: queue symbols left and right if their concatenation is a token. */
+static void kvt_tok_spm_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_t *n_heap, int32_t left,
+				 int32_t right)
+{
+	const struct kvt_tok_sym *s = w->syms;
+	int32_t id;
+
+	if (left < 0 || right < 0)
+		return;
+	/* Live neighbours are adjacent in the escaped text, so their concatenation is a slice of it. */
+	id = kvt_tok_find_text(t, w->enc + s[left].off, s[left].len + s[right].len);
+	if (id < 0)
+		return;
+	kvt_tok_heap_push(w->heap, *n_heap, (struct kvt_tok_bigram){
+		.rank = kvt_tok_score_rank(t->scores[id]), .left = (uint32_t)left, .right = (uint32_t)right,
+		.len = s[left].len + s[right].len });
+	(*n_heap)++;
+}
+
+/* SentencePiece-encode one raw fragment s[0..n) (see the file comment); prefix: add the leading space. */
+static int kvt_tok_spm(const kvt_tok *t, struct kvt_tok_work *w, const unsigned char *s, size_t n, bool prefix)
+{
+	static const uint8_t lead_len[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4 };
+	size_t k = 0, n_sym = 0, n_heap = 0;
+	int rc;
+
+	if (n > (SIZE_MAX - 3) / 3 || n >= INT32_MAX / 3)
+		return KVT_ENOMEM;
+	if ((rc = kvt_tok_reserve((void **)&w->enc, &w->cap_enc, 3 * n + 3, 1)))
+		return rc;
+	if (prefix) {
+		memcpy(w->enc, "\xe2\x96\x81", 3);
+		k = 3;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] == ' ') {
+			memcpy(w->enc + k, "\xe2\x96\x81", 3);
+			k += 3;
+		} else {
+			w->enc[k++] = (char)s[i];
+		}
+	}
+	if (!k)
+		return KVT_OK;
+	if ((rc = kvt_tok_reserve((void **)&w->syms, &w->cap_syms, k, sizeof(*w->syms))) ||
+	    (rc = kvt_tok_reserve((void **)&w->heap, &w->cap_heap, 2 * k, sizeof(*w->heap))))
+		return rc;
+	for (size_t i = 0; i < k; n_sym++) {
+		size_t l = lead_len[(unsigned char)w->enc[i] >> 4];
+
+		if (l > k - i)
+			l = k - i;
+		w->syms[n_sym] = (struct kvt_tok_sym){ .id = -1, .off = (uint32_t)i, .len = (uint32_t)l,
+						       .prev = (int32_t)n_sym - 1, .next = (int32_t)n_sym + 1 };
+		i += l;
+	}
+	w->syms[n_sym - 1].next = -1;
+	for (size_t i = 1; i < n_sym; i++)
+		kvt_tok_spm_try_pair(t, w, &n_heap, (int32_t)i - 1, (int32_t)i);
+	/* NOTE: as in kvt_tok_bpe, each merge queues at most two pairs: the heap stays under 2 * n_sym. */
+	while (n_heap) {
+		struct kvt_tok_bigram b;
+		struct kvt_tok_sym *l, *r;
+
+		kvt_tok_heap_pop(w->heap, n_heap--, &b);
+		l = &w->syms[b.left];
+		r = &w->syms[b.right];
+		if (!l->len || !r->len || l->len + r->len != b.len)
+			continue; /* stale */
+		l->len += r->len;
+		r->len = 0;
+		l->next = r->next;
+		if (r->next >= 0)
+			w->syms[r->next].prev = (int32_t)b.left;
+		kvt_tok_spm_try_pair(t, w, &n_heap, l->prev, (int32_t)b.left);
+		kvt_tok_spm_try_pair(t, w, &n_heap, (int32_t)b.left, l->next);
+	}
+	for (int32_t i = 0; i >= 0; i = w->syms[i].next) {
+		const struct kvt_tok_sym *y = &w->syms[i];
+		int32_t id = kvt_tok_find_text(t, w->enc + y->off, y->len);
+
+		if (id >= 0) {
+			kvt_tok_emit(w, id);
+			continue;
+		}
+		for (uint32_t j = 0; j < y->len; j++) {
+			int32_t bt = t->byte_token[(unsigned char)w->enc[y->off + j]];
+
+			if (bt >= 0)
+				kvt_tok_emit(w, bt);
+		}
+	}
+	return KVT_OK;
+}
+
 /* Step 1: partition the input into raw fragments and special tokens. */
 static int kvt_tok_partition(const kvt_tok *t, struct kvt_tok_work *w, const char *text, size_t len,
 			     bool parse_special, size_t *n_frags)
 {
 	size_t n = 1;
 	int rc;
+	/*
+	 * Which bytes, and which pairs of adjacent bytes, the input holds. Every
+	 * fragment is a substring of the input, so a special whose first byte or
+	 * first two bytes never occur there cannot split anything and is skipped
+	 * unscanned (Gemma 3 has 6414 specials, most of them <unusedN>).
+	 */
+	uint64_t seen1[256 / 64] = { 0 }, seen2[65536 / 64] = { 0 };
+	const unsigned char *u = (const unsigned char *)text;
 
+	for (size_t i = 0; i < len; i++) {
+		seen1[u[i] >> 6] |= 1ull << (u[i] & 63);
+		if (i + 1 < len) {
+			unsigned p = (unsigned)u[i] << 8 | u[i + 1];
+
+			seen2[p >> 6] |= 1ull << (p & 63);
+		}
+	}
 	if ((rc = kvt_tok_reserve((void **)&w->frags[0], &w->cap_frags[0], 1, sizeof(struct kvt_tok_frag))))
 		return rc;
 	w->frags[0][0] = (struct kvt_tok_frag){ 0, len, -1 };
 	for (uint32_t k = 0; k < t->n_specials; k++) {
 		int32_t id = t->specials[k];
 		const char *stext = kvt_tok_text(t, id);
+		const unsigned char *us = (const unsigned char *)stext;
 		size_t slen = t->text_len[id], m = 0;
 		struct kvt_tok_frag *tmp;
 		size_t tmp_cap;
 
 		if (!parse_special && t->types[id] != KVT_TOK_USER_DEFINED)
 			continue;
+		if (slen > len || !(seen1[us[0] >> 6] >> (us[0] & 63) & 1))
+			continue;
+		if (slen >= 2) {
+			unsigned p = (unsigned)us[0] << 8 | us[1];
+
+			if (!(seen2[p >> 6] >> (p & 63) & 1))
+				continue;
+		}
 		for (size_t i = 0; i < n; i++) {
 			struct kvt_tok_frag f = w->frags[0][i];
 
@@ -1329,13 +1589,24 @@ int kvt_tok_encode(const kvt_tok *t, const char *text, size_t len, bool parse_sp
 	}
 	if ((rc = kvt_tok_partition(t, &w, text, len, parse_special, &n_frags)))
 		goto done;
+	bool after_special = true; /* SentencePiece: the input's start counts as after a special token */
+
 	for (size_t i = 0; i < n_frags; i++) {
 		const struct kvt_tok_frag f = w.frags[0][i];
 
-		if (f.id >= 0)
+		if (f.id >= 0) {
 			kvt_tok_emit(&w, f.id);
-		else if ((rc = kvt_tok_encode_text(t, &w, (const unsigned char *)text + f.off, f.len)))
+			after_special = true;
+			continue;
+		}
+		if (t->model == KVT_TOK_MODEL_SPM)
+			rc = kvt_tok_spm(t, &w, (const unsigned char *)text + f.off, f.len,
+					 t->add_space_prefix && after_special);
+		else
+			rc = kvt_tok_encode_text(t, &w, (const unsigned char *)text + f.off, f.len);
+		if (rc)
 			goto done;
+		after_special = false;
 	}
 done:
 	if (rc == KVT_ENOMEM)
@@ -1420,6 +1691,12 @@ int kvt_tok_stream_push(const kvt_tok *t, kvt_tok_stream *s, int32_t id, char *o
 
 	if ((rc = kvt_tok_token_bytes(t, id, (const char **)&b, &n)))
 		return rc;
+	/* As llama.cpp's detokenize: only the first token may lose its space, whatever it holds. */
+	if (st.strip_space && n && b[0] == ' ') {
+		b++;
+		n--;
+	}
+	st.strip_space = false;
 	for (size_t i = 0; i < n;) {
 		unsigned char c = b[i];
 
@@ -1476,23 +1753,203 @@ int kvt_tok_stream_flush(kvt_tok_stream *s, char *out, size_t cap, size_t *n_out
 /* ---- chat ---- */
 
 /*
- * The ChatML structure of a conversation as a run of pieces: the template's
- * own markers (<|im_start|>, <|im_end|>) and text (roles, newlines, message
- * contents). kvt_tok_chat_format joins them into a string; kvt_tok_chat_encode
- * turns markers into their token ids and encodes the text between two markers
- * as one fragment with no special tokens parsed, so a message cannot carry a
- * control token in its text.
+ * A conversation as a run of pieces: the template's own markers
+ * (<|im_start|>, <start_of_turn>, [INST], <|eot_id|>, ...) and text (roles,
+ * newlines, message contents). kvt_tok_chat_format joins them into a string;
+ * kvt_tok_chat_encode turns markers into their token ids and encodes the text
+ * between two markers as one fragment with no special tokens parsed, so a
+ * message cannot carry a control token in its text.
+ *
+ * The families, as llama.cpp's built-in templates render them (which follow
+ * each family's published Jinja template):
+ *   chatml   <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
+ *            (content as is; SmolLM2/Qwen's default system prompt, see above)
+ *   gemma    <start_of_turn>role\ncontent<end_of_turn>\n ... <start_of_turn>model\n
+ *            (assistant is "model"; contents trimmed; system messages, trimmed and
+ *            joined, open the next user turn followed by "\n\n")
+ *   mistral  [INST] system\n\nuser[/INST] assistant</s>[INST] ...
+ *            (Mistral's v3 layout: contents as is, assistant trimmed; a marker the
+ *            vocabulary lacks, as [INST] in v1 vocabularies, is encoded as text)
+ *   llama3   <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ...
+ *            <|start_header_id|>assistant<|end_header_id|>\n\n (contents trimmed)
+ * BOS is never part of it: callers add it as kvt_tok_add_bos() says.
  */
 typedef int (*kvt_tok_chat_piece_fn)(void *ctx, bool marker, const char *s, size_t len);
+
+/* Bytes of message i's content, and (trim) the same without leading/trailing isspace() bytes. */
+static void kvt_tok_chat_content(const kvt_chat_msg *m, bool trim, const char **s, size_t *n)
+{
+	const char *p = m->content;
+	size_t len = m->content_len ? m->content_len : strlen(p);
+
+	/* isspace() in the C locale, as llama.cpp's trim. */
+	while (trim && len && (p[0] == ' ' || (p[0] >= '\t' && p[0] <= '\r'))) {
+		p++;
+		len--;
+	}
+	while (trim && len && (p[len - 1] == ' ' || (p[len - 1] >= '\t' && p[len - 1] <= '\r')))
+		len--;
+	*s = p;
+	*n = len;
+}
+
+#define KVT_CHAT_PUT(marker, str, len)                                     \
+	do {                                                               \
+		if ((rc = fn(ctx, (marker), (str), (len))))                 \
+			return rc;                                         \
+	} while (0)
+#define KVT_CHAT_LIT(marker, lit) KVT_CHAT_PUT(marker, lit, sizeof(lit) - 1)
+
+static int kvt_tok_chat_chatml(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_gen,
+			       kvt_tok_chat_piece_fn fn, void *ctx)
+{
+	bool add_system = n_msgs && t->default_system && strcmp(msgs[0].role, "system") != 0;
+	int rc;
+
+	for (size_t i = add_system ? 0 : 1; i <= n_msgs; i++) {
+		const char *role = i ? msgs[i - 1].role : "system";
+		const char *content = t->default_system;
+		size_t n_content = content ? strlen(content) : 0;
+
+		if (i)
+			kvt_tok_chat_content(&msgs[i - 1], false, &content, &n_content);
+		KVT_CHAT_LIT(true, "<|im_start|>");
+		KVT_CHAT_PUT(false, role, strlen(role));
+		KVT_CHAT_LIT(false, "\n");
+		KVT_CHAT_PUT(false, content, n_content);
+		KVT_CHAT_LIT(true, "<|im_end|>");
+		KVT_CHAT_LIT(false, "\n");
+	}
+	if (add_gen) {
+		KVT_CHAT_LIT(true, "<|im_start|>");
+		KVT_CHAT_LIT(false, "assistant\n");
+	}
+	return KVT_OK;
+}
+
+static int kvt_tok_chat_gemma(const kvt_chat_msg *msgs, size_t n_msgs, bool add_gen, kvt_tok_chat_piece_fn fn,
+			      void *ctx)
+{
+	size_t first_system = n_msgs; /* systems not yet folded into a user turn: [first_system, i) */
+	int rc;
+
+	for (size_t i = 0; i < n_msgs; i++) {
+		const char *role = msgs[i].role, *c;
+		size_t n_c;
+
+		if (strcmp(role, "system") == 0) {
+			if (first_system == n_msgs)
+				first_system = i;
+			continue;
+		}
+		bool model = strcmp(role, "assistant") == 0;
+
+		if (model)
+			role = "model";
+		KVT_CHAT_LIT(true, "<start_of_turn>");
+		KVT_CHAT_PUT(false, role, strlen(role));
+		KVT_CHAT_LIT(false, "\n");
+		if (!model && first_system < n_msgs) {
+			bool any = false;
+
+			for (size_t j = first_system; j < i; j++) {
+				if (strcmp(msgs[j].role, "system") != 0)
+					continue;
+				kvt_tok_chat_content(&msgs[j], true, &c, &n_c);
+				KVT_CHAT_PUT(false, c, n_c);
+				any = any || n_c;
+			}
+			/* NOTE: as llama.cpp, an all-blank system prompt adds nothing, not even "\n\n". */
+			if (any)
+				KVT_CHAT_LIT(false, "\n\n");
+			first_system = n_msgs;
+		}
+		kvt_tok_chat_content(&msgs[i], true, &c, &n_c);
+		KVT_CHAT_PUT(false, c, n_c);
+		KVT_CHAT_LIT(true, "<end_of_turn>");
+		KVT_CHAT_LIT(false, "\n");
+	}
+	if (add_gen) {
+		KVT_CHAT_LIT(true, "<start_of_turn>");
+		KVT_CHAT_LIT(false, "model\n");
+	}
+	return KVT_OK;
+}
+
+static int kvt_tok_chat_mistral(const kvt_chat_msg *msgs, size_t n_msgs, kvt_tok_chat_piece_fn fn, void *ctx)
+{
+	bool in_turn = false;
+	int rc;
+
+	for (size_t i = 0; i < n_msgs; i++) {
+		const char *c;
+		size_t n_c;
+
+		if (!in_turn) {
+			KVT_CHAT_LIT(true, "[INST]");
+			KVT_CHAT_LIT(false, " ");
+			in_turn = true;
+		}
+		if (strcmp(msgs[i].role, "system") == 0) {
+			kvt_tok_chat_content(&msgs[i], false, &c, &n_c);
+			KVT_CHAT_PUT(false, c, n_c);
+			KVT_CHAT_LIT(false, "\n\n");
+		} else if (strcmp(msgs[i].role, "user") == 0) {
+			kvt_tok_chat_content(&msgs[i], false, &c, &n_c);
+			KVT_CHAT_PUT(false, c, n_c);
+			KVT_CHAT_LIT(true, "[/INST]");
+		} else {
+			kvt_tok_chat_content(&msgs[i], true, &c, &n_c);
+			KVT_CHAT_LIT(false, " ");
+			KVT_CHAT_PUT(false, c, n_c);
+			KVT_CHAT_LIT(true, "</s>");
+			in_turn = false;
+		}
+	}
+	/* The generation prompt is the open turn itself: nothing to add. */
+	return KVT_OK;
+}
+
+static int kvt_tok_chat_llama3(const kvt_chat_msg *msgs, size_t n_msgs, bool add_gen, kvt_tok_chat_piece_fn fn,
+			       void *ctx)
+{
+	int rc;
+
+	for (size_t i = 0; i < n_msgs; i++) {
+		const char *c;
+		size_t n_c;
+
+		kvt_tok_chat_content(&msgs[i], true, &c, &n_c);
+		KVT_CHAT_LIT(true, "<|start_header_id|>");
+		KVT_CHAT_PUT(false, msgs[i].role, strlen(msgs[i].role));
+		KVT_CHAT_LIT(true, "<|end_header_id|>");
+		KVT_CHAT_LIT(false, "\n\n");
+		KVT_CHAT_PUT(false, c, n_c);
+		KVT_CHAT_LIT(true, "<|eot_id|>");
+	}
+	if (add_gen) {
+		KVT_CHAT_LIT(true, "<|start_header_id|>");
+		KVT_CHAT_LIT(false, "assistant");
+		KVT_CHAT_LIT(true, "<|end_header_id|>");
+		KVT_CHAT_LIT(false, "\n\n");
+	}
+	return KVT_OK;
+}
+
+#undef KVT_CHAT_LIT
+#undef KVT_CHAT_PUT
 
 static int kvt_tok_chat_walk(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
 			     kvt_tok_chat_piece_fn fn, void *ctx)
 {
-	static const char start[] = "<|im_start|>", end[] = "<|im_end|>";
-	int rc;
-
-	if (!t->chatml) {
-		KVT_LOGE("tokenizer: chat template is missing or not ChatML (no <|im_start|>); not supported");
+	if (t->chat == KVT_TOK_CHAT_AUTO) {
+		if (t->chat_unknown)
+			KVT_LOGE("tokenizer: the model's chat template is none of chatml, gemma, mistral, llama3 "
+				 "(no <|im_start|>, <start_of_turn>, <|start_header_id|> or [INST] in it); "
+				 "set [model] chat_template to one of them");
+		else
+			KVT_LOGE("tokenizer: the model has no chat template; set [model] chat_template to "
+				 "chatml, gemma, mistral or llama3");
 		return KVT_EUNSUPPORTED;
 	}
 	if (n_msgs && !msgs) {
@@ -1504,21 +1961,16 @@ static int kvt_tok_chat_walk(const kvt_tok *t, const kvt_chat_msg *msgs, size_t 
 			KVT_LOGE("tokenizer: chat message %zu: NULL %s", i, msgs[i].role ? "content" : "role");
 			return KVT_EINVAL;
 		}
-	bool add_system = n_msgs && t->default_system && strcmp(msgs[0].role, "system") != 0;
-	for (size_t i = add_system ? 0 : 1; i <= n_msgs; i++) {
-		const char *role = i ? msgs[i - 1].role : "system";
-		const char *content = i ? msgs[i - 1].content : t->default_system;
-		size_t n_content = i && msgs[i - 1].content_len ? msgs[i - 1].content_len : strlen(content);
-
-		if ((rc = fn(ctx, true, start, sizeof(start) - 1)) || (rc = fn(ctx, false, role, strlen(role))) ||
-		    (rc = fn(ctx, false, "\n", 1)) || (rc = fn(ctx, false, content, n_content)) ||
-		    (rc = fn(ctx, true, end, sizeof(end) - 1)) || (rc = fn(ctx, false, "\n", 1)))
-			return rc;
+	switch (t->chat) {
+	case KVT_TOK_CHAT_CHATML:
+		return kvt_tok_chat_chatml(t, msgs, n_msgs, add_generation_prompt, fn, ctx);
+	case KVT_TOK_CHAT_GEMMA:
+		return kvt_tok_chat_gemma(msgs, n_msgs, add_generation_prompt, fn, ctx);
+	case KVT_TOK_CHAT_MISTRAL:
+		return kvt_tok_chat_mistral(msgs, n_msgs, fn, ctx);
+	default:
+		return kvt_tok_chat_llama3(msgs, n_msgs, add_generation_prompt, fn, ctx);
 	}
-	if (add_generation_prompt &&
-	    ((rc = fn(ctx, true, start, sizeof(start) - 1)) || (rc = fn(ctx, false, "assistant\n", 10))))
-		return rc;
-	return KVT_OK;
 }
 
 struct kvt_tok_chat_str {
@@ -1535,6 +1987,46 @@ static int kvt_tok_chat_str_piece(void *ctx, bool marker, const char *s, size_t 
 	if (c->buf)
 		memcpy(c->buf + c->len, s, len);
 	c->len += len;
+	return KVT_OK;
+}
+
+static const char *const kvt_tok_chat_names[] = { "auto", "chatml", "gemma", "mistral", "llama3" };
+
+int kvt_tok_chat_parse(const char *name, int *kind)
+{
+	for (int i = 0; i < (int)(sizeof(kvt_tok_chat_names) / sizeof(kvt_tok_chat_names[0])); i++)
+		if (name && strcmp(name, kvt_tok_chat_names[i]) == 0) {
+			*kind = i;
+			return KVT_OK;
+		}
+	return KVT_EINVAL;
+}
+
+const char *kvt_tok_chat_name(int kind)
+{
+	return kind >= 0 && kind < (int)(sizeof(kvt_tok_chat_names) / sizeof(kvt_tok_chat_names[0]))
+		       ? kvt_tok_chat_names[kind]
+		       : "?";
+}
+
+int kvt_tok_chat_kind(const kvt_tok *t)
+{
+	return t->chat;
+}
+
+int kvt_tok_set_chat(kvt_tok *t, int kind)
+{
+	if (kind < KVT_TOK_CHAT_AUTO || kind > KVT_TOK_CHAT_LLAMA3) {
+		KVT_LOGE("tokenizer: chat template kind %d is not one of auto, chatml, gemma, mistral, llama3", kind);
+		return KVT_EINVAL;
+	}
+	if (kind == KVT_TOK_CHAT_AUTO)
+		return KVT_OK;
+	if (kind != t->chat)
+		KVT_LOGI("tokenizer: chat template forced to %s (the model's: %s)", kvt_tok_chat_names[kind],
+			 t->chat_unknown ? "unrecognised" : t->chat ? kvt_tok_chat_names[t->chat] : "none");
+	t->chat = kind;
+	t->chat_unknown = false;
 	return KVT_OK;
 }
 
@@ -1604,6 +2096,8 @@ static int kvt_tok_chat_ids_piece(void *ctx, bool marker, const char *s, size_t 
 		return KVT_OK;
 	}
 	int32_t id = kvt_tok_find_text(c->t, s, len);
+	if (id < 0 && c->t->chat == KVT_TOK_CHAT_MISTRAL)
+		return kvt_tok_chat_ids_piece(ctx, false, s, len); /* [INST] is text in v1 vocabularies */
 	if (id < 0) {
 		KVT_LOGE("tokenizer: chat: the template's marker %.*s is not a token of the vocabulary", (int)len, s);
 		return KVT_EUNSUPPORTED;
@@ -1650,13 +2144,12 @@ static char *kvt_tok_strndup(const char *s, size_t n)
 	return d;
 }
 
-/* An optional token id key: -1 when absent or out of range (warned, as llama.cpp). */
+/* An optional token id key: *id keeps its default when absent, -1 when out of range (warned). */
 static int kvt_tok_gguf_id(const struct kvt_gguf *g, const char *key, uint32_t n_tokens, int32_t *id)
 {
 	uint32_t v;
 	int rc = kvt_gguf_get_u32(g, key, &v);
 
-	*id = -1;
 	if (rc == KVT_ENOTFOUND)
 		return KVT_OK;
 	if (rc)
@@ -1664,18 +2157,42 @@ static int kvt_tok_gguf_id(const struct kvt_gguf *g, const char *key, uint32_t n
 	if (v >= n_tokens) {
 		KVT_LOGW("%s: %s = %u is out of range (vocabulary of %u); ignored", kvt_gguf_path(g), key, v,
 			 n_tokens);
+		*id = -1;
 		return KVT_OK;
 	}
 	*id = (int32_t)v;
 	return KVT_OK;
 }
 
+/*
+ * No tokenizer.chat_template (the Gemma 3 270M GGUF has none): choose the
+ * family the architecture's models are trained on, and say so.
+ */
+static void kvt_tok_chat_by_arch(const struct kvt_gguf *g, kvt_tok *t)
+{
+	kvt_gguf_str arch;
+
+	if (kvt_gguf_get_str(g, "general.architecture", &arch) != KVT_OK)
+		return;
+	if (arch.len >= 5 && memcmp(arch.ptr, "gemma", 5) == 0)
+		t->chat = KVT_TOK_CHAT_GEMMA;
+	else if ((arch.len == 5 && memcmp(arch.ptr, "qwen2", 5) == 0) ||
+		 (arch.len == 5 && memcmp(arch.ptr, "qwen3", 5) == 0))
+		t->chat = KVT_TOK_CHAT_CHATML;
+	else
+		return;
+	KVT_LOGI("%s: no tokenizer.chat_template; using the %s chat template for architecture %.*s",
+		 kvt_gguf_path(g), kvt_tok_chat_names[t->chat], (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+}
+
 int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 {
 	const char *path = kvt_gguf_path(g);
 	kvt_gguf_str model, s;
-	const kvt_gguf_kv *toks, *types = NULL, *merges;
-	kvt_tok_vocab v = { .bos_id = -1, .eos_id = -1, .eot_id = -1 };
+	const kvt_gguf_kv *toks, *types = NULL, *merges = NULL, *scores = NULL;
+	kvt_tok_vocab v = { .bos_id = -1, .eos_id = -1, .eot_id = -1, .unk_id = -1 };
+	float *score_arr = NULL;
+	bool spm;
 	const char **tok_ptr = NULL, **merge_ptr = NULL;
 	size_t *tok_len = NULL, *merge_len = NULL;
 	int32_t *type_arr = NULL;
@@ -1690,23 +2207,37 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 	}
 	if (rc)
 		return rc;
-	if (model.len != 4 || memcmp(model.ptr, "gpt2", 4) != 0) {
-		KVT_LOGE("%s: tokenizer model '%.*s' is not supported (only gpt2)", path,
+	spm = model.len == 5 && memcmp(model.ptr, "llama", 5) == 0;
+	if (!spm && (model.len != 4 || memcmp(model.ptr, "gpt2", 4) != 0)) {
+		KVT_LOGE("%s: tokenizer model '%.*s' is not supported (gpt2: BPE, llama: SentencePiece)", path,
 			 (int)(model.len > 64 ? 64 : model.len), model.ptr);
 		return KVT_EUNSUPPORTED;
 	}
 	if ((rc = kvt_gguf_get_arr(g, "tokenizer.ggml.tokens", KVT_GGUF_STRING, &toks)) ||
-	    (rc = kvt_gguf_get_arr(g, "tokenizer.ggml.merges", KVT_GGUF_STRING, &merges))) {
+	    (!spm && (rc = kvt_gguf_get_arr(g, "tokenizer.ggml.merges", KVT_GGUF_STRING, &merges)))) {
 		if (rc == KVT_ENOTFOUND) {
-			KVT_LOGE("%s: gpt2 tokenizer without tokenizer.ggml.tokens or .merges", path);
+			KVT_LOGE("%s: %s tokenizer without tokenizer.ggml.tokens%s", path, spm ? "llama" : "gpt2",
+				 spm ? "" : " or .merges");
 			rc = KVT_ECORRUPT;
 		}
 		return rc;
 	}
-	if (toks->n == 0 || toks->n > INT32_MAX || merges->n > UINT32_MAX) {
+	if (toks->n == 0 || toks->n > INT32_MAX || (merges && merges->n > UINT32_MAX)) {
 		KVT_LOGE("%s: tokenizer of %llu tokens / %llu merges is not usable", path,
-			 (unsigned long long)toks->n, (unsigned long long)merges->n);
+			 (unsigned long long)toks->n, merges ? (unsigned long long)merges->n : 0ULL);
 		return KVT_ECORRUPT;
+	}
+	if (spm) {
+		rc = kvt_gguf_get_arr(g, "tokenizer.ggml.scores", KVT_GGUF_FLOAT32, &scores);
+		if (rc && rc != KVT_ENOTFOUND)
+			return rc;
+		if (!rc && scores->n != toks->n) {
+			KVT_LOGE("%s: tokenizer.ggml.scores has %llu entries for %llu tokens", path,
+				 (unsigned long long)scores->n, (unsigned long long)toks->n);
+			return KVT_ECORRUPT;
+		}
+		if (rc == KVT_ENOTFOUND)
+			scores = NULL; /* all 0, as llama.cpp */
 	}
 	rc = kvt_gguf_get_arr(g, "tokenizer.ggml.token_type", KVT_GGUF_INT32, &types);
 	if (rc && rc != KVT_ENOTFOUND)
@@ -1717,13 +2248,15 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 		return KVT_ECORRUPT;
 	}
 	v.n_tokens = (uint32_t)toks->n;
-	v.n_merges = (uint32_t)merges->n;
+	v.n_merges = merges ? (uint32_t)merges->n : 0;
+	v.model = spm ? KVT_TOK_MODEL_SPM : KVT_TOK_MODEL_BPE;
 	tok_ptr = malloc(v.n_tokens * sizeof(*tok_ptr));
 	tok_len = malloc(v.n_tokens * sizeof(*tok_len));
 	merge_ptr = malloc((v.n_merges ? v.n_merges : 1) * sizeof(*merge_ptr));
 	merge_len = malloc((v.n_merges ? v.n_merges : 1) * sizeof(*merge_len));
 	type_arr = types ? malloc(v.n_tokens * sizeof(*type_arr)) : NULL;
-	if (!tok_ptr || !tok_len || !merge_ptr || !merge_len || (types && !type_arr)) {
+	score_arr = scores ? malloc(v.n_tokens * sizeof(*score_arr)) : NULL;
+	if (!tok_ptr || !tok_len || !merge_ptr || !merge_len || (types && !type_arr) || (scores && !score_arr)) {
 		KVT_LOGE("%s: out of memory reading a tokenizer of %u tokens", path, v.n_tokens);
 		rc = KVT_ENOMEM;
 		goto done;
@@ -1733,7 +2266,10 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 		tok_len[i] = (size_t)toks->v.arr.strs[i].len;
 		if (types)
 			type_arr[i] = (int32_t)kvt_gguf_arr_i64(types, i);
+		if (scores)
+			score_arr[i] = (float)kvt_gguf_arr_f64(scores, i);
 	}
+	v.scores = score_arr;
 	for (uint32_t i = 0; i < v.n_merges; i++) {
 		merge_ptr[i] = merges->v.arr.strs[i].ptr;
 		merge_len[i] = (size_t)merges->v.arr.strs[i].len;
@@ -1756,18 +2292,29 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 		goto done;
 	}
 	pre_info = kvt_tok_pre_find(v.pre ? v.pre : "default");
-	v.add_bos = pre_info && pre_info->add_bos;
-	rc = kvt_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &v.add_bos);
-	if (rc && rc != KVT_ENOTFOUND)
+	v.add_bos = spm || (pre_info && pre_info->add_bos);
+	/* llama.cpp's SentencePiece defaults, each overridden by its key below when present. */
+	v.add_space_prefix = spm;
+	if (spm) {
+		v.bos_id = 1 < v.n_tokens ? 1 : -1;
+		v.eos_id = 2 < v.n_tokens ? 2 : -1;
+		v.unk_id = 0;
+	}
+	if (((rc = kvt_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &v.add_bos)) && rc != KVT_ENOTFOUND) ||
+	    ((rc = kvt_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &v.add_eos)) && rc != KVT_ENOTFOUND) ||
+	    ((rc = kvt_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &v.add_space_prefix)) &&
+	     rc != KVT_ENOTFOUND))
 		goto done;
 	if ((rc = kvt_tok_gguf_id(g, "tokenizer.ggml.bos_token_id", v.n_tokens, &v.bos_id)) ||
 	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.eos_token_id", v.n_tokens, &v.eos_id)) ||
-	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.eot_token_id", v.n_tokens, &v.eot_id)))
+	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.eot_token_id", v.n_tokens, &v.eot_id)) ||
+	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.unknown_token_id", v.n_tokens, &v.unk_id)))
 		goto done;
 	if (v.eot_id < 0) {
 		for (uint32_t i = 0; i < v.n_tokens && v.eot_id < 0; i++)
 			if ((tok_len[i] == 10 && memcmp(tok_ptr[i], "<|im_end|>", 10) == 0) ||
-			    (tok_len[i] == 10 && memcmp(tok_ptr[i], "<|eot_id|>", 10) == 0))
+			    (tok_len[i] == 10 && memcmp(tok_ptr[i], "<|eot_id|>", 10) == 0) ||
+			    (tok_len[i] == 13 && memcmp(tok_ptr[i], "<end_of_turn>", 13) == 0))
 				v.eot_id = (int32_t)i;
 	}
 	rc = kvt_gguf_get_str(g, "tokenizer.chat_template", &s);
@@ -1782,12 +2329,15 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 		goto done;
 	}
 	rc = kvt_tok_create(&v, out);
+	if (rc == KVT_OK && !v.chat_template)
+		kvt_tok_chat_by_arch(g, *out);
 done:
 	free(tok_ptr);
 	free(tok_len);
 	free(merge_ptr);
 	free(merge_len);
 	free(type_arr);
+	free(score_arr);
 	free(pre);
 	free(tmpl);
 	return rc;

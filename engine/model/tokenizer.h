@@ -1,5 +1,6 @@
 /*
- * engine/model/tokenizer.h — GPT-2 byte-level BPE, as stored in a GGUF.
+ * engine/model/tokenizer.h — the GGUF vocabularies: GPT-2 byte-level BPE
+ * (tokenizer.ggml.model = gpt2) and SentencePiece (= llama).
  *
  * Encoding: special tokens (CONTROL, USER_DEFINED and UNKNOWN token types,
  * longest text first) are split out of the raw text first when parse_special
@@ -11,7 +12,15 @@
  * llama.cpp's tokenization of the same GGUF (checked by tests against
  * reference vectors produced with llama.cpp).
  *
- * Decoding maps a token back to raw bytes. A streaming decoder holds back an
+ * SentencePiece (KVT_TOK_MODEL_SPM) shares step one (specials); each raw
+ * fragment then gets a leading space when add_space_prefix is set and it is the
+ * first fragment or follows a special token, every space becomes U+2581, and
+ * the text is merged by token score (highest first, leftmost on ties) from one
+ * symbol per UTF-8 character; a symbol that is not a token becomes its bytes'
+ * <0xXX> byte-fallback tokens. As llama.cpp's SPM tokenizer does it.
+ *
+ * Decoding maps a token back to raw bytes (SentencePiece: U+2581 -> space,
+ * <0xXX> -> that byte). A streaming decoder holds back an
  * incomplete UTF-8 sequence so streamed text never splits a character.
  *
  * A kvt_tok is immutable after creation and safe to share between threads.
@@ -34,8 +43,15 @@ enum kvt_tok_type {
 	KVT_TOK_BYTE = 6,
 };
 
+/* Which algorithm a vocabulary uses (tokenizer.ggml.model). */
+enum kvt_tok_model {
+	KVT_TOK_MODEL_BPE = 0, /* "gpt2": byte-level BPE with merge ranks and pre-tokenizer regexes */
+	KVT_TOK_MODEL_SPM = 1, /* "llama": SentencePiece, merges by score, byte fallback */
+};
+
 /* A vocabulary as plain arrays (borrowed for the duration of kvt_tok_create). */
 typedef struct kvt_tok_vocab {
+	int model;                    /* enum kvt_tok_model (0, BPE, when left zero) */
 	uint32_t n_tokens;            /* vocabulary size */
 	const char *const *tokens;    /* [n_tokens] token text, GPT-2 byte-encoded */
 	const size_t *token_lens;     /* [n_tokens] byte lengths (tokens need not be NUL-terminated) */
@@ -49,6 +65,11 @@ typedef struct kvt_tok_vocab {
 	int32_t eot_id;               /* end-of-turn (e.g. <|im_end|>), -1 if none */
 	bool add_bos;                 /* tokenizer.ggml.add_bos_token */
 	const char *chat_template;    /* tokenizer.chat_template, NULL if none */
+	/* SentencePiece only (ignored for BPE): */
+	const float *scores;          /* [n_tokens] tokenizer.ggml.scores; NULL: all 0 */
+	int32_t unk_id;               /* used for a byte with no <0xXX> token; -1 if none */
+	bool add_eos;                 /* tokenizer.ggml.add_eos_token */
+	bool add_space_prefix;        /* tokenizer.ggml.add_space_prefix */
 } kvt_tok_vocab;
 
 typedef struct kvt_tok kvt_tok;
@@ -64,7 +85,9 @@ typedef struct kvt_tok kvt_tok;
 int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out);
 /*
  * Build from a GGUF's tokenizer.ggml.* keys. tokenizer.ggml.model must be
- * "gpt2" (else KVT_EUNSUPPORTED, logged with the model name found).
+ * "gpt2" or "llama" (else KVT_EUNSUPPORTED, logged with the model name found).
+ * For "llama" the defaults are llama.cpp's: BOS 1, EOS 2, UNK 0, add_bos on,
+ * add_eos off, add_space_prefix on, each overridden by its key when present.
  */
 int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out);
 void kvt_tok_destroy(kvt_tok *t); /* NULL is a no-op */
@@ -75,6 +98,18 @@ int32_t kvt_tok_eos(const kvt_tok *t);
 /* True for EOS, EOT and any other end-of-generation control token. */
 bool kvt_tok_is_eog(const kvt_tok *t, int32_t id);
 bool kvt_tok_add_bos(const kvt_tok *t);
+/* tokenizer.ggml.add_eos_token (SentencePiece; false for BPE). Prompts for generation never end in EOS. */
+bool kvt_tok_add_eos(const kvt_tok *t);
+/*
+ * SentencePiece add_space_prefix: the encoder puts a space before text that
+ * opens the input or follows a special token. Decoding a whole text from its
+ * start then drops that space with kvt_tok_stream.strip_space, as llama.cpp's
+ * detokenize does; generated tokens are decoded as they are (llama.cpp's
+ * per-token pieces), so a reply's first " Hello" keeps its space.
+ */
+bool kvt_tok_add_space_prefix(const kvt_tok *t);
+/* enum kvt_tok_model of the vocabulary. */
+int kvt_tok_model(const kvt_tok *t);
 /* enum kvt_tok_type of id after the EOG overrides (KVT_TOK_UNDEFINED out of range). */
 int kvt_tok_token_type(const kvt_tok *t, int32_t id);
 
@@ -92,13 +127,18 @@ int kvt_tok_token_type(const kvt_tok *t, int32_t id);
 int kvt_tok_encode(const kvt_tok *t, const char *text, size_t len, bool parse_special,
 		   int32_t *out, size_t cap, size_t *n_out);
 
-/* The raw bytes a token stands for (specials: their text). KVT_EINVAL if id is out of range. */
+/*
+ * The raw bytes a token stands for (specials: their text; SentencePiece: U+2581
+ * as a space, <0xXX> as its byte, UNUSED/UNDEFINED as nothing). KVT_EINVAL if
+ * id is out of range.
+ */
 int kvt_tok_token_bytes(const kvt_tok *t, int32_t id, const char **bytes, size_t *len);
 
 /* Streaming decode: feed ids, get only complete UTF-8 characters out. */
 typedef struct kvt_tok_stream {
 	unsigned char pending[8]; /* bytes of an incomplete UTF-8 character held back */
 	size_t n_pending;          /* how many */
+	bool strip_space;          /* drop one leading ' ' of the next token's bytes (then cleared); init: false */
 } kvt_tok_stream;
 
 void kvt_tok_stream_init(kvt_tok_stream *s);
@@ -114,6 +154,33 @@ int kvt_tok_stream_push(const kvt_tok *t, kvt_tok_stream *s, int32_t id, char *o
 int kvt_tok_stream_flush(kvt_tok_stream *s, char *out, size_t cap, size_t *n_out);
 
 /* Chat formatting with the model's template. */
+
+/* The chat template families (kvt_tok_chat_name gives "auto", "chatml", ...). */
+enum kvt_tok_chat {
+	KVT_TOK_CHAT_AUTO = 0,    /* the stored template decides; as a kind: none recognised */
+	KVT_TOK_CHAT_CHATML = 1,  /* <|im_start|>role ... <|im_end|> (Qwen, SmolLM2) */
+	KVT_TOK_CHAT_GEMMA = 2,   /* <start_of_turn>role ... <end_of_turn>, system folded into the user turn */
+	KVT_TOK_CHAT_MISTRAL = 3, /* [INST] ... [/INST] answer</s> */
+	KVT_TOK_CHAT_LLAMA3 = 4,  /* <|start_header_id|>role<|end_header_id|> ... <|eot_id|> */
+};
+
+/* Parse "auto", "chatml", "gemma", "mistral" or "llama3" into *kind; KVT_EINVAL (not logged) otherwise. */
+int kvt_tok_chat_parse(const char *name, int *kind);
+/* The name of an enum kvt_tok_chat value ("?" out of range). */
+const char *kvt_tok_chat_name(int kind);
+/*
+ * The family chat formatting uses: recognised from tokenizer.chat_template by
+ * its markers, or, when the GGUF has none, chosen by general.architecture
+ * (gemma* -> gemma, qwen2/qwen3 -> chatml; logged), else KVT_TOK_CHAT_AUTO
+ * (then formatting fails with KVT_EUNSUPPORTED and a log line saying why).
+ */
+int kvt_tok_chat_kind(const kvt_tok *t);
+/*
+ * Force a family ([model] chat_template); KVT_TOK_CHAT_AUTO keeps the
+ * model's. Call before the tokenizer is shared between threads (it is the one
+ * change a kvt_tok allows after creation). KVT_EINVAL (logged) for a bad kind.
+ */
+int kvt_tok_set_chat(kvt_tok *t, int kind);
 typedef struct kvt_chat_msg {
 	const char *role;    /* "system", "user", "assistant" */
 	const char *content; /* UTF-8 text */
@@ -122,12 +189,12 @@ typedef struct kvt_chat_msg {
 
 /*
  * Format messages into a prompt string (malloc'd, NUL-terminated, caller
- * frees) following the GGUF's chat template. Recognised templates: ChatML
- * (<|im_start|>role\ncontent<|im_end|>\n), including SmolLM2's default system
- * prompt when the first message is not a system message (the template text
- * is read for it), and add_generation_prompt appends "<|im_start|>assistant\n".
- * KVT_EUNSUPPORTED (logged) for a template we cannot interpret;
- * KVT_EINVAL for a NULL role/content.
+ * frees) in the family kvt_tok_chat_kind() gives (layouts in tokenizer.c:
+ * llama.cpp's built-in renderings of each family's template). ChatML includes
+ * SmolLM2's default system prompt when the first message is not a system
+ * message (the template text is read for it); add_generation_prompt opens the
+ * assistant's turn. No BOS. KVT_EUNSUPPORTED (logged) when the model has no
+ * template or one of no known family; KVT_EINVAL for a NULL role/content.
  */
 int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs,
 			bool add_generation_prompt, char **out);
@@ -140,7 +207,8 @@ int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msg
  * cannot close their turn and open a forged one). Text without special tokens
  * encodes exactly as kvt_tok_encode(parse_special) of kvt_tok_chat_format's
  * string. Errors as kvt_tok_chat_format; KVT_EUNSUPPORTED (logged) when a
- * marker is not in the vocabulary.
+ * marker is not in the vocabulary (Mistral's [INST] and [/INST], plain text
+ * in v1 vocabularies, are then encoded as text).
  */
 int kvt_tok_chat_encode(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
 			int32_t **ids, size_t *n_ids);

@@ -26,6 +26,7 @@
 #include "manager.h"
 #include "t2_store.h"
 #include "t3_remote.h"
+#include "tokenizer.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -98,6 +99,9 @@ static const int remote_mode_values[] = { 1, 0 };
 static const char *const remote_write_names[] = { "write_through", "on_demote", NULL };
 static const int remote_write_values[] = { KVT_T3_WRITE_THROUGH, KVT_T3_ON_DEMOTE };
 static const char *const comp_names[] = { "none", "lz4", NULL };
+static const char *const chat_names[] = { "auto", "chatml", "gemma", "mistral", "llama3", NULL };
+static const int chat_values[] = { KVT_TOK_CHAT_AUTO, KVT_TOK_CHAT_CHATML, KVT_TOK_CHAT_GEMMA, KVT_TOK_CHAT_MISTRAL,
+				   KVT_TOK_CHAT_LLAMA3 };
 static const int comp_values[] = { 0, 1 };
 
 #define OFF(f) offsetof(kvt_config, f)
@@ -146,6 +150,8 @@ static const key_def keys[] = {
 	U32("model", "threads", model_threads, 0, 1024, "0", "CPU backend worker threads (0 = auto: the CPUs the process may use, by affinity and cgroup quota)"),
 	U32("model", "context", max_ctx, 0, 16777216, "4096", "tokens per sequence (0 = the model's trained context)"),
 	U32("model", "batch", max_batch, 1, 65536, "256", "tokens per forward chunk"),
+	ENUMK("model", "chat_template", chat_template, chat, "auto",
+	      "chat prompt layout: auto = from the GGUF's template (none: by architecture), or forced"),
 
 	U32("cache", "block_tokens", block_tokens, 1, KVT_BLOCK_MAX_TOKENS, "16", "tokens per KV block"),
 	ENUMK("cache", "persist", persist, persist, "end_of_turn", "when blocks reach NVMe"),
@@ -1269,7 +1275,8 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 	    c->host_dtype < 0 || c->host_dtype >= KVT_KV_CODEC_COUNT || c->nvme_io < KVT_T2_IO_AUTO ||
 	    c->nvme_io > KVT_T2_IO_THREADS || c->log_level < KVT_LOG_ERROR || c->log_level > KVT_LOG_DEBUG ||
 	    c->remote_mode < 0 || c->remote_mode > 1 || c->remote_write < KVT_T3_WRITE_THROUGH ||
-	    c->remote_write > KVT_T3_ON_DEMOTE) {
+	    c->remote_write > KVT_T3_ON_DEMOTE || c->chat_template < KVT_TOK_CHAT_AUTO ||
+	    c->chat_template > KVT_TOK_CHAT_LLAMA3) {
 		set_err(err, cap, where, "an enum field holds a value outside its enum");
 		return KVT_EINVAL;
 	}

@@ -478,11 +478,14 @@ static int bring_up(daemon_t *d, int *exit_code)
 	kvt_sd_notify("STATUS=loading the model");
 	KVT_LOGI("loading %s", c->model_path);
 	if ((rc = kvt_model_fingerprint(c->model_path, fp_cache, fp, NULL)) || (rc = kvt_gguf_open(c->model_path, &d->g)) ||
-	    (rc = kvt_tok_create_from_gguf(d->g, &d->tok))) {
+	    (rc = kvt_tok_create_from_gguf(d->g, &d->tok)) || (rc = kvt_tok_set_chat(d->tok, c->chat_template))) {
 		KVT_LOGE("model.path %s: cannot load: %s", c->model_path, kvt_strerror(rc));
 		*exit_code = EX_DATAERR;
 		return rc;
 	}
+	if (kvt_tok_chat_kind(d->tok) == KVT_TOK_CHAT_AUTO)
+		KVT_LOGW("model.path %s: no known chat template (set [model] chat_template): "
+			 "/v1/chat/completions will be refused, /v1/completions works", c->model_path);
 	int kind = c->device == KVT_DEVICE_CUDA ? KVT_DEV_CUDA : c->device == KVT_DEVICE_CPU ? KVT_DEV_CPU : KVT_DEV_AUTO;
 	kvt_dev_config dc = { .kind = kind, .n_threads = (int)c->model_threads };
 	if ((rc = kvt_dev_create(&dc, &d->dev))) {
@@ -656,8 +659,9 @@ int main(int argc, char **argv)
 	const char *flag_keys[][3] = { { "--listen", "server", "listen" },
 				       { "--data-dir", "index", "data_dir" },
 				       { "--model", "model", "path" },
-				       { "--device", "model", "device" } };
-	const char *flag_vals[4] = { 0 };
+				       { "--device", "model", "device" },
+				       { "--chat-template", "model", "chat_template" } };
+	const char *flag_vals[5] = { 0 };
 	bool check = false, print = false;
 	char err[1024];
 
@@ -689,9 +693,9 @@ int main(int argc, char **argv)
 			continue;
 		}
 		size_t k = 0;
-		while (k < 4 && strcmp(a, flag_keys[k][0]))
+		while (k < 5 && strcmp(a, flag_keys[k][0]))
 			k++;
-		if (k == 4) {
+		if (k == 5) {
 			fprintf(stderr, "kvtierd: unknown option %s\n", a);
 			usage(stderr);
 			return EX_USAGE;
@@ -705,7 +709,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvtierd: %s\n", err);
 		return EX_CONFIG;
 	}
-	for (size_t k = 0; k < 4; k++) {
+	for (size_t k = 0; k < 5; k++) {
 		if (!flag_vals[k])
 			continue;
 		if (kvt_config_set(&d.cfg, flag_keys[k][1], flag_keys[k][2], flag_vals[k], err, sizeof(err))) {
