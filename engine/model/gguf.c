@@ -32,7 +32,10 @@
  *
  * The quantizers follow ggml's reference ("_ref") quantizers' arithmetic
  * operation for operation, so a tensor quantized here has the bytes llama.cpp
- * would write for the same floats. The file format and the block layouts are
+ * would write for the same floats (the K-quants with no importance matrix).
+ * NOTE: that takes every fp32 product rounded on its own: this file is built
+ * with -ffp-contract=off (CMakeLists.txt), since a fused multiply-add in the
+ * K-quants' least-squares fits moves a few scales by one step. The file format and the block layouts are
  * little-endian; so is every host we build for (checked below).
  */
 #include "gguf.h"
