@@ -223,7 +223,9 @@ static float kquant_elem(int dtype, const uint8_t *row, size_t k)
 	kq_scale_min((int)sub, b + 4, &sc, &mn);
 	memcpy(&d16, b, 2);
 	memcpy(&m16, b + 2, 2);
-	return kvt_f16_to_f32(d16) * (float)sc * (float)q - kvt_f16_to_f32(m16) * (float)mn;
+	/* NOTE: one explicit fma, so every backend (and the compiler's contraction
+	 * choices) rounds the same way: the CUDA kernels write the same expression */
+	return fmaf(kvt_f16_to_f32(d16) * (float)sc, (float)q, -(kvt_f16_to_f32(m16) * (float)mn));
 }
 
 /* One weight element of a row in any dtype; the reference path's only reader. */
@@ -398,7 +400,7 @@ static void unpack_block_new(int dtype, const uint8_t *row, size_t b, float *out
 			int v = sub & 1 ? q[l] >> 4 : q[l] & 15;
 			if (q5)
 				v |= ((qh[l] >> sub) & 1) << 4;
-			out[32 * sub + l] = ds * (float)v - ms;
+			out[32 * sub + l] = fmaf(ds, (float)v, -ms); /* as kquant_elem */
 		}
 	}
 }
