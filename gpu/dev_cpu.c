@@ -346,11 +346,11 @@ static void unpack_block(int dtype, const uint8_t *row, size_t b, float *out)
 
 #endif
 
+#ifndef KVT_HAVE_F16C
 /*
  * Block b of a Q5_0 row (32 floats) or of a K-quant row (a 256-element
- * superblock), the same arithmetic as row_elem; plain loops that the
- * compiler vectorizes. Widening is on the GEMM path, where each weight is
- * widened once for M rows of x, so it is not the bottleneck.
+ * superblock), the same arithmetic as row_elem, in plain loops (the AVX2
+ * build has unpack_block_new_v instead).
  */
 static void unpack_block_new(int dtype, const uint8_t *row, size_t b, float *out)
 {
@@ -404,11 +404,16 @@ static void unpack_block_new(int dtype, const uint8_t *row, size_t b, float *out
 		}
 	}
 }
+#endif
 
 static inline bool is_new_quant(int dtype)
 {
 	return dtype >= KVT_DTYPE_Q5_0;
 }
+
+#ifdef KVT_HAVE_F16C
+static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out); /* below, by the GEMV */
+#endif
 
 /* A whole row of n elements of any dtype, widened to fp32. */
 static void widen_row(int dtype, const void *row, float *dst, size_t n)
@@ -420,7 +425,11 @@ static void widen_row(int dtype, const void *row, float *dst, size_t n)
 	else if (is_new_quant(dtype)) {
 		const size_t be = kvt_dtype_block_elems(dtype);
 		for (size_t b = 0; b < n / be; b++)
+#ifdef KVT_HAVE_F16C
+			unpack_block_new_v(dtype, row, b, dst + b * be);
+#else
 			unpack_block_new(dtype, row, b, dst + b * be);
+#endif
 	} else
 		for (size_t b = 0; b < n / KVT_QBLOCK; b++) {
 #ifdef KVT_HAVE_F16C
@@ -550,6 +559,101 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 	}
 }
 
+/* The 32 levels (0..15, or 0..31 for Q5_K) of Q4_K/Q5_K sub-block sub, as bytes. */
+static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *qs, __m256i qh, bool q5, int sub)
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0f);
+	__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (sub / 2)));
+	__m256i v = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(raw, 4) : raw, low4);
+	if (q5) {
+		const __m256i bit = _mm256_set1_epi8((char)(1 << sub));
+		v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+							 _mm256_set1_epi8(16)));
+	}
+	return v;
+}
+
+/* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32. */
+static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4])
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+	__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
+	__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
+	__m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+	/* 16-bit shifts move bits across bytes, but each byte is masked after */
+	q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+	q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+	for (int i = 0; i < 4; i++)
+		q[i] = _mm256_sub_epi8(q[i], m32);
+}
+
+/* Q5_0 block b's 32 levels (0..31) as bytes. */
+static inline __attribute__((always_inline)) __m256i q50_levels(const uint8_t *blk)
+{
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
+	return _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4)),
+			       fifth_bits(*(const uint32_t *)(blk + 2)));
+}
+
+/*
+ * Block b of a Q5_0 row or superblock b of a K-quant row widened to floats
+ * with AVX2, bit for bit what unpack_block_new (and row_elem) give: the same
+ * products, and the Q4_K/Q5_K fma done by one vfmadd.
+ */
+static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out)
+{
+	uint8_t lv[32];
+	if (dtype == KVT_DTYPE_Q5_0) {
+		const uint8_t *blk = row + b * 22;
+		const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+		_mm256_storeu_si256((__m256i *)lv, _mm256_sub_epi8(q50_levels(blk), _mm256_set1_epi8(16)));
+		for (int j = 0; j < 32; j += 8)
+			_mm256_storeu_ps(out + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+									   _mm_loadl_epi64((const __m128i *)(lv + j))))));
+		return;
+	}
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + b * 210;
+		const int8_t *scl = (const int8_t *)(blk + 192);
+		const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+		for (int half = 0; half < 2; half++) {
+			__m256i q[4];
+			q6k_levels(blk, half, q);
+			for (int i = 0; i < 4; i++) {
+				_mm256_storeu_si256((__m256i *)lv, q[i]);
+				for (int j = 0; j < 32; j += 8) {
+					const __m256 ds = _mm256_set1_ps(d * (float)scl[8 * half + 2 * i + j / 16]);
+					_mm256_storeu_ps(out + 128 * half + 32 * i + j,
+							 _mm256_mul_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+										   _mm_loadl_epi64((const __m128i *)(lv + j))))));
+				}
+			}
+		}
+		return;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *blk = row + b * (q5 ? 176 : 144);
+	const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+	const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+	for (int sub = 0; sub < 8; sub++) {
+		int sc, mn;
+		kq_scale_min(sub, blk + 4, &sc, &mn);
+		const __m256 ds = _mm256_set1_ps(d * (float)sc), nms = _mm256_set1_ps(-(dmin * (float)mn));
+		_mm256_storeu_si256((__m256i *)lv, kq45_levels(blk + (q5 ? 48 : 16), qh, q5, sub));
+		for (int j = 0; j < 32; j += 8)
+			_mm256_storeu_ps(out + 32 * sub + j,
+					 _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+								     _mm_loadl_epi64((const __m128i *)(lv + j)))),
+							 nms));
+	}
+}
+
 /*
  * The same int16 GEMV over K-quant superblocks. x's 32-element blocks line
  * up with the sub-blocks: a Q4_K/Q5_K sub-block of 32 is one x block,
@@ -562,7 +666,6 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 							    const xq16 *xq, size_t K, float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
-	const __m256i low4 = _mm256_set1_epi8(0x0f);
 	__m256 acc[GEMV_MAX_ROWS];
 	float mterm[GEMV_MAX_ROWS];
 
@@ -576,24 +679,12 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 			const uint8_t *blk = row + sb * 210;
 			const int8_t *scl = (const int8_t *)(blk + 192);
 			const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
-			const __m256i three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
 			for (int half = 0; half < 2; half++) {
-				__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
-				__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
-				__m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
 				__m256i q[4];
-				q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
-						       _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-				q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-						       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-				q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-						       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-				q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-						       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+				q6k_levels(blk, half, q);
 				for (int i = 0; i < 4; i++) {
-					__m256i v = _mm256_sub_epi8(q[i], m32);
-					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
+					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
 					const float da = d * (float)scl[8 * half + 2 * i], db = d * (float)scl[8 * half + 2 * i + 1];
 					const size_t b = b0 + 4 * (size_t)half + (size_t)i;
 					for (int m = 0; m < M; m++) {
@@ -614,18 +705,11 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
 		const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
 		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-		const __m256i sixteen = _mm256_set1_epi8(16);
 		const uint8_t *qs = blk + (q5 ? 48 : 16);
 		for (int sub = 0; sub < 8; sub++) {
 			int sc, mn;
 			kq_scale_min(sub, blk + 4, &sc, &mn);
-			__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (sub / 2)));
-			__m256i v = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(raw, 4) : raw, low4);
-			if (q5) {
-				const __m256i bit = _mm256_set1_epi8((char)(1 << sub));
-				v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-									 sixteen));
-			}
+			__m256i v = kq45_levels(qs, qh, q5, sub);
 			__m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
 			__m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
 			const float ds = d * (float)sc, ms = dmin * (float)mn;
