@@ -494,8 +494,10 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
 
 #ifdef KVT_HAVE_F16C
 /* 32 bits as 32 bytes: byte j is 0x10 where bit j of bits is set (Q5_0's fifth bits). */
-static inline __m256i fifth_bits(uint32_t bits)
+static inline __m256i fifth_bits(const uint8_t *qh)
 {
+	uint32_t bits;
+	memcpy(&bits, qh, 4); /* NOTE: 2-byte aligned only (22-byte blocks) */
 	const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
 						2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
 	const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
@@ -532,7 +534,7 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 			__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
 			__m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
 								     _mm_and_si128(raw, low4)),
-						    fifth_bits(*(const uint32_t *)(blk + 2)));
+						    fifth_bits(blk + 2));
 			d = _cvtsh_ss(*(const uint16_t *)blk);
 			mm = -16.0f * d;
 			qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
@@ -598,7 +600,7 @@ static inline __attribute__((always_inline)) __m256i q50_levels(const uint8_t *b
 	const __m128i low4 = _mm_set1_epi8(0x0f);
 	__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
 	return _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4)),
-			       fifth_bits(*(const uint32_t *)(blk + 2)));
+			       fifth_bits(blk + 2));
 }
 
 /*
