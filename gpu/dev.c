@@ -56,6 +56,16 @@ int kvt_dev_kind(const kvt_dev *d) { return d->kind; }
 const char *kvt_dev_name(const kvt_dev *d) { return d->name; }
 int kvt_dev_n_threads(const kvt_dev *d) { return d->n_threads; }
 
+uint32_t kvt_dtype_block_elems(int dtype)
+{
+	switch (dtype) {
+	case KVT_DTYPE_F32: case KVT_DTYPE_F16: return 1;
+	case KVT_DTYPE_Q8_0: case KVT_DTYPE_Q4_0: case KVT_DTYPE_Q4_1: case KVT_DTYPE_Q5_0: return KVT_QBLOCK;
+	case KVT_DTYPE_Q4_K: case KVT_DTYPE_Q5_K: case KVT_DTYPE_Q6_K: return KVT_QK_BLOCK;
+	}
+	return 0;
+}
+
 size_t kvt_dtype_row_bytes(int dtype, size_t n)
 {
 	switch (dtype) {
@@ -64,13 +74,18 @@ size_t kvt_dtype_row_bytes(int dtype, size_t n)
 	case KVT_DTYPE_Q8_0: return n / KVT_QBLOCK * 34;
 	case KVT_DTYPE_Q4_0: return n / KVT_QBLOCK * 18;
 	case KVT_DTYPE_Q4_1: return n / KVT_QBLOCK * 20;
+	case KVT_DTYPE_Q5_0: return n / KVT_QBLOCK * 22;
+	case KVT_DTYPE_Q4_K: return n / KVT_QK_BLOCK * 144;
+	case KVT_DTYPE_Q5_K: return n / KVT_QK_BLOCK * 176;
+	case KVT_DTYPE_Q6_K: return n / KVT_QK_BLOCK * 210;
 	}
 	return 0;
 }
 
 const char *kvt_dtype_name(int dtype)
 {
-	static const char *const names[KVT_DTYPE_COUNT] = { "f32", "f16", "q8_0", "q4_0", "q4_1" };
+	static const char *const names[KVT_DTYPE_COUNT] = { "f32", "f16", "q8_0", "q4_0", "q4_1",
+							    "q5_0", "q4_k", "q5_k", "q6_k" };
 	return dtype >= 0 && dtype < KVT_DTYPE_COUNT ? names[dtype] : "?";
 }
 
@@ -79,12 +94,12 @@ bool kvt_dev_supports_dtype(const kvt_dev *d, int dtype)
 	return dtype >= 0 && dtype < KVT_DTYPE_COUNT && d->ops->supports_dtype(d, dtype);
 }
 
-/* A weight dtype the backend takes, with rows of n elements. */
+/* A weight dtype the backend takes, with rows of n elements (whole blocks). */
 static bool weight_ok(const kvt_dev *d, int dtype, uint32_t n)
 {
 	if (!kvt_dev_supports_dtype(d, dtype))
 		return false;
-	return dtype <= KVT_DTYPE_F16 || n % KVT_QBLOCK == 0;
+	return n % kvt_dtype_block_elems(dtype) == 0;
 }
 
 int kvt_dev_alloc(kvt_dev *d, size_t n_bytes, void **out)
@@ -138,7 +153,10 @@ int kvt_dev_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	if (!a->w || !a->x || !a->y)
 		BAD("matmul", "NULL buffer");
 	if (!weight_ok(d, a->w_dtype, a->n_in))
-		BAD("matmul", "weight dtype %s with rows of %u", kvt_dtype_name(a->w_dtype), a->n_in);
+		BAD("matmul", "weight dtype %s with rows of %u (%s; rows must be whole blocks of %u)",
+		    kvt_dtype_name(a->w_dtype), a->n_in,
+		    kvt_dev_supports_dtype(d, a->w_dtype) ? "supported" : "not supported by this backend",
+		    kvt_dtype_block_elems(a->w_dtype));
 	if ((const void *)a->x == (void *)a->y)
 		BAD("matmul", "y aliases x");
 	if (!ws && d->ops->matmul_workspace(d, a))
@@ -190,7 +208,10 @@ int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a)
 	if (!isfinite(a->scale))
 		BAD("embed", "scale %g", a->scale);
 	if (!weight_ok(d, a->table_dtype, a->n_dim))
-		BAD("embed", "table dtype %s with rows of %u", kvt_dtype_name(a->table_dtype), a->n_dim);
+		BAD("embed", "table dtype %s with rows of %u (%s; rows must be whole blocks of %u)",
+		    kvt_dtype_name(a->table_dtype), a->n_dim,
+		    kvt_dev_supports_dtype(d, a->table_dtype) ? "supported" : "not supported by this backend",
+		    kvt_dtype_block_elems(a->table_dtype));
 	return d->ops->embed(d, a);
 }
 

@@ -46,9 +46,24 @@ enum kvt_dev_kind {
  *   Q8_0: { fp16 d; int8 qs[32] }        x = d * q                34 bytes
  *   Q4_0: { fp16 d; uint8 qs[16] }       x = d * (q - 8)          18 bytes
  *   Q4_1: { fp16 d; fp16 m; uint8 qs[16] } x = d * q + m          20 bytes
+ *   Q5_0: { fp16 d; uint32 qh; uint8 qs[16] } x = d * (q - 16)     22 bytes
+ *         (q's fifth bit, element j, is bit j of the little-endian qh)
+ * and the K-quants, 256-element superblocks (KVT_QK_BLOCK) of sub-blocks:
+ *   Q4_K: { fp16 d, dmin; uint8 scales[12]; uint8 qs[128] }        144 bytes
+ *         8 sub-blocks of 32, 6-bit (sc, mn) pairs packed in scales;
+ *         x = d * sc * q - dmin * mn; each 64 elements take 32 bytes of
+ *         qs, the low nibbles the first sub-block, the high the second
+ *   Q5_K: { fp16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128] }
+ *         as Q4_K, with bit s of qh[l] the fifth bit of element l of
+ *         sub-block s                                             176 bytes
+ *   Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; fp16 d }  210 bytes
+ *         16 sub-blocks of 16, x = d * scale * (q - 32); per 128-element
+ *         half, element l + 32i (l < 32) takes the low (i even) or high
+ *         nibble of ql[l + 32 (i & 1)] and bits 2i..2i+1 of qh[l]
  * They are valid for matmul weights and embedding tables whose rows are a
- * multiple of 32 elements. kvt_dev_supports_dtype() says whether a backend
- * multiplies one directly; if not, load them dequantized to fp16.
+ * multiple of the dtype's block (kvt_dtype_block_elems: 32, or 256 for the
+ * K-quants). kvt_dev_supports_dtype() says whether a backend multiplies one
+ * directly; if not, load them dequantized to fp16.
  */
 enum kvt_dtype {
 	KVT_DTYPE_F32 = 0,
@@ -56,11 +71,18 @@ enum kvt_dtype {
 	KVT_DTYPE_Q8_0 = 2,
 	KVT_DTYPE_Q4_0 = 3,
 	KVT_DTYPE_Q4_1 = 4,
+	KVT_DTYPE_Q5_0 = 5,
+	KVT_DTYPE_Q4_K = 6,
+	KVT_DTYPE_Q5_K = 7,
+	KVT_DTYPE_Q6_K = 8,
 	KVT_DTYPE_COUNT
 };
-#define KVT_QBLOCK 32 /* elements per quantized block */
+#define KVT_QBLOCK 32     /* elements per quantized block (Q8_0, Q4_0, Q4_1, Q5_0) */
+#define KVT_QK_BLOCK 256  /* elements per K-quant superblock (Q4_K, Q5_K, Q6_K) */
 
-/* Bytes of a row of n elements (n a multiple of KVT_QBLOCK for quantized types). */
+/* Elements per block of a dtype: 1 (f32, f16), KVT_QBLOCK or KVT_QK_BLOCK; 0 if unknown. */
+uint32_t kvt_dtype_block_elems(int dtype);
+/* Bytes of a row of n elements (n a multiple of the dtype's block). */
 size_t kvt_dtype_row_bytes(int dtype, size_t n);
 const char *kvt_dtype_name(int dtype);
 
@@ -165,7 +187,7 @@ typedef struct kvt_matmul_args {
 	uint32_t n_rows;  /* M: tokens */
 	uint32_t n_in;    /* K */
 	uint32_t n_out;   /* N */
-	int w_dtype;      /* enum kvt_dtype of w (quantized: n_in % 32 == 0) */
+	int w_dtype;      /* enum kvt_dtype of w (n_in a multiple of its block) */
 	const void *w;    /* [n_out] rows of n_in elements, device */
 	const float *x;   /* [n_rows][n_in], device */
 	float *y;         /* [n_rows][n_out], device; must not alias x */
@@ -238,7 +260,7 @@ typedef struct kvt_embed_args {
 	uint32_t n_rows;      /* tokens */
 	uint32_t n_dim;       /* row width */
 	uint32_t n_vocab;     /* rows in the table */
-	int table_dtype;      /* enum kvt_dtype (quantized: n_dim % 32 == 0) */
+	int table_dtype;      /* enum kvt_dtype (n_dim a multiple of its block) */
 	const void *table;    /* [n_vocab] rows of n_dim elements, device */
 	const int32_t *ids;   /* [n_rows], device */
 	float *y;             /* [n_rows][n_dim], device */

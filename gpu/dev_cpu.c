@@ -181,6 +181,53 @@ static void axpy_f16(float *y, float p, const uint16_t *b, size_t n)
 
 /* ---- block-quantized weights (layouts in dev.h) ---- */
 
+/*
+ * A K-quant superblock's 12 scale bytes hold 8 (scale, min) pairs of 6 bits:
+ * pairs 0..3 are the low 6 bits of bytes 0..3 (scales) and 4..7 (mins);
+ * pairs 4..7 take their low 4 bits from bytes 8..11 and their top 2 bits from
+ * the top of bytes 0..7 (Q4_K and Q5_K).
+ */
+static inline void kq_scale_min(int s, const uint8_t *sc, int *scale, int *min)
+{
+	if (s < 4) {
+		*scale = sc[s] & 63;
+		*min = sc[s + 4] & 63;
+	} else {
+		*scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+		*min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+	}
+}
+
+/* Element k of a Q4_K, Q5_K or Q6_K row (layouts in dev.h). */
+static float kquant_elem(int dtype, const uint8_t *row, size_t k)
+{
+	const size_t j = k % KVT_QK_BLOCK;
+	uint16_t d16, m16;
+	int sc, mn, q;
+
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *b = row + k / KVT_QK_BLOCK * 210;
+		const size_t half = j / 128, l = j % 32, i = j % 128 / 32;
+		const uint8_t ql = b[64 * half + l + 32 * (i & 1)], qh = b[128 + 32 * half + l];
+		q = ((i < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * i)) & 3) << 4) - 32;
+		memcpy(&d16, b + 208, 2);
+		return kvt_f16_to_f32(d16) * (float)(int8_t)b[192 + j / 16] * (float)q;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *b = row + k / KVT_QK_BLOCK * (q5 ? 176 : 144);
+	const size_t sub = j / 32, l = j % 32;
+	const uint8_t nib = b[(q5 ? 48 : 16) + 32 * (sub / 2) + l];
+	q = sub & 1 ? nib >> 4 : nib & 15;
+	if (q5)
+		q |= ((b[16 + l] >> sub) & 1) << 4;
+	kq_scale_min((int)sub, b + 4, &sc, &mn);
+	memcpy(&d16, b, 2);
+	memcpy(&m16, b + 2, 2);
+	/* NOTE: one explicit fma, so every backend (and the compiler's contraction
+	 * choices) rounds the same way: the CUDA kernels write the same expression */
+	return fmaf(kvt_f16_to_f32(d16) * (float)sc, (float)q, -(kvt_f16_to_f32(m16) * (float)mn));
+}
+
 /* One weight element of a row in any dtype; the reference path's only reader. */
 static float row_elem(int dtype, const void *row, size_t k)
 {
@@ -201,11 +248,21 @@ static float row_elem(int dtype, const void *row, size_t k)
 		b += blk * 18;
 		memcpy(&d16, b, 2);
 		return kvt_f16_to_f32(d16) * (float)((j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4) - 8);
-	default: /* KVT_DTYPE_Q4_1 */
+	case KVT_DTYPE_Q4_1:
 		b += blk * 20;
 		memcpy(&d16, b, 2);
 		memcpy(&m16, b + 2, 2);
 		return kvt_f16_to_f32(d16) * (float)(j < 16 ? b[4 + j] & 15 : b[4 + j - 16] >> 4) + kvt_f16_to_f32(m16);
+	case KVT_DTYPE_Q5_0: {
+		uint32_t qh;
+		b += blk * 22;
+		memcpy(&d16, b, 2);
+		memcpy(&qh, b + 2, 4);
+		int q = (j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+		return kvt_f16_to_f32(d16) * (float)(q - 16);
+	}
+	default:
+		return kquant_elem(dtype, b, k);
 	}
 }
 
@@ -289,6 +346,75 @@ static void unpack_block(int dtype, const uint8_t *row, size_t b, float *out)
 
 #endif
 
+#ifndef KVT_HAVE_F16C
+/*
+ * Block b of a Q5_0 row (32 floats) or of a K-quant row (a 256-element
+ * superblock), the same arithmetic as row_elem, in plain loops (the AVX2
+ * build has unpack_block_new_v instead).
+ */
+static void unpack_block_new(int dtype, const uint8_t *row, size_t b, float *out)
+{
+	uint16_t d16, m16;
+	int sc, mn;
+
+	if (dtype == KVT_DTYPE_Q5_0) {
+		uint32_t qh;
+		row += b * 22;
+		memcpy(&d16, row, 2);
+		memcpy(&qh, row + 2, 4);
+		const float d = kvt_f16_to_f32(d16);
+		for (int j = 0; j < 16; j++) {
+			out[j] = d * (float)(((row[6 + j] & 15) | (int)((qh >> j) & 1) << 4) - 16);
+			out[j + 16] = d * (float)(((row[6 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16);
+		}
+		return;
+	}
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + b * 210;
+		memcpy(&d16, blk + 208, 2);
+		const float d = kvt_f16_to_f32(d16);
+		for (int half = 0; half < 2; half++) {
+			const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+			const int8_t *scl = (const int8_t *)(blk + 192 + 8 * half);
+			float *o = out + 128 * half;
+			for (int i = 0; i < 4; i++)
+				for (int l = 0; l < 32; l++) {
+					const uint8_t v = ql[l + 32 * (i & 1)];
+					int q = ((i < 2 ? v & 15 : v >> 4) | ((qh[l] >> (2 * i)) & 3) << 4) - 32;
+					o[32 * i + l] = d * (float)scl[2 * i + l / 16] * (float)q;
+				}
+		}
+		return;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *blk = row + b * (q5 ? 176 : 144);
+	const uint8_t *qs = blk + (q5 ? 48 : 16), *qh = blk + 16;
+	memcpy(&d16, blk, 2);
+	memcpy(&m16, blk + 2, 2);
+	const float d = kvt_f16_to_f32(d16), dmin = kvt_f16_to_f32(m16);
+	for (int sub = 0; sub < 8; sub++) {
+		kq_scale_min(sub, blk + 4, &sc, &mn);
+		const float ds = d * (float)sc, ms = dmin * (float)mn;
+		const uint8_t *q = qs + 32 * (sub / 2);
+		for (int l = 0; l < 32; l++) {
+			int v = sub & 1 ? q[l] >> 4 : q[l] & 15;
+			if (q5)
+				v |= ((qh[l] >> sub) & 1) << 4;
+			out[32 * sub + l] = fmaf(ds, (float)v, -ms); /* as kquant_elem */
+		}
+	}
+}
+#endif
+
+static inline bool is_new_quant(int dtype)
+{
+	return dtype >= KVT_DTYPE_Q5_0;
+}
+
+#ifdef KVT_HAVE_F16C
+static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out); /* below, by the GEMV */
+#endif
+
 /* A whole row of n elements of any dtype, widened to fp32. */
 static void widen_row(int dtype, const void *row, float *dst, size_t n)
 {
@@ -296,7 +422,15 @@ static void widen_row(int dtype, const void *row, float *dst, size_t n)
 		memcpy(dst, row, n * sizeof(float));
 	else if (dtype == KVT_DTYPE_F16)
 		f16_to_f32_row(row, dst, n);
-	else
+	else if (is_new_quant(dtype)) {
+		const size_t be = kvt_dtype_block_elems(dtype);
+		for (size_t b = 0; b < n / be; b++)
+#ifdef KVT_HAVE_F16C
+			unpack_block_new_v(dtype, row, b, dst + b * be);
+#else
+			unpack_block_new(dtype, row, b, dst + b * be);
+#endif
+	} else
 		for (size_t b = 0; b < n / KVT_QBLOCK; b++) {
 #ifdef KVT_HAVE_F16C
 			__m256 w[4];
@@ -359,6 +493,21 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
 }
 
 #ifdef KVT_HAVE_F16C
+/* 32 bits as 32 bytes: byte j is 0x10 where bit j of bits is set (Q5_0's fifth bits). */
+static inline __m256i fifth_bits(const uint8_t *qh)
+{
+	uint32_t bits;
+	memcpy(&bits, qh, 4); /* NOTE: 2-byte aligned only (22-byte blocks) */
+	const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+						2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+	/* byte j gets byte j / 8 of bits (the shuffle stays in each 128-bit lane,
+	 * and both lanes hold all four bytes), then tests bit j % 8 of it */
+	__m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+	v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+	return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
 static inline __attribute__((always_inline)) void dot_q16(const int dtype, const int M, const uint8_t *row,
 							   const xq16 *xq, size_t K, float *out)
 {
@@ -380,6 +529,16 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 			mm = 0;
 			qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
 			qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+		} else if (dtype == KVT_DTYPE_Q5_0) {
+			const uint8_t *blk = row + b * 22;
+			__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
+			__m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
+								     _mm_and_si128(raw, low4)),
+						    fifth_bits(blk + 2));
+			d = _cvtsh_ss(*(const uint16_t *)blk);
+			mm = -16.0f * d;
+			qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+			qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
 		} else {
 			const bool q41 = dtype == KVT_DTYPE_Q4_1;
 			const uint8_t *blk = row + b * (q41 ? 20 : 18);
@@ -402,21 +561,193 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 	}
 }
 
+/* The 32 levels (0..15, or 0..31 for Q5_K) of Q4_K/Q5_K sub-block sub, as bytes. */
+static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *qs, __m256i qh, bool q5, int sub)
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0f);
+	__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (sub / 2)));
+	__m256i v = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(raw, 4) : raw, low4);
+	if (q5) {
+		const __m256i bit = _mm256_set1_epi8((char)(1 << sub));
+		v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+							 _mm256_set1_epi8(16)));
+	}
+	return v;
+}
+
+/* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32. */
+static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4])
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+	__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
+	__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
+	__m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+	/* 16-bit shifts move bits across bytes, but each byte is masked after */
+	q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+	q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+	for (int i = 0; i < 4; i++)
+		q[i] = _mm256_sub_epi8(q[i], m32);
+}
+
+/* Q5_0 block b's 32 levels (0..31) as bytes. */
+static inline __attribute__((always_inline)) __m256i q50_levels(const uint8_t *blk)
+{
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
+	return _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4)),
+			       fifth_bits(blk + 2));
+}
+
+/*
+ * Block b of a Q5_0 row or superblock b of a K-quant row widened to floats
+ * with AVX2, bit for bit what unpack_block_new (and row_elem) give: the same
+ * products, and the Q4_K/Q5_K fma done by one vfmadd.
+ */
+static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out)
+{
+	uint8_t lv[32];
+	if (dtype == KVT_DTYPE_Q5_0) {
+		const uint8_t *blk = row + b * 22;
+		const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+		_mm256_storeu_si256((__m256i *)lv, _mm256_sub_epi8(q50_levels(blk), _mm256_set1_epi8(16)));
+		for (int j = 0; j < 32; j += 8)
+			_mm256_storeu_ps(out + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+									   _mm_loadl_epi64((const __m128i *)(lv + j))))));
+		return;
+	}
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + b * 210;
+		const int8_t *scl = (const int8_t *)(blk + 192);
+		const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+		for (int half = 0; half < 2; half++) {
+			__m256i q[4];
+			q6k_levels(blk, half, q);
+			for (int i = 0; i < 4; i++) {
+				_mm256_storeu_si256((__m256i *)lv, q[i]);
+				for (int j = 0; j < 32; j += 8) {
+					const __m256 ds = _mm256_set1_ps(d * (float)scl[8 * half + 2 * i + j / 16]);
+					_mm256_storeu_ps(out + 128 * half + 32 * i + j,
+							 _mm256_mul_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+										   _mm_loadl_epi64((const __m128i *)(lv + j))))));
+				}
+			}
+		}
+		return;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *blk = row + b * (q5 ? 176 : 144);
+	const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+	const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+	for (int sub = 0; sub < 8; sub++) {
+		int sc, mn;
+		kq_scale_min(sub, blk + 4, &sc, &mn);
+		const __m256 ds = _mm256_set1_ps(d * (float)sc), nms = _mm256_set1_ps(-(dmin * (float)mn));
+		_mm256_storeu_si256((__m256i *)lv, kq45_levels(blk + (q5 ? 48 : 16), qh, q5, sub));
+		for (int j = 0; j < 32; j += 8)
+			_mm256_storeu_ps(out + 32 * sub + j,
+					 _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+								     _mm_loadl_epi64((const __m128i *)(lv + j)))),
+							 nms));
+	}
+}
+
+/*
+ * The same int16 GEMV over K-quant superblocks. x's 32-element blocks line
+ * up with the sub-blocks: a Q4_K/Q5_K sub-block of 32 is one x block,
+ *   sum_j w_j x_j = d sc xs sum_j q_j xq_j - dmin mn sum_j x_j,
+ * and a Q6_K sub-block of 16 is half of one, whose (q - 32) is signed and
+ * needs no min term:
+ *   sum_j w_j x_j = d scale xs sum_j (q_j - 32) xq_j.
+ */
+static inline __attribute__((always_inline)) void dot_qk16(const int dtype, const int M, const uint8_t *row,
+							    const xq16 *xq, size_t K, float *out)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	__m256 acc[GEMV_MAX_ROWS];
+	float mterm[GEMV_MAX_ROWS];
+
+	for (int m = 0; m < M; m++) {
+		acc[m] = _mm256_setzero_ps();
+		mterm[m] = 0;
+	}
+	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
+		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
+		if (dtype == KVT_DTYPE_Q6_K) {
+			const uint8_t *blk = row + sb * 210;
+			const int8_t *scl = (const int8_t *)(blk + 192);
+			const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+			for (int half = 0; half < 2; half++) {
+				__m256i q[4];
+				q6k_levels(blk, half, q);
+				for (int i = 0; i < 4; i++) {
+					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
+					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
+					const float da = d * (float)scl[8 * half + 2 * i], db = d * (float)scl[8 * half + 2 * i + 1];
+					const size_t b = b0 + 4 * (size_t)half + (size_t)i;
+					for (int m = 0; m < M; m++) {
+						const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+						const float xs = xq->scale[m * nb + b];
+						__m256 pa = _mm256_cvtepi32_ps(
+							_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
+						__m256 pb = _mm256_cvtepi32_ps(
+							_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+						acc[m] = _mm256_fmadd_ps(pa, _mm256_set1_ps(da * xs), acc[m]);
+						acc[m] = _mm256_fmadd_ps(pb, _mm256_set1_ps(db * xs), acc[m]);
+					}
+				}
+			}
+			continue;
+		}
+		const bool q5 = dtype == KVT_DTYPE_Q5_K;
+		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+		const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+		const uint8_t *qs = blk + (q5 ? 48 : 16);
+		for (int sub = 0; sub < 8; sub++) {
+			int sc, mn;
+			kq_scale_min(sub, blk + 4, &sc, &mn);
+			__m256i v = kq45_levels(qs, qh, q5, sub);
+			__m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+			__m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+			const float ds = d * (float)sc, ms = dmin * (float)mn;
+			const size_t b = b0 + (size_t)sub;
+			for (int m = 0; m < M; m++) {
+				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ds * xq->scale[m * nb + b]), acc[m]);
+				mterm[m] -= ms * xq->sum[m * nb + b];
+			}
+		}
+	}
+	for (int m = 0; m < M; m++)
+		out[m] = hsum8(acc[m]) + mterm[m];
+}
+
 /* Constant dtype and row count for each instance, so loops unroll into registers. */
-#define DOT_Q16_ROWS(DT)                                                   \
+#define DOT_Q16_ROWS(FN, DT)                                               \
 	switch (M) {                                                       \
-	case 1: dot_q16(DT, 1, row, xq, K, out); return;                   \
-	case 2: dot_q16(DT, 2, row, xq, K, out); return;                   \
-	case 3: dot_q16(DT, 3, row, xq, K, out); return;                   \
-	default: dot_q16(DT, GEMV_MAX_ROWS, row, xq, K, out); return;      \
+	case 1: FN(DT, 1, row, xq, K, out); return;                        \
+	case 2: FN(DT, 2, row, xq, K, out); return;                        \
+	case 3: FN(DT, 3, row, xq, K, out); return;                        \
+	default: FN(DT, GEMV_MAX_ROWS, row, xq, K, out); return;           \
 	}
 
 static void dot_rows_q(int dtype, const uint8_t *row, const xq16 *xq, int M, size_t K, float *out)
 {
 	switch (dtype) {
-	case KVT_DTYPE_Q8_0: DOT_Q16_ROWS(KVT_DTYPE_Q8_0)
-	case KVT_DTYPE_Q4_0: DOT_Q16_ROWS(KVT_DTYPE_Q4_0)
-	default: DOT_Q16_ROWS(KVT_DTYPE_Q4_1)
+	case KVT_DTYPE_Q8_0: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q8_0)
+	case KVT_DTYPE_Q4_0: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q4_0)
+	case KVT_DTYPE_Q4_1: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q4_1)
+	case KVT_DTYPE_Q5_0: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q5_0)
+	case KVT_DTYPE_Q4_K: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q4_K)
+	case KVT_DTYPE_Q5_K: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q5_K)
+	default: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q6_K)
 	}
 }
 #undef DOT_Q16_ROWS
@@ -424,14 +755,18 @@ static void dot_rows_q(int dtype, const uint8_t *row, const xq16 *xq, int M, siz
 /* Portable path: unpack each block to floats once, use it for every row of x. */
 static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, size_t K, float *out)
 {
-	float blk[KVT_QBLOCK];
+	float blk[KVT_QK_BLOCK];
+	const size_t be = kvt_dtype_block_elems(dtype);
 	for (int m = 0; m < M; m++)
 		out[m] = 0;
-	for (size_t b = 0; b < K / KVT_QBLOCK; b++) {
-		unpack_block(dtype, row, b, blk);
+	for (size_t b = 0; b < K / be; b++) {
+		if (is_new_quant(dtype))
+			unpack_block_new(dtype, row, b, blk);
+		else
+			unpack_block(dtype, row, b, blk);
 		for (int m = 0; m < M; m++)
-			for (int j = 0; j < KVT_QBLOCK; j++)
-				out[m] += blk[j] * x[m * K + b * KVT_QBLOCK + j];
+			for (size_t j = 0; j < be; j++)
+				out[m] += blk[j] * x[m * K + b * be + j];
 	}
 }
 #endif

@@ -24,6 +24,11 @@
  *     GEMV_MAX_ROWS rows multiply a weight; fewer rows (decode) use a GEMV
  *     that reads fp16 weights once with 16-byte loads and keeps the
  *     activations in fp32. fp32 weights go through cublasSgemm.
+ *   - matmul with Q5_0/Q4_K/Q5_K/Q6_K weights kept as stored: <= GEMV_MAX_ROWS
+ *     rows, a GEMV with one warp per output column whose lanes widen 8
+ *     weights at a time with the CPU reference's arithmetic (x stays fp32);
+ *     more rows widen a tile of weight rows to fp16 in the workspace and run
+ *     cuBLAS GemmEx on it. Q8_0/Q4_0/Q4_1 have no kernels (loaded as fp16).
  *   - attention, decode (one query row): flash-decoding. The keys of each KV
  *     head are split into chunks across CTAs; within a CTA each group of
  *     lanes owns one key at a time (head_dim / 8 lanes, 16-byte loads) and
@@ -74,6 +79,7 @@ typedef struct cuda_dev {
 	cublasHandle_t blas;   /* bound to stream */
 	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
 	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE) */
+	uint32_t qtile_elems;  /* quantized weights widened to fp16 per GEMM tile (KVT_CUDA_QTILE; tests) */
 	int decode2_occ[3][6][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
 } cuda_dev;
 
@@ -153,9 +159,27 @@ static void cuda_destroy(kvt_dev *d)
 	free(c);
 }
 
+/* The block-quantized dtypes this backend multiplies as stored. */
+__host__ __device__ static inline bool is_kept_quant(int dtype)
+{
+	return dtype >= KVT_DTYPE_Q5_0 && dtype <= KVT_DTYPE_Q6_K;
+}
+
+/* kvt_dtype_row_bytes for those, callable from kernels. */
+__host__ __device__ static inline size_t q_row_bytes(int dtype, uint32_t n)
+{
+	switch (dtype) {
+	case KVT_DTYPE_Q5_0: return (size_t)(n / 32) * 22;
+	case KVT_DTYPE_Q4_K: return (size_t)(n / 256) * 144;
+	case KVT_DTYPE_Q5_K: return (size_t)(n / 256) * 176;
+	default: return (size_t)(n / 256) * 210; /* Q6_K */
+	}
+}
+
 static bool cuda_supports_dtype(const kvt_dev *d, int dtype)
 {
-	return dtype == KVT_DTYPE_F32 || dtype == KVT_DTYPE_F16;
+	/* NOTE: Q8_0/Q4_0/Q4_1 are loaded widened to fp16 here (no kernels yet) */
+	return dtype == KVT_DTYPE_F32 || dtype == KVT_DTYPE_F16 || is_kept_quant(dtype);
 }
 
 static int cuda_alloc(kvt_dev *d, size_t n, void **out)
@@ -360,10 +384,188 @@ static void launch_gemv(cudaStream_t st, const kvt_matmul_args *a, bool vec)
 		(const __half *)a->w, a->x, a->y, a->n_in, a->n_out, a->accumulate, vec);
 }
 
+/* ---- block-quantized weights: Q5_0 and the K-quants (layouts in dev.h) ---- */
+
+/* Weight elements widened to fp16 per GEMM tile by default (bounds the workspace to 32 MiB). */
+#define QTILE_ELEMS (16u << 20)
+
+/* Rows of a weight tile widened per GEMM call: all of N if they fit, else a multiple of 64. */
+static uint32_t qtile_rows(const kvt_dev *d, const kvt_matmul_args *a)
+{
+	uint32_t r = ((const cuda_dev *)d)->qtile_elems / a->n_in;
+	r = r < 64 ? 64 : r & ~63u;
+	return r < a->n_out ? r : a->n_out;
+}
+
+__device__ __forceinline__ float ld_half(const uint8_t *p)
+{
+	__half_raw r;
+	r.x = (unsigned short)(p[0] | p[1] << 8);
+	return __half2float(__half(r));
+}
+
+/* Q4_K/Q5_K sub-block s's 6-bit scale and min (dev_cpu.c's kq_scale_min). */
+__device__ __forceinline__ void kq_scale_min(int s, const uint8_t *sc, int *scale, int *min)
+{
+	if (s < 4) {
+		*scale = sc[s] & 63;
+		*min = sc[s + 4] & 63;
+	} else {
+		*scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+		*min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+	}
+}
+
+/*
+ * Elements k0 .. k0+7 of a row (k0 a multiple of 8, so they share one
+ * sub-block), with the CPU reference's arithmetic: d * (q - 16) for Q5_0,
+ * fmaf(d * sc, q, -(dmin * mn)) for Q4_K/Q5_K, d * scale * (q - 32) for
+ * Q6_K, so a weight widens to the same float on both backends.
+ */
+__device__ __forceinline__ void dq8(int dtype, const uint8_t *__restrict__ row, uint32_t k0, float w[8])
+{
+	if (dtype == KVT_DTYPE_Q5_0) {
+		const uint8_t *b = row + (size_t)(k0 / 32) * 22;
+		const uint32_t j0 = k0 % 32, qh = b[2] | b[3] << 8 | b[4] << 16 | (uint32_t)b[5] << 24;
+		const float d = ld_half(b);
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			const uint32_t j = j0 + i;
+			const int q = (j < 16 ? b[6 + j] & 15 : b[6 + j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+			w[i] = d * (float)(q - 16);
+		}
+		return;
+	}
+	const uint32_t j0 = k0 % 256;
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *b = row + (size_t)(k0 / 256) * 210;
+		const uint32_t half = j0 / 128, i4 = j0 % 128 / 32, l0 = j0 % 32;
+		const uint8_t *ql = b + 64 * half + l0 + 32 * (i4 & 1), *qh = b + 128 + 32 * half + l0;
+		const float ds = ld_half(b + 208) * (float)(int8_t)b[192 + j0 / 16];
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			const int q = ((i4 < 2 ? ql[i] & 15 : ql[i] >> 4) | ((qh[i] >> (2 * i4)) & 3) << 4) - 32;
+			w[i] = ds * (float)q;
+		}
+		return;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *b = row + (size_t)(k0 / 256) * (q5 ? 176 : 144);
+	const uint32_t sub = j0 / 32, l0 = j0 % 32;
+	const uint8_t *q = b + (q5 ? 48 : 16) + 32 * (sub / 2) + l0, *qh = b + 16 + l0;
+	int sc, mn;
+	kq_scale_min((int)sub, b + 4, &sc, &mn);
+	const float ds = ld_half(b) * (float)sc, ms = ld_half(b + 2) * (float)mn;
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		int v = sub & 1 ? q[i] >> 4 : q[i] & 15;
+		if (q5)
+			v |= ((qh[i] >> sub) & 1) << 4;
+		w[i] = fmaf(ds, (float)v, -ms);
+	}
+}
+
+/*
+ * The quantized GEMV for M <= GEMV_MAX_ROWS rows: one warp per output column
+ * n, each lane widening 8 consecutive weights at a time (lane l takes
+ * elements 8l .. 8l+7 of every 256), so the warp reads each 256-element
+ * stretch of the row once, contiguously, and x stays fp32.
+ */
+template <int M>
+__global__ void gemv_q_kernel(int dtype, const uint8_t *__restrict__ w, size_t row_bytes, const float *__restrict__ x,
+			      float *__restrict__ y, uint32_t K, uint32_t N, bool acc)
+{
+	uint32_t n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	int lane = threadIdx.x & 31;
+	if (n >= N)
+		return;
+	const uint8_t *row = w + (size_t)n * row_bytes;
+	float s[M];
+#pragma unroll
+	for (int m = 0; m < M; m++)
+		s[m] = 0.0f;
+	for (uint32_t k = lane * 8; k < K; k += 256) {
+		float wf[8];
+		dq8(dtype, row, k, wf);
+#pragma unroll
+		for (int m = 0; m < M; m++) {
+			const float *xm = x + (size_t)m * K + k;
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				s[m] += wf[i] * xm[i];
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		float v = warp_sum(s[m]);
+		if (lane == 0) {
+			float *o = y + (size_t)m * N + n;
+			*o = acc ? *o + v : v;
+		}
+	}
+}
+
+template <int M>
+static void launch_gemv_q(cudaStream_t st, const kvt_matmul_args *a)
+{
+	const int warps = 8;
+	gemv_q_kernel<M><<<div_up(a->n_out, warps), warps * 32, 0, st>>>(
+		a->w_dtype, (const uint8_t *)a->w, q_row_bytes(a->w_dtype, a->n_in), a->x, a->y, a->n_in,
+		a->n_out, a->accumulate);
+}
+
+/* Rows n0 .. n0+n_rows-1 of a quantized weight widened to fp16, [n_rows][K]; a thread per 8 elements. */
+__global__ void dequant_f16_kernel(int dtype, const uint8_t *__restrict__ w, size_t row_bytes, uint32_t K,
+				   uint32_t n0, uint32_t n_rows, __half *__restrict__ out)
+{
+	const uint64_t n8 = (uint64_t)n_rows * (K / 8);
+	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n8; i += (uint64_t)gridDim.x * blockDim.x) {
+		const uint32_t r = (uint32_t)(i / (K / 8)), k = (uint32_t)(i % (K / 8)) * 8;
+		float wf[8];
+		dq8(dtype, w + (size_t)(n0 + r) * row_bytes, k, wf);
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			out[(size_t)r * K + k + j] = __float2half_rn(wf[j]);
+	}
+}
+
+/*
+ * More rows: x to fp16, then per tile of weight rows widen them to fp16 in
+ * the workspace and run one cuBLAS GemmEx (fp32 accumulation), as the fp16
+ * path does with its stored weights.
+ */
+static int matmul_q_gemm(cuda_dev *c, const kvt_matmul_args *a, void *ws)
+{
+	const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
+	const int M = (int)a->n_rows, K = (int)a->n_in;
+	const size_t row_bytes = q_row_bytes(a->w_dtype, a->n_in);
+	__half *xh = (__half *)ws, *wh = xh + (((size_t)M * K + 127) & ~(size_t)127);
+	uint64_t n = (uint64_t)M * K;
+	f32_to_f16_kernel<<<div_up(n, 256) < 4096 ? div_up(n, 256) : 4096, 256, 0, c->stream>>>(a->x, xh, n);
+	int rc = LAUNCHED("f32_to_f16");
+	const uint32_t tile = qtile_rows(&c->base, a);
+	for (uint32_t n0 = 0; !rc && n0 < a->n_out; n0 += tile) {
+		const uint32_t nt = a->n_out - n0 < tile ? a->n_out - n0 : tile;
+		const uint64_t n8 = (uint64_t)nt * (K / 8);
+		dequant_f16_kernel<<<div_up(n8, 256) < 8192 ? div_up(n8, 256) : 8192, 256, 0, c->stream>>>(
+			a->w_dtype, (const uint8_t *)a->w, row_bytes, a->n_in, n0, nt, wh);
+		if ((rc = LAUNCHED("dequant_f16")))
+			break;
+		rc = blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nt, M, K, &alpha, wh, CUDA_R_16F, K, xh,
+					     CUDA_R_16F, K, &beta, a->y + n0, CUDA_R_32F, (int)a->n_out,
+					     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+				"gemm q->f16");
+	}
+	return rc;
+}
+
 static size_t cuda_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	if (a->w_dtype == KVT_DTYPE_F16 && a->n_rows > GEMV_MAX_ROWS)
 		return (size_t)a->n_rows * a->n_in * sizeof(__half);
+	if (is_kept_quant(a->w_dtype) && a->n_rows > GEMV_MAX_ROWS)
+		return ((((size_t)a->n_rows * a->n_in + 127) & ~(size_t)127) + (size_t)qtile_rows(d, a) * a->n_in) *
+		       sizeof(__half);
 	return 0;
 }
 
@@ -378,6 +580,21 @@ static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 		return blas_check(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const float *)a->w,
 					      K, a->x, K, &beta, a->y, N),
 				  "sgemm");
+	}
+	if (is_kept_quant(a->w_dtype)) {
+		if (a->n_rows > GEMV_MAX_ROWS)
+			return matmul_q_gemm(c, a, ws);
+		switch (a->n_rows) {
+		case 1: launch_gemv_q<1>(c->stream, a); break;
+		case 2: launch_gemv_q<2>(c->stream, a); break;
+		case 3: launch_gemv_q<3>(c->stream, a); break;
+		case 4: launch_gemv_q<4>(c->stream, a); break;
+		case 5: launch_gemv_q<5>(c->stream, a); break;
+		case 6: launch_gemv_q<6>(c->stream, a); break;
+		case 7: launch_gemv_q<7>(c->stream, a); break;
+		default: launch_gemv_q<8>(c->stream, a); break;
+		}
+		return LAUNCHED("gemv_q");
 	}
 	if (a->n_rows <= GEMV_MAX_ROWS) {
 		bool vec = K % 8 == 0 && ((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0;
@@ -514,10 +731,18 @@ __global__ void embed_kernel(kvt_embed_args a, int32_t *bad)
 		const float *row = (const float *)a.table + (size_t)id * a.n_dim;
 		for (uint32_t k = threadIdx.x; k < a.n_dim; k += blockDim.x)
 			y[k] = row[k];
-	} else {
+	} else if (a.table_dtype == KVT_DTYPE_F16) {
 		const __half *row = (const __half *)a.table + (size_t)id * a.n_dim;
 		for (uint32_t k = threadIdx.x; k < a.n_dim; k += blockDim.x)
 			y[k] = __half2float(row[k]);
+	} else { /* a kept quantized type: a thread per 8 elements */
+		const uint8_t *row = (const uint8_t *)a.table + (size_t)id * q_row_bytes(a.table_dtype, a.n_dim);
+		for (uint32_t k = threadIdx.x * 8; k < a.n_dim; k += blockDim.x * 8) {
+			float wf[8];
+			dq8(a.table_dtype, row, k, wf);
+			for (int i = 0; i < 8; i++)
+				y[k + i] = wf[i];
+		}
 	}
 }
 
@@ -1889,6 +2114,8 @@ extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
 		c->decode_version = dv[0] - '0';
 	else if (dv && strcmp(dv, "1") != 0)
 		KVT_LOGW("KVT_CUDA_DECODE=%s: not 1, 2 or 3; using decode attention 1", dv);
+	const char *qt = getenv("KVT_CUDA_QTILE"); /* tests: small tiles to cover the tiling */
+	c->qtile_elems = qt && atol(qt) > 0 ? (uint32_t)atol(qt) : QTILE_ELEMS;
 	snprintf(c->base.name, sizeof c->base.name, "cuda (%.48s, sm_%d%d, %.0f GiB)", prop.name, prop.major,
 		 prop.minor, (double)prop.totalGlobalMem / (1u << 30));
 	*out = &c->base;

@@ -84,7 +84,8 @@ static void *upload(fbuf *b, kvt_dev *d, const void *h, size_t n)
 /* Weights of dtype wdt from floats, as the loader would store them. */
 static void *make_weights(int wdt, const float *wf, size_t n, size_t *bytes)
 {
-	static const uint32_t ggml[] = { KVT_GGML_F32, KVT_GGML_F16, KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_Q4_1 };
+	static const uint32_t ggml[] = { KVT_GGML_F32, KVT_GGML_F16, KVT_GGML_Q8_0, KVT_GGML_Q4_0, KVT_GGML_Q4_1,
+					 KVT_GGML_Q5_0, KVT_GGML_Q4_K, KVT_GGML_Q5_K, KVT_GGML_Q6_K };
 	*bytes = kvt_dtype_row_bytes(wdt, n);
 	void *w = malloc(*bytes);
 	KVT_ASSERT(kvt_ggml_quantize(ggml[wdt], wf, w, n) == KVT_OK);
@@ -320,7 +321,7 @@ static void test_embed(uint32_t V, uint32_t D, int dt)
 	for (uint32_t m = 0; m < M; m++)
 		for (uint32_t k = 0; k < D; k++)
 			worst = fmaxf(worst, fabsf(o[0][m * D + k] - tf[(size_t)ids[m] * D + k]));
-	static const float tol[] = { 0, 1e-3f, 1.0f / 127, 1.0f / 7, 2.0f / 15 };
+	static const float tol[] = { 0, 1e-3f, 1.0f / 127, 1.0f / 7, 2.0f / 15, 1.0f / 15, 2.0f / 15, 1.0f / 15, 1.0f / 31 };
 	CHECKF(worst <= tol[dt], "embed %s: max error %g", kvt_dtype_name(dt), worst);
 	free(o[0]), free(o[1]), free(tf), free(tq);
 }
@@ -499,6 +500,106 @@ static void test_quant_layouts(void)
 		}
 }
 
+/*
+ * The new layouts element by element: every element of a row of random
+ * blocks (random bytes, finite scales) read through the matmul of both
+ * backends against e_k rows, and through embed, equals gguf.c's dequantizer
+ * (written separately and checked against gguf-py) on the same bytes.
+ */
+static void test_kquant_layouts(void)
+{
+	static const struct { int dt; uint32_t ggml, elems, bytes; } cases[] = {
+		{ KVT_DTYPE_Q5_0, KVT_GGML_Q5_0, 32, 22 },   { KVT_DTYPE_Q4_K, KVT_GGML_Q4_K, 256, 144 },
+		{ KVT_DTYPE_Q5_K, KVT_GGML_Q5_K, 256, 176 }, { KVT_DTYPE_Q6_K, KVT_GGML_Q6_K, 256, 210 } };
+	const uint32_t K = 512; /* two superblocks, 16 Q5_0 blocks */
+	float *x = calloc((size_t)K * K, 4), *want = malloc(K * 4), *y = malloc(K * 4);
+	uint8_t *row = malloc(K / 32 * 22 > K / 256 * 210 ? K / 32 * 22 : K / 256 * 210);
+	for (uint32_t k = 0; k < K; k++)
+		x[(size_t)k * K + k] = 1; /* row k of x is e_k */
+	for (size_t c = 0; c < sizeof(cases) / sizeof(*cases); c++) {
+		const size_t nbytes = K / cases[c].elems * cases[c].bytes;
+		for (size_t i = 0; i < nbytes; i++)
+			row[i] = (uint8_t)(check_rng_u64(&rng) >> 56);
+		for (size_t b = 0; b < K / cases[c].elems; b++) { /* scales: small finite halves */
+			uint8_t *blk = row + b * cases[c].bytes;
+			uint16_t h0 = kvt_f32_to_f16(0.01f * (1 + (float)b)), h1 = kvt_f32_to_f16(0.003f * (2 + (float)b));
+			if (cases[c].dt == KVT_DTYPE_Q6_K)
+				memcpy(blk + 208, &h0, 2);
+			else
+				memcpy(blk, &h0, 2);
+			if (cases[c].dt == KVT_DTYPE_Q4_K || cases[c].dt == KVT_DTYPE_Q5_K)
+				memcpy(blk + 2, &h1, 2);
+		}
+		CHECK(kvt_ggml_dequantize(cases[c].ggml, row, want, K) == KVT_OK);
+		kvt_dev *devs[2] = { ref, dut };
+		for (int i = 0; i < 2; i++) {
+			/* M = 4 takes the fast path's quantized GEMV, so also run rows 0..3 alone */
+			for (uint32_t M = K; M >= 4; M = M == K ? 4 : 0) {
+				fbuf bw, bx, by, bws;
+				kvt_matmul_args a = { .n_rows = M, .n_in = K, .n_out = 1, .w_dtype = cases[c].dt };
+				a.w = upload(&bw, devs[i], row, nbytes);
+				a.x = upload(&bx, devs[i], x, (size_t)M * K * 4);
+				a.y = fb_alloc(&by, devs[i], M * 4);
+				size_t wsb = kvt_dev_matmul_workspace_bytes(devs[i], &a);
+				void *ws = wsb ? fb_alloc(&bws, devs[i], wsb) : NULL;
+				CHECK(kvt_dev_matmul(devs[i], &a, ws) == KVT_OK);
+				kvt_dev_copy_d2h(devs[i], y, a.y, M * 4);
+				int bad = 0;
+				for (uint32_t k = 0; k < M; k++)
+					bad += fabsf(y[k] - want[k]) > 1e-6f * (1 + fabsf(want[k]));
+				CHECKF(bad == 0, "%s layout (matmul, %u rows) on %s: %d elements wrong",
+				       kvt_dtype_name(cases[c].dt), M, kvt_dev_name(devs[i]), bad);
+				if (ws)
+					fb_free(&bws);
+				fb_free(&bw), fb_free(&bx), fb_free(&by);
+			}
+			fbuf bt, bi, bo;
+			int32_t id = 0;
+			kvt_embed_args e = { .n_rows = 1, .n_dim = K, .n_vocab = 1, .table_dtype = cases[c].dt };
+			e.table = upload(&bt, devs[i], row, nbytes);
+			e.ids = upload(&bi, devs[i], &id, 4);
+			e.y = fb_alloc(&bo, devs[i], K * 4);
+			CHECK(kvt_dev_embed(devs[i], &e) == KVT_OK);
+			kvt_dev_copy_d2h(devs[i], y, e.y, K * 4);
+			/* NOTE: not bitwise: gnu11 lets the compiler fuse d * sc * q - dmin * mn
+			 * into an FMA in one file and not in the other */
+			int bad = 0;
+			for (uint32_t k = 0; k < K; k++)
+				bad += fabsf(y[k] - want[k]) > 1e-6f * (1 + fabsf(want[k]));
+			CHECKF(bad == 0, "%s layout (embed) on %s: %d elements wrong", kvt_dtype_name(cases[c].dt),
+			       kvt_dev_name(devs[i]), bad);
+			fb_free(&bt), fb_free(&bi), fb_free(&bo);
+		}
+	}
+	free(x), free(want), free(y), free(row);
+}
+
+/* Rows that are not whole blocks are refused, naming the dtype. */
+static void test_block_rows(void)
+{
+	float x[4 * 288] = { 0 }, y[4];
+	uint8_t w[2 * 210] = { 0 };
+	for (int dt = KVT_DTYPE_Q4_K; dt < KVT_DTYPE_COUNT; dt++) {
+		/* 288 = 9 x 32: whole 32-blocks but not whole superblocks */
+		kvt_matmul_args a = { .n_rows = 1, .n_in = 288, .n_out = 1, .w_dtype = dt, .w = w, .x = x, .y = y };
+		CHECKF(kvt_dev_matmul(ref, &a, NULL) == KVT_EINVAL, "%s with 288-element rows accepted",
+		       kvt_dtype_name(dt));
+		int32_t id = 0;
+		kvt_embed_args e = { .n_rows = 1, .n_dim = 288, .n_vocab = 1, .table_dtype = dt, .table = w,
+				     .ids = &id, .y = x };
+		CHECK(kvt_dev_embed(dut, &e) == KVT_EINVAL);
+	}
+	kvt_matmul_args a = { .n_rows = 1, .n_in = 48, .n_out = 1, .w_dtype = KVT_DTYPE_Q5_0, .w = w, .x = x, .y = y };
+	CHECK(kvt_dev_matmul(ref, &a, NULL) == KVT_EINVAL);
+	CHECK(kvt_dtype_row_bytes(KVT_DTYPE_Q5_0, 64) == 44 && kvt_dtype_row_bytes(KVT_DTYPE_Q4_K, 512) == 288);
+	CHECK(kvt_dtype_row_bytes(KVT_DTYPE_Q5_K, 256) == 176 && kvt_dtype_row_bytes(KVT_DTYPE_Q6_K, 768) == 630);
+	CHECK(kvt_dtype_block_elems(KVT_DTYPE_Q6_K) == 256 && kvt_dtype_block_elems(KVT_DTYPE_Q5_0) == 32);
+	CHECK(!strcmp(kvt_dtype_name(KVT_DTYPE_Q4_K), "q4_k") && !strcmp(kvt_dtype_name(KVT_DTYPE_Q6_K), "q6_k"));
+	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++)
+		CHECK(kvt_dev_supports_dtype(ref, dt) && kvt_dev_supports_dtype(dut, dt));
+	CHECK(!kvt_dev_supports_dtype(ref, KVT_DTYPE_COUNT));
+}
+
 static void test_f16_exhaustive(void)
 {
 	/* every finite half survives half -> float -> half exactly */
@@ -539,7 +640,13 @@ int main(void)
 	for (int dt = KVT_DTYPE_Q8_0; dt <= KVT_DTYPE_Q4_1; dt++)
 		for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++)
 			test_matmul(rows[i], i % 2 ? 576 : 64, i % 2 ? 300 : 49, dt, i % 3 == 0);
+	/* K-quants: rows of whole 256-element superblocks, one and several */
+	for (int dt = KVT_DTYPE_Q5_0; dt < KVT_DTYPE_COUNT; dt++)
+		for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++)
+			test_matmul(rows[i], i % 2 ? 768 : 256, i % 2 ? 300 : 49, dt, i % 3 == 0);
 	test_quant_layouts();
+	test_kquant_layouts();
+	test_block_rows();
 	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++)
 		printf("matmul %s: worst NMSE fast vs reference %.3g\n", kvt_dtype_name(dt), worst_nmse[dt]);
 	test_rows(1, 64);
@@ -551,8 +658,10 @@ int main(void)
 	test_rope_neox(3, 2, 64, 32, 10000.0f, 7);        /* partial rotary dims */
 	test_embed(50, 64, KVT_DTYPE_F32);
 	test_embed(50, 72, KVT_DTYPE_F16);
-	for (int dt = KVT_DTYPE_Q8_0; dt <= KVT_DTYPE_Q4_1; dt++)
+	for (int dt = KVT_DTYPE_Q8_0; dt <= KVT_DTYPE_Q5_0; dt++)
 		test_embed(40, 96, dt);
+	for (int dt = KVT_DTYPE_Q4_K; dt < KVT_DTYPE_COUNT; dt++)
+		test_embed(40, 512, dt);
 	/* n_kv, group, head_dim, block_tokens, previous tokens, new rows */
 	test_attention(1, 1, 64, 16, 0, 1);     /* one token */
 	test_attention(3, 3, 64, 16, 0, 21);    /* prefill, partial block, SmolLM2's GQA */

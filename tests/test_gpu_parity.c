@@ -12,6 +12,10 @@
  *   - matmul with fp16 weights and <= 8 rows (fp32 activations): 1e-10;
  *     more rows (activations rounded to fp16 for the tensor cores): 1e-5;
  *     fp32 weights (cublasSgemm, no TF32): 1e-10;
+ *   - Q5_0/Q4_K/Q5_K/Q6_K weights kept as stored: the GEMV (<= 8 rows, the
+ *     weights widened to the same floats, x fp32) 1e-10 (1e-8 for the CPU
+ *     fast path standing in, whose GEMV rounds x to int16); more rows (the
+ *     fp16 tile GEMM) 1e-5, and its tiling bitwise against one tile;
  *   - rmsnorm, swiglu, add: 1e-12; rope (sincosf vs glibc): 1e-10;
  *   - attention (exp and summation order differ): 1e-9.
  * argmax must agree exactly (ties go to the lowest index on both), and so
@@ -196,6 +200,88 @@ static void test_matmul(void)
 					free(y0);
 					free(wh);
 				}
+}
+
+/*
+ * Q5_0 and the K-quants kept as stored: the GEMV (<= 8 rows, fp32 x; the
+ * CPU fast path in the GPU's place quantizes x to int16, hence its looser
+ * bound) and the fp16 tile GEMM (more rows), whose tiling a device made
+ * with KVT_CUDA_QTILE set small covers; embedding rows bitwise.
+ */
+static void test_matmul_quant(void)
+{
+	static const uint32_t Ms[] = { 1, 5, 8, 9, 33 }, Ns[] = { 1, 37, 300 };
+	static const struct { int dt; uint32_t ggml; } types[] = { { KVT_DTYPE_Q5_0, KVT_GGML_Q5_0 },
+		{ KVT_DTYPE_Q4_K, KVT_GGML_Q4_K }, { KVT_DTYPE_Q5_K, KVT_GGML_Q5_K }, { KVT_DTYPE_Q6_K, KVT_GGML_Q6_K } };
+	const bool real_gpu = kvt_dev_kind(gpu) == KVT_DEV_CUDA;
+	kvt_dev *gpu_tiled = NULL;
+	if (real_gpu) {
+		kvt_dev_config gc = { .kind = KVT_DEV_CUDA };
+		setenv("KVT_CUDA_QTILE", "16384", 1); /* 64 rows of 256 per GEMM tile */
+		if (kvt_dev_create(&gc, &gpu_tiled))
+			abort();
+		unsetenv("KVT_CUDA_QTILE");
+	}
+	for (size_t t = 0; t < 4; t++)
+		for (size_t mi = 0; mi < 5; mi++)
+			for (size_t ni = 0; ni < 3; ni++) {
+				const int dt = types[t].dt;
+				const uint32_t M = Ms[mi], N = Ns[ni], K = (mi + ni) % 2 ? 768 : 256;
+				bool acc = mi % 2;
+				float *x = rand_f32((size_t)M * K, 1.0f), *wf = rand_f32((size_t)N * K, 0.1f);
+				float *y0 = rand_f32((size_t)M * N, 1.0f);
+				size_t wb = kvt_dtype_row_bytes(dt, K) * N;
+				void *wq = malloc(wb);
+				CHECK(kvt_ggml_quantize(types[t].ggml, wf, wq, (uint64_t)N * K) == KVT_OK);
+				buf2 bx = both(x, (size_t)M * K * 4), by = both(y0, (size_t)M * N * 4), bw = both(wq, wb);
+				kvt_matmul_args a = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = dt, .accumulate = acc };
+				a.w = bw.c, a.x = bx.c, a.y = by.c;
+				CHECK(kvt_dev_matmul(cpu, &a, NULL) == KVT_OK);
+				a.w = bw.g, a.x = bx.g, a.y = by.g;
+				void *wg = ws(gpu, kvt_dev_matmul_workspace_bytes(gpu, &a));
+				CHECK(kvt_dev_matmul(gpu, &a, wg) == KVT_OK);
+				double e = cmp_f32(&by, (size_t)M * N);
+				double tol = M > 8 ? 1e-5 : real_gpu ? 1e-10 : 1e-8;
+				CHECKF(e <= tol, "matmul %s M%u K%u N%u acc %d: nmse %.3g", kvt_dtype_name(dt), M, K, N, acc,
+				       e);
+				kvt_dev_free(gpu, wg);
+				if (gpu_tiled && M > 8 && N == 300) {
+					/* the same on 64-row tiles: 5 GEMMs, the last one partial */
+					void *wt = ws(gpu_tiled, kvt_dev_matmul_workspace_bytes(gpu_tiled, &a));
+					float *hy = malloc((size_t)M * N * 4), *ht = malloc((size_t)M * N * 4), *yt = NULL;
+					CHECK(kvt_dev_alloc(gpu_tiled, (size_t)M * N * 4, (void **)&yt) == KVT_OK);
+					CHECK(kvt_dev_copy_h2d(gpu_tiled, yt, y0, (size_t)M * N * 4) == KVT_OK);
+					a.y = yt;
+					CHECK(kvt_dev_matmul(gpu_tiled, &a, wt) == KVT_OK);
+					down(gpu_tiled, ht, yt, (size_t)M * N * 4);
+					down(gpu, hy, by.g, (size_t)M * N * 4);
+					CHECKF(!memcmp(hy, ht, (size_t)M * N * 4), "matmul %s M%u N%u: 64-row tiles differ",
+					       kvt_dtype_name(dt), M, N);
+					kvt_dev_free(gpu_tiled, yt);
+					kvt_dev_free(gpu_tiled, wt);
+					free(hy), free(ht);
+				}
+				both_free(&bx), both_free(&by), both_free(&bw);
+				free(x), free(wf), free(y0), free(wq);
+			}
+	for (size_t t = 0; t < 4; t++) {
+		const uint32_t V = 50, D = 512, M = 6;
+		float *tf = rand_f32((size_t)V * D, 1.0f);
+		size_t tb = kvt_dtype_row_bytes(types[t].dt, D) * V;
+		void *tq = malloc(tb);
+		CHECK(kvt_ggml_quantize(types[t].ggml, tf, tq, (uint64_t)V * D) == KVT_OK);
+		int32_t ids[6] = { 0, 49, 5, 5, 25, 1 };
+		buf2 bt = both(tq, tb), bi = both(ids, sizeof ids), by = both(tf, (size_t)M * D * 4);
+		kvt_embed_args a = { .n_rows = M, .n_dim = D, .n_vocab = V, .table_dtype = types[t].dt };
+		a.table = bt.c, a.ids = bi.c, a.y = by.c;
+		CHECK(kvt_dev_embed(cpu, &a) == KVT_OK);
+		a.table = bt.g, a.ids = bi.g, a.y = by.g;
+		CHECK(kvt_dev_embed(gpu, &a) == KVT_OK);
+		CHECKF(cmp_bytes(by.c, by.g, (size_t)M * D * 4), "embed %s", kvt_dtype_name(types[t].dt));
+		both_free(&bt), both_free(&bi), both_free(&by);
+		free(tf), free(tq);
+	}
+	kvt_dev_destroy(gpu_tiled);
 }
 
 static void test_rows(void)
@@ -615,6 +701,21 @@ static void test_greedy(void)
 		printf("greedy %s weights: %d of %d tokens agree\n", kvt_dtype_name(wdt), agree, N);
 		CHECKF(agree == N, "greedy %s: first difference at token %d", kvt_dtype_name(wdt), agree);
 	}
+	/* the same model as a Q4_K_M-style file (Q4_K, attn_v and ffn_down Q6_K), kept as stored */
+	cfg.weight_type = KVT_GGML_Q4_K;
+	cfg.q4_k_m_mix = true;
+	CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
+	{
+		enum { N = 48 };
+		int32_t tc[N] = { 0 }, tg[N] = { 0 };
+		greedy(cpu, path, KVT_DTYPE_F16, tc, N);
+		greedy(gpu, path, KVT_DTYPE_F16, tg, N);
+		int agree = 0;
+		while (agree < N && tc[agree] == tg[agree])
+			agree++;
+		printf("greedy q4_k_m weights (kept): %d of %d tokens agree\n", agree, N);
+		CHECKF(agree == N, "greedy q4_k_m: first difference at token %d", agree);
+	}
 	unlink(path);
 	rmdir(dir);
 }
@@ -655,6 +756,7 @@ int main(void)
 	}
 	test_copies();
 	test_matmul();
+	test_matmul_quant();
 	test_rows();
 	test_rope_embed();
 	test_attention();

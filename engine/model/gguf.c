@@ -32,7 +32,10 @@
  *
  * The quantizers follow ggml's reference ("_ref") quantizers' arithmetic
  * operation for operation, so a tensor quantized here has the bytes llama.cpp
- * would write for the same floats. The file format and the block layouts are
+ * would write for the same floats (the K-quants with no importance matrix).
+ * NOTE: that takes every fp32 product rounded on its own: this file is built
+ * with -ffp-contract=off (CMakeLists.txt), since a fused multiply-add in the
+ * K-quants' least-squares fits moves a few scales by one step. The file format and the block layouts are
  * little-endian; so is every host we build for (checked below).
  */
 #include "gguf.h"
@@ -365,21 +368,298 @@ static void q_q4_1(const float *src, uint8_t *dst, uint64_t n_blocks)
 	}
 }
 
+/* ggml quantize_row_q5_0_ref: d = (value of largest magnitude) / -16, q = trunc(x/d + 16.5) <= 31. */
+static void q_q5_0(const float *src, uint8_t *dst, uint64_t n_blocks)
+{
+	for (uint64_t b = 0; b < n_blocks; b++, src += 32, dst += 22) {
+		float amax = 0.0f, max = 0.0f;
+		for (int j = 0; j < 32; j++) {
+			if (amax < fabsf(src[j])) {
+				amax = fabsf(src[j]);
+				max = src[j];
+			}
+		}
+		float d = max / -16;
+		float id = d != 0.0f ? 1.0f / d : 0.0f;
+		uint32_t qh = 0;
+		st_f16(dst, d);
+		for (int j = 0; j < 16; j++) {
+			int x0 = trunc_clamp(src[j] * id + 16.5f, 0, 31);
+			int x1 = trunc_clamp(src[j + 16] * id + 16.5f, 0, 31);
+			dst[6 + j] = (uint8_t)((x0 & 15) | ((x1 & 15) << 4));
+			qh |= (uint32_t)(x0 >> 4) << j | (uint32_t)(x1 >> 4) << (j + 16);
+		}
+		memcpy(dst + 2, &qh, 4);
+	}
+}
+
+/* ggml's nearest_int: round half to even in fp32 (the default rounding mode). */
+static inline int near_int(float v)
+{
+	return (int)lrintf(v);
+}
+
+static inline int clampi(int v, int lo, int hi)
+{
+	return v < lo ? lo : v > hi ? hi : v;
+}
+
+/*
+ * ggml make_qkx2_quants: n values to levels 0..nmax with a scale and a min
+ * (x ~ scale * L - the_min), weighted least squares over nstep + 1 trial
+ * reciprocal scales around nmax / (max - min). Returns the scale.
+ */
+static float qkx2_levels(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min,
+			 float rmin, float rdelta, int nstep)
+{
+	uint8_t aux[32];
+	float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+	for (int i = 1; i < n; i++) {
+		min = x[i] < min ? x[i] : min;
+		max = x[i] > max ? x[i] : max;
+		sum_w += w[i];
+		sum_x += w[i] * x[i];
+	}
+	if (min > 0)
+		min = 0;
+	if (max == min) {
+		memset(L, 0, (size_t)n);
+		*the_min = -min;
+		return 0.0f;
+	}
+	float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
+	for (int i = 0; i < n; i++) {
+		L[i] = (uint8_t)clampi(near_int(iscale * (x[i] - min)), 0, nmax);
+		float diff = scale * L[i] + min - x[i];
+		best += w[i] * diff * diff;
+	}
+	for (int is = 0; is <= nstep; is++) {
+		iscale = (rmin + rdelta * is + nmax) / (max - min);
+		float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+		for (int i = 0; i < n; i++) {
+			int l = clampi(near_int(iscale * (x[i] - min)), 0, nmax);
+			aux[i] = (uint8_t)l;
+			sum_l += w[i] * l;
+			sum_l2 += w[i] * l * l;
+			sum_xl += w[i] * l * x[i];
+		}
+		float D = sum_w * sum_l2 - sum_l * sum_l;
+		if (D > 0) {
+			float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+			float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+			if (this_min > 0) {
+				this_min = 0;
+				this_scale = sum_xl / sum_l2;
+			}
+			float err = 0;
+			for (int i = 0; i < n; i++) {
+				float diff = this_scale * aux[i] + this_min - x[i];
+				err += w[i] * diff * diff;
+			}
+			if (err < best) {
+				memcpy(L, aux, (size_t)n);
+				best = err;
+				scale = this_scale;
+				min = this_min;
+			}
+		}
+	}
+	*the_min = -min;
+	return scale;
+}
+
+/*
+ * ggml quantize_row_q4_K_ref / q5_K_ref: per 32-element sub-block a weighted
+ * (scale, min) fit (weights sqrt(mean x^2) + |x|), both quantized to 6 bits
+ * against the superblock's largest (d = max scale / 63, dmin = max min / 63),
+ * then each value re-quantized with its rounded scale and min.
+ */
+static void q_k_4_5(const float *src, uint8_t *dst, int nmax, float rmin, int nstep)
+{
+	const bool q5 = nmax == 31;
+	float scales[8], mins[8], w[32], max_scale = 0, max_min = 0;
+	uint8_t L[256], *sc = dst + 4;
+
+	for (int j = 0; j < 8; j++) {
+		const float *x = src + 32 * j;
+		float sum_x2 = 0;
+		for (int l = 0; l < 32; l++)
+			sum_x2 += x[l] * x[l];
+		float av_x = sqrtf(sum_x2 / 32);
+		for (int l = 0; l < 32; l++)
+			w[l] = av_x + fabsf(x[l]);
+		scales[j] = qkx2_levels(32, nmax, x, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep);
+		max_scale = scales[j] > max_scale ? scales[j] : max_scale;
+		max_min = mins[j] > max_min ? mins[j] : max_min;
+	}
+	float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+	memset(sc, 0, 12);
+	for (int j = 0; j < 8; j++) {
+		int ls = near_int(inv_scale * scales[j]), lm = near_int(inv_min * mins[j]);
+		ls = ls > 63 ? 63 : ls;
+		lm = lm > 63 ? 63 : lm;
+		if (j < 4) {
+			sc[j] = (uint8_t)ls;
+			sc[j + 4] = (uint8_t)lm;
+		} else {
+			sc[j + 4] = (uint8_t)((ls & 15) | ((lm & 15) << 4));
+			sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+			sc[j] |= (uint8_t)((lm >> 4) << 6);
+		}
+	}
+	st_f16(dst, max_scale / 63.f);
+	st_f16(dst + 2, max_min / 63.f);
+	const float d = ld_f16(dst), dmin = ld_f16(dst + 2);
+	for (int j = 0; j < 8; j++) {
+		uint8_t s6, m6;
+		q4_k_scale_min(j, sc, &s6, &m6);
+		const float dj = d * s6;
+		if (dj == 0.0f)
+			continue; /* NOTE: keeps the levels of the fit, as ggml does */
+		const float dm = dmin * m6;
+		for (int l = 0; l < 32; l++)
+			L[32 * j + l] = (uint8_t)clampi(near_int((src[32 * j + l] + dm) / dj), 0, nmax);
+	}
+	uint8_t *qh = dst + 16, *qs = dst + (q5 ? 48 : 16);
+	if (q5)
+		memset(qh, 0, 32);
+	for (int c = 0; c < 4; c++, qs += 32)
+		for (int l = 0; l < 32; l++) {
+			int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+			if (q5) {
+				qh[l] |= (uint8_t)((lo >> 4) << (2 * c) | (hi >> 4) << (2 * c + 1));
+				lo &= 15, hi &= 15;
+			}
+			qs[l] = (uint8_t)(lo | hi << 4);
+		}
+}
+
+static void q_q4_k(const float *src, uint8_t *dst, uint64_t n_blocks)
+{
+	for (uint64_t b = 0; b < n_blocks; b++)
+		q_k_4_5(src + 256 * b, dst + 144 * b, 15, -1.0f, 20);
+}
+
+static void q_q5_k(const float *src, uint8_t *dst, uint64_t n_blocks)
+{
+	for (uint64_t b = 0; b < n_blocks; b++)
+		q_k_4_5(src + 256 * b, dst + 176 * b, 31, -0.5f, 15);
+}
+
+#define GROUP_MAX_EPS 1e-15f /* ggml: a group whose largest |x| is below this quantizes to zeros */
+
+/*
+ * ggml make_qx_quants with rmse_type 1 (weights x^2): n values to signed
+ * levels -nmax..nmax-1 (stored + nmax), trying 19 reciprocal scales around
+ * -nmax / max and keeping the best weighted fit. Returns the scale.
+ */
+static float qx_levels(int n, int nmax, const float *x, uint8_t *L)
+{
+	float max = 0, amax = 0;
+	for (int i = 0; i < n; i++) {
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			max = x[i];
+		}
+	}
+	if (amax < GROUP_MAX_EPS) {
+		memset(L, 0, (size_t)n);
+		return 0.0f;
+	}
+	float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+	for (int i = 0; i < n; i++) {
+		int l = clampi(near_int(iscale * x[i]), -nmax, nmax - 1);
+		L[i] = (uint8_t)(l + nmax);
+		float w = x[i] * x[i];
+		sumlx += w * x[i] * l;
+		suml2 += w * l * l;
+	}
+	float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+	for (int is = -9; is <= 9; is++) {
+		if (is == 0)
+			continue;
+		iscale = -(nmax + 0.1f * is) / max;
+		sumlx = suml2 = 0;
+		for (int i = 0; i < n; i++) {
+			int l = clampi(near_int(iscale * x[i]), -nmax, nmax - 1);
+			float w = x[i] * x[i];
+			sumlx += w * x[i] * l;
+			suml2 += w * l * l;
+		}
+		if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+			for (int i = 0; i < n; i++)
+				L[i] = (uint8_t)(nmax + clampi(near_int(iscale * x[i]), -nmax, nmax - 1));
+			scale = sumlx / suml2;
+			best = scale * sumlx;
+		}
+	}
+	return scale;
+}
+
+/*
+ * ggml quantize_row_q6_K_ref: 16 sub-blocks of 16 fitted by qx_levels, their
+ * scales to int8 against the one of largest magnitude (d = max / -128), then
+ * each value re-quantized with its rounded scale.
+ */
+static void q_q6_k(const float *src, uint8_t *dst, uint64_t n_blocks)
+{
+	for (uint64_t b = 0; b < n_blocks; b++, src += 256, dst += 210) {
+		float scales[16], max_scale = 0, max_abs = 0;
+		uint8_t L[256];
+		int8_t *sc = (int8_t *)(dst + 192);
+		for (int ib = 0; ib < 16; ib++) {
+			scales[ib] = qx_levels(16, 32, src + 16 * ib, L + 16 * ib);
+			if (fabsf(scales[ib]) > max_abs) {
+				max_abs = fabsf(scales[ib]);
+				max_scale = scales[ib];
+			}
+		}
+		if (max_abs < GROUP_MAX_EPS) {
+			memset(dst, 0, 210);
+			continue;
+		}
+		float iscale = -128.0f / max_scale;
+		st_f16(dst + 208, 1 / iscale);
+		for (int ib = 0; ib < 16; ib++) {
+			int v = near_int(iscale * scales[ib]);
+			sc[ib] = (int8_t)(v > 127 ? 127 : v);
+		}
+		const float d0 = ld_f16(dst + 208);
+		for (int j = 0; j < 16; j++) {
+			const float d = d0 * sc[j];
+			if (d == 0.0f)
+				continue;
+			for (int i = 0; i < 16; i++)
+				L[16 * j + i] = (uint8_t)(32 + clampi(near_int(src[16 * j + i] / d), -32, 31));
+		}
+		uint8_t *ql = dst, *qh = dst + 128;
+		for (int half = 0; half < 2; half++, ql += 64, qh += 32) {
+			const uint8_t *Lh = L + 128 * half;
+			for (int l = 0; l < 32; l++) {
+				ql[l] = (uint8_t)((Lh[l] & 15) | (Lh[l + 64] & 15) << 4);
+				ql[l + 32] = (uint8_t)((Lh[l + 32] & 15) | (Lh[l + 96] & 15) << 4);
+				qh[l] = (uint8_t)(Lh[l] >> 4 | (Lh[l + 32] >> 4) << 2 | (Lh[l + 64] >> 4) << 4 |
+						  (Lh[l + 96] >> 4) << 6);
+			}
+		}
+	}
+}
+
 /* Indexed by ggml type number; block sizes as in ggml's type traits. */
 static const ggml_type_info ggml_types[] = {
 	[KVT_GGML_F32] = { "F32", 1, 4, dq_f32, q_f32 },
 	[KVT_GGML_F16] = { "F16", 1, 2, dq_f16, q_f16 },
 	[KVT_GGML_Q4_0] = { "Q4_0", 32, 18, dq_q4_0, q_q4_0 },
 	[KVT_GGML_Q4_1] = { "Q4_1", 32, 20, dq_q4_1, q_q4_1 },
-	[KVT_GGML_Q5_0] = { "Q5_0", 32, 22, dq_q5_0, NULL },
+	[KVT_GGML_Q5_0] = { "Q5_0", 32, 22, dq_q5_0, q_q5_0 },
 	[KVT_GGML_Q5_1] = { "Q5_1", 32, 24, NULL, NULL },
 	[KVT_GGML_Q8_0] = { "Q8_0", 32, 34, dq_q8_0, q_q8_0 },
 	[KVT_GGML_Q8_1] = { "Q8_1", 32, 36, NULL, NULL },
 	[KVT_GGML_Q2_K] = { "Q2_K", 256, 84, NULL, NULL },
 	[KVT_GGML_Q3_K] = { "Q3_K", 256, 110, NULL, NULL },
-	[KVT_GGML_Q4_K] = { "Q4_K", 256, 144, dq_q4_k, NULL },
-	[KVT_GGML_Q5_K] = { "Q5_K", 256, 176, dq_q5_k, NULL },
-	[KVT_GGML_Q6_K] = { "Q6_K", 256, 210, dq_q6_k, NULL },
+	[KVT_GGML_Q4_K] = { "Q4_K", 256, 144, dq_q4_k, q_q4_k },
+	[KVT_GGML_Q5_K] = { "Q5_K", 256, 176, dq_q5_k, q_q5_k },
+	[KVT_GGML_Q6_K] = { "Q6_K", 256, 210, dq_q6_k, q_q6_k },
 	[KVT_GGML_Q8_K] = { "Q8_K", 256, 292, NULL, NULL },
 	[16] = { "IQ2_XXS", 256, 66, NULL, NULL },
 	[17] = { "IQ2_XS", 256, 74, NULL, NULL },

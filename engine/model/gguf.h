@@ -179,9 +179,10 @@ int kvt_gguf_tensor_to_f32(const kvt_gguf *g, const kvt_gguf_tensor *t, float *d
  */
 int kvt_ggml_dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
 /*
- * Quantize n floats (a multiple of the block) to F32/F16/BF16/Q8_0/Q4_0/Q4_1
- * with ggml's reference quantizers' arithmetic (byte-identical to llama.cpp
- * and gguf-py). KVT_EUNSUPPORTED for other types, KVT_EINVAL for a partial
+ * Quantize n floats (a multiple of the block) to F32/F16/BF16/Q8_0/Q4_0/Q4_1/
+ * Q5_0/Q4_K/Q5_K/Q6_K with ggml's reference quantizers' arithmetic
+ * (byte-identical to llama.cpp's ggml with no importance matrix, and to
+ * gguf-py where it quantizes the type). KVT_EUNSUPPORTED for other types, KVT_EINVAL for a partial
  * block or a non-finite input to a block type; both logged.
  */
 int kvt_ggml_quantize(uint32_t type, const float *src, void *dst, uint64_t n);

@@ -288,6 +288,10 @@ static int stored_dtype(uint32_t ggml_type)
 	case KVT_GGML_Q8_0: return KVT_DTYPE_Q8_0;
 	case KVT_GGML_Q4_0: return KVT_DTYPE_Q4_0;
 	case KVT_GGML_Q4_1: return KVT_DTYPE_Q4_1;
+	case KVT_GGML_Q5_0: return KVT_DTYPE_Q5_0;
+	case KVT_GGML_Q4_K: return KVT_DTYPE_Q4_K;
+	case KVT_GGML_Q5_K: return KVT_DTYPE_Q5_K;
+	case KVT_GGML_Q6_K: return KVT_DTYPE_Q6_K;
 	}
 	return -1;
 }
@@ -321,8 +325,18 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 		return rc;
 	size_t n = (size_t)t->n_elems;
 	int keep = stored_dtype(t->type);
+	uint32_t be = 1, bb;
+	kvt_ggml_type_block(t->type, &be, &bb);
 	if (out_dtype && m->cfg.keep_quantized && keep >= 0 && kvt_dev_supports_dtype(m->dev, keep))
 		dtype = keep;
+	else if (out_dtype && be > 1)
+		/* a block-quantized matrix (a type without kernels, or one this backend lacks)
+		 * costs 16 or 32 bits a weight from here on; said at info level unless the
+		 * config asked for it */
+		kvt_log(m->cfg.keep_quantized ? KVT_LOG_INFO : KVT_LOG_DEBUG, "%s: %s: %s widened to %s (%s)", path,
+			name, kvt_ggml_type_name(t->type), kvt_dtype_name(dtype),
+			!m->cfg.keep_quantized ? "quantized weights not kept" : keep < 0 ? "no kernels for the type"
+										   : "the backend has no kernels for it");
 	size_t bytes = kvt_dtype_row_bytes(dtype, n);
 	for (size_t i = 0; i < n; i++) {
 		if (!isfinite(tmp[i])) {

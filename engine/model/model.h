@@ -15,11 +15,12 @@
  *
  * Loading reads the architecture from GGUF metadata ({arch}.block_count,
  * ...), checks every tensor's presence, shape and values, and stores it on the
- * device: a matrix stored block-quantized (Q8_0, Q4_0, Q4_1) stays so when the
- * backend multiplies that form directly (a decode step is bound by reading
- * the weights: Q4_1 is 4.5 bits a weight against fp16's 16); every other
- * tensor is dequantized to the weight dtype (fp16 by default, fp32 on
- * request). Norm weights are fp32. All activation buffers and the op workspace are allocated once
+ * device: a matrix stored block-quantized (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K,
+ * Q6_K) stays so when the backend multiplies that form directly (a decode step
+ * is bound by reading the weights: Q4_K is 4.5 bits a weight against fp16's
+ * 16); every other tensor is dequantized to the weight dtype (fp16 by default,
+ * fp32 on request), and a block-quantized matrix that is widened so gets an
+ * info log line naming it, its type and why. Norm weights are fp32. All activation buffers and the op workspace are allocated once
  * here, for a maximum batch of max_batch tokens and a context of max_ctx, so
  * the forward pass allocates nothing.
  *
@@ -74,7 +75,7 @@ static inline bool kvt_model_layer_is_local(const kvt_model_hparams *hp, uint32_
 
 typedef struct kvt_model_config {
 	int weight_dtype;    /* enum kvt_dtype for dequantized matrices: F16 (default) or F32 */
-	bool keep_quantized; /* keep Q8_0/Q4_0/Q4_1 matrices as stored where the backend takes them (default) */
+	bool keep_quantized; /* keep block-quantized matrices (Q8_0 ... Q6_K) as stored where the backend takes them (default) */
 	uint32_t max_batch;  /* tokens per forward chunk (prefill is split into chunks of this) */
 	uint32_t max_ctx;    /* longest sequence (0: the trained context) */
 } kvt_model_config;

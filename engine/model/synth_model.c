@@ -231,10 +231,15 @@ static int check_config(const kvt_synth_llama *c)
 	switch (c->weight_type) {
 	case KVT_GGML_F32: case KVT_GGML_F16: case KVT_GGML_BF16:
 	case KVT_GGML_Q8_0: case KVT_GGML_Q4_0: case KVT_GGML_Q4_1:
+	case KVT_GGML_Q5_0: case KVT_GGML_Q4_K: case KVT_GGML_Q5_K: case KVT_GGML_Q6_K:
 		break;
 	default:
-		KVT_LOGE("synth model: weight_type %s is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1",
+		KVT_LOGE("synth model: weight_type %s is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K",
 			 kvt_ggml_type_name(c->weight_type));
+		return KVT_EINVAL;
+	}
+	if (c->q4_k_m_mix && c->weight_type != KVT_GGML_Q4_K) {
+		KVT_LOGE("synth model: q4_k_m_mix needs weight_type Q4_K, not %s", kvt_ggml_type_name(c->weight_type));
 		return KVT_EINVAL;
 	}
 	kvt_ggml_type_block(c->weight_type, &be, &bb);
@@ -247,13 +252,17 @@ static int check_config(const kvt_synth_llama *c)
 }
 
 /* llama.cpp's general.file_type (LLAMA_FTYPE_*) for the weight type. */
-static uint32_t file_type(uint32_t weight_type)
+static uint32_t file_type(uint32_t weight_type, bool mix)
 {
 	switch (weight_type) {
 	case KVT_GGML_F16: return 1;
 	case KVT_GGML_Q4_0: return 2;
 	case KVT_GGML_Q4_1: return 3;
 	case KVT_GGML_Q8_0: return 7;
+	case KVT_GGML_Q5_0: return 8;
+	case KVT_GGML_Q4_K: return mix ? 15 : 14; /* Q4_K_M : Q4_K_S */
+	case KVT_GGML_Q5_K: return 16;            /* Q5_K_S */
+	case KVT_GGML_Q6_K: return 18;
 	case KVT_GGML_BF16: return 32;
 	}
 	return 0; /* ALL_F32 */
@@ -299,7 +308,7 @@ static int add_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c, const synt
 	    (rc = kvt_gguf_writer_add_str(w, "general.type", "model")) ||
 	    (rc = kvt_gguf_writer_add_str(w, "general.name", "kvtier synthetic llama")) ||
 	    (rc = kvt_gguf_writer_add_u32(w, "general.alignment", KVT_GGUF_DEFAULT_ALIGNMENT)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, "general.file_type", file_type(c->weight_type))) ||
+	    (rc = kvt_gguf_writer_add_u32(w, "general.file_type", file_type(c->weight_type, c->q4_k_m_mix))) ||
 	    (rc = kvt_gguf_writer_add_u32(w, "general.quantization_version", 2)) ||
 	    (rc = kvt_gguf_writer_add_u32(w, KEY("block_count"), c->n_layer)) ||
 	    (rc = kvt_gguf_writer_add_u32(w, KEY("context_length"), c->n_ctx)) ||
@@ -384,8 +393,12 @@ static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
 		};
 		for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
 			snprintf(name, sizeof(name), "blk.%u.%s.weight", l, t[i].n);
-			/* Norm weights stay F32, as in real conversions. */
-			if ((rc = add_weight(w, name, t[i].ne1 ? wt : KVT_GGML_F32, t[i].ne0, t[i].ne1,
+			/* Norm weights stay F32, as in real conversions; a Q4_K_M mix keeps
+			 * attn_v and ffn_down in Q6_K (llama.cpp does so for some layers) */
+			uint32_t type = t[i].ne1 ? wt : KVT_GGML_F32;
+			if (c->q4_k_m_mix && (!strcmp(t[i].n, "attn_v") || !strcmp(t[i].n, "ffn_down")))
+				type = KVT_GGML_Q6_K;
+			if ((rc = add_weight(w, name, type, t[i].ne0, t[i].ne1,
 					     t[i].center, t[i].scale, c->seed)))
 				return rc;
 		}

@@ -33,8 +33,10 @@ typedef struct kvt_synth_llama {
 	uint32_t n_ctx;       /* llama.context_length */
 	float rope_base;      /* llama.rope.freq_base; 0: 10000 */
 	float rms_eps;        /* llama.attention.layer_norm_rms_epsilon; 0: 1e-5 */
-	uint32_t weight_type; /* enum kvt_ggml_type of the 2-D weights: F32, F16, BF16, Q8_0, Q4_0, Q4_1
-	                         (block types need n_embd and n_ff divisible by 32) */
+	uint32_t weight_type; /* enum kvt_ggml_type of the 2-D weights: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+	                         Q5_0, Q4_K, Q5_K, Q6_K (block types need n_embd and n_ff divisible
+	                         by the block: 32, or 256 for the K-quants) */
+	bool q4_k_m_mix;      /* weight_type Q4_K with attn_v and ffn_down in Q6_K, as in a Q4_K_M file */
 	bool tied_embeddings; /* true: no output.weight (the output projection is token_embd) */
 	uint64_t seed;        /* weight generator seed */
 	const char *arch;     /* general.architecture: NULL or "llama", "mistral" (Llama's tensors
