@@ -125,6 +125,60 @@ int kvt_dev_sync(kvt_dev *d)
 	return d->ops->sync(d);
 }
 
+void kvt_dev_counters_get(const kvt_dev *d, kvt_dev_counters *out)
+{
+	const uint64_t *src = (const uint64_t *)&d->ctr;
+	uint64_t *dst = (uint64_t *)out;
+	for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+void kvt_dev_counters_reset(kvt_dev *d)
+{
+	uint64_t *c = (uint64_t *)&d->ctr;
+	for (size_t i = 0; i < sizeof d->ctr / sizeof(uint64_t); i++)
+		__atomic_store_n(&c[i], 0, __ATOMIC_RELAXED);
+}
+
+bool kvt_dev_graphs_supported(const kvt_dev *d)
+{
+	return d->ops->capture_begin != NULL;
+}
+
+int kvt_dev_capture_begin(kvt_dev *d)
+{
+	if (!d->ops->capture_begin) {
+		KVT_LOGE("dev.capture_begin: the %s backend has no graphs", d->ops->name);
+		return KVT_EUNSUPPORTED;
+	}
+	return d->ops->capture_begin(d);
+}
+
+int kvt_dev_capture_end(kvt_dev *d, kvt_graph **out)
+{
+	if (!out)
+		BAD("capture_end", "NULL out");
+	*out = NULL;
+	if (!d->ops->capture_end) {
+		KVT_LOGE("dev.capture_end: the %s backend has no graphs", d->ops->name);
+		return KVT_EUNSUPPORTED;
+	}
+	return d->ops->capture_end(d, out);
+}
+
+int kvt_dev_graph_launch(kvt_dev *d, kvt_graph *g)
+{
+	if (!g)
+		BAD("graph_launch", "NULL graph");
+	return d->ops->graph_launch(d, g);
+}
+
+void kvt_dev_graph_destroy(kvt_dev *d, kvt_graph *g)
+{
+	if (g)
+		d->ops->graph_destroy(d, g);
+}
+
 size_t kvt_dev_matmul_workspace_bytes(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	return d->ops->matmul_workspace(d, a);

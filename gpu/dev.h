@@ -118,6 +118,45 @@ int kvt_dev_copy_d2d(kvt_dev *d, void *d_dst, const void *d_src, size_t n_bytes)
 int kvt_dev_sync(kvt_dev *d);
 
 /*
+ * Counters of what a backend asked of the device since creation (or the
+ * last reset), for benchmarks and tests that check how a step is issued.
+ * The CUDA backend fills them; the CPU backend has no launches or host
+ * waits to count and reports zeros. Work inside a graph counts when the
+ * graph is launched (its kernels and copies, once per launch), not when it
+ * is captured. Updated atomically: streams on other threads count too.
+ */
+typedef struct kvt_dev_counters {
+	uint64_t kernel_launches; /* kernels (a cuBLAS call counts as one) launched one by one */
+	uint64_t graph_launches;  /* graphs launched */
+	uint64_t graph_kernels;   /* kernels run inside the graphs launched */
+	uint64_t host_syncs;      /* times the host waited for the device (stream, event or copy) */
+	uint64_t copies;          /* copies issued (a graph's copy nodes included) */
+	uint64_t h2d_bytes;       /* bytes copied host -> device */
+	uint64_t d2h_bytes;       /* device -> host */
+	uint64_t d2d_bytes;       /* device -> device */
+} kvt_dev_counters;
+void kvt_dev_counters_get(const kvt_dev *d, kvt_dev_counters *out);
+void kvt_dev_counters_reset(kvt_dev *d);
+
+/*
+ * Graphs: record the ops issued on the compute stream between
+ * kvt_dev_capture_begin and kvt_dev_capture_end (nothing runs then), and
+ * replay them with one kvt_dev_graph_launch. A replay reads the same
+ * buffers with the same arguments as at capture: what changes per replay
+ * must live in device memory (or pinned host memory a captured copy reads).
+ * While capturing, an op that would wait on the host (kvt_dev_sync, the
+ * blocking copies, embed without trusted ids) fails with KVT_EINVAL, and so
+ * does the end of the capture. KVT_EUNSUPPORTED where the backend has no
+ * graphs (the CPU backend: its ops run as they are issued).
+ */
+typedef struct kvt_graph kvt_graph;
+bool kvt_dev_graphs_supported(const kvt_dev *d);
+int kvt_dev_capture_begin(kvt_dev *d);
+int kvt_dev_capture_end(kvt_dev *d, kvt_graph **out); /* *out NULL on failure */
+int kvt_dev_graph_launch(kvt_dev *d, kvt_graph *g);
+void kvt_dev_graph_destroy(kvt_dev *d, kvt_graph *g); /* NULL is a no-op */
+
+/*
  * Pinned host memory ("h_" pointers): page-locked on CUDA (cudaHostAlloc),
  * so async copies to and from it run at full bus speed; on the CPU backend
  * 4 KiB-aligned memory that the backend tries to mlock (a refused mlock is
@@ -227,6 +266,8 @@ typedef struct kvt_embed_args {
 	const void *table;    /* [n_vocab] rows of n_dim elements, device */
 	const int32_t *ids;   /* [n_rows], device */
 	float *y;             /* [n_rows][n_dim], device */
+	bool trusted_ids;     /* the caller checked ids (or a device op made them): no read-back, so
+	                         no host wait; an out-of-range id then gives a row of zeros */
 } kvt_embed_args;
 int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a);
 
@@ -313,6 +354,8 @@ typedef struct kvt_kv_store_args {
 	uint32_t n_rows;            /* tokens */
 	const float *k;             /* [n_rows][n_kv_heads][head_dim], device */
 	const float *v;             /* same shape */
+	const int32_t *d_pos0;      /* NULL, or the position of the first row in device memory (read
+	                               there instead of pos0: a graph replays with new positions) */
 } kvt_kv_store_args;
 int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
 
@@ -333,6 +376,9 @@ typedef struct kvt_attention_args {
 	float scale;                /* usually 1/sqrt(head_dim) */
 	const float *q;             /* [n_rows][n_heads][head_dim], device */
 	float *out;                 /* [n_rows][n_heads][head_dim], device */
+	const int32_t *d_pos0;      /* NULL, or the position of query row 0 in device memory, read
+	                               there instead of pos0, which is then its upper bound (launch
+	                               shapes are sized for it): a graph replays at new positions */
 } kvt_attention_args;
 size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a);
 int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace);

@@ -65,6 +65,12 @@ struct kvt_stream {
 struct kvt_event {
 	cudaEvent_t e;
 };
+/* An instantiated graph and what one replay of it does, for the counters. */
+struct kvt_graph {
+	cudaGraph_t graph;
+	cudaGraphExec_t exec;
+	uint64_t n_kernels, n_copies, h2d, d2h, d2d;
+};
 
 typedef struct cuda_dev {
 	kvt_dev base;          /* common head; must be first */
@@ -75,6 +81,9 @@ typedef struct cuda_dev {
 	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
 	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE) */
 	int decode2_occ[3][6][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
+	bool capturing;        /* between capture_begin and capture_end (compute stream) */
+	bool capture_bad;      /* an op refused to run while capturing: the capture fails */
+	kvt_graph cap;         /* counts of the capture in progress */
 } cuda_dev;
 
 static cuda_dev *C(kvt_dev *d) { return (cuda_dev *)d; }
@@ -119,7 +128,58 @@ static int cu_check(cudaError_t e, const char *what, const char *file, int line)
 	return KVT_EDEVICE;
 }
 #define CU(call) cu_check((call), #call, __FILE__, __LINE__)
-#define LAUNCHED(what) cu_check(cudaGetLastError(), what, __FILE__, __LINE__)
+
+/* Count a launch on the compute stream: into the graph being captured, or as launched now. */
+static void count_launch(kvt_dev *d)
+{
+	cuda_dev *c = (cuda_dev *)d;
+	if (c->capturing)
+		c->cap.n_kernels++;
+	else
+		KVT_DEV_COUNT(d, kernel_launches, 1);
+}
+
+static int launched(kvt_dev *d, const char *what, const char *file, int line)
+{
+	count_launch(d);
+	return cu_check(cudaGetLastError(), what, file, line);
+}
+#define LAUNCHED(what) launched(d, what, __FILE__, __LINE__)
+
+/* An op that waits on the host cannot be captured: refuse it and fail the capture. */
+static int no_wait_in_capture(kvt_dev *d, const char *op)
+{
+	cuda_dev *c = (cuda_dev *)d;
+	if (!c->capturing)
+		return KVT_OK;
+	c->capture_bad = true;
+	KVT_LOGE("dev.%s: waits on the host, which a graph capture cannot hold", op);
+	return KVT_EINVAL;
+}
+
+static int host_wait(kvt_dev *d, cudaStream_t st)
+{
+	KVT_DEV_COUNT(d, host_syncs, 1);
+	return CU(cudaStreamSynchronize(st));
+}
+
+/* Count a copy of n bytes in direction dir (enum kvt_copy_dir) on stream st. */
+static void count_copy(kvt_dev *d, cudaStream_t st, int dir, size_t n)
+{
+	cuda_dev *c = (cuda_dev *)d;
+	if (c->capturing && st == c->stream) {
+		c->cap.n_copies++;
+		(dir == KVT_COPY_H2D ? c->cap.h2d : dir == KVT_COPY_D2H ? c->cap.d2h : c->cap.d2d) += n;
+		return;
+	}
+	KVT_DEV_COUNT(d, copies, 1);
+	if (dir == KVT_COPY_H2D)
+		KVT_DEV_COUNT(d, h2d_bytes, n);
+	else if (dir == KVT_COPY_D2H)
+		KVT_DEV_COUNT(d, d2h_bytes, n);
+	else
+		KVT_DEV_COUNT(d, d2d_bytes, n);
+}
 
 static int blas_check(cublasStatus_t st, const char *what)
 {
@@ -168,18 +228,37 @@ static int cuda_alloc(kvt_dev *d, size_t n, void **out)
 
 static void cuda_free(kvt_dev *d, void *p) { CU(cudaFree(p)); }
 
-static int cuda_copy_sync(kvt_dev *d, void *dst, const void *src, size_t n)
+static int cuda_copy_sync(kvt_dev *d, void *dst, const void *src, size_t n, int dir)
 {
-	int rc = CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, C(d)->stream));
-	return rc ? rc : CU(cudaStreamSynchronize(C(d)->stream));
+	int rc = no_wait_in_capture(d, dir == KVT_COPY_H2D ? "copy_h2d" : "copy_d2h");
+	if (rc)
+		return rc;
+	count_copy(d, C(d)->stream, dir, n);
+	rc = CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, C(d)->stream));
+	return rc ? rc : host_wait(d, C(d)->stream);
+}
+
+static int cuda_copy_h2d(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	return cuda_copy_sync(d, dst, src, n, KVT_COPY_H2D);
+}
+
+static int cuda_copy_d2h(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	return cuda_copy_sync(d, dst, src, n, KVT_COPY_D2H);
 }
 
 static int cuda_copy_d2d(kvt_dev *d, void *dst, const void *src, size_t n)
 {
+	count_copy(d, C(d)->stream, KVT_COPY_D2D, n);
 	return CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, C(d)->stream));
 }
 
-static int cuda_sync(kvt_dev *d) { return CU(cudaStreamSynchronize(C(d)->stream)); }
+static int cuda_sync(kvt_dev *d)
+{
+	int rc = no_wait_in_capture(d, "sync");
+	return rc ? rc : host_wait(d, C(d)->stream);
+}
 
 static int cuda_host_alloc(kvt_dev *d, size_t n, void **out)
 {
@@ -207,12 +286,16 @@ static int cuda_stream_create(kvt_dev *d, kvt_stream **out)
 
 static void cuda_stream_destroy(kvt_dev *d, kvt_stream *s)
 {
-	CU(cudaStreamSynchronize(s->s));
+	host_wait(d, s->s);
 	CU(cudaStreamDestroy(s->s));
 	free(s);
 }
 
-static int cuda_stream_sync(kvt_dev *d, kvt_stream *s) { return CU(cudaStreamSynchronize(S(d, s))); }
+static int cuda_stream_sync(kvt_dev *d, kvt_stream *s)
+{
+	int rc = s ? KVT_OK : no_wait_in_capture(d, "stream_sync");
+	return rc ? rc : host_wait(d, S(d, s));
+}
 
 static int cuda_event_create(kvt_dev *d, kvt_event **out)
 {
@@ -239,7 +322,11 @@ static int cuda_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e)
 {
 	return CU(cudaStreamWaitEvent(S(d, s), e->e, 0));
 }
-static int cuda_event_sync(kvt_dev *d, kvt_event *e) { return CU(cudaEventSynchronize(e->e)); }
+static int cuda_event_sync(kvt_dev *d, kvt_event *e)
+{
+	KVT_DEV_COUNT(d, host_syncs, 1);
+	return CU(cudaEventSynchronize(e->e));
+}
 
 static bool cuda_event_done(kvt_dev *d, kvt_event *e)
 {
@@ -253,6 +340,7 @@ static int cuda_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src
 {
 	static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
 						cudaMemcpyDeviceToDevice };
+	count_copy(d, S(d, s), dir, n);
 	return CU(cudaMemcpyAsync(dst, src, n, kinds[dir], S(d, s)));
 }
 
@@ -375,6 +463,7 @@ static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 
 	if (a->w_dtype == KVT_DTYPE_F32) {
 		/* column-major view: y^T (N x M) = W (N x K, stored as K x N) ^T . x^T (K x M) */
+		count_launch(d);
 		return blas_check(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const float *)a->w,
 					      K, a->x, K, &beta, a->y, N),
 				  "sgemm");
@@ -398,6 +487,7 @@ static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	int rc = LAUNCHED("f32_to_f16");
 	if (rc)
 		return rc;
+	count_launch(d);
 	return blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, a->w, CUDA_R_16F, K, ws,
 				       CUDA_R_16F, K, &beta, a->y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
 				       CUBLAS_GEMM_DEFAULT),
@@ -512,15 +602,25 @@ static int cuda_embed(kvt_dev *d, const kvt_embed_args *a)
 	/* The CPU backend rejects an out-of-range id with KVT_EINVAL; so does this one,
 	 * at the cost of one small read-back (ids come from the host anyway). */
 	cuda_dev *c = C(d);
+	if (a->trusted_ids) {
+		embed_kernel<<<a->n_rows, 128, 0, c->stream>>>(*a, c->d_flag);
+		return LAUNCHED("embed");
+	}
+	int rc = no_wait_in_capture(d, "embed (ids not trusted)");
+	if (rc)
+		return rc;
 	int32_t h_bad = INT32_MIN;
-	int rc = CU(cudaMemcpyAsync(c->d_flag, &h_bad, sizeof h_bad, cudaMemcpyHostToDevice, c->stream));
+	rc = CU(cudaMemcpyAsync(c->d_flag, &h_bad, sizeof h_bad, cudaMemcpyHostToDevice, c->stream));
 	if (!rc) {
 		embed_kernel<<<a->n_rows, 128, 0, c->stream>>>(*a, c->d_flag);
 		if (!(rc = LAUNCHED("embed")))
 			rc = CU(cudaMemcpyAsync(&h_bad, c->d_flag, sizeof h_bad, cudaMemcpyDeviceToHost, c->stream));
 	}
-	if (!rc)
-		rc = CU(cudaStreamSynchronize(c->stream));
+	if (!rc) {
+		count_copy(d, c->stream, KVT_COPY_H2D, sizeof h_bad);
+		count_copy(d, c->stream, KVT_COPY_D2H, sizeof h_bad);
+		rc = host_wait(d, c->stream);
+	}
 	if (!rc && h_bad != INT32_MIN) {
 		KVT_LOGE("dev.embed: token id %d out of range (vocab %u)", h_bad, a->n_vocab);
 		return KVT_EINVAL;
@@ -731,6 +831,12 @@ static int cuda_sample(kvt_dev *d, const kvt_sample_args *a, void *ws)
 
 /* ---- paged KV ---- */
 
+/* The first row's position: from device memory when the op was given one (a graph replays at new positions). */
+__device__ __forceinline__ uint32_t pos0_of(const int32_t *d_pos0, uint32_t pos0)
+{
+	return d_pos0 ? (uint32_t)*d_pos0 : pos0;
+}
+
 /* Element offset of (slot, layer, K/V, head, token, 0) in an fp16 pool. */
 __device__ __forceinline__ size_t kv_off(const kvt_kv_layout &l, int32_t slot, uint32_t layer, uint32_t kv,
 					 uint32_t head, uint32_t t)
@@ -743,7 +849,7 @@ __device__ __forceinline__ size_t kv_off(const kvt_kv_layout &l, int32_t slot, u
 __global__ void kv_store_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 {
 	uint32_t m = blockIdx.x, h = blockIdx.y;
-	uint32_t pos = a.pos0 + m;
+	uint32_t pos = pos0_of(a.d_pos0, a.pos0) + m;
 	int32_t slot = a.block_table[pos / l.block_tokens];
 	__half *pool = (__half *)l.pool;
 	size_t ko = kv_off(l, slot, a.layer, 0, h, pos % l.block_tokens);
@@ -798,7 +904,7 @@ __device__ __forceinline__ float q_decode(int codec, uint8_t c)
 __global__ void kv_store_q_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 {
 	const uint32_t m = blockIdx.x, h = blockIdx.y, kv = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	const uint32_t pos = a.pos0 + m, t = pos % l.block_tokens, D = l.head_dim;
+	const uint32_t pos = pos0_of(a.d_pos0, a.pos0) + m, t = pos % l.block_tokens, D = l.head_dim;
 	const uint32_t gd = kvt_codec_group_dims(l.codec, D);
 	const int32_t slot = a.block_table[pos / l.block_tokens];
 	const float *x = (kv ? a.v : a.k) + ((size_t)m * l.n_kv_heads + h) * D;
@@ -941,17 +1047,26 @@ __device__ __forceinline__ void decode_merge(const float (&mx)[GMAX], const floa
 	}
 }
 
+/*
+ * keys_per_split: the split size; with a.d_pos0 (a graph's launch, the grid
+ * sized for the bound in a.pos0) the number of splits wanted instead, from
+ * which each CTA sizes the splits for the real length as decode_splits does,
+ * and splits past it write empty partials.
+ */
 template <int D, int G, bool Q8>
 __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
 							  uint32_t keys_per_split, float *ws)
 {
+	const uint32_t pos0 = pos0_of(a.d_pos0, a.pos0);
+	if (a.d_pos0)
+		keys_per_split = max((pos0 + keys_per_split) / keys_per_split, 64u); /* div_up(pos0 + 1, want) */
 	constexpr int LPK = D / 8;      /* lanes per key */
 	constexpr int GPW = 32 / LPK;   /* keys per warp step */
 	constexpr int GROUPS = 4 * GPW; /* lane groups in the CTA */
 	constexpr int U = Q8 ? 4 : 2;   /* keys per lane group per trip */
 	const uint32_t kh = blockIdx.x, split = blockIdx.y;
 	const uint32_t k0 = split * keys_per_split;
-	const uint32_t k1 = min(a.pos0 + 1, k0 + keys_per_split);
+	const uint32_t k1 = min(pos0 + 1, k0 + keys_per_split);
 	const int tid = threadIdx.x, grp = tid / LPK, sub = tid % LPK, gi = grp % GPW;
 	const uint32_t bt = l.block_tokens;
 	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
@@ -1101,6 +1216,7 @@ __device__ __forceinline__ void decode2_unpack(const R &r, int codec, float *f)
 	}
 }
 
+/* blocks_per_split: with a.d_pos0, the splits per head of one wave instead (as attn_decode_kernel's). */
 template <int D, int GMAX, bool Q8, int DPL>
 __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_attention_args a,
 							   uint32_t blocks_per_split, float *ws)
@@ -1115,14 +1231,16 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 	static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head_dim / DPL lanes must divide a warp");
 	/* groups up to 4 have a kernel each, so their loops over G unroll without a guard */
 	const uint32_t G = GMAX <= 4 ? GMAX : a.n_heads / l.n_kv_heads;
-	const uint32_t bt = l.block_tokens, n_ctx = a.pos0 + 1;
+	const uint32_t bt = l.block_tokens, n_ctx = pos0_of(a.d_pos0, a.pos0) + 1, nb = (n_ctx + bt - 1) / bt;
+	if (a.d_pos0)
+		blocks_per_split = (nb + blocks_per_split - 1) / blocks_per_split; /* as decode2_splits */
 	const uint32_t kh = blockIdx.x, split = blockIdx.y;
 	const uint32_t b0 = split * blocks_per_split;
-	const uint32_t b1 = min(b0 + blocks_per_split, (n_ctx + bt - 1) / bt);
+	const uint32_t b1 = min(b0 + blocks_per_split, nb);
 	const uint32_t cpb = (bt + TPT - 1) / TPT; /* chunks per block */
 	/* Every chunk starts at a visible token: the last block has only as many as it needs. */
-	const uint32_t last_tokens = min(bt, n_ctx - (b1 - 1) * bt);
-	const uint32_t n_chunks = (b1 - b0 - 1) * cpb + (last_tokens + TPT - 1) / TPT;
+	const uint32_t last_tokens = b1 > b0 ? min(bt, n_ctx - (b1 - 1) * bt) : 0;
+	const uint32_t n_chunks = b1 > b0 ? (b1 - b0 - 1) * cpb + (last_tokens + TPT - 1) / TPT : 0; /* 0: past the end */
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 	const int sub = lane % LPK, gi = lane / LPK;
 	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
@@ -1282,6 +1400,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 	const uint32_t D = l.head_dim, G = a.n_heads / l.n_kv_heads, bt = l.block_tokens;
 	const uint32_t kh = blockIdx.x, r0 = blockIdx.y * qt;
 	const uint32_t rows = min(qt, a.n_rows - r0), nv = rows * G;
+	const uint32_t pos0 = pos0_of(a.d_pos0, a.pos0);
 	float *sq = shm;                     /* [PF_VECS][D] */
 	float *sk = sq + PF_VECS * D;        /* [PF_KEYS][D + 1] */
 	float *sv = sk + PF_KEYS * (D + 1);  /* [PF_KEYS][D] */
@@ -1300,7 +1419,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 		for (int e = 0; e < DPL; e++)
 			acc[j][e] = 0.0f;
 	}
-	const uint32_t last = a.pos0 + r0 + rows - 1; /* the tile's last visible key */
+	const uint32_t last = pos0 + r0 + rows - 1; /* the tile's last visible key */
 	for (uint32_t t0 = 0; t0 <= last; t0 += PF_KEYS) {
 		__syncthreads();
 		for (uint32_t i = threadIdx.x; i < PF_KEYS * D; i += blockDim.x) {
@@ -1329,7 +1448,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 			uint32_t v = w + 4 * j;
 			if (v >= nv)
 				break;
-			uint32_t pos = a.pos0 + r0 + v / G;
+			uint32_t pos = pos0 + r0 + v / G;
 			uint32_t p = t0 + lane;
 			float s = -INFINITY;
 			if (p <= pos) {
@@ -1518,6 +1637,11 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 		int occ;
 		uint32_t bps, n = decode2_splits(c, a, &bps);
 		decode2_fn fn = decode2_pick(c, a, &occ);
+		if (a->d_pos0) { /* a graph: a wave's splits (or one per block of the bound), sized in the kernel */
+			bps = div_up((uint64_t)occ * c->n_sm, a->kv->n_kv_heads);
+			const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens);
+			n = bps < nb ? bps : nb;
+		}
 		fn<<<dim3(a->kv->n_kv_heads, n), 128, 0, c->stream>>>(*a->kv, *a, bps, (float *)ws);
 		int rc = LAUNCHED("attention decode (2/3)");
 		if (rc)
@@ -1528,6 +1652,11 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 	}
 	if (decode_ok(a)) {
 		uint32_t kps, n = decode_splits(c, a, &kps);
+		if (a->d_pos0) { /* a graph: the most splits any length up to the bound takes, sized in the kernel */
+			kps = decode_want(c, a);
+			const uint32_t most = div_up(a->pos0 + 1, 64);
+			n = kps < most ? kps : most;
+		}
 		bool ok = D == 64 ? launch_decode_g<64>(c->stream, a, n, kps, (float *)ws)
 			  : D == 128 ? launch_decode_g<128>(c->stream, a, n, kps, (float *)ws)
 				     : launch_decode_g<256>(c->stream, a, n, kps, (float *)ws);
@@ -1778,14 +1907,88 @@ static int cuda_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a
 	return codec_run(d, s, a->kv, a->codec, a->n_blocks, a->h_slots, NULL, a->src, false);
 }
 
+/* ---- graphs ---- */
+
+static int cuda_capture_begin(kvt_dev *d)
+{
+	cuda_dev *c = C(d);
+	if (c->capturing) {
+		KVT_LOGE("dev.capture_begin: a capture is already in progress");
+		return KVT_EINVAL;
+	}
+	/* thread-local: other threads may go on allocating and copying on their own streams */
+	int rc = CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+	if (rc)
+		return rc;
+	memset(&c->cap, 0, sizeof c->cap);
+	c->capturing = true;
+	c->capture_bad = false;
+	return KVT_OK;
+}
+
+static int cuda_capture_end(kvt_dev *d, kvt_graph **out)
+{
+	cuda_dev *c = C(d);
+	if (!c->capturing) {
+		KVT_LOGE("dev.capture_end: no capture in progress");
+		return KVT_EINVAL;
+	}
+	c->capturing = false;
+	cudaGraph_t graph = NULL;
+	int rc = CU(cudaStreamEndCapture(c->stream, &graph));
+	if (!rc && c->capture_bad) {
+		KVT_LOGE("dev.capture_end: an op refused during the capture (above); no graph");
+		rc = KVT_EINVAL;
+	}
+	kvt_graph *g = NULL;
+	if (!rc && !(g = (kvt_graph *)calloc(1, sizeof *g)))
+		rc = KVT_ENOMEM;
+	if (!rc) {
+		*g = c->cap;
+		g->graph = graph;
+		rc = CU(cudaGraphInstantiate(&g->exec, graph, 0));
+	}
+	if (rc) {
+		if (graph)
+			cudaGraphDestroy(graph);
+		free(g);
+		return rc;
+	}
+	*out = g;
+	return KVT_OK;
+}
+
+static int cuda_graph_launch(kvt_dev *d, kvt_graph *g)
+{
+	cuda_dev *c = C(d);
+	if (c->capturing) {
+		KVT_LOGE("dev.graph_launch: not while capturing");
+		return KVT_EINVAL;
+	}
+	KVT_DEV_COUNT(d, graph_launches, 1);
+	KVT_DEV_COUNT(d, graph_kernels, g->n_kernels);
+	KVT_DEV_COUNT(d, copies, g->n_copies);
+	KVT_DEV_COUNT(d, h2d_bytes, g->h2d);
+	KVT_DEV_COUNT(d, d2h_bytes, g->d2h);
+	KVT_DEV_COUNT(d, d2d_bytes, g->d2d);
+	return CU(cudaGraphLaunch(g->exec, c->stream));
+}
+
+static void cuda_graph_destroy(kvt_dev *d, kvt_graph *g)
+{
+	CU(cudaGraphExecDestroy(g->exec));
+	CU(cudaGraphDestroy(g->graph));
+	free(g);
+}
+
 static const struct kvt_dev_ops cuda_ops = {
 	.name = "cuda",
 	.destroy = cuda_destroy,
 	.supports_dtype = cuda_supports_dtype,
 	.alloc = cuda_alloc,
 	.free = cuda_free,
-	.copy_h2d = cuda_copy_sync,
-	.copy_d2h = cuda_copy_sync,
+	.copy_h2d = cuda_copy_h2d,
+	.copy_d2h = cuda_copy_d2h,
 	.copy_d2d = cuda_copy_d2d,
 	.sync = cuda_sync,
 	.matmul_workspace = cuda_matmul_workspace,
@@ -1815,6 +2018,10 @@ static const struct kvt_dev_ops cuda_ops = {
 	.kv_unpack = cuda_kv_unpack,
 	.sample_workspace = cuda_sample_workspace,
 	.sample = cuda_sample,
+	.capture_begin = cuda_capture_begin,
+	.capture_end = cuda_capture_end,
+	.graph_launch = cuda_graph_launch,
+	.graph_destroy = cuda_graph_destroy,
 };
 
 extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
