@@ -383,6 +383,63 @@ typedef struct kvt_attention_args {
 size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a);
 int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace);
 
+/*
+ * Fused ops: each is defined as the plain ops it replaces, in order, and a
+ * backend without a fused kernel for a case runs exactly those (dev.c
+ * composes them; that is the CPU backend's reference). The CUDA backend's
+ * fused kernels give bit-identical results to its own unfused ops.
+ *
+ * norm_matmul: y = matmul(rmsnorm(x; norm_w, eps), w) (+ y when
+ * mm.accumulate): RMSNorm fused into the GEMM that reads it (on CUDA: the
+ * GEMV recomputes the row norm per CTA; the tensor-core path fuses it with
+ * the cast of its input to fp16). mm.x is the un-normalised input.
+ */
+typedef struct kvt_norm_matmul_args {
+	kvt_matmul_args mm;  /* the GEMM; mm.x not yet normalised, y must not alias it */
+	const float *norm_w; /* [n_in] RMSNorm weight, device */
+	float eps;           /* RMSNorm epsilon */
+} kvt_norm_matmul_args;
+size_t kvt_dev_norm_matmul_workspace_bytes(const kvt_dev *d, const kvt_norm_matmul_args *a);
+int kvt_dev_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *d_workspace);
+
+/*
+ * matmul_swiglu: y = swiglu(gate = xn . w_gate, up = xn . w_up) with xn =
+ * rmsnorm(x; norm_w, eps), or x itself when norm_w is NULL: the FFN's two
+ * input GEMMs and their activation in one (on CUDA, at up to 8 rows with
+ * fp16 weights: one kernel reading both weight rows of an output).
+ */
+typedef struct kvt_matmul_swiglu_args {
+	uint32_t n_rows;      /* M */
+	uint32_t n_in;        /* K */
+	uint32_t n_out;       /* N: the FFN width */
+	int w_dtype;          /* of both matrices */
+	const void *w_gate;   /* [n_out][n_in], device */
+	const void *w_up;     /* [n_out][n_in], device */
+	const float *x;       /* [n_rows][n_in], device */
+	float *y;             /* [n_rows][n_out], device; must not alias x */
+	const float *norm_w;  /* NULL, or [n_in]: RMSNorm x first */
+	float eps;            /* its epsilon */
+} kvt_matmul_swiglu_args;
+size_t kvt_dev_matmul_swiglu_workspace_bytes(const kvt_dev *d, const kvt_matmul_swiglu_args *a);
+int kvt_dev_matmul_swiglu(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *d_workspace);
+
+/*
+ * rope_store: rope(q) (when q is set), rope(k), then kv_store(k, v): the
+ * rotation of the new rows fused with the store of their K/V (q and k are
+ * rotated in place, as the plain ops leave them). Positions: pos[] for the
+ * rotation, pos0 / d_pos0 for the store, as the plain ops take them.
+ */
+typedef struct kvt_rope_store_args {
+	kvt_kv_store_args st; /* the store; st.k is the k below */
+	uint32_t n_heads;     /* query heads of q */
+	uint32_t n_rot;       /* rotated dims per head */
+	float freq_base;      /* theta base */
+	const int32_t *pos;   /* [st.n_rows] positions, device */
+	float *q;             /* [n_rows][n_heads][head_dim], device, rotated in place; NULL: none */
+	float *k;             /* [n_rows][n_kv_heads][head_dim], device, rotated in place */
+} kvt_rope_store_args;
+int kvt_dev_rope_store(kvt_dev *d, const kvt_rope_store_args *a);
+
 /* out[m] = index of the largest x[m][*] (lowest index on ties). */
 typedef struct kvt_argmax_args {
 	uint32_t n_rows;  /* rows */

@@ -1907,6 +1907,246 @@ static int cuda_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a
 	return codec_run(d, s, a->kv, a->codec, a->n_blocks, a->h_slots, NULL, a->src, false);
 }
 
+/* ---- fused ops (dev.h: each bit-identical to this backend's plain ops it replaces) ---- */
+
+/*
+ * The GEMV of gemv_f16_kernel (one warp per output column, 8 fp16 weights a
+ * lane a load) with, optionally, the RMSNorm of its input rows fused in:
+ * every CTA (256 threads, as rmsnorm_kernel) reduces each row's sum of
+ * squares in rmsnorm_kernel's order, so the normalised values are those
+ * rmsnorm would have written, computed in registers as they are used. With
+ * SWIGLU the warp also reads column n of w2 and writes
+ * silu(x . w[n]) * (x . w2[n]) as swiglu_kernel would.
+ */
+template <int M, bool SWIGLU>
+__global__ void __launch_bounds__(256) gemv_fused_kernel(const __half *__restrict__ w, const __half *__restrict__ w2,
+							  const float *__restrict__ x, float *__restrict__ y,
+							  const float *__restrict__ nw, float eps, uint32_t K, uint32_t N,
+							  bool acc, bool vec)
+{
+	__shared__ float sh[32];
+	float r[M];
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		r[m] = 1.0f;
+		if (nw) { /* uniform: every thread reduces */
+			const float *xr = x + (size_t)m * K;
+			float ss = 0.0f;
+			for (uint32_t i = threadIdx.x; i < K; i += blockDim.x)
+				ss += xr[i] * xr[i];
+			ss = block_sum(ss, sh);
+			r[m] = 1.0f / sqrtf(ss / (float)K + eps);
+		}
+	}
+	const uint32_t n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	const int lane = threadIdx.x & 31;
+	if (n >= N)
+		return;
+	const __half *row = w + (size_t)n * K, *row2 = SWIGLU ? w2 + (size_t)n * K : NULL;
+	float s[M], s2[M];
+#pragma unroll
+	for (int m = 0; m < M; m++)
+		s[m] = s2[m] = 0.0f;
+	if (vec) {
+#pragma unroll 4
+		for (uint32_t k = lane * 8; k < K; k += 256) {
+			float wf[8], wf2[8];
+			uint4 raw = __ldg((const uint4 *)(row + k));
+			const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				float2 f = __half22float2(h2[i]);
+				wf[2 * i] = f.x;
+				wf[2 * i + 1] = f.y;
+			}
+			if (SWIGLU) {
+				uint4 raw2 = __ldg((const uint4 *)(row2 + k));
+				const __half2 *g2 = (const __half2 *)&raw2;
+#pragma unroll
+				for (int i = 0; i < 4; i++) {
+					float2 f = __half22float2(g2[i]);
+					wf2[2 * i] = f.x;
+					wf2[2 * i + 1] = f.y;
+				}
+			}
+#pragma unroll
+			for (int m = 0; m < M; m++) {
+				const float4 *xv = (const float4 *)(x + (size_t)m * K + k);
+				float4 a = xv[0], b = xv[1];
+				if (nw) {
+					const float4 *nv = (const float4 *)(nw + k);
+					const float4 na = nv[0], nb = nv[1];
+					a.x = a.x * r[m] * na.x;
+					a.y = a.y * r[m] * na.y;
+					a.z = a.z * r[m] * na.z;
+					a.w = a.w * r[m] * na.w;
+					b.x = b.x * r[m] * nb.x;
+					b.y = b.y * r[m] * nb.y;
+					b.z = b.z * r[m] * nb.z;
+					b.w = b.w * r[m] * nb.w;
+				}
+				s[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+					wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+				if (SWIGLU)
+					s2[m] += wf2[0] * a.x + wf2[1] * a.y + wf2[2] * a.z + wf2[3] * a.w +
+						 wf2[4] * b.x + wf2[5] * b.y + wf2[6] * b.z + wf2[7] * b.w;
+			}
+		}
+	} else {
+		for (uint32_t k = lane; k < K; k += 32) {
+			const float wf = __half2float(row[k]), wf2 = SWIGLU ? __half2float(row2[k]) : 0.0f;
+#pragma unroll
+			for (int m = 0; m < M; m++) {
+				float xv = x[(size_t)m * K + k];
+				if (nw)
+					xv = xv * r[m] * nw[k];
+				s[m] += wf * xv;
+				if (SWIGLU)
+					s2[m] += wf2 * xv;
+			}
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		const float v = warp_sum(s[m]);
+		const float u = SWIGLU ? warp_sum(s2[m]) : 0.0f;
+		if (lane == 0) {
+			float *o = y + (size_t)m * N + n;
+			if (SWIGLU)
+				*o = v / (1.0f + expf(-v)) * u;
+			else
+				*o = acc ? *o + v : v;
+		}
+	}
+}
+
+template <int M, bool SWIGLU>
+static void launch_gemv_fused(cudaStream_t st, const __half *w, const __half *w2, const float *x, float *y,
+			      const float *nw, float eps, uint32_t K, uint32_t N, bool acc, bool vec)
+{
+	gemv_fused_kernel<M, SWIGLU><<<div_up(N, 8), 256, 0, st>>>(w, w2, x, y, nw, eps, K, N, acc, vec);
+}
+
+template <bool SWIGLU>
+static void gemv_fused(cudaStream_t st, uint32_t M, const __half *w, const __half *w2, const float *x, float *y,
+		       const float *nw, float eps, uint32_t K, uint32_t N, bool acc)
+{
+	const bool vec = K % 8 == 0 && ((uintptr_t)w % 16) == 0 && (!w2 || ((uintptr_t)w2 % 16) == 0) &&
+			 ((uintptr_t)x % 16) == 0 && (!nw || ((uintptr_t)nw % 16) == 0);
+	switch (M) {
+	case 1: launch_gemv_fused<1, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 2: launch_gemv_fused<2, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 3: launch_gemv_fused<3, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 4: launch_gemv_fused<4, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 5: launch_gemv_fused<5, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 6: launch_gemv_fused<6, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 7: launch_gemv_fused<7, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	default: launch_gemv_fused<8, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	}
+}
+
+/* rmsnorm_kernel writing fp16: the norm fused with the tensor-core path's input cast. */
+__global__ void rmsnorm_f16_kernel(const float *x, const float *w, __half *y, uint32_t n, float eps)
+{
+	__shared__ float sh[32];
+	const float *xr = x + (size_t)blockIdx.x * n;
+	__half *yr = y + (size_t)blockIdx.x * n;
+	float ss = 0.0f;
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	ss = block_sum(ss, sh);
+	float r = 1.0f / sqrtf(ss / (float)n + eps);
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		yr[i] = __float2half_rn(xr[i] * r * w[i]);
+}
+
+static int cuda_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws)
+{
+	const kvt_matmul_args *mm = &a->mm;
+	cudaStream_t st = C(d)->stream;
+	if (mm->w_dtype != KVT_DTYPE_F16)
+		return KVT_DEV_COMPOSE;
+	if (mm->n_rows <= GEMV_MAX_ROWS) {
+		gemv_fused<false>(st, mm->n_rows, (const __half *)mm->w, NULL, mm->x, mm->y, a->norm_w, a->eps, mm->n_in,
+				  mm->n_out, mm->accumulate);
+		return LAUNCHED("gemv (rmsnorm fused)");
+	}
+	rmsnorm_f16_kernel<<<mm->n_rows, 256, 0, st>>>(mm->x, a->norm_w, (__half *)ws, mm->n_in, a->eps);
+	int rc = LAUNCHED("rmsnorm to f16");
+	if (rc)
+		return rc;
+	const float alpha = 1.0f, beta = mm->accumulate ? 1.0f : 0.0f;
+	count_launch(d);
+	return blas_check(cublasGemmEx(C(d)->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)mm->n_out, (int)mm->n_rows,
+				       (int)mm->n_in, &alpha, mm->w, CUDA_R_16F, (int)mm->n_in, ws, CUDA_R_16F,
+				       (int)mm->n_in, &beta, mm->y, CUDA_R_32F, (int)mm->n_out, CUBLAS_COMPUTE_32F,
+				       CUBLAS_GEMM_DEFAULT),
+			  "gemm f16 (rmsnorm fused)");
+}
+
+static int cuda_matmul_swiglu(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws)
+{
+	if (a->w_dtype != KVT_DTYPE_F16 || a->n_rows > GEMV_MAX_ROWS)
+		return KVT_DEV_COMPOSE;
+	gemv_fused<true>(C(d)->stream, a->n_rows, (const __half *)a->w_gate, (const __half *)a->w_up, a->x, a->y,
+			 a->norm_w, a->eps, a->n_in, a->n_out, false);
+	return LAUNCHED("gemv gate+up (swiglu fused)");
+}
+
+/*
+ * rope_kernel and kv_store_kernel in one: grid (rows, query heads + KV
+ * heads). A query head's CTA rotates it; a KV head's rotates K, writes it
+ * back (as rope leaves it) and stores K and V in the fp16 pool.
+ */
+__global__ void rope_store_kernel(kvt_kv_layout l, kvt_rope_store_args a, float theta_scale)
+{
+	const uint32_t m = blockIdx.x, nq = a.q ? a.n_heads : 0, D = l.head_dim, pairs = a.n_rot / 2;
+	const bool is_q = blockIdx.y < nq;
+	const uint32_t h = is_q ? blockIdx.y : blockIdx.y - nq;
+	float *x = is_q ? a.q + ((size_t)m * a.n_heads + h) * D : a.k + ((size_t)m * l.n_kv_heads + h) * D;
+	__half *pool = (__half *)l.pool;
+	size_t ko = 0, vo = 0;
+	if (!is_q) {
+		const uint32_t pos = pos0_of(a.st.d_pos0, a.st.pos0) + m;
+		const int32_t slot = a.st.block_table[pos / l.block_tokens];
+		ko = kv_off(l, slot, a.st.layer, 0, h, pos % l.block_tokens);
+		vo = kv_off(l, slot, a.st.layer, 1, h, pos % l.block_tokens);
+	}
+	for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+		float theta = (float)a.pos[m];
+		for (uint32_t j = 0; j < i; j++)
+			theta *= theta_scale;
+		float c, s;
+		sincosf(theta, &s, &c);
+		const float x0 = x[2 * i], x1 = x[2 * i + 1];
+		const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+		x[2 * i] = r0;
+		x[2 * i + 1] = r1;
+		if (!is_q) {
+			pool[ko + 2 * i] = __float2half_rn(r0);
+			pool[ko + 2 * i + 1] = __float2half_rn(r1);
+		}
+	}
+	if (is_q)
+		return;
+	const float *v = a.st.v + ((size_t)m * l.n_kv_heads + h) * D;
+	for (uint32_t i = a.n_rot + threadIdx.x; i < D; i += blockDim.x)
+		pool[ko + i] = __float2half_rn(x[i]);
+	for (uint32_t i = threadIdx.x; i < D; i += blockDim.x)
+		pool[vo + i] = __float2half_rn(v[i]);
+}
+
+static int cuda_rope_store(kvt_dev *d, const kvt_rope_store_args *a)
+{
+	const kvt_kv_layout *l = a->st.kv;
+	if (l->codec != KVT_KV_CODEC_F16)
+		return KVT_DEV_COMPOSE; /* 8-bit pools: rope, rope, kv_store (the store's amax is per vector) */
+	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
+	dim3 grid(a->st.n_rows, (a->q ? a->n_heads : 0) + l->n_kv_heads);
+	rope_store_kernel<<<grid, 64, 0, C(d)->stream>>>(*l, *a, theta_scale);
+	return LAUNCHED("rope + kv_store");
+}
+
 /* ---- graphs ---- */
 
 static int cuda_capture_begin(kvt_dev *d)
@@ -2022,6 +2262,9 @@ static const struct kvt_dev_ops cuda_ops = {
 	.capture_end = cuda_capture_end,
 	.graph_launch = cuda_graph_launch,
 	.graph_destroy = cuda_graph_destroy,
+	.norm_matmul = cuda_norm_matmul,
+	.matmul_swiglu = cuda_matmul_swiglu,
+	.rope_store = cuda_rope_store,
 };
 
 extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)

@@ -52,6 +52,11 @@ struct kvt_dev_ops {
 	int (*capture_end)(kvt_dev *d, kvt_graph **out);   /* instantiate what was captured */
 	int (*graph_launch)(kvt_dev *d, kvt_graph *g);     /* replay on the compute stream */
 	void (*graph_destroy)(kvt_dev *d, kvt_graph *g);   /* release it */
+	/* Fused ops (NULL: dev.c composes the plain ops). They return KVT_DEV_COMPOSE for a case they
+	 * have no fused kernel for, before issuing anything; their workspace is dev.c's (the composition's). */
+	int (*norm_matmul)(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws);
+	int (*matmul_swiglu)(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws);
+	int (*rope_store)(kvt_dev *d, const kvt_rope_store_args *a);
 };
 
 /* The common head of every backend's device object. */
@@ -63,6 +68,8 @@ struct kvt_dev {
 	char name[96];                 /* human-readable description */
 	kvt_dev_counters ctr;          /* dev.h's counters, updated atomically by the backend */
 };
+
+#define KVT_DEV_COMPOSE 1 /* a fused op's "no kernel for this case: compose the plain ops" */
 
 /* Add n to a counter of dev.h's (relaxed: streams on other threads count too). */
 #define KVT_DEV_COUNT(d, field, n) __atomic_fetch_add(&(d)->ctr.field, (uint64_t)(n), __ATOMIC_RELAXED)

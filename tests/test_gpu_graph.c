@@ -135,6 +135,182 @@ static void test_dyn_pos(kvt_dev *d, int codec)
 	free(q);
 }
 
+static double nmse(const float *got, const float *want, size_t n)
+{
+	double e = 0, w = 0;
+	for (size_t i = 0; i < n; i++) {
+		double dd = (double)got[i] - want[i];
+		e += dd * dd;
+		w += (double)want[i] * want[i];
+	}
+	return w > 0 ? e / w : e;
+}
+
+static float *down_f(kvt_dev *d, const void *p, size_t n)
+{
+	float *h = malloc(n * sizeof(float));
+	if (kvt_dev_sync(d) || kvt_dev_copy_d2h(d, h, p, n * sizeof(float)))
+		abort();
+	return h;
+}
+
+static void *ws_of(kvt_dev *d, size_t n)
+{
+	void *p = NULL;
+	if (n && kvt_dev_alloc(d, n, &p))
+		abort();
+	return p;
+}
+
+/* Bitwise on the backend that runs the composition itself or on the emulator; to 1e-12 on a GPU. */
+static bool same_dev_ok(kvt_dev *d, const float *a, const float *b, size_t n)
+{
+	if (kvt_dev_kind(d) == KVT_DEV_CPU || strstr(kvt_dev_name(d), "cuemu"))
+		return memcmp(a, b, n * sizeof(float)) == 0;
+	return nmse(a, b, n) <= 1e-12;
+}
+
+/*
+ * The fused ops against the plain ops they are defined as: on the same
+ * device (bit-identical), and against the CPU reference backend.
+ */
+static void test_fused(kvt_dev *d, kvt_dev *ref)
+{
+	static const uint32_t shapes[][3] = { { 1, 256, 96 }, { 3, 256, 40 }, { 8, 104, 64 }, { 17, 256, 72 } };
+	int n_cases = 0;
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+		for (int dt = KVT_DTYPE_F32; dt <= KVT_DTYPE_F16; dt++) {
+			const uint32_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+			float *x = malloc((size_t)M * K * 4), *nw = malloc(K * 4), *wf = malloc((size_t)N * K * 4 * 2);
+			for (size_t i = 0; i < (size_t)M * K; i++)
+				x[i] = check_rng_f32(&rng) * 3.0f;
+			for (uint32_t i = 0; i < K; i++)
+				nw[i] = 1.0f + 0.2f * check_rng_f32(&rng);
+			for (size_t i = 0; i < (size_t)N * K * 2; i++)
+				wf[i] = check_rng_f32(&rng) * 0.1f;
+			size_t wb = kvt_dtype_row_bytes(dt, K) * N;
+			void *wh = malloc(wb * 2);
+			for (size_t i = 0; i < (size_t)N * K * 2; i++) {
+				if (dt == KVT_DTYPE_F16)
+					((uint16_t *)wh)[i] = kvt_f32_to_f16(wf[i]);
+				else
+					((float *)wh)[i] = wf[i];
+			}
+			kvt_dev *devs[2] = { d, ref };
+			float *out[2][4]; /* [dev][fused nm, plain nm, fused swiglu(norm), plain swiglu(norm)] */
+			for (int di = 0; di < 2; di++) {
+				kvt_dev *e = devs[di];
+				float *dx = up(e, x, (size_t)M * K * 4), *dn = up(e, nw, K * 4);
+				char *dw = up(e, wh, wb * 2);
+				float *y = ws_of(e, (size_t)M * N * 4), *h = ws_of(e, (size_t)M * K * 4),
+				      *u = ws_of(e, (size_t)M * N * 4);
+				kvt_norm_matmul_args na = { .mm = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = dt, .w = dw,
+								    .x = dx, .y = y },
+							    .norm_w = dn, .eps = 1e-5f };
+				kvt_matmul_swiglu_args sa = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = dt, .w_gate = dw,
+							      .w_up = dw + wb, .x = dx, .y = y, .norm_w = dn, .eps = 1e-5f };
+				size_t wsn = kvt_dev_norm_matmul_workspace_bytes(e, &na),
+				       wss = kvt_dev_matmul_swiglu_workspace_bytes(e, &sa);
+				void *ws = ws_of(e, wsn > wss ? wsn : wss);
+				CHECK(kvt_dev_norm_matmul(e, &na, ws) == KVT_OK);
+				out[di][0] = down_f(e, y, (size_t)M * N);
+				kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = K, .eps = 1e-5f, .w = dn, .x = dx, .y = h };
+				kvt_matmul_args mm = na.mm;
+				mm.x = h;
+				CHECK(kvt_dev_rmsnorm(e, &rn) == KVT_OK && kvt_dev_matmul(e, &mm, ws) == KVT_OK);
+				out[di][1] = down_f(e, y, (size_t)M * N);
+				CHECK(kvt_dev_matmul_swiglu(e, &sa, ws) == KVT_OK);
+				out[di][2] = down_f(e, y, (size_t)M * N);
+				mm.w = dw + wb;
+				mm.y = u;
+				CHECK(kvt_dev_matmul(e, &mm, ws) == KVT_OK);
+				mm.w = dw;
+				mm.y = y;
+				kvt_swiglu_args sw = { .n = (uint64_t)M * N, .gate = y, .up = u, .y = y };
+				CHECK(kvt_dev_matmul(e, &mm, ws) == KVT_OK && kvt_dev_swiglu(e, &sw) == KVT_OK);
+				out[di][3] = down_f(e, y, (size_t)M * N);
+				void *bufs[] = { dx, dn, dw, y, h, u, ws };
+				for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++)
+					kvt_dev_free(e, bufs[b]);
+			}
+			const double tol = dt == KVT_DTYPE_F16 && M > 8 ? 1e-5 : 1e-10;
+			CHECKF(same_dev_ok(d, out[0][0], out[0][1], (size_t)M * N), "norm_matmul %ux%ux%u %s: fused != plain",
+			       M, K, N, kvt_dtype_name(dt));
+			CHECKF(same_dev_ok(d, out[0][2], out[0][3], (size_t)M * N),
+			       "matmul_swiglu %ux%ux%u %s: fused != plain", M, K, N, kvt_dtype_name(dt));
+			double e0 = nmse(out[0][0], out[1][1], (size_t)M * N), e2 = nmse(out[0][2], out[1][3], (size_t)M * N);
+			CHECKF(e0 <= tol && e2 <= tol, "%ux%ux%u %s: NMSE vs the CPU reference %.3g / %.3g (tolerance %g)", M, K,
+			       N, kvt_dtype_name(dt), e0, e2, tol);
+			CHECK(memcmp(out[1][0], out[1][1], (size_t)M * N * 4) == 0); /* the reference composes */
+			for (int di = 0; di < 2; di++)
+				for (int k = 0; k < 4; k++)
+					free(out[di][k]);
+			free(x);
+			free(nw);
+			free(wf);
+			free(wh);
+			n_cases++;
+		}
+	/* rope_store, fp16 and INT8 pools */
+	for (int codec = KVT_KV_CODEC_F16; codec <= KVT_KV_CODEC_INT8; codec += 2) {
+		enum { R = 5, NKV = 2, NH = 6, HD = 64, BT = 4, SL = 8 };
+		kvt_kv_layout l = { .n_layers = 2, .n_kv_heads = NKV, .head_dim = HD, .block_tokens = BT, .n_slots = SL,
+				    .codec = codec };
+		const size_t pb = kvt_kv_block_bytes(&l) * SL;
+		float *q = malloc(R * NH * HD * 4), *k = malloc(R * NKV * HD * 4), *v = malloc(R * NKV * HD * 4);
+		for (int i = 0; i < R * NH * HD; i++)
+			q[i] = check_rng_f32(&rng);
+		for (int i = 0; i < R * NKV * HD; i++) {
+			k[i] = check_rng_f32(&rng);
+			v[i] = check_rng_f32(&rng);
+		}
+		const int32_t table[SL] = { 5, 2, 7, 0, 1, 3, 4, 6 }, pos[R] = { 6, 7, 8, 9, 10 };
+		uint8_t *pools[2];
+		float *qs[2], *ks[2];
+		for (int fused = 0; fused < 2; fused++) {
+			uint8_t *zero = calloc(1, pb);
+			l.pool = up(d, zero, pb);
+			float *dq = up(d, q, R * NH * HD * 4), *dk = up(d, k, R * NKV * HD * 4), *dv = up(d, v, R * NKV * HD * 4);
+			int32_t *dt = up(d, table, sizeof table), *dp = up(d, pos, sizeof pos);
+			kvt_rope_store_args a = { .st = { .kv = &l, .layer = 1, .block_table = dt, .pos0 = 6, .n_rows = R, .k = dk,
+							  .v = dv },
+						  .n_heads = NH, .n_rot = 48, .freq_base = 10000.0f, .pos = dp, .q = dq, .k = dk };
+			if (fused) {
+				CHECK(kvt_dev_rope_store(d, &a) == KVT_OK);
+			} else {
+				kvt_rope_args r = { .n_rows = R, .n_heads = NH, .head_dim = HD, .n_rot = 48, .freq_base = 10000.0f,
+						    .pos = dp, .x = dq };
+				CHECK(kvt_dev_rope(d, &r) == KVT_OK);
+				r.n_heads = NKV;
+				r.x = dk;
+				CHECK(kvt_dev_rope(d, &r) == KVT_OK && kvt_dev_kv_store(d, &a.st) == KVT_OK);
+			}
+			pools[fused] = malloc(pb);
+			CHECK(kvt_dev_sync(d) == KVT_OK && kvt_dev_copy_d2h(d, pools[fused], l.pool, pb) == KVT_OK);
+			qs[fused] = down_f(d, dq, R * NH * HD);
+			ks[fused] = down_f(d, dk, R * NKV * HD);
+			void *bufs[] = { l.pool, dq, dk, dv, dt, dp };
+			for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++)
+				kvt_dev_free(d, bufs[b]);
+			free(zero);
+		}
+		CHECKF(memcmp(pools[0], pools[1], pb) == 0, "rope_store %s pool: fused store differs",
+		       kvt_kv_codec_name(codec));
+		CHECK(same_dev_ok(d, qs[0], qs[1], R * NH * HD) && same_dev_ok(d, ks[0], ks[1], R * NKV * HD));
+		for (int f = 0; f < 2; f++) {
+			free(pools[f]);
+			free(qs[f]);
+			free(ks[f]);
+		}
+		free(q);
+		free(k);
+		free(v);
+		n_cases++;
+	}
+	printf("%s: fused ops (norm_matmul, matmul_swiglu, rope_store) against the plain ops, %d cases\n",
+	       kvt_dev_name(d), n_cases);
+}
+
 static int32_t host_argmax(const float *x, uint32_t n)
 {
 	uint32_t b = 0;
@@ -260,12 +436,12 @@ static void test_decode(kvt_dev *d, const char *path, uint32_t n_layer)
 	CHECKF(memcmp(ref, got_n, sizeof ref) == 0, "batch 1: decode without graphs differs from forward");
 	const uint64_t steps = N - 1;
 	printf("%s batch 1, %llu steps: graphs: %llu graph launches, %llu host syncs, %llu kernels outside, "
-	       "%llu in graphs (%.1f a step, %.1f a layer besides the 4 of embed, norm, logits, pick), %llu copies; "
+	       "%llu in graphs (%.1f a step, %.1f a layer besides the 3 of embed, norm + logits, pick), %llu copies; "
 	       "direct: %llu kernels (%.1f a step), %llu host syncs\n",
 	       kvt_dev_name(d), (unsigned long long)steps, (unsigned long long)cg.graph_launches,
 	       (unsigned long long)cg.host_syncs, (unsigned long long)cg.kernel_launches,
 	       (unsigned long long)cg.graph_kernels, (double)cg.graph_kernels / steps,
-	       cg.graph_kernels ? ((double)cg.graph_kernels / steps - 4) / n_layer : 0.0, (unsigned long long)cg.copies,
+	       cg.graph_kernels ? ((double)cg.graph_kernels / steps - 3) / n_layer : 0.0, (unsigned long long)cg.copies,
 	       (unsigned long long)cn.kernel_launches, (double)cn.kernel_launches / steps,
 	       (unsigned long long)cn.host_syncs);
 	if (graphs) {
@@ -275,6 +451,10 @@ static void test_decode(kvt_dev *d, const char *path, uint32_t n_layer)
 		CHECKF(cg.host_syncs <= steps, "%llu host syncs for %llu tokens", (unsigned long long)cg.host_syncs,
 		       (unsigned long long)steps);
 		CHECK_EQ_INT(cg.kernel_launches, 0);
+		/* a layer is 9 launches: 3 GEMVs with the norm fused, RoPE + store, attention and its combine,
+		 * the output GEMV, gate + up + SwiGLU, down; plus embed, norm + logits, argmax a step */
+		CHECKF(cg.graph_kernels <= steps * (3 + 9 * n_layer), "%.1f kernels a step",
+		       (double)cg.graph_kernels / steps);
 		CHECK(cg.graph_kernels == cn.kernel_launches); /* the same ops, replayed */
 		CHECK(cn.host_syncs <= steps);
 		CHECK(cn.graph_launches == 0);
@@ -374,6 +554,11 @@ int main(void)
 	if (!d)
 		return check_skip("test_gpu_graph", "the device KVTIER_TEST_DEVICE names is not available");
 	test_capture_rules(d);
+	kvt_dev_config rc = { .kind = KVT_DEV_CPU, .use_ref = true };
+	kvt_dev *ref = NULL;
+	CHECK(kvt_dev_create(&rc, &ref) == KVT_OK);
+	test_fused(d, ref);
+	kvt_dev_destroy(ref);
 
 	/* every decode kernel, every codec */
 	const bool cuda = kvt_dev_kind(d) == KVT_DEV_CUDA;

@@ -289,6 +289,13 @@ static int alloc_buffers(kvt_model *m)
 				       .w_dtype = dt };
 		size_t a = kvt_dev_matmul_workspace_bytes(m->dev, &mm);
 		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
+		kvt_norm_matmul_args nm = { .mm = mm };
+		nm.mm.n_in = hp->n_embd;
+		a = kvt_dev_norm_matmul_workspace_bytes(m->dev, &nm);
+		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
+		kvt_matmul_swiglu_args sw = { .n_rows = m->cfg.max_batch, .n_in = hp->n_embd, .n_out = hp->n_ff, .w_dtype = dt };
+		a = kvt_dev_matmul_swiglu_workspace_bytes(m->dev, &sw);
+		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
 	}
 	if (m->ws_bytes)
 		return kvt_dev_alloc(m->dev, m->ws_bytes, &m->ws);
@@ -530,6 +537,15 @@ static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w
 	return kvt_dev_matmul(m->dev, &a, m->ws);
 }
 
+/* y = matmul(rmsnorm(x; norm), w), the norm fused in */
+static int norm_mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w, const float *norm, float *y)
+{
+	kvt_norm_matmul_args a = { .mm = { .n_rows = rows, .n_in = n_in, .n_out = n_out, .w_dtype = w.dtype, .w = w.p,
+					   .x = m->x, .y = y },
+				   .norm_w = norm, .eps = m->hp.rms_eps };
+	return kvt_dev_norm_matmul(m->dev, &a, m->ws);
+}
+
 /*
  * Embed M rows and run every layer over them. The rows are n_seq runs of
  * consecutive tokens, run i of n[i] tokens appended to seqs[i] (which holds
@@ -574,10 +590,11 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 		kvt_rope_args rk = rq;
 		rk.n_heads = hp->n_head_kv;
 		rk.x = m->k;
-		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, E, L->wq, m->h, m->q, false)) ||
-		    (rc = mm(m, M, E, KVD, L->wk, m->h, m->k, false)) ||
-		    (rc = mm(m, M, E, KVD, L->wv, m->h, m->v, false)) || (rc = kvt_dev_rope(m->dev, &rq)) ||
-		    (rc = kvt_dev_rope(m->dev, &rk)))
+		/* the norm fused into each input GEMM; RoPE fused with the K/V store (per sequence, below) */
+		(void)rn;
+		(void)rk;
+		if ((rc = norm_mm(m, M, E, E, L->wq, L->attn_norm, m->q)) || (rc = norm_mm(m, M, E, KVD, L->wk, L->attn_norm, m->k)) ||
+		    (rc = norm_mm(m, M, E, KVD, L->wv, L->attn_norm, m->v)))
 			return rc;
 		for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
 			const kvt_seq *s = seqs[i];
@@ -590,16 +607,26 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 						  .q = m->q + (size_t)r0 * E, .out = m->att + (size_t)r0 * E };
 			if (m->dec_issue)
 				decode_seq_args(m, i, &st, &at);
-			if ((rc = kvt_dev_kv_store(m->dev, &st)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
+			kvt_rope_store_args rs = { .st = st, .n_heads = hp->n_head, .n_rot = hp->n_rot, .freq_base = hp->rope_base,
+						   .pos = rq.pos + r0, .q = m->q + (size_t)r0 * E,
+						   .k = m->k + (size_t)r0 * KVD };
+			if ((rc = kvt_dev_rope_store(m->dev, &rs)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
 				return rc;
 		}
 		if ((rc = mm(m, M, E, E, L->wo, m->att, m->x, true)))
 			return rc;
 		rn.w = L->ffn_norm;
 		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate };
-		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) ||
-		    (rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)) || (rc = kvt_dev_swiglu(m->dev, &sw)) ||
-		    (rc = mm(m, M, hp->n_ff, E, L->w_down, m->gate, m->x, true)))
+		/* norm, both input GEMMs and SwiGLU in one op where the two matrices share a dtype */
+		kvt_matmul_swiglu_args fs = { .n_rows = M, .n_in = E, .n_out = hp->n_ff, .w_dtype = L->w_gate.dtype,
+					      .w_gate = L->w_gate.p, .w_up = L->w_up.p, .x = m->x, .y = m->gate,
+					      .norm_w = L->ffn_norm, .eps = hp->rms_eps };
+		if (L->w_gate.dtype == L->w_up.dtype)
+			rc = kvt_dev_matmul_swiglu(m->dev, &fs, m->ws);
+		else if (!(rc = kvt_dev_rmsnorm(m->dev, &rn)) && !(rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) &&
+			 !(rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)))
+			rc = kvt_dev_swiglu(m->dev, &sw);
+		if (rc || (rc = mm(m, M, hp->n_ff, E, L->w_down, m->gate, m->x, true)))
 			return rc;
 	}
 	for (uint32_t i = 0; i < n_seq && !m->dec_issue; i++) /* a decode step counts its tokens once it ran */
@@ -844,10 +871,7 @@ static int decode_issue(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, cons
 	m->dec_issue = false;
 	if (rc)
 		return rc;
-	kvt_rmsnorm_args rn = { .n_rows = n_seq, .n_dim = hp->n_embd, .eps = hp->rms_eps, .w = m->output_norm,
-				.x = m->x, .y = m->h };
-	if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) ||
-	    (rc = mm(m, n_seq, hp->n_embd, hp->n_vocab, m->output, m->h, m->logits, false)))
+	if ((rc = norm_mm(m, n_seq, hp->n_embd, hp->n_vocab, m->output, m->output_norm, m->logits)))
 		return rc;
 	if (smp->temperature > 0) {
 		kvt_sample_args sa = { .n_rows = n_seq, .n_cols = hp->n_vocab, .x = m->logits,
