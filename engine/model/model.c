@@ -962,9 +962,12 @@ int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const i
 			if ((rc = kvt_dev_capture_begin(m->dev)))
 				return rc;
 			int issued = decode_issue(m, n_seq, seqs, smp);
-			rc = kvt_dev_capture_end(m->dev, &ds->graph[n_seq]);
-			if (issued || rc)
+			rc = kvt_dev_capture_end(m->dev, &ds->graph[n_seq]); /* ends the capture either way */
+			if (issued || rc) { /* a partial capture is no graph to replay */
+				kvt_dev_graph_destroy(m->dev, ds->graph[n_seq]);
+				ds->graph[n_seq] = NULL;
 				return issued ? issued : rc;
+			}
 			ds->smp[n_seq] = *smp;
 		}
 		rc = kvt_dev_graph_launch(m->dev, ds->graph[n_seq]);
