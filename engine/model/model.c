@@ -585,14 +585,7 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const layer_w *L = &m->layers[l];
 		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
-		kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
-				     .freq_base = hp->rope_base, .pos = d_pos, .x = m->q };
-		kvt_rope_args rk = rq;
-		rk.n_heads = hp->n_head_kv;
-		rk.x = m->k;
 		/* the norm fused into each input GEMM; RoPE fused with the K/V store (per sequence, below) */
-		(void)rn;
-		(void)rk;
 		if ((rc = norm_mm(m, M, E, E, L->wq, L->attn_norm, m->q)) || (rc = norm_mm(m, M, E, KVD, L->wk, L->attn_norm, m->k)) ||
 		    (rc = norm_mm(m, M, E, KVD, L->wv, L->attn_norm, m->v)))
 			return rc;
@@ -608,7 +601,7 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 			if (m->dec_issue)
 				decode_seq_args(m, i, &st, &at);
 			kvt_rope_store_args rs = { .st = st, .n_heads = hp->n_head, .n_rot = hp->n_rot, .freq_base = hp->rope_base,
-						   .pos = rq.pos + r0, .q = m->q + (size_t)r0 * E,
+						   .pos = d_pos + r0, .q = m->q + (size_t)r0 * E,
 						   .k = m->k + (size_t)r0 * KVD };
 			if ((rc = kvt_dev_rope_store(m->dev, &rs)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
 				return rc;

@@ -150,6 +150,9 @@ typedef struct kvt_decode_sampling {
  * use and replayed after: the step's ids, positions and draws go over in one
  * copy, block-table rows only when a sequence's table changed, then one
  * graph launch and one host wait. Errors as kvt_model_forward_batch's.
+ * NOTE: the first step on a KV pool allocates the step's staging buffers,
+ * and the first step of each batch size captures its graph; later steps
+ * allocate nothing.
  */
 int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const int32_t *tokens,
 		     const kvt_decode_sampling *smp, const float *u, int32_t *next);
