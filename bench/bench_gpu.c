@@ -12,7 +12,13 @@
  *      the same bytes; also page-out through FP8 (pack + D2H of the packed bytes);
  *   5. end-to-end greedy decode tokens/s of a Llama-1B-shaped synthetic model
  *      (random fp16 weights, written here with the project's GGUF writer),
- *      with the weight bytes read per second against the copy's bandwidth.
+ *      with the weight bytes read per second against the copy's bandwidth;
+ *   6. decode steps of the same model, the device counters per token
+ *      (kernel launches, graph launches, host waits, bytes each way): one
+ *      token at a time through kvt_model_forward and a host argmax, then
+ *      kvt_model_decode (one graph a step, greedy on the device) at batch 1,
+ *      8 and 32, tokens/s and the weight bytes streamed per second against
+ *      the copy (at batch 1 the weight-streaming limit: target >= 0.7).
  *
  * Decode attention runs on each decode kernel (KVT_CUDA_DECODE=1, 2 and 3;
  * the "kernel" field). `bench_gpu DIR --attention` stops after it: the quick
@@ -211,6 +217,96 @@ static double page_time(page_job *j, int mode, int iters)
 	return time_it(do_page, j, iters);
 }
 
+static void counters_json(const kvt_dev_counters *c, double per, char *buf, size_t cap)
+{
+	snprintf(buf, cap,
+		 "\"kernels_per_token\":%.2f,\"graph_launches_per_token\":%.2f,\"graph_kernels_per_token\":%.2f,"
+		 "\"host_syncs_per_token\":%.2f,\"copies_per_token\":%.2f,\"h2d_bytes_per_token\":%.1f,"
+		 "\"d2h_bytes_per_token\":%.1f",
+		 c->kernel_launches / per, c->graph_launches / per, c->graph_kernels / per, c->host_syncs / per,
+		 c->copies / per, c->h2d_bytes / per, c->d2h_bytes / per);
+}
+
+static int32_t argmax_host(const float *x, uint32_t n)
+{
+	uint32_t b = 0;
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return (int32_t)b;
+}
+
+/* 6: decode steps, classic and as graphs, with the counters per token. */
+static void decode_steps(kvt_model *m, kvt_t0_pool *pool, double copy_bps, double wbytes)
+{
+	enum { P = 64, N = 64, BMAX = 32 };
+	const uint32_t V = kvt_model_hparams_get(m)->n_vocab;
+	float *logits = malloc((size_t)V * sizeof(float));
+	static kvt_seq s[BMAX];
+	kvt_seq *sp[BMAX];
+	int32_t prompt[P], tok[BMAX], next[BMAX];
+	char cj[512];
+	for (int i = 0; i < P; i++)
+		prompt[i] = 3 + (i * 13) % 290;
+	for (int i = 0; i < BMAX; i++) {
+		if (kvt_seq_init(&s[i], dev, pool, P + N + 1))
+			die("seq");
+		sp[i] = &s[i];
+	}
+	/* one token at a time through kvt_model_forward, the host picking */
+	if (kvt_model_forward(m, &s[0], prompt, P, logits, 1))
+		die("prefill");
+	tok[0] = argmax_host(logits, V);
+	kvt_dev_counters c;
+	kvt_dev_counters_reset(dev);
+	double t0 = kvt_now_s();
+	for (int t = 0; t < N; t++) {
+		if (kvt_model_forward(m, &s[0], &tok[0], 1, logits, 1))
+			die("forward");
+		tok[0] = argmax_host(logits, V);
+	}
+	double dt = kvt_now_s() - t0;
+	kvt_dev_counters_get(dev, &c);
+	counters_json(&c, N, cj, sizeof cj);
+	printf("{\"bench\":\"decode_step\",\"path\":\"forward+host argmax\",\"batch\":1,\"tok_s\":%.1f,"
+	       "\"weights_vs_copy\":%.3f,%s}\n", N / dt, wbytes * N / dt / copy_bps, cj);
+	fflush(stdout);
+	static const uint32_t batches[] = { 1, 8, 32 };
+	for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+		const uint32_t B = batches[bi];
+		for (uint32_t i = 0; i < B; i++) {
+			kvt_seq_reset(&s[i]);
+			if (kvt_model_forward(m, &s[i], prompt, P, logits, 1))
+				die("prefill");
+			tok[i] = argmax_host(logits, V);
+		}
+		int rc = kvt_model_decode(m, B, sp, tok, NULL, NULL, next); /* the capture, not timed */
+		memcpy(tok, next, B * sizeof *tok);
+		kvt_dev_counters_reset(dev);
+		t0 = kvt_now_s();
+		for (int t = 1; t < N && !rc; t++) {
+			rc = kvt_model_decode(m, B, sp, tok, NULL, NULL, next);
+			memcpy(tok, next, B * sizeof *tok);
+		}
+		if (rc) { /* a finding for the device run to report, not a reason to lose the other figures */
+			printf("{\"bench\":\"decode_step\",\"batch\":%u,\"error\":%d}\n", B, rc);
+			fflush(stdout);
+			continue;
+		}
+		dt = kvt_now_s() - t0;
+		kvt_dev_counters_get(dev, &c);
+		counters_json(&c, (double)(N - 1) * B, cj, sizeof cj);
+		printf("{\"bench\":\"decode_step\",\"path\":\"%s\",\"batch\":%u,\"steps_s\":%.1f,\"tok_s\":%.1f,"
+		       "\"weights_vs_copy\":%.3f,%s}\n",
+		       kvt_dev_graphs_supported(dev) ? "graph" : "decode (no graphs)", B, (N - 1) / dt, (N - 1) * B / dt,
+		       wbytes * (N - 1) / dt / copy_bps, cj);
+		fflush(stdout);
+	}
+	for (int i = 0; i < BMAX; i++)
+		kvt_seq_deinit(&s[i]);
+	free(logits);
+}
+
 static int e2e(double copy_bps, const char *dir, int layers)
 {
 	char path[512];
@@ -242,7 +338,7 @@ static int e2e(double copy_bps, const char *dir, int layers)
 	kvt_model_kv_shape(m, 16, &shape);
 	kvt_t0_pool *pool;
 	kvt_seq s;
-	if (kvt_t0_create(dev, &shape, 300, &pool) || kvt_seq_init(&s, dev, pool, 4096))
+	if (kvt_t0_create(dev, &shape, 600, &pool) || kvt_seq_init(&s, dev, pool, 4096))
 		die("pool");
 	enum { P = 512, N = 128 };
 	int32_t prompt[P];
@@ -258,6 +354,7 @@ static int e2e(double copy_bps, const char *dir, int layers)
 		die("generate");
 	double tps = (st.n_gen - 1) / st.decode_s;
 	double wbytes = (double)kvt_model_weight_bytes(m);
+	decode_steps(m, pool, copy_bps, wbytes);
 	printf("{\"bench\":\"e2e_decode\",\"model\":\"synthetic llama-1B shape (%d layers, fp16)\",\"weight_bytes\":%.0f,"
 	       "\"prompt\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"weight_bytes_per_s\":%.4g,"
 	       "\"vs_copy\":%.3f,\"gguf_write_s\":%.1f}\n",

@@ -8,6 +8,7 @@
 #   bench/device_check.sh                 # everything below, figures to $OUT
 #   bench/device_check.sh --attention     # parity, then decode attention only (all kernels)
 # In order: the parity test (every op against the CPU reference, decode kernels 1-3);
+# test_gpu_graph (decode steps as CUDA graphs: tokens, counters, fused ops);
 # bench_gpu's JSON lines (decode attention on each decode kernel, codecs, paging,
 # end to end); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
 # torch is there; the tier, model-promotion and scheduler tests on the CUDA backend
@@ -23,7 +24,7 @@ if [ "${1:-}" = "--bundle" ]; then
 	# x86-64-v3 (AVX2, FMA, F16C) rather than -march=native: the GPU machine's CPU may differ.
 	cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DKVT_NATIVE=OFF \
 		-DCMAKE_C_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES="${KVT_CUDA_ARCHS:-90}" >/dev/null
-	bins="test_gpu_parity bench_gpu test_t1_pool test_manager_tiers test_manager_model test_sched kvtierd"
+	bins="test_gpu_parity test_gpu_graph bench_gpu test_t1_pool test_manager_tiers test_manager_model test_sched kvtierd"
 	cmake --build build-device -j"$(nproc)" --target $bins
 	rm -rf .device .device.tar.xz
 	../shared/tools/device-bundle.sh .device $(for b in $bins; do echo build-device/$b; done)
@@ -40,6 +41,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2
 echo "== parity"
 timeout "${KVT_PARITY_S:-150}" test_gpu_parity 2>&1 | tee "$out/parity.txt"
 parity=${PIPESTATUS[0]}
+echo "== graphs, counters, fused ops"
+(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout "${KVT_GRAPH_S:-120}" test_gpu_graph) 2>&1 | tee "$out/graph.txt"
+graph=${PIPESTATUS[0]}
 echo "== benchmarks"
 timeout "${KVT_BENCH_S:-200}" bench_gpu /tmp ${1:-} 2>&1 | tee "$out/bench_gpu.jsonl"
 echo "== pytorch sdpa"
@@ -61,5 +65,8 @@ if [ "${1:-}" != "--attention" ]; then
 	timeout 240 python3 bench/gpu_daemon_smoke.py .device/bin /tmp/kvt-smoke 2>&1 | tee "$out/daemon_smoke.txt"
 	[ "${PIPESTATUS[0]}" = 0 ] || rest=1
 fi
-echo "parity exit status: $parity; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
-[ "$parity" = 0 ] && [ "$rest" = 0 ]
+echo "== summary (every target with its measured ratio; unmeasured ones named)"
+python3 bench/device_summary.py "$out/bench_gpu.jsonl" "$out/parity.txt" "$out/graph.txt" --json "$out/summary.jsonl" |
+	tee "$out/summary.txt"
+echo "parity exit status: $parity; graph test: $graph; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
+[ "$parity" = 0 ] && [ "$graph" = 0 ] && [ "$rest" = 0 ]

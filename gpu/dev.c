@@ -141,6 +141,60 @@ int kvt_dev_sync(kvt_dev *d)
 	return d->ops->sync(d);
 }
 
+void kvt_dev_counters_get(const kvt_dev *d, kvt_dev_counters *out)
+{
+	const uint64_t *src = (const uint64_t *)&d->ctr;
+	uint64_t *dst = (uint64_t *)out;
+	for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+void kvt_dev_counters_reset(kvt_dev *d)
+{
+	uint64_t *c = (uint64_t *)&d->ctr;
+	for (size_t i = 0; i < sizeof d->ctr / sizeof(uint64_t); i++)
+		__atomic_store_n(&c[i], 0, __ATOMIC_RELAXED);
+}
+
+bool kvt_dev_graphs_supported(const kvt_dev *d)
+{
+	return d->ops->capture_begin != NULL;
+}
+
+int kvt_dev_capture_begin(kvt_dev *d)
+{
+	if (!d->ops->capture_begin) {
+		KVT_LOGE("dev.capture_begin: the %s backend has no graphs", d->ops->name);
+		return KVT_EUNSUPPORTED;
+	}
+	return d->ops->capture_begin(d);
+}
+
+int kvt_dev_capture_end(kvt_dev *d, kvt_graph **out)
+{
+	if (!out)
+		BAD("capture_end", "NULL out");
+	*out = NULL;
+	if (!d->ops->capture_end) {
+		KVT_LOGE("dev.capture_end: the %s backend has no graphs", d->ops->name);
+		return KVT_EUNSUPPORTED;
+	}
+	return d->ops->capture_end(d, out);
+}
+
+int kvt_dev_graph_launch(kvt_dev *d, kvt_graph *g)
+{
+	if (!g)
+		BAD("graph_launch", "NULL graph");
+	return d->ops->graph_launch(d, g);
+}
+
+void kvt_dev_graph_destroy(kvt_dev *d, kvt_graph *g)
+{
+	if (g)
+		d->ops->graph_destroy(d, g);
+}
+
 size_t kvt_dev_matmul_workspace_bytes(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	return d->ops->matmul_workspace(d, a);
@@ -435,4 +489,104 @@ int kvt_dev_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a)
 	if (rc)
 		return rc;
 	return a->n_blocks ? d->ops->kv_unpack(d, s, a) : KVT_OK;
+}
+
+/* ---- fused ops: validation, and the composition of the plain ops they are defined as ---- */
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+size_t kvt_dev_norm_matmul_workspace_bytes(const kvt_dev *d, const kvt_norm_matmul_args *a)
+{
+	return align256((size_t)a->mm.n_rows * a->mm.n_in * sizeof(float)) + d->ops->matmul_workspace(d, &a->mm);
+}
+
+int kvt_dev_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws)
+{
+	if (!a->norm_w || !(a->eps >= 0))
+		BAD("norm_matmul", "NULL norm weight or eps %g", a->eps);
+	if (!ws)
+		BAD("norm_matmul", "missing workspace");
+	if (!a->mm.n_rows || !a->mm.n_in || !a->mm.n_out || !a->mm.w || !a->mm.x || !a->mm.y)
+		BAD("norm_matmul", "bad matmul arguments (%ux%ux%u)", a->mm.n_rows, a->mm.n_in, a->mm.n_out);
+	if (d->ops->norm_matmul) {
+		int rc = d->ops->norm_matmul(d, a, ws);
+		if (rc != KVT_DEV_COMPOSE)
+			return rc;
+	}
+	float *xn = ws;
+	kvt_rmsnorm_args rn = { .n_rows = a->mm.n_rows, .n_dim = a->mm.n_in, .eps = a->eps, .w = a->norm_w,
+				.x = a->mm.x, .y = xn };
+	kvt_matmul_args mm = a->mm;
+	mm.x = xn;
+	int rc = kvt_dev_rmsnorm(d, &rn);
+	return rc ? rc : kvt_dev_matmul(d, &mm, (char *)ws + align256((size_t)mm.n_rows * mm.n_in * sizeof(float)));
+}
+
+size_t kvt_dev_matmul_swiglu_workspace_bytes(const kvt_dev *d, const kvt_matmul_swiglu_args *a)
+{
+	kvt_matmul_args mm = { .n_rows = a->n_rows, .n_in = a->n_in, .n_out = a->n_out, .w_dtype = a->w_dtype };
+	return align256((size_t)a->n_rows * a->n_in * sizeof(float)) +
+	       align256((size_t)a->n_rows * a->n_out * sizeof(float)) + d->ops->matmul_workspace(d, &mm);
+}
+
+int kvt_dev_matmul_swiglu(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws)
+{
+	if (!a->n_rows || !a->n_in || !a->n_out || !a->w_gate || !a->w_up || !a->x || !a->y || !(a->eps >= 0))
+		BAD("matmul_swiglu", "bad arguments (%ux%ux%u)", a->n_rows, a->n_in, a->n_out);
+	if (!weight_ok(d, a->w_dtype, a->n_in))
+		BAD("matmul_swiglu", "weight dtype %s with rows of %u", kvt_dtype_name(a->w_dtype), a->n_in);
+	if ((const void *)a->x == (void *)a->y)
+		BAD("matmul_swiglu", "y aliases x");
+	if (!ws)
+		BAD("matmul_swiglu", "missing workspace");
+	if (d->ops->matmul_swiglu) {
+		int rc = d->ops->matmul_swiglu(d, a, ws);
+		if (rc != KVT_DEV_COMPOSE)
+			return rc;
+	}
+	float *xn = ws, *upv = (float *)((char *)ws + align256((size_t)a->n_rows * a->n_in * sizeof(float)));
+	void *mws = (char *)upv + align256((size_t)a->n_rows * a->n_out * sizeof(float));
+	int rc = KVT_OK;
+	if (a->norm_w) {
+		kvt_rmsnorm_args rn = { .n_rows = a->n_rows, .n_dim = a->n_in, .eps = a->eps, .w = a->norm_w,
+					.x = a->x, .y = xn };
+		rc = kvt_dev_rmsnorm(d, &rn);
+	}
+	kvt_matmul_args mm = { .n_rows = a->n_rows, .n_in = a->n_in, .n_out = a->n_out, .w_dtype = a->w_dtype,
+			       .w = a->w_gate, .x = a->norm_w ? xn : a->x, .y = a->y };
+	if (!rc)
+		rc = kvt_dev_matmul(d, &mm, mws);
+	mm.w = a->w_up;
+	mm.y = upv;
+	if (!rc)
+		rc = kvt_dev_matmul(d, &mm, mws);
+	kvt_swiglu_args sw = { .n = (uint64_t)a->n_rows * a->n_out, .gate = a->y, .up = upv, .y = a->y };
+	return rc ? rc : kvt_dev_swiglu(d, &sw);
+}
+
+int kvt_dev_rope_store(kvt_dev *d, const kvt_rope_store_args *a)
+{
+	const kvt_kv_layout *kv = a->st.kv;
+	if (!kv || !a->k || a->st.k != a->k || !a->pos)
+		BAD("rope_store", "bad arguments (st.k must be k)");
+	if (d->ops->rope_store) {
+		int rc = check_kv("rope_store", kv, a->st.layer, a->st.block_table);
+		if (rc)
+			return rc;
+		if (!a->st.n_rows || !a->st.v || (a->q && !a->n_heads))
+			BAD("rope_store", "bad arguments");
+		if (a->n_rot % 2 || a->n_rot > kv->head_dim || !a->n_rot || !(a->freq_base > 0))
+			BAD("rope_store", "n_rot %u with head_dim %u, freq_base %g", a->n_rot, kv->head_dim, a->freq_base);
+		rc = d->ops->rope_store(d, a);
+		if (rc != KVT_DEV_COMPOSE)
+			return rc;
+	}
+	kvt_rope_args r = { .n_rows = a->st.n_rows, .n_heads = a->n_heads, .head_dim = kv->head_dim, .n_rot = a->n_rot,
+			    .freq_base = a->freq_base, .pos = a->pos, .x = a->q };
+	int rc = a->q ? kvt_dev_rope(d, &r) : KVT_OK;
+	r.n_heads = kv->n_kv_heads;
+	r.x = a->k;
+	if (!rc)
+		rc = kvt_dev_rope(d, &r);
+	return rc ? rc : kvt_dev_kv_store(d, &a->st);
 }

@@ -140,6 +140,45 @@ int kvt_dev_copy_d2d(kvt_dev *d, void *d_dst, const void *d_src, size_t n_bytes)
 int kvt_dev_sync(kvt_dev *d);
 
 /*
+ * Counters of what a backend asked of the device since creation (or the
+ * last reset), for benchmarks and tests that check how a step is issued.
+ * The CUDA backend fills them; the CPU backend has no launches or host
+ * waits to count and reports zeros. Work inside a graph counts when the
+ * graph is launched (its kernels and copies, once per launch), not when it
+ * is captured. Updated atomically: streams on other threads count too.
+ */
+typedef struct kvt_dev_counters {
+	uint64_t kernel_launches; /* kernels (a cuBLAS call counts as one) launched one by one */
+	uint64_t graph_launches;  /* graphs launched */
+	uint64_t graph_kernels;   /* kernels run inside the graphs launched */
+	uint64_t host_syncs;      /* times the host waited for the device (stream, event or copy) */
+	uint64_t copies;          /* copies issued (a graph's copy nodes included) */
+	uint64_t h2d_bytes;       /* bytes copied host -> device */
+	uint64_t d2h_bytes;       /* device -> host */
+	uint64_t d2d_bytes;       /* device -> device */
+} kvt_dev_counters;
+void kvt_dev_counters_get(const kvt_dev *d, kvt_dev_counters *out);
+void kvt_dev_counters_reset(kvt_dev *d);
+
+/*
+ * Graphs: record the ops issued on the compute stream between
+ * kvt_dev_capture_begin and kvt_dev_capture_end (nothing runs then), and
+ * replay them with one kvt_dev_graph_launch. A replay reads the same
+ * buffers with the same arguments as at capture: what changes per replay
+ * must live in device memory (or pinned host memory a captured copy reads).
+ * While capturing, an op that would wait on the host (kvt_dev_sync, the
+ * blocking copies, embed without trusted ids) fails with KVT_EINVAL, and so
+ * does the end of the capture. KVT_EUNSUPPORTED where the backend has no
+ * graphs (the CPU backend: its ops run as they are issued).
+ */
+typedef struct kvt_graph kvt_graph;
+bool kvt_dev_graphs_supported(const kvt_dev *d);
+int kvt_dev_capture_begin(kvt_dev *d);
+int kvt_dev_capture_end(kvt_dev *d, kvt_graph **out); /* *out NULL on failure */
+int kvt_dev_graph_launch(kvt_dev *d, kvt_graph *g);
+void kvt_dev_graph_destroy(kvt_dev *d, kvt_graph *g); /* NULL is a no-op */
+
+/*
  * Pinned host memory ("h_" pointers): page-locked on CUDA (cudaHostAlloc),
  * so async copies to and from it run at full bus speed; on the CPU backend
  * 4 KiB-aligned memory that the backend tries to mlock (a refused mlock is
@@ -266,6 +305,8 @@ typedef struct kvt_embed_args {
 	float *y;             /* [n_rows][n_dim], device */
 	float scale;          /* multiplies every element (Gemma: sqrt(n_dim)); NOTE: 0 means 1,
 	                         so a zero-initialised struct embeds unscaled */
+	bool trusted_ids;     /* the caller checked ids (or a device op made them): no read-back, so
+	                         no host wait; an out-of-range id then gives a row of zeros */
 } kvt_embed_args;
 int kvt_dev_embed(kvt_dev *d, const kvt_embed_args *a);
 
@@ -352,6 +393,8 @@ typedef struct kvt_kv_store_args {
 	uint32_t n_rows;            /* tokens */
 	const float *k;             /* [n_rows][n_kv_heads][head_dim], device */
 	const float *v;             /* same shape */
+	const int32_t *d_pos0;      /* NULL, or the position of the first row in device memory (read
+	                               there instead of pos0: a graph replays with new positions) */
 } kvt_kv_store_args;
 int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
 
@@ -374,9 +417,69 @@ typedef struct kvt_attention_args {
 	const float *q;             /* [n_rows][n_heads][head_dim], device */
 	float *out;                 /* [n_rows][n_heads][head_dim], device */
 	uint32_t window;            /* sliding window in tokens; 0: full causal */
+	const int32_t *d_pos0;      /* NULL, or the position of query row 0 in device memory, read
+	                               there instead of pos0, which is then its upper bound (launch
+	                               shapes are sized for it): a graph replays at new positions */
 } kvt_attention_args;
 size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a);
 int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace);
+
+/*
+ * Fused ops: each is defined as the plain ops it replaces, in order, and a
+ * backend without a fused kernel for a case runs exactly those (dev.c
+ * composes them; that is the CPU backend's reference). The CUDA backend's
+ * fused kernels give bit-identical results to its own unfused ops.
+ *
+ * norm_matmul: y = matmul(rmsnorm(x; norm_w, eps), w) (+ y when
+ * mm.accumulate): RMSNorm fused into the GEMM that reads it (on CUDA: the
+ * GEMV recomputes the row norm per CTA; the tensor-core path fuses it with
+ * the cast of its input to fp16). mm.x is the un-normalised input.
+ */
+typedef struct kvt_norm_matmul_args {
+	kvt_matmul_args mm;  /* the GEMM; mm.x not yet normalised, y must not alias it */
+	const float *norm_w; /* [n_in] RMSNorm weight, device */
+	float eps;           /* RMSNorm epsilon */
+} kvt_norm_matmul_args;
+size_t kvt_dev_norm_matmul_workspace_bytes(const kvt_dev *d, const kvt_norm_matmul_args *a);
+int kvt_dev_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *d_workspace);
+
+/*
+ * matmul_swiglu: y = swiglu(gate = xn . w_gate, up = xn . w_up) with xn =
+ * rmsnorm(x; norm_w, eps), or x itself when norm_w is NULL: the FFN's two
+ * input GEMMs and their activation in one (on CUDA, at up to 8 rows with
+ * fp16 weights: one kernel reading both weight rows of an output).
+ */
+typedef struct kvt_matmul_swiglu_args {
+	uint32_t n_rows;      /* M */
+	uint32_t n_in;        /* K */
+	uint32_t n_out;       /* N: the FFN width */
+	int w_dtype;          /* of both matrices */
+	const void *w_gate;   /* [n_out][n_in], device */
+	const void *w_up;     /* [n_out][n_in], device */
+	const float *x;       /* [n_rows][n_in], device */
+	float *y;             /* [n_rows][n_out], device; must not alias x */
+	const float *norm_w;  /* NULL, or [n_in]: RMSNorm x first */
+	float eps;            /* its epsilon */
+} kvt_matmul_swiglu_args;
+size_t kvt_dev_matmul_swiglu_workspace_bytes(const kvt_dev *d, const kvt_matmul_swiglu_args *a);
+int kvt_dev_matmul_swiglu(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *d_workspace);
+
+/*
+ * rope_store: rope(q) (when q is set), rope(k), then kv_store(k, v): the
+ * rotation of the new rows fused with the store of their K/V (q and k are
+ * rotated in place, as the plain ops leave them). Positions: pos[] for the
+ * rotation, pos0 / d_pos0 for the store, as the plain ops take them.
+ */
+typedef struct kvt_rope_store_args {
+	kvt_kv_store_args st; /* the store; st.k is the k below */
+	uint32_t n_heads;     /* query heads of q */
+	uint32_t n_rot;       /* rotated dims per head */
+	float freq_base;      /* theta base */
+	const int32_t *pos;   /* [st.n_rows] positions, device */
+	float *q;             /* [n_rows][n_heads][head_dim], device, rotated in place; NULL: none */
+	float *k;             /* [n_rows][n_kv_heads][head_dim], device, rotated in place */
+} kvt_rope_store_args;
+int kvt_dev_rope_store(kvt_dev *d, const kvt_rope_store_args *a);
 
 /* out[m] = index of the largest x[m][*] (lowest index on ties). */
 typedef struct kvt_argmax_args {

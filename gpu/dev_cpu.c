@@ -1102,6 +1102,13 @@ static void kv_store_q(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uin
 
 static int cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 {
+	kvt_kv_store_args at_pos;
+	if (a->d_pos0) { /* the position lives in (host-addressable) device memory */
+		at_pos = *a;
+		at_pos.pos0 = (uint32_t)*a->d_pos0;
+		at_pos.d_pos0 = NULL;
+		a = &at_pos;
+	}
 	const kvt_kv_layout *l = a->kv;
 	const uint32_t hd = l->head_dim;
 
@@ -1485,6 +1492,13 @@ static void attention_task(void *ctx, uint32_t w, uint32_t worker)
 
 static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 {
+	kvt_attention_args at_pos;
+	if (a->d_pos0) { /* the position lives in (host-addressable) device memory */
+		at_pos = *a;
+		at_pos.pos0 = (uint32_t)*a->d_pos0;
+		at_pos.d_pos0 = NULL;
+		a = &at_pos;
+	}
 	size_t r = attn_row_floats(a), b = attn_block_floats(a);
 	attn_job j = { .a = a, .ws = ws, .ws_floats = r > b ? r : b };
 	if (d->use_ref || a->kv->codec != KVT_KV_CODEC_F16) { /* 8-bit pools: row by row, on the workers */

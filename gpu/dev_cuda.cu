@@ -70,6 +70,12 @@ struct kvt_stream {
 struct kvt_event {
 	cudaEvent_t e;
 };
+/* An instantiated graph and what one replay of it does, for the counters. */
+struct kvt_graph {
+	cudaGraph_t graph;
+	cudaGraphExec_t exec;
+	uint64_t n_kernels, n_copies, h2d, d2h, d2d;
+};
 
 typedef struct cuda_dev {
 	kvt_dev base;          /* common head; must be first */
@@ -81,6 +87,9 @@ typedef struct cuda_dev {
 	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE) */
 	uint32_t qtile_elems;  /* quantized weights widened to fp16 per GEMM tile (KVT_CUDA_QTILE; tests) */
 	int decode2_occ[3][6][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
+	bool capturing;        /* between capture_begin and capture_end (compute stream) */
+	bool capture_bad;      /* an op refused to run while capturing: the capture fails */
+	kvt_graph cap;         /* counts of the capture in progress */
 } cuda_dev;
 
 static cuda_dev *C(kvt_dev *d) { return (cuda_dev *)d; }
@@ -125,7 +134,58 @@ static int cu_check(cudaError_t e, const char *what, const char *file, int line)
 	return KVT_EDEVICE;
 }
 #define CU(call) cu_check((call), #call, __FILE__, __LINE__)
-#define LAUNCHED(what) cu_check(cudaGetLastError(), what, __FILE__, __LINE__)
+
+/* Count a launch on the compute stream: into the graph being captured, or as launched now. */
+static void count_launch(kvt_dev *d)
+{
+	cuda_dev *c = (cuda_dev *)d;
+	if (c->capturing)
+		c->cap.n_kernels++;
+	else
+		KVT_DEV_COUNT(d, kernel_launches, 1);
+}
+
+static int launched(kvt_dev *d, const char *what, const char *file, int line)
+{
+	count_launch(d);
+	return cu_check(cudaGetLastError(), what, file, line);
+}
+#define LAUNCHED(what) launched(d, what, __FILE__, __LINE__)
+
+/* An op that waits on the host cannot be captured: refuse it and fail the capture. */
+static int no_wait_in_capture(kvt_dev *d, const char *op)
+{
+	cuda_dev *c = (cuda_dev *)d;
+	if (!c->capturing)
+		return KVT_OK;
+	c->capture_bad = true;
+	KVT_LOGE("dev.%s: waits on the host, which a graph capture cannot hold", op);
+	return KVT_EINVAL;
+}
+
+static int host_wait(kvt_dev *d, cudaStream_t st)
+{
+	KVT_DEV_COUNT(d, host_syncs, 1);
+	return CU(cudaStreamSynchronize(st));
+}
+
+/* Count a copy of n bytes in direction dir (enum kvt_copy_dir) on stream st. */
+static void count_copy(kvt_dev *d, cudaStream_t st, int dir, size_t n)
+{
+	cuda_dev *c = (cuda_dev *)d;
+	if (c->capturing && st == c->stream) {
+		c->cap.n_copies++;
+		(dir == KVT_COPY_H2D ? c->cap.h2d : dir == KVT_COPY_D2H ? c->cap.d2h : c->cap.d2d) += n;
+		return;
+	}
+	KVT_DEV_COUNT(d, copies, 1);
+	if (dir == KVT_COPY_H2D)
+		KVT_DEV_COUNT(d, h2d_bytes, n);
+	else if (dir == KVT_COPY_D2H)
+		KVT_DEV_COUNT(d, d2h_bytes, n);
+	else
+		KVT_DEV_COUNT(d, d2d_bytes, n);
+}
 
 static int blas_check(cublasStatus_t st, const char *what)
 {
@@ -192,18 +252,37 @@ static int cuda_alloc(kvt_dev *d, size_t n, void **out)
 
 static void cuda_free(kvt_dev *d, void *p) { CU(cudaFree(p)); }
 
-static int cuda_copy_sync(kvt_dev *d, void *dst, const void *src, size_t n)
+static int cuda_copy_sync(kvt_dev *d, void *dst, const void *src, size_t n, int dir)
 {
-	int rc = CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, C(d)->stream));
-	return rc ? rc : CU(cudaStreamSynchronize(C(d)->stream));
+	int rc = no_wait_in_capture(d, dir == KVT_COPY_H2D ? "copy_h2d" : "copy_d2h");
+	if (rc)
+		return rc;
+	count_copy(d, C(d)->stream, dir, n);
+	rc = CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, C(d)->stream));
+	return rc ? rc : host_wait(d, C(d)->stream);
+}
+
+static int cuda_copy_h2d(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	return cuda_copy_sync(d, dst, src, n, KVT_COPY_H2D);
+}
+
+static int cuda_copy_d2h(kvt_dev *d, void *dst, const void *src, size_t n)
+{
+	return cuda_copy_sync(d, dst, src, n, KVT_COPY_D2H);
 }
 
 static int cuda_copy_d2d(kvt_dev *d, void *dst, const void *src, size_t n)
 {
+	count_copy(d, C(d)->stream, KVT_COPY_D2D, n);
 	return CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, C(d)->stream));
 }
 
-static int cuda_sync(kvt_dev *d) { return CU(cudaStreamSynchronize(C(d)->stream)); }
+static int cuda_sync(kvt_dev *d)
+{
+	int rc = no_wait_in_capture(d, "sync");
+	return rc ? rc : host_wait(d, C(d)->stream);
+}
 
 static int cuda_host_alloc(kvt_dev *d, size_t n, void **out)
 {
@@ -231,12 +310,16 @@ static int cuda_stream_create(kvt_dev *d, kvt_stream **out)
 
 static void cuda_stream_destroy(kvt_dev *d, kvt_stream *s)
 {
-	CU(cudaStreamSynchronize(s->s));
+	host_wait(d, s->s);
 	CU(cudaStreamDestroy(s->s));
 	free(s);
 }
 
-static int cuda_stream_sync(kvt_dev *d, kvt_stream *s) { return CU(cudaStreamSynchronize(S(d, s))); }
+static int cuda_stream_sync(kvt_dev *d, kvt_stream *s)
+{
+	int rc = s ? KVT_OK : no_wait_in_capture(d, "stream_sync");
+	return rc ? rc : host_wait(d, S(d, s));
+}
 
 static int cuda_event_create(kvt_dev *d, kvt_event **out)
 {
@@ -263,7 +346,11 @@ static int cuda_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e)
 {
 	return CU(cudaStreamWaitEvent(S(d, s), e->e, 0));
 }
-static int cuda_event_sync(kvt_dev *d, kvt_event *e) { return CU(cudaEventSynchronize(e->e)); }
+static int cuda_event_sync(kvt_dev *d, kvt_event *e)
+{
+	KVT_DEV_COUNT(d, host_syncs, 1);
+	return CU(cudaEventSynchronize(e->e));
+}
 
 static bool cuda_event_done(kvt_dev *d, kvt_event *e)
 {
@@ -277,6 +364,7 @@ static int cuda_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src
 {
 	static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
 						cudaMemcpyDeviceToDevice };
+	count_copy(d, S(d, s), dir, n);
 	return CU(cudaMemcpyAsync(dst, src, n, kinds[dir], S(d, s)));
 }
 
@@ -577,6 +665,7 @@ static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 
 	if (a->w_dtype == KVT_DTYPE_F32) {
 		/* column-major view: y^T (N x M) = W (N x K, stored as K x N) ^T . x^T (K x M) */
+		count_launch(d);
 		return blas_check(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const float *)a->w,
 					      K, a->x, K, &beta, a->y, N),
 				  "sgemm");
@@ -615,6 +704,7 @@ static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	int rc = LAUNCHED("f32_to_f16");
 	if (rc)
 		return rc;
+	count_launch(d);
 	return blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, a->w, CUDA_R_16F, K, ws,
 				       CUDA_R_16F, K, &beta, a->y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
 				       CUBLAS_GEMM_DEFAULT),
@@ -751,8 +841,15 @@ static int cuda_embed(kvt_dev *d, const kvt_embed_args *a)
 	/* The CPU backend rejects an out-of-range id with KVT_EINVAL; so does this one,
 	 * at the cost of one small read-back (ids come from the host anyway). */
 	cuda_dev *c = C(d);
+	if (a->trusted_ids) {
+		embed_kernel<<<a->n_rows, 128, 0, c->stream>>>(*a, c->d_flag);
+		return LAUNCHED("embed");
+	}
+	int rc = no_wait_in_capture(d, "embed (ids not trusted)");
+	if (rc)
+		return rc;
 	int32_t h_bad = INT32_MIN;
-	int rc = CU(cudaMemcpyAsync(c->d_flag, &h_bad, sizeof h_bad, cudaMemcpyHostToDevice, c->stream));
+	rc = CU(cudaMemcpyAsync(c->d_flag, &h_bad, sizeof h_bad, cudaMemcpyHostToDevice, c->stream));
 	if (!rc) {
 		embed_kernel<<<a->n_rows, 128, 0, c->stream>>>(*a, c->d_flag);
 		rc = LAUNCHED("embed");
@@ -764,8 +861,11 @@ static int cuda_embed(kvt_dev *d, const kvt_embed_args *a)
 		if (!rc)
 			rc = CU(cudaMemcpyAsync(&h_bad, c->d_flag, sizeof h_bad, cudaMemcpyDeviceToHost, c->stream));
 	}
-	if (!rc)
-		rc = CU(cudaStreamSynchronize(c->stream));
+	if (!rc) {
+		count_copy(d, c->stream, KVT_COPY_H2D, sizeof h_bad);
+		count_copy(d, c->stream, KVT_COPY_D2H, sizeof h_bad);
+		rc = host_wait(d, c->stream);
+	}
 	if (!rc && h_bad != INT32_MIN) {
 		KVT_LOGE("dev.embed: token id %d out of range (vocab %u)", h_bad, a->n_vocab);
 		return KVT_EINVAL;
@@ -976,6 +1076,12 @@ static int cuda_sample(kvt_dev *d, const kvt_sample_args *a, void *ws)
 
 /* ---- paged KV ---- */
 
+/* The first row's position: from device memory when the op was given one (a graph replays at new positions). */
+__device__ __forceinline__ uint32_t pos0_of(const int32_t *d_pos0, uint32_t pos0)
+{
+	return d_pos0 ? (uint32_t)*d_pos0 : pos0;
+}
+
 /* Element offset of (slot, layer, K/V, head, token, 0) in an fp16 pool. */
 __device__ __forceinline__ size_t kv_off(const kvt_kv_layout &l, int32_t slot, uint32_t layer, uint32_t kv,
 					 uint32_t head, uint32_t t)
@@ -988,7 +1094,7 @@ __device__ __forceinline__ size_t kv_off(const kvt_kv_layout &l, int32_t slot, u
 __global__ void kv_store_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 {
 	uint32_t m = blockIdx.x, h = blockIdx.y;
-	uint32_t pos = a.pos0 + m;
+	uint32_t pos = pos0_of(a.d_pos0, a.pos0) + m;
 	int32_t slot = a.block_table[pos / l.block_tokens];
 	__half *pool = (__half *)l.pool;
 	size_t ko = kv_off(l, slot, a.layer, 0, h, pos % l.block_tokens);
@@ -1043,7 +1149,7 @@ __device__ __forceinline__ float q_decode(int codec, uint8_t c)
 __global__ void kv_store_q_kernel(kvt_kv_layout l, kvt_kv_store_args a)
 {
 	const uint32_t m = blockIdx.x, h = blockIdx.y, kv = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	const uint32_t pos = a.pos0 + m, t = pos % l.block_tokens, D = l.head_dim;
+	const uint32_t pos = pos0_of(a.d_pos0, a.pos0) + m, t = pos % l.block_tokens, D = l.head_dim;
 	const uint32_t gd = kvt_codec_group_dims(l.codec, D);
 	const int32_t slot = a.block_table[pos / l.block_tokens];
 	const float *x = (kv ? a.v : a.k) + ((size_t)m * l.n_kv_heads + h) * D;
@@ -1192,17 +1298,26 @@ __device__ __forceinline__ void decode_merge(const float (&mx)[GMAX], const floa
 	}
 }
 
+/*
+ * keys_per_split: the split size; with a.d_pos0 (a graph's launch, the grid
+ * sized for the bound in a.pos0) the number of splits wanted instead, from
+ * which each CTA sizes the splits for the real length as decode_splits does,
+ * and splits past it write empty partials.
+ */
 template <int D, int G, bool Q8>
 __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
 							  uint32_t keys_per_split, float *ws)
 {
+	const uint32_t pos0 = pos0_of(a.d_pos0, a.pos0);
+	if (a.d_pos0)
+		keys_per_split = max((pos0 + keys_per_split) / keys_per_split, 64u); /* div_up(pos0 + 1, want) */
 	constexpr int LPK = D / 8;      /* lanes per key */
 	constexpr int GPW = 32 / LPK;   /* keys per warp step */
 	constexpr int GROUPS = 4 * GPW; /* lane groups in the CTA */
 	constexpr int U = Q8 ? 4 : 2;   /* keys per lane group per trip */
 	const uint32_t kh = blockIdx.x, split = blockIdx.y;
-	const uint32_t k0 = attn_first_key(a, a.pos0) + split * keys_per_split; /* splits cover the window */
-	const uint32_t k1 = min(a.pos0 + 1, k0 + keys_per_split);
+	const uint32_t k0 = attn_first_key(a, pos0) + split * keys_per_split; /* splits cover the window */
+	const uint32_t k1 = min(pos0 + 1, k0 + keys_per_split);
 	const int tid = threadIdx.x, grp = tid / LPK, sub = tid % LPK, gi = grp % GPW;
 	const uint32_t bt = l.block_tokens;
 	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
@@ -1352,6 +1467,7 @@ __device__ __forceinline__ void decode2_unpack(const R &r, int codec, float *f)
 	}
 }
 
+/* blocks_per_split: with a.d_pos0, the splits per head of one wave instead (as attn_decode_kernel's). */
 template <int D, int GMAX, bool Q8, int DPL>
 __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_attention_args a,
 							   uint32_t blocks_per_split, float *ws)
@@ -1366,14 +1482,16 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 	static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head_dim / DPL lanes must divide a warp");
 	/* groups up to 4 have a kernel each, so their loops over G unroll without a guard */
 	const uint32_t G = GMAX <= 4 ? GMAX : a.n_heads / l.n_kv_heads;
-	const uint32_t bt = l.block_tokens, n_ctx = a.pos0 + 1;
-	const uint32_t kh = blockIdx.x, split = blockIdx.y, lo = attn_first_key(a, a.pos0);
+	const uint32_t bt = l.block_tokens, n_ctx = pos0_of(a.d_pos0, a.pos0) + 1, nb = (n_ctx + bt - 1) / bt;
+	if (a.d_pos0)
+		blocks_per_split = (nb + blocks_per_split - 1) / blocks_per_split; /* as decode2_splits */
+	const uint32_t kh = blockIdx.x, split = blockIdx.y, lo = attn_first_key(a, n_ctx - 1);
 	const uint32_t b0 = lo / bt + split * blocks_per_split; /* splits cover the window's blocks */
-	const uint32_t b1 = min(b0 + blocks_per_split, (n_ctx + bt - 1) / bt);
+	const uint32_t b1 = min(b0 + blocks_per_split, nb);
 	const uint32_t cpb = (bt + TPT - 1) / TPT; /* chunks per block */
 	/* Every chunk starts at a visible token: the last block has only as many as it needs. */
-	const uint32_t last_tokens = min(bt, n_ctx - (b1 - 1) * bt);
-	const uint32_t n_chunks = (b1 - b0 - 1) * cpb + (last_tokens + TPT - 1) / TPT;
+	const uint32_t last_tokens = b1 > b0 ? min(bt, n_ctx - (b1 - 1) * bt) : 0;
+	const uint32_t n_chunks = b1 > b0 ? (b1 - b0 - 1) * cpb + (last_tokens + TPT - 1) / TPT : 0; /* 0: past the end */
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 	const int sub = lane % LPK, gi = lane / LPK;
 	const float qs = a.scale * 1.4426950408889634f; /* scores in log2 units */
@@ -1533,6 +1651,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 	const uint32_t D = l.head_dim, G = a.n_heads / l.n_kv_heads, bt = l.block_tokens;
 	const uint32_t kh = blockIdx.x, r0 = blockIdx.y * qt;
 	const uint32_t rows = min(qt, a.n_rows - r0), nv = rows * G;
+	const uint32_t pos0 = pos0_of(a.d_pos0, a.pos0);
 	float *sq = shm;                     /* [PF_VECS][D] */
 	float *sk = sq + PF_VECS * D;        /* [PF_KEYS][D + 1] */
 	float *sv = sk + PF_KEYS * (D + 1);  /* [PF_KEYS][D] */
@@ -1551,9 +1670,9 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 		for (int e = 0; e < DPL; e++)
 			acc[j][e] = 0.0f;
 	}
-	const uint32_t last = a.pos0 + r0 + rows - 1; /* the tile's last visible key */
+	const uint32_t last = pos0 + r0 + rows - 1; /* the tile's last visible key */
 	/* the tile's first visible key (its first row's window start), rounded down to a key tile */
-	for (uint32_t t0 = attn_first_key(a, a.pos0 + r0) / PF_KEYS * PF_KEYS; t0 <= last; t0 += PF_KEYS) {
+	for (uint32_t t0 = attn_first_key(a, pos0 + r0) / PF_KEYS * PF_KEYS; t0 <= last; t0 += PF_KEYS) {
 		__syncthreads();
 		for (uint32_t i = threadIdx.x; i < PF_KEYS * D; i += blockDim.x) {
 			uint32_t kk = i / D, dd = i % D, p = t0 + kk;
@@ -1581,7 +1700,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 			uint32_t v = w + 4 * j;
 			if (v >= nv)
 				break;
-			uint32_t pos = a.pos0 + r0 + v / G;
+			uint32_t pos = pos0 + r0 + v / G;
 			uint32_t p = t0 + lane;
 			float s = -INFINITY;
 			if (p <= pos && p >= attn_first_key(a, pos)) {
@@ -1770,6 +1889,11 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 		int occ;
 		uint32_t bps, n = decode2_splits(c, a, &bps);
 		decode2_fn fn = decode2_pick(c, a, &occ);
+		if (a->d_pos0) { /* a graph: a wave's splits (or one per block of the bound), sized in the kernel */
+			bps = div_up((uint64_t)occ * c->n_sm, a->kv->n_kv_heads);
+			const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens);
+			n = bps < nb ? bps : nb;
+		}
 		fn<<<dim3(a->kv->n_kv_heads, n), 128, 0, c->stream>>>(*a->kv, *a, bps, (float *)ws);
 		int rc = LAUNCHED("attention decode (2/3)");
 		if (rc)
@@ -1780,6 +1904,11 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 	}
 	if (decode_ok(a)) {
 		uint32_t kps, n = decode_splits(c, a, &kps);
+		if (a->d_pos0) { /* a graph: the most splits any length up to the bound takes, sized in the kernel */
+			kps = decode_want(c, a);
+			const uint32_t most = div_up(a->pos0 + 1, 64);
+			n = kps < most ? kps : most;
+		}
 		bool ok = D == 64 ? launch_decode_g<64>(c->stream, a, n, kps, (float *)ws)
 			  : D == 128 ? launch_decode_g<128>(c->stream, a, n, kps, (float *)ws)
 				     : launch_decode_g<256>(c->stream, a, n, kps, (float *)ws);
@@ -2030,14 +2159,328 @@ static int cuda_kv_unpack(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a
 	return codec_run(d, s, a->kv, a->codec, a->n_blocks, a->h_slots, NULL, a->src, false);
 }
 
+/* ---- fused ops (dev.h: each bit-identical to this backend's plain ops it replaces) ---- */
+
+/*
+ * The GEMV of gemv_f16_kernel (one warp per output column, 8 fp16 weights a
+ * lane a load) with, optionally, the RMSNorm of its input rows fused in:
+ * every CTA (256 threads, as rmsnorm_kernel) reduces each row's sum of
+ * squares in rmsnorm_kernel's order, so the normalised values are those
+ * rmsnorm would have written, computed in registers as they are used. With
+ * SWIGLU the warp also reads column n of w2 and writes
+ * silu(x . w[n]) * (x . w2[n]) as swiglu_kernel would.
+ */
+template <int M, bool SWIGLU>
+__global__ void __launch_bounds__(256) gemv_fused_kernel(const __half *__restrict__ w, const __half *__restrict__ w2,
+							  const float *__restrict__ x, float *__restrict__ y,
+							  const float *__restrict__ nw, float eps, uint32_t K, uint32_t N,
+							  bool acc, bool vec)
+{
+	__shared__ float sh[32];
+	float r[M];
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		r[m] = 1.0f;
+		if (nw) { /* uniform: every thread reduces */
+			const float *xr = x + (size_t)m * K;
+			float ss = 0.0f;
+			for (uint32_t i = threadIdx.x; i < K; i += blockDim.x)
+				ss += xr[i] * xr[i];
+			ss = block_sum(ss, sh);
+			r[m] = 1.0f / sqrtf(ss / (float)K + eps);
+		}
+	}
+	const uint32_t n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	const int lane = threadIdx.x & 31;
+	if (n >= N)
+		return;
+	const __half *row = w + (size_t)n * K, *row2 = SWIGLU ? w2 + (size_t)n * K : NULL;
+	float s[M], s2[M];
+#pragma unroll
+	for (int m = 0; m < M; m++)
+		s[m] = s2[m] = 0.0f;
+	if (vec) {
+#pragma unroll 4
+		for (uint32_t k = lane * 8; k < K; k += 256) {
+			float wf[8], wf2[8];
+			uint4 raw = __ldg((const uint4 *)(row + k));
+			const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				float2 f = __half22float2(h2[i]);
+				wf[2 * i] = f.x;
+				wf[2 * i + 1] = f.y;
+			}
+			if (SWIGLU) {
+				uint4 raw2 = __ldg((const uint4 *)(row2 + k));
+				const __half2 *g2 = (const __half2 *)&raw2;
+#pragma unroll
+				for (int i = 0; i < 4; i++) {
+					float2 f = __half22float2(g2[i]);
+					wf2[2 * i] = f.x;
+					wf2[2 * i + 1] = f.y;
+				}
+			}
+#pragma unroll
+			for (int m = 0; m < M; m++) {
+				const float4 *xv = (const float4 *)(x + (size_t)m * K + k);
+				float4 a = xv[0], b = xv[1];
+				if (nw) {
+					const float4 *nv = (const float4 *)(nw + k);
+					const float4 na = nv[0], nb = nv[1];
+					a.x = a.x * r[m] * na.x;
+					a.y = a.y * r[m] * na.y;
+					a.z = a.z * r[m] * na.z;
+					a.w = a.w * r[m] * na.w;
+					b.x = b.x * r[m] * nb.x;
+					b.y = b.y * r[m] * nb.y;
+					b.z = b.z * r[m] * nb.z;
+					b.w = b.w * r[m] * nb.w;
+				}
+				s[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+					wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+				if (SWIGLU)
+					s2[m] += wf2[0] * a.x + wf2[1] * a.y + wf2[2] * a.z + wf2[3] * a.w +
+						 wf2[4] * b.x + wf2[5] * b.y + wf2[6] * b.z + wf2[7] * b.w;
+			}
+		}
+	} else {
+		for (uint32_t k = lane; k < K; k += 32) {
+			const float wf = __half2float(row[k]), wf2 = SWIGLU ? __half2float(row2[k]) : 0.0f;
+#pragma unroll
+			for (int m = 0; m < M; m++) {
+				float xv = x[(size_t)m * K + k];
+				if (nw)
+					xv = xv * r[m] * nw[k];
+				s[m] += wf * xv;
+				if (SWIGLU)
+					s2[m] += wf2 * xv;
+			}
+		}
+	}
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		const float v = warp_sum(s[m]);
+		const float u = SWIGLU ? warp_sum(s2[m]) : 0.0f;
+		if (lane == 0) {
+			float *o = y + (size_t)m * N + n;
+			if (SWIGLU)
+				*o = v / (1.0f + expf(-v)) * u;
+			else
+				*o = acc ? *o + v : v;
+		}
+	}
+}
+
+template <int M, bool SWIGLU>
+static void launch_gemv_fused(cudaStream_t st, const __half *w, const __half *w2, const float *x, float *y,
+			      const float *nw, float eps, uint32_t K, uint32_t N, bool acc, bool vec)
+{
+	gemv_fused_kernel<M, SWIGLU><<<div_up(N, 8), 256, 0, st>>>(w, w2, x, y, nw, eps, K, N, acc, vec);
+}
+
+template <bool SWIGLU>
+static void gemv_fused(cudaStream_t st, uint32_t M, const __half *w, const __half *w2, const float *x, float *y,
+		       const float *nw, float eps, uint32_t K, uint32_t N, bool acc)
+{
+	const bool vec = K % 8 == 0 && ((uintptr_t)w % 16) == 0 && (!w2 || ((uintptr_t)w2 % 16) == 0) &&
+			 ((uintptr_t)x % 16) == 0 && (!nw || ((uintptr_t)nw % 16) == 0);
+	switch (M) {
+	case 1: launch_gemv_fused<1, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 2: launch_gemv_fused<2, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 3: launch_gemv_fused<3, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 4: launch_gemv_fused<4, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 5: launch_gemv_fused<5, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 6: launch_gemv_fused<6, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	case 7: launch_gemv_fused<7, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	default: launch_gemv_fused<8, SWIGLU>(st, w, w2, x, y, nw, eps, K, N, acc, vec); break;
+	}
+}
+
+/* rmsnorm_kernel writing fp16: the norm fused with the tensor-core path's input cast. */
+__global__ void rmsnorm_f16_kernel(const float *x, const float *w, __half *y, uint32_t n, float eps)
+{
+	__shared__ float sh[32];
+	const float *xr = x + (size_t)blockIdx.x * n;
+	__half *yr = y + (size_t)blockIdx.x * n;
+	float ss = 0.0f;
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	ss = block_sum(ss, sh);
+	float r = 1.0f / sqrtf(ss / (float)n + eps);
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		yr[i] = __float2half_rn(xr[i] * r * w[i]);
+}
+
+static int cuda_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws)
+{
+	const kvt_matmul_args *mm = &a->mm;
+	cudaStream_t st = C(d)->stream;
+	if (mm->w_dtype != KVT_DTYPE_F16)
+		return KVT_DEV_COMPOSE;
+	if (mm->n_rows <= GEMV_MAX_ROWS) {
+		gemv_fused<false>(st, mm->n_rows, (const __half *)mm->w, NULL, mm->x, mm->y, a->norm_w, a->eps, mm->n_in,
+				  mm->n_out, mm->accumulate);
+		return LAUNCHED("gemv (rmsnorm fused)");
+	}
+	rmsnorm_f16_kernel<<<mm->n_rows, 256, 0, st>>>(mm->x, a->norm_w, (__half *)ws, mm->n_in, a->eps);
+	int rc = LAUNCHED("rmsnorm to f16");
+	if (rc)
+		return rc;
+	const float alpha = 1.0f, beta = mm->accumulate ? 1.0f : 0.0f;
+	count_launch(d);
+	return blas_check(cublasGemmEx(C(d)->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)mm->n_out, (int)mm->n_rows,
+				       (int)mm->n_in, &alpha, mm->w, CUDA_R_16F, (int)mm->n_in, ws, CUDA_R_16F,
+				       (int)mm->n_in, &beta, mm->y, CUDA_R_32F, (int)mm->n_out, CUBLAS_COMPUTE_32F,
+				       CUBLAS_GEMM_DEFAULT),
+			  "gemm f16 (rmsnorm fused)");
+}
+
+static int cuda_matmul_swiglu(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws)
+{
+	if (a->w_dtype != KVT_DTYPE_F16 || a->n_rows > GEMV_MAX_ROWS)
+		return KVT_DEV_COMPOSE;
+	gemv_fused<true>(C(d)->stream, a->n_rows, (const __half *)a->w_gate, (const __half *)a->w_up, a->x, a->y,
+			 a->norm_w, a->eps, a->n_in, a->n_out, false);
+	return LAUNCHED("gemv gate+up (swiglu fused)");
+}
+
+/*
+ * rope_kernel and kv_store_kernel in one: grid (rows, query heads + KV
+ * heads). A query head's CTA rotates it; a KV head's rotates K, writes it
+ * back (as rope leaves it) and stores K and V in the fp16 pool.
+ */
+__global__ void rope_store_kernel(kvt_kv_layout l, kvt_rope_store_args a, float theta_scale)
+{
+	const uint32_t m = blockIdx.x, nq = a.q ? a.n_heads : 0, D = l.head_dim, pairs = a.n_rot / 2;
+	const bool is_q = blockIdx.y < nq;
+	const uint32_t h = is_q ? blockIdx.y : blockIdx.y - nq;
+	float *x = is_q ? a.q + ((size_t)m * a.n_heads + h) * D : a.k + ((size_t)m * l.n_kv_heads + h) * D;
+	__half *pool = (__half *)l.pool;
+	size_t ko = 0, vo = 0;
+	if (!is_q) {
+		const uint32_t pos = pos0_of(a.st.d_pos0, a.st.pos0) + m;
+		const int32_t slot = a.st.block_table[pos / l.block_tokens];
+		ko = kv_off(l, slot, a.st.layer, 0, h, pos % l.block_tokens);
+		vo = kv_off(l, slot, a.st.layer, 1, h, pos % l.block_tokens);
+	}
+	for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+		float theta = (float)a.pos[m];
+		for (uint32_t j = 0; j < i; j++)
+			theta *= theta_scale;
+		float c, s;
+		sincosf(theta, &s, &c);
+		const float x0 = x[2 * i], x1 = x[2 * i + 1];
+		const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+		x[2 * i] = r0;
+		x[2 * i + 1] = r1;
+		if (!is_q) {
+			pool[ko + 2 * i] = __float2half_rn(r0);
+			pool[ko + 2 * i + 1] = __float2half_rn(r1);
+		}
+	}
+	if (is_q)
+		return;
+	const float *v = a.st.v + ((size_t)m * l.n_kv_heads + h) * D;
+	for (uint32_t i = a.n_rot + threadIdx.x; i < D; i += blockDim.x)
+		pool[ko + i] = __float2half_rn(x[i]);
+	for (uint32_t i = threadIdx.x; i < D; i += blockDim.x)
+		pool[vo + i] = __float2half_rn(v[i]);
+}
+
+static int cuda_rope_store(kvt_dev *d, const kvt_rope_store_args *a)
+{
+	const kvt_kv_layout *l = a->st.kv;
+	if (l->codec != KVT_KV_CODEC_F16)
+		return KVT_DEV_COMPOSE; /* 8-bit pools: rope, rope, kv_store (the store's amax is per vector) */
+	const float theta_scale = powf(a->freq_base, -2.0f / (float)a->n_rot);
+	dim3 grid(a->st.n_rows, (a->q ? a->n_heads : 0) + l->n_kv_heads);
+	rope_store_kernel<<<grid, 64, 0, C(d)->stream>>>(*l, *a, theta_scale);
+	return LAUNCHED("rope + kv_store");
+}
+
+/* ---- graphs ---- */
+
+static int cuda_capture_begin(kvt_dev *d)
+{
+	cuda_dev *c = C(d);
+	if (c->capturing) {
+		KVT_LOGE("dev.capture_begin: a capture is already in progress");
+		return KVT_EINVAL;
+	}
+	/* thread-local: other threads may go on allocating and copying on their own streams */
+	int rc = CU(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+	if (rc)
+		return rc;
+	memset(&c->cap, 0, sizeof c->cap);
+	c->capturing = true;
+	c->capture_bad = false;
+	return KVT_OK;
+}
+
+static int cuda_capture_end(kvt_dev *d, kvt_graph **out)
+{
+	cuda_dev *c = C(d);
+	if (!c->capturing) {
+		KVT_LOGE("dev.capture_end: no capture in progress");
+		return KVT_EINVAL;
+	}
+	c->capturing = false;
+	cudaGraph_t graph = NULL;
+	int rc = CU(cudaStreamEndCapture(c->stream, &graph));
+	if (!rc && c->capture_bad) {
+		KVT_LOGE("dev.capture_end: an op refused during the capture (above); no graph");
+		rc = KVT_EINVAL;
+	}
+	kvt_graph *g = NULL;
+	if (!rc && !(g = (kvt_graph *)calloc(1, sizeof *g)))
+		rc = KVT_ENOMEM;
+	if (!rc) {
+		*g = c->cap;
+		g->graph = graph;
+		rc = CU(cudaGraphInstantiate(&g->exec, graph, 0));
+	}
+	if (rc) {
+		if (graph)
+			cudaGraphDestroy(graph);
+		free(g);
+		return rc;
+	}
+	*out = g;
+	return KVT_OK;
+}
+
+static int cuda_graph_launch(kvt_dev *d, kvt_graph *g)
+{
+	cuda_dev *c = C(d);
+	if (c->capturing) {
+		KVT_LOGE("dev.graph_launch: not while capturing");
+		return KVT_EINVAL;
+	}
+	KVT_DEV_COUNT(d, graph_launches, 1);
+	KVT_DEV_COUNT(d, graph_kernels, g->n_kernels);
+	KVT_DEV_COUNT(d, copies, g->n_copies);
+	KVT_DEV_COUNT(d, h2d_bytes, g->h2d);
+	KVT_DEV_COUNT(d, d2h_bytes, g->d2h);
+	KVT_DEV_COUNT(d, d2d_bytes, g->d2d);
+	return CU(cudaGraphLaunch(g->exec, c->stream));
+}
+
+static void cuda_graph_destroy(kvt_dev *d, kvt_graph *g)
+{
+	CU(cudaGraphExecDestroy(g->exec));
+	CU(cudaGraphDestroy(g->graph));
+	free(g);
+}
+
 static const struct kvt_dev_ops cuda_ops = {
 	.name = "cuda",
 	.destroy = cuda_destroy,
 	.supports_dtype = cuda_supports_dtype,
 	.alloc = cuda_alloc,
 	.free = cuda_free,
-	.copy_h2d = cuda_copy_sync,
-	.copy_d2h = cuda_copy_sync,
+	.copy_h2d = cuda_copy_h2d,
+	.copy_d2h = cuda_copy_d2h,
 	.copy_d2d = cuda_copy_d2d,
 	.sync = cuda_sync,
 	.matmul_workspace = cuda_matmul_workspace,
@@ -2067,6 +2510,13 @@ static const struct kvt_dev_ops cuda_ops = {
 	.kv_unpack = cuda_kv_unpack,
 	.sample_workspace = cuda_sample_workspace,
 	.sample = cuda_sample,
+	.capture_begin = cuda_capture_begin,
+	.capture_end = cuda_capture_end,
+	.graph_launch = cuda_graph_launch,
+	.graph_destroy = cuda_graph_destroy,
+	.norm_matmul = cuda_norm_matmul,
+	.matmul_swiglu = cuda_matmul_swiglu,
+	.rope_store = cuda_rope_store,
 };
 
 extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)

@@ -48,6 +48,15 @@ struct kvt_dev_ops {
 	int (*kv_unpack)(kvt_dev *d, kvt_stream *s, const kvt_kv_unpack_args *a); /* packed -> T0 */
 	size_t (*sample_workspace)(const kvt_dev *d, const kvt_sample_args *a);  /* scratch bytes */
 	int (*sample)(kvt_dev *d, const kvt_sample_args *a, void *ws);          /* top-k/top-p draw */
+	int (*capture_begin)(kvt_dev *d);                  /* NULL: no graphs */
+	int (*capture_end)(kvt_dev *d, kvt_graph **out);   /* instantiate what was captured */
+	int (*graph_launch)(kvt_dev *d, kvt_graph *g);     /* replay on the compute stream */
+	void (*graph_destroy)(kvt_dev *d, kvt_graph *g);   /* release it */
+	/* Fused ops (NULL: dev.c composes the plain ops). They return KVT_DEV_COMPOSE for a case they
+	 * have no fused kernel for, before issuing anything; their workspace is dev.c's (the composition's). */
+	int (*norm_matmul)(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws);
+	int (*matmul_swiglu)(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws);
+	int (*rope_store)(kvt_dev *d, const kvt_rope_store_args *a);
 };
 
 /* The common head of every backend's device object. */
@@ -57,7 +66,13 @@ struct kvt_dev {
 	int n_threads;                 /* worker threads (CPU) */
 	bool use_ref;                  /* CPU: plain reference kernels */
 	char name[96];                 /* human-readable description */
+	kvt_dev_counters ctr;          /* dev.h's counters, updated atomically by the backend */
 };
+
+#define KVT_DEV_COMPOSE 1 /* a fused op's "no kernel for this case: compose the plain ops" */
+
+/* Add n to a counter of dev.h's (relaxed: streams on other threads count too). */
+#define KVT_DEV_COUNT(d, field, n) __atomic_fetch_add(&(d)->ctr.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
 /* Backend constructors: fill a zeroed, backend-sized object. */
 int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out);

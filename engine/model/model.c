@@ -93,10 +93,17 @@ struct kvt_model {
 	int32_t *pos;             /* [B] positions */
 	void *ws;                 /* op workspace */
 	size_t ws_bytes;          /* its size */
+	struct decode_state *dec; /* kvt_model_decode's buffers and graphs; NULL until its first call */
+	bool dec_issue;           /* run_layers is issuing a decode step (positions, tables on the device) */
 };
 
 /* Rows of logits computed per output matmul (bounds the logits buffer). */
 #define LOGIT_ROWS 32u
+
+/* kvt_model_decode's parts run_layers and kvt_model_destroy call (at the end of this file). */
+static void decode_rows(kvt_model *m, int32_t **ids, int32_t **pos);
+static void decode_seq_args(kvt_model *m, uint32_t i, kvt_kv_store_args *st, kvt_attention_args *at);
+static void decode_free(kvt_model *m);
 
 void kvt_model_config_default(kvt_model_config *c)
 {
@@ -104,6 +111,7 @@ void kvt_model_config_default(kvt_model_config *c)
 	c->keep_quantized = true;
 	c->max_batch = 512;
 	c->max_ctx = 0;
+	c->no_graphs = false;
 }
 
 static int get_u32_key(const kvt_gguf *g, const char *arch, const char *suffix, bool required,
@@ -454,6 +462,13 @@ static int alloc_buffers(kvt_model *m)
 				       .w_dtype = dt };
 		size_t a = kvt_dev_matmul_workspace_bytes(m->dev, &mm);
 		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
+		kvt_norm_matmul_args nm = { .mm = mm };
+		nm.mm.n_in = hp->n_embd;
+		a = kvt_dev_norm_matmul_workspace_bytes(m->dev, &nm);
+		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
+		kvt_matmul_swiglu_args sw = { .n_rows = m->cfg.max_batch, .n_in = hp->n_embd, .n_out = hp->n_ff, .w_dtype = dt };
+		a = kvt_dev_matmul_swiglu_workspace_bytes(m->dev, &sw);
+		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
 	}
 	if (m->ws_bytes)
 		return kvt_dev_alloc(m->dev, m->ws_bytes, &m->ws);
@@ -584,6 +599,7 @@ void kvt_model_destroy(kvt_model *m)
 			 m->up, m->logits, m->ids, m->pos, m->ws, m->sub, m->rope_factors };
 	for (size_t j = 0; j < sizeof(bufs) / sizeof(*bufs); j++)
 		kvt_dev_free(d, bufs[j]);
+	decode_free(m);
 	free(m);
 }
 
@@ -672,8 +688,8 @@ int kvt_seq_share_prefix(kvt_seq *dst, const kvt_seq *src, uint32_t n_blocks)
 	return KVT_OK;
 }
 
-/* Hold blocks for n_total tokens; on failure hold exactly what was held before. */
-static int seq_reserve(kvt_seq *s, uint32_t n_total)
+/* Hold blocks for n_total tokens (the device table not updated); on failure hold exactly what was held before. */
+static int seq_reserve_blocks(kvt_seq *s, uint32_t n_total)
 {
 	const uint32_t bt = kvt_t0_layout(s->pool)->block_tokens;
 	const uint32_t need = (n_total + bt - 1) / bt, had = s->n_blocks;
@@ -689,8 +705,17 @@ static int seq_reserve(kvt_seq *s, uint32_t n_total)
 		}
 		s->n_blocks++;
 	}
+	return KVT_OK;
+}
+
+/* Hold blocks for n_total tokens, the device table in step; on failure hold exactly what was held before. */
+static int seq_reserve(kvt_seq *s, uint32_t n_total)
+{
+	int rc = seq_reserve_blocks(s, n_total);
+	if (rc)
+		return rc;
 	if (s->n_synced < s->n_blocks) {
-		int rc = kvt_dev_copy_h2d(s->dev, s->d_blocks + s->n_synced, s->blocks + s->n_synced,
+		rc = kvt_dev_copy_h2d(s->dev, s->d_blocks + s->n_synced, s->blocks + s->n_synced,
 					  (s->n_blocks - s->n_synced) * sizeof(int32_t));
 		if (rc)
 			return rc;
@@ -707,6 +732,15 @@ static int mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w
 	kvt_matmul_args a = { .n_rows = rows, .n_in = n_in, .n_out = n_out, .w_dtype = w.dtype,
 			      .w = w.p, .x = x, .y = y, .accumulate = acc };
 	return kvt_dev_matmul(m->dev, &a, m->ws);
+}
+
+/* y = matmul(rmsnorm(x; norm), w), the norm fused in */
+static int norm_mm(kvt_model *m, uint32_t rows, uint32_t n_in, uint32_t n_out, wmat w, const float *norm, float *y)
+{
+	kvt_norm_matmul_args a = { .mm = { .n_rows = rows, .n_in = n_in, .n_out = n_out, .w_dtype = w.dtype, .w = w.p,
+					   .x = m->x, .y = y },
+				   .norm_w = norm, .eps = m->hp.rms_eps };
+	return kvt_dev_norm_matmul(m->dev, &a, m->ws);
 }
 
 /*
@@ -742,9 +776,12 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 	int rc;
 
 	KVT_ASSERT(M <= m->cfg.max_batch);
-	if ((rc = kvt_dev_copy_h2d(m->dev, m->ids, tokens, M * sizeof(int32_t))))
+	int32_t *ids = m->ids, *d_pos = m->pos;
+	if (m->dec_issue)
+		decode_rows(m, &ids, &d_pos); /* ids and positions are on the device already */
+	else if ((rc = kvt_dev_copy_h2d(m->dev, m->ids, tokens, M * sizeof(int32_t))))
 		return rc;
-	for (uint32_t i = 0, r = 0, done = 0; i < n_seq; i++) {
+	for (uint32_t i = 0, r = 0, done = 0; i < n_seq && !m->dec_issue; i++) {
 		for (uint32_t j = 0; j < n[i]; j++) {
 			pos[r++] = (int32_t)(seqs[i]->n_tokens + j);
 			if (r == 512 || (i == n_seq - 1 && j == n[i] - 1)) {
@@ -758,7 +795,7 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 	const kvt_arch *ar = m->arch;
 	const uint32_t QD = hp->n_head * hp->head_dim;
 	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->tok_embd.dtype,
-			      .table = m->tok_embd.p, .ids = m->ids, .y = m->x,
+			      .table = m->tok_embd.p, .ids = ids, .y = m->x, .trusted_ids = m->dec_issue,
 			      .scale = ar->embd_scale ? sqrtf((float)E) : 1.0f };
 	if ((rc = kvt_dev_embed(m->dev, &ea)))
 		return rc;
@@ -767,15 +804,17 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 		const layer_w *L = &m->layers[l];
 		const bool local = kvt_model_layer_is_local(hp, l);
 		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
+		const float freq_base = local ? hp->rope_base_swa : hp->rope_base;
 		kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
-				     .freq_base = local ? hp->rope_base_swa : hp->rope_base, .pos = m->pos, .x = m->q,
+				     .freq_base = freq_base, .pos = d_pos, .x = m->q,
 				     .neox = ar->rope_neox, .freq_factors = local ? NULL : m->rope_factors };
 		kvt_rope_args rk = rq;
 		rk.n_heads = hp->n_head_kv;
 		rk.x = m->k;
-		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, QD, L->wq, m->h, m->q, false)) ||
-		    (rc = mm(m, M, E, KVD, L->wk, m->h, m->k, false)) ||
-		    (rc = mm(m, M, E, KVD, L->wv, m->h, m->v, false)))
+		/* the norm fused into each input GEMM */
+		if ((rc = norm_mm(m, M, E, QD, L->wq, L->attn_norm, m->q)) ||
+		    (rc = norm_mm(m, M, E, KVD, L->wk, L->attn_norm, m->k)) ||
+		    (rc = norm_mm(m, M, E, KVD, L->wv, L->attn_norm, m->v)))
 			return rc;
 		if (ar->qkv_bias) {
 			kvt_add_args bq = { .n = (uint64_t)M * QD, .x = L->bq, .y = m->q, .n_x = QD };
@@ -794,7 +833,9 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 			if ((rc = kvt_dev_rmsnorm(m->dev, &nq)) || (rc = kvt_dev_rmsnorm(m->dev, &nk)))
 				return rc;
 		}
-		if ((rc = kvt_dev_rope(m->dev, &rq)) || (rc = kvt_dev_rope(m->dev, &rk)))
+		/* RoPE fused with the K/V store (per sequence, below) where it is the plain Llama rotation */
+		const bool fused_rope = !ar->rope_neox && !rq.freq_factors;
+		if (!fused_rope && ((rc = kvt_dev_rope(m->dev, &rq)) || (rc = kvt_dev_rope(m->dev, &rk))))
 			return rc;
 		for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
 			const kvt_seq *s = seqs[i];
@@ -805,7 +846,17 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 						  .n_rows = n[i], .n_heads = hp->n_head, .scale = hp->attn_scale,
 						  .q = m->q + (size_t)r0 * QD, .out = m->att + (size_t)r0 * QD,
 						  .window = local ? hp->n_swa : 0 };
-			if ((rc = kvt_dev_kv_store(m->dev, &st)) || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
+			if (m->dec_issue)
+				decode_seq_args(m, i, &st, &at);
+			if (fused_rope) {
+				kvt_rope_store_args rs = { .st = st, .n_heads = hp->n_head, .n_rot = hp->n_rot,
+							   .freq_base = freq_base, .pos = d_pos + r0,
+							   .q = m->q + (size_t)r0 * QD, .k = m->k + (size_t)r0 * KVD };
+				rc = kvt_dev_rope_store(m->dev, &rs);
+			} else {
+				rc = kvt_dev_kv_store(m->dev, &st);
+			}
+			if (rc || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
 				return rc;
 		}
 		if ((rc = sublayer_out(m, M, QD, L->wo, m->att, L->post_attn_norm)))
@@ -813,12 +864,19 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 		rn.w = L->ffn_norm;
 		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate,
 				       .act = ar->act };
-		if ((rc = kvt_dev_rmsnorm(m->dev, &rn)) || (rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) ||
-		    (rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)) || (rc = kvt_dev_swiglu(m->dev, &sw)) ||
-		    (rc = sublayer_out(m, M, hp->n_ff, L->w_down, m->gate, L->post_ffn_norm)))
+		/* norm, both input GEMMs and SwiGLU in one op where the two matrices share a dtype (SiLU only) */
+		kvt_matmul_swiglu_args fs = { .n_rows = M, .n_in = E, .n_out = hp->n_ff, .w_dtype = L->w_gate.dtype,
+					      .w_gate = L->w_gate.p, .w_up = L->w_up.p, .x = m->x, .y = m->gate,
+					      .norm_w = L->ffn_norm, .eps = hp->rms_eps };
+		if (L->w_gate.dtype == L->w_up.dtype && sw.act == KVT_ACT_SILU)
+			rc = kvt_dev_matmul_swiglu(m->dev, &fs, m->ws);
+		else if (!(rc = kvt_dev_rmsnorm(m->dev, &rn)) && !(rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) &&
+			 !(rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)))
+			rc = kvt_dev_swiglu(m->dev, &sw);
+		if (rc || (rc = sublayer_out(m, M, hp->n_ff, L->w_down, m->gate, L->post_ffn_norm)))
 			return rc;
 	}
-	for (uint32_t i = 0; i < n_seq; i++)
+	for (uint32_t i = 0; i < n_seq && !m->dec_issue; i++) /* a decode step counts its tokens once it ran */
 		seqs[i]->n_tokens += n[i];
 	return KVT_OK;
 }
@@ -934,6 +992,238 @@ int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t 
 		float *dst = chunk_logits ? h_logits + (size_t)(lo - first_logit) * m->hp.n_vocab : NULL;
 		if ((rc = forward_chunk(m, s, tokens + done, c, dst, chunk_logits)))
 			return rc;
+	}
+	return KVT_OK;
+}
+
+/* ---- decode steps on the device (kvt_model_decode) ---- */
+
+/*
+ * Staging, one pinned host buffer mirrored by one device buffer, so a step's
+ * inputs go over in one copy: ids[DEC_ROWS], pos[DEC_ROWS], u[DEC_ROWS]
+ * (floats), then next[DEC_ROWS] (the picked tokens, copied back). Block
+ * tables live in tables[DEC_ROWS][max_blocks] on the device, rows updated
+ * from the host mirror only where a sequence's table changed.
+ */
+#define DEC_ROWS KVT_DECODE_MAX_SEQ
+
+typedef struct decode_state {
+	int32_t *h_stage;           /* pinned: ids, pos, u, next; then the host mirror of tables */
+	int32_t *d_stage;           /* device: ids, pos, u, next */
+	int32_t *d_tables;          /* device: [DEC_ROWS][max_blocks] */
+	uint32_t max_blocks;        /* table row length */
+	uint32_t block_tokens;      /* of the pool the tables index */
+	kvt_kv_layout kv;           /* the pool the graphs were captured for */
+	kvt_graph *graph[DEC_ROWS + 1];      /* by batch size; NULL until captured */
+	kvt_decode_sampling smp[DEC_ROWS + 1]; /* what each graph picks tokens with */
+} decode_state;
+
+static int32_t *dec_tables_host(decode_state *ds) { return ds->h_stage + 4 * DEC_ROWS; }
+
+static void decode_rows(kvt_model *m, int32_t **ids, int32_t **pos)
+{
+	*ids = m->dec->d_stage;
+	*pos = m->dec->d_stage + DEC_ROWS;
+}
+
+static void decode_seq_args(kvt_model *m, uint32_t i, kvt_kv_store_args *st, kvt_attention_args *at)
+{
+	decode_state *ds = m->dec;
+	const int32_t *table = ds->d_tables + (size_t)i * ds->max_blocks, *pos = ds->d_stage + DEC_ROWS + i;
+	st->block_table = at->block_table = table;
+	st->d_pos0 = at->d_pos0 = pos;
+	st->pos0 = at->pos0 = m->cfg.max_ctx - 1; /* the bound the launch shapes are sized for */
+}
+
+static void decode_drop_graphs(kvt_model *m)
+{
+	for (uint32_t n = 0; n <= DEC_ROWS; n++) {
+		kvt_dev_graph_destroy(m->dev, m->dec->graph[n]);
+		m->dec->graph[n] = NULL;
+	}
+}
+
+static void decode_free(kvt_model *m)
+{
+	if (!m->dec)
+		return;
+	decode_drop_graphs(m);
+	kvt_dev_host_free(m->dev, m->dec->h_stage);
+	kvt_dev_free(m->dev, m->dec->d_stage);
+	kvt_dev_free(m->dev, m->dec->d_tables);
+	free(m->dec);
+	m->dec = NULL;
+}
+
+static int decode_init(kvt_model *m, const kvt_kv_layout *kv)
+{
+	decode_state *ds = calloc(1, sizeof *ds);
+	if (!ds)
+		return KVT_ENOMEM;
+	m->dec = ds;
+	ds->block_tokens = kv->block_tokens;
+	ds->max_blocks = (m->cfg.max_ctx + kv->block_tokens - 1) / kv->block_tokens;
+	ds->kv = *kv;
+	const size_t tab = (size_t)DEC_ROWS * ds->max_blocks * sizeof(int32_t);
+	int rc;
+	if ((rc = kvt_dev_host_alloc(m->dev, 4 * DEC_ROWS * sizeof(int32_t) + tab, (void **)&ds->h_stage)) ||
+	    (rc = kvt_dev_alloc(m->dev, 4 * DEC_ROWS * sizeof(int32_t), (void **)&ds->d_stage)) ||
+	    (rc = kvt_dev_alloc(m->dev, tab, (void **)&ds->d_tables))) {
+		decode_free(m);
+		return rc;
+	}
+	memset(ds->h_stage, 0xff, 4 * DEC_ROWS * sizeof(int32_t) + tab); /* no table row matches yet */
+	return KVT_OK;
+}
+
+/* Bring the device table rows of this step's sequences up to date: a copy per changed row. */
+static int decode_sync_tables(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs)
+{
+	decode_state *ds = m->dec;
+	for (uint32_t i = 0; i < n_seq; i++) {
+		int32_t *row = dec_tables_host(ds) + (size_t)i * ds->max_blocks;
+		const kvt_seq *s = seqs[i];
+		uint32_t lo = 0, hi = s->n_blocks;
+		while (lo < hi && row[lo] == s->blocks[lo])
+			lo++;
+		while (hi > lo && row[hi - 1] == s->blocks[hi - 1])
+			hi--;
+		if (lo == hi)
+			continue;
+		memcpy(row + lo, s->blocks + lo, (hi - lo) * sizeof(int32_t));
+		int rc = kvt_dev_copy_async(m->dev, NULL, ds->d_tables + (size_t)i * ds->max_blocks + lo, row + lo,
+					    (hi - lo) * sizeof(int32_t), KVT_COPY_H2D);
+		if (rc)
+			return rc;
+	}
+	return KVT_OK;
+}
+
+/* The step's ops, issued (or captured) on the compute stream: inputs in, layers, logits, pick, ids out. */
+static int decode_issue(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const kvt_decode_sampling *smp)
+{
+	decode_state *ds = m->dec;
+	const kvt_model_hparams *hp = &m->hp;
+	uint32_t ones[DEC_ROWS];
+	int32_t *d_next = ds->d_stage + 3 * DEC_ROWS;
+	int rc;
+
+	for (uint32_t i = 0; i < n_seq; i++)
+		ones[i] = 1;
+	if ((rc = kvt_dev_copy_async(m->dev, NULL, ds->d_stage, ds->h_stage, 3 * DEC_ROWS * sizeof(int32_t),
+				     KVT_COPY_H2D)))
+		return rc;
+	m->dec_issue = true;
+	rc = run_layers(m, n_seq, seqs, ones, NULL, n_seq);
+	m->dec_issue = false;
+	if (rc)
+		return rc;
+	if ((rc = norm_mm(m, n_seq, hp->n_embd, hp->n_vocab, m->output, m->output_norm, m->logits)))
+		return rc;
+	if (smp->temperature > 0) {
+		kvt_sample_args sa = { .n_rows = n_seq, .n_cols = hp->n_vocab, .x = m->logits,
+				       .temperature = smp->temperature, .top_k = smp->top_k, .top_p = smp->top_p,
+				       .u = (const float *)(ds->d_stage + 2 * DEC_ROWS), .out = d_next };
+		rc = kvt_dev_sample(m->dev, &sa, m->ws);
+	} else {
+		kvt_argmax_args aa = { .n_rows = n_seq, .n_cols = hp->n_vocab, .x = m->logits, .out = d_next };
+		rc = kvt_dev_argmax(m->dev, &aa);
+	}
+	if (rc)
+		return rc;
+	return kvt_dev_copy_async(m->dev, NULL, ds->h_stage + 3 * DEC_ROWS, d_next, n_seq * sizeof(int32_t),
+				  KVT_COPY_D2H);
+}
+
+static bool same_sampling(const kvt_decode_sampling *a, const kvt_decode_sampling *b)
+{
+	return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
+}
+
+int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const int32_t *tokens,
+		     const kvt_decode_sampling *smp, const float *u, int32_t *next)
+{
+	const kvt_decode_sampling greedy = { 0 };
+	int rc;
+
+	if (!smp)
+		smp = &greedy;
+	if (!n_seq || n_seq > DEC_ROWS || n_seq > m->cfg.max_batch || !seqs || !tokens || !next) {
+		KVT_LOGE("model: a decode step of %u sequences (1 to %u)", n_seq,
+			 m->cfg.max_batch < DEC_ROWS ? m->cfg.max_batch : DEC_ROWS);
+		return KVT_EINVAL;
+	}
+	if (!(smp->temperature >= 0) || (smp->temperature > 0 && (!u || !(smp->top_p > 0 && smp->top_p <= 1)))) {
+		KVT_LOGE("model: decode sampling temperature %g top_p %g%s", smp->temperature, smp->top_p,
+			 u ? "" : " without uniform draws");
+		return KVT_EINVAL;
+	}
+	const kvt_kv_layout *kv = kvt_t0_layout(seqs[0]->pool);
+	for (uint32_t i = 0; i < n_seq; i++) {
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
+			return KVT_EINVAL;
+		}
+		if (kvt_t0_layout(seqs[i]->pool) != kv) {
+			KVT_LOGE("model: decode step entry %u uses another KV pool than entry 0", i);
+			return KVT_EINVAL;
+		}
+		for (uint32_t j = 0; j < i; j++)
+			if (seqs[j] == seqs[i]) {
+				KVT_LOGE("model: decode step entries %u and %u are the same sequence", j, i);
+				return KVT_EINVAL;
+			}
+		if ((uint64_t)seqs[i]->n_tokens + 1 > m->cfg.max_ctx) {
+			KVT_LOGE("model: decode step entry %u: %u tokens already fill the context of %u", i,
+				 seqs[i]->n_tokens, m->cfg.max_ctx);
+			return KVT_EFULL;
+		}
+	}
+	const kvt_kv_layout *had = m->dec ? &m->dec->kv : NULL;
+	if (had && (had->pool != kv->pool || had->codec != kv->codec || had->n_slots != kv->n_slots ||
+		    had->block_tokens != kv->block_tokens || had->n_layers != kv->n_layers ||
+		    had->n_kv_heads != kv->n_kv_heads || had->head_dim != kv->head_dim))
+		decode_free(m); /* another pool: new tables and graphs */
+	if (!m->dec && (rc = decode_init(m, kv)))
+		return rc;
+	decode_state *ds = m->dec;
+	for (uint32_t i = 0; i < n_seq; i++)
+		if ((rc = seq_reserve_blocks(seqs[i], seqs[i]->n_tokens + 1)))
+			return rc;
+	for (uint32_t i = 0; i < n_seq; i++) {
+		ds->h_stage[i] = tokens[i];
+		ds->h_stage[DEC_ROWS + i] = (int32_t)seqs[i]->n_tokens;
+		float ui = u ? u[i] : 0.0f;
+		memcpy(&ds->h_stage[2 * DEC_ROWS + i], &ui, sizeof ui);
+	}
+	if ((rc = decode_sync_tables(m, n_seq, seqs)))
+		return rc;
+	if (m->cfg.no_graphs || !kvt_dev_graphs_supported(m->dev)) {
+		rc = decode_issue(m, n_seq, seqs, smp);
+	} else {
+		if (ds->graph[n_seq] && !same_sampling(&ds->smp[n_seq], smp)) {
+			kvt_dev_graph_destroy(m->dev, ds->graph[n_seq]);
+			ds->graph[n_seq] = NULL;
+		}
+		if (!ds->graph[n_seq]) {
+			if ((rc = kvt_dev_capture_begin(m->dev)))
+				return rc;
+			int issued = decode_issue(m, n_seq, seqs, smp);
+			rc = kvt_dev_capture_end(m->dev, &ds->graph[n_seq]); /* ends the capture either way */
+			if (issued || rc) { /* a partial capture is no graph to replay */
+				kvt_dev_graph_destroy(m->dev, ds->graph[n_seq]);
+				ds->graph[n_seq] = NULL;
+				return issued ? issued : rc;
+			}
+			ds->smp[n_seq] = *smp;
+		}
+		rc = kvt_dev_graph_launch(m->dev, ds->graph[n_seq]);
+	}
+	if (rc || (rc = kvt_dev_sync(m->dev)))
+		return rc;
+	for (uint32_t i = 0; i < n_seq; i++) {
+		next[i] = ds->h_stage[3 * DEC_ROWS + i];
+		seqs[i]->n_tokens++;
 	}
 	return KVT_OK;
 }

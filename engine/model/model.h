@@ -78,6 +78,7 @@ typedef struct kvt_model_config {
 	bool keep_quantized; /* keep block-quantized matrices (Q8_0 ... Q6_K) as stored where the backend takes them (default) */
 	uint32_t max_batch;  /* tokens per forward chunk (prefill is split into chunks of this) */
 	uint32_t max_ctx;    /* longest sequence (0: the trained context) */
+	bool no_graphs;      /* kvt_model_decode issues its ops one by one even where the backend has graphs */
 } kvt_model_config;
 
 /* fp16 weights (quantized ones kept as stored), batch 512, trained context. */
@@ -147,5 +148,30 @@ int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t 
  */
 int kvt_model_forward_batch(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
 			    const int32_t *tokens, const bool *want_logits, float *h_logits);
+
+/* How kvt_model_decode picks each next token, on the device. */
+typedef struct kvt_decode_sampling {
+	float temperature; /* 0: greedy (argmax, lowest id on ties); else kvt_dev_sample's rule */
+	uint32_t top_k;    /* 0: no limit */
+	float top_p;       /* in (0, 1] when temperature > 0 */
+} kvt_decode_sampling;
+#define KVT_DECODE_MAX_SEQ 32 /* sequences per decode step */
+
+/*
+ * One decode step done on the device: append tokens[i] to each of n_seq
+ * distinct sequences (1..KVT_DECODE_MAX_SEQ, at most max_batch, one KV pool),
+ * run the model and pick each one's next token there (smp NULL: greedy;
+ * else with the uniform draws u[i] in [0, 1)); next[i] receives it. Only the
+ * token ids come back to the host. Where the backend has graphs (and not
+ * cfg.no_graphs) the step is one graph per batch size, captured on first
+ * use and replayed after: the step's ids, positions and draws go over in one
+ * copy, block-table rows only when a sequence's table changed, then one
+ * graph launch and one host wait. Errors as kvt_model_forward_batch's.
+ * NOTE: the first step on a KV pool allocates the step's staging buffers,
+ * and the first step of each batch size captures its graph; later steps
+ * allocate nothing.
+ */
+int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const int32_t *tokens,
+		     const kvt_decode_sampling *smp, const float *u, int32_t *next);
 
 #endif

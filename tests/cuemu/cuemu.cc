@@ -19,6 +19,13 @@
  * Memory. cudaMalloc is aligned_alloc(256); live allocations are tracked so
  * that copies are bounds-checked against them and frees of unknown pointers
  * fail. Streams do their work at issue time, so every event is complete.
+ *
+ * Graphs. A capturing stream records its launches, copies, memsets and
+ * cuBLAS calls (parameters by value, as CUDA does) instead of running them;
+ * a graph launch runs the records in order. As on a GPU, a capture fails
+ * (cudaErrorStreamCaptureInvalidated at its end) when the host waits on the
+ * stream meanwhile, and a captured copy to or from host memory must use
+ * pinned memory (cudaHostAlloc), whose address the replays read again.
  */
 #include "cuemu.h"
 #include "cublas_v2.h"
@@ -382,8 +389,21 @@ cudaError_t run_grid(const void *fn, const char *name, dim3 grid, dim3 block, si
 /* ---- runtime API ---- */
 
 struct CUstream_st {
-	int unused; /* work runs at issue time; nothing to hold */
+	/* work runs at issue time, unless the stream captures: */
+	std::vector<std::function<cudaError_t()>> *cap; /* the records, while capturing */
+	bool cap_invalid;                               /* the capture was broken (a host wait) */
 };
+struct CUgraph_st {
+	std::vector<std::function<cudaError_t()>> ops; /* in issue order */
+};
+struct CUgraphExec_st {
+	std::vector<std::function<cudaError_t()>> ops;
+};
+
+namespace cuemu {
+bool capturing(cudaStream_t st) { return st && st->cap; }
+void capture_add(cudaStream_t st, std::function<cudaError_t()> op) { st->cap->push_back(std::move(op)); }
+} // namespace cuemu
 struct CUevent_st {
 	int unused; /* every event is complete */
 };
@@ -457,6 +477,7 @@ cudaError_t track_free(alloc_table &t, void *p)
 }
 
 bool is_dev(const void *p, size_t n) { return inside(dev_mem, p, n); }
+bool is_pinned(const void *p, size_t n) { return inside(host_mem, p, n); }
 
 } // namespace
 
@@ -485,7 +506,17 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s)
 {
-	(void)s;
+	if (cuemu::capturing(s)) {
+		const bool dst_host = !is_dev(dst, n), src_host = !is_dev(src, n);
+		if ((dst_host && !is_pinned(dst, n)) || (src_host && !is_pinned(src, n))) {
+			fprintf(stderr, "cuemu: captured memcpy of %zu bytes %p -> %p: host memory that is not pinned\n", n,
+				src, dst);
+			s->cap_invalid = true;
+			return fail(cudaErrorStreamCaptureUnsupported);
+		}
+		cuemu::capture_add(s, [=]() { return cudaMemcpy(dst, src, n, kind); });
+		return cudaSuccess;
+	}
 	return cudaMemcpy(dst, src, n, kind);
 }
 cudaError_t cudaMemset(void *p, int v, size_t n)
@@ -497,7 +528,10 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
-	(void)s;
+	if (cuemu::capturing(s)) {
+		cuemu::capture_add(s, [=]() { return cudaMemset(p, v, n); });
+		return cudaSuccess;
+	}
 	return cudaMemset(p, v, n);
 }
 
@@ -509,12 +543,78 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+	if (s)
+		delete s->cap;
 	delete s;
 	return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-	(void)s;
+	if (cuemu::capturing(s)) { /* not allowed on a GPU: it breaks the capture */
+		fprintf(stderr, "cuemu: cudaStreamSynchronize on a capturing stream\n");
+		s->cap_invalid = true;
+		return fail(cudaErrorStreamCaptureUnsupported);
+	}
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
+{
+	(void)mode;
+	if (!s || s->cap)
+		return fail(cudaErrorIllegalState);
+	s->cap = new std::vector<std::function<cudaError_t()>>();
+	s->cap_invalid = false;
+	return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+	if (!s || !s->cap)
+		return fail(cudaErrorIllegalState);
+	std::unique_ptr<std::vector<std::function<cudaError_t()>>> ops(s->cap);
+	s->cap = NULL;
+	*g = NULL;
+	if (s->cap_invalid)
+		return fail(cudaErrorStreamCaptureInvalidated);
+	*g = new CUgraph_st();
+	(*g)->ops = std::move(*ops);
+	return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status)
+{
+	*status = cuemu::capturing(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+	return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags)
+{
+	(void)flags;
+	if (!g)
+		return fail(cudaErrorInvalidValue);
+	*exec = new CUgraphExec_st();
+	(*exec)->ops = g->ops;
+	return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+	if (!exec)
+		return fail(cudaErrorInvalidValue);
+	if (cuemu::capturing(s)) /* a graph inside a capture: not used by the backend */
+		return fail(cudaErrorStreamCaptureUnsupported);
+	for (auto &op : exec->ops) {
+		cudaError_t e = op();
+		if (e != cudaSuccess)
+			return e;
+	}
+	return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+	delete exec;
+	return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+	delete g;
 	return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
@@ -589,6 +689,9 @@ const char *cudaGetErrorName(cudaError_t e)
 	case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
 	case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
 	case cudaErrorNotReady: return "cudaErrorNotReady";
+	case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+	case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+	case cudaErrorIllegalState: return "cudaErrorIllegalState";
 	default: return "cudaErrorUnknown (cuemu)";
 	}
 }
@@ -602,6 +705,9 @@ const char *cudaGetErrorString(cudaError_t e)
 	case cudaErrorInvalidDevice: return "invalid device ordinal";
 	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
 	case cudaErrorNotReady: return "device not ready";
+	case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+	case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+	case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
 	default: return "unknown error (cuemu)";
 	}
 }
@@ -703,10 +809,23 @@ double f16_load(__half x) { return __half2float(x); }
 
 } // namespace
 
+/* A cuBLAS call on a capturing stream: recorded, scalars by value (host pointer mode). */
+#define CUEMU_BLAS_CAPTURE(h, call)                                                                     \
+	do {                                                                                            \
+		if (h && cuemu::capturing(h->stream)) {                                                 \
+			cuemu::capture_add(h->stream, [=]() {                                           \
+				return call == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;  \
+			});                                                                             \
+			return CUBLAS_STATUS_SUCCESS;                                                   \
+		}                                                                                       \
+	} while (0)
+
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
 			   const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
 			   float *C, int ldc)
 {
+	const float al = *alpha, be = *beta;
+	CUEMU_BLAS_CAPTURE(h, gemm_ref(h, ta, tb, m, n, k, al, A, lda, B, ldb, be, C, ldc, f32_load, f32_load));
 	return gemm_ref(h, ta, tb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc, f32_load, f32_load);
 }
 
@@ -720,6 +839,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 	    Atype != Btype || (Atype != CUDA_R_16F && Atype != CUDA_R_32F))
 		return CUBLAS_STATUS_NOT_SUPPORTED; /* only the combinations the backend uses */
 	const float al = *(const float *)alpha, be = *(const float *)beta; /* compute 32F: float scalars */
+	if (Atype == CUDA_R_16F)
+		CUEMU_BLAS_CAPTURE(h, gemm_ref(h, ta, tb, m, n, k, al, (const __half *)A, lda, (const __half *)B, ldb, be,
+					       (float *)C, ldc, f16_load, f16_load));
+	else
+		CUEMU_BLAS_CAPTURE(h, gemm_ref(h, ta, tb, m, n, k, al, (const float *)A, lda, (const float *)B, ldb, be,
+					       (float *)C, ldc, f32_load, f32_load));
 	if (Atype == CUDA_R_16F)
 		return gemm_ref(h, ta, tb, m, n, k, al, (const __half *)A, lda, (const __half *)B, ldb, be, (float *)C,
 				ldc, f16_load, f16_load);

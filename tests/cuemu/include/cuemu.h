@@ -46,6 +46,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -86,6 +88,15 @@ void syncthreads(int line);
 uint64_t shfl(uint32_t mask, uint64_t bits, int mode, int b, int width, int line);
 void *dyn_smem();
 
+/*
+ * Stream capture (cudaStreamBeginCapture .. EndCapture): while a stream
+ * captures, work issued on it is recorded instead of run (capture_add), and
+ * cudaGraphLaunch runs the records in order. capturing() says whether st
+ * captures now.
+ */
+bool capturing(cudaStream_t st);
+void capture_add(cudaStream_t st, std::function<cudaError_t()> op);
+
 /* Runs body(ctx) for every thread of the grid; returns a cudaError_t for a bad configuration. */
 cudaError_t run_grid(const void *fn, const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
 		     void (*body)(void *), void *ctx);
@@ -110,6 +121,15 @@ template <class... P> struct launcher {
 			ctx_t *c = (ctx_t *)p;
 			std::apply(c->fn, c->params);
 		};
+		if (capturing(st)) { /* the parameters as of now, replayed by every launch of the graph */
+			auto held = std::make_shared<ctx_t>(ctx);
+			const void *f = (const void *)fn;
+			const char *nm = name;
+			const dim3 g = grid, b = block;
+			const size_t sm = smem;
+			capture_add(st, [=]() { return run_grid(f, nm, g, b, sm, st, body, held.get()); });
+			return;
+		}
 		run_grid((const void *)fn, name, grid, block, smem, st, body, &ctx);
 	}
 };
@@ -226,6 +246,13 @@ cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
 cudaError_t cudaGetLastError();
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaPeekAtLastError();
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
