@@ -624,6 +624,7 @@ __global__ void dequant_f16_kernel(int dtype, const uint8_t *__restrict__ w, siz
  */
 static int matmul_q_gemm(cuda_dev *c, const kvt_matmul_args *a, void *ws)
 {
+	kvt_dev *d = &c->base; /* for LAUNCHED's counters */
 	const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
 	const int M = (int)a->n_rows, K = (int)a->n_in;
 	const size_t row_bytes = q_row_bytes(a->w_dtype, a->n_in);
