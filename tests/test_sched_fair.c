@@ -108,6 +108,16 @@ static void rig_close(rig *r)
 	kvt_dev_destroy(r->dev);
 }
 
+/* Remove a rig's files, so the next rig of that name starts empty. */
+static void rig_remove(const char *name)
+{
+	char p[600];
+	snprintf(p, sizeof(p), "%s/%s.t2", dir, name);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/%s.sqlite", dir, name);
+	unlink(p);
+}
+
 typedef struct result {
 	int32_t out[512];
 	uint32_t n;
@@ -228,11 +238,7 @@ static uint32_t long_among_shorts(int policy, bool unbounded, uint32_t *first_sh
 	       policy == KVT_SCHED_FAIR ? "fair" : "fifo", unbounded ? "0" : "0.8 (default)",
 	       rl.u.ttft_steps, *first_short);
 	rig_close(&r);
-	char p[600];
-	snprintf(p, sizeof(p), "%s/head.t2", dir);
-	unlink(p);
-	snprintf(p, sizeof(p), "%s/head.sqlite", dir);
-	unlink(p);
+	rig_remove("head");
 	return rl.u.ttft_steps;
 }
 
@@ -278,11 +284,7 @@ static void longs_in_turn(bool unbounded, uint32_t ttft[3])
 	printf("  fair head_share %s: three equal prompts' first tokens after %u, %u, %u steps\n",
 	       unbounded ? "0 (aging)" : "0.8", ttft[0], ttft[1], ttft[2]);
 	rig_close(&r);
-	char p[600];
-	snprintf(p, sizeof(p), "%s/turns.t2", dir);
-	unlink(p);
-	snprintf(p, sizeof(p), "%s/turns.sqlite", dir);
-	unlink(p);
+	rig_remove("turns");
 }
 
 static void test_longs_in_turn(void)
