@@ -18,7 +18,11 @@
  *    back from NVMe and the next turn produces the tokens the uninterrupted
  *    run produced (fp16 tiers);
  *  - bad requests (token out of range, over the context) are refused;
- *  - drain with a request in flight lets it finish.
+ *  - drain with a request in flight lets it finish;
+ *  - device decode: where the backend has graphs, steps of greedy decode
+ *    rows run as kvt_model_decode (counted), a request the host sampler must
+ *    see (a penalty) keeps its steps on the host, and every request's tokens
+ *    equal those of a scheduler with device_decode off.
  */
 #include "check.h"
 #include "test_dev.h"
@@ -36,6 +40,7 @@
 #define BT 16
 
 static char dir[256], model_path[300], t2_path[300], db_path[300];
+static bool device_decode = true; /* rig_open's c.sched.device_decode */
 static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
 
 typedef struct rig {
@@ -81,6 +86,7 @@ static int rig_open(rig *r, bool reset, uint32_t max_running)
 	c.sched.secret_bytes = sizeof(secret);
 	c.sched.max_running = max_running;
 	c.sched.prefill_chunk = 48;
+	c.sched.device_decode = device_decode;
 	if (kvt_stack_open(&c, &r->st))
 		return 1;
 	r->t0 = r->st.t0;
@@ -267,6 +273,79 @@ static void test_sessions(rig *r, const char *session, uint32_t n_hist)
 	CHECK(kvt_sched_session_delete(r->s, "alice", "nope") == KVT_ENOTFOUND);
 }
 
+/*
+ * Four greedy requests and one with a repetition penalty, submitted
+ * together, then one greedy request alone; out[0..5] receive their tokens.
+ * *dev_steps: the device steps the mix and the greedy one alone took;
+ * *pen_dev: those of the penalised request run alone.
+ */
+static void device_decode_run(bool on, result *out, uint64_t *dev_steps, uint64_t *pen_dev)
+{
+	enum { N = 5, GEN = 24 };
+	static int32_t p[N][64];
+	device_decode = on;
+	rig r;
+	CHECK(rig_open(&r, true, 8) == KVT_OK);
+	kvt_sched_req q;
+	kvt_sched_handle *h[N];
+	kvt_sched_stats st0, st1, st2;
+	kvt_sched_get_stats(r.s, &st0);
+	for (int i = 0; i < N; i++) {
+		make_prompt(p[i], 9 + 7 * i, 700 + i);
+		req_init(&q, p[i], 9 + 7 * i, GEN, "dd", NULL);
+		if (i == N - 1)
+			q.sample.repetition_penalty = 1.3f;
+		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
+	}
+	for (int i = 0; i < N; i++) {
+		CHECK(collect(h[i], &out[i]) == KVT_OK);
+		CHECK_EQ_INT(out[i].n, GEN);
+	}
+	req_init(&q, p[0], 9, GEN, "dd-alone", NULL);
+	CHECK(run(&r, &q, &out[N]) == KVT_OK);
+	kvt_sched_get_stats(r.s, &st1);
+	req_init(&q, p[N - 1], 9 + 7 * (N - 1), GEN, "dd-pen", NULL);
+	q.sample.repetition_penalty = 1.3f;
+	result pen;
+	CHECK(run(&r, &q, &pen) == KVT_OK);
+	kvt_sched_get_stats(r.s, &st2);
+	CHECKF(pen.n == out[N - 1].n && !memcmp(pen.out, out[N - 1].out, GEN * 4),
+	       "the penalised request's tokens differ alone and in the mix");
+	*dev_steps = st1.device_steps - st0.device_steps;
+	*pen_dev = st2.device_steps - st1.device_steps;
+	printf("  device_decode %s: %llu of %llu steps on the device; penalised alone %llu of %llu\n", on ? "on" : "off",
+	       (unsigned long long)*dev_steps, (unsigned long long)(st1.steps - st0.steps),
+	       (unsigned long long)*pen_dev, (unsigned long long)(st2.steps - st1.steps));
+	CHECK(kvt_sched_drain(r.s, 5.0) == 0);
+	rig_close(&r);
+}
+
+static void test_device_decode(void)
+{
+	result off[6], on[6];
+	uint64_t off_steps, off_pen, on_steps, on_pen;
+	device_decode_run(false, off, &off_steps, &off_pen);
+	device_decode_run(true, on, &on_steps, &on_pen);
+	device_decode = true;
+	CHECK_EQ_INT(off_steps, 0);
+	CHECK_EQ_INT(off_pen, 0);
+	CHECK_EQ_INT(on_pen, 0); /* the host sampler must see every token of a penalised request */
+	/* the probe device's kind is what the rigs ran on */
+	kvt_dev *d;
+	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = 1 };
+	CHECK(kvt_dev_create(&dc, &d) == KVT_OK);
+	bool graphs = kvt_dev_graphs_supported(d);
+	kvt_dev_destroy(d);
+	if (graphs) /* the greedy-only steps: at least the alone request's 23 decode steps */
+		CHECKF(on_steps >= 23, "only %llu steps ran on the device", (unsigned long long)on_steps);
+	else
+		CHECK_EQ_INT(on_steps, 0);
+	for (int i = 0; i < 6; i++)
+		CHECKF(on[i].n == off[i].n && !memcmp(on[i].out, off[i].out, on[i].n * 4),
+		       "request %d: tokens with device decode differ from the host path", i);
+	CHECKF(!memcmp(on[5].out, on[0].out, 24 * 4), "the greedy request alone and in the mix differ");
+}
+
 static void on_progress(void *user, uint32_t done, uint32_t total)
 {
 	uint32_t *last = user;
@@ -365,6 +444,8 @@ int main(void)
 	CHECK(collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
 	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_EIO); /* draining: refused */
 	rig_close(&r);
+
+	test_device_decode();
 
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

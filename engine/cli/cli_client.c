@@ -620,6 +620,7 @@ static int render_stats(json_t *j, const char *source)
 	if (json_is_object(sc)) {
 		json_t *pre = json_object_get(sc, "preemptions");
 		printf("\n  scheduler\n");
+		printf("  %-24s %.0f (%.0f as one device decode call)\n", "steps", num(sc, "steps"), num(sc, "device_steps"));
 		printf("  %-24s %.0f now (%.0f admitted; peak %.0f running)\n", "queue depth", num(sc, "queue_depth"),
 		       num(sc, "admissions"), num(sc, "running_peak"));
 		printf("  %-24s %.1f ms mean, %.1f ms p50, %.1f ms p99\n", "queue wait", num(sc, "queue_wait_mean_ms"),

@@ -152,6 +152,8 @@ static const key_def keys[] = {
 	U32("model", "batch", max_batch, 1, 65536, "256", "tokens per forward chunk"),
 	ENUMK("model", "chat_template", chat_template, chat, "auto",
 	      "chat prompt layout: auto = from the GGUF's template (none: by architecture), or forced"),
+	BOOLK("model", "device_decode", device_decode, "true",
+	      "CUDA: a step of greedy decode rows runs as one graph, tokens picked on the device (false: every op from the host)"),
 
 	U32("cache", "block_tokens", block_tokens, 1, KVT_BLOCK_MAX_TOKENS, "16", "tokens per KV block"),
 	ENUMK("cache", "persist", persist, persist, "end_of_turn", "when blocks reach NVMe"),

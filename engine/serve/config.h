@@ -81,6 +81,7 @@ typedef struct kvt_config {
 	uint32_t max_ctx;              /* context = tokens per sequence (0 = the model's trained context, default 4096) */
 	uint32_t max_batch;            /* batch = tokens per forward chunk (default 256) */
 	int chat_template;             /* chat_template = auto|chatml|gemma|mistral|llama3 (enum kvt_tok_chat) */
+	bool device_decode;            /* device_decode: greedy decode-only steps as one CUDA graph, tokens picked on the device (default true) */
 
 	/* [cache] */
 	uint32_t block_tokens;         /* block_tokens (default 16; 1..256) */

@@ -591,6 +591,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 		 sc.sched.preempt == KVT_PREEMPT_SWAP ? "swap" : "recompute", c->admit_longest ? "longest" : "prompt",
 		 sc.sched.n_tenant_priority, sc.sched.default_priority);
 	sc.sched.retain_tier = c->retain_tier;
+	sc.sched.device_decode = c->device_decode;
 	kvt_stack_quota quotas[4 * KVT_CONFIG_MAX_QUOTAS];
 	sc.quotas = quotas;
 	sc.n_quotas = merge_quotas(c, quotas);

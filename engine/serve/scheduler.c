@@ -141,6 +141,7 @@ void kvt_sched_config_default(kvt_sched_config *c)
 	c->priority_aging_s = 5.0;
 	c->preempt = KVT_PREEMPT_SWAP;
 	c->retain_tier = KVT_TIER_HOST;
+	c->device_decode = true;
 }
 
 const char *kvt_finish_name(int finish)
@@ -871,6 +872,38 @@ static void preempt(kvt_sched *s, kvt_sched_handle *h)
 }
 
 /* Run one batch; false when there was nothing to run. */
+/*
+ * Whether h's next token may be picked on the device: greedy, with nothing
+ * the host sampler must see (its state then does not change: no grammar,
+ * logprobs, penalties or bias), so the device's argmax is its pick.
+ */
+static bool device_pickable(const kvt_sched_handle *h)
+{
+	const kvt_sampler_params *p = &h->req.sample;
+	return p->temp == 0 && !h->gm && !h->lps && !p->n_bias && p->presence_penalty == 0 &&
+	       p->frequency_penalty == 0 && (p->repetition_penalty == 0 || p->repetition_penalty == 1);
+}
+
+/*
+ * A step of decode rows only (ents[0..n_ent), one row each) can run as
+ * kvt_model_decode (one graph launch, the tokens picked on the device) when
+ * cfg.device_decode allows it, the backend has graphs, the step fits one
+ * decode call, and every row that samples (at least one) is device_pickable.
+ */
+static bool device_step(const kvt_sched *s, const entry *ents, uint32_t n_ent, uint32_t n_decode)
+{
+	if (!s->cfg.device_decode || n_ent != n_decode || n_ent > KVT_DECODE_MAX_SEQ ||
+	    n_ent > kvt_model_max_batch(s->cfg.model) || !kvt_dev_graphs_supported(s->cfg.dev))
+		return false;
+	uint32_t picks = 0;
+	for (uint32_t i = 0; i < n_ent; i++) {
+		if (ents[i].logits && !device_pickable(ents[i].h))
+			return false;
+		picks += ents[i].logits;
+	}
+	return picks > 0; /* finishing rows alone need no logits at all */
+}
+
 static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 {
 	uint32_t n_ent = 0, n_rows = 0, need = 0, n_cand = 0;
@@ -1032,11 +1065,14 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		want[i] = ents[i].logits;
 		n_prefill += ents[i].h->state == H_PREFILL ? ents[i].n : 0;
 	}
+	const bool on_device = device_step(s, ents, n_ent, n_decode);
+	int32_t picked[on_device ? n_ent : 1];
 	double t0 = kvt_now_s();
-	int rc = kvt_model_forward_batch(s->cfg.model, n_ent, seqs, n, rows, want, s->logits);
+	int rc = on_device ? kvt_model_decode(s->cfg.model, n_ent, seqs, rows, NULL, NULL, picked)
+			   : kvt_model_forward_batch(s->cfg.model, n_ent, seqs, n, rows, want, s->logits);
 	double dt = kvt_now_s() - t0;
-	KVT_LOGD("sched: step: %u rows (%u decode, %u prefill) in %u sequences, %.1f ms", n_rows, n_rows - n_prefill,
-		 n_prefill, n_ent, dt * 1e3);
+	KVT_LOGD("sched: step: %u rows (%u decode, %u prefill) in %u sequences, %.1f ms%s", n_rows, n_rows - n_prefill,
+		 n_prefill, n_ent, dt * 1e3, on_device ? " (on the device)" : "");
 	if (rc) {
 		KVT_LOGE("sched: a batch of %u rows failed: %s", n_rows, kvt_strerror(rc));
 		for (uint32_t i = 0; i < n_ent; i++)
@@ -1045,6 +1081,7 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	}
 	pthread_mutex_lock(&s->mu);
 	s->st.steps++;
+	s->st.device_steps += on_device;
 	s->st.prefill_tokens += n_prefill;
 	/* a mixed batch's time is split by rows */
 	s->st.prefill_s += dt * n_prefill / n_rows;
@@ -1061,6 +1098,10 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		}
 		if (!ents[i].logits)
 			continue;
+		if (on_device) {
+			take_token(s, h, picked[i]);
+			continue;
+		}
 		float *lg = s->logits + (size_t)li++ * s->n_vocab;
 		kvt_token_lp *lp = h->lps ? &h->lps[h->n_toks - h->req.n_prompt] : NULL;
 		int32_t tok = kvt_sampler_next(&h->sampler, lg, h->gm, lp, h->req.top_logprobs);

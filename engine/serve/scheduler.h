@@ -105,6 +105,9 @@ typedef struct kvt_sched_config {
 	kvt_tenant_priority tenant_priority[KVT_SCHED_MAX_TENANT_PRIO]; /* per-tenant defaults */
 	uint32_t n_tenant_priority; /* entries used */
 	int retain_tier;           /* floor tier of a retention that names none (default KVT_TIER_HOST) */
+	bool device_decode;        /* a step of decode rows only, every one greedy with nothing the host sampler must see
+				    * (no grammar, logprobs, penalties or bias), runs as kvt_model_decode where the backend
+				    * has graphs: one graph launch, the tokens picked on the device (default true) */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
@@ -304,6 +307,7 @@ typedef struct kvt_sched_stats {
 	double ttft_sum_s;             /* sum of TTFTs */
 	double ttft_p50_s, ttft_p99_s; /* over the last 1024 requests (0 if none) */
 	uint64_t steps;                /* scheduler steps run (batches) */
+	uint64_t device_steps;         /* of those, run as kvt_model_decode (cfg.device_decode) */
 	uint32_t running_peak;         /* most sequences running at once */
 	double queue_wait_sum_s;       /* sum over admissions of submit (or preemption) -> admitted */
 	uint64_t queue_waits;          /* admissions counted in it */

@@ -1935,6 +1935,9 @@ static void metric_one(sbuf *b, const char *name, const char *type, const char *
 static void metric_sched(sbuf *b, const kvt_sched_stats *st)
 {
 	metric_one(b, "kvtier_scheduler_steps_total", "counter", "Scheduler steps (batches) run.", st->steps);
+	metric_one(b, "kvtier_scheduler_device_steps_total", "counter",
+		   "Scheduler steps run as one device decode call (graph launch, tokens picked on the device).",
+		   st->device_steps);
 	metric_head(b, "kvtier_queue_wait_seconds", "summary",
 		    "Time from submit (or preemption) to admission; quantiles over the last 1024.");
 	sbuf_printf(b, "kvtier_queue_wait_seconds{quantile=\"0.5\"} %.9g\nkvtier_queue_wait_seconds{quantile=\"0.99\"} %.9g\n",
@@ -2075,8 +2078,8 @@ static json_t *stats_sched(const kvt_sched_stats *st)
 					      json_pack("{s:i, s:I, s:f}", "priority", i + KVT_PRIORITY_MIN, "requests",
 							(json_int_t)st->ttft_by_priority_n[i], "ttft_mean_ms",
 							st->ttft_by_priority_sum_s[i] * 1e3 / (double)st->ttft_by_priority_n[i]));
-	return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}, s:o}", "steps",
-			 (json_int_t)st->steps, "queue_depth", (json_int_t)st->queued, "running_peak",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}, s:o}", "steps",
+			 (json_int_t)st->steps, "device_steps", (json_int_t)st->device_steps, "queue_depth", (json_int_t)st->queued, "running_peak",
 			 (json_int_t)st->running_peak, "admissions", (json_int_t)st->queue_waits, "queue_wait_mean_ms",
 			 ratio(st->queue_wait_sum_s * 1e3, (double)st->queue_waits), "queue_wait_p50_ms",
 			 st->queue_wait_p50_s * 1e3, "queue_wait_p99_ms", st->queue_wait_p99_s * 1e3, "preemptions", "swap",
