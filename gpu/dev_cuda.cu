@@ -222,13 +222,16 @@ static void cuda_destroy(kvt_dev *d)
 /* The block-quantized dtypes this backend multiplies as stored. */
 __host__ __device__ static inline bool is_kept_quant(int dtype)
 {
-	return dtype >= KVT_DTYPE_Q5_0 && dtype <= KVT_DTYPE_Q6_K;
+	return dtype >= KVT_DTYPE_Q8_0 && dtype <= KVT_DTYPE_Q6_K;
 }
 
 /* kvt_dtype_row_bytes for those, callable from kernels. */
 __host__ __device__ static inline size_t q_row_bytes(int dtype, uint32_t n)
 {
 	switch (dtype) {
+	case KVT_DTYPE_Q8_0: return (size_t)(n / 32) * 34;
+	case KVT_DTYPE_Q4_0: return (size_t)(n / 32) * 18;
+	case KVT_DTYPE_Q4_1: return (size_t)(n / 32) * 20;
 	case KVT_DTYPE_Q5_0: return (size_t)(n / 32) * 22;
 	case KVT_DTYPE_Q4_K: return (size_t)(n / 256) * 144;
 	case KVT_DTYPE_Q5_K: return (size_t)(n / 256) * 176;
@@ -238,7 +241,6 @@ __host__ __device__ static inline size_t q_row_bytes(int dtype, uint32_t n)
 
 static bool cuda_supports_dtype(const kvt_dev *d, int dtype)
 {
-	/* NOTE: Q8_0/Q4_0/Q4_1 are loaded widened to fp16 here (no kernels yet) */
 	return dtype == KVT_DTYPE_F32 || dtype == KVT_DTYPE_F16 || is_kept_quant(dtype);
 }
 
@@ -506,12 +508,35 @@ __device__ __forceinline__ void kq_scale_min(int s, const uint8_t *sc, int *scal
 
 /*
  * Elements k0 .. k0+7 of a row (k0 a multiple of 8, so they share one
- * sub-block), with the CPU reference's arithmetic: d * (q - 16) for Q5_0,
+ * sub-block), with the CPU reference's arithmetic: d * q for Q8_0,
+ * d * (q - 8) for Q4_0, fmaf(d, q, m) for Q4_1, d * (q - 16) for Q5_0,
  * fmaf(d * sc, q, -(dmin * mn)) for Q4_K/Q5_K, d * scale * (q - 32) for
  * Q6_K, so a weight widens to the same float on both backends.
  */
 __device__ __forceinline__ void dq8(int dtype, const uint8_t *__restrict__ row, uint32_t k0, float w[8])
 {
+	if (dtype == KVT_DTYPE_Q8_0) {
+		const uint8_t *b = row + (size_t)(k0 / 32) * 34;
+		const uint8_t *c = b + 2 + k0 % 32; /* blocks of 34 bytes: only 2-byte aligned */
+		const float d = ld_half(b);
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			w[i] = d * (float)(int8_t)c[i];
+		return;
+	}
+	if (dtype == KVT_DTYPE_Q4_0 || dtype == KVT_DTYPE_Q4_1) {
+		const bool q41 = dtype == KVT_DTYPE_Q4_1;
+		const uint8_t *b = row + (size_t)(k0 / 32) * (q41 ? 20 : 18), *qs = b + (q41 ? 4 : 2);
+		const uint32_t j0 = k0 % 32;
+		const float d = ld_half(b), m = q41 ? ld_half(b + 2) : 0.0f;
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			const uint32_t j = j0 + i;
+			const int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+			w[i] = q41 ? fmaf(d, (float)q, m) : d * (float)(q - 8); /* as dev_cpu.c (built with FMA contraction) */
+		}
+		return;
+	}
 	if (dtype == KVT_DTYPE_Q5_0) {
 		const uint8_t *b = row + (size_t)(k0 / 32) * 22;
 		const uint32_t j0 = k0 % 32, qh = b[2] | b[3] << 8 | b[4] << 16 | (uint32_t)b[5] << 24;

@@ -12,7 +12,7 @@
  *   - matmul with fp16 weights and <= 8 rows (fp32 activations): 1e-10;
  *     more rows (activations rounded to fp16 for the tensor cores): 1e-5;
  *     fp32 weights (cublasSgemm, no TF32): 1e-10;
- *   - Q5_0/Q4_K/Q5_K/Q6_K weights kept as stored: the GEMV (<= 8 rows, the
+ *   - Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K weights kept as stored: the GEMV (<= 8 rows, the
  *     weights widened to the same floats, x fp32) 1e-10 (1e-8 for the CPU
  *     fast path standing in, whose GEMV rounds x to int16); more rows (the
  *     fp16 tile GEMM) 1e-5, and its tiling bitwise against one tile;
@@ -203,7 +203,7 @@ static void test_matmul(void)
 }
 
 /*
- * Q5_0 and the K-quants kept as stored: the GEMV (<= 8 rows, fp32 x; the
+ * Q8_0, Q4_0, Q4_1, Q5_0 and the K-quants kept as stored: the GEMV (<= 8 rows, fp32 x; the
  * CPU fast path in the GPU's place quantizes x to int16, hence its looser
  * bound) and the fp16 tile GEMM (more rows), whose tiling a device made
  * with KVT_CUDA_QTILE set small covers; embedding rows bitwise.
@@ -211,8 +211,10 @@ static void test_matmul(void)
 static void test_matmul_quant(void)
 {
 	static const uint32_t Ms[] = { 1, 5, 8, 9, 33 }, Ns[] = { 1, 37, 300 };
-	static const struct { int dt; uint32_t ggml; } types[] = { { KVT_DTYPE_Q5_0, KVT_GGML_Q5_0 },
+	static const struct { int dt; uint32_t ggml; } types[] = { { KVT_DTYPE_Q8_0, KVT_GGML_Q8_0 },
+		{ KVT_DTYPE_Q4_0, KVT_GGML_Q4_0 }, { KVT_DTYPE_Q4_1, KVT_GGML_Q4_1 }, { KVT_DTYPE_Q5_0, KVT_GGML_Q5_0 },
 		{ KVT_DTYPE_Q4_K, KVT_GGML_Q4_K }, { KVT_DTYPE_Q5_K, KVT_GGML_Q5_K }, { KVT_DTYPE_Q6_K, KVT_GGML_Q6_K } };
+	const size_t n_types = sizeof(types) / sizeof(types[0]);
 	const bool real_gpu = kvt_dev_kind(gpu) == KVT_DEV_CUDA;
 	kvt_dev *gpu_tiled = NULL;
 	if (real_gpu) {
@@ -222,7 +224,7 @@ static void test_matmul_quant(void)
 			abort();
 		unsetenv("KVT_CUDA_QTILE");
 	}
-	for (size_t t = 0; t < 4; t++)
+	for (size_t t = 0; t < n_types; t++)
 		for (size_t mi = 0; mi < 5; mi++)
 			for (size_t ni = 0; ni < 3; ni++) {
 				const int dt = types[t].dt;
@@ -264,7 +266,7 @@ static void test_matmul_quant(void)
 				both_free(&bx), both_free(&by), both_free(&bw);
 				free(x), free(wf), free(y0), free(wq);
 			}
-	for (size_t t = 0; t < 4; t++) {
+	for (size_t t = 0; t < n_types; t++) {
 		const uint32_t V = 50, D = 512, M = 6;
 		float *tf = rand_f32((size_t)V * D, 1.0f);
 		size_t tb = kvt_dtype_row_bytes(types[t].dt, D) * V;
@@ -701,11 +703,17 @@ static void test_greedy(void)
 		printf("greedy %s weights: %d of %d tokens agree\n", kvt_dtype_name(wdt), agree, N);
 		CHECKF(agree == N, "greedy %s: first difference at token %d", kvt_dtype_name(wdt), agree);
 	}
-	/* the same model as a Q4_K_M-style file (Q4_K, attn_v and ffn_down Q6_K), kept as stored */
-	cfg.weight_type = KVT_GGML_Q4_K;
-	cfg.q4_k_m_mix = true;
-	CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
-	{
+	/*
+	 * The same model as a Q4_K_M-style file (Q4_K, attn_v and ffn_down Q6_K),
+	 * and as Q4_1 (the default model's type), Q8_0 and Q4_0 files: kept as stored.
+	 */
+	static const struct { uint32_t type; bool mix; const char *name; } kept[] = {
+		{ KVT_GGML_Q4_K, true, "q4_k_m" }, { KVT_GGML_Q4_1, false, "q4_1" },
+		{ KVT_GGML_Q8_0, false, "q8_0" }, { KVT_GGML_Q4_0, false, "q4_0" } };
+	for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++) {
+		cfg.weight_type = kept[k].type;
+		cfg.q4_k_m_mix = kept[k].mix;
+		CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
 		enum { N = 48 };
 		int32_t tc[N] = { 0 }, tg[N] = { 0 };
 		greedy(cpu, path, KVT_DTYPE_F16, tc, N);
@@ -713,8 +721,8 @@ static void test_greedy(void)
 		int agree = 0;
 		while (agree < N && tc[agree] == tg[agree])
 			agree++;
-		printf("greedy q4_k_m weights (kept): %d of %d tokens agree\n", agree, N);
-		CHECKF(agree == N, "greedy q4_k_m: first difference at token %d", agree);
+		printf("greedy %s weights (kept): %d of %d tokens agree\n", kept[k].name, agree, N);
+		CHECKF(agree == N, "greedy %s: first difference at token %d", kept[k].name, agree);
 	}
 	unlink(path);
 	rmdir(dir);
