@@ -344,21 +344,30 @@ static int e2e(double copy_bps, const char *dir, int layers)
 	int32_t prompt[P];
 	for (int i = 0; i < P; i++)
 		prompt[i] = 3 + (i * 13) % 290;
-	kvt_gen_params gp = { .n_predict = N };
-	kvt_gen_stats st;
-	/* warm-up run, then the measured one */
+	/* decode_tok_s: every step from the host (as on 2026-11-30); device_decode_tok_s: kvt_generate's default */
+	kvt_gen_params gp = { .n_predict = N, .host_decode = true };
+	kvt_gen_stats st, sd;
+	/* warm-up run, then the measured one, each way */
 	if (kvt_generate(m, &s, NULL, prompt, P, &gp, NULL, NULL, &st))
 		die("generate");
 	kvt_seq_reset(&s);
 	if (kvt_generate(m, &s, NULL, prompt, P, &gp, NULL, NULL, &st))
 		die("generate");
-	double tps = (st.n_gen - 1) / st.decode_s;
+	gp.host_decode = false;
+	for (int rep = 0; rep < 2; rep++) {
+		kvt_seq_reset(&s);
+		if (kvt_generate(m, &s, NULL, prompt, P, &gp, NULL, NULL, &sd))
+			die("generate (device decode)");
+	}
+	kvt_seq_reset(&s);
+	double tps = (st.n_gen - 1) / st.decode_s, dtps = (sd.n_gen - 1) / sd.decode_s;
 	double wbytes = (double)kvt_model_weight_bytes(m);
 	decode_steps(m, pool, copy_bps, wbytes);
 	printf("{\"bench\":\"e2e_decode\",\"model\":\"synthetic llama-1B shape (%d layers, fp16)\",\"weight_bytes\":%.0f,"
 	       "\"prompt\":%d,\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"weight_bytes_per_s\":%.4g,"
-	       "\"vs_copy\":%.3f,\"gguf_write_s\":%.1f}\n",
-	       layers, wbytes, P, P / st.prefill_s, tps, wbytes * tps, wbytes * tps / copy_bps, t_write);
+	       "\"vs_copy\":%.3f,\"device_decode_tok_s\":%.1f,\"device_vs_copy\":%.3f,\"gguf_write_s\":%.1f}\n",
+	       layers, wbytes, P, P / st.prefill_s, tps, wbytes * tps, wbytes * tps / copy_bps, dtps,
+	       wbytes * dtps / copy_bps, t_write);
 	kvt_seq_deinit(&s);
 	kvt_t0_destroy(pool);
 	kvt_model_destroy(m);

@@ -33,6 +33,13 @@ int kvt_generate(kvt_model *m, kvt_seq *s, const kvt_tok *tok, const int32_t *pr
 		goto out_nosmp;
 	memcpy(seq, prompt, n_prompt * sizeof(int32_t));
 
+	/* the device picks as the host would: greedy, nothing else to apply */
+	const kvt_sampler_params *sp = &p->sample;
+	const bool on_device = !p->host_decode && !p->no_kv_cache && sp->temp == 0 && !sp->n_bias &&
+			       sp->presence_penalty == 0 && sp->frequency_penalty == 0 &&
+			       (sp->repetition_penalty == 0 || sp->repetition_penalty == 1) &&
+			       kvt_dev_graphs_supported(s->dev);
+	int32_t picked = -1; /* the device's pick for the next step, or -1: sample from logits */
 	double t0 = kvt_now_s(), t1 = t0;
 	uint32_t n = n_prompt;
 	/* prefill: only what the sequence does not already hold */
@@ -40,7 +47,7 @@ int kvt_generate(kvt_model *m, kvt_seq *s, const kvt_tok *tok, const int32_t *pr
 	rc = kvt_model_forward(m, s, prompt + n_cached, n_prompt - n_cached, logits, 1);
 	st->positions_processed += n_prompt - n_cached;
 	while (rc == KVT_OK && st->n_gen < p->n_predict) {
-		int32_t next = kvt_sampler_sample(&smp, logits);
+		int32_t next = picked >= 0 ? picked : kvt_sampler_sample(&smp, logits);
 		if (st->n_gen == 0)
 			t1 = kvt_now_s();
 		seq[n++] = next;
@@ -55,6 +62,9 @@ int kvt_generate(kvt_model *m, kvt_seq *s, const kvt_tok *tok, const int32_t *pr
 			kvt_seq_reset(s);
 			rc = kvt_model_forward(m, s, seq, n, logits, 1);
 			st->positions_processed += n;
+		} else if (on_device) {
+			rc = kvt_model_decode(m, 1, &s, &seq[n - 1], NULL, NULL, &picked);
+			st->positions_processed += 1;
 		} else {
 			rc = kvt_model_forward(m, s, &seq[n - 1], 1, logits, 1);
 			st->positions_processed += 1;

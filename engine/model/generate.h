@@ -3,7 +3,9 @@
  * token by token, sampling each next token on the host.
  *
  * With the KV cache (the default) the prompt is run once and each step feeds
- * only the newest token. With no_kv_cache every step recomputes the whole
+ * only the newest token. Greedy decoding with no penalties or bias, on a
+ * backend with graphs, runs each step as kvt_model_decode (one graph launch,
+ * the token picked on the device) unless host_decode asks otherwise. With no_kv_cache every step recomputes the whole
  * sequence from an empty KV — the textbook comparison: the tokens must be the
  * same, and positions_processed shows the work each way costs.
  */
@@ -20,6 +22,7 @@ typedef struct kvt_gen_params {
 	kvt_sampler_params sample; /* sampling */
 	bool no_kv_cache;          /* recompute the whole sequence each step */
 	bool stop_at_eog;          /* stop after an end-of-generation token */
+	bool host_decode;          /* run every decode step from the host, even where kvt_model_decode could */
 } kvt_gen_params;
 
 typedef struct kvt_gen_stats {
