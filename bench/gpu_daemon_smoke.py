@@ -7,7 +7,8 @@ For each device (default: cuda, then cpu) it serves the small synthetic model th
   turn 1: 407 tokens; turn 2: turn 1's prompt + 100 tokens, whose cached_tokens
   must be turn 1's full blocks (400); SIGTERM (exit status 0), restart, resume the
   session (tokens restored, fewer than a block missing: the partial tail); turn 3: turn 2's prompt + 50 tokens, cached
-  tokens = turn 2's full blocks (496).
+  tokens = turn 2's full blocks (496); on cuda the turn's greedy decode steps ran as
+  device decode calls (scheduler.device_steps > 0; 0 on cpu).
 Then it compares each turn's text across the devices (greedy on the GPU should
 pick the CPU's tokens; the parity test checks that bit by bit, this reports it).
 Prints one JSON line per device and one for the comparison; exits 1 on any
@@ -67,6 +68,12 @@ def run(bin_dir, tmp, device, model):
               "%s resume after restart: %s %s" % (device, st, res))
         r3 = complete(d, p3)
         check(cached(r3) == len(p2) // BT * BT, "%s turn 3: cached %d, expected %d" % (device, cached(r3), len(p2) // BT * BT))
+        # greedy decode steps run as one device call (a CUDA graph) on cuda, never on cpu
+        st, s = http("GET", d.url + "/v1/stats")
+        sched = s.get("scheduler", {}) if st == 200 else {}
+        out["steps"], out["device_steps"] = sched.get("steps"), sched.get("device_steps")
+        ok = (out["device_steps"] or 0) > 0 if device == "cuda" else out["device_steps"] == 0
+        check(ok, "%s: %s of %s scheduler steps ran as device decode calls" % (device, out["device_steps"], out["steps"]))
     finally:
         rc = d.stop(signal.SIGTERM)
     check(rc == 0, "%s: second SIGTERM exit status %d" % (device, rc))
