@@ -82,6 +82,21 @@ int main(void)
 	CHECKF(strstr(out, "fp8             160           2560") != NULL, "size: %s", out);
 	CHECKF(strstr(out, "hbm        1.00 MiB  fp16           4096") != NULL, "size: %s", out);
 	CHECKF(strstr(out, "host       2.00 MiB  int8          13104") != NULL, "size: %s", out);
+	/* head_dim 64: INT8 keeps a scale per 32 dims, FP8 one per vector: 2 x 2 x 2 x 64 = 512 B of codes
+	 * a token, plus 16 (int8) or 8 (fp8) fp32 scales */
+	char model64[160];
+	snprintf(model64, sizeof(model64), "%s/synth64.gguf", dir);
+	kvt_synth_llama c64;
+	kvt_synth_llama_default(&c64);
+	c64.n_head = 2; /* 2 heads of 64 dims, as many KV heads */
+	c64.n_embd = 128;
+	CHECK(kvt_synth_llama_write(&c64, model64) == KVT_OK);
+	snprintf(args, sizeof(args), "size --model %s --context 1000", model64);
+	CHECK_EQ_INT(run(args), 0);
+	CHECKF(strstr(out, "2 KV heads x 64 dims") != NULL, "size: %s", out);
+	CHECKF(strstr(out, "fp8             544") != NULL, "size: %s", out);
+	CHECKF(strstr(out, "int8            576") != NULL, "size: %s", out);
+	unlink(model64);
 
 	/* bad usage and bad input */
 	struct { const char *args; int code; const char *msg; } bad[] = {

@@ -362,14 +362,18 @@ static int cmd_size(int argc, char **argv)
 		ctx = hp.n_ctx_train;
 
 	/*
-	 * Per token, K and V for every layer and KV head. fp16: 2 bytes per value.
-	 * FP8 E4M3 and INT8: 1 byte per value plus one fp32 scale per token, head
-	 * and K/V (the granularity the host tier starts from).
+	 * Per token, K and V for every layer and KV head: a block record of each
+	 * codec (kvt_kv_packed_bytes, what T1 and T2 store) over its tokens. fp16:
+	 * 2 bytes per value; FP8 E4M3 and INT8: 1 byte per value plus their fp32
+	 * scales (kv_codec.h: one per token, head and K/V for FP8; one per 32 dims
+	 * for INT8 where head_dim allows).
 	 */
-	const uint64_t vals = 2ull * hp.n_layer * hp.n_head_kv * hp.head_dim;
-	const uint64_t scales = 2ull * hp.n_layer * hp.n_head_kv;
+	const kvt_kv_layout kl = { .n_layers = hp.n_layer, .n_kv_heads = hp.n_head_kv, .head_dim = hp.head_dim,
+				   .block_tokens = BLOCK_TOKENS };
 	const struct { const char *name; uint64_t per_tok; } dt[3] = {
-		{ "fp16", vals * 2 }, { "fp8", vals + scales * 4 }, { "int8", vals + scales * 4 } };
+		{ "fp16", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_F16) / BLOCK_TOKENS },
+		{ "fp8", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_FP8) / BLOCK_TOKENS },
+		{ "int8", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_INT8) / BLOCK_TOKENS } };
 
 	printf("model: %s (%s, %u layers, %u KV heads x %u dims)\n", model_path, hp.arch, hp.n_layer,
 	       hp.n_head_kv, hp.head_dim);
