@@ -17,38 +17,18 @@ Only the vocabulary is loaded (vocab_only=True): takes a few seconds.
 """
 import argparse
 import ctypes
-import hashlib
 import os
 import sys
 
 import llama_cpp
 from llama_cpp import Llama
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
-DEFAULT_MODEL = os.path.join(REPO, "models", "gemma-3-270m-q4_k_m.gguf")
+from ref_common import EDGE_CASES, HERE, ids_str, model_path, sha256_file
 
-CASES = [
-    # edge cases: spaces, newlines, tabs (Gemma has user-defined tokens for runs of them)
-    "",
-    " ",
-    "  ",
-    "a",
-    " a",
-    "Hello",
-    " Hello",
-    "Hello world",
-    "  leading and trailing spaces  ",
-    "multiple     spaces     between",
-    "tab\tseparated\tvalues",
-    "\t\tdouble tab indent",
-    "line one\nline two",
-    "para one\n\n\npara two",
-    "windows\r\nline\r\nendings\r\n",
-    "\n",
-    "\n\n",
-    " \n \n ",
-    "trailing newline\n",
+DEFAULT_MODEL = model_path("gemma-3-270m-q4_k_m.gguf")
+
+# The shared edge cases, " a" after "a", then Gemma's own (it has user-defined tokens for runs of spaces).
+CASES = EDGE_CASES[:4] + [" a"] + EDGE_CASES[4:] + [
     "                                        forty spaces",
     # prose
     "The capital of France is Paris.",
@@ -117,18 +97,6 @@ CHATS = [
     [("user", "  Hi there  "), ("assistant", " Hello! How can I help? "), ("user", "Tell me a joke.")],
     [("system", "Be kind."), ("user", "One"), ("assistant", "Two"), ("user", "Three\nFour")],
 ]
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def ids_str(ids):
-    return " ".join(str(i) for i in ids)
 
 
 def render_gemma(msgs):
