@@ -21,6 +21,7 @@
  *  - drain with a request in flight lets it finish.
  */
 #include "check.h"
+#include "sched_rig.h"
 #include "test_dev.h"
 #include "gguf.h"
 #include "manager.h"
@@ -36,7 +37,6 @@
 #define BT 16
 
 static char dir[256], model_path[300], t2_path[300], db_path[300];
-static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
 
 typedef struct rig {
 	kvt_dev *dev;
@@ -50,35 +50,14 @@ typedef struct rig {
 
 static int rig_open(rig *r, bool reset, uint32_t max_running)
 {
-	kvt_gguf *g = NULL;
 	memset(r, 0, sizeof(*r));
 	memset(r->fp, 0x5a, 32);
-	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = 2 };
-	kvt_model_config mc;
-	kvt_model_config_default(&mc);
-	mc.max_batch = 128;
-	mc.max_ctx = 512;
-	if (kvt_gguf_open(model_path, &g) || kvt_dev_create(&dc, &r->dev) || kvt_model_load(r->dev, g, &mc, &r->m) ||
-	    kvt_tok_create_from_gguf(g, &r->tok))
+	if (sched_rig_load(model_path, 2, &r->dev, &r->m, &r->tok))
 		return 1;
-	kvt_gguf_close(g);
 	kvt_stack_config c;
-	kvt_stack_config_default(&c);
-	c.dev = r->dev;
-	c.model = r->m;
-	c.tok = r->tok;
+	sched_rig_config(&c, r->dev, r->m, r->tok, db_path, t2_path, 160, 64);
 	memcpy(c.model_fp, r->fp, 32);
-	c.block_tokens = BT;
-	c.t0_slots = 160;
-	c.db_path = db_path;
-	c.t2_path = t2_path;
-	c.t2.capacity_bytes = 16u << 20;
 	c.t2.reset = reset;
-	c.t2.buffered_ok = true;
-	c.tm.t1_slots = 64;
-	c.tm.t1_codec = KVT_KV_CODEC_F16;
-	c.sched.secret = secret;
-	c.sched.secret_bytes = sizeof(secret);
 	c.sched.max_running = max_running;
 	c.sched.prefill_chunk = 48;
 	if (kvt_stack_open(&c, &r->st))
@@ -90,18 +69,8 @@ static int rig_open(rig *r, bool reset, uint32_t max_running)
 
 static void rig_close(rig *r)
 {
-	kvt_stack_close(&r->st);
-	kvt_model_destroy(r->m);
-	kvt_tok_destroy(r->tok);
-	kvt_dev_destroy(r->dev);
+	sched_rig_free(&r->st, r->dev, r->m, r->tok);
 }
-
-typedef struct result {
-	int32_t out[512];
-	uint32_t n;
-	int finish;
-	kvt_sched_usage u;
-} result;
 
 static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t max_tokens, const char *tenant,
 		     const char *session)
@@ -115,48 +84,24 @@ static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t ma
 	snprintf(q->session_id, sizeof(q->session_id), "%s", session ? session : "");
 }
 
-/* Collect a submitted request to its end. */
-static int collect(kvt_sched_handle *h, result *res)
-{
-	memset(res, 0, sizeof(*res));
-	for (int spins = 0; spins < 100000; spins++) {
-		uint32_t n = 0;
-		kvt_sched_next(h, res->out + res->n, 512 - res->n, &n, &res->finish, &res->u, 0.5);
-		res->n += n;
-		if (res->finish)
-			break;
-	}
-	kvt_sched_release(h);
-	return res->finish ? KVT_OK : KVT_EIO;
-}
-
-static int run(rig *r, const kvt_sched_req *q, result *res)
+static int run(rig *r, const kvt_sched_req *q, sched_result *res)
 {
 	kvt_sched_handle *h;
 	int rc = kvt_sched_submit(r->s, q, &h);
 	if (rc)
 		return rc;
-	return collect(h, res);
-}
-
-static void make_prompt(int32_t *p, uint32_t n, uint32_t seed)
-{
-	uint32_t x = seed * 2654435761u + 1;
-	for (uint32_t i = 0; i < n; i++) {
-		x = x * 1103515245u + 12345u;
-		p[i] = (int32_t)(3 + (x >> 8) % 250); /* byte tokens */
-	}
+	return sched_collect(h, res);
 }
 
 static void test_batching(rig *r)
 {
 	enum { N = 6, GEN = 20 };
 	int32_t p[N][80];
-	result alone[N], together[N];
+	sched_result alone[N], together[N];
 	kvt_sched_handle *h[N];
 	kvt_sched_req q;
 	for (int i = 0; i < N; i++) {
-		make_prompt(p[i], 20 + 10 * i, 100 + i);
+		sched_make_prompt(p[i], 20 + 10 * i, 100 + i);
 		req_init(&q, p[i], 20 + 10 * i, GEN, "batch-alone", NULL);
 		CHECK(run(r, &q, &alone[i]) == KVT_OK);
 		CHECK_EQ_INT(alone[i].n, GEN);
@@ -167,7 +112,7 @@ static void test_batching(rig *r)
 		CHECK(kvt_sched_submit(r->s, &q, &h[i]) == KVT_OK);
 	}
 	for (int i = 0; i < N; i++) {
-		CHECK(collect(h[i], &together[i]) == KVT_OK);
+		CHECK(sched_collect(h[i], &together[i]) == KVT_OK);
 		CHECKF(together[i].n == alone[i].n && !memcmp(together[i].out, alone[i].out, GEN * 4),
 		       "request %d: batched tokens differ from the request run alone", i);
 		CHECK_EQ_INT(together[i].u.cached_tokens, 0); /* another tenant: nothing shared */
@@ -179,10 +124,10 @@ static void test_conversation(rig *r, const char *session, int32_t *hist, uint32
 {
 	uint32_t n = 0, prev_full = 0;
 	for (int turn = 0; turn < 6; turn++) {
-		make_prompt(hist + n, 13 + turn, 7 + turn); /* the user's new message */
+		sched_make_prompt(hist + n, 13 + turn, 7 + turn); /* the user's new message */
 		n += 13 + turn;
 		kvt_sched_req q;
-		result res;
+		sched_result res;
 		req_init(&q, hist, n, 9 + turn, "alice", session);
 		CHECK(run(r, &q, &res) == KVT_OK);
 		CHECKF(res.u.cached_tokens == prev_full, "turn %d: %u cached tokens, expected %u (full blocks of the previous turn)",
@@ -198,7 +143,7 @@ static void test_conversation(rig *r, const char *session, int32_t *hist, uint32
 static void test_tenants(rig *r, const int32_t *hist, uint32_t n)
 {
 	kvt_sched_req q;
-	result res;
+	sched_result res;
 	req_init(&q, hist, n, 4, "bob", NULL);
 	CHECK(run(r, &q, &res) == KVT_OK);
 	CHECK_EQ_INT(res.u.cached_tokens, 0);
@@ -210,7 +155,7 @@ static void test_tenants(rig *r, const int32_t *hist, uint32_t n)
 static void test_cancel_and_errors(rig *r)
 {
 	int32_t p[40];
-	make_prompt(p, 40, 99);
+	sched_make_prompt(p, 40, 99);
 	kvt_sched_req q;
 	kvt_sched_handle *h;
 	req_init(&q, p, 40, 400, "carol", NULL);
@@ -242,7 +187,7 @@ static void test_cancel_and_errors(rig *r)
 	req_init(&q, p, 40, 4, "../etc", NULL);
 	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_EINVAL);
 	/* still serving */
-	result res;
+	sched_result res;
 	req_init(&q, p, 40, 4, "carol", NULL);
 	CHECK(run(r, &q, &res) == KVT_OK && res.n == 4);
 }
@@ -276,11 +221,9 @@ static void on_progress(void *user, uint32_t done, uint32_t total)
 
 int main(void)
 {
-	kvt_dev *probe;
-	kvt_dev_config pc = { .kind = test_dev_kind() };
-	if (kvt_dev_create(&pc, &probe))
-		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_sched", "the requested device is not available");
-	kvt_dev_destroy(probe);
+	int probe_rc = test_dev_probe("test_sched");
+	if (probe_rc >= 0)
+		return probe_rc;
 	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
@@ -304,10 +247,10 @@ int main(void)
 	test_sessions(&r, "conv-1", n_hist);
 
 	/* the next turn, uninterrupted: its tokens are the reference for after the restart */
-	make_prompt(hist + n_hist, 11, 555);
+	sched_make_prompt(hist + n_hist, 11, 555);
 	uint32_t n_next = n_hist + 11;
 	kvt_sched_req q;
-	result ref, again;
+	sched_result ref, again;
 	req_init(&q, hist, n_next, 12, "alice", NULL);
 	CHECK(run(&r, &q, &ref) == KVT_OK);
 	CHECK_EQ_INT(ref.u.cached_tokens, n_hist / BT * BT);
@@ -361,8 +304,8 @@ int main(void)
 	req_init(&q, hist, 30, 30, "dave", NULL);
 	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_OK);
 	CHECK(kvt_sched_drain(r.s, 30.0) == 0);
-	result res;
-	CHECK(collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
+	sched_result res;
+	CHECK(sched_collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
 	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_EIO); /* draining: refused */
 	rig_close(&r);
 
