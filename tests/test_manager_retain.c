@@ -18,6 +18,7 @@
  */
 #include "check.h"
 #include "test_dev.h"
+#include "tm_fixture.h"
 #include "manager.h"
 
 #include <stdatomic.h>
@@ -54,31 +55,16 @@ typedef struct fixture {
 /* t1_high / nvme_high: the watermarks the test crosses on purpose. */
 static int fx_open(fixture *f, bool reset, float t1_high, float nvme_high)
 {
-	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 1 };
 	memset(f, 0, sizeof(*f));
-	if (kvt_dev_create(&dc, &f->dev) || kvt_t0_create(f->dev, &shape, N_T0, &f->t0) ||
-	    kvt_btable_create(BT, 0, &f->bt))
+	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
 		return 1;
 	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = 4u << 20, .io_mode = KVT_T2_IO_AUTO,
 			     .reset = reset, .buffered_ok = true };
 	memcpy(tc.model_fp, model_fp, 32);
-	if (kvt_t2_open(&tc, &f->t2))
-		return 1;
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, model_fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = BT;
-	if (kvt_db_open(&dbc, &f->db))
+	if (kvt_t2_open(&tc, &f->t2) || tm_fx_db_open(db_path, model_fp, BT, &f->db))
 		return 1;
 	kvt_tm_config c;
-	kvt_tm_config_default(&c);
-	c.dev = f->dev;
-	c.t0 = f->t0;
-	c.bt = f->bt;
-	c.t2 = f->t2;
-	c.db = f->db;
-	c.t1_slots = N_T1;
-	c.t1_codec = KVT_KV_CODEC_FP8;
+	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, KVT_KV_CODEC_FP8);
 	c.persist = KVT_PERSIST_WRITE_BACK;
 	c.batch_blocks = 4;
 	c.high[KVT_TIER_HBM] = 1.0f;
@@ -93,12 +79,7 @@ static int fx_open(fixture *f, bool reset, float t1_high, float nvme_high)
 
 static void fx_close(fixture *f)
 {
-	kvt_tm_destroy(f->tm);
-	kvt_db_close(f->db);
-	kvt_t2_close(f->t2);
-	kvt_btable_destroy(f->bt);
-	kvt_t0_destroy(f->t0);
-	kvt_dev_destroy(f->dev);
+	tm_fx_free(f->tm, f->db, f->t2, f->bt, f->t0, f->dev);
 }
 
 static int32_t toks[N_CH][CH_LEN * BT];
@@ -358,11 +339,9 @@ static void quotas(void)
 
 int main(void)
 {
-	kvt_dev *probe;
-	kvt_dev_config pc = { .kind = test_dev_kind(), .n_threads = 1 };
-	if (kvt_dev_create(&pc, &probe))
-		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_retain", "the requested device is not available");
-	kvt_dev_destroy(probe);
+	int probe_rc = test_dev_probe("test_manager_retain");
+	if (probe_rc >= 0)
+		return probe_rc;
 	snprintf(dir, sizeof(dir), "/tmp/kvt_tmret_XXXXXX");
 	if (!mkdtemp(dir))
 		return 1;

@@ -27,6 +27,7 @@
  */
 #include "check.h"
 #include "test_dev.h"
+#include "tm_fixture.h"
 #include "manager.h"
 
 #include <errno.h>
@@ -66,49 +67,28 @@ typedef struct fixture {
 
 static int fx_open(fixture *f, int codec, bool reset, int persist, float t1_high, float t1_low)
 {
-	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 1 };
 	memset(f, 0, sizeof(*f));
-	if (kvt_dev_create(&dc, &f->dev) || kvt_t0_create(f->dev, &shape, N_T0, &f->t0) ||
-	    kvt_btable_create(BT, 0, &f->bt))
+	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
 		return 1;
 	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = t2_capacity, .io_mode = KVT_T2_IO_AUTO,
 			     .compress = true, .reset = reset, .buffered_ok = true, .io = &fault_ops };
 	memcpy(tc.model_fp, model_fp, 32);
-	if (kvt_t2_open(&tc, &f->t2))
-		return 1;
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, model_fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = BT;
-	if (kvt_db_open(&dbc, &f->db))
+	if (kvt_t2_open(&tc, &f->t2) || tm_fx_db_open(db_path, model_fp, BT, &f->db))
 		return 1;
 	kvt_tm_config c;
-	kvt_tm_config_default(&c);
-	c.dev = f->dev;
-	c.t0 = f->t0;
-	c.bt = f->bt;
-	c.t2 = f->t2;
-	c.db = f->db;
-	c.t1_slots = N_T1;
-	c.t1_codec = codec;
+	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, codec);
 	c.persist = persist;
 	c.batch_blocks = 4;
 	/* deterministic: the test drives eviction itself (watermarks never crossed, slow poll) */
 	c.high[KVT_TIER_HBM] = c.high[KVT_TIER_NVME] = 1.0f;
 	c.high[KVT_TIER_HOST] = t1_high;
 	c.low[KVT_TIER_HOST] = t1_low;
-	c.poll_s = 5.0;
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
 }
 
 static void fx_close(fixture *f)
 {
-	kvt_tm_destroy(f->tm);
-	kvt_db_close(f->db);
-	kvt_t2_close(f->t2);
-	kvt_btable_destroy(f->bt);
-	kvt_t0_destroy(f->t0);
-	kvt_dev_destroy(f->dev);
+	tm_fx_free(f->tm, f->db, f->t2, f->bt, f->t0, f->dev);
 }
 
 /* The test chain: tokens, hashes, and the fp16 contents of each block (KV-like magnitudes per head). */
