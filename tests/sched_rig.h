@@ -4,7 +4,7 @@
  * tokenizer on the test device (reference kernels), the stack settings both
  * start from (fp16 T1, a 16 MiB buffered NVMe file, a fixed secret and model
  * fingerprint), collecting a request's tokens to its end, and the seeded
- * prompts of byte tokens. Each test sets what differs (T0/T1 sizes, reset,
+ * prompts of byte tokens, and writing the synthetic model itself. Each test sets what differs (T0/T1 sizes, reset,
  * the scheduler's knobs) and owns its paths.
  */
 #ifndef KVT_TEST_SCHED_RIG_H
@@ -14,6 +14,7 @@
 #include "model.h"
 #include "scheduler.h"
 #include "stack.h"
+#include "synth_model.h"
 #include "test_dev.h"
 #include "tokenizer.h"
 
@@ -70,6 +71,15 @@ static inline void sched_rig_free(kvt_stack *st, kvt_dev *dev, kvt_model *m, kvt
 	kvt_model_destroy(m);
 	kvt_tok_destroy(tok);
 	kvt_dev_destroy(dev);
+}
+
+/* The tests' model: the default synthetic Llama with a 512-token context, written to path; kvt_synth_llama_write's result. */
+static inline int sched_rig_write_model(const char *path)
+{
+	kvt_synth_llama sc;
+	kvt_synth_llama_default(&sc);
+	sc.n_ctx = 512;
+	return kvt_synth_llama_write(&sc, path);
 }
 
 typedef struct sched_result {

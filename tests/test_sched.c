@@ -229,10 +229,7 @@ int main(void)
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
 	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
 	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
-	kvt_synth_llama sc;
-	kvt_synth_llama_default(&sc);
-	sc.n_ctx = 512;
-	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
+	CHECK(sched_rig_write_model(model_path) == KVT_OK);
 
 	rig r;
 	static int32_t hist[512], turn[512];

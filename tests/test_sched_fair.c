@@ -379,10 +379,7 @@ int main(void)
 	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_fair_XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
-	kvt_synth_llama sc;
-	kvt_synth_llama_default(&sc);
-	sc.n_ctx = 512;
-	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
+	CHECK(sched_rig_write_model(model_path) == KVT_OK);
 
 	test_short_behind_long();
 	test_head_bound();
