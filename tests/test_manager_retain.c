@@ -43,14 +43,7 @@ static uint64_t fake_clock(void *user)
 	return fake_now_us;
 }
 
-typedef struct fixture {
-	kvt_dev *dev;
-	kvt_t0_pool *t0;
-	kvt_btable *bt;
-	kvt_t2_store *t2;
-	kvt_db *db;
-	kvt_tm *tm;
-} fixture;
+typedef tm_fx fixture;
 
 /* t1_high / nvme_high: the watermarks the test crosses on purpose. */
 static int fx_open(fixture *f, bool reset, float t1_high, float nvme_high)
@@ -75,11 +68,6 @@ static int fx_open(fixture *f, bool reset, float t1_high, float nvme_high)
 	c.poll_s = 5.0; /* the test drives maintenance itself */
 	c.clock_us = fake_clock;
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
-}
-
-static void fx_close(fixture *f)
-{
-	tm_fx_free(f->tm, f->db, f->t2, f->bt, f->t0, f->dev);
 }
 
 static int32_t toks[N_CH][CH_LEN * BT];
@@ -195,7 +183,7 @@ static void ttl_expiry(void)
 	CHECK_EQ_INT(ts[0].n_expired, CH_LEN + 2);
 	CHECK_EQ_INT(ts[0].n_hits, CH_LEN);
 	CHECK_EQ_INT(ts[0].n_blocks[KVT_TIER_HOST], 0);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 /* Count chain c's blocks present in T2. */
@@ -229,7 +217,7 @@ static void survives_restart(void)
 	CHECK_EQ_INT(kvt_tm_release(f.tm, CH_LEN, (const uint8_t(*)[32])hashes[3]), CH_LEN);
 	CHECK(!kvt_tm_get_retention(f.tm, hashes[3][0], &ret));
 	uint64_t until0 = fake_now_us + 24 * 60 * MIN_US;
-	fx_close(&f);
+	tm_fx_close(&f);
 
 	/* restart with a T2 high watermark every block crosses: only the retained survive it */
 	fake_now_us += 10 * MIN_US;
@@ -268,7 +256,7 @@ static void survives_restart(void)
 	CHECK_EQ_INT(kvt_tm_release(f.tm, CH_LEN, (const uint8_t(*)[32])hashes[0]), CH_LEN);
 	kvt_tm_maintain(f.tm);
 	CHECK_EQ_INT(n_in_t2(&f, 0), 0);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 static void quotas(void)
@@ -334,7 +322,7 @@ static void quotas(void)
 		}
 	}
 	/* pressure: alice's chain 0 (no longer retained) leaves T1 and T2 like any other */
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 int main(void)

@@ -16,6 +16,16 @@
 
 #include <string.h>
 
+/* A manager over T2 and the index, for the tests that need nothing more. */
+typedef struct tm_fx {
+	kvt_dev *dev;       /* the test device */
+	kvt_t0_pool *t0;    /* T0 */
+	kvt_btable *bt;     /* hot table */
+	kvt_t2_store *t2;   /* NVMe tier */
+	kvt_db *db;         /* SQLite index */
+	kvt_tm *tm;         /* the manager */
+} tm_fx;
+
 /* The device, a T0 pool of n_t0 blocks of shape, and the hot table; 0, or 1 on failure. */
 static inline int tm_fx_base(const kvt_kv_layout *shape, uint32_t n_t0, kvt_dev **dev, kvt_t0_pool **t0,
 			     kvt_btable **bt)
@@ -59,6 +69,12 @@ static inline void tm_fx_free(kvt_tm *tm, kvt_db *db, kvt_t2_store *t2, kvt_btab
 	kvt_btable_destroy(bt);
 	kvt_t0_destroy(t0);
 	kvt_dev_destroy(dev);
+}
+
+/* tm_fx_free of a whole tm_fx. */
+static inline void tm_fx_close(tm_fx *f)
+{
+	tm_fx_free(f->tm, f->db, f->t2, f->bt, f->t0, f->dev);
 }
 
 #endif
