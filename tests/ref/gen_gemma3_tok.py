@@ -18,12 +18,11 @@ Only the vocabulary is loaded (vocab_only=True): takes a few seconds.
 import argparse
 import ctypes
 import os
-import sys
 
 import llama_cpp
 from llama_cpp import Llama
 
-from ref_common import EDGE_CASES, HERE, ids_str, model_path, sha256_file
+from ref_common import EDGE_CASES, HERE, case_bytes, ids_str, model_path, note_detokenize, sha256_file
 
 DEFAULT_MODEL = model_path("gemma-3-270m-q4_k_m.gguf")
 
@@ -134,18 +133,12 @@ def main():
         "add_special=1 checked to be [bos]+ids); M/R/C: a chat by llama.cpp's gemma template; "
         "E: the EOG ids",
     ]
-    seen = set()
-    for s in CASES:
-        b = s.encode("utf-8")
-        assert b not in seen, f"duplicate case {s!r}"
-        seen.add(b)
+    for s, b in case_bytes(CASES):
         sp = tok.tokenize(b, add_bos=False, special=True)
         nsp = tok.tokenize(b, add_bos=False, special=False)
         with_bos = tok.tokenize(b, add_bos=True, special=True)
         assert with_bos == [bos] + sp, f"add_bos changes more than the BOS for {s!r}"
-        back = tok.detokenize(sp, special=True)
-        if back != b:
-            print(f"note: detokenize differs for {s!r}: {back!r}", file=sys.stderr)
+        note_detokenize(tok, sp, s, b)
         lines.append(f"T {b.hex()}\t{ids_str(sp)}\t{ids_str(nsp)}")
     for msgs in CHATS:
         lines.append(f"M {len(msgs)}")

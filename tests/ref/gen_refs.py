@@ -18,7 +18,7 @@ import sys
 import llama_cpp
 from llama_cpp import Llama
 
-from ref_common import EDGE_CASES, HERE, greedy_steps, model_path, sha256_file
+from ref_common import EDGE_CASES, HERE, case_bytes, greedy_steps, model_path, note_detokenize, sha256_file
 
 DEFAULT_MODEL = model_path("SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -134,17 +134,10 @@ def gen_tokenizer(model_path, header, out_path):
         "# format: <hex of UTF-8 input bytes>\\t<space-separated token ids>; "
         "llama_tokenize(add_special=False, parse_special=True)",
     ]
-    seen = set()
-    for s in TOKENIZER_CASES:
-        b = s.encode("utf-8")
-        assert b not in seen, f"duplicate tokenizer case {s!r}"
-        seen.add(b)
+    for s, b in case_bytes(TOKENIZER_CASES):
         ids = tok.tokenize(b, add_bos=False, special=True)
         # Sanity: detokenizing (with specials rendered) must round-trip the bytes.
-        back = tok.detokenize(ids, special=True)
-        if back != b:
-            print(f"warning: detokenize round-trip differs for {s!r}: {back!r}",
-                  file=sys.stderr)
+        note_detokenize(tok, ids, s, b)
         lines.append(f"{b.hex()}\t{' '.join(map(str, ids))}")
     with open(out_path, "w") as f:
         f.write("\n".join(lines) + "\n")

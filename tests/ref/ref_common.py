@@ -1,6 +1,7 @@
 """What the llama.cpp reference generators under tests/ref/ share: the paths, the
 model hash in their headers, id lists as text, the edge-case strings both tokenizer
-references start from, and the one-token-at-a-time greedy walk.
+references start from and the walk over such cases, and the one-token-at-a-time
+greedy walk.
 
 Imported by gen_refs.py, gen_gemma3_tok.py and gen_gemma3_refs.py (run as scripts,
 so this directory is on sys.path). Changing anything here changes the committed
@@ -8,6 +9,7 @@ reference files those write: regenerate them and say so in tests/ref/README.md.
 """
 import hashlib
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -50,6 +52,23 @@ def sha256_file(path):
 
 def ids_str(ids):
     return " ".join(str(i) for i in ids)
+
+
+def case_bytes(cases):
+    """Each tokenizer case as (str, its UTF-8 bytes), in order; a duplicate is refused."""
+    seen = set()
+    for s in cases:
+        b = s.encode("utf-8")
+        assert b not in seen, f"duplicate case {s!r}"
+        seen.add(b)
+        yield s, b
+
+
+def note_detokenize(tok, ids, s, b):
+    """Say on stderr when detokenizing ids (specials rendered) does not give the case's bytes back."""
+    back = tok.detokenize(ids, special=True)
+    if back != b:
+        print(f"note: detokenize differs for {s!r}: {back!r}", file=sys.stderr)
 
 
 def greedy_steps(llm, ids, n_gen, top_k):
