@@ -29,6 +29,7 @@
  */
 #include "dev.h"
 #include "gguf.h"
+#include "gguf_copy.h"
 #include "model.h"
 #include "sampler.h"
 #include "tiers.h"
@@ -87,42 +88,12 @@ static void cpu_model(char *buf, size_t cap)
 		fclose(f);
 }
 
-/* Copy one metadata value into the writer (the types real models use). */
+/* Copy one metadata value into the writer (tests/gguf_copy.h). */
 static int copy_kv(kvt_gguf_writer *w, const kvt_gguf_kv *kv)
 {
 	char key[256];
 	snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
-	switch (kv->type) {
-	case KVT_GGUF_UINT32: return kvt_gguf_writer_add_u32(w, key, (uint32_t)kv->v.u64);
-	case KVT_GGUF_INT32: return kvt_gguf_writer_add_i32(w, key, (int32_t)kv->v.i64);
-	case KVT_GGUF_UINT64: return kvt_gguf_writer_add_u64(w, key, kv->v.u64);
-	case KVT_GGUF_FLOAT32: return kvt_gguf_writer_add_f32(w, key, (float)kv->v.f64);
-	case KVT_GGUF_BOOL: return kvt_gguf_writer_add_bool(w, key, kv->v.b);
-	case KVT_GGUF_STRING: {
-		char *v = strndup(kv->v.str.ptr, kv->v.str.len);
-		int rc = v ? kvt_gguf_writer_add_str(w, key, v) : KVT_ENOMEM;
-		free(v);
-		return rc;
-	}
-	case KVT_GGUF_ARRAY:
-		if (kv->arr_type == KVT_GGUF_STRING) {
-			char **v = calloc(kv->n, sizeof(*v));
-			for (uint64_t i = 0; i < kv->n; i++)
-				v[i] = strndup(kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
-			int rc = kvt_gguf_writer_add_arr_str(w, key, (const char *const *)v, kv->n);
-			for (uint64_t i = 0; i < kv->n; i++)
-				free(v[i]);
-			free(v);
-			return rc;
-		}
-		if (kv->arr_type == KVT_GGUF_INT32)
-			return kvt_gguf_writer_add_arr_i32(w, key, kv->v.arr.data, kv->n);
-		if (kv->arr_type == KVT_GGUF_FLOAT32)
-			return kvt_gguf_writer_add_arr_f32(w, key, kv->v.arr.data, kv->n);
-		break;
-	}
-	fprintf(stderr, "bench_quant: %s: metadata type %u/%u not copied\n", key, kv->type, kv->arr_type);
-	return KVT_EINVAL;
+	return gguf_copy_kv(w, key, kv);
 }
 
 static int requant(const char *in, const char *out)

@@ -102,4 +102,11 @@ static inline float kvt_bf16_to_f32(uint16_t h)
 	return v.f;
 }
 
+/* The value of hex digit c (0-9, a-f, A-F), or -1 when c is not one. */
+static inline int kvt_hexval(int c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 :
+	       c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 #endif

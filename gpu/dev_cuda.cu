@@ -411,6 +411,27 @@ __global__ void f32_to_f16_kernel(const float *x, __half *y, uint64_t n)
 		y[i] = __float2half_rn(x[i]);
 }
 
+/* The GEMVs' grid mapping: warp w of block b computes output column b * warps + w. */
+__device__ __forceinline__ uint32_t gemv_column()
+{
+	return blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+
+/* The GEMVs' epilogue: lane 0 writes (or adds) the warp's sum of each row's s[m] into y[m][n]. */
+template <int M>
+__device__ __forceinline__ void gemv_store(const float *s, float *__restrict__ y, uint32_t n, uint32_t N, int lane,
+					   bool acc)
+{
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		float v = warp_sum(s[m]);
+		if (lane == 0) {
+			float *o = y + (size_t)m * N + n;
+			*o = acc ? *o + v : v;
+		}
+	}
+}
+
 /*
  * y[m][n] (+)= x[m] . w[n] for M <= GEMV_MAX_ROWS rows: one warp per output
  * column n, lanes strided over k by 8 fp16 weights (one 16-byte load).
@@ -419,15 +440,12 @@ template <int M>
 __global__ void gemv_f16_kernel(const __half *__restrict__ w, const float *__restrict__ x, float *__restrict__ y,
 				uint32_t K, uint32_t N, bool acc, bool vec)
 {
-	uint32_t n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	uint32_t n = gemv_column();
 	int lane = threadIdx.x & 31;
 	if (n >= N)
 		return;
 	const __half *row = w + (size_t)n * K;
-	float s[M];
-#pragma unroll
-	for (int m = 0; m < M; m++)
-		s[m] = 0.0f;
+	float s[M] = {};
 	if (vec) {
 #pragma unroll 4
 		for (uint32_t k = lane * 8; k < K; k += 256) {
@@ -456,14 +474,7 @@ __global__ void gemv_f16_kernel(const __half *__restrict__ w, const float *__res
 				s[m] += wf * x[(size_t)m * K + k];
 		}
 	}
-#pragma unroll
-	for (int m = 0; m < M; m++) {
-		float v = warp_sum(s[m]);
-		if (lane == 0) {
-			float *o = y + (size_t)m * N + n;
-			*o = acc ? *o + v : v;
-		}
-	}
+	gemv_store<M>(s, y, n, N, lane, acc);
 }
 
 template <int M>
@@ -588,15 +599,12 @@ template <int M>
 __global__ void gemv_q_kernel(int dtype, const uint8_t *__restrict__ w, size_t row_bytes, const float *__restrict__ x,
 			      float *__restrict__ y, uint32_t K, uint32_t N, bool acc)
 {
-	uint32_t n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	uint32_t n = gemv_column();
 	int lane = threadIdx.x & 31;
 	if (n >= N)
 		return;
 	const uint8_t *row = w + (size_t)n * row_bytes;
-	float s[M];
-#pragma unroll
-	for (int m = 0; m < M; m++)
-		s[m] = 0.0f;
+	float s[M] = {};
 	for (uint32_t k = lane * 8; k < K; k += 256) {
 		float wf[8];
 		dq8(dtype, row, k, wf);
@@ -608,14 +616,7 @@ __global__ void gemv_q_kernel(int dtype, const uint8_t *__restrict__ w, size_t r
 				s[m] += wf[i] * xm[i];
 		}
 	}
-#pragma unroll
-	for (int m = 0; m < M; m++) {
-		float v = warp_sum(s[m]);
-		if (lane == 0) {
-			float *o = y + (size_t)m * N + n;
-			*o = acc ? *o + v : v;
-		}
-	}
+	gemv_store<M>(s, y, n, N, lane, acc);
 }
 
 template <int M>
@@ -625,6 +626,31 @@ static void launch_gemv_q(cudaStream_t st, const kvt_matmul_args *a)
 	gemv_q_kernel<M><<<div_up(a->n_out, warps), warps * 32, 0, st>>>(
 		a->w_dtype, (const uint8_t *)a->w, q_row_bytes(a->w_dtype, a->n_in), a->x, a->y, a->n_in,
 		a->n_out, a->accumulate);
+}
+
+/* One GEMV launch for M rows: the quantized kernel (quant) or the fp16 one (vec: its 16-byte loads). */
+template <int M>
+static void launch_gemv_m(cudaStream_t st, const kvt_matmul_args *a, bool quant, bool vec)
+{
+	if (quant)
+		launch_gemv_q<M>(st, a);
+	else
+		launch_gemv<M>(st, a, vec);
+}
+
+/* The GEMV for a->n_rows <= GEMV_MAX_ROWS rows, M a template argument so s[] stays in registers. */
+static void launch_gemv_rows(cudaStream_t st, const kvt_matmul_args *a, bool quant, bool vec)
+{
+	switch (a->n_rows) {
+	case 1: launch_gemv_m<1>(st, a, quant, vec); break;
+	case 2: launch_gemv_m<2>(st, a, quant, vec); break;
+	case 3: launch_gemv_m<3>(st, a, quant, vec); break;
+	case 4: launch_gemv_m<4>(st, a, quant, vec); break;
+	case 5: launch_gemv_m<5>(st, a, quant, vec); break;
+	case 6: launch_gemv_m<6>(st, a, quant, vec); break;
+	case 7: launch_gemv_m<7>(st, a, quant, vec); break;
+	default: launch_gemv_m<8>(st, a, quant, vec); break;
+	}
 }
 
 /* Rows n0 .. n0+n_rows-1 of a quantized weight widened to fp16, [n_rows][K]; a thread per 8 elements. */
@@ -699,30 +725,12 @@ static int cuda_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	if (is_kept_quant(a->w_dtype)) {
 		if (a->n_rows > GEMV_MAX_ROWS)
 			return matmul_q_gemm(c, a, ws);
-		switch (a->n_rows) {
-		case 1: launch_gemv_q<1>(c->stream, a); break;
-		case 2: launch_gemv_q<2>(c->stream, a); break;
-		case 3: launch_gemv_q<3>(c->stream, a); break;
-		case 4: launch_gemv_q<4>(c->stream, a); break;
-		case 5: launch_gemv_q<5>(c->stream, a); break;
-		case 6: launch_gemv_q<6>(c->stream, a); break;
-		case 7: launch_gemv_q<7>(c->stream, a); break;
-		default: launch_gemv_q<8>(c->stream, a); break;
-		}
+		launch_gemv_rows(c->stream, a, true, false);
 		return LAUNCHED("gemv_q");
 	}
 	if (a->n_rows <= GEMV_MAX_ROWS) {
 		bool vec = K % 8 == 0 && ((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0;
-		switch (a->n_rows) {
-		case 1: launch_gemv<1>(c->stream, a, vec); break;
-		case 2: launch_gemv<2>(c->stream, a, vec); break;
-		case 3: launch_gemv<3>(c->stream, a, vec); break;
-		case 4: launch_gemv<4>(c->stream, a, vec); break;
-		case 5: launch_gemv<5>(c->stream, a, vec); break;
-		case 6: launch_gemv<6>(c->stream, a, vec); break;
-		case 7: launch_gemv<7>(c->stream, a, vec); break;
-		default: launch_gemv<8>(c->stream, a, vec); break;
-		}
+		launch_gemv_rows(c->stream, a, false, vec);
 		return LAUNCHED("gemv");
 	}
 	uint64_t n = (uint64_t)a->n_rows * a->n_in;

@@ -235,6 +235,19 @@ static int fail(kvt_db *db, int rc, const char *what)
 	return sql_fail(db->path, db->dir, db->sql, rc, what);
 }
 
+/*
+ * One step of a loop over a statement's rows: true with a row; false at the
+ * end (*rc = KVT_OK) or on an error (*rc = fail()'s code, logged naming what).
+ */
+static bool next_row(kvt_db *db, sqlite3_stmt *st, const char *what, int *rc)
+{
+	int s = sqlite3_step(st);
+	if (s == SQLITE_ROW)
+		return true;
+	*rc = s == SQLITE_DONE ? KVT_OK : fail(db, s, what);
+	return false;
+}
+
 static void put_u32le(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)v;
@@ -582,16 +595,7 @@ static int rewrite_each(void *ctx, kvt_sjournal *tmp)
 				    -1, &st, NULL);
 	if (rc != SQLITE_OK)
 		return fail(db, rc, "prepare journal rewrite");
-	for (;;) {
-		rc = sqlite3_step(st);
-		if (rc == SQLITE_DONE) {
-			rc = KVT_OK;
-			break;
-		}
-		if (rc != SQLITE_ROW) {
-			rc = fail(db, rc, "journal rewrite");
-			break;
-		}
+	while (next_row(db, st, "journal rewrite", &rc)) {
 		kvt_sj_rec r;
 		memset(&r, 0, sizeof(r));
 		const char *tenant = (const char *)sqlite3_column_text(st, 0), *id = (const char *)sqlite3_column_text(st, 1);
@@ -1685,16 +1689,7 @@ static int session_list_fn(kvt_db *db, void *arg)
 	sqlite3_bind_int64(st, 1, db->ns_id);
 	if (c->tenant)
 		sqlite3_bind_text(st, 2, c->tenant, -1, SQLITE_STATIC);
-	for (;;) {
-		rc = sqlite3_step(st);
-		if (rc == SQLITE_DONE) {
-			rc = KVT_OK;
-			break;
-		}
-		if (rc != SQLITE_ROW) {
-			rc = fail(db, rc, "session list");
-			break;
-		}
+	while (next_row(db, st, "session list", &rc)) {
 		kvt_db_session s;
 		int32_t *heap = NULL;
 		memset(&s, 0, sizeof(s));
@@ -1800,16 +1795,7 @@ static int block_walk_fn(kvt_db *db, void *arg)
 	}
 	if (!(c->flags & KVT_DB_ALL_NS))
 		sqlite3_bind_int64(st, 1, db->ns_id);
-	for (;;) {
-		rc = sqlite3_step(st);
-		if (rc == SQLITE_DONE) {
-			rc = KVT_OK;
-			break;
-		}
-		if (rc != SQLITE_ROW) {
-			rc = fail(db, rc, "block walk");
-			break;
-		}
+	while (next_row(db, st, "block walk", &rc)) {
 		memset(row, 0, sizeof(*row));
 		if ((rc = block_from_row(db, st, row)) != KVT_OK)
 			break;

@@ -25,6 +25,7 @@
 #include "generate.h"
 #include "gguf.h"
 #include "model.h"
+#include "ref_read.h"
 #include "tokenizer.h"
 
 #define EXACT_TOL 0.05f
@@ -46,22 +47,6 @@ typedef struct ref_case {
 	int n_ex[N_STEPS];                  /* pairs per E line */
 } ref_case;
 
-static int parse_ids(const char *s, int32_t *out, uint32_t cap)
-{
-	uint32_t n = 0;
-	char *end;
-	for (;;) {
-		long v = strtol(s, &end, 10);
-		if (end == s)
-			break;
-		if (n == cap)
-			return -1;
-		out[n++] = (int32_t)v;
-		s = end;
-	}
-	return (int)n;
-}
-
 static int load_refs(const char *path, ref_case *cases, int cap)
 {
 	FILE *f = fopen(path, "r");
@@ -80,10 +65,10 @@ static int load_refs(const char *path, ref_case *cases, int cap)
 				c->prompt[len++] = (char)v;
 			}
 		} else if (line[0] == 'I' && n >= 0) {
-			int k = parse_ids(line + 1, cases[n].ids, 512);
+			int k = ref_parse_ids(line + 1, cases[n].ids, 512, NULL);
 			cases[n].n_ids = k > 0 ? (uint32_t)k : 0;
 		} else if (line[0] == 'G' && n >= 0) {
-			if (parse_ids(line + 1, cases[n].gen, N_STEPS) != N_STEPS)
+			if (ref_parse_ids(line + 1, cases[n].gen, N_STEPS, NULL) != N_STEPS)
 				return -1;
 		} else if (line[0] == 'L' && n >= 0) {
 			char *p = line + 1;

@@ -25,6 +25,7 @@
 #include "check.h"
 #include "gguf.h"
 #include "model.h"
+#include "ref_read.h"
 #include "tiers.h"
 
 #include <unistd.h>
@@ -42,22 +43,6 @@ typedef struct ref_case {
 	float top_logit[N_STEPS][5];      /* L lines */
 } ref_case;
 
-static int parse_ids(const char *s, int32_t *out, uint32_t cap)
-{
-	uint32_t n = 0;
-	char *end;
-	for (;;) {
-		long v = strtol(s, &end, 10);
-		if (end == s)
-			break;
-		if (n == cap)
-			return -1;
-		out[n++] = (int32_t)v;
-		s = end;
-	}
-	return (int)n;
-}
-
 static int read_refs(const char *path, ref_case *cs)
 {
 	static char line[65536];
@@ -70,10 +55,10 @@ static int read_refs(const char *path, ref_case *cs)
 			if (++n == N_CASES)
 				break;
 		} else if (line[0] == 'I' && n >= 0) {
-			int k = parse_ids(line + 1, cs[n].ids, 256);
+			int k = ref_parse_ids(line + 1, cs[n].ids, 256, NULL);
 			cs[n].n_ids = k > 0 ? (uint32_t)k : 0;
 		} else if (line[0] == 'G' && n >= 0) {
-			parse_ids(line + 1, cs[n].gen, N_STEPS);
+			ref_parse_ids(line + 1, cs[n].gen, N_STEPS, NULL);
 		} else if (line[0] == 'L' && n >= 0) {
 			char *p = line + 1, *end;
 			long step = strtol(p, &end, 10);

@@ -18,6 +18,7 @@
  */
 #include "check.h"
 #include "test_dev.h"
+#include "tm_fixture.h"
 #include "manager.h"
 
 #include <stdatomic.h>
@@ -42,43 +43,21 @@ static uint64_t fake_clock(void *user)
 	return fake_now_us;
 }
 
-typedef struct fixture {
-	kvt_dev *dev;
-	kvt_t0_pool *t0;
-	kvt_btable *bt;
-	kvt_t2_store *t2;
-	kvt_db *db;
-	kvt_tm *tm;
-} fixture;
+typedef tm_fx fixture;
 
 /* t1_high / nvme_high: the watermarks the test crosses on purpose. */
 static int fx_open(fixture *f, bool reset, float t1_high, float nvme_high)
 {
-	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 1 };
 	memset(f, 0, sizeof(*f));
-	if (kvt_dev_create(&dc, &f->dev) || kvt_t0_create(f->dev, &shape, N_T0, &f->t0) ||
-	    kvt_btable_create(BT, 0, &f->bt))
+	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
 		return 1;
 	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = 4u << 20, .io_mode = KVT_T2_IO_AUTO,
 			     .reset = reset, .buffered_ok = true };
 	memcpy(tc.model_fp, model_fp, 32);
-	if (kvt_t2_open(&tc, &f->t2))
-		return 1;
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, model_fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = BT;
-	if (kvt_db_open(&dbc, &f->db))
+	if (kvt_t2_open(&tc, &f->t2) || tm_fx_db_open(db_path, model_fp, BT, &f->db))
 		return 1;
 	kvt_tm_config c;
-	kvt_tm_config_default(&c);
-	c.dev = f->dev;
-	c.t0 = f->t0;
-	c.bt = f->bt;
-	c.t2 = f->t2;
-	c.db = f->db;
-	c.t1_slots = N_T1;
-	c.t1_codec = KVT_KV_CODEC_FP8;
+	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, KVT_KV_CODEC_FP8);
 	c.persist = KVT_PERSIST_WRITE_BACK;
 	c.batch_blocks = 4;
 	c.high[KVT_TIER_HBM] = 1.0f;
@@ -89,16 +68,6 @@ static int fx_open(fixture *f, bool reset, float t1_high, float nvme_high)
 	c.poll_s = 5.0; /* the test drives maintenance itself */
 	c.clock_us = fake_clock;
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
-}
-
-static void fx_close(fixture *f)
-{
-	kvt_tm_destroy(f->tm);
-	kvt_db_close(f->db);
-	kvt_t2_close(f->t2);
-	kvt_btable_destroy(f->bt);
-	kvt_t0_destroy(f->t0);
-	kvt_dev_destroy(f->dev);
 }
 
 static int32_t toks[N_CH][CH_LEN * BT];
@@ -214,7 +183,7 @@ static void ttl_expiry(void)
 	CHECK_EQ_INT(ts[0].n_expired, CH_LEN + 2);
 	CHECK_EQ_INT(ts[0].n_hits, CH_LEN);
 	CHECK_EQ_INT(ts[0].n_blocks[KVT_TIER_HOST], 0);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 /* Count chain c's blocks present in T2. */
@@ -248,7 +217,7 @@ static void survives_restart(void)
 	CHECK_EQ_INT(kvt_tm_release(f.tm, CH_LEN, (const uint8_t(*)[32])hashes[3]), CH_LEN);
 	CHECK(!kvt_tm_get_retention(f.tm, hashes[3][0], &ret));
 	uint64_t until0 = fake_now_us + 24 * 60 * MIN_US;
-	fx_close(&f);
+	tm_fx_close(&f);
 
 	/* restart with a T2 high watermark every block crosses: only the retained survive it */
 	fake_now_us += 10 * MIN_US;
@@ -287,7 +256,7 @@ static void survives_restart(void)
 	CHECK_EQ_INT(kvt_tm_release(f.tm, CH_LEN, (const uint8_t(*)[32])hashes[0]), CH_LEN);
 	kvt_tm_maintain(f.tm);
 	CHECK_EQ_INT(n_in_t2(&f, 0), 0);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 static void quotas(void)
@@ -353,16 +322,14 @@ static void quotas(void)
 		}
 	}
 	/* pressure: alice's chain 0 (no longer retained) leaves T1 and T2 like any other */
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 int main(void)
 {
-	kvt_dev *probe;
-	kvt_dev_config pc = { .kind = test_dev_kind(), .n_threads = 1 };
-	if (kvt_dev_create(&pc, &probe))
-		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_retain", "the requested device is not available");
-	kvt_dev_destroy(probe);
+	int probe_rc = test_dev_probe("test_manager_retain");
+	if (probe_rc >= 0)
+		return probe_rc;
 	snprintf(dir, sizeof(dir), "/tmp/kvt_tmret_XXXXXX");
 	if (!mkdtemp(dir))
 		return 1;

@@ -27,6 +27,7 @@
  */
 #include "check.h"
 #include "test_dev.h"
+#include "tm_fixture.h"
 #include "manager.h"
 
 #include <errno.h>
@@ -55,60 +56,27 @@ static int f_fdatasync(void *ctx, int fd)
 }
 static const kvt_t2_io_ops fault_ops = { .fdatasync = f_fdatasync };
 
-typedef struct fixture {
-	kvt_dev *dev;
-	kvt_t0_pool *t0;
-	kvt_btable *bt;
-	kvt_t2_store *t2;
-	kvt_db *db;
-	kvt_tm *tm;
-} fixture;
+typedef tm_fx fixture;
 
 static int fx_open(fixture *f, int codec, bool reset, int persist, float t1_high, float t1_low)
 {
-	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 1 };
 	memset(f, 0, sizeof(*f));
-	if (kvt_dev_create(&dc, &f->dev) || kvt_t0_create(f->dev, &shape, N_T0, &f->t0) ||
-	    kvt_btable_create(BT, 0, &f->bt))
+	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
 		return 1;
 	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = t2_capacity, .io_mode = KVT_T2_IO_AUTO,
 			     .compress = true, .reset = reset, .buffered_ok = true, .io = &fault_ops };
 	memcpy(tc.model_fp, model_fp, 32);
-	if (kvt_t2_open(&tc, &f->t2))
-		return 1;
-	kvt_db_config dbc = { .path = db_path, .create = true };
-	memcpy(dbc.ns.model_fp, model_fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = BT;
-	if (kvt_db_open(&dbc, &f->db))
+	if (kvt_t2_open(&tc, &f->t2) || tm_fx_db_open(db_path, model_fp, BT, &f->db))
 		return 1;
 	kvt_tm_config c;
-	kvt_tm_config_default(&c);
-	c.dev = f->dev;
-	c.t0 = f->t0;
-	c.bt = f->bt;
-	c.t2 = f->t2;
-	c.db = f->db;
-	c.t1_slots = N_T1;
-	c.t1_codec = codec;
+	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, codec);
 	c.persist = persist;
 	c.batch_blocks = 4;
 	/* deterministic: the test drives eviction itself (watermarks never crossed, slow poll) */
 	c.high[KVT_TIER_HBM] = c.high[KVT_TIER_NVME] = 1.0f;
 	c.high[KVT_TIER_HOST] = t1_high;
 	c.low[KVT_TIER_HOST] = t1_low;
-	c.poll_s = 5.0;
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
-}
-
-static void fx_close(fixture *f)
-{
-	kvt_tm_destroy(f->tm);
-	kvt_db_close(f->db);
-	kvt_t2_close(f->t2);
-	kvt_btable_destroy(f->bt);
-	kvt_t0_destroy(f->t0);
-	kvt_dev_destroy(f->dev);
 }
 
 /* The test chain: tokens, hashes, and the fp16 contents of each block (KV-like magnitudes per head). */
@@ -304,7 +272,7 @@ static void round_trips(int codec)
 	CHECK_EQ_INT(kvt_t1_n_free(kvt_tm_t1(f.tm)), 0);
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
 	/* block 5 is still dirty: the shutdown flush makes it durable (checked after the restart) */
-	fx_close(&f);
+	tm_fx_close(&f);
 
 	/* 5. restart: a new table from the index; every persisted block promotes and matches */
 	CHECK(fx_open(&f, codec, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
@@ -317,7 +285,7 @@ static void round_trips(int codec)
 	CHECK_EQ_INT(nm, N_CHAIN);
 	promote_check(&f, codec, 0, N_CHAIN, "after restart");
 	kvt_btable_unpin_n(f.bt, (const uint8_t(*)[32])hashes, nm);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 /* Eviction order across two chains: the coldest T0 leaf goes first; a parent only once it is a leaf. */
@@ -359,7 +327,7 @@ static void eviction_order(void)
 	CHECK(kvt_tm_unpin(f.tm, hashes[3]) == KVT_OK);
 
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 /* Eviction order, pinning, write-back, corrupt records, a failed fsync, bad configs. */
@@ -432,7 +400,7 @@ static void policy_and_faults(void)
 	/* a flipped byte in block 2's record's payload */
 	{
 		kvt_btable_entry e2 = ent(&f, 2);
-		fx_close(&f);
+		tm_fx_close(&f);
 		int fd = open(t2_path, O_RDWR);
 		CHECK(fd >= 0);
 		uint8_t byte;
@@ -482,7 +450,7 @@ static void policy_and_faults(void)
 	}
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
 	check_log_capture();
-	fx_close(&f); /* shutdown flush fails (read-only): logged, not fatal */
+	tm_fx_close(&f); /* shutdown flush fails (read-only): logged, not fatal */
 	kvt_log_set_sink(NULL, NULL);
 
 	/* a full T2 (a tiny file): flush says KVT_EFULL, T2 reports degraded, and nothing else stops */
@@ -505,7 +473,7 @@ static void policy_and_faults(void)
 	}
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
 	check_log_capture();
-	fx_close(&f); /* the shutdown flush is refused for lack of space: logged */
+	tm_fx_close(&f); /* the shutdown flush is refused for lack of space: logged */
 	kvt_log_set_sink(NULL, NULL);
 	t2_capacity = 4u << 20;
 
@@ -607,7 +575,7 @@ static void old_int8_layout_is_miss(void)
 	CHECK(kvt_db_put_block(f.db, &row, NULL, NULL, &tick) == KVT_OK);
 	CHECK(kvt_db_wait(f.db, tick) == KVT_OK);
 	free(payload);
-	fx_close(&f);
+	tm_fx_close(&f);
 
 	/* restart: both rows recover; block 0 promotes, block 1 is a miss with a log line */
 	CHECK(fx_open(&f, codec, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
@@ -631,7 +599,7 @@ static void old_int8_layout_is_miss(void)
 	}
 	CHECK(ent(&f, 1).slot[KVT_TIER_HBM] < 0 && ent(&f, 1).slot[KVT_TIER_HOST] < 0); /* nothing decoded */
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 /*
@@ -654,7 +622,7 @@ static void lru_survives_restart(void)
 		CHECK(kvt_tm_flush(f.tm) == KVT_OK);
 		usleep(2000);
 	}
-	fx_close(&f);
+	tm_fx_close(&f);
 	/* restart, use X (from T2), restart again */
 	uint64_t n = 0;
 	CHECK(fx_open(&f, KVT_KV_CODEC_F16, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
@@ -664,7 +632,7 @@ static void lru_survives_restart(void)
 	CHECK(kvt_tm_promote(f.tm, 1, (const uint8_t(*)[32])h, &slot, &res) == KVT_OK && res == KVT_OK);
 	if (slot >= 0)
 		kvt_t0_unref(f.t0, slot);
-	fx_close(&f);
+	tm_fx_close(&f);
 	CHECK(fx_open(&f, KVT_KV_CODEC_F16, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
 	CHECK(kvt_tm_recover(f.tm, &n) == KVT_OK && n == 2);
 	uint8_t cold[2][32];
@@ -677,14 +645,14 @@ static void lru_survives_restart(void)
 	CHECK(kvt_tm_promote(f.tm, 1, (const uint8_t(*)[32])h[1], &slot, &res) == KVT_OK && res == KVT_OK);
 	if (slot >= 0)
 		kvt_t0_unref(f.t0, slot);
-	fx_close(&f);
+	tm_fx_close(&f);
 	CHECK(fx_open(&f, KVT_KV_CODEC_F16, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
 	CHECK(kvt_tm_recover(f.tm, &n) == KVT_OK && n == 2);
 	nc = 0;
 	CHECK(kvt_btable_coldest(f.bt, KVT_TIER_NVME, 2, cold, &nc) == KVT_OK && nc == 2);
 	CHECKF(nc == 2 && !memcmp(cold[0], h[0], 32) && !memcmp(cold[1], h[1], 32),
 	       "after Y was used and the daemon restarted, X must be the coldest");
-	fx_close(&f);
+	tm_fx_close(&f);
 }
 
 int main(void)

@@ -11,6 +11,7 @@
  */
 #include "check.h"
 #include "gguf.h"
+#include "gguf_copy.h"
 #include "model.h"
 #include "synth_model.h"
 
@@ -48,37 +49,13 @@ typedef struct mutation {
 
 static int copy_kv(kvt_gguf_writer *w, const kvt_gguf_kv *kv, const mutation *mu)
 {
-	char key[256], str[8192];
+	char key[256];
 	snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.ptr);
 	if (mu->drop_key && !strcmp(key, mu->drop_key))
 		return KVT_OK;
 	if (mu->set_key && !strcmp(key, mu->set_key))
 		return mu->set_str ? kvt_gguf_writer_add_str(w, key, mu->set_str) : kvt_gguf_writer_add_u32(w, key, mu->set_u32);
-	switch (kv->type) {
-	case KVT_GGUF_UINT32: return kvt_gguf_writer_add_u32(w, key, (uint32_t)kv->v.u64);
-	case KVT_GGUF_INT32: return kvt_gguf_writer_add_i32(w, key, (int32_t)kv->v.i64);
-	case KVT_GGUF_FLOAT32: return kvt_gguf_writer_add_f32(w, key, (float)kv->v.f64);
-	case KVT_GGUF_BOOL: return kvt_gguf_writer_add_bool(w, key, kv->v.b);
-	case KVT_GGUF_STRING:
-		snprintf(str, sizeof(str), "%.*s", (int)kv->v.str.len, kv->v.str.ptr);
-		return kvt_gguf_writer_add_str(w, key, str);
-	case KVT_GGUF_ARRAY:
-		if (kv->arr_type == KVT_GGUF_STRING) {
-			char **v = calloc(kv->n, sizeof(*v));
-			for (uint64_t i = 0; i < kv->n; i++)
-				v[i] = strndup(kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
-			int rc = kvt_gguf_writer_add_arr_str(w, key, (const char *const *)v, kv->n);
-			for (uint64_t i = 0; i < kv->n; i++)
-				free(v[i]);
-			free(v);
-			return rc;
-		}
-		if (kv->arr_type == KVT_GGUF_INT32)
-			return kvt_gguf_writer_add_arr_i32(w, key, kv->v.arr.data, kv->n);
-		break;
-	}
-	fprintf(stderr, "copy_kv: %s has a type this test does not copy\n", key);
-	return KVT_EINVAL;
+	return gguf_copy_kv(w, key, kv);
 }
 
 static int write_mutant(const mutation *mu)

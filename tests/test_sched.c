@@ -25,6 +25,7 @@
  *    equal those of a scheduler with device_decode off.
  */
 #include "check.h"
+#include "sched_rig.h"
 #include "test_dev.h"
 #include "gguf.h"
 #include "manager.h"
@@ -41,7 +42,6 @@
 
 static char dir[256], model_path[300], t2_path[300], db_path[300];
 static bool device_decode = true; /* rig_open's c.sched.device_decode */
-static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
 
 typedef struct rig {
 	kvt_dev *dev;
@@ -55,35 +55,14 @@ typedef struct rig {
 
 static int rig_open(rig *r, bool reset, uint32_t max_running)
 {
-	kvt_gguf *g = NULL;
 	memset(r, 0, sizeof(*r));
 	memset(r->fp, 0x5a, 32);
-	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = 2 };
-	kvt_model_config mc;
-	kvt_model_config_default(&mc);
-	mc.max_batch = 128;
-	mc.max_ctx = 512;
-	if (kvt_gguf_open(model_path, &g) || kvt_dev_create(&dc, &r->dev) || kvt_model_load(r->dev, g, &mc, &r->m) ||
-	    kvt_tok_create_from_gguf(g, &r->tok))
+	if (sched_rig_load(model_path, 2, &r->dev, &r->m, &r->tok))
 		return 1;
-	kvt_gguf_close(g);
 	kvt_stack_config c;
-	kvt_stack_config_default(&c);
-	c.dev = r->dev;
-	c.model = r->m;
-	c.tok = r->tok;
+	sched_rig_config(&c, r->dev, r->m, r->tok, db_path, t2_path, 160, 64);
 	memcpy(c.model_fp, r->fp, 32);
-	c.block_tokens = BT;
-	c.t0_slots = 160;
-	c.db_path = db_path;
-	c.t2_path = t2_path;
-	c.t2.capacity_bytes = 16u << 20;
 	c.t2.reset = reset;
-	c.t2.buffered_ok = true;
-	c.tm.t1_slots = 64;
-	c.tm.t1_codec = KVT_KV_CODEC_F16;
-	c.sched.secret = secret;
-	c.sched.secret_bytes = sizeof(secret);
 	c.sched.max_running = max_running;
 	c.sched.prefill_chunk = 48;
 	c.sched.device_decode = device_decode;
@@ -96,18 +75,8 @@ static int rig_open(rig *r, bool reset, uint32_t max_running)
 
 static void rig_close(rig *r)
 {
-	kvt_stack_close(&r->st);
-	kvt_model_destroy(r->m);
-	kvt_tok_destroy(r->tok);
-	kvt_dev_destroy(r->dev);
+	sched_rig_free(&r->st, r->dev, r->m, r->tok);
 }
-
-typedef struct result {
-	int32_t out[512];
-	uint32_t n;
-	int finish;
-	kvt_sched_usage u;
-} result;
 
 static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t max_tokens, const char *tenant,
 		     const char *session)
@@ -121,48 +90,24 @@ static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t ma
 	snprintf(q->session_id, sizeof(q->session_id), "%s", session ? session : "");
 }
 
-/* Collect a submitted request to its end. */
-static int collect(kvt_sched_handle *h, result *res)
-{
-	memset(res, 0, sizeof(*res));
-	for (int spins = 0; spins < 100000; spins++) {
-		uint32_t n = 0;
-		kvt_sched_next(h, res->out + res->n, 512 - res->n, &n, &res->finish, &res->u, 0.5);
-		res->n += n;
-		if (res->finish)
-			break;
-	}
-	kvt_sched_release(h);
-	return res->finish ? KVT_OK : KVT_EIO;
-}
-
-static int run(rig *r, const kvt_sched_req *q, result *res)
+static int run(rig *r, const kvt_sched_req *q, sched_result *res)
 {
 	kvt_sched_handle *h;
 	int rc = kvt_sched_submit(r->s, q, &h);
 	if (rc)
 		return rc;
-	return collect(h, res);
-}
-
-static void make_prompt(int32_t *p, uint32_t n, uint32_t seed)
-{
-	uint32_t x = seed * 2654435761u + 1;
-	for (uint32_t i = 0; i < n; i++) {
-		x = x * 1103515245u + 12345u;
-		p[i] = (int32_t)(3 + (x >> 8) % 250); /* byte tokens */
-	}
+	return sched_collect(h, res);
 }
 
 static void test_batching(rig *r)
 {
 	enum { N = 6, GEN = 20 };
 	int32_t p[N][80];
-	result alone[N], together[N];
+	sched_result alone[N], together[N];
 	kvt_sched_handle *h[N];
 	kvt_sched_req q;
 	for (int i = 0; i < N; i++) {
-		make_prompt(p[i], 20 + 10 * i, 100 + i);
+		sched_make_prompt(p[i], 20 + 10 * i, 100 + i);
 		req_init(&q, p[i], 20 + 10 * i, GEN, "batch-alone", NULL);
 		CHECK(run(r, &q, &alone[i]) == KVT_OK);
 		CHECK_EQ_INT(alone[i].n, GEN);
@@ -173,7 +118,7 @@ static void test_batching(rig *r)
 		CHECK(kvt_sched_submit(r->s, &q, &h[i]) == KVT_OK);
 	}
 	for (int i = 0; i < N; i++) {
-		CHECK(collect(h[i], &together[i]) == KVT_OK);
+		CHECK(sched_collect(h[i], &together[i]) == KVT_OK);
 		CHECKF(together[i].n == alone[i].n && !memcmp(together[i].out, alone[i].out, GEN * 4),
 		       "request %d: batched tokens differ from the request run alone", i);
 		CHECK_EQ_INT(together[i].u.cached_tokens, 0); /* another tenant: nothing shared */
@@ -185,10 +130,10 @@ static void test_conversation(rig *r, const char *session, int32_t *hist, uint32
 {
 	uint32_t n = 0, prev_full = 0;
 	for (int turn = 0; turn < 6; turn++) {
-		make_prompt(hist + n, 13 + turn, 7 + turn); /* the user's new message */
+		sched_make_prompt(hist + n, 13 + turn, 7 + turn); /* the user's new message */
 		n += 13 + turn;
 		kvt_sched_req q;
-		result res;
+		sched_result res;
 		req_init(&q, hist, n, 9 + turn, "alice", session);
 		CHECK(run(r, &q, &res) == KVT_OK);
 		CHECKF(res.u.cached_tokens == prev_full, "turn %d: %u cached tokens, expected %u (full blocks of the previous turn)",
@@ -204,7 +149,7 @@ static void test_conversation(rig *r, const char *session, int32_t *hist, uint32
 static void test_tenants(rig *r, const int32_t *hist, uint32_t n)
 {
 	kvt_sched_req q;
-	result res;
+	sched_result res;
 	req_init(&q, hist, n, 4, "bob", NULL);
 	CHECK(run(r, &q, &res) == KVT_OK);
 	CHECK_EQ_INT(res.u.cached_tokens, 0);
@@ -216,7 +161,7 @@ static void test_tenants(rig *r, const int32_t *hist, uint32_t n)
 static void test_cancel_and_errors(rig *r)
 {
 	int32_t p[40];
-	make_prompt(p, 40, 99);
+	sched_make_prompt(p, 40, 99);
 	kvt_sched_req q;
 	kvt_sched_handle *h;
 	req_init(&q, p, 40, 400, "carol", NULL);
@@ -248,7 +193,7 @@ static void test_cancel_and_errors(rig *r)
 	req_init(&q, p, 40, 4, "../etc", NULL);
 	CHECK(kvt_sched_submit(r->s, &q, &h) == KVT_EINVAL);
 	/* still serving */
-	result res;
+	sched_result res;
 	req_init(&q, p, 40, 4, "carol", NULL);
 	CHECK(run(r, &q, &res) == KVT_OK && res.n == 4);
 }
@@ -279,7 +224,7 @@ static void test_sessions(rig *r, const char *session, uint32_t n_hist)
  * *dev_steps: the device steps the mix and the greedy one alone took;
  * *pen_dev: those of the penalised request run alone.
  */
-static void device_decode_run(bool on, result *out, uint64_t *dev_steps, uint64_t *pen_dev)
+static void device_decode_run(bool on, sched_result *out, uint64_t *dev_steps, uint64_t *pen_dev)
 {
 	enum { N = 5, GEN = 24 };
 	static int32_t p[N][64];
@@ -291,14 +236,14 @@ static void device_decode_run(bool on, result *out, uint64_t *dev_steps, uint64_
 	kvt_sched_stats st0, st1, st2;
 	kvt_sched_get_stats(r.s, &st0);
 	for (int i = 0; i < N; i++) {
-		make_prompt(p[i], 9 + 7 * i, 700 + i);
+		sched_make_prompt(p[i], 9 + 7 * i, 700 + i);
 		req_init(&q, p[i], 9 + 7 * i, GEN, "dd", NULL);
 		if (i == N - 1)
 			q.sample.repetition_penalty = 1.3f;
 		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
 	}
 	for (int i = 0; i < N; i++) {
-		CHECK(collect(h[i], &out[i]) == KVT_OK);
+		CHECK(sched_collect(h[i], &out[i]) == KVT_OK);
 		CHECK_EQ_INT(out[i].n, GEN);
 	}
 	req_init(&q, p[0], 9, GEN, "dd-alone", NULL);
@@ -306,7 +251,7 @@ static void device_decode_run(bool on, result *out, uint64_t *dev_steps, uint64_
 	kvt_sched_get_stats(r.s, &st1);
 	req_init(&q, p[N - 1], 9 + 7 * (N - 1), GEN, "dd-pen", NULL);
 	q.sample.repetition_penalty = 1.3f;
-	result pen;
+	sched_result pen;
 	CHECK(run(&r, &q, &pen) == KVT_OK);
 	kvt_sched_get_stats(r.s, &st2);
 	CHECKF(pen.n == out[N - 1].n && !memcmp(pen.out, out[N - 1].out, GEN * 4),
@@ -322,7 +267,7 @@ static void device_decode_run(bool on, result *out, uint64_t *dev_steps, uint64_
 
 static void test_device_decode(void)
 {
-	result off[6], on[6];
+	sched_result off[6], on[6];
 	uint64_t off_steps, off_pen, on_steps, on_pen;
 	device_decode_run(false, off, &off_steps, &off_pen);
 	device_decode_run(true, on, &on_steps, &on_pen);
@@ -355,20 +300,15 @@ static void on_progress(void *user, uint32_t done, uint32_t total)
 
 int main(void)
 {
-	kvt_dev *probe;
-	kvt_dev_config pc = { .kind = test_dev_kind() };
-	if (kvt_dev_create(&pc, &probe))
-		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_sched", "the requested device is not available");
-	kvt_dev_destroy(probe);
+	int probe_rc = test_dev_probe("test_sched");
+	if (probe_rc >= 0)
+		return probe_rc;
 	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
 	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
 	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
-	kvt_synth_llama sc;
-	kvt_synth_llama_default(&sc);
-	sc.n_ctx = 512;
-	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
+	CHECK(sched_rig_write_model(model_path) == KVT_OK);
 
 	rig r;
 	static int32_t hist[512], turn[512];
@@ -383,10 +323,10 @@ int main(void)
 	test_sessions(&r, "conv-1", n_hist);
 
 	/* the next turn, uninterrupted: its tokens are the reference for after the restart */
-	make_prompt(hist + n_hist, 11, 555);
+	sched_make_prompt(hist + n_hist, 11, 555);
 	uint32_t n_next = n_hist + 11;
 	kvt_sched_req q;
-	result ref, again;
+	sched_result ref, again;
 	req_init(&q, hist, n_next, 12, "alice", NULL);
 	CHECK(run(&r, &q, &ref) == KVT_OK);
 	CHECK_EQ_INT(ref.u.cached_tokens, n_hist / BT * BT);
@@ -440,8 +380,8 @@ int main(void)
 	req_init(&q, hist, 30, 30, "dave", NULL);
 	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_OK);
 	CHECK(kvt_sched_drain(r.s, 30.0) == 0);
-	result res;
-	CHECK(collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
+	sched_result res;
+	CHECK(sched_collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
 	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_EIO); /* draining: refused */
 	rig_close(&r);
 

@@ -19,6 +19,7 @@
  *    more requests at once than admitting at their longest (printed).
  */
 #include "check.h"
+#include "sched_rig.h"
 #include "test_dev.h"
 #include "gguf.h"
 #include "model.h"
@@ -32,7 +33,6 @@
 #define BT 16
 
 static char dir[256], model_path[300];
-static const uint8_t secret[32] = "0123456789abcdef0123456789abcde";
 
 typedef struct rig {
 	kvt_dev *dev;
@@ -52,37 +52,15 @@ typedef struct rig_opts {
 
 static int rig_open(rig *r, const rig_opts *o, const char *name)
 {
-	kvt_gguf *g = NULL;
 	char t2_path[400], db_path[400];
 	memset(r, 0, sizeof(*r));
 	snprintf(t2_path, sizeof(t2_path), "%s/%s.t2", dir, name);
 	snprintf(db_path, sizeof(db_path), "%s/%s.sqlite", dir, name);
-	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = 1 };
-	kvt_model_config mc;
-	kvt_model_config_default(&mc);
-	mc.max_batch = 128;
-	mc.max_ctx = 512;
-	if (kvt_gguf_open(model_path, &g) || kvt_dev_create(&dc, &r->dev) || kvt_model_load(r->dev, g, &mc, &r->m) ||
-	    kvt_tok_create_from_gguf(g, &r->tok))
+	if (sched_rig_load(model_path, 1, &r->dev, &r->m, &r->tok))
 		return 1;
-	kvt_gguf_close(g);
 	kvt_stack_config c;
-	kvt_stack_config_default(&c);
-	c.dev = r->dev;
-	c.model = r->m;
-	c.tok = r->tok;
-	memset(c.model_fp, 0x5a, 32);
-	c.block_tokens = BT;
-	c.t0_slots = o->t0_slots;
-	c.db_path = db_path;
-	c.t2_path = t2_path;
-	c.t2.capacity_bytes = 16u << 20;
+	sched_rig_config(&c, r->dev, r->m, r->tok, db_path, t2_path, o->t0_slots, 128);
 	c.t2.reset = true;
-	c.t2.buffered_ok = true;
-	c.tm.t1_slots = 128;
-	c.tm.t1_codec = KVT_KV_CODEC_F16;
-	c.sched.secret = secret;
-	c.sched.secret_bytes = sizeof(secret);
 	c.sched.max_running = o->max_running;
 	c.sched.prefill_chunk = o->prefill_chunk;
 	c.sched.policy = o->policy;
@@ -102,10 +80,7 @@ static int rig_open(rig *r, const rig_opts *o, const char *name)
 
 static void rig_close(rig *r)
 {
-	kvt_stack_close(&r->st);
-	kvt_model_destroy(r->m);
-	kvt_tok_destroy(r->tok);
-	kvt_dev_destroy(r->dev);
+	sched_rig_free(&r->st, r->dev, r->m, r->tok);
 }
 
 /* Remove a rig's files, so the next rig of that name starts empty. */
@@ -118,13 +93,6 @@ static void rig_remove(const char *name)
 	unlink(p);
 }
 
-typedef struct result {
-	int32_t out[512];
-	uint32_t n;
-	int finish;
-	kvt_sched_usage u;
-} result;
-
 static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t max_tokens, const char *tenant)
 {
 	memset(q, 0, sizeof(*q));
@@ -133,29 +101,6 @@ static void req_init(kvt_sched_req *q, const int32_t *p, uint32_t n, uint32_t ma
 	q->max_tokens = max_tokens;
 	q->ignore_eos = true;
 	snprintf(q->tenant, sizeof(q->tenant), "%s", tenant ? tenant : "");
-}
-
-static int collect(kvt_sched_handle *h, result *res)
-{
-	memset(res, 0, sizeof(*res));
-	for (int spins = 0; spins < 100000; spins++) {
-		uint32_t n = 0;
-		kvt_sched_next(h, res->out + res->n, 512 - res->n, &n, &res->finish, &res->u, 0.5);
-		res->n += n;
-		if (res->finish)
-			break;
-	}
-	kvt_sched_release(h);
-	return res->finish ? KVT_OK : KVT_EIO;
-}
-
-static void make_prompt(int32_t *p, uint32_t n, uint32_t seed)
-{
-	uint32_t x = seed * 2654435761u + 1;
-	for (uint32_t i = 0; i < n; i++) {
-		x = x * 1103515245u + 12345u;
-		p[i] = (int32_t)(3 + (x >> 8) % 250);
-	}
 }
 
 static uint64_t steps_of(kvt_sched *s)
@@ -173,10 +118,10 @@ static uint32_t short_behind_long(int policy)
 	static int32_t lp[480], sp[10];
 	kvt_sched_req q;
 	kvt_sched_handle *hl, *hs;
-	result rl, rs;
+	sched_result rl, rs;
 	CHECK(rig_open(&r, &o, policy == KVT_SCHED_FAIR ? "fair" : "fifo") == KVT_OK);
-	make_prompt(lp, 480, 1);
-	make_prompt(sp, 10, 2);
+	sched_make_prompt(lp, 480, 1);
+	sched_make_prompt(sp, 10, 2);
 	uint64_t s0 = steps_of(r.s);
 	req_init(&q, lp, 480, 4, "long");
 	CHECK(kvt_sched_submit(r.s, &q, &hl) == KVT_OK);
@@ -184,8 +129,8 @@ static uint32_t short_behind_long(int policy)
 		usleep(50);
 	req_init(&q, sp, 10, 2, "short");
 	CHECK(kvt_sched_submit(r.s, &q, &hs) == KVT_OK);
-	CHECK(collect(hs, &rs) == KVT_OK && rs.finish == KVT_FINISH_LENGTH);
-	CHECK(collect(hl, &rl) == KVT_OK && rl.finish == KVT_FINISH_LENGTH);
+	CHECK(sched_collect(hs, &rs) == KVT_OK && rs.finish == KVT_FINISH_LENGTH);
+	CHECK(sched_collect(hl, &rl) == KVT_OK && rl.finish == KVT_FINISH_LENGTH);
 	printf("  %s: the short request's first token %u steps after its submit (the long one's after %u)\n",
 	       policy == KVT_SCHED_FAIR ? "fair" : "fifo", rs.u.ttft_steps, rl.u.ttft_steps);
 	rig_close(&r);
@@ -217,23 +162,23 @@ static uint32_t long_among_shorts(int policy, bool unbounded, uint32_t *first_sh
 	static int32_t lp[480], sp[NS][12];
 	kvt_sched_req q;
 	kvt_sched_handle *hl, *hs[NS];
-	result rl, rs;
+	sched_result rl, rs;
 	CHECK(rig_open(&r, &o, "head") == KVT_OK);
-	make_prompt(lp, 480, 7);
+	sched_make_prompt(lp, 480, 7);
 	req_init(&q, lp, 480, 2, "long");
 	CHECK(kvt_sched_submit(r.s, &q, &hl) == KVT_OK);
 	for (int i = 0; i < NS; i++) {
-		make_prompt(sp[i], 12, 100 + (uint32_t)i);
+		sched_make_prompt(sp[i], 12, 100 + (uint32_t)i);
 		req_init(&q, sp[i], 12, 2, "short");
 		CHECK(kvt_sched_submit(r.s, &q, &hs[i]) == KVT_OK);
 	}
 	*first_short = UINT32_MAX;
 	for (int i = 0; i < NS; i++) {
-		CHECK(collect(hs[i], &rs) == KVT_OK && rs.finish == KVT_FINISH_LENGTH);
+		CHECK(sched_collect(hs[i], &rs) == KVT_OK && rs.finish == KVT_FINISH_LENGTH);
 		if (rs.u.ttft_steps < *first_short)
 			*first_short = rs.u.ttft_steps;
 	}
-	CHECK(collect(hl, &rl) == KVT_OK && rl.finish == KVT_FINISH_LENGTH);
+	CHECK(sched_collect(hl, &rl) == KVT_OK && rl.finish == KVT_FINISH_LENGTH);
 	printf("  %s head_share %s: the long prompt's first token after %u steps (the first short one's after %u)\n",
 	       policy == KVT_SCHED_FAIR ? "fair" : "fifo", unbounded ? "0" : "0.8 (default)",
 	       rl.u.ttft_steps, *first_short);
@@ -270,15 +215,15 @@ static void longs_in_turn(bool unbounded, uint32_t ttft[3])
 	static int32_t lp[3][160];
 	kvt_sched_req q;
 	kvt_sched_handle *h[3];
-	result res;
+	sched_result res;
 	CHECK(rig_open(&r, &o, "turns") == KVT_OK);
 	for (int i = 0; i < 3; i++) {
-		make_prompt(lp[i], 160, 20 + (uint32_t)i);
+		sched_make_prompt(lp[i], 160, 20 + (uint32_t)i);
 		req_init(&q, lp[i], 160, 2, "long");
 		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
 	}
 	for (int i = 0; i < 3; i++) {
-		CHECK(collect(h[i], &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH);
+		CHECK(sched_collect(h[i], &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH);
 		ttft[i] = res.u.ttft_steps;
 	}
 	printf("  fair head_share %s: three equal prompts' first tokens after %u, %u, %u steps\n",
@@ -309,7 +254,7 @@ static void priorities(int policy)
 	static int32_t p[5][24];
 	kvt_sched_req q;
 	kvt_sched_handle *h[5];
-	result res[5];
+	sched_result res[5];
 	/* arrival order: prio 5, -5, 0, tenant vip (default -10), none (default 0) */
 	const int prio[5] = { 5, -5, 0, 0, 0 };
 	const bool has[5] = { true, true, true, false, false };
@@ -317,22 +262,22 @@ static void priorities(int policy)
 	CHECK(rig_open(&r, &o, policy == KVT_SCHED_FAIR ? "prio-fair" : "prio-fifo") == KVT_OK);
 	kvt_sched_handle *blocker;
 	static int32_t bp[20];
-	make_prompt(bp, 20, 9);
+	sched_make_prompt(bp, 20, 9);
 	req_init(&q, bp, 20, 60, "blocker");
 	CHECK(kvt_sched_submit(r.s, &q, &blocker) == KVT_OK);
 	for (int i = 0; i < 200000 && steps_of(r.s) < 2; i++)
 		usleep(50);
 	for (int i = 0; i < 5; i++) {
-		make_prompt(p[i], 24, 20 + i);
+		sched_make_prompt(p[i], 24, 20 + i);
 		req_init(&q, p[i], 24, 3, tenant[i]);
 		q.has_priority = has[i];
 		q.priority = prio[i];
 		CHECK(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK);
 	}
-	result rb;
-	CHECK(collect(blocker, &rb) == KVT_OK);
+	sched_result rb;
+	CHECK(sched_collect(blocker, &rb) == KVT_OK);
 	for (int i = 0; i < 5; i++)
-		CHECK(collect(h[i], &res[i]) == KVT_OK && res[i].finish == KVT_FINISH_LENGTH);
+		CHECK(sched_collect(h[i], &res[i]) == KVT_OK && res[i].finish == KVT_FINISH_LENGTH);
 	CHECK_EQ_INT(res[3].u.priority, -10); /* the tenant's default */
 	CHECK_EQ_INT(res[4].u.priority, 0);
 	/* expected order of first tokens */
@@ -354,7 +299,7 @@ static void priorities(int policy)
 
 enum { NP = 8, PL = 40, GEN = 120 };
 static int32_t pp[NP][PL];
-static result alone[NP];
+static sched_result alone[NP];
 
 /* 8 requests of 40 + 120 tokens (10 blocks each at their longest) on a 24-block T0. */
 static void pressure(int preempt, bool admit_longest, const char *name, uint32_t *peak)
@@ -364,7 +309,7 @@ static void pressure(int preempt, bool admit_longest, const char *name, uint32_t
 		       .max_running = 8, .prefill_chunk = 48 };
 	kvt_sched_req q;
 	kvt_sched_handle *h[NP];
-	result res;
+	sched_result res;
 	CHECK(rig_open(&r, &o, name) == KVT_OK);
 	for (int i = 0; i < NP; i++) {
 		req_init(&q, pp[i], PL, GEN, "together");
@@ -372,7 +317,7 @@ static void pressure(int preempt, bool admit_longest, const char *name, uint32_t
 	}
 	uint32_t n_preempted = 0;
 	for (int i = 0; i < NP; i++) {
-		CHECK(collect(h[i], &res) == KVT_OK);
+		CHECK(sched_collect(h[i], &res) == KVT_OK);
 		CHECKF(res.finish == KVT_FINISH_LENGTH, "%s: request %d ended with %s", name, i, kvt_finish_name(res.finish));
 		CHECKF(res.n == alone[i].n && !memcmp(res.out, alone[i].out, GEN * 4),
 		       "%s: request %d (preempted %u times): tokens differ from its run alone", name, i, res.u.preemptions);
@@ -412,10 +357,10 @@ static void test_preemption(void)
 	CHECK(rig_open(&r, &o, "alone") == KVT_OK);
 	for (int i = 0; i < NP; i++) {
 		kvt_sched_handle *h;
-		make_prompt(pp[i], PL, 300 + i);
+		sched_make_prompt(pp[i], PL, 300 + i);
 		req_init(&q, pp[i], PL, GEN, "alone");
 		CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_OK);
-		CHECK(collect(h, &alone[i]) == KVT_OK && alone[i].finish == KVT_FINISH_LENGTH && alone[i].n == GEN);
+		CHECK(sched_collect(h, &alone[i]) == KVT_OK && alone[i].finish == KVT_FINISH_LENGTH && alone[i].n == GEN);
 	}
 	rig_close(&r);
 	uint32_t peak_swap, peak_recompute, peak_longest;
@@ -428,18 +373,13 @@ static void test_preemption(void)
 
 int main(void)
 {
-	kvt_dev *probe;
-	kvt_dev_config pc = { .kind = test_dev_kind() };
-	if (kvt_dev_create(&pc, &probe))
-		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_sched_fair", "the requested device is not available");
-	kvt_dev_destroy(probe);
+	int probe_rc = test_dev_probe("test_sched_fair");
+	if (probe_rc >= 0)
+		return probe_rc;
 	snprintf(dir, sizeof(dir), "/tmp/kvt_test_sched_fair_XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
-	kvt_synth_llama sc;
-	kvt_synth_llama_default(&sc);
-	sc.n_ctx = 512;
-	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
+	CHECK(sched_rig_write_model(model_path) == KVT_OK);
 
 	test_short_behind_long();
 	test_head_bound();

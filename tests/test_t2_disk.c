@@ -24,6 +24,7 @@
  */
 #include "check.h"
 #include "test_dev.h"
+#include "tm_fixture.h"
 #include "cli_index.h"
 #include "manager.h"
 
@@ -493,15 +494,9 @@ static int fx_open(fixture *f, uint32_t bt, uint64_t t2_cap, float t2_high, floa
 {
 	memset(f, 0, sizeof(*f));
 	f->shape = (kvt_kv_layout){ .n_layers = 2, .n_kv_heads = 2, .head_dim = 32, .block_tokens = bt };
-	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 1 };
-	if (kvt_dev_create(&dc, &f->dev) || kvt_t0_create(f->dev, &f->shape, 8, &f->t0) ||
-	    kvt_btable_create(bt, 0, &f->bt))
+	if (tm_fx_base(&f->shape, 8, &f->dev, &f->t0, &f->bt))
 		return KVT_EINVAL;
-	kvt_db_config dbc = { .path = g_idx, .create = true };
-	memcpy(dbc.ns.model_fp, g_fp, 32);
-	dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
-	dbc.ns.block_tokens = bt;
-	int rc = kvt_db_open(&dbc, &f->db);
+	int rc = tm_fx_db_open(g_idx, g_fp, bt, &f->db);
 	if (rc)
 		return rc;
 	kvt_t2_config tc = { .path = g_t2, .capacity_bytes = t2_cap, .io_mode = KVT_T2_IO_AUTO, .buffered_ok = true,
@@ -511,18 +506,10 @@ static int fx_open(fixture *f, uint32_t bt, uint64_t t2_cap, float t2_high, floa
 	if ((rc = kvt_t2_open(&tc, &f->t2)))
 		return rc;
 	kvt_tm_config c;
-	kvt_tm_config_default(&c);
-	c.dev = f->dev;
-	c.t0 = f->t0;
-	c.bt = f->bt;
-	c.t2 = f->t2;
-	c.db = f->db;
-	c.t1_slots = 4;
-	c.t1_codec = KVT_KV_CODEC_F16;
+	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, 4, KVT_KV_CODEC_F16);
 	c.persist = KVT_PERSIST_END_OF_TURN;
 	c.high[KVT_TIER_NVME] = t2_high;
 	c.low[KVT_TIER_NVME] = t2_low;
-	c.poll_s = 5.0;
 	if ((rc = kvt_tm_create(&c, &f->tm)))
 		return rc;
 	return kvt_tm_recover(f->tm, &f->n_recovered);
@@ -530,12 +517,7 @@ static int fx_open(fixture *f, uint32_t bt, uint64_t t2_cap, float t2_high, floa
 
 static void fx_close(fixture *f)
 {
-	kvt_tm_destroy(f->tm);
-	kvt_db_close(f->db);
-	kvt_t2_close(f->t2);
-	kvt_btable_destroy(f->bt);
-	kvt_t0_destroy(f->t0);
-	kvt_dev_destroy(f->dev);
+	tm_fx_free(f->tm, f->db, f->t2, f->bt, f->t0, f->dev);
 	memset(f, 0, sizeof(*f));
 }
 
@@ -799,11 +781,9 @@ static void test_block_sizes(void)
 
 int main(void)
 {
-	kvt_dev *probe;
-	kvt_dev_config pc = { .kind = test_dev_kind(), .n_threads = 1 };
-	if (kvt_dev_create(&pc, &probe))
-		return pc.kind == KVT_DEV_CPU ? 1 : check_skip("test_t2_disk", "the requested device is not available");
-	kvt_dev_destroy(probe);
+	int probe_rc = test_dev_probe("test_t2_disk");
+	if (probe_rc >= 0)
+		return probe_rc;
 	snprintf(g_dir, sizeof(g_dir), "/tmp/kvt_t2disk_XXXXXX");
 	if (!mkdtemp(g_dir))
 		return 1;

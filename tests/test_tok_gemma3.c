@@ -21,6 +21,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "check.h"
 #include "gguf.h"
+#include "ref_read.h"
 #include "tokenizer.h"
 
 #define MAX_IDS 4096
@@ -43,108 +44,23 @@ static const char *gemma3_path(void)
 	return buf;
 }
 
-static int hexval(int c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* Decode the hex run at s (up to a tab, newline or NUL) into out; returns the byte count or -1. */
-static long unhex(const char *s, unsigned char *out, size_t cap)
-{
-	size_t n = 0;
-
-	while (s[2 * n] && s[2 * n] != '\t' && s[2 * n] != '\n') {
-		int hi = hexval(s[2 * n]), lo = hexval(s[2 * n + 1]);
-
-		if (hi < 0 || lo < 0 || n >= cap)
-			return -1;
-		out[n++] = (unsigned char)(hi << 4 | lo);
-	}
-	return (long)n;
-}
-
-/* Parse space-separated ids from s up to a tab, newline or NUL; returns the count. */
-static size_t parse_ids(const char *s, int32_t *ids, size_t cap, const char **end)
-{
-	size_t n = 0;
-
-	while (*s && *s != '\t' && *s != '\n') {
-		char *e;
-		long v = strtol(s, &e, 10);
-
-		if (e == s)
-			break;
-		if (n < cap)
-			ids[n] = (int32_t)v;
-		n++;
-		s = e;
-		while (*s == ' ')
-			s++;
-	}
-	*end = s;
-	return n;
-}
-
-static void print_ids(const char *label, const int32_t *ids, size_t n)
-{
-	fprintf(stderr, "  %s [", label);
-	for (size_t i = 0; i < n; i++)
-		fprintf(stderr, "%s%d", i ? " " : "", ids[i]);
-	fputs("]\n", stderr);
-}
-
 static bool same_ids(const int32_t *a, size_t na, const int32_t *b, size_t nb)
 {
 	return na == nb && (na == 0 || memcmp(a, b, na * sizeof(int32_t)) == 0);
 }
 
-static bool valid_utf8(const unsigned char *s, size_t n)
+/* The hex run at s, up to a tab, newline or NUL, into out; the byte count or -1. */
+static long unhex(const char *s, unsigned char *out, size_t cap)
 {
-	for (size_t i = 0; i < n;) {
-		unsigned char b = s[i];
-		size_t l = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 :
-			   b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-
-		if (!l || i + l > n)
-			return false;
-		for (size_t j = 1; j < l; j++)
-			if ((s[i + j] & 0xc0) != 0x80)
-				return false;
-		i += l;
-	}
-	return true;
+	return ref_unhex(s, strcspn(s, "\t\n"), out, cap);
 }
 
-/* Decode with kvt_tok_token_bytes (whole) or the streaming decoder (one id at a time). */
-static size_t decode(const kvt_tok *t, const int32_t *ids, size_t n, bool stream, unsigned char *out, size_t cap)
+/* ref_parse_ids, its count clamped at 0 (an over-long list reads as none, and then differs). */
+static size_t parse_ids(const char *s, int32_t *ids, size_t cap, const char **end)
 {
-	kvt_tok_stream st;
-	char buf[256];
-	size_t k = 0, got;
+	int n = ref_parse_ids(s, ids, cap, end);
 
-	kvt_tok_stream_init(&st);
-	for (size_t i = 0; i < n; i++) {
-		const char *b;
-
-		if (stream) {
-			if (kvt_tok_stream_push(t, &st, ids[i], buf, sizeof(buf), &got) != KVT_OK)
-				return (size_t)-1;
-			b = buf;
-		} else if (kvt_tok_token_bytes(t, ids[i], &b, &got) != KVT_OK) {
-			return (size_t)-1;
-		}
-		if (k + got > cap)
-			return (size_t)-1;
-		memcpy(out + k, b, got);
-		k += got;
-	}
-	if (stream) {
-		if (kvt_tok_stream_flush(&st, buf, sizeof(buf), &got) != KVT_OK || k + got > cap)
-			return (size_t)-1;
-		memcpy(out + k, buf, got);
-		k += got;
-	}
-	return k;
+	return n > 0 ? (size_t)n : 0;
 }
 
 static void check_string(const kvt_tok *t, const unsigned char *in, size_t n_in, const int32_t *want_sp,
@@ -162,18 +78,18 @@ static void check_string(const kvt_tok *t, const unsigned char *in, size_t n_in,
 		CHECK(rc == KVT_OK);
 		if (rc != KVT_OK || !same_ids(got, n_got, want, n_want)) {
 			CHECKF(false, "ids differ (parse_special=%d) for \"%.*s\"", sp, (int)n_in, (const char *)in);
-			print_ids("kvtier  ", got, n_got);
-			print_ids("llama.cpp", want, n_want);
+			ref_print_ids("kvtier  ", got, n_got);
+			ref_print_ids("llama.cpp", want, n_want);
 		} else {
 			check_n_pass++;
 		}
 	}
 	(*n_cases)++;
 	/* Round trip of the parse_special ids: exact for valid UTF-8 without U+2581 (which reads back as ' '). */
-	if (!valid_utf8(in, n_in) || memmem(in, n_in, "\xe2\x96\x81", 3))
+	if (!ref_valid_utf8(in, n_in) || memmem(in, n_in, "\xe2\x96\x81", 3))
 		return;
 	for (int stream = 0; stream <= 1; stream++) {
-		size_t k = decode(t, want_sp, n_sp, stream, back, sizeof(back));
+		size_t k = ref_decode(t, want_sp, n_sp, stream, back, sizeof(back));
 
 		CHECKF(k == n_in && memcmp(back, in, n_in) == 0, "%s decode of \"%.*s\" gives \"%.*s\"",
 		       stream ? "streaming" : "whole", (int)n_in, (const char *)in, k == (size_t)-1 ? 0 : (int)k,
@@ -256,8 +172,8 @@ static void check_reference(const kvt_tok *t)
 			CHECKF(rc == KVT_OK, "chat %u: kvt_tok_chat_encode rc %d", n_chats, rc);
 			if (rc == KVT_OK && !same_ids(ids, n_got, a, na)) {
 				CHECKF(false, "chat %u: kvt_tok_chat_encode ids differ", n_chats);
-				print_ids("kvtier  ", ids, n_got);
-				print_ids("llama.cpp", a, na);
+				ref_print_ids("kvtier  ", ids, n_got);
+				ref_print_ids("llama.cpp", a, na);
 			}
 			free(ids);
 			n_chats++;

@@ -14,37 +14,12 @@
  */
 #include "check.h"
 #include "gguf.h"
+#include "ref_read.h"
 #include "tokenizer.h"
 
 #include <ctype.h>
 
 #define MAX_IDS 65536
-
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-/* Decode hex s[0..n) into out; returns the byte count or -1. */
-static long unhex(const char *s, size_t n, unsigned char *out, size_t cap)
-{
-	if (n % 2 || n / 2 > cap)
-		return -1;
-	for (size_t i = 0; i < n; i += 2) {
-		int hi = hexval(s[i]), lo = hexval(s[i + 1]);
-
-		if (hi < 0 || lo < 0)
-			return -1;
-		out[i / 2] = (unsigned char)(hi << 4 | lo);
-	}
-	return (long)(n / 2);
-}
 
 static void print_bytes(const char *label, const unsigned char *b, size_t n)
 {
@@ -62,72 +37,6 @@ static void print_bytes(const char *label, const unsigned char *b, size_t n)
 	fputs("\"\n", stderr);
 }
 
-static void print_ids(const char *label, const int32_t *ids, size_t n)
-{
-	fprintf(stderr, "  %s [", label);
-	for (size_t i = 0; i < n; i++)
-		fprintf(stderr, "%s%d", i ? " " : "", ids[i]);
-	fputs("]\n", stderr);
-}
-
-/* Decode ids with kvt_tok_token_bytes into out; returns the length. */
-static size_t decode_all(const kvt_tok *t, const int32_t *ids, size_t n, unsigned char *out, size_t cap)
-{
-	size_t k = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		const char *b;
-		size_t len;
-
-		if (kvt_tok_token_bytes(t, ids[i], &b, &len) != KVT_OK || k + len > cap)
-			return (size_t)-1;
-		memcpy(out + k, b, len);
-		k += len;
-	}
-	return k;
-}
-
-/* Decode ids with the streaming decoder; returns the length. */
-static size_t decode_stream(const kvt_tok *t, const int32_t *ids, size_t n, unsigned char *out, size_t cap)
-{
-	kvt_tok_stream st;
-	char buf[1024];
-	size_t k = 0, got;
-
-	kvt_tok_stream_init(&st);
-	for (size_t i = 0; i < n; i++) {
-		if (kvt_tok_stream_push(t, &st, ids[i], buf, sizeof(buf), &got) != KVT_OK || k + got > cap)
-			return (size_t)-1;
-		memcpy(out + k, buf, got);
-		k += got;
-	}
-	if (kvt_tok_stream_flush(&st, buf, sizeof(buf), &got) != KVT_OK || k + got > cap)
-		return (size_t)-1;
-	memcpy(out + k, buf, got);
-	return k + got;
-}
-
-/* Strictly valid UTF-8 (the only inputs whose bytes decoding gives back). */
-static bool valid_utf8(const unsigned char *s, size_t n)
-{
-	for (size_t i = 0; i < n;) {
-		unsigned char b = s[i];
-		size_t l = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 :
-			   b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-
-		if (!l || i + l > n)
-			return false;
-		for (size_t j = 1; j < l; j++)
-			if ((s[i + j] & 0xc0) != 0x80)
-				return false;
-		if ((b == 0xe0 && s[i + 1] < 0xa0) || (b == 0xed && s[i + 1] > 0x9f) ||
-		    (b == 0xf0 && s[i + 1] < 0x90) || (b == 0xf4 && s[i + 1] > 0x8f))
-			return false;
-		i += l;
-	}
-	return true;
-}
-
 static void check_reference(const kvt_tok *t)
 {
 	static unsigned char input[1 << 16], back[1 << 16];
@@ -143,7 +52,7 @@ static void check_reference(const kvt_tok *t)
 		return;
 	for (size_t lineno = 1; fgets(line, sizeof(line), f); lineno++) {
 		size_t len = strcspn(line, "\r\n");
-		char *tab, *p;
+		char *tab;
 		long n_in;
 		size_t n_want = 0, n_got;
 		int rc;
@@ -155,22 +64,14 @@ static void check_reference(const kvt_tok *t)
 		CHECKF(tab != NULL, "%s:%zu: no tab", path, lineno);
 		if (!tab)
 			continue;
-		n_in = unhex(line, (size_t)(tab - line), input, sizeof(input));
+		n_in = ref_unhex(line, (size_t)(tab - line), input, sizeof(input));
 		CHECKF(n_in >= 0, "%s:%zu: bad hex", path, lineno);
 		if (n_in < 0)
 			continue;
-		for (p = tab + 1; *p;) {
-			char *end;
-			long id = strtol(p, &end, 10);
+		int n_ids = ref_parse_ids(tab + 1, want, MAX_IDS, NULL);
 
-			if (end == p)
-				break;
-			if (n_want < MAX_IDS)
-				want[n_want++] = (int32_t)id;
-			p = end;
-			while (*p == ' ')
-				p++;
-		}
+		CHECKF(n_ids >= 0, "%s:%zu: more than %d ids", path, lineno, MAX_IDS);
+		n_want = n_ids > 0 ? (size_t)n_ids : 0;
 		n_cases++;
 
 		rc = kvt_tok_encode(t, (const char *)input, (size_t)n_in, true, got, MAX_IDS, &n_got);
@@ -180,18 +81,18 @@ static void check_reference(const kvt_tok *t)
 		if (!same) {
 			n_bad++;
 			print_bytes("input", input, (size_t)n_in);
-			print_ids("llama.cpp", want, n_want);
-			print_ids("kvtier   ", got, n_got < MAX_IDS ? n_got : MAX_IDS);
+			ref_print_ids("llama.cpp", want, n_want);
+			ref_print_ids("kvtier   ", got, n_got < MAX_IDS ? n_got : MAX_IDS);
 		}
-		if (!valid_utf8(input, (size_t)n_in)) {
+		if (!ref_valid_utf8(input, (size_t)n_in)) {
 			n_skip_rt++; /* invalid bytes become U+FFFD, as in llama.cpp */
 			continue;
 		}
-		size_t n_back = decode_all(t, want, n_want, back, sizeof(back));
+		size_t n_back = ref_decode(t, want, n_want, false, back, sizeof(back));
 
 		CHECKF(n_back == (size_t)n_in && memcmp(back, input, (size_t)n_in) == 0,
 		       "%s:%zu: decode(ids) is not the input", path, lineno);
-		n_back = decode_stream(t, want, n_want, back, sizeof(back));
+		n_back = ref_decode(t, want, n_want, true, back, sizeof(back));
 		CHECKF(n_back == (size_t)n_in && memcmp(back, input, (size_t)n_in) == 0,
 		       "%s:%zu: streaming decode(ids) is not the input", path, lineno);
 	}

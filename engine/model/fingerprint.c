@@ -143,15 +143,6 @@ static void ident_of(const struct stat *sb, char *buf, size_t cap)
 		 sb->st_mtim.tv_nsec, (int64_t)sb->st_ctim.tv_sec, sb->st_ctim.tv_nsec);
 }
 
-static int hex_val(char ch)
-{
-	if (ch >= '0' && ch <= '9')
-		return ch - '0';
-	if (ch >= 'a' && ch <= 'f')
-		return ch - 'a' + 10;
-	return -1;
-}
-
 /* Find path's line in the cache; true and *fp if its identity matches. */
 static bool cache_lookup(const char *cache_path, const char *path, const char *ident, uint8_t fp[32])
 {
@@ -171,7 +162,7 @@ static bool cache_lookup(const char *cache_path, const char *path, const char *i
 			continue;
 		bool ok = true;
 		for (int i = 0; i < 32 && ok; i++) {
-			int hi = hex_val(line[il + 1 + 2 * i]), lo = hex_val(line[il + 2 + 2 * i]);
+			int hi = kvt_hexval(line[il + 1 + 2 * i]), lo = kvt_hexval(line[il + 2 + 2 * i]);
 			ok = hi >= 0 && lo >= 0;
 			if (ok)
 				fp[i] = (uint8_t)(hi << 4 | lo);

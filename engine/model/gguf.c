@@ -212,13 +212,17 @@ static inline void q4_k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t 
  * Q4_K, 144 bytes per 256: f16 d, f16 dmin, 12 scale bytes, 128 bytes of
  * nibbles. Each 64 elements use 32 bytes: the low nibbles are sub-block 2i,
  * the high nibbles sub-block 2i+1; x = d*sc*q - dmin*mn.
+ * Q5_K (q5), 176 bytes per 256: the same with qh[32] of fifth bits before the
+ * nibbles; sub-block s takes its fifth bit from bit s of qh[l].
+ * NOTE: static inline with a constant q5 at both callers, so each gets its own
+ * branch-free loop, as the two copies this replaced.
  */
-static void dq_q4_k(const uint8_t *src, float *dst, uint64_t n_blocks)
+static inline void dq_k_4_5(const uint8_t *src, float *dst, uint64_t n_blocks, bool q5)
 {
-	for (uint64_t b = 0; b < n_blocks; b++, src += 144) {
+	for (uint64_t b = 0; b < n_blocks; b++, src += q5 ? 176 : 144) {
 		float d = ld_f16(src), dmin = ld_f16(src + 2);
-		const uint8_t *scales = src + 4;
-		const uint8_t *q = src + 16;
+		const uint8_t *scales = src + 4, *qh = src + 16;
+		const uint8_t *q = src + (q5 ? 48 : 16);
 		for (int sub = 0; sub < 8; sub += 2, q += 32) {
 			uint8_t sc, mn;
 			q4_k_scale_min(sub, scales, &sc, &mn);
@@ -226,36 +230,21 @@ static void dq_q4_k(const uint8_t *src, float *dst, uint64_t n_blocks)
 			q4_k_scale_min(sub + 1, scales, &sc, &mn);
 			float d2 = d * sc, m2 = dmin * mn;
 			for (int l = 0; l < 32; l++)
-				*dst++ = d1 * (float)(q[l] & 0xf) - m1;
+				*dst++ = d1 * (float)((q[l] & 0xf) | (q5 ? ((qh[l] >> sub) & 1) << 4 : 0)) - m1;
 			for (int l = 0; l < 32; l++)
-				*dst++ = d2 * (float)(q[l] >> 4) - m2;
+				*dst++ = d2 * (float)((q[l] >> 4) | (q5 ? ((qh[l] >> (sub + 1)) & 1) << 4 : 0)) - m2;
 		}
 	}
 }
 
-/*
- * Q5_K, 176 bytes per 256: f16 d, f16 dmin, 12 scale bytes (as Q4_K), qh[32]
- * of fifth bits, 128 bytes of nibbles (as Q4_K). Sub-block s takes its fifth
- * bit from bit s of qh[l]; x = d*sc*q - dmin*mn.
- */
+static void dq_q4_k(const uint8_t *src, float *dst, uint64_t n_blocks)
+{
+	dq_k_4_5(src, dst, n_blocks, false);
+}
+
 static void dq_q5_k(const uint8_t *src, float *dst, uint64_t n_blocks)
 {
-	for (uint64_t b = 0; b < n_blocks; b++, src += 176) {
-		float d = ld_f16(src), dmin = ld_f16(src + 2);
-		const uint8_t *scales = src + 4, *qh = src + 16;
-		const uint8_t *q = src + 48;
-		for (int sub = 0; sub < 8; sub += 2, q += 32) {
-			uint8_t sc, mn;
-			q4_k_scale_min(sub, scales, &sc, &mn);
-			float d1 = d * sc, m1 = dmin * mn;
-			q4_k_scale_min(sub + 1, scales, &sc, &mn);
-			float d2 = d * sc, m2 = dmin * mn;
-			for (int l = 0; l < 32; l++)
-				*dst++ = d1 * (float)((q[l] & 0xf) | (((qh[l] >> sub) & 1) << 4)) - m1;
-			for (int l = 0; l < 32; l++)
-				*dst++ = d2 * (float)((q[l] >> 4) | (((qh[l] >> (sub + 1)) & 1) << 4)) - m2;
-		}
-	}
+	dq_k_4_5(src, dst, n_blocks, true);
 }
 
 /*
@@ -323,17 +312,24 @@ static void q_q8_0(const float *src, uint8_t *dst, uint64_t n_blocks)
 	}
 }
 
+/* The value of largest magnitude among x[0..n) (the first on ties; 0 when all are 0). */
+static float largest_magnitude(const float *x, int n)
+{
+	float amax = 0.0f, max = 0.0f;
+	for (int j = 0; j < n; j++) {
+		if (amax < fabsf(x[j])) {
+			amax = fabsf(x[j]);
+			max = x[j];
+		}
+	}
+	return max;
+}
+
 /* ggml quantize_row_q4_0_ref: d = (value of largest magnitude) / -8, q = trunc(x/d + 8.5) <= 15. */
 static void q_q4_0(const float *src, uint8_t *dst, uint64_t n_blocks)
 {
 	for (uint64_t b = 0; b < n_blocks; b++, src += 32, dst += 18) {
-		float amax = 0.0f, max = 0.0f;
-		for (int j = 0; j < 32; j++) {
-			if (amax < fabsf(src[j])) {
-				amax = fabsf(src[j]);
-				max = src[j];
-			}
-		}
+		float max = largest_magnitude(src, 32);
 		float d = max / -8;
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
 		st_f16(dst, d);
@@ -372,13 +368,7 @@ static void q_q4_1(const float *src, uint8_t *dst, uint64_t n_blocks)
 static void q_q5_0(const float *src, uint8_t *dst, uint64_t n_blocks)
 {
 	for (uint64_t b = 0; b < n_blocks; b++, src += 32, dst += 22) {
-		float amax = 0.0f, max = 0.0f;
-		for (int j = 0; j < 32; j++) {
-			if (amax < fabsf(src[j])) {
-				amax = fabsf(src[j]);
-				max = src[j];
-			}
-		}
+		float max = largest_magnitude(src, 32);
 		float d = max / -16;
 		float id = d != 0.0f ? 1.0f / d : 0.0f;
 		uint32_t qh = 0;
@@ -555,14 +545,8 @@ static void q_q5_k(const float *src, uint8_t *dst, uint64_t n_blocks)
  */
 static float qx_levels(int n, int nmax, const float *x, uint8_t *L)
 {
-	float max = 0, amax = 0;
-	for (int i = 0; i < n; i++) {
-		if (fabsf(x[i]) > amax) {
-			amax = fabsf(x[i]);
-			max = x[i];
-		}
-	}
-	if (amax < GROUP_MAX_EPS) {
+	float max = largest_magnitude(x, n);
+	if (fabsf(max) < GROUP_MAX_EPS) {
 		memset(L, 0, (size_t)n);
 		return 0.0f;
 	}
@@ -604,17 +588,13 @@ static float qx_levels(int n, int nmax, const float *x, uint8_t *L)
 static void q_q6_k(const float *src, uint8_t *dst, uint64_t n_blocks)
 {
 	for (uint64_t b = 0; b < n_blocks; b++, src += 256, dst += 210) {
-		float scales[16], max_scale = 0, max_abs = 0;
+		float scales[16];
 		uint8_t L[256];
 		int8_t *sc = (int8_t *)(dst + 192);
-		for (int ib = 0; ib < 16; ib++) {
+		for (int ib = 0; ib < 16; ib++)
 			scales[ib] = qx_levels(16, 32, src + 16 * ib, L + 16 * ib);
-			if (fabsf(scales[ib]) > max_abs) {
-				max_abs = fabsf(scales[ib]);
-				max_scale = scales[ib];
-			}
-		}
-		if (max_abs < GROUP_MAX_EPS) {
+		const float max_scale = largest_magnitude(scales, 16);
+		if (fabsf(max_scale) < GROUP_MAX_EPS) {
 			memset(dst, 0, 210);
 			continue;
 		}

@@ -240,17 +240,6 @@ static bool at_rule_start(const gparse *p)
 	return p->end - q >= 3 && !memcmp(q, "::=", 3);
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* One (possibly escaped) byte of a literal or class. */
 static int parse_byte(gparse *p)
 {
@@ -270,7 +259,7 @@ static int parse_byte(gparse *p)
 	case 't': return '\t';
 	case '\\': case '"': case ']': case '[': case '-': case '^': return c;
 	case 'x': {
-		int h = p->end - p->s >= 2 ? hexval(p->s[0]) : -1, l = h >= 0 ? hexval(p->s[1]) : -1;
+		int h = p->end - p->s >= 2 ? kvt_hexval(p->s[0]) : -1, l = h >= 0 ? kvt_hexval(p->s[1]) : -1;
 		if (h < 0 || l < 0)
 			return perr(p, "\\x needs two hex digits");
 		p->s += 2;

@@ -1171,10 +1171,78 @@ static void kvt_tok_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_t *n
 	(*n_heap)++;
 }
 
+/* Heap key of a SentencePiece score: lower keys pop first, so higher scores merge first. */
+static uint32_t kvt_tok_score_rank(float score)
+{
+	uint32_t u;
+
+	memcpy(&u, &score, sizeof(u));
+	u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* now increasing with the float's order */
+	return ~u;
+}
+
+/* SentencePiece: queue symbols left and right if their concatenation is a token. */
+static void kvt_tok_spm_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_t *n_heap, int32_t left,
+				 int32_t right)
+{
+	const struct kvt_tok_sym *s = w->syms;
+	int32_t id;
+
+	if (left < 0 || right < 0)
+		return;
+	/* Live neighbours are adjacent in the escaped text, so their concatenation is a slice of it. */
+	id = kvt_tok_find_text(t, w->enc + s[left].off, s[left].len + s[right].len);
+	if (id < 0)
+		return;
+	kvt_tok_heap_push(w->heap, *n_heap, (struct kvt_tok_bigram){
+		.rank = kvt_tok_score_rank(t->scores[id]), .left = (uint32_t)left, .right = (uint32_t)right,
+		.len = s[left].len + s[right].len });
+	(*n_heap)++;
+}
+
+/*
+ * The merge loop BPE and SentencePiece share, over the n_sym linked symbols in
+ * w->syms: queue every adjacent pair, then merge the best pair (lowest heap key,
+ * leftmost on ties) until none is left, requeueing the merged symbol with its
+ * new neighbours. spm chooses the pair rule (kvt_tok_spm_try_pair: the
+ * concatenation is a token, keyed by its score; else kvt_tok_try_pair: the
+ * merge table's rank, whose result id the merged symbol takes).
+ *
+ * NOTE: every merge removes one symbol and queues at most two pairs, so the
+ * heap never holds more than 2 * n_sym entries.
+ */
+static void kvt_tok_merge(const kvt_tok *t, struct kvt_tok_work *w, size_t n_sym, bool spm)
+{
+	void (*try_pair)(const kvt_tok *, struct kvt_tok_work *, size_t *, int32_t, int32_t) =
+		spm ? kvt_tok_spm_try_pair : kvt_tok_try_pair;
+	size_t n_heap = 0;
+
+	for (size_t i = 1; i < n_sym; i++)
+		try_pair(t, w, &n_heap, (int32_t)i - 1, (int32_t)i);
+	while (n_heap) {
+		struct kvt_tok_bigram b;
+		struct kvt_tok_sym *l, *r;
+
+		kvt_tok_heap_pop(w->heap, n_heap--, &b);
+		l = &w->syms[b.left];
+		r = &w->syms[b.right];
+		if (!l->len || !r->len || l->len + r->len != b.len)
+			continue; /* stale: one side merged since it was queued */
+		l->len += r->len;
+		if (!spm)
+			l->id = t->merge_result[b.rank];
+		r->len = 0;
+		l->next = r->next;
+		if (r->next >= 0)
+			w->syms[r->next].prev = (int32_t)b.left;
+		try_pair(t, w, &n_heap, l->prev, (int32_t)b.left);
+		try_pair(t, w, &n_heap, (int32_t)b.left, l->next);
+	}
+}
+
 /* BPE-merge one piece of emit bytes p[0..n) and emit its token ids. */
 static int kvt_tok_bpe(const kvt_tok *t, struct kvt_tok_work *w, const unsigned char *p, size_t n)
 {
-	size_t n_heap = 0;
 	int rc;
 
 	if (n == 1) {
@@ -1205,31 +1273,7 @@ static int kvt_tok_bpe(const kvt_tok *t, struct kvt_tok_work *w, const unsigned 
 		w->syms[i] = (struct kvt_tok_sym){ .id = t->byte_token[p[i]], .off = (uint32_t)i, .len = 1,
 						   .prev = (int32_t)i - 1,
 						   .next = i + 1 < n ? (int32_t)i + 1 : -1 };
-	for (size_t i = 1; i < n; i++)
-		kvt_tok_try_pair(t, w, &n_heap, (int32_t)i - 1, (int32_t)i);
-
-	/*
-	 * NOTE: every merge removes one symbol and queues at most two pairs, so
-	 * the heap never holds more than 2n entries.
-	 */
-	while (n_heap) {
-		struct kvt_tok_bigram b;
-		struct kvt_tok_sym *l, *r;
-
-		kvt_tok_heap_pop(w->heap, n_heap--, &b);
-		l = &w->syms[b.left];
-		r = &w->syms[b.right];
-		if (!l->len || !r->len || l->len + r->len != b.len)
-			continue; /* stale: one side merged since it was queued */
-		l->len += r->len;
-		l->id = t->merge_result[b.rank];
-		r->len = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			w->syms[r->next].prev = (int32_t)b.left;
-		kvt_tok_try_pair(t, w, &n_heap, l->prev, (int32_t)b.left);
-		kvt_tok_try_pair(t, w, &n_heap, (int32_t)b.left, l->next);
-	}
+	kvt_tok_merge(t, w, n, false);
 	for (int32_t i = 0; i >= 0; i = w->syms[i].next) {
 		const struct kvt_tok_sym *s = &w->syms[i];
 
@@ -1381,40 +1425,11 @@ static int kvt_tok_encode_text(const kvt_tok *t, struct kvt_tok_work *w, const u
 	return KVT_OK;
 }
 
-/* Heap key of a SentencePiece score: lower keys pop first, so higher scores merge first. */
-static uint32_t kvt_tok_score_rank(float score)
-{
-	uint32_t u;
-
-	memcpy(&u, &score, sizeof(u));
-	u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* now increasing with the float's order */
-	return ~u;
-}
-
-/* SentencePiece: queue symbols left and right if their concatenation is a token. */
-static void kvt_tok_spm_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_t *n_heap, int32_t left,
-				 int32_t right)
-{
-	const struct kvt_tok_sym *s = w->syms;
-	int32_t id;
-
-	if (left < 0 || right < 0)
-		return;
-	/* Live neighbours are adjacent in the escaped text, so their concatenation is a slice of it. */
-	id = kvt_tok_find_text(t, w->enc + s[left].off, s[left].len + s[right].len);
-	if (id < 0)
-		return;
-	kvt_tok_heap_push(w->heap, *n_heap, (struct kvt_tok_bigram){
-		.rank = kvt_tok_score_rank(t->scores[id]), .left = (uint32_t)left, .right = (uint32_t)right,
-		.len = s[left].len + s[right].len });
-	(*n_heap)++;
-}
-
 /* SentencePiece-encode one raw fragment s[0..n) (see the file comment); prefix: add the leading space. */
 static int kvt_tok_spm(const kvt_tok *t, struct kvt_tok_work *w, const unsigned char *s, size_t n, bool prefix)
 {
 	static const uint8_t lead_len[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4 };
-	size_t k = 0, n_sym = 0, n_heap = 0;
+	size_t k = 0, n_sym = 0;
 	int rc;
 
 	if (n > (SIZE_MAX - 3) / 3 || n >= INT32_MAX / 3)
@@ -1448,26 +1463,7 @@ static int kvt_tok_spm(const kvt_tok *t, struct kvt_tok_work *w, const unsigned 
 		i += l;
 	}
 	w->syms[n_sym - 1].next = -1;
-	for (size_t i = 1; i < n_sym; i++)
-		kvt_tok_spm_try_pair(t, w, &n_heap, (int32_t)i - 1, (int32_t)i);
-	/* NOTE: as in kvt_tok_bpe, each merge queues at most two pairs: the heap stays under 2 * n_sym. */
-	while (n_heap) {
-		struct kvt_tok_bigram b;
-		struct kvt_tok_sym *l, *r;
-
-		kvt_tok_heap_pop(w->heap, n_heap--, &b);
-		l = &w->syms[b.left];
-		r = &w->syms[b.right];
-		if (!l->len || !r->len || l->len + r->len != b.len)
-			continue; /* stale */
-		l->len += r->len;
-		r->len = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			w->syms[r->next].prev = (int32_t)b.left;
-		kvt_tok_spm_try_pair(t, w, &n_heap, l->prev, (int32_t)b.left);
-		kvt_tok_spm_try_pair(t, w, &n_heap, (int32_t)b.left, l->next);
-	}
+	kvt_tok_merge(t, w, n_sym, true);
 	for (int32_t i = 0; i >= 0; i = w->syms[i].next) {
 		const struct kvt_tok_sym *y = &w->syms[i];
 		int32_t id = kvt_tok_find_text(t, w->enc + y->off, y->len);

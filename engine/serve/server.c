@@ -2826,11 +2826,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 	return dispatch(r);
 }
 
-static int hexdigit(int c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /*
  * URL unescaping for libmicrohttpd (the path and each query argument): %XX
  * decoded as usual, except that %00 becomes 0x01. A NUL would cut the C
@@ -2843,7 +2838,7 @@ static size_t unescape_url(void *cls, struct MHD_Connection *con, char *s)
 	char *w = s;
 	for (const char *p = s; *p; p++, w++) {
 		int hi, lo;
-		if (p[0] == '%' && (hi = hexdigit(p[1])) >= 0 && (lo = hexdigit(p[2])) >= 0) {
+		if (p[0] == '%' && (hi = kvt_hexval(p[1])) >= 0 && (lo = kvt_hexval(p[2])) >= 0) {
 			*w = (char)(hi << 4 | lo);
 			if (!*w)
 				*w = 0x01;

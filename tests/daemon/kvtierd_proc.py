@@ -100,16 +100,22 @@ class Daemon:
         return rc
 
 
+def build_arg(doc, model):
+    """The BUILD argument (argv[1]) as an absolute path; without one, prints doc and exits 2;
+    without the model, says so and exits 77 (skip)."""
+    if len(sys.argv) < 2:
+        print(doc)
+        sys.exit(2)
+    if not os.path.exists(model):
+        print("skip: no default model at", model)
+        sys.exit(77)
+    return os.path.abspath(sys.argv[1])
+
+
 def run_cases(suite, doc, model, cases):
     """argv: BUILD [CASE ...]. Runs each case(build, tmp) in a fresh temporary dir (removed
     unless something failed); 77 (skip) without the model or when every case skipped."""
-    if len(sys.argv) < 2:
-        print(doc)
-        return 2
-    build = os.path.abspath(sys.argv[1])
-    if not os.path.exists(model):
-        print("skip: no default model at", model)
-        return 77
+    build = build_arg(doc, model)
     names = sys.argv[2:] or list(cases)
     for name in names:
         tmp = tempfile.mkdtemp(prefix="kvt_%s_%s_" % (suite, name))

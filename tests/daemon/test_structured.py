@@ -38,7 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvtierd_proc import FAILS, Daemon, check, http  # noqa: E402
+from kvtierd_proc import FAILS, Daemon, build_arg, check, http  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -459,13 +459,7 @@ CASES = {"schemas": case_schemas, "refused": case_refused, "tools_sdk": case_too
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__)
-        return 2
-    build = os.path.abspath(sys.argv[1])
-    if not os.path.exists(MODEL):
-        print("skip: no default model at", MODEL)
-        return 77
+    build = build_arg(__doc__, MODEL)
     names = sys.argv[2:] or list(CASES)
     tmp = tempfile.mkdtemp(prefix="kvt_structured_")
     d = Daemon(build, tmp, "[server]\nlisten = 127.0.0.1:0\nmax_tokens_limit = 512\n[model]\npath = %s\ndevice = cpu\n"

@@ -13,15 +13,13 @@ attention, CPU), as gen_refs.py does for the default model. Per prompt:
 Usage:  /work/venv-llama/bin/python tests/ref/gen_gemma3_refs.py [--model PATH] [--threads N]
 """
 import argparse
-import hashlib
 import os
 
-import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+from ref_common import HERE, greedy_steps, model_path, sha256_file
+
 N_GEN = 16
 TOP_K = 5
 
@@ -37,15 +35,13 @@ PROMPTS = [
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=os.path.join(REPO, "models", "gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--model", default=model_path("gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(HERE, "gemma3_greedy_ref.txt"))
     args = ap.parse_args()
-    with open(args.model, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
+    sha = sha256_file(args.model)
     llm = Llama(model_path=args.model, n_ctx=1024, n_batch=512, n_threads=args.threads,
                 n_threads_batch=args.threads, logits_all=False, verbose=False)
-    n_vocab = llm.n_vocab()
     lines = [
         f"# llama.cpp (llama-cpp-python {llama_cpp.__version__}, CPU, n_threads={args.threads}) greedy on "
         f"{os.path.basename(args.model)} sha256 {sha}; made by tests/ref/gen_gemma3_refs.py",
@@ -56,18 +52,8 @@ def main():
     for prompt in PROMPTS:
         pb = prompt.encode("utf-8")
         ids = llm.tokenize(pb, add_bos=True, special=True)
-        llm.reset()
-        llm._ctx.kv_cache_clear()
-        for t in ids:
-            llm.eval([t])
-        gen, steps = [], []
-        for step in range(N_GEN):
-            lg = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,)).copy()
-            order = np.argsort(-lg, kind="stable")[:TOP_K]
-            steps.append(f"L {step} " + " ".join(f"{int(i)}:{lg[i]:.6f}" for i in order))
-            nxt = int(order[0])
-            gen.append(nxt)
-            llm.eval([nxt])
+        gen, steps = greedy_steps(llm, ids, N_GEN, TOP_K)
+        steps = [f"L {step} {s}" for step, s in enumerate(steps)]
         lines += [f"P {pb.hex()}", "I " + " ".join(map(str, ids)), "G " + " ".join(map(str, gen))] + steps
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -17,38 +17,17 @@ Only the vocabulary is loaded (vocab_only=True): takes a few seconds.
 """
 import argparse
 import ctypes
-import hashlib
 import os
-import sys
 
 import llama_cpp
 from llama_cpp import Llama
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
-DEFAULT_MODEL = os.path.join(REPO, "models", "gemma-3-270m-q4_k_m.gguf")
+from ref_common import EDGE_CASES, HERE, case_bytes, ids_str, model_path, note_detokenize, sha256_file
 
-CASES = [
-    # edge cases: spaces, newlines, tabs (Gemma has user-defined tokens for runs of them)
-    "",
-    " ",
-    "  ",
-    "a",
-    " a",
-    "Hello",
-    " Hello",
-    "Hello world",
-    "  leading and trailing spaces  ",
-    "multiple     spaces     between",
-    "tab\tseparated\tvalues",
-    "\t\tdouble tab indent",
-    "line one\nline two",
-    "para one\n\n\npara two",
-    "windows\r\nline\r\nendings\r\n",
-    "\n",
-    "\n\n",
-    " \n \n ",
-    "trailing newline\n",
+DEFAULT_MODEL = model_path("gemma-3-270m-q4_k_m.gguf")
+
+# The shared edge cases, " a" after "a", then Gemma's own (it has user-defined tokens for runs of spaces).
+CASES = EDGE_CASES[:4] + [" a"] + EDGE_CASES[4:] + [
     "                                        forty spaces",
     # prose
     "The capital of France is Paris.",
@@ -119,18 +98,6 @@ CHATS = [
 ]
 
 
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def ids_str(ids):
-    return " ".join(str(i) for i in ids)
-
-
 def render_gemma(msgs):
     arr = (llama_cpp.llama_chat_message * len(msgs))()
     keep = []
@@ -166,18 +133,12 @@ def main():
         "add_special=1 checked to be [bos]+ids); M/R/C: a chat by llama.cpp's gemma template; "
         "E: the EOG ids",
     ]
-    seen = set()
-    for s in CASES:
-        b = s.encode("utf-8")
-        assert b not in seen, f"duplicate case {s!r}"
-        seen.add(b)
+    for s, b in case_bytes(CASES):
         sp = tok.tokenize(b, add_bos=False, special=True)
         nsp = tok.tokenize(b, add_bos=False, special=False)
         with_bos = tok.tokenize(b, add_bos=True, special=True)
         assert with_bos == [bos] + sp, f"add_bos changes more than the BOS for {s!r}"
-        back = tok.detokenize(sp, special=True)
-        if back != b:
-            print(f"note: detokenize differs for {s!r}: {back!r}", file=sys.stderr)
+        note_detokenize(tok, sp, s, b)
         lines.append(f"T {b.hex()}\t{ids_str(sp)}\t{ids_str(nsp)}")
     for msgs in CHATS:
         lines.append(f"M {len(msgs)}")

@@ -12,17 +12,15 @@ Usage:  python3 tests/ref/gen_refs.py [--model PATH] [--threads N]
 Requires `pip install llama-cpp-python` (see tests/ref/README.md for the version used).
 """
 import argparse
-import hashlib
 import os
 import sys
 
-import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
-DEFAULT_MODEL = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+from ref_common import EDGE_CASES, HERE, case_bytes, greedy_steps, model_path, note_detokenize, sha256_file
+
+DEFAULT_MODEL = model_path("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 N_GEN = 16   # greedy steps per prompt
 TOP_K = 10   # logits recorded per step
@@ -30,26 +28,7 @@ TOP_K = 10   # logits recorded per step
 # --------------------------------------------------------------------------------------
 # Tokenizer cases. Python str literals; encoded as UTF-8. Order is kept in the file.
 # --------------------------------------------------------------------------------------
-TOKENIZER_CASES = [
-    # edge cases
-    "",
-    " ",
-    "  ",
-    "a",
-    "Hello",
-    " Hello",
-    "Hello world",
-    "  leading and trailing spaces  ",
-    "multiple     spaces     between",
-    "tab\tseparated\tvalues",
-    "\t\tdouble tab indent",
-    "line one\nline two",
-    "para one\n\n\npara two",
-    "windows\r\nline\r\nendings\r\n",
-    "\n",
-    "\n\n",
-    " \n \n ",
-    "trailing newline\n",
+TOKENIZER_CASES = EDGE_CASES + [
     # ASCII prose
     "The capital of France is Paris.",
     "The quick brown fox jumps over the lazy dog.",
@@ -147,14 +126,6 @@ GREEDY_PROMPTS = [
 ]
 
 
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def gen_tokenizer(model_path, header, out_path):
     # vocab_only: no weights loaded, tokenizer only.
     tok = Llama(model_path=model_path, vocab_only=True, verbose=False)
@@ -163,17 +134,10 @@ def gen_tokenizer(model_path, header, out_path):
         "# format: <hex of UTF-8 input bytes>\\t<space-separated token ids>; "
         "llama_tokenize(add_special=False, parse_special=True)",
     ]
-    seen = set()
-    for s in TOKENIZER_CASES:
-        b = s.encode("utf-8")
-        assert b not in seen, f"duplicate tokenizer case {s!r}"
-        seen.add(b)
+    for s, b in case_bytes(TOKENIZER_CASES):
         ids = tok.tokenize(b, add_bos=False, special=True)
         # Sanity: detokenizing (with specials rendered) must round-trip the bytes.
-        back = tok.detokenize(ids, special=True)
-        if back != b:
-            print(f"warning: detokenize round-trip differs for {s!r}: {back!r}",
-                  file=sys.stderr)
+        note_detokenize(tok, ids, s, b)
         lines.append(f"{b.hex()}\t{' '.join(map(str, ids))}")
     with open(out_path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -192,7 +156,6 @@ def gen_greedy(model_path, threads, header, out_path):
     llm = Llama(model_path=model_path, n_ctx=512, n_batch=512, n_ubatch=512,
                 n_threads=threads, n_threads_batch=threads, logits_all=False,
                 verbose=False)
-    n_vocab = llm.n_vocab()
     lines = [
         header,
         f"# greedy: prompt (add_bos=False, special=True) then {N_GEN} argmax steps; every token "
@@ -204,20 +167,7 @@ def gen_greedy(model_path, threads, header, out_path):
     for prompt in GREEDY_PROMPTS:
         pb = prompt.encode("utf-8")
         ids = llm.tokenize(pb, add_bos=False, special=True)
-        llm.reset()                     # n_tokens = 0; eval() then drops the old KV
-        llm._ctx.kv_cache_clear()       # ...and be explicit: fresh KV cache per prompt
-        for t in ids:
-            llm.eval([t])
-        gen, steps = [], []
-        for step in range(N_GEN):
-            logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,)).copy()
-            # stable sort on -logit: ties broken by lower id, matching a plain argmax
-            order = np.argsort(-logits, kind="stable")[:TOP_K]
-            nxt = int(order[0])
-            gen.append(nxt)
-            steps.append(" ".join(f"{int(i)}:{logits[i]:.6f}" for i in order))
-            if step + 1 < N_GEN:
-                llm.eval([nxt])
+        gen, steps = greedy_steps(llm, ids, N_GEN, TOP_K)
         lines.append(f"P {pb.hex()}")
         lines.append(f"I {' '.join(map(str, ids))}")
         lines.append(f"G {' '.join(map(str, gen))}")

@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "daemon"))
 import redis_cluster  # noqa: E402
-from kvtierd_proc import FAILS, Daemon, check, http  # noqa: E402
+from kvtierd_proc import FAILS, Daemon, build_arg, check, http  # noqa: E402
 
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 BT = 16
@@ -175,13 +175,7 @@ def haproxy_case(tmp, a, b):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__)
-        return 2
-    build = os.path.abspath(sys.argv[1])
-    if not os.path.exists(MODEL):
-        print("skip: no default model at", MODEL)
-        return 77
+    build = build_arg(__doc__, MODEL)
     if not redis_cluster.have_redis():
         print("skip: redis-server / redis-cli not installed")
         return 77 if not os.environ.get("KVT_TEST_STRICT") else 1
