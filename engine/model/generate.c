@@ -34,10 +34,7 @@ int kvt_generate(kvt_model *m, kvt_seq *s, const kvt_tok *tok, const int32_t *pr
 	memcpy(seq, prompt, n_prompt * sizeof(int32_t));
 
 	/* the device picks as the host would: greedy, nothing else to apply */
-	const kvt_sampler_params *sp = &p->sample;
-	const bool on_device = !p->host_decode && !p->no_kv_cache && sp->temp == 0 && !sp->n_bias &&
-			       sp->presence_penalty == 0 && sp->frequency_penalty == 0 &&
-			       (sp->repetition_penalty == 0 || sp->repetition_penalty == 1) &&
+	const bool on_device = !p->host_decode && !p->no_kv_cache && kvt_sampler_plain_greedy(&p->sample) &&
 			       kvt_dev_graphs_supported(s->dev);
 	int32_t picked = -1; /* the device's pick for the next step, or -1: sample from logits */
 	double t0 = kvt_now_s(), t1 = t0;

@@ -242,6 +242,12 @@ static int32_t pick(kvt_sampler *s, const float *logits)
 	return s->p.temp == 0 ? kvt_argmax(logits, s->n_vocab) : draw(s, logits);
 }
 
+bool kvt_sampler_plain_greedy(const kvt_sampler_params *p)
+{
+	return p->temp == 0 && !p->n_bias && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+	       (p->repetition_penalty == 0 || p->repetition_penalty == 1);
+}
+
 int32_t kvt_sampler_next(kvt_sampler *s, float *logits, struct kvt_gmatch *g, kvt_token_lp *lp, uint32_t n_top)
 {
 	const uint32_t n = s->n_vocab;

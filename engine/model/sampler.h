@@ -80,6 +80,13 @@ typedef struct kvt_sampler {
 } kvt_sampler;
 
 /*
+ * Whether p is plain greedy: temperature 0 and no penalties or bias, so the
+ * next token is the argmax of the raw logits (lowest id on ties) and picking
+ * it changes no sampler state: a device's argmax may pick it instead.
+ */
+bool kvt_sampler_plain_greedy(const kvt_sampler_params *p);
+
+/*
  * KVT_EINVAL (logged) for temp < 0, top_p or min_p outside [0, 1], top_k >
  * n_vocab, a repetition penalty < 0, a penalty outside [-2, 2], a bias
  * token out of range or n_bias over the limit.

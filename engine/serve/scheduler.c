@@ -879,9 +879,7 @@ static void preempt(kvt_sched *s, kvt_sched_handle *h)
  */
 static bool device_pickable(const kvt_sched_handle *h)
 {
-	const kvt_sampler_params *p = &h->req.sample;
-	return p->temp == 0 && !h->gm && !h->lps && !p->n_bias && p->presence_penalty == 0 &&
-	       p->frequency_penalty == 0 && (p->repetition_penalty == 0 || p->repetition_penalty == 1);
+	return kvt_sampler_plain_greedy(&h->req.sample) && !h->gm && !h->lps;
 }
 
 /*
