@@ -156,6 +156,7 @@ typedef struct kvt_dev_counters {
 	uint64_t h2d_bytes;       /* bytes copied host -> device */
 	uint64_t d2h_bytes;       /* device -> host */
 	uint64_t d2d_bytes;       /* device -> device */
+	uint64_t event_waits;     /* kvt_dev_stream_wait_event calls (a stream made to wait on the device) */
 } kvt_dev_counters;
 void kvt_dev_counters_get(const kvt_dev *d, kvt_dev_counters *out);
 void kvt_dev_counters_reset(kvt_dev *d);

@@ -344,6 +344,7 @@ static void cuda_event_destroy(kvt_dev *d, kvt_event *e)
 static int cuda_event_record(kvt_dev *d, kvt_event *e, kvt_stream *s) { return CU(cudaEventRecord(e->e, S(d, s))); }
 static int cuda_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e)
 {
+	KVT_DEV_COUNT(d, event_waits, 1);
 	return CU(cudaStreamWaitEvent(S(d, s), e->e, 0));
 }
 static int cuda_event_sync(kvt_dev *d, kvt_event *e)
