@@ -105,6 +105,9 @@ typedef struct kvt_sched_config {
 	kvt_tenant_priority tenant_priority[KVT_SCHED_MAX_TENANT_PRIO]; /* per-tenant defaults */
 	uint32_t n_tenant_priority; /* entries used */
 	int retain_tier;           /* floor tier of a retention that names none (default KVT_TIER_HOST) */
+	uint32_t layer_groups;     /* a cached prefix all in T0/T1 comes up layer group by layer group in this many
+	                              groups, its prefill waiting per layer on the device (kvt_tm_promote_layered);
+	                              0 (default): the sequential promotion (I/O threads, then prefill) */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
@@ -318,6 +321,7 @@ typedef struct kvt_sched_stats {
 	uint64_t sessions;             /* sessions known */
 	bool have_index;               /* db present */
 	kvt_db_stats index;            /* the index's counters: degraded, rolled back, bad session rows (zero without db) */
+	uint64_t layered_promotions;   /* cached prefixes brought up from T1 layer group by layer group (layer_groups) */
 } kvt_sched_stats;
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);
