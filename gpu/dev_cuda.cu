@@ -369,6 +369,15 @@ static int cuda_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src
 	return CU(cudaMemcpyAsync(dst, src, n, kinds[dir], S(d, s)));
 }
 
+static int cuda_copy_2d_async(kvt_dev *d, kvt_stream *s, void *dst, size_t dst_pitch, const void *src,
+			      size_t src_pitch, size_t row_bytes, size_t n_rows, int dir)
+{
+	static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+						cudaMemcpyDeviceToDevice };
+	count_copy(d, S(d, s), dir, row_bytes * n_rows);
+	return CU(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, n_rows, kinds[dir], S(d, s)));
+}
+
 /* ---- reductions ---- */
 
 __device__ __forceinline__ float warp_sum(float v)
@@ -2519,6 +2528,7 @@ static const struct kvt_dev_ops cuda_ops = {
 	.norm_matmul = cuda_norm_matmul,
 	.matmul_swiglu = cuda_matmul_swiglu,
 	.rope_store = cuda_rope_store,
+	.copy_2d_async = cuda_copy_2d_async,
 };
 
 extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)

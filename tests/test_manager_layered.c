@@ -25,6 +25,9 @@
  * counters are zeros and events complete when recorded; only the results are
  * checked there.
  *
+ * kvt_dev_copy_2d_async (the layered copies' strided copies for runs of
+ * adjacent slots) is checked on its own first.
+ *
  * Failures: a copy failing at group 1 (the manager's fault hook) fails the
  * call and gives everything back (T0 slots free, T1 references, busy blocks,
  * table unchanged: a sequential promotion then works); a block in no tier
@@ -125,8 +128,15 @@ static void pipelined(kvt_tm *tm, kvt_btable *bt, uint8_t (*h)[32], uint32_t n_g
 	kvt_tm_layered *lp = NULL;
 	to_t1(tm, bt, h);
 	pin_all(tm, h);
+	kvt_dev_counters cp0, cp1;
+	kvt_dev_counters_get(dev, &cp0);
 	CHECK(kvt_tm_promote_layered(tm, N_BLOCKS, (const uint8_t(*)[32])h, n_groups, slots, &lp) == KVT_OK);
+	kvt_dev_counters_get(dev, &cp1);
 	CHECK_EQ_INT(kvt_tm_layered_n_copied(lp), N_BLOCKS);
+	if (kvt_dev_kind(dev) == KVT_DEV_CUDA) /* at least one copy per group; runs of adjacent slots take one per range */
+		printf("    layered copy: %llu copies for %d blocks in %u groups\n",
+		       (unsigned long long)(cp1.copies - cp0.copies), N_BLOCKS, N_LAYER / want_lpg);
+	CHECK(kvt_dev_kind(dev) != KVT_DEV_CUDA || cp1.copies - cp0.copies >= N_LAYER / want_lpg);
 	/* not in the table's T0 before finish: no one else may read slots still being filled */
 	for (int i = 0; i < N_BLOCKS; i++)
 		CHECK(!in_tier(bt, h[i], KVT_TIER_HBM));
@@ -319,6 +329,32 @@ static void run_codec(int codec, const uint8_t root[32], const int32_t *prompt, 
 	CHECK_EQ_INT(kvt_t0_n_free(t0), kvt_t0_n_slots(t0));
 }
 
+/* kvt_dev_copy_2d_async, which the layered copies use for runs of adjacent slots: rows land where they should. */
+static void test_copy_2d(void)
+{
+	enum { ROW = 48, SP = 80, DP = 64, ROWS = 5 };
+	unsigned char *h, *d, back[DP * ROWS];
+	kvt_stream *st;
+	CHECK(kvt_dev_host_alloc(dev, SP * ROWS, (void **)&h) == KVT_OK && kvt_dev_alloc(dev, DP * ROWS, (void **)&d) == KVT_OK);
+	CHECK(kvt_dev_stream_create(dev, &st) == KVT_OK);
+	for (int i = 0; i < SP * ROWS; i++)
+		h[i] = (unsigned char)(i * 7 + 1);
+	memset(back, 0xee, sizeof(back));
+	CHECK(kvt_dev_copy_h2d(dev, d, back, sizeof(back)) == KVT_OK);
+	CHECK(kvt_dev_copy_2d_async(dev, st, d, DP, h + 3, SP, ROW, ROWS, KVT_COPY_H2D) == KVT_OK);
+	CHECK(kvt_dev_stream_sync(dev, st) == KVT_OK);
+	CHECK(kvt_dev_copy_d2h(dev, back, d, sizeof(back)) == KVT_OK);
+	bool ok = true;
+	for (int r = 0; r < ROWS; r++)
+		for (int i = 0; i < DP; i++)
+			ok = ok && back[r * DP + i] == (i < ROW ? h[3 + r * SP + i] : 0xee);
+	CHECKF(ok, "a strided copy put bytes where they do not belong");
+	CHECK_EQ_INT(kvt_dev_copy_2d_async(dev, st, d, ROW - 1, h, SP, ROW, 2, KVT_COPY_H2D), KVT_EINVAL);
+	kvt_dev_stream_destroy(dev, st);
+	kvt_dev_free(dev, d);
+	kvt_dev_host_free(dev, h);
+}
+
 int main(void)
 {
 	if (!mkdtemp(dir))
@@ -331,6 +367,7 @@ int main(void)
 		return dc.kind == KVT_DEV_CPU ? 1 : check_skip("test_manager_layered", "the requested device is not available");
 	}
 	printf("device: %s\n", kvt_dev_name(dev));
+	test_copy_2d();
 	kvt_synth_llama sc;
 	kvt_synth_llama_default(&sc);
 	sc.n_layer = N_LAYER;

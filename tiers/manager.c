@@ -2495,6 +2495,22 @@ static uint32_t lay_ranges(const kvt_kv_layout *l, int codec, uint32_t l0, uint3
 	return 2;
 }
 
+/*
+ * The length of the run of copied blocks from i whose T1 slots are adjacent
+ * in the pool (and, with t0_too, whose T0 units are adjacent too), at most
+ * max: one strided copy per byte range moves the whole run.
+ */
+static uint32_t lay_run(const kvt_tm *tm, const kvt_tm_layered *p, uint32_t i, uint32_t max, bool t0_too)
+{
+	const size_t t1_bytes = tm->packed_bytes;
+	uint32_t n = 1;
+	while (i + n < p->n_copied && n < max &&
+	       (const unsigned char *)p->src[i + n] == (const unsigned char *)p->src[i + n - 1] + t1_bytes &&
+	       (!t0_too || p->units[i + n] == p->units[i + n - 1] + 1))
+		n++;
+	return n;
+}
+
 /* Issue group grp's copies (and unpacks) of the copied blocks on the layered stream. */
 static int lay_issue_group(kvt_tm *tm, kvt_tm_layered *p, uint32_t grp)
 {
@@ -2502,7 +2518,7 @@ static int lay_issue_group(kvt_tm *tm, kvt_tm_layered *p, uint32_t grp)
 	kvt_dev *d = tm->cfg.dev;
 	const kvt_kv_layout *l = kvt_t0_layout(tm->cfg.t0);
 	const uint32_t G = p->layers_per_group, l0 = grp * G;
-	const size_t t0_bytes = kvt_t0_block_bytes(tm->cfg.t0);
+	const size_t t0_bytes = kvt_t0_block_bytes(tm->cfg.t0), t1_bytes = tm->packed_bytes;
 	size_t off[2], len[2];
 	int rc = KVT_OK;
 
@@ -2512,11 +2528,13 @@ static int lay_issue_group(kvt_tm *tm, kvt_tm_layered *p, uint32_t grp)
 	}
 	if (l->codec == tm->cfg.t1_codec) { /* the records as they are: straight into the T0 slots */
 		const uint32_t nr = lay_ranges(l, l->codec, l0, G, off, len);
-		for (uint32_t i = 0; i < p->n_copied && rc == KVT_OK; i++) {
+		for (uint32_t i = 0, run; i < p->n_copied && rc == KVT_OK; i += run) {
+			run = lay_run(tm, p, i, p->n_copied, true);
 			unsigned char *dst = (unsigned char *)l->pool + (size_t)p->units[i] * t0_bytes;
 			const unsigned char *src = p->src[i];
 			for (uint32_t r = 0; r < nr && rc == KVT_OK; r++)
-				rc = kvt_dev_copy_async(d, ly->stream, dst + off[r], src + off[r], len[r], KVT_COPY_H2D);
+				rc = kvt_dev_copy_2d_async(d, ly->stream, dst + off[r], t0_bytes, src + off[r], t1_bytes, len[r],
+							   run, KVT_COPY_H2D);
 		}
 		return rc;
 	}
@@ -2535,14 +2553,19 @@ static int lay_issue_group(kvt_tm *tm, kvt_tm_layered *p, uint32_t grp)
 			nb = cap;
 		if (nb > TM_LAY_STAGE_MIN_BLOCKS)
 			nb = TM_LAY_STAGE_MIN_BLOCKS;
-		for (uint32_t i = 0; i < nb && rc == KVT_OK; i++) {
+		/* sub-block i of the chunk: the group's codes, then its scales (kvt_kv_packed_bytes of sub) */
+		for (uint32_t i = 0, run; i < nb && rc == KVT_OK; i += run) {
+			run = lay_run(tm, p, b0 + i, nb - i, false);
 			const unsigned char *src = p->src[b0 + i];
 			unsigned char *st = ly->d_stage + (size_t)i * sub_bytes;
-			rc = kvt_dev_copy_async(d, ly->stream, st, src + off[0], len[0], KVT_COPY_H2D);
+			rc = kvt_dev_copy_2d_async(d, ly->stream, st, sub_bytes, src + off[0], t1_bytes, len[0], run,
+						   KVT_COPY_H2D);
 			if (rc == KVT_OK)
-				rc = kvt_dev_copy_async(d, ly->stream, st + len[0], src + off[1], len[1], KVT_COPY_H2D);
-			unit[i] = p->units[b0 + i] * (int32_t)(l->n_layers / G) + (int32_t)grp;
+				rc = kvt_dev_copy_2d_async(d, ly->stream, st + len[0], sub_bytes, src + off[1], t1_bytes, len[1],
+							   run, KVT_COPY_H2D);
 		}
+		for (uint32_t i = 0; i < nb; i++)
+			unit[i] = p->units[b0 + i] * (int32_t)(l->n_layers / G) + (int32_t)grp;
 		if (rc == KVT_OK) {
 			kvt_kv_unpack_args a = { .kv = &sub, .codec = tm->cfg.t1_codec, .n_blocks = nb, .h_slots = unit,
 						 .src = ly->d_stage };
