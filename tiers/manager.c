@@ -2414,6 +2414,7 @@ struct kvt_tm_layered {
 	uint32_t n_groups, layers_per_group;/* the groups chosen */
 	kvt_event *const *events;           /* [n_groups] the layered stream's events (tm_lay's) */
 	int8_t *found;                      /* [n] the tier each block was found in (lookup stats) */
+	int64_t *order;                     /* [n] sort keys (scratch of lay_sort_by_t1) */
 	double t_start;                     /* when the copies were issued */
 };
 
@@ -2576,6 +2577,22 @@ static int lay_issue_group(kvt_tm *tm, kvt_tm_layered *p, uint32_t grp)
 	return rc;
 }
 
+static int lay_cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* p->units[0, n_copied) holds block indices: order them by the blocks' T1 slots (key t1 << 32 | index). */
+static void lay_sort_by_t1(kvt_tm_layered *p)
+{
+	for (uint32_t k = 0; k < p->n_copied; k++)
+		p->order[k] = ((int64_t)p->t1[p->units[k]] << 32) | (uint32_t)p->units[k];
+	qsort(p->order, p->n_copied, sizeof(int64_t), lay_cmp_i64);
+	for (uint32_t k = 0; k < p->n_copied; k++)
+		p->units[k] = (int32_t)(p->order[k] & 0xffffffff);
+}
+
 /* Give back what the promotion holds: the caller's slots (when drop_t0), our T1 references, the blocks. */
 static void lay_release(kvt_tm *tm, kvt_tm_layered *p, uint32_t n_held, bool drop_t0)
 {
@@ -2595,6 +2612,7 @@ static void lay_release(kvt_tm *tm, kvt_tm_layered *p, uint32_t n_held, bool dro
 	free(p->units);
 	free(p->src);
 	free(p->found);
+	free(p->order);
 	free(p);
 }
 
@@ -2623,7 +2641,8 @@ int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_H
 	uint32_t n_held = 0, n_need = 0;
 	if (!p || !(p->hashes = malloc((size_t)n * KVT_HASH_BYTES)) || !(p->t0 = malloc(n * sizeof(int32_t))) ||
 	    !(p->t1 = malloc(n * sizeof(int32_t))) || !(p->units = malloc(n * sizeof(int32_t))) ||
-	    !(p->src = malloc(n * sizeof(*p->src))) || !(p->found = malloc(n)) || (rc = lay_init(tm)))
+	    !(p->src = malloc(n * sizeof(*p->src))) || !(p->found = malloc(n)) ||
+	    !(p->order = malloc(n * sizeof(int64_t))) || (rc = lay_init(tm)))
 		goto fail;
 	memcpy(p->hashes, hashes, (size_t)n * KVT_HASH_BYTES);
 	p->n = n;
@@ -2663,15 +2682,26 @@ int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_H
 			continue;
 		}
 		found[i] = KVT_TIER_HOST;
-		if ((rc = kvt_t0_alloc(tm->cfg.t0, &p->t0[i]))) {
+		p->t1[i] = e.slot[KVT_TIER_HOST];
+		kvt_t1_ref(tm->t1, p->t1[i]);
+		p->units[p->n_copied++] = (int32_t)i; /* for now: the block's index */
+	}
+	/*
+	 * The copies go in T1 slot order (any order is correct: each block's
+	 * bytes go to its own slot), and the T0 slots are taken in that order, so
+	 * that slots adjacent in T1 (a history demoted together) make runs that
+	 * one strided copy moves (lay_run).
+	 */
+	lay_sort_by_t1(p);
+	for (uint32_t k = 0; k < p->n_copied; k++) {
+		const uint32_t i = (uint32_t)p->units[k];
+		if (kvt_t0_alloc(tm->cfg.t0, &p->t0[i])) {
 			p->t0[i] = -1;
 			rc = KVT_EFULL;
 			goto fail;
 		}
-		p->t1[i] = e.slot[KVT_TIER_HOST];
-		kvt_t1_ref(tm->t1, p->t1[i]);
-		p->units[p->n_copied] = p->t0[i];
-		p->src[p->n_copied++] = kvt_t1_slot_ptr(tm->t1, p->t1[i]);
+		p->units[k] = p->t0[i];
+		p->src[k] = kvt_t1_slot_ptr(tm->t1, p->t1[i]);
 	}
 
 	/* The copies, group after group, each followed by its event. */
@@ -2721,6 +2751,7 @@ fail:
 		free(p->units);
 		free(p->src);
 		free(p->found);
+		free(p->order);
 		free(p);
 		pthread_mutex_lock(&tm->mu);
 		tm->lay_active = false;
