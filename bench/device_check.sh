@@ -26,7 +26,7 @@ if [ "${1:-}" = "--bundle" ]; then
 	cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DKVT_NATIVE=OFF \
 		-DCMAKE_C_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES="${KVT_CUDA_ARCHS:-90}" >/dev/null
 	bins="test_gpu_parity test_gpu_graph bench_gpu test_t1_pool test_manager_tiers test_manager_model test_sched kvtierd"
-	bins="$bins test_manager_layered"
+	bins="$bins test_manager_layered test_sched_layered"
 	cmake --build build-device -j"$(nproc)" --target $bins
 	rm -rf .device .device.tar.xz
 	../shared/tools/device-bundle.sh .device $(for b in $bins; do echo build-device/$b; done)
@@ -62,7 +62,7 @@ if [ "${1:-}" != "--attention" ]; then
 	# does not depend on the batch; cuBLAS may pick other kernels for other row counts, so a
 	# failure there on a GPU is a finding to read, not necessarily a bug.
 	echo "== tier, model and scheduler tests on the CUDA backend"
-	for t in test_t1_pool test_manager_tiers test_manager_model test_sched test_manager_layered; do
+	for t in test_t1_pool test_manager_tiers test_manager_model test_sched test_manager_layered test_sched_layered; do
 		(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout 120 "$t") >"$out/$t.txt" 2>&1
 		st=$?
 		tail -3 "$out/$t.txt"
