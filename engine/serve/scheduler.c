@@ -1109,15 +1109,11 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	int rc = kvt_model_forward_batch_gated(s->cfg.model, n_ent, seqs, n, rows, want, s->logits, n_gates, gates);
 	double dt = kvt_now_s() - t0;
 	/* their copies are done (the forward synced): enter the blocks in T0; a failed copy ends the request */
-	bool *bad = n_gates ? calloc(n_ent, sizeof(bool)) : NULL;
-	for (uint32_t i = 0; i < n_ent && n_gates; i++) {
-		if (ents[i].h->layered && settle_layered(s, ents[i].h) != KVT_OK) {
+	bool bad[n_ent ? n_ent : 1];
+	for (uint32_t i = 0; i < n_ent; i++) {
+		bad[i] = ents[i].h->layered && settle_layered(s, ents[i].h) != KVT_OK;
+		if (bad[i])
 			KVT_LOGE("sched: a request's cached prefix failed to reach T0: ending it");
-			if (bad)
-				bad[i] = true;
-			else
-				rc = rc ? rc : KVT_EDEVICE; /* no memory to tell which: fail the step */
-		}
 	}
 	KVT_LOGD("sched: step: %u rows (%u decode, %u prefill) in %u sequences, %.1f ms", n_rows, n_rows - n_prefill,
 		 n_prefill, n_ent, dt * 1e3);
@@ -1125,7 +1121,6 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		KVT_LOGE("sched: a batch of %u rows failed: %s", n_rows, kvt_strerror(rc));
 		for (uint32_t i = 0; i < n_ent; i++)
 			finish_request(s, ents[i].h, KVT_FINISH_ERROR);
-		free(bad);
 		return true;
 	}
 	pthread_mutex_lock(&s->mu);
@@ -1139,7 +1134,7 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	uint32_t li = 0;
 	for (uint32_t i = 0; i < n_ent; i++) {
 		kvt_sched_handle *h = ents[i].h;
-		if (bad && bad[i]) { /* its K/V is not what it should be: nothing of it is registered or sampled */
+		if (bad[i]) { /* its K/V is not what it should be: nothing of it is registered or sampled */
 			li += ents[i].logits;
 			finish_request(s, h, KVT_FINISH_ERROR);
 			continue;
@@ -1159,7 +1154,6 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		else
 			take_token(s, h, tok);
 	}
-	free(bad);
 	return true;
 }
 
