@@ -20,6 +20,13 @@
  *      8 and 32, tokens/s and the weight bytes streamed per second against
  *      the copy (at batch 1 the weight-streaming limit: target >= 0.7).
  *
+ *   7. resume TTFT from T1 (`bench_gpu DIR --resume-ttft`, its own run; see
+ *      resume_ttft below): a history of 4K/16K/32K tokens in T1, a new turn
+ *      of 256 tokens, sequential (promote, then prefill) against pipelined
+ *      (kvt_tm_promote_layered + the gated prefill), with the copy and the
+ *      compute alone, so the summary can give pipelined / sequential and
+ *      pipelined / max(copy, compute).
+ *
  * Decode attention runs on each decode kernel (KVT_CUDA_DECODE=1, 2 and 3;
  * the "kernel" field). `bench_gpu DIR --attention` stops after it: the quick
  * loop while tuning a kernel on a GPU whose time is short. `bench_gpu --synth
@@ -33,6 +40,8 @@
 #include "dev.h"
 #include "generate.h"
 #include "gguf.h"
+#include "index.h"
+#include "manager.h"
 #include "model.h"
 #include "synth_model.h"
 #include "tiers.h"
@@ -375,6 +384,295 @@ static int e2e(double copy_bps, const char *dir, int layers)
 	return 0;
 }
 
+/* ---- 7: resume TTFT from T1, sequential vs layer-wise pipelined (bench_gpu DIR --resume-ttft) ---- */
+
+/*
+ * The Llama-1B shape of e2e (16 layers, 2048 wide, 8 KV heads of 64, fp16
+ * weights), with a context of 32K + the turn. The history's K/V is not
+ * computed (a 32K prefill would take most of the device check): T0 slots are
+ * filled with a fixed pattern of fp16 values, registered with a real
+ * manager as a chain, and demoted to T1 by the manager itself
+ * (kvt_tm_reserve_t0). The values do not change what is timed. Per T1 codec
+ * (f16, fp8) and history (4K, 16K, 32K tokens: the first blocks of one
+ * chain), REPS times, medians:
+ *   sequential: kvt_tm_promote (the I/O threads, batch by batch), then the
+ *               prefill of the turn (kvt_model_forward, 1 logit row);
+ *   pipelined:  kvt_tm_promote_layered (RT_GROUPS groups), the gated prefill,
+ *               kvt_tm_layered_finish;
+ *   copy:       kvt_tm_promote_layered + finish alone (the layered copy);
+ *   compute:    the prefill alone over the prefix already in T0.
+ * TTFT here is promote + prefill to the first token's logits on the host
+ * (tokenizing, the lookup and sampling are the same either way). Between
+ * runs the prefix goes back to T1 only (its T0 copies are dropped: T1 keeps
+ * them). One untimed round at the smallest history warms up first. `--tiny` runs a 4-layer, 256-wide model at 256/512-token histories
+ * and `--cpu` the CPU backend: only to prove the mode runs where there is no
+ * GPU; those are not GPU figures.
+ */
+#define RT_NEW 256   /* tokens of the new turn */
+#define RT_GROUPS 4  /* layer groups of the pipelined promotion */
+#define RT_REPS 3    /* runs per figure (median) */
+#define RT_BUDGET_S 150.0 /* the mode stops starting new configurations past this (device check: 8 min in all) */
+
+static int cmp_dbl(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+	return v[n / 2];
+}
+
+typedef struct rt_ctx {
+	kvt_model *m;
+	kvt_t0_pool *pool;
+	kvt_btable *bt;
+	kvt_tm *tm;
+	uint8_t (*h)[KVT_HASH_BYTES]; /* the history's chain */
+	int32_t *slots;               /* [blocks] promoted slots */
+	int32_t turn[RT_NEW];         /* the new turn's tokens */
+	uint32_t n_new;               /* tokens of the turn used */
+	float *logits;                /* [n_vocab] */
+} rt_ctx;
+
+/* The prefix back in T1 only (T0 copies dropped). */
+static void rt_to_t1(rt_ctx *c)
+{
+	if (kvt_tm_reserve_t0(c->tm, kvt_t0_n_slots(c->pool)))
+		die("resume: back to T1");
+}
+
+/* Prefill the turn over nb promoted blocks (slots with the caller's refs, dropped here); returns seconds. */
+static double rt_prefill(rt_ctx *c, uint32_t nb, const kvt_model_gate *gate)
+{
+	kvt_seq s;
+	if (kvt_seq_init(&s, dev, c->pool, nb * 16 + c->n_new + 1))
+		die("resume: seq");
+	memcpy(s.blocks, c->slots, nb * sizeof(int32_t));
+	s.n_blocks = nb;
+	s.n_tokens = nb * 16;
+	s.n_synced = 0;
+	double t0 = kvt_now_s();
+	if (kvt_model_forward_gated(c->m, &s, c->turn, c->n_new, c->logits, 1, gate))
+		die("resume: prefill");
+	double dt = kvt_now_s() - t0;
+	kvt_seq_deinit(&s);
+	return dt;
+}
+
+static void rt_run(rt_ctx *c, uint32_t hist, double *seq_s, double *pipe_s, double *copy_s,
+		   double *compute_s, double *promote_s, uint32_t *lpg_out)
+{
+	const uint32_t nb = hist / 16;
+	int *res = malloc(nb * sizeof(int));
+	double vs[RT_REPS], vp[RT_REPS], vc[RT_REPS], vk[RT_REPS], vpr[RT_REPS];
+	for (int r = 0; r < RT_REPS; r++) {
+		/* sequential: promote, then the prefill; then the prefill alone over the prefix in T0 */
+		rt_to_t1(c);
+		double t0 = kvt_now_s();
+		if (kvt_tm_promote(c->tm, nb, (const uint8_t(*)[KVT_HASH_BYTES])c->h, c->slots, res))
+			die("resume: promote");
+		double t1 = kvt_now_s();
+		rt_prefill(c, nb, NULL);
+		vs[r] = kvt_now_s() - t0;
+		vpr[r] = t1 - t0;
+		int rc = kvt_tm_promote(c->tm, nb, (const uint8_t(*)[KVT_HASH_BYTES])c->h, c->slots, res); /* in T0: refs */
+		if (rc)
+			die("resume: take the prefix in T0");
+		vk[r] = rt_prefill(c, nb, NULL);
+		/* pipelined */
+		rt_to_t1(c);
+		kvt_tm_layered *lp;
+		t0 = kvt_now_s();
+		if (kvt_tm_promote_layered(c->tm, nb, (const uint8_t(*)[KVT_HASH_BYTES])c->h, RT_GROUPS, c->slots, &lp))
+			die("resume: layered promote");
+		kvt_event *const *ev;
+		kvt_model_gate g = { 0 };
+		kvt_tm_layered_groups(lp, &ev, &g.n_groups, &g.layers_per_group);
+		g.events = ev;
+		*lpg_out = g.layers_per_group;
+		kvt_seq s;
+		if (kvt_seq_init(&s, dev, c->pool, nb * 16 + c->n_new + 1))
+			die("resume: seq");
+		memcpy(s.blocks, c->slots, nb * sizeof(int32_t));
+		s.n_blocks = nb;
+		s.n_tokens = nb * 16;
+		s.n_synced = 0;
+		if (kvt_model_forward_gated(c->m, &s, c->turn, c->n_new, c->logits, 1, &g))
+			die("resume: gated prefill");
+		if (kvt_tm_layered_finish(c->tm, lp))
+			die("resume: layered finish");
+		vp[r] = kvt_now_s() - t0;
+		kvt_seq_deinit(&s);
+		/* the layered copy alone */
+		rt_to_t1(c);
+		t0 = kvt_now_s();
+		if (kvt_tm_promote_layered(c->tm, nb, (const uint8_t(*)[KVT_HASH_BYTES])c->h, RT_GROUPS, c->slots, &lp) ||
+		    kvt_tm_layered_finish(c->tm, lp))
+			die("resume: layered copy");
+		vc[r] = kvt_now_s() - t0;
+		for (uint32_t i = 0; i < nb; i++)
+			kvt_t0_unref(c->pool, c->slots[i]);
+	}
+	*seq_s = median(vs, RT_REPS);
+	*pipe_s = median(vp, RT_REPS);
+	*copy_s = median(vc, RT_REPS);
+	*compute_s = median(vk, RT_REPS);
+	*promote_s = median(vpr, RT_REPS);
+	free(res);
+}
+
+static int resume_ttft_main(int argc, char **argv)
+{
+	const char *dir = argv[1];
+	bool tiny = false, cpu = false;
+	for (int i = 3; i < argc; i++) {
+		if (!strcmp(argv[i], "--tiny"))
+			tiny = true;
+		else if (!strcmp(argv[i], "--cpu"))
+			cpu = true;
+		else {
+			fprintf(stderr, "bench_gpu --resume-ttft: unknown option %s (--tiny, --cpu)\n", argv[i]);
+			return 2;
+		}
+	}
+	const double t_begin = kvt_now_s();
+	kvt_dev_config dc = { .kind = cpu ? KVT_DEV_CPU : KVT_DEV_CUDA };
+	if (kvt_dev_create(&dc, &dev)) {
+		fprintf(stderr, "bench_gpu: no %s device\n", cpu ? "CPU" : "CUDA");
+		return 77;
+	}
+	static const uint32_t hists_full[] = { 4096, 16384, 32768 }, hists_tiny[] = { 256, 512 };
+	const uint32_t *hists = tiny ? hists_tiny : hists_full;
+	const uint32_t n_hists = tiny ? 2 : 3, max_hist = hists[n_hists - 1];
+	printf("{\"bench\":\"device\",\"name\":\"%s\",\"mode\":\"resume_ttft%s\"}\n", kvt_dev_name(dev),
+	       tiny ? " tiny" : "");
+	fflush(stdout);
+
+	char path[512];
+	snprintf(path, sizeof path, "%s/resume_synth.gguf", dir);
+	kvt_synth_llama sc;
+	kvt_synth_llama_default(&sc);
+	if (tiny) {
+		sc.n_layer = 4, sc.n_embd = 256, sc.n_head = 4, sc.n_head_kv = 2, sc.n_ff = 512;
+	} else { /* e2e's Llama-1B shape */
+		sc.n_layer = 16, sc.n_embd = 2048, sc.n_head = 32, sc.n_head_kv = 8, sc.n_ff = 8192;
+	}
+	sc.n_ctx = max_hist + RT_NEW + 16;
+	sc.weight_type = 1; /* F16 */
+	sc.tied_embeddings = false;
+	sc.rope_base = 500000.0f;
+	if (kvt_synth_llama_write(&sc, path))
+		die("resume: synth write");
+	rt_ctx c = { 0 };
+	c.n_new = tiny ? 32 : RT_NEW;
+	kvt_gguf *g;
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.max_ctx = sc.n_ctx;
+	if (kvt_gguf_open(path, &g) || kvt_model_load(dev, g, &mc, &c.m))
+		die("resume: load");
+	kvt_gguf_close(g);
+	unlink(path);
+	const uint32_t V = kvt_model_hparams_get(c.m)->n_vocab, nb_max = max_hist / 16;
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(c.m, 16, &shape);
+	if (kvt_t0_create(dev, &shape, nb_max + c.n_new / 16 + 8, &c.pool) || kvt_btable_create(16, 0, &c.bt))
+		die("resume: pool");
+	c.logits = malloc((size_t)V * sizeof(float));
+	c.slots = malloc(nb_max * sizeof(int32_t));
+	c.h = malloc((size_t)nb_max * KVT_HASH_BYTES);
+	int32_t *toks = malloc((size_t)max_hist * sizeof(int32_t));
+	for (uint32_t i = 0; i < max_hist; i++)
+		toks[i] = 3 + (int32_t)((i * 13) % 290);
+	for (uint32_t i = 0; i < c.n_new; i++)
+		c.turn[i] = 5 + (int32_t)((i * 7) % 280);
+	uint8_t fp[32] = { 1 }, salt[32] = { 0 }, root[32];
+	uint32_t n_h;
+	if (kvt_hash_root(fp, KVT_KV_LAYOUT_VERSION, 16, salt, root) ||
+	    kvt_hash_chain(root, toks, max_hist, 16, c.h, nb_max, &n_h) || n_h != nb_max)
+		die("resume: hashes");
+	/* one block of fp16 values in [-2, 2] */
+	const size_t bb = kvt_t0_block_bytes(c.pool);
+	uint16_t *hb = malloc(bb);
+	uint64_t x = 88172645463325252ULL;
+	for (size_t i = 0; i < bb / 2; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		hb[i] = kvt_f32_to_f16(((float)(x % 2001) - 1000.0f) / 500.0f);
+	}
+	double total_seq = 0, total_pipe = 0;
+	for (int codec = KVT_KV_CODEC_F16; codec <= KVT_KV_CODEC_FP8; codec++) {
+		kvt_tm_config tc;
+		kvt_tm_config_default(&tc);
+		tc.dev = dev;
+		tc.t0 = c.pool;
+		tc.bt = c.bt;
+		tc.t1_slots = nb_max + 8;
+		tc.t1_codec = codec;
+		for (int t = 0; t < KVT_TIER_COUNT; t++)
+			tc.high[t] = 1.0f, tc.low[t] = 0.99f; /* no eviction but the bench's own */
+		if (kvt_tm_create(&tc, &c.tm))
+			die("resume: manager");
+		/* the history: registered from T0 slots, then demoted to T1 by the manager */
+		double t_fill = kvt_now_s();
+		for (uint32_t i = 0; i < nb_max; i++) {
+			int32_t s;
+			if (kvt_t0_alloc(c.pool, &s) ||
+			    kvt_dev_copy_h2d(dev, (char *)kvt_t0_layout(c.pool)->pool + (size_t)s * bb, hb, bb) ||
+			    kvt_tm_register(c.tm, c.h[i], i ? c.h[i - 1] : root, toks + (size_t)i * 16, s))
+				die("resume: history");
+			kvt_t0_unref(c.pool, s);
+		}
+		kvt_dev_sync(dev);
+		rt_to_t1(&c);
+		t_fill = kvt_now_s() - t_fill;
+		{ /* warm-up, not reported: first launches, the layered stream, events and staging */
+			double w[5];
+			uint32_t wl;
+			rt_run(&c, hists[0], &w[0], &w[1], &w[2], &w[3], &w[4], &wl);
+		}
+		for (uint32_t hi = 0; hi < n_hists; hi++) {
+			if (kvt_now_s() - t_begin > RT_BUDGET_S) {
+				printf("{\"bench\":\"resume_ttft\",\"t1_codec\":\"%s\",\"history\":%u,\"skipped\":\"time budget "
+				       "of %.0f s spent\"}\n", kvt_kv_codec_name(codec), hists[hi], RT_BUDGET_S);
+				continue;
+			}
+			double sq, pp, cp, cm, pr;
+			uint32_t lpg = 0;
+			rt_run(&c, hists[hi], &sq, &pp, &cp, &cm, &pr, &lpg);
+			const double mx = cp > cm ? cp : cm;
+			total_seq += sq;
+			total_pipe += pp;
+			printf("{\"bench\":\"resume_ttft\",\"model\":\"synthetic llama%s (%u layers, fp16)\",\"t1_codec\":\"%s\","
+			       "\"history\":%u,\"new_tokens\":%u,\"groups\":%u,\"layers_per_group\":%u,\"seq_ttft_ms\":%.2f,"
+			       "\"seq_promote_ms\":%.2f,\"pipe_ttft_ms\":%.2f,\"copy_ms\":%.2f,\"compute_ms\":%.2f,"
+			       "\"pipe_vs_seq\":%.3f,\"pipe_vs_max\":%.3f,\"sum_vs_max\":%.3f,\"t1_bytes\":%zu,"
+			       "\"fill_s\":%.1f,\"reps\":%d}\n",
+			       tiny ? " tiny" : "-1B shape", sc.n_layer, kvt_kv_codec_name(codec), hists[hi], c.n_new,
+			       sc.n_layer / lpg, lpg, sq * 1e3, pr * 1e3, pp * 1e3, cp * 1e3, cm * 1e3, pp / sq, pp / mx,
+			       (cp + cm) / mx, kvt_t1_slot_bytes(kvt_tm_t1(c.tm)) * (hists[hi] / 16), t_fill, RT_REPS);
+			fflush(stdout);
+		}
+		if (kvt_tm_check(c.tm))
+			die("resume: manager invariants");
+		kvt_tm_destroy(c.tm);
+		c.tm = NULL;
+	}
+	printf("{\"bench\":\"resume_ttft_done\",\"wall_s\":%.1f,\"seq_total_ms\":%.1f,\"pipe_total_ms\":%.1f}\n",
+	       kvt_now_s() - t_begin, total_seq * 1e3, total_pipe * 1e3);
+	free(hb);
+	free(toks);
+	free(c.h);
+	free(c.slots);
+	free(c.logits);
+	kvt_btable_destroy(c.bt);
+	kvt_t0_destroy(c.pool);
+	kvt_model_destroy(c.m);
+	kvt_dev_destroy(dev);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "--synth") == 0) {
@@ -393,6 +691,8 @@ int main(int argc, char **argv)
 		c.seed = 7;
 		return kvt_synth_llama_write(&c, argv[2]) ? 1 : 0;
 	}
+	if (argc > 2 && strcmp(argv[2], "--resume-ttft") == 0)
+		return resume_ttft_main(argc, argv);
 	kvt_dev_config dc = { .kind = KVT_DEV_CUDA };
 	if (kvt_dev_create(&dc, &dev)) {
 		fprintf(stderr, "bench_gpu: no CUDA device\n");

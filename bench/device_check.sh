@@ -10,7 +10,8 @@
 # In order: the parity test (every op against the CPU reference, decode kernels 1-3);
 # test_gpu_graph (decode steps as CUDA graphs: tokens, counters, fused ops);
 # bench_gpu's JSON lines (decode attention on each decode kernel, codecs, paging,
-# end to end); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
+# end to end); resume TTFT from T1, sequential vs layer-wise pipelined (bench_gpu
+# --resume-ttft, its lines appended to bench_gpu.jsonl, bounded by KVT_RESUME_S); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
 # torch is there; the tier, model-promotion and scheduler tests on the CUDA backend
 # (KVTIER_TEST_DEVICE=cuda); and
 # kvtierd end to end on cuda and on cpu (bench/gpu_daemon_smoke.py).
@@ -25,6 +26,7 @@ if [ "${1:-}" = "--bundle" ]; then
 	cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DKVT_NATIVE=OFF \
 		-DCMAKE_C_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES="${KVT_CUDA_ARCHS:-90}" >/dev/null
 	bins="test_gpu_parity test_gpu_graph bench_gpu test_t1_pool test_manager_tiers test_manager_model test_sched kvtierd"
+	bins="$bins test_manager_layered test_sched_layered"
 	cmake --build build-device -j"$(nproc)" --target $bins
 	rm -rf .device .device.tar.xz
 	../shared/tools/device-bundle.sh .device $(for b in $bins; do echo build-device/$b; done)
@@ -46,6 +48,12 @@ echo "== graphs, counters, fused ops"
 graph=${PIPESTATUS[0]}
 echo "== benchmarks"
 timeout "${KVT_BENCH_S:-200}" bench_gpu /tmp ${1:-} 2>&1 | tee "$out/bench_gpu.jsonl"
+if [ "${1:-}" != "--attention" ]; then
+	echo "== resume TTFT from T1: sequential vs layer-wise pipelined"
+	t_rt=$(date +%s)
+	timeout "${KVT_RESUME_S:-180}" bench_gpu /tmp --resume-ttft 2>&1 | tee -a "$out/bench_gpu.jsonl"
+	echo "resume TTFT took $(($(date +%s) - t_rt)) s (bound ${KVT_RESUME_S:-180} s)"
+fi
 echo "== pytorch sdpa"
 timeout 40 env -u LD_LIBRARY_PATH python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
 rest=0
@@ -54,7 +62,7 @@ if [ "${1:-}" != "--attention" ]; then
 	# does not depend on the batch; cuBLAS may pick other kernels for other row counts, so a
 	# failure there on a GPU is a finding to read, not necessarily a bug.
 	echo "== tier, model and scheduler tests on the CUDA backend"
-	for t in test_t1_pool test_manager_tiers test_manager_model test_sched; do
+	for t in test_t1_pool test_manager_tiers test_manager_model test_sched test_manager_layered test_sched_layered; do
 		(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout 120 "$t") >"$out/$t.txt" 2>&1
 		st=$?
 		tail -3 "$out/$t.txt"

@@ -590,3 +590,27 @@ int kvt_dev_rope_store(kvt_dev *d, const kvt_rope_store_args *a)
 		rc = kvt_dev_rope(d, &r);
 	return rc ? rc : kvt_dev_kv_store(d, &a->st);
 }
+
+/* ---- strided copies (kvt_dev_copy_2d_async) ---- */
+
+int kvt_dev_copy_2d_async(kvt_dev *d, kvt_stream *s, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+			  size_t row_bytes, size_t n_rows, int dir)
+{
+	if (!row_bytes || !n_rows)
+		return KVT_OK;
+	if (!dst || !src)
+		BAD("copy_2d_async", "NULL buffer");
+	if (dir < KVT_COPY_H2D || dir > KVT_COPY_D2D)
+		BAD("copy_2d_async", "direction %d", dir);
+	if (n_rows > 1 && (dst_pitch < row_bytes || src_pitch < row_bytes))
+		BAD("copy_2d_async", "pitches %zu / %zu below the row of %zu bytes", dst_pitch, src_pitch, row_bytes);
+	if (d->ops->copy_2d_async)
+		return d->ops->copy_2d_async(d, s, dst, dst_pitch, src, src_pitch, row_bytes, n_rows, dir);
+	for (size_t r = 0; r < n_rows; r++) {
+		int rc = d->ops->copy_async(d, s, (char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, row_bytes,
+					    dir);
+		if (rc)
+			return rc;
+	}
+	return KVT_OK;
+}

@@ -156,6 +156,7 @@ typedef struct kvt_dev_counters {
 	uint64_t h2d_bytes;       /* bytes copied host -> device */
 	uint64_t d2h_bytes;       /* device -> host */
 	uint64_t d2d_bytes;       /* device -> device */
+	uint64_t event_waits;     /* kvt_dev_stream_wait_event calls (a stream made to wait on the device) */
 } kvt_dev_counters;
 void kvt_dev_counters_get(const kvt_dev *d, kvt_dev_counters *out);
 void kvt_dev_counters_reset(kvt_dev *d);
@@ -220,6 +221,15 @@ enum kvt_copy_dir {
 };
 /* Copy n bytes on stream s, asynchronously where the backend can. */
 int kvt_dev_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, size_t n_bytes, int dir);
+/*
+ * Copy n_rows rows of row_bytes on stream s: row r from src + r * src_pitch
+ * to dst + r * dst_pitch (pitches >= row_bytes; rows must not overlap). One
+ * strided copy on CUDA (cudaMemcpy2DAsync: one call, one DMA, however many
+ * rows); n_rows copies of kvt_dev_copy_async where the backend has no such
+ * op. Counted as one copy of n_rows * row_bytes bytes.
+ */
+int kvt_dev_copy_2d_async(kvt_dev *d, kvt_stream *s, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+			  size_t row_bytes, size_t n_rows, int dir);
 
 /* y[m][n] = sum_k x[m][k] * w[n][k]  (+ y[m][n] when accumulate) */
 typedef struct kvt_matmul_args {

@@ -346,6 +346,7 @@ static void cuda_event_destroy(kvt_dev *d, kvt_event *e)
 static int cuda_event_record(kvt_dev *d, kvt_event *e, kvt_stream *s) { return CU(cudaEventRecord(e->e, S(d, s))); }
 static int cuda_stream_wait_event(kvt_dev *d, kvt_stream *s, kvt_event *e)
 {
+	KVT_DEV_COUNT(d, event_waits, 1);
 	return CU(cudaStreamWaitEvent(S(d, s), e->e, 0));
 }
 static int cuda_event_sync(kvt_dev *d, kvt_event *e)
@@ -368,6 +369,15 @@ static int cuda_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src
 						cudaMemcpyDeviceToDevice };
 	count_copy(d, S(d, s), dir, n);
 	return CU(cudaMemcpyAsync(dst, src, n, kinds[dir], S(d, s)));
+}
+
+static int cuda_copy_2d_async(kvt_dev *d, kvt_stream *s, void *dst, size_t dst_pitch, const void *src,
+			      size_t src_pitch, size_t row_bytes, size_t n_rows, int dir)
+{
+	static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+						cudaMemcpyDeviceToDevice };
+	count_copy(d, S(d, s), dir, row_bytes * n_rows);
+	return CU(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, n_rows, kinds[dir], S(d, s)));
 }
 
 /* ---- reductions ---- */
@@ -2551,6 +2561,7 @@ static const struct kvt_dev_ops cuda_ops = {
 	.norm_matmul = cuda_norm_matmul,
 	.matmul_swiglu = cuda_matmul_swiglu,
 	.rope_store = cuda_rope_store,
+	.copy_2d_async = cuda_copy_2d_async,
 };
 
 extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)

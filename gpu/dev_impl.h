@@ -57,6 +57,9 @@ struct kvt_dev_ops {
 	int (*norm_matmul)(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws);
 	int (*matmul_swiglu)(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws);
 	int (*rope_store)(kvt_dev *d, const kvt_rope_store_args *a);
+	/* (optional) strided copy on s (kvt_dev_copy_2d_async); NULL: dev.c issues one copy_async per row */
+	int (*copy_2d_async)(kvt_dev *d, kvt_stream *s, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+			     size_t row_bytes, size_t n_rows, int dir);
 };
 
 /* The common head of every backend's device object. */

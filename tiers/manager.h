@@ -131,6 +131,10 @@ typedef struct kvt_tm_config {
 	uint64_t (*clock_us)(void *user); /* retention clock, microseconds; NULL = unix time (kvt_wall_us) */
 	void *clock_user;        /* its argument */
 	kvt_t3 *t3;              /* borrowed; NULL = no remote tier */
+	int (*layered_fault)(void *user, uint32_t group); /* tests: called before kvt_tm_promote_layered issues
+	                                                      group's copies; non-zero fails them as a failed copy
+	                                                      would (NULL: never) */
+	void *layered_fault_user; /* its argument */
 } kvt_tm_config;
 
 /* A tenant's retention quota; 0 = no limit. */
@@ -225,6 +229,9 @@ typedef struct kvt_tm_stats {
 	uint64_t n_remote_queued; /* blocks (and sessions) not yet written to T3: queued, due or not, and the batch being sent */
 	uint64_t n_remote_skipped;/* blocks never written to T3: the queue was full */
 	uint64_t n_remote_failed; /* blocks T3 refused (OOM, an error reply) */
+	uint64_t n_layered;       /* of the T0 promotions, blocks copied layer group by layer group (kvt_tm_promote_layered) */
+	uint64_t n_layered_calls; /* kvt_tm_promote_layered calls that issued their copies */
+	uint64_t n_layered_failed;/* of those, calls whose copies failed (the request's blocks were given back) */
 } kvt_tm_stats;
 
 typedef struct kvt_tm kvt_tm;
@@ -391,5 +398,63 @@ uint64_t kvt_tm_now_us(kvt_tm *tm);
 
 /* Walk the manager's invariants against the table and the pools (tests, debug). KVT_ECORRUPT (logged). */
 int kvt_tm_check(kvt_tm *tm);
+
+/* ---- layer-wise promotion from T1 (see tiers/README.md, "Layer-wise promotion") ---- */
+
+/*
+ * A resumed prefix whose blocks are in T1 is brought to T0 one layer group at
+ * a time: the copies (and, for an 8-bit T1, the unpack into the fp16 pool) of
+ * layers [0, G) of every block, then [G, 2G), ..., are issued on the
+ * manager's layered stream, and an event is recorded after each group. The
+ * caller gets the T0 slots at once and passes the events to the forward pass
+ * (kvt_model_forward_gated): its layer l waits for group l / G on the device,
+ * so the prefill of the new tokens runs over the early layers while the late
+ * ones are still on the bus, and a resume costs about max(copy, compute)
+ * instead of their sum.
+ *
+ * Groups: n_groups is what the caller asks for; the groups are equal, of G
+ * layers, G the smallest divisor of n_layers that is >= ceil(n_layers /
+ * n_groups) (kvt_tm_layered_groups says what was chosen).
+ *
+ * Invariants, as kvt_tm_promote's: every block is busy-held from the call to
+ * kvt_tm_layered_finish (so nothing else moves or evicts it, and another
+ * promotion of it waits); its T1 slot carries an extra reference meanwhile;
+ * the table names the new T0 slot only at finish, once the copies are known
+ * to have completed, so no one else reads a slot still being filled. Blocks
+ * already in T0 are taken as they are (no copy). One layered promotion is in
+ * flight at a time per manager.
+ */
+typedef struct kvt_tm_layered kvt_tm_layered;
+
+/*
+ * Start the layered promotion of the n blocks (a chain, in order; the caller
+ * holds a pin on each, as for kvt_tm_promote). Every block must be in T0 or
+ * T1: otherwise KVT_ENOTFOUND and nothing is done (use kvt_tm_submit, which
+ * also reads T2). On KVT_OK, t0_slots[i] is a T0 slot with ONE reference
+ * owned by the caller, whose bytes are valid for layer group g once event g
+ * has completed, and *out is the promotion in flight; the caller must call
+ * kvt_tm_layered_finish after the work that reads the slots has been issued
+ * (and before it drops the references). KVT_EBUSY: another layered promotion
+ * is in flight, or another thread is moving one of the blocks (nothing done:
+ * use the sequential path); KVT_EFULL: not enough T0 slots could be freed;
+ * KVT_EINVAL, KVT_ENOMEM; a failed copy (KVT_EDEVICE, ...) fails the call
+ * cleanly: every slot and reference it took is given back, the table is
+ * unchanged. Call on the thread that drives the compute stream.
+ */
+int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_groups,
+			   int32_t *t0_slots, kvt_tm_layered **out);
+/* The promotion's groups: *n_groups events (borrowed; valid until finish), layers_per_group layers each. */
+void kvt_tm_layered_groups(const kvt_tm_layered *p, kvt_event *const **events, uint32_t *n_groups,
+			   uint32_t *layers_per_group);
+/* Blocks of the promotion that are being copied (the others were in T0). */
+uint32_t kvt_tm_layered_n_copied(const kvt_tm_layered *p);
+/*
+ * Wait for the copies, enter the new T0 slots in the table (the manager's
+ * own references), count the promotions and release the blocks; frees p.
+ * KVT_OK; else the copies failed (KVT_EDEVICE): the copied blocks stay in
+ * T1 only, and the caller's slots hold no valid K/V — it must drop them and
+ * discard what it computed from them. NULL is a no-op (KVT_OK).
+ */
+int kvt_tm_layered_finish(kvt_tm *tm, kvt_tm_layered *p);
 
 #endif

@@ -95,6 +95,8 @@ struct kvt_model {
 	size_t ws_bytes;          /* its size */
 	struct decode_state *dec; /* kvt_model_decode's buffers and graphs; NULL until its first call */
 	bool dec_issue;           /* run_layers is issuing a decode step (positions, tables on the device) */
+	const kvt_model_gate *gates; /* [n_gates] layer gates of the call in progress (kvt_model_forward_gated) */
+	uint32_t n_gates;         /* 0: none (run_layers clears it once it issued the waits) */
 };
 
 /* Rows of logits computed per output matmul (bounds the logits buffer). */
@@ -104,6 +106,8 @@ struct kvt_model {
 static void decode_rows(kvt_model *m, int32_t **ids, int32_t **pos);
 static void decode_seq_args(kvt_model *m, uint32_t i, kvt_kv_store_args *st, kvt_attention_args *at);
 static void decode_free(kvt_model *m);
+/* The layer gates' waits before layer l (at the end of this file). */
+static int gate_wait(kvt_model *m, uint32_t l);
 
 void kvt_model_config_default(kvt_model_config *c)
 {
@@ -803,6 +807,8 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const layer_w *L = &m->layers[l];
 		const bool local = kvt_model_layer_is_local(hp, l);
+		if (m->n_gates && (rc = gate_wait(m, l)))
+			return rc;
 		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
 		const float freq_base = local ? hp->rope_base_swa : hp->rope_base;
 		kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
@@ -876,6 +882,7 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 		if (rc || (rc = sublayer_out(m, M, hp->n_ff, L->w_down, m->gate, L->post_ffn_norm)))
 			return rc;
 	}
+	m->n_gates = 0; /* the waits are issued; later chunks are ordered after them */
 	for (uint32_t i = 0; i < n_seq && !m->dec_issue; i++) /* a decode step counts its tokens once it ran */
 		seqs[i]->n_tokens += n[i];
 	return KVT_OK;
@@ -1226,4 +1233,79 @@ int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const i
 		seqs[i]->n_tokens++;
 	}
 	return KVT_OK;
+}
+
+/* ---- layer gates (kvt_model_forward_gated: a prefix promoted layer group by layer group) ---- */
+
+static int gate_wait(kvt_model *m, uint32_t l)
+{
+	for (uint32_t i = 0; i < m->n_gates; i++) {
+		const kvt_model_gate *g = &m->gates[i];
+		if (l % g->layers_per_group || l / g->layers_per_group >= g->n_groups)
+			continue;
+		const uint32_t grp = l / g->layers_per_group;
+		if (g->launches_at_wait) {
+			kvt_dev_counters c;
+			kvt_dev_counters_get(m->dev, &c);
+			g->launches_at_wait[grp] = c.kernel_launches;
+		}
+		int rc = kvt_dev_stream_wait_event(m->dev, NULL, g->events[grp]);
+		if (rc) {
+			KVT_LOGE("model: layer %u: waiting for layer group %u of gate %u: %s", l, grp, i, kvt_strerror(rc));
+			return rc;
+		}
+	}
+	return KVT_OK;
+}
+
+static int gates_check(uint32_t n_gates, const kvt_model_gate *gates)
+{
+	if (n_gates && !gates) {
+		KVT_LOGE("model: %u layer gates, NULL array", n_gates);
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0; i < n_gates; i++) {
+		const kvt_model_gate *g = &gates[i];
+		if (!g->events || !g->n_groups || !g->layers_per_group) {
+			KVT_LOGE("model: layer gate %u: %u groups of %u layers, events %s (need >= 1 group of >= 1 layer "
+				 "and the events)", i, g->n_groups, g->layers_per_group, g->events ? "set" : "NULL");
+			return KVT_EINVAL;
+		}
+		for (uint32_t j = 0; j < g->n_groups; j++) {
+			if (!g->events[j]) {
+				KVT_LOGE("model: layer gate %u: event of group %u is NULL", i, j);
+				return KVT_EINVAL;
+			}
+		}
+	}
+	return KVT_OK;
+}
+
+int kvt_model_forward_gated(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, float *h_logits,
+			    uint32_t n_logits, const kvt_model_gate *gate)
+{
+	int rc = gates_check(gate ? 1 : 0, gate);
+	if (rc)
+		return rc;
+	m->gates = gate;
+	m->n_gates = gate ? 1 : 0;
+	rc = kvt_model_forward(m, s, tokens, n, h_logits, n_logits);
+	m->gates = NULL;
+	m->n_gates = 0; /* NOTE: also when the forward failed before its layers ran */
+	return rc;
+}
+
+int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
+				  const int32_t *tokens, const bool *want_logits, float *h_logits, uint32_t n_gates,
+				  const kvt_model_gate *gates)
+{
+	int rc = gates_check(n_gates, gates);
+	if (rc)
+		return rc;
+	m->gates = gates;
+	m->n_gates = n_gates;
+	rc = kvt_model_forward_batch(m, n_seq, seqs, n, tokens, want_logits, h_logits);
+	m->gates = NULL;
+	m->n_gates = 0;
+	return rc;
 }

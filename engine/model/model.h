@@ -174,4 +174,39 @@ typedef struct kvt_decode_sampling {
 int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const int32_t *tokens,
 		     const kvt_decode_sampling *smp, const float *u, int32_t *next);
 
+/*
+ * Layer gates: the K/V of a sequence's cached prefix may still be arriving in
+ * T0 layer group by layer group (kvt_tm_promote_layered, tiers/manager.h).
+ * A gate names one event per group: event g completes when layers
+ * [g * layers_per_group, (g + 1) * layers_per_group) of the promoted blocks
+ * are in T0. The gated forward makes the compute stream wait for event g (on
+ * the device, kvt_dev_stream_wait_event: the host does not block) just before
+ * the first op of layer g * layers_per_group, so layer l's attention reads
+ * its K/V only once it is there, while the copies of later groups go on
+ * beside the earlier layers' compute. Layers past the last group are not
+ * gated. The waits are issued once, in the first chunk of the call (later
+ * chunks run after it on the same stream). On the CPU backend events are
+ * complete when recorded, so a gated forward computes what the plain one
+ * does.
+ */
+typedef struct kvt_model_gate {
+	kvt_event *const *events;   /* [n_groups], borrowed; recorded (or to be recorded) by the copier */
+	uint32_t n_groups;          /* groups (>= 1) */
+	uint32_t layers_per_group;  /* layers a group covers (>= 1) */
+	uint64_t *launches_at_wait; /* NULL, or [n_groups] out: the device's kernel_launches counter
+	                               (kvt_dev_counters) when group g's wait was issued (tests) */
+} kvt_model_gate;
+
+/* kvt_model_forward behind one gate (NULL: none). KVT_EINVAL for a bad gate, else as kvt_model_forward. */
+int kvt_model_forward_gated(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, float *h_logits,
+			    uint32_t n_logits, const kvt_model_gate *gate);
+/*
+ * kvt_model_forward_batch behind n_gates gates (several sequences of the
+ * batch may each have a layered promotion in flight): before each gated
+ * layer the compute stream waits for every gate's event of that layer's group.
+ */
+int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
+				  const int32_t *tokens, const bool *want_logits, float *h_logits, uint32_t n_gates,
+				  const kvt_model_gate *gates);
+
 #endif

@@ -90,6 +90,9 @@ static const char *const policy_names[] = { "fair", "fifo", NULL };
 static const int policy_values[] = { KVT_SCHED_FAIR, KVT_SCHED_FIFO };
 static const char *const preempt_names[] = { "auto", "swap", "recompute", NULL };
 static const int preempt_values[] = { KVT_CONFIG_PREEMPT_AUTO, KVT_PREEMPT_SWAP, KVT_PREEMPT_RECOMPUTE };
+static const char *const promotion_names[] = { "auto", "layered", "sequential", NULL };
+static const int promotion_values[] = { KVT_CONFIG_PROMOTION_AUTO, KVT_CONFIG_PROMOTION_LAYERED,
+					KVT_CONFIG_PROMOTION_SEQUENTIAL };
 static const char *const admission_names[] = { "prompt", "longest", NULL };
 static const int admission_values[] = { 0, 1 };
 static const char *const tier_names[] = { "hbm", "host", "nvme", NULL };
@@ -182,6 +185,9 @@ static const key_def keys[] = {
 	TIER("tier.hbm", hbm, 1, true, "auto", "0.90", "0.75"),
 	TIER("tier.host", host, 1, true, "auto", "0.90", "0.80"),
 	ENUMK("tier.host", "dtype", host_dtype, dtype, "fp8", "host (and NVMe) record format"),
+	ENUMK("tier.host", "promotion", host_promotion, promotion, "auto",
+	      "a cached prefix from T1: layered (copy per layer group, prefill overlapping it), sequential, auto = layered on a GPU"),
+	U32("tier.host", "promotion_groups", promotion_groups, 1, 256, "4", "layered: layer groups per promotion"),
 	TIER("tier.nvme", nvme, 0, true, "auto", "0.95", "0.85"),
 	STR("tier.nvme", "path", nvme_path, "", "T2 file or block device (\"\" = DATA_DIR/kvtier.t2)"),
 	U32("tier.nvme", "queue_depth", nvme_queue_depth, 1, 1024, "32", "I/Os in flight"),

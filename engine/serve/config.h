@@ -110,6 +110,8 @@ typedef struct kvt_config {
 	/* [tier.host] capacity (auto: 2G), watermarks, dtype = f16|fp8|int8 (default fp8) */
 	kvt_tier_config host;
 	int host_dtype;                /* enum kvt_kv_codec */
+	int host_promotion;            /* promotion = auto|layered|sequential (KVT_CONFIG_PROMOTION_*) */
+	uint32_t promotion_groups;     /* promotion_groups (default 4) */
 	/* [tier.nvme] */
 	kvt_tier_config nvme;          /* capacity (default 8G; 0 disables T2) */
 	char nvme_path[KVT_CONFIG_PATH_MAX]; /* path ("" = DATA_DIR/kvtier.t2) */
@@ -143,6 +145,9 @@ typedef struct kvt_config {
 	char source[KVT_CONFIG_PATH_MAX];     /* the file the config came from ("" = built-in defaults) */
 } kvt_config;
 
+#define KVT_CONFIG_PROMOTION_AUTO (-1)      /* promotion = auto: layered on CUDA, sequential on the CPU backend */
+#define KVT_CONFIG_PROMOTION_SEQUENTIAL 0
+#define KVT_CONFIG_PROMOTION_LAYERED 1
 #define KVT_CONFIG_PREEMPT_AUTO (-1) /* preempt = auto: swap when T1 is lossless (f16), else recompute */
 
 /* The built-in defaults. */

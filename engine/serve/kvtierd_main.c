@@ -592,6 +592,11 @@ static int bring_up(daemon_t *d, int *exit_code)
 		 sc.sched.n_tenant_priority, sc.sched.default_priority);
 	sc.sched.retain_tier = c->retain_tier;
 	sc.sched.device_decode = c->device_decode;
+	/* auto: layered where the copy runs beside the compute (a GPU); the CPU backend has nothing to overlap */
+	const bool layered = c->host_promotion == KVT_CONFIG_PROMOTION_LAYERED ||
+			     (c->host_promotion == KVT_CONFIG_PROMOTION_AUTO && kvt_dev_kind(d->dev) == KVT_DEV_CUDA);
+	sc.sched.layer_groups = layered ? c->promotion_groups : 0;
+	KVT_LOGI("tier.host promotion: %s", layered ? "layered" : "sequential");
 	kvt_stack_quota quotas[4 * KVT_CONFIG_MAX_QUOTAS];
 	sc.quotas = quotas;
 	sc.n_quotas = merge_quotas(c, quotas);

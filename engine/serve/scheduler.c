@@ -86,6 +86,8 @@ struct kvt_sched_handle {
 	uint32_t n_usable;          /* cached blocks found in some tier (being promoted) */
 	uint32_t n_local;           /* of those, found in the table (pinned); the rest are looked up in T3 */
 	kvt_tm_ticket *ticket;      /* H_PROMOTE: the manager bringing them to T0 */
+	kvt_tm_layered *layered;    /* the prefix still coming up layer group by layer group (its first forward
+	                               waits per group; settled after it: settle_layered) */
 	double t_submit, t_first;
 	int prio;                   /* priority (the request's, or its tenant's default) */
 	uint64_t submit_step;       /* the step count at submit (under s->mu) */
@@ -493,9 +495,27 @@ static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
 	h->usage.retain_denied_tokens = (want_max - (got_max < want_max ? got_max : want_max)) * bt;
 }
 
+/*
+ * A layered promotion of h's prefix is settled: its copies waited for and
+ * the blocks entered in T0 (kvt_tm_layered_finish). KVT_OK, or the copies
+ * failed: h's prefix slots hold no valid K/V (the caller ends h).
+ */
+static int settle_layered(kvt_sched *s, kvt_sched_handle *h)
+{
+	if (!h->layered)
+		return KVT_OK;
+	int rc = kvt_tm_layered_finish(s->cfg.tm, h->layered);
+	h->layered = NULL;
+	return rc;
+}
+
 /* End a running request: release its blocks and pins, save its session, publish usage. */
 static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 {
+	if (h->layered) { /* ended before its first forward: the copies must be done before the slots go */
+		if (settle_layered(s, h) != KVT_OK)
+			finish = KVT_FINISH_ERROR;
+	}
 	if (h->ticket) { /* cancelled while promoting: waits, drops the slots' references */
 		kvt_tm_ticket_free(s->cfg.tm, h->ticket);
 		h->ticket = NULL;
@@ -591,6 +611,38 @@ static void collect_prefix(kvt_sched *s, kvt_sched_handle *h)
 	take_prefix(s, h, slots, res);
 	free(slots);
 	free(res);
+}
+
+/*
+ * The prefix's blocks, all in T0 or T1, come up layer group by layer group
+ * (cfg.layer_groups): the slots go into the sequence at once and its first
+ * forward waits per layer group on the device (step). false: not taken (off,
+ * a block in T2 only, another layered promotion in flight, a block moving):
+ * the caller promotes as before.
+ */
+static bool admit_layered(kvt_sched *s, kvt_sched_handle *h, uint32_t usable)
+{
+	if (!s->cfg.layer_groups)
+		return false;
+	for (uint32_t i = 0; i < usable; i++)
+		if (h->origin[i] != KVT_TIER_HBM && h->origin[i] != KVT_TIER_HOST)
+			return false;
+	int32_t *slots = calloc(usable, sizeof(*slots));
+	int *res = calloc(usable, sizeof(*res));
+	kvt_tm_layered *lp = NULL;
+	bool ok = slots && res &&
+		  kvt_tm_promote_layered(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, s->cfg.layer_groups,
+					 slots, &lp) == KVT_OK;
+	if (ok) {
+		h->layered = lp;
+		take_prefix(s, h, slots, res); /* every res[i] is KVT_OK (calloc) */
+		pthread_mutex_lock(&s->mu);
+		s->st.layered_promotions++;
+		pthread_mutex_unlock(&s->mu);
+	}
+	free(slots);
+	free(res);
+	return ok;
 }
 
 /*
@@ -694,6 +746,8 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 		}
 		return;
 	}
+	if (!all_in_t0 && admit_layered(s, h, usable))
+		return;
 	if (!all_in_t0 &&
 	    kvt_tm_submit(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, KVT_TIER_HBM, true,
 			  &h->ticket) == KVT_OK) {
@@ -708,6 +762,10 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 		rc = KVT_ENOMEM;
 		goto fail;
 	}
+	/* NOTE: a blocking promotion waits for blocks another request's layered promotion holds: settle those first */
+	for (kvt_sched_handle *o = s->running; o; o = o->next)
+		if (o->layered && settle_layered(s, o) != KVT_OK)
+			finish_request(s, o, KVT_FINISH_ERROR);
 	kvt_tm_promote(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, slots, res);
 	take_prefix(s, h, slots, res);
 	free(slots);
@@ -830,6 +888,10 @@ static void preempt(kvt_sched *s, kvt_sched_handle *h)
 {
 	const bool swap = s->cfg.preempt == KVT_PREEMPT_SWAP && s->cfg.tm && s->cfg.cache;
 	const uint32_t held = h->seq.n_tokens;
+	if (settle_layered(s, h) != KVT_OK) { /* its prefix never arrived: nothing of it may be reused */
+		finish_request(s, h, KVT_FINISH_ERROR);
+		return;
+	}
 	if (s->cfg.tm)
 		for (uint32_t i = 0; i < h->n_pinned; i++)
 			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
@@ -1063,12 +1125,31 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		want[i] = ents[i].logits;
 		n_prefill += ents[i].h->state == H_PREFILL ? ents[i].n : 0;
 	}
-	const bool on_device = device_step(s, ents, n_ent, n_decode);
+	/* sequences whose prefix is still coming up layer group by layer group: their layers wait per group */
+	kvt_model_gate gates[n_ent ? n_ent : 1];
+	uint32_t n_gates = 0;
+	for (uint32_t i = 0; i < n_ent; i++) {
+		kvt_tm_layered *lp = ents[i].h->layered;
+		if (!lp)
+			continue;
+		kvt_model_gate *g = &gates[n_gates++];
+		*g = (kvt_model_gate){ 0 };
+		kvt_tm_layered_groups(lp, &g->events, &g->n_groups, &g->layers_per_group);
+	}
+	const bool on_device = !n_gates && device_step(s, ents, n_ent, n_decode);
 	int32_t picked[on_device ? n_ent : 1];
 	double t0 = kvt_now_s();
 	int rc = on_device ? kvt_model_decode(s->cfg.model, n_ent, seqs, rows, NULL, NULL, picked)
-			   : kvt_model_forward_batch(s->cfg.model, n_ent, seqs, n, rows, want, s->logits);
+			   : kvt_model_forward_batch_gated(s->cfg.model, n_ent, seqs, n, rows, want, s->logits, n_gates,
+							   gates);
 	double dt = kvt_now_s() - t0;
+	/* their copies are done (the forward synced): enter the blocks in T0; a failed copy ends the request */
+	bool bad[n_ent ? n_ent : 1];
+	for (uint32_t i = 0; i < n_ent; i++) {
+		bad[i] = ents[i].h->layered && settle_layered(s, ents[i].h) != KVT_OK;
+		if (bad[i])
+			KVT_LOGE("sched: a request's cached prefix failed to reach T0: ending it");
+	}
 	KVT_LOGD("sched: step: %u rows (%u decode, %u prefill) in %u sequences, %.1f ms%s", n_rows, n_rows - n_prefill,
 		 n_prefill, n_ent, dt * 1e3, on_device ? " (on the device)" : "");
 	if (rc) {
@@ -1089,6 +1170,11 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	uint32_t li = 0;
 	for (uint32_t i = 0; i < n_ent; i++) {
 		kvt_sched_handle *h = ents[i].h;
+		if (bad[i]) { /* its K/V is not what it should be: nothing of it is registered or sampled */
+			li += ents[i].logits;
+			finish_request(s, h, KVT_FINISH_ERROR);
+			continue;
+		}
 		register_blocks(s, h);
 		if (h->state == H_FINISHING) {
 			finish_request(s, h, h->finish);

@@ -108,6 +108,9 @@ typedef struct kvt_sched_config {
 	bool device_decode;        /* a step of decode rows only, every one greedy with nothing the host sampler must see
 				    * (no grammar, logprobs, penalties or bias), runs as kvt_model_decode where the backend
 				    * has graphs: one graph launch, the tokens picked on the device (default true) */
+	uint32_t layer_groups;     /* a cached prefix all in T0/T1 comes up layer group by layer group in this many
+	                              groups, its prefill waiting per layer on the device (kvt_tm_promote_layered);
+	                              0 (default): the sequential promotion (I/O threads, then prefill) */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
@@ -322,6 +325,7 @@ typedef struct kvt_sched_stats {
 	uint64_t sessions;             /* sessions known */
 	bool have_index;               /* db present */
 	kvt_db_stats index;            /* the index's counters: degraded, rolled back, bad session rows (zero without db) */
+	uint64_t layered_promotions;   /* cached prefixes brought up from T1 layer group by layer group (layer_groups) */
 } kvt_sched_stats;
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);

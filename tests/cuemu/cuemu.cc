@@ -519,6 +519,19 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 	}
 	return cudaMemcpy(dst, src, n, kind);
 }
+/* Row by row, each checked (and captured) as cudaMemcpyAsync checks one copy; pitches as CUDA requires. */
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+			      cudaMemcpyKind kind, cudaStream_t s)
+{
+	if (height > 1 && (dpitch < width || spitch < width))
+		return fail(cudaErrorInvalidPitchValue);
+	for (size_t r = 0; r < height; r++) {
+		cudaError_t e = cudaMemcpyAsync((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s);
+		if (e != cudaSuccess)
+			return e;
+	}
+	return cudaSuccess;
+}
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
 	if (n && !is_dev(p, n))

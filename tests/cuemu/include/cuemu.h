@@ -230,6 +230,8 @@ template <class T> cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags) { 
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s = 0);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+			      cudaMemcpyKind kind, cudaStream_t s = 0);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s = 0);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
