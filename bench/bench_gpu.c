@@ -182,10 +182,11 @@ static double attn_time(uint32_t kvh, uint32_t G, uint32_t hd, uint32_t n_ctx, i
  * the engine issues them). Each figure is the median of 3 timings, KV bytes
  * read per second against the copy; 8-bit classes of >= 16K context also
  * get their speed-up over fp16 on the same variant (item 3 of the GPU
- * issue). Bounded: KVT_BENCH_VARIANTS_S seconds (default 120), after which
+ * issue). Bounded: KVT_BENCH_VARIANTS_S seconds (default 60), after which
  * the classes left are named as skipped. KVT_BENCH_VARIANTS_SMALL=N divides
  * the contexts by N and times one call (a dry run of the harness: the
- * emulator's test bench_gpu_variants_emu; its times mean nothing).
+ * emulator's test bench_gpu_variants_emu; its times mean nothing); each
+ * line's "class_context" is the class's context before that division.
  */
 typedef struct decode_variant {
 	int version;      /* decode kernel */
@@ -266,7 +267,7 @@ static void decode_variants(double cbw)
 	};
 	const uint32_t kvh = 8, G = 4, hd = 128, bt = 16;
 	const char *bs = getenv("KVT_BENCH_VARIANTS_S"), *sm = getenv("KVT_BENCH_VARIANTS_SMALL");
-	const double budget = bs && atof(bs) > 0 ? atof(bs) : 120.0;
+	const double budget = bs && atof(bs) > 0 ? atof(bs) : 60.0;
 	const uint32_t shrink = sm && atoi(sm) > 1 ? (uint32_t)atoi(sm) : 1;
 	kvt_dev *vd[N_VARIANTS];
 	kvt_dev_config dc = { .kind = KVT_DEV_CUDA };
@@ -322,20 +323,22 @@ static void decode_variants(double cbw)
 				const double t = median3(j.d, do_batch, &j, iters);
 				kvt_dev_free(dev, j.ws);
 				printf("{\"bench\":\"decode_variant\",\"variant\":\"%s\",\"kernel\":%d,\"combine\":\"%s\","
-				       "\"staged\":%s,\"codec\":\"%s\",\"batch\":%u,\"context\":%u,\"kv_heads\":%u,\"group\":%u,"
-				       "\"head_dim\":%u,\"us\":%.2f,\"bytes_per_s\":%.4g,\"vs_copy\":%.3f}\n",
+				       "\"staged\":%s,\"codec\":\"%s\",\"batch\":%u,\"context\":%u,\"class_context\":%u,"
+				       "\"kv_heads\":%u,\"group\":%u,\"head_dim\":%u,\"us\":%.2f,\"bytes_per_s\":%.4g,"
+				       "\"vs_copy\":%.3f}\n",
 				       variants[v].name, variants[v].version, variants[v].fused ? "fused" : "separate",
-				       variants[v].staged ? "true" : "false", kvt_kv_codec_name(codec), B, ctx, kvh, G, hd,
-				       t * 1e6, bytes / t, bytes / t / cbw);
+				       variants[v].staged ? "true" : "false", kvt_kv_codec_name(codec), B, ctx, classes[ci][1],
+				       kvh, G, hd, t * 1e6, bytes / t, bytes / t / cbw);
 				if (codec == KVT_KV_CODEC_F16) {
 					f16_us[v] = t * 1e6;
 					if (variants[v].version == 2) /* kernel 3 on fp16 is kernel 2 */
 						f16_us[v + 4] = t * 1e6;
 				} else if (classes[ci][1] >= 16384 && f16_us[v] > 0) {
 					printf("{\"bench\":\"decode_8bit_ratio\",\"variant\":\"%s\",\"kernel\":%d,\"codec\":\"%s\","
-					       "\"batch\":%u,\"context\":%u,\"f16_us\":%.2f,\"q8_us\":%.2f,\"speedup\":%.3f}\n",
-					       variants[v].name, variants[v].version, kvt_kv_codec_name(codec), B, ctx, f16_us[v],
-					       t * 1e6, f16_us[v] / (t * 1e6));
+					       "\"batch\":%u,\"context\":%u,\"class_context\":%u,\"f16_us\":%.2f,\"q8_us\":%.2f,"
+					       "\"speedup\":%.3f}\n",
+					       variants[v].name, variants[v].version, kvt_kv_codec_name(codec), B, ctx,
+					       classes[ci][1], f16_us[v], t * 1e6, f16_us[v] / (t * 1e6));
 				}
 				fflush(stdout);
 			}

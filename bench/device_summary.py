@@ -42,6 +42,9 @@ def variants_summary(rows, target):
     """Decode variants (bench_gpu's decode_variant / decode_8bit_ratio lines): the fastest per class, the targets
     of items 2 and 3 on the best variant, and the decode_choices rows the run says to pick."""
     var = [r for r in rows if r.get("bench") == "decode_variant" and not r.get("skipped")]
+    rat = [r for r in rows if r.get("bench") == "decode_8bit_ratio"]
+    for r in var + rat:  # the class: its context before a dry run's division (KVT_BENCH_VARIANTS_SMALL)
+        r["context"] = r.get("class_context", r["context"])
     print("== fastest decode variant per batch x context class (kernel x combine x staging)")
     if not var:
         print("  unmeasured (no decode_variant lines)")
@@ -76,7 +79,6 @@ def variants_summary(rows, target):
     target("decode attention vs d2d copy, 1 x 4K (best variant%s)" % (": " + r4["variant"] if r4 else ""),
            r4 and r4["vs_copy"], ">= 0.5", r4 and r4["vs_copy"] >= 0.5, "" if r4 else "unmeasured")
     # item 3: per kernel (its best variant on each side), and best against best
-    rat = [r for r in rows if r.get("bench") == "decode_8bit_ratio"]
     if rat:
         print("== 8-bit KV decode speed-up over fp16 per variant (>= 16K context; target >= 1.6)")
         for r in sorted(rat, key=lambda r: (r["codec"], r["batch"], r["context"], r["variant"])):
@@ -165,7 +167,7 @@ def main(argv):
         f16 = best_row(ctx)
         v = f16["f16_us"] / fp8[0][1] if fp8 and f16 else None
         target("FP8 KV decode speed-up over fp16 at %dK (best of each)" % (ctx // 1024), v, ">= 1.6",
-               v is not None and v >= 1.6)
+               None if v is None else v >= 1.6)
     variants_summary(rows, target)
     steps = [r for r in rows if r.get("bench") == "decode_step" and "error" not in r]
     g1 = [r for r in steps if r.get("path") == "graph" and r.get("batch") == 1]
