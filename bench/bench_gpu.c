@@ -28,9 +28,13 @@
  *      pipelined / max(copy, compute).
  *
  * Decode attention runs on each decode kernel (KVT_CUDA_DECODE=1, 2 and 3;
- * the "kernel" field). `bench_gpu DIR --attention` stops after it: the quick
+ * the "kernel" field), then (1c, decode_variants) on every selectable variant
+ * (kernel x separate/fused combine x staging) per batch x context class and
+ * codec, with the 8-bit speed-up over fp16 per variant ("decode_variant",
+ * "decode_8bit_ratio" lines; bench/device_summary.py picks the fastest). `bench_gpu DIR --attention` stops after it: the quick
  * loop while tuning a kernel on a GPU whose time is short. `bench_gpu --synth
- * PATH` only writes the small synthetic model bench/gpu_daemon_smoke.py serves.
+ * PATH` only writes the small synthetic model bench/gpu_daemon_smoke.py serves;
+ * `bench_gpu DIR --variants` runs the copy and the decode variants only.
  *
  * Times are host wall-clock over many back-to-back launches ending in one
  * sync (launch overheads included, as the engine pays them). Prints one JSON
@@ -174,6 +178,203 @@ static double attn_time(uint32_t kvh, uint32_t G, uint32_t hd, uint32_t n_ctx, i
 	free(table);
 	free(hq);
 	return t;
+}
+
+/*
+ * 1c: the decode-attention variants (gpu/dev_cuda.cu, decode_choices):
+ * every selectable kernel (1, 2, 3) x combine (its own kernel, or fused
+ * into the last CTA of each head) x staging (kernel 2/3: table entries and
+ * 8-bit scales in shared memory), a device each (KVT_CUDA_DECODE,
+ * KVT_CUDA_COMBINE, KVT_CUDA_STAGE), per batch x context class and codec,
+ * on the Llama-3-8B KV shape (8 KV heads, group 4, head_dim 128). A batch is
+ * B sequences of that context, one attention call each, back to back (as
+ * the engine issues them). Each figure is the median of 3 timings, KV bytes
+ * read per second against the copy; 8-bit classes of >= 16K context also
+ * get their speed-up over fp16 on the same variant (item 3 of the GPU
+ * issue). Bounded: KVT_BENCH_VARIANTS_S seconds (default 60), after which
+ * the classes left are named as skipped. KVT_BENCH_VARIANTS_SMALL=N divides
+ * the contexts by N and times one call once (a dry run of the harness: the
+ * emulator's test bench_gpu_variants_emu; its times mean nothing); each
+ * line's "class_context" is the class's context before that division.
+ */
+typedef struct decode_variant {
+	int version;      /* decode kernel */
+	bool fused;       /* combine in the last CTA */
+	bool staged;      /* kernel 2/3 staging */
+	const char *name; /* the "variant" field */
+} decode_variant;
+static const decode_variant variants[] = {
+	{ 1, false, false, "k1" },        { 1, true, false, "k1+fused" },       { 2, false, false, "k2" },
+	{ 2, true, false, "k2+fused" },   { 2, false, true, "k2+staged" },      { 2, true, true, "k2+fused+staged" },
+	{ 3, false, false, "k3" },        { 3, true, false, "k3+fused" },       { 3, false, true, "k3+staged" },
+	{ 3, true, true, "k3+fused+staged" },
+};
+enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
+
+typedef struct batch_job {
+	kvt_dev *d;
+	uint32_t n;              /* sequences */
+	kvt_attention_args a[32]; /* one per sequence */
+	void *ws;
+} batch_job;
+static void do_batch(void *ctx)
+{
+	batch_job *j = ctx;
+	for (uint32_t i = 0; i < j->n; i++)
+		if (kvt_dev_attention(j->d, &j->a[i], j->ws))
+			die("attention (variant)");
+}
+
+/* Median of 3 timings of fn on device d (time_it times on the global dev). */
+static double median3(kvt_dev *d, bench_fn fn, void *ctx, int iters)
+{
+	kvt_dev *keep = dev;
+	dev = d;
+	double t[3];
+	for (int i = 0; i < 3; i++)
+		t[i] = time_it(fn, ctx, iters);
+	dev = keep;
+	double lo = t[0] < t[1] ? t[0] : t[1], hi = t[0] < t[1] ? t[1] : t[0];
+	return t[2] < lo ? lo : t[2] > hi ? hi : t[2];
+}
+
+/* A pool of n_blocks blocks of this codec with random fp16 K/V packed into it (as attn_time's). */
+static void *variant_pool(kvt_kv_layout *l, int codec)
+{
+	kvt_kv_layout f = *l;
+	f.codec = KVT_KV_CODEC_F16;
+	f.n_slots = 1;
+	const size_t fb = kvt_kv_block_bytes(&f), pb = kvt_kv_packed_bytes(&f, codec);
+	l->codec = codec;
+	void *pool = dalloc(kvt_kv_block_bytes(l) * l->n_slots);
+	uint16_t *h = malloc(fb);
+	uint64_t s = 0x9e3779b97f4a7c15ULL;
+	for (size_t i = 0; i < fb / 2; i++) {
+		s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+		h[i] = kvt_f32_to_f16(((float)(s % 2001) - 1000.0f) / 500.0f);
+	}
+	f.pool = dalloc(fb);
+	kvt_dev_copy_h2d(dev, f.pool, h, fb);
+	int32_t zero = 0;
+	void *stage = dalloc(pb);
+	kvt_kv_pack_args pa = { .kv = &f, .codec = codec, .n_blocks = 1, .h_slots = &zero, .dst = stage };
+	if (kvt_dev_kv_pack(dev, NULL, &pa))
+		die("pack");
+	for (uint32_t b = 0; b < l->n_slots; b++)
+		kvt_dev_copy_d2d(dev, (char *)pool + (size_t)b * pb, stage, pb);
+	kvt_dev_sync(dev);
+	kvt_dev_free(dev, stage);
+	kvt_dev_free(dev, f.pool);
+	free(h);
+	return pool;
+}
+
+static void decode_variants(double cbw)
+{
+	static const uint32_t classes[][2] = { /* batch, context */
+		{ 1, 4096 }, { 1, 16384 }, { 1, 65536 }, { 4, 16384 }, { 8, 8192 }, { 32, 2048 },
+	};
+	const uint32_t kvh = 8, G = 4, hd = 128, bt = 16;
+	const char *bs = getenv("KVT_BENCH_VARIANTS_S"), *sm = getenv("KVT_BENCH_VARIANTS_SMALL");
+	const double budget = bs && atof(bs) > 0 ? atof(bs) : 60.0;
+	const uint32_t shrink = sm && atoi(sm) > 1 ? (uint32_t)atoi(sm) : 1;
+	kvt_dev *vd[N_VARIANTS];
+	kvt_dev_config dc = { .kind = KVT_DEV_CUDA };
+	for (int v = 0; v < N_VARIANTS; v++) {
+		char ver[2] = { (char)('0' + variants[v].version), 0 };
+		setenv("KVT_CUDA_DECODE", ver, 1);
+		setenv("KVT_CUDA_COMBINE", variants[v].fused ? "fused" : "separate", 1);
+		setenv("KVT_CUDA_STAGE", variants[v].staged ? "1" : "0", 1);
+		if (kvt_dev_create(&dc, &vd[v]))
+			die("device for a decode variant");
+	}
+	unsetenv("KVT_CUDA_DECODE");
+	unsetenv("KVT_CUDA_COMBINE");
+	unsetenv("KVT_CUDA_STAGE");
+	const double t0 = kvt_now_s();
+	size_t ci = 0;
+	for (; ci < sizeof classes / sizeof classes[0] && kvt_now_s() - t0 < budget; ci++) {
+		const uint32_t B = classes[ci][0], ctx = classes[ci][1] / shrink, nb = (ctx + bt - 1) / bt;
+		double f16_us[N_VARIANTS] = { 0 };
+		for (int codec = KVT_KV_CODEC_F16; codec < KVT_KV_CODEC_COUNT; codec++) {
+			kvt_kv_layout l = { .n_layers = 1, .n_kv_heads = kvh, .head_dim = hd, .block_tokens = bt,
+					    .n_slots = B * nb };
+			l.pool = variant_pool(&l, codec);
+			int32_t *table = malloc((size_t)B * nb * 4);
+			for (uint32_t i = 0; i < B * nb; i++)
+				table[i] = (int32_t)(((uint64_t)i * 7919u) % (B * nb)); /* scattered blocks */
+			int32_t *d_table = dalloc((size_t)B * nb * 4);
+			kvt_dev_copy_h2d(dev, d_table, table, (size_t)B * nb * 4);
+			const size_t qn = (size_t)kvh * G * hd;
+			float *hq = malloc(qn * B * 4);
+			for (size_t i = 0; i < qn * B; i++)
+				hq[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+			float *d_q = dalloc(qn * B * 4), *d_o = dalloc(qn * B * 4);
+			kvt_dev_copy_h2d(dev, d_q, hq, qn * B * 4);
+			kvt_dev_sync(dev);
+			batch_job j = { .n = B };
+			for (uint32_t i = 0; i < B; i++)
+				j.a[i] = (kvt_attention_args){ .kv = &l, .layer = 0, .block_table = d_table + (size_t)i * nb,
+							       .pos0 = ctx - 1, .n_rows = 1, .n_heads = kvh * G,
+							       .scale = 0.088f, .q = d_q + qn * i, .out = d_o + qn * i };
+			const double gd = codec == KVT_KV_CODEC_F16 ? hd : (double)kvt_kv_group_dims(codec, hd);
+			const double bytes = (double)B * ctx * kvh * 2 *
+					     (codec == KVT_KV_CODEC_F16 ? hd * 2.0 : hd + 4.0 * hd / gd);
+			int iters = bytes * 1000 < 2e10 ? 1000 : bytes * 20 > 2e10 ? 20 : (int)(2e10 / bytes);
+			if (shrink > 1)
+				iters = 1;
+			for (int v = 0; v < N_VARIANTS; v++) {
+				if (variants[v].version == 3 && codec == KVT_KV_CODEC_F16)
+					continue; /* 3 differs from 2 on 8-bit pools only */
+				j.d = vd[v];
+				size_t wsb = kvt_dev_attention_workspace_bytes(j.d, &j.a[0]);
+				j.ws = wsb ? dalloc(wsb) : NULL;
+				double t;
+				if (shrink > 1) { /* a dry run: one timing */
+					kvt_dev *keep = dev;
+					dev = j.d;
+					t = time_it(do_batch, &j, iters);
+					dev = keep;
+				} else {
+					t = median3(j.d, do_batch, &j, iters);
+				}
+				kvt_dev_free(dev, j.ws);
+				printf("{\"bench\":\"decode_variant\",\"variant\":\"%s\",\"kernel\":%d,\"combine\":\"%s\","
+				       "\"staged\":%s,\"codec\":\"%s\",\"batch\":%u,\"context\":%u,\"class_context\":%u,"
+				       "\"kv_heads\":%u,\"group\":%u,\"head_dim\":%u,\"us\":%.2f,\"bytes_per_s\":%.4g,"
+				       "\"vs_copy\":%.3f}\n",
+				       variants[v].name, variants[v].version, variants[v].fused ? "fused" : "separate",
+				       variants[v].staged ? "true" : "false", kvt_kv_codec_name(codec), B, ctx, classes[ci][1],
+				       kvh, G, hd, t * 1e6, bytes / t, bytes / t / cbw);
+				if (codec == KVT_KV_CODEC_F16) {
+					f16_us[v] = t * 1e6;
+					if (variants[v].version == 2) /* kernel 3 on fp16 is kernel 2 */
+						f16_us[v + 4] = t * 1e6;
+				} else if (classes[ci][1] >= 16384 && f16_us[v] > 0) {
+					printf("{\"bench\":\"decode_8bit_ratio\",\"variant\":\"%s\",\"kernel\":%d,\"codec\":\"%s\","
+					       "\"batch\":%u,\"context\":%u,\"class_context\":%u,\"f16_us\":%.2f,\"q8_us\":%.2f,"
+					       "\"speedup\":%.3f}\n",
+					       variants[v].name, variants[v].version, kvt_kv_codec_name(codec), B, ctx,
+					       classes[ci][1], f16_us[v], t * 1e6, f16_us[v] / (t * 1e6));
+				}
+				fflush(stdout);
+			}
+			kvt_dev_free(dev, d_q);
+			kvt_dev_free(dev, d_o);
+			kvt_dev_free(dev, d_table);
+			kvt_dev_free(dev, l.pool);
+			free(table);
+			free(hq);
+		}
+	}
+	for (size_t k = ci; k < sizeof classes / sizeof classes[0]; k++)
+		printf("{\"bench\":\"decode_variant\",\"skipped\":true,\"batch\":%u,\"context\":%u,\"budget_s\":%.0f}\n",
+		       classes[k][0], classes[k][1] / shrink, budget);
+	printf("{\"bench\":\"decode_variants_time\",\"seconds\":%.1f,\"classes\":%zu,\"variants\":%d}\n",
+	       kvt_now_s() - t0, ci, N_VARIANTS);
+	fflush(stdout);
+	for (int v = 0; v < N_VARIANTS; v++)
+		kvt_dev_destroy(vd[v]);
 }
 
 typedef struct codec_job {
@@ -702,8 +903,15 @@ int main(int argc, char **argv)
 	printf("{\"bench\":\"device\",\"name\":\"%s\"}\n", kvt_dev_name(dev));
 	fflush(stdout);
 
-	const double cbw = copy_bw((size_t)1 << 30);
-	printf("{\"bench\":\"d2d_copy\",\"bytes\":%zu,\"bytes_per_s\":%.4g}\n", (size_t)1 << 30, cbw);
+	const bool variants_only = argc > 2 && strcmp(argv[2], "--variants") == 0;
+	const size_t copy_bytes = variants_only && getenv("KVT_BENCH_VARIANTS_SMALL") ? (size_t)1 << 24 : (size_t)1 << 30;
+	const double cbw = copy_bw(copy_bytes);
+	printf("{\"bench\":\"d2d_copy\",\"bytes\":%zu,\"bytes_per_s\":%.4g}\n", copy_bytes, cbw);
+	if (variants_only) { /* `bench_gpu DIR --variants`: the copy, then 1c only */
+		decode_variants(cbw);
+		kvt_dev_destroy(dev);
+		return 0;
+	}
 
 	/*
 	 * 1 + 2: decode attention (Llama-3-8B KV shape: 8 KV heads, group 4, head_dim 128; then
@@ -740,6 +948,7 @@ int main(int argc, char **argv)
 	dev = keep;
 	for (int v = 0; v < 3; v++)
 		kvt_dev_destroy(ver[v]);
+	decode_variants(cbw); /* 1c */
 	if (argc > 2 && strcmp(argv[2], "--attention") == 0) {
 		kvt_dev_destroy(dev);
 		return 0;

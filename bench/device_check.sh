@@ -9,9 +9,11 @@
 #   bench/device_check.sh --attention     # parity, then decode attention only (all kernels)
 # In order: the parity test (every op against the CPU reference, decode kernels 1-3);
 # test_gpu_graph (decode steps as CUDA graphs: tokens, counters, fused ops);
-# bench_gpu's JSON lines (decode attention on each decode kernel, codecs, paging,
-# end to end); resume TTFT from T1, sequential vs layer-wise pipelined (bench_gpu
-# --resume-ttft, its lines appended to bench_gpu.jsonl, bounded by KVT_RESUME_S); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
+# bench_gpu's JSON lines (decode attention on each decode kernel, then every decode
+# variant -- kernel x separate/fused combine x staging -- per batch x context class and
+# codec, bounded by KVT_BENCH_VARIANTS_S, default 60 s; codecs, paging, end to end);
+# resume TTFT from T1, sequential vs layer-wise pipelined (bench_gpu --resume-ttft, its
+# lines appended to bench_gpu.jsonl, bounded by KVT_RESUME_S); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
 # torch is there; the tier, model-promotion and scheduler tests on the CUDA backend
 # (KVTIER_TEST_DEVICE=cuda); and
 # kvtierd end to end on cuda and on cpu (bench/gpu_daemon_smoke.py).

@@ -3,8 +3,10 @@
 bench/device_summary.py BENCH_GPU_JSONL [PARITY_TXT ...] — the device check's
 summary: every target of the GPU issue with its measured ratio from
 bench_gpu's JSON lines (met / not met), the fastest decode-attention kernel
-per shape class, and each target that the lines do not measure, named as
-unmeasured. Prints text; with --json OUT also writes the summary as one JSON
+per shape class, the fastest decode variant (kernel x combine x staging) per
+batch x context class and codec with the rows of gpu/dev_cuda.cu's
+decode_choices that the run says to write, and each target that the lines do
+not measure, named as unmeasured. Prints text; with --json OUT also writes the summary as one JSON
 object per target to OUT. Reads only what it is given: a figure absent from
 the lines is reported as unmeasured, never filled in.
 """
@@ -61,6 +63,96 @@ def resume_targets(rows, target):
                None if on_cpu else (r["pipe_vs_max"] <= 1.2 and r["pipe_vs_seq"] < 1.0), note)
 
 
+# gpu/dev_cuda.cu decode_choices: a row per pool kind (fp16, 8-bit) from each of these contexts up
+CHOICE_FROM = (0, 8192, 32768)
+
+
+def variants_summary(rows, target):
+    """Decode variants (bench_gpu's decode_variant / decode_8bit_ratio lines): the fastest per class, the targets
+    of items 2 and 3 on the best variant, and the decode_choices rows the run says to pick."""
+    var = [r for r in rows if r.get("bench") == "decode_variant" and not r.get("skipped")]
+    rat = [r for r in rows if r.get("bench") == "decode_8bit_ratio"]
+    for r in var + rat:  # the class: its context before a dry run's division (KVT_BENCH_VARIANTS_SMALL)
+        r["context"] = r.get("class_context", r["context"])
+    print("== fastest decode variant per batch x context class (kernel x combine x staging)")
+    if not var:
+        print("  unmeasured (no decode_variant lines)")
+    best = {}
+    for r in var:
+        k = (r["batch"], r["context"], r["codec"])
+        if k not in best or r["us"] < best[k]["us"]:
+            best[k] = r
+    for (b, ctx, codec), r in sorted(best.items()):
+        base = [x for x in var if (x["batch"], x["context"], x["codec"]) == (b, ctx, codec) and x["variant"] == "k1"]
+        gain = " (%.2fx the default k1)" % (base[0]["us"] / r["us"]) if base else ""
+        print("  %2d x %5dK %-5s %-16s %8.1f us  %.3f of copy%s" % (b, ctx // 1024, codec, r["variant"], r["us"],
+                                                                  r["vs_copy"], gain))
+    for r in rows:
+        if r.get("bench") == "decode_variant" and r.get("skipped"):
+            print("  %d x %dK skipped: over the bench's %.0f s budget" % (r["batch"], r["context"] // 1024,
+                                                                          r["budget_s"]))
+    for r in rows:
+        if r.get("bench") == "decode_variants_time":
+            print("  the variants took %.1f s (%d classes, %d variants)" % (r["seconds"], r["classes"], r["variants"]))
+    # item 2 on the best variant
+    f16 = {(b, ctx): r for (b, ctx, codec), r in best.items() if codec == "f16"}
+    big = [r for (b, ctx), r in f16.items() if b * ctx >= 65536]
+    for r in sorted(big, key=lambda r: (r["batch"], r["context"])):
+        target("decode attention vs d2d copy, %d x %dK (best variant: %s)" % (r["batch"], r["context"] // 1024,
+                                                                            r["variant"]),
+               r["vs_copy"], ">= 0.85", r["vs_copy"] >= 0.85)
+    if not big:
+        target("decode attention vs d2d copy, batch x context >= 64K (best variant)", None, ">= 0.85", None,
+               "unmeasured (no decode_variant lines)")
+    r4 = f16.get((1, 4096))
+    target("decode attention vs d2d copy, 1 x 4K (best variant%s)" % (": " + r4["variant"] if r4 else ""),
+           r4 and r4["vs_copy"], ">= 0.5", r4 and r4["vs_copy"] >= 0.5, "" if r4 else "unmeasured")
+    # item 3: per kernel (its best variant on each side), and best against best
+    if rat:
+        print("== 8-bit KV decode speed-up over fp16 per variant (>= 16K context; target >= 1.6)")
+        for r in sorted(rat, key=lambda r: (r["codec"], r["batch"], r["context"], r["variant"])):
+            print("  %-5s %2d x %3dK %-16s %.3f" % (r["codec"], r["batch"], r["context"] // 1024, r["variant"],
+                                                   r["speedup"]))
+    for codec in ("fp8", "int8"):
+        for (b, ctx), r16 in sorted(f16.items()):
+            r8 = best.get((b, ctx, codec))
+            if ctx < 16384 or not r8:
+                continue
+            v = r16["us"] / r8["us"]
+            target("%s KV decode speed-up over fp16, %d x %dK (best %s vs best %s)" % (
+                codec.upper(), b, ctx // 1024, r8["variant"], r16["variant"]), v, ">= 1.6", v >= 1.6)
+            for k in (1, 2, 3):
+                ks = [x for x in rat if x["kernel"] == k and x["codec"] == codec and (x["batch"], x["context"]) == (b, ctx)]
+                if ks:
+                    m = max(ks, key=lambda x: x["speedup"])
+                    print("  %s %d x %dK kernel %d: best speed-up %.3f (%s)" % (codec, b, ctx // 1024, k,
+                                                                             m["speedup"], m["variant"]))
+    if var and not rat:
+        target("8-bit KV decode speed-up over fp16 at >= 16K (per variant)", None, ">= 1.6", None, "unmeasured")
+    # the rows to write: per pool kind and context range, the variant with the least time over its classes
+    if var:
+        print("== decode_choices rows this run says to write (gpu/dev_cuda.cu; least total time over the classes "
+              "in each range)")
+        for q8 in (False, True):
+            for i, lo in enumerate(CHOICE_FROM):
+                hi = CHOICE_FROM[i + 1] if i + 1 < len(CHOICE_FROM) else 1 << 40
+                cls = [r for r in var if lo <= r["context"] < hi and (r["codec"] != "f16") == q8]
+                tot = {}
+                for r in cls:
+                    tot.setdefault(r["variant"], [r, 0.0, 0])
+                    tot[r["variant"]][1] += r["us"]
+                    tot[r["variant"]][2] += 1
+                most = max((n for _, _, n in tot.values()), default=0)
+                cands = [(t, r) for r, t, n in tot.values() if n == most]  # variants measured on every class
+                if not cands:
+                    print("\t/* %s, from %d: unmeasured */" % ("8-bit" if q8 else "fp16", lo))
+                    continue
+                t, r = min(cands, key=lambda c: c[0])
+                print("\t{ %s, %d, %d, %s, %s }, /* %s: %.1f us over %d runs */" % (
+                    "true" if q8 else "false", lo, r["kernel"], "true" if r["combine"] == "fused" else "false",
+                    "true" if r["staged"] else "false", r["variant"], t, most))
+
+
 def main(argv):
     if len(argv) < 2:
         sys.stderr.write(__doc__)
@@ -104,7 +196,8 @@ def main(argv):
         f16 = best_row(ctx)
         v = f16["f16_us"] / fp8[0][1] if fp8 and f16 else None
         target("FP8 KV decode speed-up over fp16 at %dK (best of each)" % (ctx // 1024), v, ">= 1.6",
-               v is not None and v >= 1.6)
+               None if v is None else v >= 1.6)
+    variants_summary(rows, target)
     steps = [r for r in rows if r.get("bench") == "decode_step" and "error" not in r]
     g1 = [r for r in steps if r.get("path") == "graph" and r.get("batch") == 1]
     if g1:

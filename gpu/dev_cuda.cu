@@ -63,6 +63,8 @@ extern "C" {
 #define GEMV_MAX_ROWS 8
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16 /* query heads per KV head the decode kernel keeps in registers */
+#define DECODE_TICKETS 1024 /* KV heads the fused combine counts CTAs for (more: the combine kernel) */
+#define STAGE_BYTES 8192 /* shared memory a staged decode CTA takes for table entries and scales */
 
 struct kvt_stream {
 	cudaStream_t s;
@@ -84,12 +86,19 @@ typedef struct cuda_dev {
 	cudaStream_t stream;   /* compute stream */
 	cublasHandle_t blas;   /* bound to stream */
 	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
-	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE) */
+	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE); 0: decode_choices' */
 	uint32_t qtile_elems;  /* quantized weights widened to fp16 per GEMM tile (KVT_CUDA_QTILE; tests) */
 	int decode2_occ[3][6][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
 	bool capturing;        /* between capture_begin and capture_end (compute stream) */
 	bool capture_bad;      /* an op refused to run while capturing: the capture fails */
 	kvt_graph cap;         /* counts of the capture in progress */
+	int decode_combine;    /* 1: combine fused into the last CTA of each head, 0: its own kernel
+	                          (KVT_CUDA_COMBINE=fused|separate); -1: decode_choices' */
+	int decode_stage;      /* 1/0: kernel 2/3 with/without table entries and 8-bit scales staged in
+	                          shared memory (KVT_CUDA_STAGE=1|0); -1: decode_choices' */
+	uint32_t stage_blocks; /* blocks staged per round (KVT_CUDA_STAGE_BLOCKS, tests); 0: from the budget */
+	uint32_t *d_tickets;   /* [DECODE_TICKETS] the fused combine's CTA count per KV head, device; zero
+	                          between launches (the last CTA of a head resets its own) */
 } cuda_dev;
 
 static cuda_dev *C(kvt_dev *d) { return (cuda_dev *)d; }
@@ -212,6 +221,8 @@ static void cuda_destroy(kvt_dev *d)
 		cublasDestroy(c->blas);
 	if (c->d_flag)
 		cudaFree(c->d_flag);
+	if (c->d_tickets)
+		cudaFree(c->d_tickets);
 	if (c->stream) {
 		cudaStreamSynchronize(c->stream);
 		cudaStreamDestroy(c->stream);
@@ -1343,6 +1354,134 @@ __device__ __forceinline__ void decode_merge(const float (&mx)[GMAX], const floa
 }
 
 /*
+ * Decode variants (decode_choices, below the launchers): what a decode
+ * kernel does besides its key loop, passed by value with every launch.
+ *
+ * Fused combine (tickets set). Each CTA writes its split's partial as
+ * always, then fences it and takes a ticket from its KV head's counter;
+ * the CTA that takes the last ticket (n_splits - 1) merges the head's
+ * partials, G query heads one after another, with the arithmetic of the
+ * combine kernel of its version and in the same order, so the output is
+ * bit-identical to the separate combine; it then resets its counter to 0,
+ * so the next launch (a graph's replay included) finds it zero with no
+ * memset. The partials of other CTAs are read through L2 (__ldcg): this
+ * CTA's L1 never held them. NOTE: the counters belong to the device and
+ * every decode runs on its compute stream, so no two launches overlap on
+ * them.
+ */
+struct decode_opts {
+	uint32_t *tickets;     /* NULL: partials only, a combine kernel merges them; else [n_kv_heads] counters */
+	uint32_t stage_blocks; /* kernel 2/3 staged: blocks per round, a multiple of 4 */
+};
+
+/* attn_combine_kernel's merge of query head h, by this CTA's threads. */
+__device__ __forceinline__ void combine1_head(const float *ws, float *out, uint32_t h, uint32_t n_heads, uint32_t D,
+					      uint32_t n_splits)
+{
+	float M = -INFINITY;
+	for (uint32_t s = 0; s < n_splits; s++)
+		M = fmaxf(M, __ldcg(ws + ((size_t)s * n_heads + h) * (D + 2)));
+	float L = 0.0f;
+	for (uint32_t s = 0; s < n_splits; s++) {
+		const float *p = ws + ((size_t)s * n_heads + h) * (D + 2);
+		if (__ldcg(p) != -INFINITY)
+			L += __ldcg(p + 1) * exp2f(__ldcg(p) - M);
+	}
+	for (uint32_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
+		float v = 0.0f;
+		for (uint32_t s = 0; s < n_splits; s++) {
+			const float *p = ws + ((size_t)s * n_heads + h) * (D + 2);
+			if (__ldcg(p) != -INFINITY)
+				v += __ldcg(p + 2 + dd) * exp2f(__ldcg(p) - M);
+		}
+		out[(size_t)h * D + dd] = v / L;
+	}
+}
+
+/* attn_combine2_kernel's merge of query head h (128 threads, as that kernel's); cw: n_splits floats of shared memory. */
+__device__ __forceinline__ void combine2_head(const float *ws, float *out, uint32_t h, uint32_t n_heads, uint32_t D,
+					      uint32_t n_splits, float *cw)
+{
+	__shared__ float red2[32];
+	const size_t stride = (size_t)n_heads * (D + 2);
+	const float *p = ws + (size_t)h * (D + 2);
+	float m = -INFINITY;
+	for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
+		cw[s] = __ldcg(p + s * stride);
+		m = fmaxf(m, cw[s]);
+	}
+	const float M = block_max(m, red2);
+	float L = 0.0f;
+	for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
+		const float w = cw[s] == -INFINITY ? 0.0f : exp2f(cw[s] - M);
+		cw[s] = w;
+		L += __ldcg(p + s * stride + 1) * w;
+	}
+	L = block_sum(L, red2); /* its barriers also publish cw */
+	for (uint32_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
+		float v = 0.0f;
+#pragma unroll 8
+		for (uint32_t s = 0; s < n_splits; s++)
+			v += cw[s] * __ldcg(p + s * stride + 2 + dd);
+		out[(size_t)h * D + dd] = v / L;
+	}
+	__syncthreads(); /* cw is the next head's */
+}
+
+/* After decode_merge: the last CTA of KV head kh (grid y: the splits) merges its G query heads into a.out. */
+template <bool V2>
+__device__ __forceinline__ void decode_combine_last(const float *ws, const kvt_attention_args &a, uint32_t kh,
+						    uint32_t G, uint32_t D, uint32_t *tickets, float *cw)
+{
+	__shared__ uint32_t ticket;
+	const uint32_t n_splits = gridDim.y;
+	__threadfence(); /* this thread's share of the partial, visible to every CTA before the ticket */
+	__syncthreads();
+	if (threadIdx.x == 0)
+		ticket = atomicAdd(tickets + kh, 1u);
+	__syncthreads();
+	if (ticket != n_splits - 1)
+		return; /* uniform over the CTA */
+	__threadfence();
+	for (uint32_t g = 0; g < G; g++) {
+		if constexpr (V2)
+			combine2_head(ws, a.out, kh * G + g, a.n_heads, D, n_splits, cw);
+		else
+			combine1_head(ws, a.out, kh * G + g, a.n_heads, D, n_splits);
+	}
+	if (threadIdx.x == 0)
+		tickets[kh] = 0; /* every CTA of this launch has counted: ready for the next */
+}
+
+/*
+ * Staging (kernel 2/3, STAGE): before each round of a split's key loop the
+ * CTA loads the round's n_sb block-table entries (from block sb0) into
+ * s_slot and, for 8-bit pools, those blocks' scales of KV head kh (K then V,
+ * [block][K/V][token][group]) into s_scale, each in one cooperative pass,
+ * so the key loop reads neither from global memory. Rounds are whole
+ * multiples of 4 blocks, so warp w still takes chunks w, w + 4, ... and the
+ * result is bit-identical to the kernel without staging.
+ */
+template <bool Q8>
+__device__ __forceinline__ void decode2_stage(const kvt_kv_layout &l, const kvt_attention_args &a, uint32_t kh,
+					      uint32_t sb0, uint32_t n_sb, int32_t *s_slot, float *s_scale)
+{
+	__syncthreads(); /* the last round's readers are done */
+	for (uint32_t i = threadIdx.x; i < n_sb; i += blockDim.x)
+		s_slot[i] = __ldg(a.block_table + sb0 + i);
+	if constexpr (Q8) {
+		__syncthreads();
+		const uint32_t per = l.block_tokens * (l.head_dim / kvt_codec_group_dims(l.codec, l.head_dim));
+		for (uint32_t i = threadIdx.x; i < n_sb * 2 * per; i += blockDim.x) {
+			const uint32_t b = i / (2 * per), kv = i / per % 2, j = i % per;
+			const uint8_t *bp = q_block(l, s_slot[b]);
+			s_scale[i] = __ldg((const float *)(bp + q_scale_off(l, q_vi(l, a.layer, kv, kh, 0), 0)) + j);
+		}
+	}
+	__syncthreads();
+}
+
+/*
  * keys_per_split: the split size; with a.d_pos0 (a graph's launch, the grid
  * sized for the bound in a.pos0) the number of splits wanted instead, from
  * which each CTA sizes the splits for the real length as decode_splits does,
@@ -1350,7 +1489,7 @@ __device__ __forceinline__ void decode_merge(const float (&mx)[GMAX], const floa
  */
 template <int D, int G, bool Q8>
 __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_attention_args a,
-							  uint32_t keys_per_split, float *ws)
+							  uint32_t keys_per_split, float *ws, decode_opts o)
 {
 	const uint32_t pos0 = pos0_of(a.d_pos0, a.pos0);
 	if (a.d_pos0)
@@ -1426,6 +1565,8 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(kvt_kv_layout l, kvt_a
 		}
 	}
 	decode_merge<D, GROUPS, 8, G>(mx, sum, acc, G, kh, split, a.n_heads, ws);
+	if (o.tickets)
+		decode_combine_last<false>(ws, a, kh, G, D, o.tickets, nullptr);
 }
 
 /* Merge n_splits partials per query head into out (maxima in log2 units). Grid n_heads. */
@@ -1512,10 +1653,12 @@ __device__ __forceinline__ void decode2_unpack(const R &r, int codec, float *f)
 }
 
 /* blocks_per_split: with a.d_pos0, the splits per head of one wave instead (as attn_decode_kernel's). */
-template <int D, int GMAX, bool Q8, int DPL>
+/* STAGE: table entries and 8-bit scales staged in shared memory (decode2_stage), o.stage_blocks a round. */
+template <int D, int GMAX, bool Q8, int DPL, bool STAGE = false>
 __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_attention_args a,
-							   uint32_t blocks_per_split, float *ws)
+							   uint32_t blocks_per_split, float *ws, decode_opts o)
 {
+	extern __shared__ float d2_dyn[]; /* staged: [stage_blocks] slots, then scales; fused: the combine's weights */
 	using raw_t = typename decode2_raw<DPL, Q8>::type;
 	constexpr int LPK = D / DPL;    /* lanes per key */
 	constexpr int GPW = 32 / LPK;   /* keys per warp load */
@@ -1554,11 +1697,26 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 	}
 
 	/* Chunk c of the split: block b0 + c / cpb, tokens from (c % cpb) * TPT. Trip counts are uniform per warp. */
-	int32_t next_slot = (uint32_t)warp < n_chunks ? __ldg(a.block_table + b0 + warp / cpb) : 0;
-	for (uint32_t c = warp; c < n_chunks; c += 4) {
-		const int32_t slot = next_slot;
-		if (c + 4 < n_chunks)
-			next_slot = __ldg(a.block_table + b0 + (c + 4) / cpb);
+	int32_t next_slot = !STAGE && (uint32_t)warp < n_chunks ? __ldg(a.block_table + b0 + warp / cpb) : 0;
+	int32_t *const s_slot = (int32_t *)d2_dyn;
+	float *const s_scale = d2_dyn + o.stage_blocks;
+	const uint32_t gd = Q8 ? kvt_codec_group_dims(l.codec, D) : D, ng = D / gd;
+	(void)s_scale, (void)ng; /* 8-bit staged only */
+	/* STAGE: rounds of o.stage_blocks blocks, each staged first; else one round of every chunk */
+	const uint32_t round_chunks = STAGE ? o.stage_blocks * cpb : n_chunks;
+	for (uint32_t r0 = 0; r0 < n_chunks; r0 += round_chunks) {
+	const uint32_t r1 = min(n_chunks, r0 + round_chunks), sb0 = b0 + r0 / cpb;
+	if constexpr (STAGE)
+		decode2_stage<Q8>(l, a, kh, sb0, (r1 - 1) / cpb - r0 / cpb + 1, s_slot, s_scale);
+	for (uint32_t c = r0 + warp; c < r1; c += 4) {
+		int32_t slot;
+		if constexpr (STAGE) {
+			slot = s_slot[c / cpb - r0 / cpb];
+		} else {
+			slot = next_slot;
+			if (c + 4 < n_chunks)
+				next_slot = __ldg(a.block_table + b0 + (c + 4) / cpb);
+		}
 		const uint32_t blk = b0 + c / cpb, t0 = (c % cpb) * TPT;
 		raw_t kr[U], vr[U];
 		float ks[U], vs[U];
@@ -1573,8 +1731,14 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 				const size_t vk = q_vi(l, a.layer, 0, kh, tl), vv = q_vi(l, a.layer, 1, kh, tl);
 				kr[u] = __ldg((const raw_t *)(bp + vk * D + sub * DPL));
 				vr[u] = __ldg((const raw_t *)(bp + vv * D + sub * DPL));
-				ks[u] = __ldg((const float *)(bp + q_scale_off(l, vk, sub * DPL)));
-				vs[u] = __ldg((const float *)(bp + q_scale_off(l, vv, sub * DPL)));
+				if constexpr (STAGE) { /* [block][K/V][token][group] */
+					const float *sc = s_scale + (size_t)(blk - sb0) * 2 * bt * ng + tl * ng + sub * DPL / gd;
+					ks[u] = sc[0];
+					vs[u] = sc[bt * ng];
+				} else {
+					ks[u] = __ldg((const float *)(bp + q_scale_off(l, vk, sub * DPL)));
+					vs[u] = __ldg((const float *)(bp + q_scale_off(l, vv, sub * DPL)));
+				}
 			} else {
 				const __half *pool = (const __half *)l.pool;
 				kr[u] = __ldg((const raw_t *)(pool + kv_off(l, slot, a.layer, 0, kh, tl) + sub * DPL));
@@ -1641,7 +1805,10 @@ __global__ void __launch_bounds__(128) attn_decode2_kernel(kvt_kv_layout l, kvt_
 			}
 		}
 	}
+	} /* rounds */
 	decode_merge<D, GROUPS, DPL, GMAX>(mx, sum, acc, G, kh, split, a.n_heads, ws);
+	if (o.tickets)
+		decode_combine_last<true>(ws, a, kh, G, D, o.tickets, d2_dyn);
 }
 
 /*
@@ -1821,6 +1988,89 @@ static bool decode_ok(const kvt_attention_args *a)
 }
 
 /*
+ * The decode variant for each shape class, in one place: which kernel
+ * (1, 2, 3), whether the combine is its own kernel or fused into the last
+ * CTA of each head, and (kernel 2/3) whether a CTA stages its split's table
+ * entries and 8-bit scales in shared memory. A call takes the last row for
+ * its pool's kind (fp16 or 8-bit) whose min_ctx its context reaches (keys
+ * in the window; under a graph, the bound the launch is sized for). The
+ * attention op sees one sequence, so batch is not a key: bench_gpu times
+ * every variant per batch x context class and bench/device_summary.py
+ * prints the rows a GPU run says to write here. Until one has, every row is
+ * the default measured on 2026-11-30 (kernel 1, separate combine).
+ * KVT_CUDA_DECODE=1|2|3, KVT_CUDA_COMBINE=separate|fused and
+ * KVT_CUDA_STAGE=0|1 override the table for every call (read at create).
+ */
+struct decode_choice {
+	bool q8;          /* the row is for 8-bit pools (fp8, int8); else fp16 */
+	uint32_t min_ctx; /* from this context up (rows of a kind in increasing order) */
+	int version;      /* decode kernel 1, 2 or 3 */
+	bool fused;       /* combine in the last CTA of each head; else attn_combine*_kernel */
+	bool staged;      /* kernel 2/3: decode2_stage before each round of the key loop */
+};
+static const decode_choice decode_choices[] = {
+	/* q8     from ctx  kernel fused  staged */
+	{ false, 0, 1, false, false },
+	{ false, 8192, 1, false, false },
+	{ false, 32768, 1, false, false },
+	{ true, 0, 1, false, false },
+	{ true, 8192, 1, false, false },
+	{ true, 32768, 1, false, false },
+};
+
+/* The variant of a decode call: decode_choices' row, then what the environment forces. */
+static decode_choice decode_plan(const cuda_dev *c, const kvt_attention_args *a)
+{
+	const bool q8 = a->kv->codec != KVT_KV_CODEC_F16;
+	const uint32_t n_ctx = a->pos0 + 1 - attn_first_key(*a, a->pos0);
+	decode_choice p = { q8, 0, 1, false, false };
+	for (const decode_choice &r : decode_choices)
+		if (r.q8 == q8 && r.min_ctx <= n_ctx)
+			p = r;
+	if (c->decode_version)
+		p.version = c->decode_version;
+	if (c->decode_combine >= 0)
+		p.fused = c->decode_combine == 1;
+	if (c->decode_stage >= 0)
+		p.staged = c->decode_stage == 1;
+	if (a->kv->n_kv_heads > DECODE_TICKETS || !c->d_tickets)
+		p.fused = false;
+	return p;
+}
+
+/* Whether a decode call on a pool of a's kind can run on decode version v (the workspace is sized for each). */
+static bool decode_may_use(const cuda_dev *c, const kvt_attention_args *a, int v)
+{
+	if (c->decode_version)
+		return c->decode_version == v;
+	for (const decode_choice &r : decode_choices)
+		if (r.q8 == (a->kv->codec != KVT_KV_CODEC_F16) && r.version == v)
+			return true;
+	return false;
+}
+
+/*
+ * Blocks a staged round takes (kernel 2/3): as many as STAGE_BYTES hold (a
+ * block is one table entry, plus on 8-bit pools its K and V scales of one
+ * KV head), no more than a split can take (most_bps), a multiple of 4; the
+ * shared memory in *smem. 0: not staged (a block's scales too large).
+ */
+static uint32_t decode_stage_blocks(const cuda_dev *c, const kvt_attention_args *a, uint32_t most_bps, size_t *smem)
+{
+	const kvt_kv_layout *l = a->kv;
+	const size_t per = 4 + (l->codec != KVT_KV_CODEC_F16
+					? (size_t)8 * l->block_tokens * (l->head_dim / kvt_codec_group_dims(l->codec, l->head_dim))
+					: 0);
+	uint32_t sb = c->stage_blocks ? c->stage_blocks : (uint32_t)(STAGE_BYTES / per);
+	const uint32_t cap = (most_bps + 3) / 4 * 4;
+	sb = (sb < cap ? sb : cap) / 4 * 4;
+	if (sb < 4 || sb * per > 48 * 1024)
+		return 0;
+	*smem = sb * per;
+	return sb;
+}
+
+/*
  * Version 2's kernels by [head_dim 64/128/256][GMAX 1/2/3/4/8/16][variant]:
  * fp16 pools; 8-bit pools at 16 dims a lane up to a group of 4 query heads
  * (8 beyond, where 16 would not fit the accumulators in registers); 8-bit
@@ -1829,7 +2079,7 @@ static bool decode_ok(const kvt_attention_args *a)
  * (more CTAs per SM) against more shuffles per key; which wins is for a GPU
  * run to say (bench_gpu times both).
  */
-typedef void (*decode2_fn)(kvt_kv_layout, kvt_attention_args, uint32_t, float *);
+typedef void (*decode2_fn)(kvt_kv_layout, kvt_attention_args, uint32_t, float *, decode_opts);
 #define D2K(D, GM, Q8, DPL) attn_decode2_kernel<D, GM, Q8, DPL>
 #define D2ROW(D)                                                                                              \
 	{ { D2K(D, 1, false, 8), D2K(D, 1, true, 16), D2K(D, 1, true, 8) },                                  \
@@ -1839,11 +2089,20 @@ typedef void (*decode2_fn)(kvt_kv_layout, kvt_attention_args, uint32_t, float *)
 	  { D2K(D, 8, false, 8), D2K(D, 8, true, 8), D2K(D, 8, true, 8) },                                   \
 	  { D2K(D, 16, false, 8), D2K(D, 16, true, 8), D2K(D, 16, true, 8) } }
 static const decode2_fn decode2_table[3][6][3] = { D2ROW(64), D2ROW(128), D2ROW(256) };
+#undef D2K
+/* the same kernels staging table entries and scales in shared memory (KVT_CUDA_STAGE=1, decode_choices) */
+#define D2K(D, GM, Q8, DPL) attn_decode2_kernel<D, GM, Q8, DPL, true>
+static const decode2_fn decode2s_table[3][6][3] = { D2ROW(64), D2ROW(128), D2ROW(256) };
 #undef D2ROW
 #undef D2K
 
-/* The kernel for a decode call (decode_ok), its CTAs per SM in *occ (asked once, then kept). */
-static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int *occ)
+/*
+ * The kernel for a decode call (decode_ok) on decode version 2 or 3, staged
+ * or not, and its CTAs per SM in *occ (asked once, then kept): the staged
+ * kernel's splits are those of the unstaged one (its STAGE_BYTES do not bind
+ * occupancy at 128 threads, 16 CTAs an SM at most), so the two agree bit for bit.
+ */
+static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int version, bool staged, int *occ)
 {
 	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
 	const int di = D == 64 ? 0 : D == 128 ? 1 : 2;
@@ -1852,7 +2111,7 @@ static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int *oc
 	 * (not so when layers x KV heads x block tokens is odd); 8 dims need 8, which they always are */
 	int qi = 0;
 	if (a->kv->codec != KVT_KV_CODEC_F16)
-		qi = c->decode_version == 3 || kvt_kv_block_bytes(a->kv) % 16 ? 2 : 1;
+		qi = version == 3 || kvt_kv_block_bytes(a->kv) % 16 ? 2 : 1;
 	decode2_fn fn = decode2_table[di][gi][qi];
 	int *slot = &c->decode2_occ[di][gi][qi];
 	int o = __atomic_load_n(slot, __ATOMIC_RELAXED);
@@ -1864,14 +2123,14 @@ static decode2_fn decode2_pick(cuda_dev *c, const kvt_attention_args *a, int *oc
 		__atomic_store_n(slot, o, __ATOMIC_RELAXED);
 	}
 	*occ = o;
-	return fn;
+	return staged ? decode2s_table[di][gi][qi] : fn;
 }
 
 /* Version 2's splits: runs of whole blocks, as many as one wave of CTAs holds for each KV head. */
-static uint32_t decode2_splits(cuda_dev *c, const kvt_attention_args *a, uint32_t *blocks_per_split)
+static uint32_t decode2_splits(cuda_dev *c, const kvt_attention_args *a, int version, uint32_t *blocks_per_split)
 {
 	int occ;
-	decode2_pick(c, a, &occ);
+	decode2_pick(c, a, version, false, &occ);
 	const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens) - attn_first_key(*a, a->pos0) / a->kv->block_tokens;
 	const uint32_t per_head = div_up((uint64_t)occ * c->n_sm, a->kv->n_kv_heads);
 	*blocks_per_split = div_up(nb, per_head);
@@ -1885,38 +2144,42 @@ static size_t cuda_attention_workspace(const kvt_dev *d, const kvt_attention_arg
 	one.n_rows = 1;
 	if (!decode_ok(&one))
 		return 0;
-	uint32_t most = decode_want((const cuda_dev *)d, a);
-	if (((const cuda_dev *)d)->decode_version >= 2) {
-		int occ;
-		decode2_pick((cuda_dev *)d, &one, &occ);
-		most = div_up((uint64_t)occ * ((const cuda_dev *)d)->n_sm, a->kv->n_kv_heads);
-	}
+	uint32_t most = decode_may_use((const cuda_dev *)d, a, 1) ? decode_want((const cuda_dev *)d, a) : 0;
+	for (int v = 2; v <= 3; v++)
+		if (decode_may_use((const cuda_dev *)d, a, v)) {
+			int occ;
+			decode2_pick((cuda_dev *)d, &one, v, false, &occ);
+			const uint32_t n = div_up((uint64_t)occ * ((const cuda_dev *)d)->n_sm, a->kv->n_kv_heads);
+			most = n > most ? n : most;
+		}
 	return (size_t)most * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
 }
 
 template <int D, int G>
-static void launch_decode(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
+static void launch_decode(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws,
+			  decode_opts o)
 {
 	dim3 grid(a->kv->n_kv_heads, n_splits);
 	if (a->kv->codec != KVT_KV_CODEC_F16)
-		attn_decode_kernel<D, G, true><<<grid, 128, 0, st>>>(*a->kv, *a, kps, ws);
+		attn_decode_kernel<D, G, true><<<grid, 128, 0, st>>>(*a->kv, *a, kps, ws, o);
 	else
-		attn_decode_kernel<D, G, false><<<grid, 128, 0, st>>>(*a->kv, *a, kps, ws);
+		attn_decode_kernel<D, G, false><<<grid, 128, 0, st>>>(*a->kv, *a, kps, ws, o);
 }
 
 template <int D>
-static bool launch_decode_g(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws)
+static bool launch_decode_g(cudaStream_t st, const kvt_attention_args *a, uint32_t n_splits, uint32_t kps, float *ws,
+			    decode_opts o)
 {
 	switch (a->n_heads / a->kv->n_kv_heads) {
-	case 1: launch_decode<D, 1>(st, a, n_splits, kps, ws); return true;
-	case 2: launch_decode<D, 2>(st, a, n_splits, kps, ws); return true;
-	case 3: launch_decode<D, 3>(st, a, n_splits, kps, ws); return true;
-	case 4: launch_decode<D, 4>(st, a, n_splits, kps, ws); return true;
-	case 5: launch_decode<D, 5>(st, a, n_splits, kps, ws); return true;
-	case 6: launch_decode<D, 6>(st, a, n_splits, kps, ws); return true;
-	case 7: launch_decode<D, 7>(st, a, n_splits, kps, ws); return true;
-	case 8: launch_decode<D, 8>(st, a, n_splits, kps, ws); return true;
-	case 16: launch_decode<D, 16>(st, a, n_splits, kps, ws); return true;
+	case 1: launch_decode<D, 1>(st, a, n_splits, kps, ws, o); return true;
+	case 2: launch_decode<D, 2>(st, a, n_splits, kps, ws, o); return true;
+	case 3: launch_decode<D, 3>(st, a, n_splits, kps, ws, o); return true;
+	case 4: launch_decode<D, 4>(st, a, n_splits, kps, ws, o); return true;
+	case 5: launch_decode<D, 5>(st, a, n_splits, kps, ws, o); return true;
+	case 6: launch_decode<D, 6>(st, a, n_splits, kps, ws, o); return true;
+	case 7: launch_decode<D, 7>(st, a, n_splits, kps, ws, o); return true;
+	case 8: launch_decode<D, 8>(st, a, n_splits, kps, ws, o); return true;
+	case 16: launch_decode<D, 16>(st, a, n_splits, kps, ws, o); return true;
 	}
 	return false;
 }
@@ -1929,18 +2192,27 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 		KVT_LOGE("cuda attention: head_dim %u over %d", D, MAX_HEAD_DIM);
 		return KVT_EUNSUPPORTED;
 	}
-	if (decode_ok(a) && c->decode_version >= 2) {
+	const decode_choice p = decode_ok(a) ? decode_plan(c, a) : decode_choice{};
+	if (decode_ok(a) && p.version >= 2) {
 		int occ;
-		uint32_t bps, n = decode2_splits(c, a, &bps);
-		decode2_fn fn = decode2_pick(c, a, &occ);
+		uint32_t bps, n = decode2_splits(c, a, p.version, &bps);
+		decode2_fn fn = decode2_pick(c, a, p.version, false, &occ);
+		uint32_t most_bps = bps; /* blocks a split can take */
 		if (a->d_pos0) { /* a graph: a wave's splits (or one per block of the bound), sized in the kernel */
 			bps = div_up((uint64_t)occ * c->n_sm, a->kv->n_kv_heads);
 			const uint32_t nb = div_up(a->pos0 + 1, a->kv->block_tokens);
 			n = bps < nb ? bps : nb;
+			most_bps = div_up(nb, bps);
 		}
-		fn<<<dim3(a->kv->n_kv_heads, n), 128, 0, c->stream>>>(*a->kv, *a, bps, (float *)ws);
+		decode_opts o = { p.fused ? c->d_tickets : NULL, 0 };
+		size_t smem = 0;
+		if (p.staged && (o.stage_blocks = decode_stage_blocks(c, a, most_bps, &smem)))
+			fn = decode2_pick(c, a, p.version, true, &occ);
+		if (o.tickets && n * sizeof(float) > smem)
+			smem = n * sizeof(float); /* the combine's weights reuse the staging area */
+		fn<<<dim3(a->kv->n_kv_heads, n), 128, smem, c->stream>>>(*a->kv, *a, bps, (float *)ws, o);
 		int rc = LAUNCHED("attention decode (2/3)");
-		if (rc)
+		if (rc || o.tickets)
 			return rc;
 		attn_combine2_kernel<<<a->n_heads, 128, n * sizeof(float), c->stream>>>((const float *)ws, a->out,
 											 a->n_heads, D, n);
@@ -1953,12 +2225,13 @@ static int cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 			const uint32_t most = div_up(a->pos0 + 1, 64);
 			n = kps < most ? kps : most;
 		}
-		bool ok = D == 64 ? launch_decode_g<64>(c->stream, a, n, kps, (float *)ws)
-			  : D == 128 ? launch_decode_g<128>(c->stream, a, n, kps, (float *)ws)
-				     : launch_decode_g<256>(c->stream, a, n, kps, (float *)ws);
+		const decode_opts o = { p.fused ? c->d_tickets : NULL, 0 };
+		bool ok = D == 64 ? launch_decode_g<64>(c->stream, a, n, kps, (float *)ws, o)
+			  : D == 128 ? launch_decode_g<128>(c->stream, a, n, kps, (float *)ws, o)
+				     : launch_decode_g<256>(c->stream, a, n, kps, (float *)ws, o);
 		if (ok) {
 			int rc = LAUNCHED("attention decode");
-			if (rc)
+			if (rc || o.tickets)
 				return rc;
 			attn_combine_kernel<<<a->n_heads, D < 128 ? 64 : 128, 0, c->stream>>>((const float *)ws, a->out,
 											  a->n_heads, D, n);
@@ -2598,17 +2871,37 @@ extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
 		cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 for the fp32 path */
 	if (!rc)
 		rc = CU(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)));
+	if (!rc)
+		rc = CU(cudaMalloc((void **)&c->d_tickets, DECODE_TICKETS * sizeof(uint32_t)));
+	if (!rc)
+		rc = CU(cudaMemset(c->d_tickets, 0, DECODE_TICKETS * sizeof(uint32_t)));
+	if (!rc)
+		rc = CU(cudaDeviceSynchronize()); /* the counters are zero before any decode reads them */
 	if (rc) {
 		cuda_destroy(&c->base);
 		return rc;
 	}
 	c->n_sm = prop.multiProcessorCount;
 	const char *dv = getenv("KVT_CUDA_DECODE");
-	c->decode_version = 1;
-	if (dv && (strcmp(dv, "2") == 0 || strcmp(dv, "3") == 0))
+	c->decode_version = 0; /* decode_choices' */
+	if (dv && (strcmp(dv, "1") == 0 || strcmp(dv, "2") == 0 || strcmp(dv, "3") == 0))
 		c->decode_version = dv[0] - '0';
-	else if (dv && strcmp(dv, "1") != 0)
-		KVT_LOGW("KVT_CUDA_DECODE=%s: not 1, 2 or 3; using decode attention 1", dv);
+	else if (dv && *dv)
+		KVT_LOGW("KVT_CUDA_DECODE=%s: not 1, 2 or 3; using the table's decode kernels", dv);
+	const char *dc = getenv("KVT_CUDA_COMBINE");
+	c->decode_combine = -1;
+	if (dc && (strcmp(dc, "fused") == 0 || strcmp(dc, "separate") == 0))
+		c->decode_combine = dc[0] == 'f';
+	else if (dc && *dc)
+		KVT_LOGW("KVT_CUDA_COMBINE=%s: not fused or separate; using the table's", dc);
+	const char *ds = getenv("KVT_CUDA_STAGE");
+	c->decode_stage = -1;
+	if (ds && (strcmp(ds, "0") == 0 || strcmp(ds, "1") == 0))
+		c->decode_stage = ds[0] == '1';
+	else if (ds && *ds)
+		KVT_LOGW("KVT_CUDA_STAGE=%s: not 0 or 1; using the table's", ds);
+	const char *sbk = getenv("KVT_CUDA_STAGE_BLOCKS"); /* tests: small rounds to cover the rounds */
+	c->stage_blocks = sbk && atol(sbk) > 0 ? (uint32_t)atol(sbk) : 0;
 	const char *qt = getenv("KVT_CUDA_QTILE"); /* tests: small tiles to cover the tiling */
 	c->qtile_elems = qt && atol(qt) > 0 ? (uint32_t)atol(qt) : QTILE_ELEMS;
 	snprintf(c->base.name, sizeof c->base.name, "cuda (%.48s, sm_%d%d, %.0f GiB)", prop.name, prop.major,

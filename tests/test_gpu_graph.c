@@ -17,7 +17,12 @@
  *   - at batch 1 with graphs: at most one graph launch and one host wait per
  *     decoded token, no kernel launched outside the graph; the kernels a
  *     replay runs per layer are printed (the fusion work's yardstick);
- *   - a host wait while capturing fails the op and the capture.
+ *   - a host wait while capturing fails the op and the capture;
+ *   - the combine fused into the last CTA of each head (KVT_CUDA_COMBINE=fused,
+ *     every decode kernel, kernel 2/3 also with staging, KVT_CUDA_STAGE=1):
+ *     device-position attention bit-identical to the separate combine given
+ *     the position, launch after launch (its counters reset themselves);
+ *     graph decode gives the same tokens with one kernel less a layer.
  */
 #include "check.h"
 #include "dev.h"
@@ -30,6 +35,23 @@
 #include <unistd.h>
 
 static check_rng rng = { 0x51ab1e5eedULL };
+
+/* The CUDA backend with this decode kernel, combine (fused or separate) and staging (0, 1), forced. */
+static kvt_dev *make_variant(const char *decode, const char *combine, const char *stage)
+{
+	setenv("KVT_CUDA_COMBINE", combine, 1);
+	setenv("KVT_CUDA_STAGE", stage, 1);
+	setenv("KVT_CUDA_STAGE_BLOCKS", "4", 1); /* several staged rounds a split */
+	kvt_dev_config c = { .kind = test_dev_kind(), .n_threads = 2 };
+	kvt_dev *d = NULL;
+	setenv("KVT_CUDA_DECODE", decode, 1);
+	int rc = kvt_dev_create(&c, &d);
+	unsetenv("KVT_CUDA_DECODE");
+	unsetenv("KVT_CUDA_COMBINE");
+	unsetenv("KVT_CUDA_STAGE");
+	unsetenv("KVT_CUDA_STAGE_BLOCKS");
+	return rc ? NULL : d;
+}
 
 static kvt_dev *make_dev(const char *decode)
 {
@@ -50,8 +72,11 @@ static void *up(kvt_dev *d, const void *h, size_t n)
 	return p;
 }
 
-/* Decode attention at position pos: given pos0 = pos, and given d_pos0 -> pos with pos0 = bound. */
-static void test_dyn_pos(kvt_dev *d, int codec)
+/*
+ * Decode attention at position pos: given pos0 = pos, and given d_pos0 -> pos with pos0 = bound;
+ * with sep (a device whose combine is its own kernel), also sep's given pos0 = pos, all bit-identical.
+ */
+static void test_dyn_pos(kvt_dev *d, int codec, kvt_dev *sep)
 {
 	enum { HD = 64, NKV = 2, NH = 8, BT = 16, SLOTS = 64, BOUND = SLOTS * BT - 1 };
 	kvt_kv_layout l = { .n_layers = 2, .n_kv_heads = NKV, .head_dim = HD, .block_tokens = BT, .n_slots = SLOTS,
@@ -89,15 +114,18 @@ static void test_dyn_pos(kvt_dev *d, int codec)
 	float *q = malloc(NH * HD * sizeof(float));
 	for (int i = 0; i < NH * HD; i++)
 		q[i] = check_rng_f32(&rng);
-	float *d_q = up(d, q, NH * HD * sizeof(float)), *d_o1 = NULL, *d_o2 = NULL;
+	float *d_q = up(d, q, NH * HD * sizeof(float)), *d_o1 = NULL, *d_o2 = NULL, *d_o3 = NULL;
 	CHECK(kvt_dev_alloc(d, NH * HD * sizeof(float), (void **)&d_o1) == KVT_OK);
 	CHECK(kvt_dev_alloc(d, NH * HD * sizeof(float), (void **)&d_o2) == KVT_OK);
+	CHECK(kvt_dev_alloc(d, NH * HD * sizeof(float), (void **)&d_o3) == KVT_OK);
 	kvt_attention_args at = { .kv = &l, .layer = 1, .block_table = d_table, .pos0 = BOUND, .n_rows = 1,
 				  .n_heads = NH, .scale = 0.125f, .q = d_q };
-	void *ws = NULL;
+	void *ws = NULL, *ws3 = NULL;
 	size_t wsb = kvt_dev_attention_workspace_bytes(d, &at);
 	if (wsb)
 		CHECK(kvt_dev_alloc(d, wsb, &ws) == KVT_OK);
+	if (sep && (wsb = kvt_dev_attention_workspace_bytes(sep, &at)) > 0)
+		CHECK(kvt_dev_alloc(sep, wsb, &ws3) == KVT_OK);
 	static const int32_t positions[] = { 0, 1, 15, 16, 63, 64, 65, 200, 400 };
 	int same = 0;
 	for (size_t i = 0; i < sizeof positions / sizeof *positions; i++) {
@@ -118,11 +146,27 @@ static void test_dyn_pos(kvt_dev *d, int codec)
 		bool eq = memcmp(o1, o2, sizeof o1) == 0;
 		CHECKF(eq, "%s codec %s: attention at %d differs with the position on the device", kvt_dev_name(d),
 		       kvt_kv_codec_name(codec), p);
+		if (sep) { /* the separate combine, given the position */
+			float o3[NH * HD];
+			at.pos0 = (uint32_t)p;
+			at.d_pos0 = NULL;
+			at.out = d_o3;
+			CHECK(kvt_dev_attention(sep, &at, ws3) == KVT_OK);
+			CHECK(kvt_dev_sync(sep) == KVT_OK);
+			CHECK(kvt_dev_copy_d2h(sep, o3, d_o3, sizeof o3) == KVT_OK);
+			const bool eq3 = memcmp(o1, o3, sizeof o1) == 0;
+			CHECKF(eq3, "codec %s: fused combine at %d differs from the separate one", kvt_kv_codec_name(codec), p);
+			eq = eq && eq3;
+		}
 		same += eq;
 	}
-	printf("%s, %s pool: device-position attention bit-identical at %d of %zu positions\n", kvt_dev_name(d),
-	       kvt_kv_codec_name(codec), same, sizeof positions / sizeof *positions);
+	printf("%s, %s pool: device-position attention bit-identical at %d of %zu positions%s\n", kvt_dev_name(d),
+	       kvt_kv_codec_name(codec), same, sizeof positions / sizeof *positions,
+	       sep ? " (and to the separate combine given the position)" : "");
 	kvt_dev_free(d, ws);
+	if (sep)
+		kvt_dev_free(sep, ws3);
+	kvt_dev_free(d, d_o3);
 	kvt_dev_free(d, d_q);
 	kvt_dev_free(d, d_o1);
 	kvt_dev_free(d, d_o2);
@@ -547,6 +591,41 @@ static void test_capture_rules(kvt_dev *d)
 	kvt_dev_free(d, p);
 }
 
+/*
+ * Graph decode with the combine fused (decode kernel 1 and 2): the tokens of
+ * the separate combine's graphs, and one kernel less a layer (8, not 9).
+ */
+static void test_decode_fused(const char *path, uint32_t n_layer)
+{
+	enum { N = 12 };
+	const uint32_t len = 13;
+	for (int v = 1; v <= 2; v++) {
+		char name[2] = { (char)('0' + v), 0 };
+		kvt_dev *sep = make_variant(name, "separate", "0"), *fu = make_variant(name, "fused", "0");
+		CHECK(sep && fu);
+		if (!sep || !fu)
+			return;
+		int32_t ts[N], tf[N];
+		kvt_dev_counters cs, cf;
+		dec_run(sep, path, false, 1, &len, N, NULL, ts, &cs);
+		dec_run(fu, path, false, 1, &len, N, NULL, tf, &cf);
+		const uint64_t steps = N - 1;
+		CHECKF(memcmp(ts, tf, sizeof ts) == 0, "decode kernel %d: graph decode with the fused combine differs", v);
+		CHECKF(cf.graph_kernels + steps * n_layer == cs.graph_kernels,
+		       "decode kernel %d: %llu kernels fused, %llu separate, over %llu steps of %u layers", v,
+		       (unsigned long long)cf.graph_kernels, (unsigned long long)cs.graph_kernels,
+		       (unsigned long long)steps, n_layer);
+		/* a layer is 8 launches with the combine in the attention kernel */
+		CHECKF(cf.graph_kernels <= steps * (3 + 8 * n_layer), "%.1f kernels a step fused",
+		       (double)cf.graph_kernels / steps);
+		CHECK(cf.kernel_launches == 0 && cf.graph_launches <= steps && cf.host_syncs <= steps);
+		printf("decode kernel %d, batch 1 graphs: %.1f kernels a step with the combine fused, %.1f separate\n", v,
+		       (double)cf.graph_kernels / steps, (double)cs.graph_kernels / steps);
+		kvt_dev_destroy(sep);
+		kvt_dev_destroy(fu);
+	}
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
@@ -567,9 +646,23 @@ int main(void)
 		kvt_dev *dv = cuda ? make_dev(name) : d;
 		CHECK(dv != NULL);
 		for (int codec = 0; dv && codec < KVT_KV_CODEC_COUNT; codec++)
-			test_dyn_pos(dv, codec);
+			test_dyn_pos(dv, codec, NULL);
 		if (dv != d)
 			kvt_dev_destroy(dv);
+	}
+	/* the fused combine (and kernel 2/3 staging), every decode kernel, every codec, against the separate one */
+	for (int v = 1; cuda && v <= 3; v++) {
+		char name[2] = { (char)('0' + v), 0 };
+		kvt_dev *sep = make_variant(name, "separate", "0");
+		for (int st = 0; st < (v == 1 ? 1 : 2); st++) {
+			kvt_dev *fu = make_variant(name, "fused", st ? "1" : "0");
+			CHECK(sep && fu);
+			printf("decode kernel %d, fused combine%s:\n", v, st ? ", staged" : "");
+			for (int codec = 0; sep && fu && codec < KVT_KV_CODEC_COUNT; codec++)
+				test_dyn_pos(fu, codec, sep);
+			kvt_dev_destroy(fu);
+		}
+		kvt_dev_destroy(sep);
 	}
 
 	char dir[] = "/tmp/kvt_graph_XXXXXX", path[64];
@@ -589,6 +682,8 @@ int main(void)
 	cfg.seed = 5;
 	CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
 	test_decode(d, path, cfg.n_layer);
+	if (cuda)
+		test_decode_fused(path, cfg.n_layer);
 	unlink(path);
 	rmdir(dir);
 	kvt_dev_destroy(d);

@@ -17,7 +17,10 @@
  *     fast path standing in, whose GEMV rounds x to int16); more rows (the
  *     fp16 tile GEMM) 1e-5, and its tiling bitwise against one tile;
  *   - rmsnorm, swiglu, add: 1e-12; rope (sincosf vs glibc): 1e-10;
- *   - attention (exp and summation order differ): 1e-9.
+ *   - attention (exp and summation order differ): 1e-9; the decode variants
+ *     (combine fused into the last CTA of each head, kernel 2/3 staging in
+ *     shared memory) also bitwise against their kernel's separate combine
+ *     without staging.
  * argmax must agree exactly (ties go to the lowest index on both), and so
  * must sampling (the op is defined by thresholds, not by a sort order).
  * Exits 77 (skipped) where no GPU is present; the CUDA backend is still
@@ -728,6 +731,124 @@ static void test_greedy(void)
 	rmdir(dir);
 }
 
+/*
+ * Decode variants (gpu/dev_cuda.cu, decode_choices): the combine fused into
+ * the last CTA of each head, on every decode kernel, and kernel 2/3 staging
+ * its split's table entries and scales in shared memory (in rounds of 4
+ * blocks, KVT_CUDA_STAGE_BLOCKS, so splits take several), against the CPU
+ * reference (nmse) and bit for bit against the same kernel with the separate
+ * combine and without staging: head_dim 64/128/256, GQA 1/4/8, every codec,
+ * windows, blocks of 8/12/16 tokens, contexts over several splits.
+ */
+static kvt_dev *variant_dev(int version, bool fused, bool staged)
+{
+	char v[2] = { (char)('0' + version), 0 };
+	kvt_dev_config gc = { .kind = KVT_DEV_CUDA, .n_threads = 2 };
+	kvt_dev *d = NULL;
+	setenv("KVT_CUDA_DECODE", v, 1);
+	setenv("KVT_CUDA_COMBINE", fused ? "fused" : "separate", 1);
+	setenv("KVT_CUDA_STAGE", staged ? "1" : "0", 1);
+	setenv("KVT_CUDA_STAGE_BLOCKS", "4", 1);
+	if (kvt_dev_create(&gc, &d))
+		d = NULL;
+	unsetenv("KVT_CUDA_DECODE");
+	unsetenv("KVT_CUDA_COMBINE");
+	unsetenv("KVT_CUDA_STAGE");
+	unsetenv("KVT_CUDA_STAGE_BLOCKS");
+	return d;
+}
+
+static void test_decode_variants(void)
+{
+	if (kvt_dev_kind(gpu) != KVT_DEV_CUDA)
+		return; /* the self-test: the CPU has no decode variants */
+	/* [version 1..3][fused][staged] */
+	kvt_dev *vd[4][2][2] = { { { NULL } } };
+	for (int v = 1; v <= 3; v++)
+		for (int f = 0; f < 2; f++)
+			for (int st = 0; st < (v == 1 ? 1 : 2); st++) {
+				vd[v][f][st] = variant_dev(v, f, st);
+				CHECK(vd[v][f][st] != NULL);
+				if (!vd[v][f][st])
+					return;
+			}
+	/* {head_dim, kv heads, group, context, block tokens, sliding window} */
+	static const uint32_t cases[][6] = {
+		{ 64, 8, 1, 400, 8, 0 },   { 64, 4, 4, 700, 8, 0 },    { 64, 1, 8, 300, 16, 0 },
+		{ 128, 4, 1, 600, 8, 0 },  { 128, 2, 4, 333, 12, 0 },  { 128, 1, 8, 500, 16, 100 },
+		{ 256, 2, 1, 300, 16, 0 }, { 256, 1, 4, 700, 16, 200 }, { 256, 4, 8, 200, 8, 0 },
+		{ 64, 2, 4, 1, 16, 0 },    { 128, 2, 4, 17, 16, 0 },
+	};
+	const size_t n_cases = sizeof cases / sizeof cases[0];
+	int n_same = 0, n_runs = 0;
+	for (size_t cc = 0; cc < 3 * n_cases; cc++) {
+		const size_t ci = cc % n_cases;
+		const int codec = (int)(cc / n_cases);
+		const uint32_t hd = cases[ci][0], H = cases[ci][1], G = cases[ci][2], n_ctx = cases[ci][3];
+		const uint32_t bt = cases[ci][4], win = cases[ci][5], layer = 1;
+		kvpair p;
+		kv_open(&p, 2, H, hd, bt, n_ctx, codec);
+		const size_t qn = (size_t)H * G * hd;
+		float *q = rand_f32(qn, 1.0f), *ref = malloc(qn * 4), *got = malloc(qn * 4), *base = malloc(qn * 4);
+		buf2 bq = both(q, qn * 4), bo = both(q, qn * 4);
+		kvt_attention_args a = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = n_ctx - 1,
+					 .n_rows = 1, .n_heads = H * G, .scale = 1.0f / sqrtf((float)hd),
+					 .q = bq.c, .out = bo.c, .window = win };
+		void *wc = ws(cpu, kvt_dev_attention_workspace_bytes(cpu, &a));
+		CHECK(kvt_dev_attention(cpu, &a, wc) == KVT_OK);
+		down(cpu, ref, bo.c, qn * 4);
+		kvt_dev_free(cpu, wc);
+		a.kv = &p.lg, a.block_table = p.bt.g, a.q = bq.g, a.out = bo.g;
+		float *poison = malloc(qn * 4);
+		memset(poison, 0xff, qn * 4); /* NaN: an output left unwritten fails */
+		for (int v = 1; v <= 3; v++) {
+			if (v == 3 && codec == KVT_KV_CODEC_F16)
+				continue; /* 3 differs from 2 on 8-bit pools only */
+			for (int st = 0; st < (v == 1 ? 1 : 2); st++)
+				for (int f = 0; f < 2; f++) {
+					kvt_dev *g = vd[v][f][st];
+					CHECK(kvt_dev_copy_h2d(gpu, bo.g, poison, qn * 4) == KVT_OK);
+					CHECK(kvt_dev_sync(gpu) == KVT_OK);
+					void *w = ws(g, kvt_dev_attention_workspace_bytes(g, &a));
+					/* each device runs every case: the fused counters must have reset themselves */
+					CHECK(kvt_dev_attention(g, &a, w) == KVT_OK);
+					down(g, got, bo.g, qn * 4);
+					kvt_dev_free(g, w);
+					const double e = nmse(got, ref, qn);
+					CHECKF(e <= 1e-9, "decode kernel %d%s%s %s hd%u kvh%u G%u ctx%u bt%u window %u: nmse %.3g", v,
+					       f ? " fused" : "", st ? " staged" : "", kvt_kv_codec_name(codec), hd, H, G, n_ctx,
+					       bt, win, e);
+					if (st == 0 && f == 0) {
+						memcpy(base, got, qn * 4); /* the kernel as it was: separate, unstaged */
+						continue;
+					}
+					const bool same = memcmp(base, got, qn * 4) == 0;
+					CHECKF(same, "decode kernel %d%s%s %s hd%u kvh%u G%u ctx%u bt%u window %u: not bit-identical "
+					       "to the separate combine without staging", v, f ? " fused" : "", st ? " staged" : "",
+					       kvt_kv_codec_name(codec), hd, H, G, n_ctx, bt, win);
+					n_same += same;
+					n_runs++;
+				}
+		}
+		printf("decode variants %s hd%u kvh%u G%u ctx%u bt%u window %u: fused and staged bit-identical to the "
+		       "separate combine\n", kvt_kv_codec_name(codec), hd, H, G, n_ctx, bt, win);
+		free(poison);
+		both_free(&bq);
+		both_free(&bo);
+		free(q);
+		free(ref);
+		free(got);
+		free(base);
+		kv_close(&p);
+	}
+	printf("decode variants: %d of %d runs bit-identical to their kernel's separate, unstaged result\n", n_same,
+	       n_runs);
+	for (int v = 1; v <= 3; v++)
+		for (int f = 0; f < 2; f++)
+			for (int st = 0; st < 2; st++)
+				kvt_dev_destroy(vd[v][f][st]);
+}
+
 int main(void)
 {
 	/* KVT_PARITY_SELFTEST=1 puts the CPU fast path in the GPU's place: a dry run
@@ -768,6 +889,7 @@ int main(void)
 	test_rows();
 	test_rope_embed();
 	test_attention();
+	test_decode_variants();
 	test_codecs();
 	test_sample();
 	test_greedy();

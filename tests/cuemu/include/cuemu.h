@@ -191,6 +191,11 @@ template <class T> static inline T __ldg(const T *p)
 	return *p;
 }
 
+/* A load through L2 only (another CTA's store): as __ldg here; blocks run one at a time. */
+template <class T> static inline T __ldcg(const T *p) { return __ldg(p); }
+/* A memory fence: blocks and threads run one at a time, so every store is already visible. */
+static inline void __threadfence(void) {}
+
 /* Atomics: one emulated thread runs at a time, so read-modify-write is atomic. */
 template <class T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = o + v; return o; }
 template <class T> static inline T atomicSub(T *p, T v) { T o = *p; *p = o - v; return o; }
