@@ -17,7 +17,14 @@
  *   - at batch 1 with graphs: at most one graph launch and one host wait per
  *     decoded token, no kernel launched outside the graph; the kernels a
  *     replay runs per layer are printed (the fusion work's yardstick);
- *   - a host wait while capturing fails the op and the capture.
+ *   - a host wait while capturing fails the op and the capture;
+ *   - batch 64 and 128 (every sequence its own length), and a padded bucket
+ *     (40 sequences, then 37 of them: 3 padding rows in the bucket of 40):
+ *     kvt_model_decode with graphs and without gives the tokens of
+ *     kvt_model_forward_batch plus a host argmax; one graph launch and one
+ *     host wait a step; the K/V of the 3 sequences left out stay bit for bit
+ *     as they were, and the scratch block of the padding rows goes back to
+ *     the pool.
  */
 #include "check.h"
 #include "dev.h"
@@ -333,13 +340,13 @@ static void rig_open(rig *r, kvt_dev *d, const char *path, bool no_graphs)
 	kvt_kv_layout shape;
 	kvt_model_config_default(&mc);
 	mc.max_ctx = 512;
-	mc.max_batch = 64;
+	mc.max_batch = KVT_DECODE_MAX_SEQ;
 	mc.no_graphs = no_graphs;
 	CHECK(kvt_gguf_open(path, &g) == KVT_OK);
 	CHECK(kvt_model_load(d, g, &mc, &r->m) == KVT_OK);
 	kvt_gguf_close(g);
 	kvt_model_kv_shape(r->m, 16, &shape);
-	CHECK(kvt_t0_create(d, &shape, 64, &r->pool) == KVT_OK);
+	CHECK(kvt_t0_create(d, &shape, 512, &r->pool) == KVT_OK); /* 16 KiB blocks: room for 128 sequences */
 	r->n_vocab = kvt_model_hparams_get(r->m)->n_vocab;
 }
 
@@ -491,6 +498,144 @@ static void test_decode(kvt_dev *d, const char *path, uint32_t n_layer)
 	CHECKF(differ > 0, "sampled tokens all equal the greedy ones");
 }
 
+/*
+ * Batches past 32 rows. n_seq sequences (prompt lengths 3..40) decode
+ * n_gen - 1 steps: the first n_hi steps all of them, then the first n_lo
+ * (the rest idle). mode 0: the reference, kvt_model_forward_batch of one
+ * token each and a host argmax; 1: kvt_model_decode with graphs; 2: without.
+ * out is [n_seq][n_gen], -1 where a sequence sat a step out; ctr sums the
+ * counters of the steps after the first (each a replay: 37 sequences pad up
+ * to the bucket of 40), n_replays counts them. Returns whether
+ * the idle sequences' K/V bytes stayed as they were and every block went back
+ * to the pool at the end.
+ */
+enum { BIG_MAX = KVT_DECODE_MAX_SEQ, BIG_GEN = 6 };
+static bool big_run(kvt_dev *d, const char *path, int mode, uint32_t n_seq, uint32_t n_hi, uint32_t n_lo,
+		    uint32_t n_gen, int32_t *out, kvt_dev_counters *ctr, uint32_t *n_replays)
+{
+	rig r;
+	rig_open(&r, d, path, mode == 2);
+	static kvt_seq s[BIG_MAX];
+	kvt_seq *sp[BIG_MAX];
+	static int32_t tok[BIG_MAX], next[BIG_MAX];
+	static uint32_t ones[BIG_MAX];
+	static bool want[BIG_MAX];
+	float *logits = malloc((size_t)BIG_MAX * r.n_vocab * sizeof(float));
+	for (uint32_t i = 0; i < n_seq; i++) {
+		int32_t prompt[64];
+		const uint32_t len = 3 + (i * 7) % 38;
+		prompt_of(prompt, len, i);
+		CHECK(kvt_seq_init(&s[i], d, r.pool, 512) == KVT_OK);
+		sp[i] = &s[i];
+		ones[i] = 1;
+		want[i] = true;
+		CHECK(kvt_model_forward(r.m, &s[i], prompt, len, logits, 1) == KVT_OK);
+		tok[i] = out[(size_t)i * n_gen] = host_argmax(logits, r.n_vocab);
+		for (uint32_t t = 1; t < n_gen; t++)
+			out[(size_t)i * n_gen + t] = -1;
+	}
+	const kvt_kv_layout *kv = kvt_t0_layout(r.pool);
+	const size_t bb = kvt_t0_block_bytes(r.pool);
+	uint8_t *before = NULL;
+	size_t n_idle_bytes = 0;
+	bool kept = true;
+	memset(ctr, 0, sizeof *ctr);
+	*n_replays = 0;
+	for (uint32_t t = 1; t < n_gen; t++) {
+		const uint32_t n = t <= n_hi ? n_seq : n_lo;
+		if (n < n_seq && !before) { /* the idle sequences' K/V as they are now */
+			for (uint32_t i = n; i < n_seq; i++)
+				n_idle_bytes += s[i].n_blocks * bb;
+			before = malloc(n_idle_bytes);
+			for (uint32_t i = n, o = 0; i < n_seq; i++)
+				for (uint32_t b = 0; b < s[i].n_blocks; b++, o++)
+					CHECK(kvt_dev_copy_d2h(d, before + (size_t)o * bb,
+							       (const uint8_t *)kv->pool + (size_t)s[i].blocks[b] * bb,
+							       bb) == KVT_OK);
+		}
+		kvt_dev_counters c;
+		int rc;
+		kvt_dev_counters_reset(d);
+		if (mode == 0) {
+			rc = kvt_model_forward_batch(r.m, n, sp, ones, tok, want, logits);
+			for (uint32_t i = 0; !rc && i < n; i++)
+				next[i] = host_argmax(logits + (size_t)i * r.n_vocab, r.n_vocab);
+		} else {
+			rc = kvt_model_decode(r.m, n, sp, tok, NULL, NULL, next);
+		}
+		kvt_dev_counters_get(d, &c);
+		CHECKF(rc == KVT_OK, "batch %u, step %u (mode %d): %d", n, t, mode, rc);
+		if (rc)
+			break;
+		if (t > 1) {
+			ctr->graph_launches += c.graph_launches;
+			ctr->host_syncs += c.host_syncs;
+			ctr->kernel_launches += c.kernel_launches;
+			ctr->graph_kernels += c.graph_kernels;
+			(*n_replays)++;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			tok[i] = out[(size_t)i * n_gen + t] = next[i];
+	}
+	if (before) {
+		uint8_t *after = malloc(bb);
+		for (uint32_t i = n_lo, o = 0; i < n_seq; i++)
+			for (uint32_t b = 0; b < s[i].n_blocks; b++, o++) {
+				CHECK(kvt_dev_copy_d2h(d, after, (const uint8_t *)kv->pool + (size_t)s[i].blocks[b] * bb,
+						       bb) == KVT_OK);
+				kept = kept && memcmp(after, before + (size_t)o * bb, bb) == 0;
+			}
+		free(after);
+		free(before);
+	}
+	for (uint32_t i = 0; i < n_seq; i++)
+		kvt_seq_deinit(&s[i]);
+	kept = kept && kvt_t0_n_free(r.pool) == kvt_t0_n_slots(r.pool);
+	free(logits);
+	rig_close(&r);
+	return kept;
+}
+
+static void test_decode_big(kvt_dev *d, const char *path)
+{
+	static const uint32_t cases[][4] = { /* sequences, steps at all of them, then how many, tokens */
+		{ 64, 3, 64, 4 }, { 128, 3, 128, 4 }, { 40, 2, 37, BIG_GEN },
+	};
+	static int32_t ref[BIG_MAX * BIG_GEN], got[BIG_MAX * BIG_GEN], gotn[BIG_MAX * BIG_GEN];
+	const bool graphs = kvt_dev_graphs_supported(d);
+	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+		const uint32_t n_seq = cases[k][0], n_hi = cases[k][1], n_lo = cases[k][2], n_gen = cases[k][3];
+		kvt_dev_counters cr, cg, cn;
+		uint32_t nr, ng, nn;
+		bool kept_r = big_run(d, path, 0, n_seq, n_hi, n_lo, n_gen, ref, &cr, &nr);
+		bool kept_g = big_run(d, path, 1, n_seq, n_hi, n_lo, n_gen, got, &cg, &ng);
+		bool kept_n = big_run(d, path, 2, n_seq, n_hi, n_lo, n_gen, gotn, &cn, &nn);
+		const size_t bytes = (size_t)n_seq * n_gen * sizeof(int32_t);
+		CHECKF(memcmp(ref, got, bytes) == 0, "batch %u then %u: decode (graphs %s) differs from forward_batch",
+		       n_seq, n_lo, graphs ? "on" : "unsupported");
+		CHECKF(memcmp(ref, gotn, bytes) == 0, "batch %u then %u: direct decode differs from forward_batch",
+		       n_seq, n_lo);
+		CHECKF(kept_r && kept_g && kept_n, "batch %u then %u: idle K/V changed or a block was not given back "
+		       "(reference %d, graphs %d, direct %d)", n_seq, n_lo, kept_r, kept_g, kept_n);
+		uint32_t changes = 0; /* and the tokens are not one repeated id */
+		for (uint32_t i = 0; i + 1 < n_seq * n_gen; i++)
+			changes += ref[i] != ref[i + 1];
+		CHECK(changes > n_seq);
+		printf("%s batch %u then %u: tokens of decode (graphs, direct) = forward_batch: %s; %llu replayed steps: "
+		       "%llu graph launches, %llu host syncs, %llu kernels outside, %.1f kernels in graphs a step\n",
+		       kvt_dev_name(d), n_seq, n_lo, memcmp(ref, got, bytes) == 0 && memcmp(ref, gotn, bytes) == 0 ? "yes" : "NO",
+		       (unsigned long long)ng, (unsigned long long)cg.graph_launches,
+		       (unsigned long long)cg.host_syncs, (unsigned long long)cg.kernel_launches,
+		       ng ? (double)cg.graph_kernels / ng : 0.0);
+		CHECK(ng == n_gen - 2 && nn == ng && nr == ng);
+		if (graphs) {
+			CHECK_EQ_INT(cg.graph_launches, ng);
+			CHECK_EQ_INT(cg.host_syncs, ng);
+			CHECK_EQ_INT(cg.kernel_launches, 0);
+		}
+	}
+}
+
 static void test_capture_rules(kvt_dev *d)
 {
 	kvt_graph *g = (kvt_graph *)&g;
@@ -589,6 +734,7 @@ int main(void)
 	cfg.seed = 5;
 	CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
 	test_decode(d, path, cfg.n_layer);
+	test_decode_big(d, path);
 	unlink(path);
 	rmdir(dir);
 	kvt_dev_destroy(d);
