@@ -24,7 +24,10 @@
  *     kvt_model_forward_batch plus a host argmax; one graph launch and one
  *     host wait a step; the K/V of the 3 sequences left out stay bit for bit
  *     as they were, and the scratch block of the padding rows goes back to
- *     the pool.
+ *     the pool;
+ *   - kvt_model_create_random (fp16 and Q4_K): its weight bytes, bad shapes
+ *     and dtypes refused, and 12 sequences (padded to the bucket of 16)
+ *     decode as kvt_model_forward_batch does.
  */
 #include "check.h"
 #include "dev.h"
@@ -333,6 +336,10 @@ typedef struct rig {
 	uint32_t n_vocab;
 } rig;
 
+/* rig_open with path NULL: kvt_model_create_random of this shape and dtype (seed 7) */
+static kvt_model_hparams rig_random_hp;
+static int rig_random_dtype;
+
 static void rig_open(rig *r, kvt_dev *d, const char *path, bool no_graphs)
 {
 	kvt_gguf *g = NULL;
@@ -342,9 +349,13 @@ static void rig_open(rig *r, kvt_dev *d, const char *path, bool no_graphs)
 	mc.max_ctx = 512;
 	mc.max_batch = KVT_DECODE_MAX_SEQ;
 	mc.no_graphs = no_graphs;
-	CHECK(kvt_gguf_open(path, &g) == KVT_OK);
-	CHECK(kvt_model_load(d, g, &mc, &r->m) == KVT_OK);
-	kvt_gguf_close(g);
+	if (!path) { /* the random model rig_random names */
+		CHECK(kvt_model_create_random(d, &rig_random_hp, rig_random_dtype, 7, &mc, &r->m) == KVT_OK);
+	} else {
+		CHECK(kvt_gguf_open(path, &g) == KVT_OK);
+		CHECK(kvt_model_load(d, g, &mc, &r->m) == KVT_OK);
+		kvt_gguf_close(g);
+	}
 	kvt_model_kv_shape(r->m, 16, &shape);
 	CHECK(kvt_t0_create(d, &shape, 512, &r->pool) == KVT_OK); /* 16 KiB blocks: room for 128 sequences */
 	r->n_vocab = kvt_model_hparams_get(r->m)->n_vocab;
@@ -636,6 +647,63 @@ static void test_decode_big(kvt_dev *d, const char *path)
 	}
 }
 
+static void test_random_model(kvt_dev *d)
+{
+	const kvt_model_hparams hp = { .n_layer = 2, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .head_dim = 64,
+				       .n_ff = 512, .n_vocab = 1024, .n_ctx_train = 512, .rope_base = 10000.0f,
+				       .rms_eps = 1e-5f };
+	kvt_model *m = (kvt_model *)&m;
+	/* bad shapes and dtypes, each named */
+	kvt_model_hparams bad = hp;
+	bad.n_head_kv = 3;
+	check_log_capture();
+	CHECK(kvt_model_create_random(d, &bad, KVT_DTYPE_F16, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "n_head / n_head_kv") != NULL);
+	bad = hp;
+	bad.n_embd = 320;
+	bad.n_head = 5;
+	bad.n_head_kv = 5;
+	CHECK(kvt_model_create_random(d, &bad, KVT_DTYPE_Q4_K, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "multiples of 256") != NULL);
+	CHECK(kvt_model_create_random(d, &hp, KVT_DTYPE_Q8_0, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "F16 or Q4_K") != NULL);
+	bad = hp;
+	bad.n_vocab = 0;
+	CHECK(kvt_model_create_random(d, &bad, KVT_DTYPE_F16, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "n_vocab") != NULL);
+	kvt_log_set_sink(NULL, NULL);
+	CHECK(m == (kvt_model *)&m); /* nothing written on failure */
+
+	static const int dtypes[] = { KVT_DTYPE_F16, KVT_DTYPE_Q4_K };
+	for (size_t k = 0; k < 2; k++) {
+		const int dt = dtypes[k];
+		if (!kvt_dev_supports_dtype(d, dt)) {
+			printf("%s: no %s weights, random model skipped\n", kvt_dev_name(d), kvt_dtype_name(dt));
+			continue;
+		}
+		CHECK(kvt_model_create_random(d, &hp, dt, 7, NULL, &m) == KVT_OK);
+		const size_t E = hp.n_embd, F = hp.n_ff, V = hp.n_vocab, QD = hp.n_head * hp.head_dim;
+		const size_t KVD = hp.n_head_kv * hp.head_dim;
+		const size_t want = 2 * V * kvt_dtype_row_bytes(dt, E) +
+				    hp.n_layer * ((QD + 2 * KVD + 2 * F) * kvt_dtype_row_bytes(dt, E) +
+						  E * kvt_dtype_row_bytes(dt, QD) + E * kvt_dtype_row_bytes(dt, F)) +
+				    (1 + 2 * hp.n_layer) * E * sizeof(float);
+		CHECK_EQ_INT(kvt_model_weight_bytes(m), want);
+		kvt_model_destroy(m);
+		rig_random_hp = hp;
+		rig_random_dtype = dt;
+		static int32_t ref[12 * 4], got[12 * 4];
+		kvt_dev_counters c;
+		uint32_t nr, ng;
+		CHECK(big_run(d, NULL, 0, 12, 3, 12, 4, ref, &c, &nr));
+		CHECK(big_run(d, NULL, 1, 12, 3, 12, 4, got, &c, &ng));
+		CHECKF(memcmp(ref, got, sizeof ref) == 0, "random %s model: decode of 12 differs from forward_batch",
+		       kvt_dtype_name(dt));
+		printf("%s: random %s model (%zu weight bytes): 12 sequences decode as forward_batch: %s\n",
+		       kvt_dev_name(d), kvt_dtype_name(dt), want, memcmp(ref, got, sizeof ref) == 0 ? "yes" : "NO");
+	}
+}
+
 static void test_capture_rules(kvt_dev *d)
 {
 	kvt_graph *g = (kvt_graph *)&g;
@@ -735,6 +803,7 @@ int main(void)
 	CHECK(kvt_synth_llama_write(&cfg, path) == KVT_OK);
 	test_decode(d, path, cfg.n_layer);
 	test_decode_big(d, path);
+	test_random_model(d);
 	unlink(path);
 	rmdir(dir);
 	kvt_dev_destroy(d);
