@@ -1330,9 +1330,9 @@ static void rnd_fill_host(int dtype, float s, uint64_t seed, uint8_t *h, size_t 
 		uint8_t *blk = h + b * 144;
 		memcpy(blk, &d, 2);
 		memcpy(blk + 2, &dmin, 2);
-		for (int i = 4; i < 144; i += 8) {
+		for (int i = 4; i < 144; i += 8) { /* scales and codes: 140 bytes, the last 4 a half word */
 			uint64_t x = rnd_next(&r);
-			memcpy(blk + i, &x, 8);
+			memcpy(blk + i, &x, i + 8 <= 144 ? 8 : 144 - i);
 		}
 	}
 }
