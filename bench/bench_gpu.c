@@ -26,6 +26,20 @@
  *      (kvt_tm_promote_layered + the gated prefill), with the copy and the
  *      compute alone, so the summary can give pipelined / sequential and
  *      pipelined / max(copy, compute).
+ *   8. `bench_gpu DIR --batch-sweep` (alone, time-bounded): decode tokens/s
+ *      at batch 1, 8, 32, 64 and 128 on a Llama-3.2-1B-shaped and a
+ *      Llama-3-8B-shaped model with random weights made on the device
+ *      (kvt_model_create_random), each fp16 and Q4_K as stored, 512 tokens of
+ *      context per sequence (copied from one prefilled sequence, so attention
+ *      reads distinct blocks but stays a small share: kv_bytes_per_step is
+ *      printed beside the weight bytes); per batch the weight bytes streamed
+ *      per second against the copy (target at batch 1: >= 0.7); then at batch
+ *      64 each of the model's GEMM shapes (q, k, v, o, gate+up, down, output),
+ *      timed through the same kvt_dev ops the model calls, against cuBLAS's
+ *      best for the shape (bench/cublas_ref.cu, fp16 in, fp32 accumulate;
+ *      Q4_K against cuBLAS fp16 on the widened shape): target >= 0.6 overall.
+ *      `--tiny` runs a 2-layer model of the same structure (a run that
+ *      proves the mode works, not a figure), `--cpu` on the CPU backend.
  *
  * Decode attention runs on each decode kernel (KVT_CUDA_DECODE=1, 2 and 3;
  * the "kernel" field), then (1c, decode_variants) on every selectable variant
@@ -874,8 +888,324 @@ static int resume_ttft_main(int argc, char **argv)
 	return 0;
 }
 
+/* ---- 8: the batch sweep ---- */
+
+#ifdef KVT_BENCH_CUBLAS
+int bench_cublas_best(int M, int N, int K, double *best_s, int *n_tried); /* bench/cublas_ref.cu */
+#endif
+
+typedef struct sweep_model {
+	const char *name;        /* shape name in the JSON lines */
+	kvt_model_hparams hp;    /* what kvt_model_create_random takes */
+} sweep_model;
+
+/* dst (empty) holds its own copy of src's blocks, so attention reads distinct KV per sequence. */
+static void clone_context(kvt_t0_pool *pool, kvt_seq *dst, const kvt_seq *src)
+{
+	const size_t bb = kvt_t0_block_bytes(pool);
+	uint8_t *base = kvt_t0_layout(pool)->pool;
+	kvt_seq_reset(dst);
+	for (uint32_t b = 0; b < src->n_blocks; b++) {
+		if (kvt_t0_alloc(pool, &dst->blocks[b]))
+			die("pool (clone)");
+		dst->n_blocks = b + 1;
+		kvt_dev_copy_d2d(dev, base + (size_t)dst->blocks[b] * bb, base + (size_t)src->blocks[b] * bb, bb);
+	}
+	dst->n_tokens = src->n_tokens;
+}
+
+/* Device bytes of dtype for n_rows x n_in, filled with a pattern that is valid for the dtype. */
+static void *pattern_weights(int dtype, uint32_t n_rows, uint32_t n_in)
+{
+	const size_t bytes = kvt_dtype_row_bytes(dtype, n_in) * n_rows, unit = dtype == KVT_DTYPE_Q4_K ? 144 : 2;
+	const size_t chunk = ((size_t)16 << 20) / unit * unit;
+	uint8_t *h = malloc(chunk), *d = dalloc(bytes);
+	uint64_t r = 0x9e3779b97f4a7c15ULL;
+	for (size_t i = 0; i < chunk; i += unit) {
+		r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+		if (dtype == KVT_DTYPE_Q4_K) {
+			for (size_t j = 4; j < 144; j++)
+				h[i + j] = (uint8_t)(r >> (j % 8 * 8)) ^ (uint8_t)j;
+			uint16_t dd = kvt_f32_to_f16(1e-4f), dm = kvt_f32_to_f16(7.5e-4f);
+			memcpy(h + i, &dd, 2);
+			memcpy(h + i + 2, &dm, 2);
+		} else {
+			uint16_t v = kvt_f32_to_f16((float)(r >> 40) / (float)(1 << 24) * 0.04f - 0.02f);
+			memcpy(h + i, &v, 2);
+		}
+	}
+	void *staged = dalloc(chunk);
+	kvt_dev_copy_h2d(dev, staged, h, chunk);
+	for (size_t done = 0; done < bytes; done += chunk)
+		kvt_dev_copy_d2d(dev, d + done, staged, bytes - done < chunk ? bytes - done : chunk);
+	kvt_dev_sync(dev);
+	kvt_dev_free(dev, staged);
+	free(h);
+	return d;
+}
+
+typedef struct gemm_job {
+	int kind;              /* 0 norm_matmul, 1 matmul (accumulate), 2 matmul_swiglu */
+	kvt_norm_matmul_args nm;
+	kvt_matmul_args mm;
+	kvt_matmul_swiglu_args sw;
+	void *ws;
+} gemm_job;
+static void do_gemm(void *ctx)
+{
+	gemm_job *j = ctx;
+	int rc = j->kind == 0 ? kvt_dev_norm_matmul(dev, &j->nm, j->ws)
+		 : j->kind == 1 ? kvt_dev_matmul(dev, &j->mm, j->ws)
+				: kvt_dev_matmul_swiglu(dev, &j->sw, j->ws);
+	if (rc)
+		die("gemm");
+}
+
+/*
+ * The batch-64 GEMMs of a model shape through the ops the model calls for
+ * them (norm fused into q, k, v and output; o and down accumulate into the
+ * residual; gate + up with SwiGLU in one op), against cuBLAS's best.
+ */
+static void gemm_vs_cublas(const sweep_model *sm, int dtype, uint32_t M, int iters)
+{
+	const kvt_model_hparams *hp = &sm->hp;
+	const uint32_t E = hp->n_embd, Q = hp->n_head * hp->head_dim, KV = hp->n_head_kv * hp->head_dim;
+	const uint32_t F = hp->n_ff, V = hp->n_vocab;
+	const struct { const char *name; int kind; uint32_t n_in, n_out, per_step, n_gemms; } shapes[] = {
+		{ "q", 0, E, Q, hp->n_layer, 1 },       { "k", 0, E, KV, hp->n_layer, 1 },
+		{ "v", 0, E, KV, hp->n_layer, 1 },      { "o", 1, Q, E, hp->n_layer, 1 },
+		{ "gate_up", 2, E, F, hp->n_layer, 2 }, { "down", 1, F, E, hp->n_layer, 1 },
+		{ "output", 0, E, V, 1, 1 },
+	};
+	const uint32_t widest = F > E ? (F > Q ? F : Q) : (E > Q ? E : Q);
+	float *hx = malloc((size_t)M * widest * sizeof(float)), *ones = malloc(widest * sizeof(float));
+	for (size_t i = 0; i < (size_t)M * widest; i++)
+		hx[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+	for (uint32_t i = 0; i < widest; i++)
+		ones[i] = 1.0f;
+	float *x = dalloc((size_t)M * widest * sizeof(float)), *nw = dalloc(widest * sizeof(float));
+	float *y = dalloc((size_t)M * (V > F ? V : F) * sizeof(float)), *y2 = dalloc((size_t)M * F * sizeof(float));
+	kvt_dev_copy_h2d(dev, x, hx, (size_t)M * widest * sizeof(float));
+	kvt_dev_copy_h2d(dev, nw, ones, widest * sizeof(float));
+	kvt_dev_copy_h2d(dev, y, hx, (size_t)M * E * sizeof(float)); /* a residual to accumulate into */
+	double sum_ours = 0, sum_ref = 0;
+	bool all_ref = true;
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		void *w = pattern_weights(dtype, shapes[i].n_out, shapes[i].n_in);
+		void *w2 = shapes[i].kind == 2 ? pattern_weights(dtype, shapes[i].n_out, shapes[i].n_in) : NULL;
+		gemm_job j = { .kind = shapes[i].kind };
+		kvt_matmul_args mm = { .n_rows = M, .n_in = shapes[i].n_in, .n_out = shapes[i].n_out, .w_dtype = dtype,
+				       .w = w, .x = x, .y = y, .accumulate = shapes[i].kind == 1 };
+		size_t wsb;
+		if (j.kind == 0) {
+			j.nm = (kvt_norm_matmul_args){ .mm = mm, .norm_w = nw, .eps = 1e-5f };
+			wsb = kvt_dev_norm_matmul_workspace_bytes(dev, &j.nm);
+		} else if (j.kind == 1) {
+			j.mm = mm;
+			wsb = kvt_dev_matmul_workspace_bytes(dev, &j.mm);
+		} else {
+			j.sw = (kvt_matmul_swiglu_args){ .n_rows = M, .n_in = E, .n_out = F, .w_dtype = dtype, .w_gate = w,
+							 .w_up = w2, .x = x, .y = y2, .norm_w = nw, .eps = 1e-5f };
+			wsb = kvt_dev_matmul_swiglu_workspace_bytes(dev, &j.sw);
+		}
+		j.ws = wsb ? dalloc(wsb) : NULL;
+		double t = time_it(do_gemm, &j, iters);
+		double t_ref = -1;
+		int n_tried = 0;
+#ifdef KVT_BENCH_CUBLAS
+		double best;
+		if (kvt_dev_kind(dev) == KVT_DEV_CUDA &&
+		    bench_cublas_best((int)M, (int)shapes[i].n_out, (int)shapes[i].n_in, &best, &n_tried) == 0)
+			t_ref = best * shapes[i].n_gemms;
+#endif
+		const double flops = 2.0 * M * shapes[i].n_in * shapes[i].n_out * shapes[i].n_gemms;
+		char ref[160] = "\"cublas_us\":null,\"vs_cublas\":null";
+		if (t_ref > 0)
+			snprintf(ref, sizeof ref, "\"cublas_us\":%.2f,\"cublas_algos\":%d,\"vs_cublas\":%.3f", t_ref * 1e6,
+				 n_tried, t_ref / t);
+		printf("{\"bench\":\"gemm_vs_cublas\",\"model\":\"%s\",\"dtype\":\"%s\",\"rows\":%u,\"shape\":\"%s\","
+		       "\"n_in\":%u,\"n_out\":%u,\"gemms\":%u,\"per_step\":%u,\"us\":%.2f,\"tflops\":%.2f,%s%s}\n",
+		       sm->name, kvt_dtype_name(dtype), M, shapes[i].name, shapes[i].n_in, shapes[i].n_out, shapes[i].n_gemms,
+		       shapes[i].per_step, t * 1e6, flops / t / 1e12, ref,
+		       dtype != KVT_DTYPE_F16 ? ",\"reference\":\"cuBLAS fp16 on the widened shape\"" : "");
+		fflush(stdout);
+		sum_ours += t * shapes[i].per_step;
+		sum_ref += t_ref * shapes[i].per_step;
+		all_ref = all_ref && t_ref > 0;
+		kvt_dev_free(dev, j.ws);
+		kvt_dev_free(dev, w);
+		kvt_dev_free(dev, w2);
+	}
+	if (all_ref)
+		printf("{\"bench\":\"gemm_vs_cublas_step\",\"model\":\"%s\",\"dtype\":\"%s\",\"rows\":%u,\"us\":%.1f,"
+		       "\"cublas_us\":%.1f,\"vs_cublas\":%.3f}\n",
+		       sm->name, kvt_dtype_name(dtype), M, sum_ours * 1e6, sum_ref * 1e6, sum_ref / sum_ours);
+	else
+		printf("{\"bench\":\"gemm_vs_cublas_step\",\"model\":\"%s\",\"dtype\":\"%s\",\"rows\":%u,\"us\":%.1f,"
+		       "\"cublas_us\":null,\"vs_cublas\":null,\"why\":\"no cuBLAS reference in this build or on this device\"}\n",
+		       sm->name, kvt_dtype_name(dtype), M, sum_ours * 1e6);
+	fflush(stdout);
+	kvt_dev_free(dev, x);
+	kvt_dev_free(dev, nw);
+	kvt_dev_free(dev, y);
+	kvt_dev_free(dev, y2);
+	free(hx);
+	free(ones);
+}
+
+/* Decode tokens/s of one model at each batch size, its weights' streaming fraction per batch. */
+static void sweep_one(const sweep_model *sm, int dtype, double cbw, uint32_t ctx, int steps, int gemm_iters)
+{
+	static const uint32_t batches[] = { 1, 8, 32, 64, 128 };
+	enum { BMAX = 128 };
+	const kvt_model_hparams *hp = &sm->hp;
+	kvt_model_config mc;
+	kvt_model_config_default(&mc);
+	mc.max_ctx = ctx + (uint32_t)steps + 16 < BMAX ? BMAX : ctx + (uint32_t)steps + 16; /* max_batch <= max_ctx */
+	mc.max_batch = BMAX;
+	kvt_model *m;
+	double t0 = kvt_now_s();
+	int rc = kvt_model_create_random(dev, hp, dtype, 42, &mc, &m);
+	if (rc) {
+		printf("{\"bench\":\"batch_sweep\",\"model\":\"%s\",\"dtype\":\"%s\",\"error\":%d}\n", sm->name,
+		       kvt_dtype_name(dtype), rc);
+		fflush(stdout);
+		return;
+	}
+	kvt_dev_sync(dev);
+	const double t_make = kvt_now_s() - t0, wbytes = (double)kvt_model_weight_bytes(m);
+	kvt_kv_layout shape;
+	kvt_model_kv_shape(m, 16, &shape);
+	const uint32_t per_seq = (mc.max_ctx + 15) / 16;
+	kvt_t0_pool *pool;
+	if (kvt_t0_create(dev, &shape, (BMAX + 1) * per_seq, &pool))
+		die("pool (sweep)");
+	static kvt_seq s[BMAX + 1];
+	kvt_seq *sp[BMAX];
+	int32_t tok[BMAX], next[BMAX];
+	for (int i = 0; i <= BMAX; i++) {
+		if (kvt_seq_init(&s[i], dev, pool, mc.max_ctx))
+			die("seq (sweep)");
+		if (i < BMAX)
+			sp[i] = &s[i];
+	}
+	int32_t *prompt = malloc(ctx * sizeof(int32_t));
+	for (uint32_t i = 0; i < ctx; i++)
+		prompt[i] = (int32_t)(3 + (i * 13) % (hp->n_vocab - 3));
+	if (kvt_model_forward(m, &s[BMAX], prompt, ctx, NULL, 0)) /* the context every sequence starts from */
+		die("prefill (sweep)");
+	const double kv_per_tok = (double)hp->n_layer * 2 * hp->n_head_kv * hp->head_dim * 2; /* fp16 K + V */
+	for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+		const uint32_t B = batches[bi];
+		for (uint32_t i = 0; i < B; i++) {
+			clone_context(pool, &s[i], &s[BMAX]);
+			tok[i] = (int32_t)(3 + i);
+		}
+		kvt_dev_sync(dev);
+		rc = kvt_model_decode(m, B, sp, tok, NULL, NULL, next); /* the capture, not timed */
+		memcpy(tok, next, B * sizeof *tok);
+		kvt_dev_counters c;
+		kvt_dev_counters_reset(dev);
+		double ts = kvt_now_s();
+		for (int t = 0; t < steps && !rc; t++) {
+			rc = kvt_model_decode(m, B, sp, tok, NULL, NULL, next);
+			memcpy(tok, next, B * sizeof *tok);
+		}
+		const double dt = kvt_now_s() - ts;
+		kvt_dev_counters_get(dev, &c);
+		if (rc) {
+			printf("{\"bench\":\"batch_sweep\",\"model\":\"%s\",\"dtype\":\"%s\",\"batch\":%u,\"error\":%d}\n",
+			       sm->name, kvt_dtype_name(dtype), B, rc);
+			fflush(stdout);
+			continue;
+		}
+		char cj[512];
+		counters_json(&c, (double)steps * B, cj, sizeof cj);
+		const double steps_s = steps / dt;
+		printf("{\"bench\":\"batch_sweep\",\"model\":\"%s\",\"dtype\":\"%s\",\"path\":\"%s\",\"batch\":%u,"
+		       "\"context\":%u,\"steps\":%d,\"step_ms\":%.3f,\"tok_s\":%.1f,\"weight_bytes\":%.0f,"
+		       "\"kv_bytes_per_step\":%.0f,\"copy_bytes_per_s\":%.4g,\"limit_steps_s\":%.1f,\"weights_vs_copy\":%.3f,"
+		       "\"make_s\":%.2f,%s}\n",
+		       sm->name, kvt_dtype_name(dtype), kvt_dev_graphs_supported(dev) ? "graph" : "decode (no graphs)", B, ctx,
+		       steps, dt / steps * 1e3, steps_s * B, wbytes, kv_per_tok * (ctx + steps / 2.0) * B, cbw, cbw / wbytes,
+		       steps_s * wbytes / cbw, t_make, cj);
+		fflush(stdout);
+	}
+	for (int i = 0; i <= BMAX; i++)
+		kvt_seq_deinit(&s[i]);
+	free(prompt);
+	kvt_t0_destroy(pool);
+	kvt_model_destroy(m);
+	gemm_vs_cublas(sm, dtype, 64, gemm_iters);
+}
+
+/*
+ * The sweep, bounded by budget_s: a model whose turn comes after the budget
+ * is spent gets a "skipped" line instead (the device check has 8 minutes for
+ * everything).
+ */
+static int batch_sweep(double cbw, bool tiny, double budget_s)
+{
+	const kvt_model_hparams l1b = { .n_layer = 16, .n_embd = 2048, .n_head = 32, .n_head_kv = 8, .head_dim = 64,
+					.n_ff = 8192, .n_vocab = 128256, .n_ctx_train = 131072, .rope_base = 500000.0f,
+					.rms_eps = 1e-5f, .tied_embeddings = true };
+	const kvt_model_hparams l8b = { .n_layer = 32, .n_embd = 4096, .n_head = 32, .n_head_kv = 8, .head_dim = 128,
+					.n_ff = 14336, .n_vocab = 128256, .n_ctx_train = 8192, .rope_base = 500000.0f,
+					.rms_eps = 1e-5f, .tied_embeddings = false };
+	const kvt_model_hparams tin = { .n_layer = 2, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .head_dim = 64,
+					.n_ff = 512, .n_vocab = 1024, .n_ctx_train = 1024, .rope_base = 10000.0f,
+					.rms_eps = 1e-5f, .tied_embeddings = false };
+	const sweep_model full[] = { { "llama-3.2-1B shape", l1b }, { "llama-3-8B shape", l8b } };
+	const sweep_model small[] = { { "tiny (2 layers, 256 wide; not a figure)", tin } };
+	const sweep_model *list = tiny ? small : full;
+	const size_t n = tiny ? 1 : 2;
+	static const int dtypes[] = { KVT_DTYPE_F16, KVT_DTYPE_Q4_K };
+	const double t0 = kvt_now_s();
+	for (size_t i = 0; i < n; i++)
+		for (size_t k = 0; k < 2; k++) {
+			if (kvt_now_s() - t0 > budget_s) {
+				printf("{\"bench\":\"batch_sweep\",\"model\":\"%s\",\"dtype\":\"%s\",\"skipped\":"
+				       "\"the sweep's %.0f s budget was spent\"}\n", list[i].name, kvt_dtype_name(dtypes[k]), budget_s);
+				continue;
+			}
+			sweep_one(&list[i], dtypes[k], cbw, tiny ? 64 : 512, tiny ? 3 : 16, tiny ? 2 : 20);
+		}
+	printf("{\"bench\":\"batch_sweep_time\",\"seconds\":%.1f,\"budget_s\":%.0f}\n", kvt_now_s() - t0, budget_s);
+	fflush(stdout);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 2 && strcmp(argv[2], "--batch-sweep") == 0) {
+		bool tiny = false, cpu = false;
+		double budget = 180;
+		for (int i = 3; i < argc; i++) {
+			if (!strcmp(argv[i], "--tiny"))
+				tiny = true;
+			else if (!strcmp(argv[i], "--cpu"))
+				cpu = true;
+			else if (!strncmp(argv[i], "--budget=", 9))
+				budget = atof(argv[i] + 9);
+			else {
+				fprintf(stderr, "bench_gpu: --batch-sweep takes --tiny, --cpu, --budget=SECONDS, not %s\n",
+					argv[i]);
+				return 2;
+			}
+		}
+		kvt_dev_config sc = { .kind = cpu ? KVT_DEV_CPU : KVT_DEV_CUDA };
+		if (kvt_dev_create(&sc, &dev)) {
+			fprintf(stderr, "bench_gpu: no %s device\n", cpu ? "cpu" : "CUDA");
+			return 77;
+		}
+		printf("{\"bench\":\"device\",\"name\":\"%s\"}\n", kvt_dev_name(dev));
+		const size_t cb = tiny ? (size_t)64 << 20 : (size_t)1 << 30;
+		const double cbw = copy_bw(cb);
+		printf("{\"bench\":\"d2d_copy\",\"bytes\":%zu,\"bytes_per_s\":%.4g}\n", cb, cbw);
+		int rc = batch_sweep(cbw, tiny, budget);
+		kvt_dev_destroy(dev);
+		return rc;
+	}
 	if (argc == 3 && strcmp(argv[1], "--synth") == 0) {
 		/* The model of bench/gpu_daemon_smoke.py: 4 layers, 512 wide, 8 heads of 64 over 2 KV
 		 * heads (decode attention's kernels, not the fallback), fp16, 2048 context. */

@@ -13,7 +13,8 @@
 # variant -- kernel x separate/fused combine x staging -- per batch x context class and
 # codec, bounded by KVT_BENCH_VARIANTS_S, default 60 s; codecs, paging, end to end);
 # resume TTFT from T1, sequential vs layer-wise pipelined (bench_gpu --resume-ttft, its
-# lines appended to bench_gpu.jsonl, bounded by KVT_RESUME_S); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
+# lines appended to bench_gpu.jsonl, bounded by KVT_RESUME_S); bench_gpu --batch-sweep (batch 1-128
+# throughput, GEMMs vs cuBLAS); PyTorch's SDPA on the same decode shapes (bench/gpu_sdpa.py) where
 # torch is there; the tier, model-promotion and scheduler tests on the CUDA backend
 # (KVTIER_TEST_DEVICE=cuda); and
 # kvtierd end to end on cuda and on cpu (bench/gpu_daemon_smoke.py).
@@ -55,6 +56,12 @@ if [ "${1:-}" != "--attention" ]; then
 	t_rt=$(date +%s)
 	timeout "${KVT_RESUME_S:-180}" bench_gpu /tmp --resume-ttft 2>&1 | tee -a "$out/bench_gpu.jsonl"
 	echo "resume TTFT took $(($(date +%s) - t_rt)) s (bound ${KVT_RESUME_S:-180} s)"
+	# issue 18 item 5: decode tok/s at batch 1-128 (Llama-1B and 8B shapes, fp16 and Q4_K) and the
+	# batch-64 GEMMs against cuBLAS; the sweep stops starting models after its budget and prints
+	# how long it took (expected well under a minute on an H200; 16 GB of 8B weights made on the device)
+	echo "== batch sweep"
+	timeout "${KVT_SWEEP_S:-150}" bench_gpu /tmp --batch-sweep --budget="${KVT_SWEEP_BUDGET_S:-100}" 2>&1 |
+		tee "$out/batch_sweep.jsonl"
 fi
 echo "== pytorch sdpa"
 timeout 40 env -u LD_LIBRARY_PATH python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
@@ -76,7 +83,8 @@ if [ "${1:-}" != "--attention" ]; then
 	[ "${PIPESTATUS[0]}" = 0 ] || rest=1
 fi
 echo "== summary (every target with its measured ratio; unmeasured ones named)"
-python3 bench/device_summary.py "$out/bench_gpu.jsonl" "$out/parity.txt" "$out/graph.txt" --json "$out/summary.jsonl" |
+python3 bench/device_summary.py "$out/bench_gpu.jsonl" "$out/parity.txt" "$out/graph.txt" --sweep "$out/batch_sweep.jsonl" \
+	--json "$out/summary.jsonl" |
 	tee "$out/summary.txt"
 echo "parity exit status: $parity; graph test: $graph; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
 [ "$parity" = 0 ] && [ "$graph" = 0 ] && [ "$rest" = 0 ]

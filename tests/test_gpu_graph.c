@@ -23,6 +23,16 @@
  *     device-position attention bit-identical to the separate combine given
  *     the position, launch after launch (its counters reset themselves);
  *     graph decode gives the same tokens with one kernel less a layer.
+ *   - batch 64 and 128 (every sequence its own length), and a padded bucket
+ *     (40 sequences, then 37 of them: 3 padding rows in the bucket of 40):
+ *     kvt_model_decode with graphs and without gives the tokens of
+ *     kvt_model_forward_batch plus a host argmax; one graph launch and one
+ *     host wait a step; the K/V of the 3 sequences left out stay bit for bit
+ *     as they were, and the scratch block of the padding rows goes back to
+ *     the pool;
+ *   - kvt_model_create_random (fp16 and Q4_K): its weight bytes, bad shapes
+ *     and dtypes refused, and 12 sequences (padded to the bucket of 16)
+ *     decode as kvt_model_forward_batch does.
  */
 #include "check.h"
 #include "dev.h"
@@ -370,6 +380,10 @@ typedef struct rig {
 	uint32_t n_vocab;
 } rig;
 
+/* rig_open with path NULL: kvt_model_create_random of this shape and dtype (seed 7) */
+static kvt_model_hparams rig_random_hp;
+static int rig_random_dtype;
+
 static void rig_open(rig *r, kvt_dev *d, const char *path, bool no_graphs)
 {
 	kvt_gguf *g = NULL;
@@ -377,13 +391,17 @@ static void rig_open(rig *r, kvt_dev *d, const char *path, bool no_graphs)
 	kvt_kv_layout shape;
 	kvt_model_config_default(&mc);
 	mc.max_ctx = 512;
-	mc.max_batch = 64;
+	mc.max_batch = KVT_DECODE_MAX_SEQ;
 	mc.no_graphs = no_graphs;
-	CHECK(kvt_gguf_open(path, &g) == KVT_OK);
-	CHECK(kvt_model_load(d, g, &mc, &r->m) == KVT_OK);
-	kvt_gguf_close(g);
+	if (!path) { /* the random model rig_random names */
+		CHECK(kvt_model_create_random(d, &rig_random_hp, rig_random_dtype, 7, &mc, &r->m) == KVT_OK);
+	} else {
+		CHECK(kvt_gguf_open(path, &g) == KVT_OK);
+		CHECK(kvt_model_load(d, g, &mc, &r->m) == KVT_OK);
+		kvt_gguf_close(g);
+	}
 	kvt_model_kv_shape(r->m, 16, &shape);
-	CHECK(kvt_t0_create(d, &shape, 64, &r->pool) == KVT_OK);
+	CHECK(kvt_t0_create(d, &shape, 512, &r->pool) == KVT_OK); /* 16 KiB blocks: room for 128 sequences */
 	r->n_vocab = kvt_model_hparams_get(r->m)->n_vocab;
 }
 
@@ -535,6 +553,212 @@ static void test_decode(kvt_dev *d, const char *path, uint32_t n_layer)
 	CHECKF(differ > 0, "sampled tokens all equal the greedy ones");
 }
 
+/*
+ * Batches past 32 rows. n_seq sequences (prompt lengths 3..24) decode
+ * n_gen - 1 steps: the first n_hi steps all of them, then the first n_lo
+ * (the rest idle). mode 0: the reference, kvt_model_forward_batch of one
+ * token each and a host argmax; 1: kvt_model_decode with graphs; 2: without.
+ * out is [n_seq][n_gen], -1 where a sequence sat a step out; ctr sums the
+ * counters of the steps after the first (each a replay: 37 sequences pad up
+ * to the bucket of 40), n_replays counts them. Returns whether
+ * the idle sequences' K/V bytes stayed as they were and every block went back
+ * to the pool at the end.
+ */
+enum { BIG_MAX = KVT_DECODE_MAX_SEQ, BIG_GEN = 5 };
+static bool big_run(kvt_dev *d, const char *path, int mode, uint32_t n_seq, uint32_t n_hi, uint32_t n_lo,
+		    uint32_t n_gen, int32_t *out, kvt_dev_counters *ctr, uint32_t *n_replays)
+{
+	rig r;
+	rig_open(&r, d, path, mode == 2);
+	static kvt_seq s[BIG_MAX];
+	kvt_seq *sp[BIG_MAX];
+	static int32_t tok[BIG_MAX], next[BIG_MAX];
+	static uint32_t ones[BIG_MAX];
+	static bool want[BIG_MAX];
+	float *logits = malloc((size_t)BIG_MAX * r.n_vocab * sizeof(float));
+	/* prefill in batches of up to BIG_MAX rows (a forward per sequence costs the emulator 8x the launches) */
+	static int32_t prompts[BIG_MAX * 24];
+	static uint32_t lens[BIG_MAX];
+	for (uint32_t i0 = 0, i1; i0 < n_seq; i0 = i1) {
+		uint32_t rows = 0;
+		for (i1 = i0; i1 < n_seq; i1++) {
+			const uint32_t len = 3 + (i1 * 7) % 22; /* 3..24: some cross a block during the steps */
+			if (rows + len > BIG_MAX)
+				break;
+			prompt_of(prompts + rows, len, i1);
+			CHECK(kvt_seq_init(&s[i1], d, r.pool, 512) == KVT_OK);
+			sp[i1] = &s[i1];
+			ones[i1] = 1;
+			want[i1] = true;
+			lens[i1] = len;
+			rows += len;
+		}
+		CHECK(kvt_model_forward_batch(r.m, i1 - i0, sp + i0, lens + i0, prompts, want + i0, logits) == KVT_OK);
+		for (uint32_t i = i0; i < i1; i++) {
+			tok[i] = out[(size_t)i * n_gen] = host_argmax(logits + (size_t)(i - i0) * r.n_vocab, r.n_vocab);
+			for (uint32_t t = 1; t < n_gen; t++)
+				out[(size_t)i * n_gen + t] = -1;
+		}
+	}
+	const kvt_kv_layout *kv = kvt_t0_layout(r.pool);
+	const size_t bb = kvt_t0_block_bytes(r.pool);
+	uint8_t *before = NULL;
+	size_t n_idle_bytes = 0;
+	bool kept = true;
+	memset(ctr, 0, sizeof *ctr);
+	*n_replays = 0;
+	for (uint32_t t = 1; t < n_gen; t++) {
+		const uint32_t n = t <= n_hi ? n_seq : n_lo;
+		if (n < n_seq && !before) { /* the idle sequences' K/V as they are now */
+			for (uint32_t i = n; i < n_seq; i++)
+				n_idle_bytes += s[i].n_blocks * bb;
+			before = malloc(n_idle_bytes);
+			for (uint32_t i = n, o = 0; i < n_seq; i++)
+				for (uint32_t b = 0; b < s[i].n_blocks; b++, o++)
+					CHECK(kvt_dev_copy_d2h(d, before + (size_t)o * bb,
+							       (const uint8_t *)kv->pool + (size_t)s[i].blocks[b] * bb,
+							       bb) == KVT_OK);
+		}
+		kvt_dev_counters c;
+		int rc;
+		kvt_dev_counters_reset(d);
+		if (mode == 0) {
+			rc = kvt_model_forward_batch(r.m, n, sp, ones, tok, want, logits);
+			for (uint32_t i = 0; !rc && i < n; i++)
+				next[i] = host_argmax(logits + (size_t)i * r.n_vocab, r.n_vocab);
+		} else {
+			rc = kvt_model_decode(r.m, n, sp, tok, NULL, NULL, next);
+		}
+		kvt_dev_counters_get(d, &c);
+		CHECKF(rc == KVT_OK, "batch %u, step %u (mode %d): %d", n, t, mode, rc);
+		if (rc)
+			break;
+		if (t > 1) {
+			ctr->graph_launches += c.graph_launches;
+			ctr->host_syncs += c.host_syncs;
+			ctr->kernel_launches += c.kernel_launches;
+			ctr->graph_kernels += c.graph_kernels;
+			(*n_replays)++;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			tok[i] = out[(size_t)i * n_gen + t] = next[i];
+	}
+	if (before) {
+		uint8_t *after = malloc(bb);
+		for (uint32_t i = n_lo, o = 0; i < n_seq; i++)
+			for (uint32_t b = 0; b < s[i].n_blocks; b++, o++) {
+				CHECK(kvt_dev_copy_d2h(d, after, (const uint8_t *)kv->pool + (size_t)s[i].blocks[b] * bb,
+						       bb) == KVT_OK);
+				kept = kept && memcmp(after, before + (size_t)o * bb, bb) == 0;
+			}
+		free(after);
+		free(before);
+	}
+	for (uint32_t i = 0; i < n_seq; i++)
+		kvt_seq_deinit(&s[i]);
+	kept = kept && kvt_t0_n_free(r.pool) == kvt_t0_n_slots(r.pool);
+	free(logits);
+	rig_close(&r);
+	return kept;
+}
+
+static void test_decode_big(kvt_dev *d, const char *path)
+{
+	static const uint32_t cases[][4] = { /* sequences, steps at all of them, then how many, tokens */
+		{ 64, 2, 64, 3 }, { 128, 2, 128, 3 }, { 40, 2, 37, 5 },
+	};
+	static int32_t ref[BIG_MAX * BIG_GEN], got[BIG_MAX * BIG_GEN], gotn[BIG_MAX * BIG_GEN];
+	const bool graphs = kvt_dev_graphs_supported(d);
+	for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+		const uint32_t n_seq = cases[k][0], n_hi = cases[k][1], n_lo = cases[k][2], n_gen = cases[k][3];
+		kvt_dev_counters cr, cg, cn;
+		uint32_t nr, ng, nn;
+		bool kept_r = big_run(d, path, 0, n_seq, n_hi, n_lo, n_gen, ref, &cr, &nr);
+		bool kept_g = big_run(d, path, 1, n_seq, n_hi, n_lo, n_gen, got, &cg, &ng);
+		bool kept_n = big_run(d, path, 2, n_seq, n_hi, n_lo, n_gen, gotn, &cn, &nn);
+		const size_t bytes = (size_t)n_seq * n_gen * sizeof(int32_t);
+		CHECKF(memcmp(ref, got, bytes) == 0, "batch %u then %u: decode (graphs %s) differs from forward_batch",
+		       n_seq, n_lo, graphs ? "on" : "unsupported");
+		CHECKF(memcmp(ref, gotn, bytes) == 0, "batch %u then %u: direct decode differs from forward_batch",
+		       n_seq, n_lo);
+		CHECKF(kept_r && kept_g && kept_n, "batch %u then %u: idle K/V changed or a block was not given back "
+		       "(reference %d, graphs %d, direct %d)", n_seq, n_lo, kept_r, kept_g, kept_n);
+		uint32_t changes = 0; /* and the tokens are not one repeated id */
+		for (uint32_t i = 0; i + 1 < n_seq * n_gen; i++)
+			changes += ref[i] != ref[i + 1];
+		CHECK(changes > n_seq);
+		printf("%s batch %u then %u: tokens of decode (graphs, direct) = forward_batch: %s; %llu replayed steps: "
+		       "%llu graph launches, %llu host syncs, %llu kernels outside, %.1f kernels in graphs a step\n",
+		       kvt_dev_name(d), n_seq, n_lo, memcmp(ref, got, bytes) == 0 && memcmp(ref, gotn, bytes) == 0 ? "yes" : "NO",
+		       (unsigned long long)ng, (unsigned long long)cg.graph_launches,
+		       (unsigned long long)cg.host_syncs, (unsigned long long)cg.kernel_launches,
+		       ng ? (double)cg.graph_kernels / ng : 0.0);
+		CHECK(ng == n_gen - 2 && nn == ng && nr == ng);
+		if (graphs) {
+			CHECK_EQ_INT(cg.graph_launches, ng);
+			CHECK_EQ_INT(cg.host_syncs, ng);
+			CHECK_EQ_INT(cg.kernel_launches, 0);
+		}
+	}
+}
+
+static void test_random_model(kvt_dev *d)
+{
+	const kvt_model_hparams hp = { .n_layer = 2, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .head_dim = 64,
+				       .n_ff = 512, .n_vocab = 1024, .n_ctx_train = 512, .rope_base = 10000.0f,
+				       .rms_eps = 1e-5f };
+	kvt_model *m = (kvt_model *)&m;
+	/* bad shapes and dtypes, each named */
+	kvt_model_hparams bad = hp;
+	bad.n_head_kv = 3;
+	check_log_capture();
+	CHECK(kvt_model_create_random(d, &bad, KVT_DTYPE_F16, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "n_head / n_head_kv") != NULL);
+	bad = hp;
+	bad.n_embd = 320;
+	bad.n_head = 5;
+	bad.n_head_kv = 5;
+	CHECK(kvt_model_create_random(d, &bad, KVT_DTYPE_Q4_K, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "multiples of 256") != NULL);
+	CHECK(kvt_model_create_random(d, &hp, KVT_DTYPE_Q8_0, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "F16 or Q4_K") != NULL);
+	bad = hp;
+	bad.n_vocab = 0;
+	CHECK(kvt_model_create_random(d, &bad, KVT_DTYPE_F16, 1, NULL, &m) == KVT_EINVAL);
+	CHECK(strstr(check_log_text, "n_vocab") != NULL);
+	kvt_log_set_sink(NULL, NULL);
+	CHECK(m == (kvt_model *)&m); /* nothing written on failure */
+
+	static const int dtypes[] = { KVT_DTYPE_F16, KVT_DTYPE_Q4_K };
+	for (size_t k = 0; k < 2; k++) {
+		const int dt = dtypes[k];
+		if (!kvt_dev_supports_dtype(d, dt)) {
+			printf("%s: no %s weights, random model skipped\n", kvt_dev_name(d), kvt_dtype_name(dt));
+			continue;
+		}
+		CHECK(kvt_model_create_random(d, &hp, dt, 7, NULL, &m) == KVT_OK);
+		const size_t E = hp.n_embd, F = hp.n_ff, V = hp.n_vocab, QD = hp.n_head * hp.head_dim;
+		const size_t KVD = hp.n_head_kv * hp.head_dim;
+		const size_t want = 2 * V * kvt_dtype_row_bytes(dt, E) +
+				    hp.n_layer * ((QD + 2 * KVD + 2 * F) * kvt_dtype_row_bytes(dt, E) +
+						  E * kvt_dtype_row_bytes(dt, QD) + E * kvt_dtype_row_bytes(dt, F)) +
+				    (1 + 2 * hp.n_layer) * E * sizeof(float);
+		CHECK_EQ_INT(kvt_model_weight_bytes(m), want);
+		kvt_model_destroy(m);
+		rig_random_hp = hp;
+		rig_random_dtype = dt;
+		static int32_t ref[12 * 4], got[12 * 4];
+		kvt_dev_counters c;
+		uint32_t nr, ng;
+		CHECK(big_run(d, NULL, 0, 12, 3, 12, 4, ref, &c, &nr));
+		CHECK(big_run(d, NULL, 1, 12, 3, 12, 4, got, &c, &ng));
+		CHECKF(memcmp(ref, got, sizeof ref) == 0, "random %s model: decode of 12 differs from forward_batch",
+		       kvt_dtype_name(dt));
+		printf("%s: random %s model (%zu weight bytes): 12 sequences decode as forward_batch: %s\n",
+		       kvt_dev_name(d), kvt_dtype_name(dt), want, memcmp(ref, got, sizeof ref) == 0 ? "yes" : "NO");
+	}
+}
+
 static void test_capture_rules(kvt_dev *d)
 {
 	kvt_graph *g = (kvt_graph *)&g;
@@ -684,6 +908,8 @@ int main(void)
 	test_decode(d, path, cfg.n_layer);
 	if (cuda)
 		test_decode_fused(path, cfg.n_layer);
+	test_decode_big(d, path);
+	test_random_model(d);
 	unlink(path);
 	rmdir(dir);
 	kvt_dev_destroy(d);

@@ -1011,19 +1011,51 @@ int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t 
  * (floats), then next[DEC_ROWS] (the picked tokens, copied back). Block
  * tables live in tables[DEC_ROWS][max_blocks] on the device, rows updated
  * from the host mirror only where a sequence's table changed.
+ *
+ * Graphs per batch-size bucket: a step of n <= DEC_EXACT sequences replays
+ * the graph captured for exactly n rows; above that, n is padded up to the
+ * next multiple of DEC_STEP (at most the row cap) and replays that bucket's
+ * graph. One graph per exact size up to 128 would mean up to 128 captures,
+ * each paid on the first step of its size (a whole step issued op by op,
+ * plus instantiation), and a graph's node count grows with its rows (two
+ * per-sequence ops a layer), so the graphs of every size together would
+ * hold ~64x the nodes of the largest one; buckets of 8 bound it to 23
+ * graphs, and pad at most 7 rows, which cost the GEMMs nothing while they
+ * are bound by reading the weights (a row of activations is a few KiB
+ * against the weights' GiB).
+ *
+ * Padding rows must not touch any sequence's KV or output: each reads token
+ * 0 at position 0 through a table row holding only a scratch block, taken
+ * from the pool for the step and given back after its host wait (so no
+ * sequence can hold it meanwhile); their activations, logits and picked ids
+ * land in rows past n, which nothing reads. When the pool has no free block
+ * for the scratch, the step runs at its exact size instead (its own graph).
  */
 #define DEC_ROWS KVT_DECODE_MAX_SEQ
+#define DEC_EXACT 8u /* batch sizes with a graph of their own */
+#define DEC_STEP 8u  /* bucket width above DEC_EXACT */
 
 typedef struct decode_state {
 	int32_t *h_stage;           /* pinned: ids, pos, u, next; then the host mirror of tables */
 	int32_t *d_stage;           /* device: ids, pos, u, next */
 	int32_t *d_tables;          /* device: [DEC_ROWS][max_blocks] */
+	float *d_logits;            /* device: [row_cap][n_vocab] when row_cap > LOGIT_ROWS; else NULL (m->logits serves) */
+	uint32_t row_cap;           /* rows a step may have: min(max_batch, DEC_ROWS) */
 	uint32_t max_blocks;        /* table row length */
 	uint32_t block_tokens;      /* of the pool the tables index */
 	kvt_kv_layout kv;           /* the pool the graphs were captured for */
-	kvt_graph *graph[DEC_ROWS + 1];      /* by batch size; NULL until captured */
+	kvt_graph *graph[DEC_ROWS + 1];      /* by row count (exact sizes, then buckets); NULL until captured */
 	kvt_decode_sampling smp[DEC_ROWS + 1]; /* what each graph picks tokens with */
 } decode_state;
+
+/* The rows a step of n sequences runs with graphs: n, or its bucket (see above). */
+static uint32_t decode_bucket(const decode_state *ds, uint32_t n)
+{
+	if (n <= DEC_EXACT)
+		return n;
+	uint32_t r = (n + DEC_STEP - 1) / DEC_STEP * DEC_STEP;
+	return r < ds->row_cap ? r : ds->row_cap;
+}
 
 static int32_t *dec_tables_host(decode_state *ds) { return ds->h_stage + 4 * DEC_ROWS; }
 
@@ -1058,6 +1090,7 @@ static void decode_free(kvt_model *m)
 	kvt_dev_host_free(m->dev, m->dec->h_stage);
 	kvt_dev_free(m->dev, m->dec->d_stage);
 	kvt_dev_free(m->dev, m->dec->d_tables);
+	kvt_dev_free(m->dev, m->dec->d_logits);
 	free(m->dec);
 	m->dec = NULL;
 }
@@ -1071,11 +1104,14 @@ static int decode_init(kvt_model *m, const kvt_kv_layout *kv)
 	ds->block_tokens = kv->block_tokens;
 	ds->max_blocks = (m->cfg.max_ctx + kv->block_tokens - 1) / kv->block_tokens;
 	ds->kv = *kv;
+	ds->row_cap = m->cfg.max_batch < DEC_ROWS ? m->cfg.max_batch : DEC_ROWS;
 	const size_t tab = (size_t)DEC_ROWS * ds->max_blocks * sizeof(int32_t);
 	int rc;
 	if ((rc = kvt_dev_host_alloc(m->dev, 4 * DEC_ROWS * sizeof(int32_t) + tab, (void **)&ds->h_stage)) ||
 	    (rc = kvt_dev_alloc(m->dev, 4 * DEC_ROWS * sizeof(int32_t), (void **)&ds->d_stage)) ||
-	    (rc = kvt_dev_alloc(m->dev, tab, (void **)&ds->d_tables))) {
+	    (rc = kvt_dev_alloc(m->dev, tab, (void **)&ds->d_tables)) ||
+	    (ds->row_cap > LOGIT_ROWS &&
+	     (rc = alloc_act(m, (size_t)ds->row_cap * m->hp.n_vocab, &ds->d_logits)))) {
 		decode_free(m);
 		return rc;
 	}
@@ -1083,68 +1119,108 @@ static int decode_init(kvt_model *m, const kvt_kv_layout *kv)
 	return KVT_OK;
 }
 
-/* Bring the device table rows of this step's sequences up to date: a copy per changed row. */
-static int decode_sync_tables(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs)
+/* Bring device table row i up to blocks[0..n_blocks) where the host mirror says it differs: one copy. */
+static int decode_sync_row(kvt_model *m, uint32_t i, const int32_t *blocks, uint32_t n_blocks)
 {
 	decode_state *ds = m->dec;
-	for (uint32_t i = 0; i < n_seq; i++) {
-		int32_t *row = dec_tables_host(ds) + (size_t)i * ds->max_blocks;
-		const kvt_seq *s = seqs[i];
-		uint32_t lo = 0, hi = s->n_blocks;
-		while (lo < hi && row[lo] == s->blocks[lo])
-			lo++;
-		while (hi > lo && row[hi - 1] == s->blocks[hi - 1])
-			hi--;
-		if (lo == hi)
-			continue;
-		memcpy(row + lo, s->blocks + lo, (hi - lo) * sizeof(int32_t));
-		int rc = kvt_dev_copy_async(m->dev, NULL, ds->d_tables + (size_t)i * ds->max_blocks + lo, row + lo,
-					    (hi - lo) * sizeof(int32_t), KVT_COPY_H2D);
-		if (rc)
-			return rc;
-	}
-	return KVT_OK;
+	int32_t *row = dec_tables_host(ds) + (size_t)i * ds->max_blocks;
+	uint32_t lo = 0, hi = n_blocks;
+	while (lo < hi && row[lo] == blocks[lo])
+		lo++;
+	while (hi > lo && row[hi - 1] == blocks[hi - 1])
+		hi--;
+	if (lo == hi)
+		return KVT_OK;
+	memcpy(row + lo, blocks + lo, (hi - lo) * sizeof(int32_t));
+	return kvt_dev_copy_async(m->dev, NULL, ds->d_tables + (size_t)i * ds->max_blocks + lo, row + lo,
+				  (hi - lo) * sizeof(int32_t), KVT_COPY_H2D);
 }
 
-/* The step's ops, issued (or captured) on the compute stream: inputs in, layers, logits, pick, ids out. */
-static int decode_issue(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const kvt_decode_sampling *smp)
+/* The table rows of this step: the sequences' own, then (padding rows n_seq..rows-1) the scratch block. */
+static int decode_sync_tables(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, uint32_t rows, int32_t scratch)
+{
+	int rc = KVT_OK;
+	for (uint32_t i = 0; i < n_seq && !rc; i++)
+		rc = decode_sync_row(m, i, seqs[i]->blocks, seqs[i]->n_blocks);
+	for (uint32_t i = n_seq; i < rows && !rc; i++)
+		rc = decode_sync_row(m, i, &scratch, 1);
+	return rc;
+}
+
+/*
+ * The step's ops, issued (or captured) on the compute stream: inputs in,
+ * layers, logits, pick, ids out, over rows >= n_seq rows (the rows past
+ * n_seq are padding: their tables and inputs are staged already).
+ */
+static int decode_issue(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, uint32_t rows,
+			const kvt_decode_sampling *smp)
 {
 	decode_state *ds = m->dec;
 	const kvt_model_hparams *hp = &m->hp;
 	uint32_t ones[DEC_ROWS];
+	kvt_seq *rs[DEC_ROWS]; /* padding rows name sequence 0 for its pool's layout only: decode_seq_args
+	                          gives every row its own table row and position */
 	int32_t *d_next = ds->d_stage + 3 * DEC_ROWS;
+	float *logits = ds->d_logits ? ds->d_logits : m->logits;
 	int rc;
 
-	for (uint32_t i = 0; i < n_seq; i++)
+	for (uint32_t i = 0; i < rows; i++) {
 		ones[i] = 1;
+		rs[i] = seqs[i < n_seq ? i : 0];
+	}
 	if ((rc = kvt_dev_copy_async(m->dev, NULL, ds->d_stage, ds->h_stage, 3 * DEC_ROWS * sizeof(int32_t),
 				     KVT_COPY_H2D)))
 		return rc;
 	m->dec_issue = true;
-	rc = run_layers(m, n_seq, seqs, ones, NULL, n_seq);
+	rc = run_layers(m, rows, rs, ones, NULL, rows);
 	m->dec_issue = false;
 	if (rc)
 		return rc;
-	if ((rc = norm_mm(m, n_seq, hp->n_embd, hp->n_vocab, m->output, m->output_norm, m->logits)))
+	if ((rc = norm_mm(m, rows, hp->n_embd, hp->n_vocab, m->output, m->output_norm, logits)))
 		return rc;
 	if (smp->temperature > 0) {
-		kvt_sample_args sa = { .n_rows = n_seq, .n_cols = hp->n_vocab, .x = m->logits,
+		kvt_sample_args sa = { .n_rows = rows, .n_cols = hp->n_vocab, .x = logits,
 				       .temperature = smp->temperature, .top_k = smp->top_k, .top_p = smp->top_p,
 				       .u = (const float *)(ds->d_stage + 2 * DEC_ROWS), .out = d_next };
 		rc = kvt_dev_sample(m->dev, &sa, m->ws);
 	} else {
-		kvt_argmax_args aa = { .n_rows = n_seq, .n_cols = hp->n_vocab, .x = m->logits, .out = d_next };
+		kvt_argmax_args aa = { .n_rows = rows, .n_cols = hp->n_vocab, .x = logits, .out = d_next };
 		rc = kvt_dev_argmax(m->dev, &aa);
 	}
 	if (rc)
 		return rc;
-	return kvt_dev_copy_async(m->dev, NULL, ds->h_stage + 3 * DEC_ROWS, d_next, n_seq * sizeof(int32_t),
+	return kvt_dev_copy_async(m->dev, NULL, ds->h_stage + 3 * DEC_ROWS, d_next, rows * sizeof(int32_t),
 				  KVT_COPY_D2H);
 }
 
 static bool same_sampling(const kvt_decode_sampling *a, const kvt_decode_sampling *b)
 {
 	return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
+}
+
+/* Launch the graph of this row count, capturing it first where there is none for these sampling parameters. */
+static int decode_replay(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, uint32_t rows,
+			 const kvt_decode_sampling *smp)
+{
+	decode_state *ds = m->dec;
+	int rc;
+	if (ds->graph[rows] && !same_sampling(&ds->smp[rows], smp)) {
+		kvt_dev_graph_destroy(m->dev, ds->graph[rows]);
+		ds->graph[rows] = NULL;
+	}
+	if (!ds->graph[rows]) {
+		if ((rc = kvt_dev_capture_begin(m->dev)))
+			return rc;
+		int issued = decode_issue(m, n_seq, seqs, rows, smp);
+		rc = kvt_dev_capture_end(m->dev, &ds->graph[rows]); /* ends the capture either way */
+		if (issued || rc) { /* a partial capture is no graph to replay */
+			kvt_dev_graph_destroy(m->dev, ds->graph[rows]);
+			ds->graph[rows] = NULL;
+			return issued ? issued : rc;
+		}
+		ds->smp[rows] = *smp;
+	}
+	return kvt_dev_graph_launch(m->dev, ds->graph[rows]);
 }
 
 int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const int32_t *tokens,
@@ -1197,36 +1273,25 @@ int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const i
 	for (uint32_t i = 0; i < n_seq; i++)
 		if ((rc = seq_reserve_blocks(seqs[i], seqs[i]->n_tokens + 1)))
 			return rc;
-	for (uint32_t i = 0; i < n_seq; i++) {
-		ds->h_stage[i] = tokens[i];
-		ds->h_stage[DEC_ROWS + i] = (int32_t)seqs[i]->n_tokens;
-		float ui = u ? u[i] : 0.0f;
+	const bool graphs = !m->cfg.no_graphs && kvt_dev_graphs_supported(m->dev);
+	uint32_t rows = graphs ? decode_bucket(ds, n_seq) : n_seq; /* the direct path needs no padding */
+	kvt_t0_pool *pool = seqs[0]->pool;
+	int32_t scratch = -1;
+	if (rows > n_seq && kvt_t0_alloc(pool, &scratch))
+		rows = n_seq; /* no free block for the padding rows: this step at its exact size */
+	for (uint32_t i = 0; i < rows; i++) {
+		ds->h_stage[i] = i < n_seq ? tokens[i] : 0;
+		ds->h_stage[DEC_ROWS + i] = i < n_seq ? (int32_t)seqs[i]->n_tokens : 0;
+		float ui = u && i < n_seq ? u[i] : 0.0f;
 		memcpy(&ds->h_stage[2 * DEC_ROWS + i], &ui, sizeof ui);
 	}
-	if ((rc = decode_sync_tables(m, n_seq, seqs)))
-		return rc;
-	if (m->cfg.no_graphs || !kvt_dev_graphs_supported(m->dev)) {
-		rc = decode_issue(m, n_seq, seqs, smp);
-	} else {
-		if (ds->graph[n_seq] && !same_sampling(&ds->smp[n_seq], smp)) {
-			kvt_dev_graph_destroy(m->dev, ds->graph[n_seq]);
-			ds->graph[n_seq] = NULL;
-		}
-		if (!ds->graph[n_seq]) {
-			if ((rc = kvt_dev_capture_begin(m->dev)))
-				return rc;
-			int issued = decode_issue(m, n_seq, seqs, smp);
-			rc = kvt_dev_capture_end(m->dev, &ds->graph[n_seq]); /* ends the capture either way */
-			if (issued || rc) { /* a partial capture is no graph to replay */
-				kvt_dev_graph_destroy(m->dev, ds->graph[n_seq]);
-				ds->graph[n_seq] = NULL;
-				return issued ? issued : rc;
-			}
-			ds->smp[n_seq] = *smp;
-		}
-		rc = kvt_dev_graph_launch(m->dev, ds->graph[n_seq]);
-	}
-	if (rc || (rc = kvt_dev_sync(m->dev)))
+	if (!(rc = decode_sync_tables(m, n_seq, seqs, rows, scratch)))
+		rc = graphs ? decode_replay(m, n_seq, seqs, rows, smp) : decode_issue(m, n_seq, seqs, rows, smp);
+	if (!rc)
+		rc = kvt_dev_sync(m->dev);
+	if (scratch >= 0) /* after the host wait: the step is done with it (or never ran) */
+		kvt_t0_unref(pool, scratch);
+	if (rc)
 		return rc;
 	for (uint32_t i = 0; i < n_seq; i++) {
 		next[i] = ds->h_stage[3 * DEC_ROWS + i];
@@ -1307,5 +1372,197 @@ int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *
 	rc = kvt_model_forward_batch(m, n_seq, seqs, n, tokens, want_logits, h_logits);
 	m->gates = NULL;
 	m->n_gates = 0;
+
+/* ---- random-weight models made on the device (kvt_model_create_random) ---- */
+
+/*
+ * One seed buffer per fan-in on the device, SEED_BYTES each (a whole number
+ * of units: 144-byte Q4_K blocks, or 128 fp16 values), filled on the host
+ * from the seed; every tensor is then d2d copies of it, starting at a unit
+ * that depends on the tensor's index, so making 16 GB of weights costs a few
+ * milliseconds of copying instead of a GGUF file's write and read.
+ */
+#define SEED_UNITS 65536u
+
+static uint64_t rnd_next(uint64_t *s)
+{
+	*s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+	return *s;
+}
+
+/* Unit bytes of a seed buffer for dtype: a Q4_K block, or 128 fp16 values. */
+static size_t rnd_unit_bytes(int dtype) { return dtype == KVT_DTYPE_Q4_K ? 144 : 256; }
+
+/* Host bytes of a seed buffer: fp16 uniform in +-s; Q4_K blocks whose values span about +-s. */
+static void rnd_fill_host(int dtype, float s, uint64_t seed, uint8_t *h, size_t bytes)
+{
+	uint64_t r = seed * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL;
+	if (dtype == KVT_DTYPE_F16) {
+		uint16_t *v = (uint16_t *)h;
+		for (size_t i = 0; i < bytes / 2; i++)
+			v[i] = kvt_f32_to_f16(s * ((float)(rnd_next(&r) >> 40) / (float)(1 << 23) - 1.0f));
+		return;
+	}
+	/* Q4_K: x = d * sc * q - dmin * mn, sc and mn any 6-bit values (every scales byte is valid),
+	 * q in 0..15: d * 31.5 * 7.5 = dmin * 31.5 centres x on 0, d * 63 * 15 / 2 = s bounds it */
+	const uint16_t d = kvt_f32_to_f16(2.0f * s / 945.0f), dmin = kvt_f32_to_f16(7.5f * 2.0f * s / 945.0f);
+	for (size_t b = 0; b < bytes / 144; b++) {
+		uint8_t *blk = h + b * 144;
+		memcpy(blk, &d, 2);
+		memcpy(blk + 2, &dmin, 2);
+		for (int i = 4; i < 144; i += 8) { /* scales and codes: 140 bytes, the last 4 a half word */
+			uint64_t x = rnd_next(&r);
+			memcpy(blk + i, &x, i + 8 <= 144 ? 8 : 144 - i);
+		}
+	}
+}
+
+/* w = bytes of seed copies (a tensor of n_rows rows of n_in), the start unit picked by idx. */
+static int rnd_tensor(kvt_model *m, const void *seed_buf, int dtype, uint64_t n_rows, uint64_t n_in, uint32_t idx,
+		      wmat *w)
+{
+	const size_t unit = rnd_unit_bytes(dtype), seed_bytes = (size_t)SEED_UNITS * unit;
+	const size_t bytes = kvt_dtype_row_bytes(dtype, n_in) * n_rows;
+	int rc = kvt_dev_alloc(m->dev, bytes, &w->p);
+	if (rc)
+		return rc;
+	w->dtype = dtype;
+	m->weight_bytes += bytes;
+	size_t off = (size_t)(idx * 2654435761u % SEED_UNITS) * unit;
+	for (size_t done = 0; done < bytes;) {
+		size_t c = bytes - done < seed_bytes - off ? bytes - done : seed_bytes - off;
+		if ((rc = kvt_dev_copy_d2d(m->dev, (uint8_t *)w->p + done, (const uint8_t *)seed_buf + off, c)))
+			return rc;
+		done += c;
+		off = 0;
+	}
+	return KVT_OK;
+}
+
+static int rnd_check(const kvt_model_hparams *hp, int w_dtype, const kvt_dev *d)
+{
+	const uint64_t qd = (uint64_t)hp->n_head * hp->head_dim;
+	const char *bad = !hp->n_layer || hp->n_layer > MAX_LAYERS          ? "n_layer"
+			  : !hp->n_embd || hp->n_embd > MAX_DIM             ? "n_embd"
+			  : !hp->n_ff || hp->n_ff > 4 * MAX_DIM             ? "n_ff"
+			  : !hp->n_head || !hp->n_head_kv || hp->n_head % hp->n_head_kv ? "n_head / n_head_kv"
+			  : !hp->head_dim || hp->head_dim % 2 || hp->head_dim > 1024 || qd > 4 * MAX_DIM ? "head_dim"
+			  : !hp->n_vocab || hp->n_vocab > MAX_VOCAB         ? "n_vocab"
+			  : !hp->n_ctx_train                                ? "n_ctx_train"
+			  : !(hp->rope_base > 0) || !isfinite(hp->rope_base) ? "rope_base"
+			  : !(hp->rms_eps >= 0) || !isfinite(hp->rms_eps)   ? "rms_eps"
+									    : NULL;
+	if (bad) {
+		KVT_LOGE("random model: bad %s (layers %u, embd %u, ff %u, heads %u/%u of %u, vocab %u, ctx %u)", bad,
+			 hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_vocab,
+			 hp->n_ctx_train);
+		return KVT_EINVAL;
+	}
+	if (w_dtype != KVT_DTYPE_F16 && w_dtype != KVT_DTYPE_Q4_K) {
+		KVT_LOGE("random model: weight dtype %s (F16 or Q4_K)", kvt_dtype_name(w_dtype));
+		return KVT_EINVAL;
+	}
+	if (!kvt_dev_supports_dtype(d, w_dtype)) {
+		KVT_LOGE("random model: %s has no kernels for %s weights", kvt_dev_name(d), kvt_dtype_name(w_dtype));
+		return KVT_EUNSUPPORTED;
+	}
+	const uint32_t be = kvt_dtype_block_elems(w_dtype);
+	if (hp->n_embd % be || hp->n_ff % be || qd % be) {
+		KVT_LOGE("random model: %s weights need n_embd %u, n_ff %u and n_head * head_dim %llu to be multiples of %u",
+			 kvt_dtype_name(w_dtype), hp->n_embd, hp->n_ff, (unsigned long long)qd, be);
+		return KVT_EINVAL;
+	}
+	return KVT_OK;
+}
+
+int kvt_model_create_random(kvt_dev *d, const kvt_model_hparams *hp_in, int w_dtype, uint64_t seed,
+			    const kvt_model_config *cfg, kvt_model **out)
+{
+	int rc = rnd_check(hp_in, w_dtype, d);
+	if (rc)
+		return rc;
+	kvt_model *m = calloc(1, sizeof(*m));
+	uint8_t *h = NULL;
+	float *ones = NULL;
+	void *seed_buf[2] = { NULL, NULL };
+	if (!m)
+		return KVT_ENOMEM;
+	m->dev = d;
+	if (cfg)
+		m->cfg = *cfg;
+	else
+		kvt_model_config_default(&m->cfg);
+	kvt_model_hparams *hp = &m->hp;
+	*hp = *hp_in;
+	snprintf(hp->arch, sizeof hp->arch, "llama");
+	hp->n_rot = hp->head_dim;
+	hp->n_swa = hp->swa_pattern = 0;
+	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+	hp->rope_scaling = 0;
+	hp->rope_scale_factor = 1.0f;
+	m->arch = kvt_arch_find(hp->arch, strlen(hp->arch));
+	if (m->cfg.max_ctx == 0 || m->cfg.max_ctx > hp->n_ctx_train)
+		m->cfg.max_ctx = hp->n_ctx_train;
+	if (m->cfg.max_batch == 0 || m->cfg.max_batch > m->cfg.max_ctx)
+		m->cfg.max_batch = m->cfg.max_ctx < 512 ? m->cfg.max_ctx : 512;
+	const uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+	const uint64_t Q = (uint64_t)hp->n_head * hp->head_dim;
+	const size_t seed_bytes = (size_t)SEED_UNITS * rnd_unit_bytes(w_dtype);
+	const uint64_t widest = E > F ? (E > Q ? E : Q) : (F > Q ? F : Q);
+	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
+	h = malloc(seed_bytes);
+	ones = malloc(widest * sizeof(float));
+	if (!m->layers || !h || !ones) {
+		rc = KVT_ENOMEM;
+		goto fail;
+	}
+	for (uint64_t i = 0; i < widest; i++)
+		ones[i] = 1.0f;
+	for (int f = 0; f < 2; f++) { /* fan-in n_embd (and q_dim), then n_ff */
+		rnd_fill_host(w_dtype, sqrtf(3.0f / (float)(f ? F : E)), seed + (uint64_t)f, h, seed_bytes);
+		if ((rc = kvt_dev_alloc(d, seed_bytes, &seed_buf[f])) || (rc = kvt_dev_copy_h2d(d, seed_buf[f], h, seed_bytes)))
+			goto fail;
+	}
+	uint32_t idx = (uint32_t)seed;
+	if ((rc = rnd_tensor(m, seed_buf[0], w_dtype, V, E, idx++, &m->tok_embd)))
+		goto fail;
+	if (hp->tied_embeddings)
+		m->output = m->tok_embd;
+	else if ((rc = rnd_tensor(m, seed_buf[0], w_dtype, V, E, idx++, &m->output)))
+		goto fail;
+#define RND_NORM(ptr, n)                                                                                      \
+	if ((rc = kvt_dev_alloc(d, (n) * sizeof(float), (void **)&(ptr))) ||                                 \
+	    (rc = kvt_dev_copy_h2d(d, (ptr), ones, (n) * sizeof(float))))                                    \
+		goto fail;                                                                                    \
+	m->weight_bytes += (n) * sizeof(float);
+	RND_NORM(m->output_norm, E)
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		layer_w *L = &m->layers[l];
+		RND_NORM(L->attn_norm, E)
+		RND_NORM(L->ffn_norm, E)
+		if ((rc = rnd_tensor(m, seed_buf[0], w_dtype, Q, E, idx++, &L->wq)) ||
+		    (rc = rnd_tensor(m, seed_buf[0], w_dtype, KV, E, idx++, &L->wk)) ||
+		    (rc = rnd_tensor(m, seed_buf[0], w_dtype, KV, E, idx++, &L->wv)) ||
+		    (rc = rnd_tensor(m, seed_buf[0], w_dtype, E, Q, idx++, &L->wo)) ||
+		    (rc = rnd_tensor(m, seed_buf[0], w_dtype, F, E, idx++, &L->w_gate)) ||
+		    (rc = rnd_tensor(m, seed_buf[0], w_dtype, F, E, idx++, &L->w_up)) ||
+		    (rc = rnd_tensor(m, seed_buf[1], w_dtype, E, F, idx++, &L->w_down)))
+			goto fail;
+	}
+#undef RND_NORM
+	if ((rc = kvt_dev_sync(d)) || (rc = alloc_buffers(m)))
+		goto fail;
+	kvt_dev_free(d, seed_buf[0]);
+	kvt_dev_free(d, seed_buf[1]);
+	free(h);
+	free(ones);
+	*out = m;
+	return KVT_OK;
+fail:
+	kvt_dev_free(d, seed_buf[0]);
+	kvt_dev_free(d, seed_buf[1]);
+	free(h);
+	free(ones);
+	kvt_model_destroy(m);
 	return rc;
 }

@@ -155,7 +155,7 @@ typedef struct kvt_decode_sampling {
 	uint32_t top_k;    /* 0: no limit */
 	float top_p;       /* in (0, 1] when temperature > 0 */
 } kvt_decode_sampling;
-#define KVT_DECODE_MAX_SEQ 32 /* sequences per decode step */
+#define KVT_DECODE_MAX_SEQ 128 /* sequences per decode step */
 
 /*
  * One decode step done on the device: append tokens[i] to each of n_seq
@@ -163,13 +163,17 @@ typedef struct kvt_decode_sampling {
  * run the model and pick each one's next token there (smp NULL: greedy;
  * else with the uniform draws u[i] in [0, 1)); next[i] receives it. Only the
  * token ids come back to the host. Where the backend has graphs (and not
- * cfg.no_graphs) the step is one graph per batch size, captured on first
- * use and replayed after: the step's ids, positions and draws go over in one
- * copy, block-table rows only when a sequence's table changed, then one
- * graph launch and one host wait. Errors as kvt_model_forward_batch's.
- * NOTE: the first step on a KV pool allocates the step's staging buffers,
- * and the first step of each batch size captures its graph; later steps
- * allocate nothing.
+ * cfg.no_graphs) the step is one graph per batch-size bucket (1..8 exactly,
+ * then multiples of 8), captured on first use and replayed after: the step's
+ * ids, positions and draws go over in one copy, block-table rows only when a
+ * sequence's table changed, then one graph launch and one host wait. A step
+ * padded up to its bucket borrows one free block of the pool for the
+ * padding rows' K/V until its host wait (no free block: the step runs at its
+ * exact size); padding touches no sequence's KV or token. Errors as
+ * kvt_model_forward_batch's.
+ * NOTE: the first step on a KV pool allocates the step's staging buffers
+ * (and, past 32 rows, a logits buffer of min(max_batch, 128) rows), and the
+ * first step of each bucket captures its graph; later steps allocate nothing.
  */
 int kvt_model_decode(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const int32_t *tokens,
 		     const kvt_decode_sampling *smp, const float *u, int32_t *next);
@@ -208,5 +212,23 @@ int kvt_model_forward_gated(kvt_model *m, kvt_seq *s, const int32_t *tokens, uin
 int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const uint32_t *n,
 				  const int32_t *tokens, const bool *want_logits, float *h_logits, uint32_t n_gates,
 				  const kvt_model_gate *gates);
+
+/*
+ * A Llama-shaped model with random weights made on the device, for
+ * benchmarks at real sizes (an 8B model's 16 GB of fp16 need no GGUF file).
+ * hp gives n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+ * n_ctx_train, rope_base, rms_eps and tied_embeddings; the rest is set here
+ * (arch "llama", n_rot = head_dim, no RoPE scaling, no sliding window).
+ * Every matrix, embeddings and output included, is of w_dtype (KVT_DTYPE_F16,
+ * or KVT_DTYPE_Q4_K as a K-quant file stores it), copied on the device from
+ * one seed-generated buffer per fan-in (fp16 uniform in +-sqrt(3 / fan_in);
+ * Q4_K blocks with random codes and 6-bit scales whose values span about
+ * that), so tensors repeat that buffer at offsets that differ by tensor;
+ * norm weights are 1. The outputs are deterministic for a seed and mean
+ * nothing. KVT_EINVAL (logged, naming the field) for a bad shape or dtype,
+ * KVT_EUNSUPPORTED for a dtype the backend does not multiply, KVT_ENOMEM.
+ */
+int kvt_model_create_random(kvt_dev *d, const kvt_model_hparams *hp, int w_dtype, uint64_t seed,
+			    const kvt_model_config *cfg, kvt_model **out);
 
 #endif
