@@ -1372,6 +1372,8 @@ int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *
 	rc = kvt_model_forward_batch(m, n_seq, seqs, n, tokens, want_logits, h_logits);
 	m->gates = NULL;
 	m->n_gates = 0;
+	return rc;
+}
 
 /* ---- random-weight models made on the device (kvt_model_create_random) ---- */
 
