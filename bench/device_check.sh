@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/device_check.sh — the CUDA backend's device check, in one go (< 8 min on one H200).
+# bench/device_check.sh — the CUDA backend's device check, in one go (one budget of 460 s,
+# KVT_CHECK_S, on one H200: the issue's 8 minutes with room for the summary).
 #
 # Here (the build machine, no GPU needed):
 #   bench/device_check.sh --bundle        # builds build-device/ for sm_90, packs .device/ and
@@ -43,48 +44,76 @@ mkdir -p "$out"
 	python3 -c 'import tarfile; tarfile.open(".device.tar.xz").extractall()' || exit 1
 . .device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee "$out/gpu.txt"
-echo "== parity"
-timeout "${KVT_PARITY_S:-150}" test_gpu_parity 2>&1 | tee "$out/parity.txt"
-parity=${PIPESTATUS[0]}
-echo "== graphs, counters, fused ops"
-(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout "${KVT_GRAPH_S:-120}" test_gpu_graph) 2>&1 | tee "$out/graph.txt"
-graph=${PIPESTATUS[0]}
-echo "== benchmarks"
-timeout "${KVT_BENCH_S:-200}" bench_gpu /tmp ${1:-} 2>&1 | tee "$out/bench_gpu.jsonl"
-if [ "${1:-}" != "--attention" ]; then
-	echo "== resume TTFT from T1: sequential vs layer-wise pipelined"
-	t_rt=$(date +%s)
-	timeout "${KVT_RESUME_S:-180}" bench_gpu /tmp --resume-ttft 2>&1 | tee -a "$out/bench_gpu.jsonl"
-	echo "resume TTFT took $(($(date +%s) - t_rt)) s (bound ${KVT_RESUME_S:-180} s)"
-	# issue 18 item 5: decode tok/s at batch 1-128 (Llama-1B and 8B shapes, fp16 and Q4_K) and the
-	# batch-64 GEMMs against cuBLAS; the sweep stops starting models after its budget and prints
-	# how long it took (expected well under a minute on an H200; 16 GB of 8B weights made on the device)
-	echo "== batch sweep"
-	timeout "${KVT_SWEEP_S:-150}" bench_gpu /tmp --batch-sweep --budget="${KVT_SWEEP_BUDGET_S:-100}" 2>&1 |
-		tee "$out/batch_sweep.jsonl"
+
+# One budget for the whole run (the issue's 8 minutes, less the summary's few seconds): each
+# stage gets its own cap or what is left, whichever is less, and a stage with under 10 s
+# left is skipped, named in the output (the summary then reports its figures unmeasured).
+# Stages run in the order of what matters most: correctness, then the targets' benchmarks.
+t_start=$(date +%s)
+total=${KVT_CHECK_S:-460}
+stage() { # NAME CAP: prints the stage's header and sets T (its seconds); 1 when it is skipped
+	local rem=$((t_start + total - $(date +%s)))
+	T=$(($2 < rem ? $2 : rem))
+	echo "== $1 (up to $T s; $(($(date +%s) - t_start)) s of $total s used)"
+	if [ "$T" -lt 10 ]; then
+		echo "skipped: the check's $total s are spent"
+		return 1
+	fi
+}
+parity=1 graph=1 rest=0
+if stage "parity" "${KVT_PARITY_S:-120}"; then
+	timeout "$T" test_gpu_parity 2>&1 | tee "$out/parity.txt"
+	parity=${PIPESTATUS[0]}
 fi
-echo "== pytorch sdpa"
-timeout 40 env -u LD_LIBRARY_PATH python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
-rest=0
+if stage "graphs, counters, fused ops, batch 64/128" "${KVT_GRAPH_S:-90}"; then
+	(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout "$T" test_gpu_graph) 2>&1 | tee "$out/graph.txt"
+	graph=${PIPESTATUS[0]}
+fi
+if stage "benchmarks (attention kernels and variants, codecs, paging, end to end)" "${KVT_BENCH_S:-150}"; then
+	timeout "$T" bench_gpu /tmp ${1:-} 2>&1 | tee "$out/bench_gpu.jsonl"
+fi
+: >"$out/batch_sweep.jsonl"
 if [ "${1:-}" != "--attention" ]; then
+	# issue 18 item 5: decode tok/s at batch 1-128 (Llama-1B and 8B shapes, fp16 and Q4_K) and the
+	# batch-64 GEMMs against cuBLAS; the sweep stops starting models 40 s before its stage's end
+	# and prints how long it took (16 GB of 8B weights are made on the device)
+	if stage "batch sweep" "${KVT_SWEEP_S:-100}"; then
+		timeout "$T" bench_gpu /tmp --batch-sweep --budget=$((T > 50 ? T - 40 : 10)) 2>&1 |
+			tee "$out/batch_sweep.jsonl"
+	fi
+	# issue 18 item 6: its lines go with bench_gpu's; it stops starting configurations 30 s before the end
+	if stage "resume TTFT from T1: sequential vs layer-wise pipelined" "${KVT_RESUME_S:-90}"; then
+		KVT_RESUME_BUDGET_S=$((T > 40 ? T - 30 : 10)) timeout "$T" bench_gpu /tmp --resume-ttft 2>&1 |
+			tee -a "$out/bench_gpu.jsonl"
+	fi
 	# test_sched's batching check (6 requests together = each alone) assumes a row's result
 	# does not depend on the batch; cuBLAS may pick other kernels for other row counts, so a
 	# failure there on a GPU is a finding to read, not necessarily a bug.
-	echo "== tier, model and scheduler tests on the CUDA backend"
 	for t in test_t1_pool test_manager_tiers test_manager_model test_sched test_manager_layered test_sched_layered; do
-		(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout 120 "$t") >"$out/$t.txt" 2>&1
-		st=$?
-		tail -3 "$out/$t.txt"
-		echo "$t exit status: $st"
+		if stage "$t on the CUDA backend" 60; then
+			(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout "$T" "$t") >"$out/$t.txt" 2>&1
+			st=$?
+			tail -3 "$out/$t.txt"
+			echo "$t exit status: $st"
+		else
+			st=skipped
+		fi
 		[ "$st" = 0 ] || rest=1
 	done
-	echo "== kvtierd on cuda and cpu"
-	timeout 240 python3 bench/gpu_daemon_smoke.py .device/bin /tmp/kvt-smoke 2>&1 | tee "$out/daemon_smoke.txt"
-	[ "${PIPESTATUS[0]}" = 0 ] || rest=1
+	if stage "kvtierd on cuda and cpu" 120; then
+		timeout "$T" python3 bench/gpu_daemon_smoke.py .device/bin /tmp/kvt-smoke 2>&1 | tee "$out/daemon_smoke.txt"
+		[ "${PIPESTATUS[0]}" = 0 ] || rest=1
+	else
+		rest=1
+	fi
 fi
-echo "== summary (every target with its measured ratio; unmeasured ones named)"
+if stage "pytorch sdpa" 30; then
+	timeout "$T" env -u LD_LIBRARY_PATH python3 bench/gpu_sdpa.py "$out/bench_gpu.jsonl" 2>&1 | tee "$out/sdpa.jsonl"
+fi
+echo "== summary (every target with its measured ratio; unmeasured ones named; $(($(date +%s) - t_start)) s used)"
 python3 bench/device_summary.py "$out/bench_gpu.jsonl" "$out/parity.txt" "$out/graph.txt" --sweep "$out/batch_sweep.jsonl" \
 	--json "$out/summary.jsonl" |
 	tee "$out/summary.txt"
 echo "parity exit status: $parity; graph test: $graph; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
+echo "device check: $(($(date +%s) - t_start)) s"
 [ "$parity" = 0 ] && [ "$graph" = 0 ] && [ "$rest" = 0 ]
