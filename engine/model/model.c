@@ -474,6 +474,11 @@ static int alloc_buffers(kvt_model *m)
 		a = kvt_dev_matmul_swiglu_workspace_bytes(m->dev, &sw);
 		m->ws_bytes = a > m->ws_bytes ? a : m->ws_bytes;
 	}
+	/* kvt_model_decode's sampling: up to KVT_DECODE_MAX_SEQ rows (bucket padding included) */
+	kvt_sample_args sa = { .n_rows = m->cfg.max_batch < KVT_DECODE_MAX_SEQ ? m->cfg.max_batch : KVT_DECODE_MAX_SEQ,
+			       .n_cols = hp->n_vocab, .temperature = 1.0f, .top_p = 1.0f };
+	size_t sb = kvt_dev_sample_workspace_bytes(m->dev, &sa);
+	m->ws_bytes = sb > m->ws_bytes ? sb : m->ws_bytes;
 	if (m->ws_bytes)
 		return kvt_dev_alloc(m->dev, m->ws_bytes, &m->ws);
 	return KVT_OK;
@@ -1182,6 +1187,12 @@ static int decode_issue(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, uint
 		kvt_sample_args sa = { .n_rows = rows, .n_cols = hp->n_vocab, .x = logits,
 				       .temperature = smp->temperature, .top_k = smp->top_k, .top_p = smp->top_p,
 				       .u = (const float *)(ds->d_stage + 2 * DEC_ROWS), .out = d_next };
+		const size_t need = kvt_dev_sample_workspace_bytes(m->dev, &sa);
+		if (need > m->ws_bytes) { /* the load sized ws for KVT_DECODE_MAX_SEQ rows: not reached */
+			KVT_LOGE("model: sampling %u rows needs %zu bytes of workspace, the model has %zu", rows, need,
+				 m->ws_bytes);
+			return KVT_EINVAL;
+		}
 		rc = kvt_dev_sample(m->dev, &sa, m->ws);
 	} else {
 		kvt_argmax_args aa = { .n_rows = rows, .n_cols = hp->n_vocab, .x = logits, .out = d_next };
