@@ -2593,16 +2593,9 @@ static void lay_sort_by_t1(kvt_tm_layered *p)
 		p->units[k] = (int32_t)(p->order[k] & 0xffffffff);
 }
 
-/* Give back what the promotion holds: the caller's slots (when drop_t0), our T1 references, the blocks. */
-static void lay_release(kvt_tm *tm, kvt_tm_layered *p, uint32_t n_held, bool drop_t0)
+/* Free the promotion's arrays and itself, and let the next layered promotion start. */
+static void lay_free(kvt_tm *tm, kvt_tm_layered *p)
 {
-	for (uint32_t i = 0; i < n_held; i++) {
-		if (drop_t0 && p->t0[i] >= 0)
-			kvt_t0_unref(tm->cfg.t0, p->t0[i]);
-		if (p->t1[i] >= 0)
-			kvt_t1_unref(tm->t1, p->t1[i]);
-		busy_release(tm, p->hashes[i]);
-	}
 	pthread_mutex_lock(&tm->mu);
 	tm->lay_active = false;
 	pthread_mutex_unlock(&tm->mu);
@@ -2614,6 +2607,19 @@ static void lay_release(kvt_tm *tm, kvt_tm_layered *p, uint32_t n_held, bool dro
 	free(p->found);
 	free(p->order);
 	free(p);
+}
+
+/* Give back what the promotion holds: the caller's slots (when drop_t0), our T1 references, the blocks. */
+static void lay_release(kvt_tm *tm, kvt_tm_layered *p, uint32_t n_held, bool drop_t0)
+{
+	for (uint32_t i = 0; i < n_held; i++) {
+		if (drop_t0 && p->t0[i] >= 0)
+			kvt_t0_unref(tm->cfg.t0, p->t0[i]);
+		if (p->t1[i] >= 0)
+			kvt_t1_unref(tm->t1, p->t1[i]);
+		busy_release(tm, p->hashes[i]);
+	}
+	lay_free(tm, p);
 }
 
 int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_groups,
@@ -2745,17 +2751,7 @@ fail:
 	if (p->hashes && p->t0 && p->t1) {
 		lay_release(tm, p, n_held, true);
 	} else {
-		free(p->hashes);
-		free(p->t0);
-		free(p->t1);
-		free(p->units);
-		free(p->src);
-		free(p->found);
-		free(p->order);
-		free(p);
-		pthread_mutex_lock(&tm->mu);
-		tm->lay_active = false;
-		pthread_mutex_unlock(&tm->mu);
+		lay_free(tm, p);
 	}
 	return rc;
 }
