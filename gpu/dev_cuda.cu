@@ -457,6 +457,18 @@ __device__ __forceinline__ void gemv_store(const float *s, float *__restrict__ y
  * y[m][n] (+)= x[m] . w[n] for M <= GEMV_MAX_ROWS rows: one warp per output
  * column n, lanes strided over k by 8 fp16 weights (one 16-byte load).
  */
+/* The eight fp16 weights of one 16-byte load, widened to fp32 (the fp16 GEMVs' inner step). */
+__device__ __forceinline__ void h8_to_f32(const uint4 &raw, float w[8])
+{
+	const __half2 *h2 = (const __half2 *)&raw;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		float2 f = __half22float2(h2[i]);
+		w[2 * i] = f.x;
+		w[2 * i + 1] = f.y;
+	}
+}
+
 template <int M>
 __global__ void gemv_f16_kernel(const __half *__restrict__ w, const float *__restrict__ x, float *__restrict__ y,
 				uint32_t K, uint32_t N, bool acc, bool vec)
@@ -470,15 +482,8 @@ __global__ void gemv_f16_kernel(const __half *__restrict__ w, const float *__res
 	if (vec) {
 #pragma unroll 4
 		for (uint32_t k = lane * 8; k < K; k += 256) {
-			uint4 raw = __ldg((const uint4 *)(row + k));
-			const __half2 *h2 = (const __half2 *)&raw;
 			float wf[8];
-#pragma unroll
-			for (int i = 0; i < 4; i++) {
-				float2 f = __half22float2(h2[i]);
-				wf[2 * i] = f.x;
-				wf[2 * i + 1] = f.y;
-			}
+			h8_to_f32(__ldg((const uint4 *)(row + k)), wf);
 #pragma unroll
 			for (int m = 0; m < M; m++) {
 				const float4 *xv = (const float4 *)(x + (size_t)m * K + k);
@@ -2520,24 +2525,9 @@ __global__ void __launch_bounds__(256) gemv_fused_kernel(const __half *__restric
 #pragma unroll 4
 		for (uint32_t k = lane * 8; k < K; k += 256) {
 			float wf[8], wf2[8];
-			uint4 raw = __ldg((const uint4 *)(row + k));
-			const __half2 *h2 = (const __half2 *)&raw;
-#pragma unroll
-			for (int i = 0; i < 4; i++) {
-				float2 f = __half22float2(h2[i]);
-				wf[2 * i] = f.x;
-				wf[2 * i + 1] = f.y;
-			}
-			if (SWIGLU) {
-				uint4 raw2 = __ldg((const uint4 *)(row2 + k));
-				const __half2 *g2 = (const __half2 *)&raw2;
-#pragma unroll
-				for (int i = 0; i < 4; i++) {
-					float2 f = __half22float2(g2[i]);
-					wf2[2 * i] = f.x;
-					wf2[2 * i + 1] = f.y;
-				}
-			}
+			h8_to_f32(__ldg((const uint4 *)(row + k)), wf);
+			if (SWIGLU)
+				h8_to_f32(__ldg((const uint4 *)(row2 + k)), wf2);
 #pragma unroll
 			for (int m = 0; m < M; m++) {
 				const float4 *xv = (const float4 *)(x + (size_t)m * K + k);
