@@ -573,27 +573,24 @@ int kvt_btable_touch(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES])
 	return e ? KVT_OK : KVT_ENOTFOUND;
 }
 
-int kvt_btable_lookup(kvt_btable *bt, const uint8_t root[KVT_HASH_BYTES], const int32_t *tokens,
-		      uint32_t n_tokens, unsigned flags, kvt_btable_match *out, uint32_t cap,
-		      uint32_t *n_hashed, uint32_t *n_matched)
+/*
+ * The walk both lookups share: block m matches when hash(m) is an entry whose
+ * tokens equal the query's and block m-1 matched. hash(m) is at
+ * hashes + m * stride (a match array's .hash, or a plain hash array); slots
+ * go to out[m] (out[m].hash is left alone).
+ */
+static uint32_t walk_chain(kvt_btable *bt, const uint8_t *hashes, size_t stride, const int32_t *tokens, uint32_t n,
+			   unsigned flags, kvt_btable_match *out)
 {
-	uint32_t bs = bt->block_tokens, n = n_tokens / bs, m = 0;
-	size_t tok_bytes = (size_t)bs * sizeof(int32_t);
-	int rc;
-
-	if (n > cap)
-		n = cap;
-	/* Hash outside the lock: SHA-256 is the expensive part. */
-	rc = n ? kvt_hash_chain_strided(root, tokens, n, bs, out[0].hash, sizeof(*out)) : KVT_OK;
-	if (rc)
-		return rc;
+	const size_t tok_bytes = (size_t)bt->block_tokens * sizeof(int32_t);
+	uint32_t m = 0;
 	pthread_mutex_lock(&bt->mu);
 	bt->st.n_lookups++;
 	for (; m < n; m++) {
-		bt_entry *e = find(bt, out[m].hash);
+		bt_entry *e = find(bt, hashes + (size_t)m * stride);
 		if (!e)
 			break;
-		if (memcmp(e->tokens, tokens + (size_t)m * bs, tok_bytes) != 0) {
+		if (memcmp(e->tokens, tokens + (size_t)m * bt->block_tokens, tok_bytes) != 0) {
 			bt->st.n_collisions++;
 			log_collision("lookup", e->hash);
 			break;
@@ -607,8 +604,33 @@ int kvt_btable_lookup(kvt_btable *bt, const uint8_t root[KVT_HASH_BYTES], const 
 	}
 	bt->st.n_hit_blocks += m;
 	pthread_mutex_unlock(&bt->mu);
+	return m;
+}
+
+int kvt_btable_lookup(kvt_btable *bt, const uint8_t root[KVT_HASH_BYTES], const int32_t *tokens,
+		      uint32_t n_tokens, unsigned flags, kvt_btable_match *out, uint32_t cap,
+		      uint32_t *n_hashed, uint32_t *n_matched)
+{
+	uint32_t bs = bt->block_tokens, n = n_tokens / bs;
+	int rc;
+
+	if (n > cap)
+		n = cap;
+	/* Hash outside the lock: SHA-256 is the expensive part. */
+	rc = n ? kvt_hash_chain_strided(root, tokens, n, bs, out[0].hash, sizeof(*out)) : KVT_OK;
+	if (rc)
+		return rc;
+	*n_matched = walk_chain(bt, out[0].hash, sizeof(*out), tokens, n, flags, out);
 	*n_hashed = n;
-	*n_matched = m;
+	return KVT_OK;
+}
+
+int kvt_btable_lookup_chain(kvt_btable *bt, const uint8_t (*hashes)[KVT_HASH_BYTES], const int32_t *tokens,
+			    uint32_t n, unsigned flags, kvt_btable_match *out, uint32_t *n_matched)
+{
+	*n_matched = n ? walk_chain(bt, hashes[0], KVT_HASH_BYTES, tokens, n, flags, out) : 0;
+	for (uint32_t i = 0; i < *n_matched; i++)
+		memcpy(out[i].hash, hashes[i], KVT_HASH_BYTES);
 	return KVT_OK;
 }
 

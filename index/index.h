@@ -265,6 +265,14 @@ int kvt_btable_touch(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES]);
 int kvt_btable_lookup(kvt_btable *bt, const uint8_t root[KVT_HASH_BYTES], const int32_t *tokens,
 		      uint32_t n_tokens, unsigned flags, kvt_btable_match *out, uint32_t cap,
 		      uint32_t *n_hashed, uint32_t *n_matched);
+/*
+ * kvt_btable_lookup over a chain the caller hashed already: hashes[0..n) are
+ * the chain's block hashes (as kvt_hash_chain gives them), tokens[0..n *
+ * block_tokens) their tokens. The same walk, flags and collision check;
+ * out[i] (hash included) is filled for the *n_matched matched blocks.
+ */
+int kvt_btable_lookup_chain(kvt_btable *bt, const uint8_t (*hashes)[KVT_HASH_BYTES], const int32_t *tokens,
+			    uint32_t n, unsigned flags, kvt_btable_match *out, uint32_t *n_matched);
 
 /*
  * Up to cap eviction candidates of tier, coldest first: entries present in the

@@ -55,6 +55,8 @@ struct kvt_tm_ticket {
 	uint32_t n_claim;                 /* indices the workers claim (n, or n_local without T3) */
 	uint8_t root[KVT_HASH_BYTES];     /* parent of hashes[0] (T3 blocks' chain check) */
 	bool *pinned;                     /* [n] a pin taken for the caller on a block from T3, or NULL */
+	uint64_t bytes_from[KVT_TM_N_TIERS]; /* bytes read for this ticket, by the tier they came from (tm->mu):
+	                                        T2 records, T1 slots unpacked into T0, T3 records */
 };
 
 typedef struct tm_foreign {
@@ -124,6 +126,8 @@ struct kvt_tm {
 	bool rwriter_started;
 	struct tm_lay *lay;            /* kvt_tm_promote_layered's stream, events and staging; NULL until first use */
 	bool lay_active;               /* a layered promotion is in flight (tm->mu) */
+	kvt_tm_prefix *lay_owner;      /* the prefix handle whose layered promotion is in flight (tiers/prefix.c;
+	                                  the compute-stream thread only) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -761,9 +765,12 @@ static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 /*
  * Bring one block to tier (HBM or HOST). With take_ref, *t0_slot gets a T0
  * slot with a caller reference. The block is busy-held for the whole move.
+ * bytes_from (may be NULL; updated under tm->mu) gets the bytes read for it
+ * by the tier they came from: a T2 record's extent, a T1 slot unpacked into
+ * T0 (a block read from T2 and unpacked counts as T2 only).
  */
 static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], int tier, bool take_ref,
-		       int32_t *t0_slot)
+		       int32_t *t0_slot, uint64_t *bytes_from)
 {
 	kvt_btable_entry e;
 	int rc = busy_wait(tm, h);
@@ -848,6 +855,8 @@ static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], i
 			tm->st.tier[KVT_TIER_HOST].n_promotions++;
 		tm->st.tier[KVT_TIER_HOST].promotion_bytes += e.nvme.extent_bytes;
 		tm->st.tier[KVT_TIER_HOST].promotion_s += kvt_now_s() - t_start;
+		if (bytes_from)
+			bytes_from[KVT_TIER_NVME] += e.nvme.extent_bytes;
 		pthread_mutex_unlock(&tm->mu);
 		packed = buf;
 		if (tier == KVT_TIER_HOST && t1s < 0) {
@@ -870,6 +879,8 @@ static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], i
 		tm->st.tier[KVT_TIER_HBM].n_promotions++;
 		tm->st.tier[KVT_TIER_HBM].promotion_bytes += tm->packed_bytes;
 		tm->st.tier[KVT_TIER_HBM].promotion_s += kvt_now_s() - t_start;
+		if (bytes_from && found == KVT_TIER_HOST)
+			bytes_from[KVT_TIER_HOST] += tm->packed_bytes;
 		pthread_mutex_unlock(&tm->mu);
 		e.slot[KVT_TIER_HBM] = s;
 	}
@@ -1228,7 +1239,7 @@ static void remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo)
 		n_hit++;
 		int32_t slot = -1;
 		/* promote_one counts a local hit in T1: the lookup that mattered was T3's, counted below */
-		int rc = promote_one(tm, c, h, t->tier, t->take_refs, &slot);
+		int rc = promote_one(tm, c, h, t->tier, t->take_refs, &slot, NULL); /* its bytes are T3's (below) */
 		t->results[lo + j] = rc;
 		t->slots[lo + j] = slot;
 		if (rc != KVT_OK)
@@ -1241,6 +1252,7 @@ out:
 	tm->st.remote.n_promotions += n_hit;
 	tm->st.remote.promotion_bytes += (uint64_t)n_hit * tm->packed_bytes;
 	tm->st.remote.promotion_s += kvt_now_s() - t_start;
+	t->bytes_from[KVT_TM_TIER_REMOTE] += (uint64_t)n_hit * tm->packed_bytes;
 	pthread_mutex_unlock(&tm->mu);
 	free(meta);
 	free(buf);
@@ -1280,8 +1292,11 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&tm->mu);
 		if (i < t->n_local) {
 			int32_t slot = -1;
-			int rc = promote_one(tm, c, t->hashes[i], t->tier, t->take_refs, &slot);
+			uint64_t bytes[KVT_TM_N_TIERS] = { 0 };
+			int rc = promote_one(tm, c, t->hashes[i], t->tier, t->take_refs, &slot, bytes);
 			pthread_mutex_lock(&tm->mu);
+			for (int b = 0; b < KVT_TM_N_TIERS; b++)
+				t->bytes_from[b] += bytes[b];
 			t->results[i] = rc;
 			t->slots[i] = slot;
 		} else {
@@ -1978,6 +1993,23 @@ int kvt_tm_lookup(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const int32_t 
 	return KVT_OK;
 }
 
+int kvt_tm_lookup_chain(kvt_tm *tm, const uint8_t (*hashes)[KVT_HASH_BYTES], const int32_t *tokens, uint32_t n,
+			unsigned flags, kvt_btable_match *out, uint32_t *n_matched)
+{
+	uint32_t nm = 0;
+	if (flags & KVT_BT_PIN)
+		pthread_mutex_lock(&tm->pin_mu);
+	int rc = kvt_btable_lookup_chain(tm->cfg.bt, hashes, tokens, n, flags, out, &nm);
+	if (flags & KVT_BT_PIN)
+		pthread_mutex_unlock(&tm->pin_mu);
+	if (rc != KVT_OK)
+		return rc;
+	if (nm < n)
+		count_lookup(tm, -1); /* the first full block past the cached prefix */
+	*n_matched = nm;
+	return KVT_OK;
+}
+
 int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier, bool take_refs,
 		  kvt_tm_ticket **out)
 {
@@ -2069,6 +2101,35 @@ int kvt_tm_ticket_wait(kvt_tm *tm, kvt_tm_ticket *t)
 	pthread_mutex_unlock(&tm->mu);
 	return rc;
 }
+
+int tm_ticket_wait_progress(kvt_tm *tm, kvt_tm_ticket *t, void (*fn)(void *user, uint32_t done, uint32_t total),
+			    void *user, uint64_t bytes_from[KVT_TM_N_TIERS])
+{
+	int rc = KVT_OK;
+	uint32_t told = 0;
+	pthread_mutex_lock(&tm->mu);
+	while (t->n_done < t->n) {
+		if (fn && t->n_done != told) {
+			told = t->n_done;
+			pthread_mutex_unlock(&tm->mu); /* the callback may take its time: not under the manager's lock */
+			fn(user, told, t->n);
+			pthread_mutex_lock(&tm->mu);
+			continue;
+		}
+		pthread_cond_wait(&tm->cv_done, &tm->mu);
+	}
+	for (uint32_t i = 0; i < t->n && rc == KVT_OK; i++)
+		rc = t->results[i];
+	if (bytes_from)
+		memcpy(bytes_from, t->bytes_from, sizeof(t->bytes_from));
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+kvt_tm_prefix **tm_lay_owner(kvt_tm *tm) { return &tm->lay_owner; }
+size_t tm_packed_bytes(const kvt_tm *tm) { return tm->packed_bytes; }
+kvt_t0_pool *tm_t0(kvt_tm *tm) { return tm->cfg.t0; }
+kvt_btable *tm_bt(kvt_tm *tm) { return tm->cfg.bt; }
 
 bool kvt_tm_ticket_done(kvt_tm *tm, kvt_tm_ticket *t, uint32_t *n_done)
 {
@@ -2178,6 +2239,57 @@ void kvt_tm_end_turn(kvt_tm *tm)
 	tm->maint_kick = true;
 	pthread_cond_signal(&tm->cv_maint);
 	pthread_mutex_unlock(&tm->mu);
+}
+
+static int hash_cmp(const void *a, const void *b) { return memcmp(a, b, KVT_HASH_BYTES); }
+
+/* Move the pending entries whose hash is in the sorted set hs[0..n) into the due prefix (tm->mu held). */
+static void pend_due_locked(kvt_tm *tm, const uint8_t (*hs)[KVT_HASH_BYTES], uint32_t n, double now)
+{
+	for (uint32_t i = tm->n_due; i < tm->n_pend; i++) {
+		if (!bsearch(tm->pend[i].hash, hs, n, KVT_HASH_BYTES, hash_cmp))
+			continue;
+		tm_pending p = tm->pend[i];
+		tm->pend[i] = tm->pend[tm->n_due];
+		tm->pend[tm->n_due] = p;
+		tm->pend[tm->n_due++].due_t = now;
+	}
+}
+
+/* As pend_due_locked, for the T3 write queue. */
+static void remote_due_locked(kvt_tm *tm, const uint8_t (*hs)[KVT_HASH_BYTES], uint32_t n)
+{
+	for (uint32_t i = tm->n_rq_due; i < tm->n_rq; i++) {
+		if (!bsearch(tm->rq[i].hash, hs, n, KVT_HASH_BYTES, hash_cmp))
+			continue;
+		tm_remote_q q = tm->rq[i];
+		tm->rq[i] = tm->rq[tm->n_rq_due];
+		tm->rq[tm->n_rq_due++] = q;
+	}
+}
+
+int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
+{
+	if (!n || (!tm->cfg.t3 && (tm->cfg.persist != KVT_PERSIST_END_OF_TURN || !tm->cfg.t2)))
+		return KVT_OK;
+	uint8_t(*hs)[KVT_HASH_BYTES] = malloc((size_t)n * KVT_HASH_BYTES);
+	if (!hs)
+		return KVT_ENOMEM;
+	memcpy(hs, hashes, (size_t)n * KVT_HASH_BYTES);
+	qsort(hs, n, KVT_HASH_BYTES, hash_cmp);
+	pthread_mutex_lock(&tm->mu);
+	if (tm->cfg.t3) {
+		remote_due_locked(tm, (const uint8_t(*)[KVT_HASH_BYTES])hs, n);
+		pthread_cond_signal(&tm->cv_remote);
+	}
+	if (tm->cfg.persist == KVT_PERSIST_END_OF_TURN && tm->cfg.t2) {
+		pend_due_locked(tm, (const uint8_t(*)[KVT_HASH_BYTES])hs, n, kvt_now_s());
+		tm->maint_kick = true;
+		pthread_cond_signal(&tm->cv_maint);
+	}
+	pthread_mutex_unlock(&tm->mu);
+	free(hs);
+	return KVT_OK;
 }
 
 int kvt_tm_flush(kvt_tm *tm)
@@ -2348,7 +2460,6 @@ void kvt_tm_get_tenants(kvt_tm *tm, kvt_tm_tenant_stats *out, uint32_t cap, uint
 	tm_retain_stats(tm->rt, &st, out, cap, n_out);
 }
 
-uint64_t kvt_tm_now_us(kvt_tm *tm) { return tm_retain_now(tm->rt); }
 
 int kvt_tm_check(kvt_tm *tm)
 {

@@ -236,6 +236,7 @@ typedef struct kvt_tm_stats {
 
 typedef struct kvt_tm kvt_tm;
 typedef struct kvt_tm_ticket kvt_tm_ticket;
+typedef struct kvt_tm_prefix kvt_tm_prefix; /* the prefix-cache handle (below; tiers/prefix.c) */
 
 /*
  * Create the manager: the T1 pool (t1_slots of t1_codec), the movers and
@@ -287,6 +288,14 @@ int kvt_tm_unpin(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES]);
  */
 int kvt_tm_lookup(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const int32_t *tokens, uint32_t n_tokens,
 		  unsigned flags, kvt_btable_match *out, uint32_t cap, uint32_t *n_hashed, uint32_t *n_matched);
+/*
+ * kvt_tm_lookup over a chain the caller hashed already (hashes[0..n), the
+ * blocks' tokens[0..n * block_tokens)): kvt_btable_lookup_chain, atomic
+ * against eviction with KVT_BT_PIN. out[0..n) gets the matched blocks'
+ * slots; *n_matched how many lead the chain.
+ */
+int kvt_tm_lookup_chain(kvt_tm *tm, const uint8_t (*hashes)[KVT_HASH_BYTES], const int32_t *tokens, uint32_t n,
+			unsigned flags, kvt_btable_match *out, uint32_t *n_matched);
 
 /*
  * Bring n blocks to T0 (blocking). results[i]: KVT_OK and t0_slots[i] a T0
@@ -360,6 +369,14 @@ int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free);
  * write-through (END_OF_TURN: within end_turn_s; WRITE_BACK: nothing).
  */
 void kvt_tm_end_turn(kvt_tm *tm);
+/*
+ * End of one request's turn: of the blocks registered and not yet durable,
+ * those of its chain (hashes[0..n)) become due for write-through (and, with
+ * T3 WRITE_THROUGH, for T3); other requests' blocks are left as they are.
+ * KVT_OK; KVT_ENOMEM (nothing marked: the blocks still go at flush, eviction
+ * or the next end of turn that names them).
+ */
+int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
 
 /*
  * Make every block registered so far durable on T2 (row committed) and wait.
@@ -393,8 +410,6 @@ uint32_t kvt_tm_release(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH
 bool kvt_tm_get_retention(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], kvt_tm_retention *out);
 /* Per-tenant counters: up to cap into out, *n_out = how many tenants there are. */
 void kvt_tm_get_tenants(kvt_tm *tm, kvt_tm_tenant_stats *out, uint32_t cap, uint32_t *n_out);
-/* The manager's retention clock now (microseconds). */
-uint64_t kvt_tm_now_us(kvt_tm *tm);
 
 /* Walk the manager's invariants against the table and the pools (tests, debug). KVT_ECORRUPT (logged). */
 int kvt_tm_check(kvt_tm *tm);
@@ -456,5 +471,129 @@ uint32_t kvt_tm_layered_n_copied(const kvt_tm_layered *p);
  * discard what it computed from them. NULL is a no-op (KVT_OK).
  */
 int kvt_tm_layered_finish(kvt_tm *tm, kvt_tm_layered *p);
+
+/* ---- the prefix-cache handle (tiers/prefix.c) ---- */
+
+/*
+ * The one seam between the scheduler and the tiers. The scheduler hashes a
+ * request's full blocks once and hands the chain to kvt_tm_prefix_acquire;
+ * the manager looks it up (pinning it), continues a local miss in T3, and
+ * itself chooses how the blocks come up:
+ *
+ *   NONE     nothing cached: the handle holds nothing, the caller prefills all;
+ *   READY    every block was in T0 (or the asynchronous path could not be
+ *            taken): brought up before acquire returns;
+ *   LAYERED  every block in T0/T1 and layer_groups > 0: the T0 slots are
+ *            handed at once, their copies run layer group by layer group and
+ *            the first forward waits per group (kvt_tm_prefix_gate), settled
+ *            after it (kvt_tm_prefix_settle);
+ *   ASYNC    the I/O threads bring the blocks up from T1/T2: poll
+ *            kvt_tm_prefix_ready (or kvt_tm_prefix_wait) before take;
+ *   REMOTE   as ASYNC, the chain continued in T3.
+ *
+ * A SERVE handle (a request's prefix) ends in T0 slots with one reference
+ * each for the caller's sequence (kvt_tm_prefix_take); the handle keeps the
+ * served blocks pinned until kvt_tm_prefix_release. A WARM handle (a resumed
+ * session) pins nothing and takes no references: the blocks go to T0 as far
+ * as it has room and the rest to T1. Every handle counts what it served by
+ * the tier each block was found in, and the bytes read for it by source
+ * tier, its own figures whatever else moves at the same time
+ * (kvt_tm_prefix_get_counts).
+ *
+ *            acquire --> NONE / READY ---------------------.
+ *               |                                          v
+ *               +--> ASYNC / REMOTE --ready?--> take --> [serve] --> release
+ *               '--> LAYERED --> take --> gate --> settle ---^
+ *
+ * Threads: SERVE handles belong to the thread that drives the compute stream
+ * (acquire, take, gate, settle, release all on it); WARM handles may be used
+ * from any thread. NOTE: a READY acquire waits for blocks another handle's
+ * layered promotion holds: it settles that promotion first, and the other
+ * handle's next kvt_tm_prefix_settle returns the result.
+ */
+enum kvt_tm_prefix_use {
+	KVT_TM_PREFIX_SERVE = 0, /* a request's prefix: to T0, pinned, T0 references for the caller */
+	KVT_TM_PREFIX_WARM = 1,  /* a resumed session: T0 as far as it has room, the rest T1; no pins, no references */
+};
+
+enum kvt_tm_prefix_path {
+	KVT_TM_PREFIX_NONE = 0,    /* nothing cached */
+	KVT_TM_PREFIX_READY = 1,   /* up before acquire returned */
+	KVT_TM_PREFIX_LAYERED = 2, /* T0/T1, layer group by layer group */
+	KVT_TM_PREFIX_ASYNC = 3,   /* the I/O threads, from T1/T2 */
+	KVT_TM_PREFIX_REMOTE = 4,  /* the I/O threads, the chain continued in T3 */
+};
+
+typedef struct kvt_tm_prefix_req {
+	int use;                                 /* enum kvt_tm_prefix_use */
+	const uint8_t (*hashes)[KVT_HASH_BYTES]; /* [n] the chain of full blocks (copied) */
+	const int32_t *tokens;                   /* [n * block_tokens] their tokens (the lookup's collision check) */
+	uint32_t n;                              /* blocks of the chain */
+	const uint8_t *root;                     /* parent of hashes[0]: a miss continues in T3 (when there is one);
+	                                            NULL: no T3 continuation */
+	bool t0_only;                            /* SERVE: only the leading blocks already in T0 (no promotion) */
+	bool refresh;                            /* SERVE: the served blocks are a hit (their retention TTL restarts) */
+	uint32_t layer_groups;                   /* SERVE: > 0, a prefix all in T0/T1 comes up in this many groups */
+} kvt_tm_prefix_req;
+
+typedef struct kvt_tm_prefix_counts {
+	int path;                             /* enum kvt_tm_prefix_path */
+	uint32_t n_matched;                   /* leading blocks the table knew */
+	uint32_t n_usable;                    /* leading blocks being brought up (those in some tier, and T3's) */
+	uint32_t n_served;                    /* once taken (SERVE) or waited for (WARM): leading blocks that arrived */
+	uint32_t blocks_from[KVT_TM_N_TIERS]; /* of the served blocks, by the tier each was found in (and T3) */
+	uint64_t bytes_from[KVT_TM_N_TIERS];  /* bytes read for this handle, by source tier: T2 records, T1 slots
+	                                         copied into T0, T3 records */
+	uint32_t n_retained;                  /* SERVE with refresh: leading served blocks that are retained */
+} kvt_tm_prefix_counts;
+
+/*
+ * Look the chain up and start bringing it up (see above). *out is a handle
+ * even when nothing is cached (path NONE). KVT_EINVAL (logged), KVT_ENOMEM.
+ */
+int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix **out);
+/* Whether the blocks are up (take may be called); never waits. */
+bool kvt_tm_prefix_ready(kvt_tm *tm, kvt_tm_prefix *p);
+/*
+ * Wait until the blocks are up, calling progress(user, done, total) (may be
+ * NULL) as they arrive; a WARM handle then brings what T0 had no room for to
+ * T1. Returns KVT_OK.
+ */
+int kvt_tm_prefix_wait(kvt_tm *tm, kvt_tm_prefix *p, void (*progress)(void *user, uint32_t done, uint32_t total),
+		       void *user);
+/*
+ * SERVE, once ready: t0_slots[0..k) get the leading blocks that reached T0,
+ * each with ONE reference the caller owns (a kvt_seq's); the blocks after the
+ * first failure are let go (logged). Returns k; the handle keeps their pins.
+ */
+uint32_t kvt_tm_prefix_take(kvt_tm *tm, kvt_tm_prefix *p, int32_t *t0_slots);
+/*
+ * LAYERED, before settle: the events the forward's layer l waits for (group
+ * l / layers_per_group); false when the forward need not wait (any other path,
+ * or settled).
+ */
+bool kvt_tm_prefix_gate(const kvt_tm_prefix *p, kvt_event *const **events, uint32_t *n_groups,
+			uint32_t *layers_per_group);
+/*
+ * After the work reading the slots has been issued: wait for a layered
+ * promotion's copies and enter its blocks in T0. KVT_OK (also for any other
+ * path, and when settled before); else the copies failed: the slots hold no
+ * valid K/V, the caller must drop them and what it computed from them.
+ */
+int kvt_tm_prefix_settle(kvt_tm *tm, kvt_tm_prefix *p);
+void kvt_tm_prefix_get_counts(kvt_tm *tm, const kvt_tm_prefix *p, kvt_tm_prefix_counts *c);
+/*
+ * Where a chain's blocks are now, without pinning, touching or counting
+ * anything (a session listing): blocks_in[t] of the leading blocks in some
+ * tier, by the highest tier holding each; *n_usable how many lead the chain.
+ * KVT_OK, KVT_ENOMEM.
+ */
+int kvt_tm_locate(kvt_tm *tm, const uint8_t (*hashes)[KVT_HASH_BYTES], const int32_t *tokens, uint32_t n,
+		  uint32_t blocks_in[KVT_TIER_COUNT], uint32_t *n_usable);
+/*
+ * Settle, wait for what is in flight, unpin, drop references not taken, free.
+ * Returns kvt_tm_prefix_settle's result. NULL is a no-op (KVT_OK).
+ */
+int kvt_tm_prefix_release(kvt_tm *tm, kvt_tm_prefix *p);
 
 #endif

@@ -70,4 +70,23 @@ int tm_retain_put_row(tm_retain *rt, kvt_db *db, kvt_db_block_row *row, uint64_t
 bool tm_retain_get(tm_retain *rt, const uint8_t hash[KVT_HASH_BYTES], kvt_tm_retention *out);
 void tm_retain_stats(tm_retain *rt, kvt_tm_retain_stats *st, kvt_tm_tenant_stats *ten, uint32_t cap, uint32_t *n_ten);
 
+/*
+ * The manager's internals the prefix-cache handle (tiers/prefix.c) builds on
+ * (tiers/manager.c).
+ *
+ * tm_ticket_wait_progress: kvt_tm_ticket_wait, calling fn(user, done, total)
+ * (may be NULL; not under the manager's lock) each time more of the ticket is
+ * done, and copying the bytes read for the ticket by source tier into
+ * bytes_from (may be NULL). tm_lay_owner: where the manager keeps the handle
+ * whose layered promotion is in flight (the compute-stream thread's; at most
+ * one). tm_packed_bytes: a T1 slot / T2 payload. tm_bt: for lookups that
+ * neither pin nor count (a resumed session's, a session listing's).
+ */
+int tm_ticket_wait_progress(kvt_tm *tm, kvt_tm_ticket *t, void (*fn)(void *user, uint32_t done, uint32_t total),
+			    void *user, uint64_t bytes_from[KVT_TM_N_TIERS]);
+kvt_tm_prefix **tm_lay_owner(kvt_tm *tm);
+size_t tm_packed_bytes(const kvt_tm *tm);
+kvt_t0_pool *tm_t0(kvt_tm *tm);  /* the engine's T0 pool (borrowed by the manager) */
+kvt_btable *tm_bt(kvt_tm *tm);   /* the block table */
+
 #endif

@@ -23,7 +23,7 @@
  * the counters. The model, the sequences and the samplers belong to the
  * scheduler thread alone.
  */
-#include "scheduler.h"
+#include "sched_int.h"
 
 #include "tokenizer.h"
 
@@ -38,8 +38,6 @@
 const double kvt_ttft_bucket_le[KVT_TTFT_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
 						      0.5,   1.0,  2.5,   5.0,  10.0, INFINITY };
 
-#define TTFT_RING 1024u
-#define WAIT_RING 1024u
 
 enum h_state { H_QUEUED, H_PROMOTE, H_PREFILL, H_DECODE, H_FINISHING, H_DONE };
 
@@ -77,17 +75,13 @@ struct kvt_sched_handle {
 	bool sampler_ready;
 	kvt_gmatch *gm;             /* the grammar's matcher (req.grammar), NULL: unconstrained */
 	kvt_token_lp *lps;          /* [max_tokens + 1] logprobs of the generated tokens (req.logprobs >= 0), under s->mu as toks */
-	kvt_gmatch_stats gstats;    /* gm's counters, copied when the request ends (under s->mu) */
-	uint8_t root[KVT_HASH_BYTES];
-	uint8_t (*hashes)[KVT_HASH_BYTES]; /* chain of the full blocks registered so far */
-	uint32_t n_hashes;
-	uint32_t n_pinned;          /* leading hashes[] pinned at admission (the cached prefix) */
-	uint8_t *origin;            /* [blocks] tier each cached block was found in */
-	uint32_t n_usable;          /* cached blocks found in some tier (being promoted) */
-	uint32_t n_local;           /* of those, found in the table (pinned); the rest are looked up in T3 */
-	kvt_tm_ticket *ticket;      /* H_PROMOTE: the manager bringing them to T0 */
-	kvt_tm_layered *layered;    /* the prefix still coming up layer group by layer group (its first forward
-	                               waits per group; settled after it: settle_layered) */
+	uint8_t root[KVT_HASH_BYTES];      /* the tenant's chain root */
+	uint8_t (*hashes)[KVT_HASH_BYTES]; /* [max blocks] the chain of toks' full blocks: hashed once each (admission
+	                                      for the fill, registration for the rest), for lookup and registration */
+	uint32_t n_hashed;          /* leading hashes[] computed */
+	uint32_t n_hashes;          /* leading blocks in the cache: the served prefix, then those registered */
+	kvt_tm_prefix *pfx;         /* the cached prefix's handle (tiers/manager.h): pins, promotion, layer gate; NULL
+	                               without one */
 	double t_submit, t_first;
 	int prio;                   /* priority (the request's, or its tenant's default) */
 	uint64_t submit_step;       /* the step count at submit (under s->mu) */
@@ -101,33 +95,6 @@ struct kvt_sched_handle {
 	uint64_t seq_no;            /* admission order (latest = largest) */
 };
 
-struct kvt_sched {
-	kvt_sched_config cfg;
-	uint8_t secret[64];
-	uint32_t n_vocab, max_ctx, block_tokens, max_batch;
-	pthread_t thread;
-	pthread_mutex_t mu;
-	pthread_cond_t work;        /* queue or cancels for the scheduler */
-	pthread_cond_t idle;        /* a request ended (drain waits on it) */
-	bool stop, draining;
-	kvt_sched_handle *q_head, *q_tail;
-	uint32_t n_queued, n_running;
-	uint32_t t0_committed;      /* T0 blocks committed to the running requests (admission) */
-	bool admit_hold;            /* a preemption happened: admit nothing until a request ends (no thrashing) */
-	uint64_t n_admitted;        /* admissions so far (seq_no), scheduler thread */
-	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
-	float *logits;              /* [max_running][n_vocab] */
-	kvt_vocab_trie *trie;       /* the vocabulary's token bytes, for grammars (NULL without cfg.tok) */
-	double calib_rate;          /* prefill tokens/s measured at start-up */
-	kvt_sched_progress_fn progress; /* called (under mu) when a handle has news; NULL: none */
-	void *progress_user;
-	/* counters, under mu */
-	kvt_sched_stats st;
-	double ttft_ring[TTFT_RING];
-	uint64_t n_ttft;
-	double wait_ring[WAIT_RING];
-	uint64_t n_wait;
-};
 
 void kvt_sched_config_default(kvt_sched_config *c)
 {
@@ -160,8 +127,6 @@ const char *kvt_finish_name(int finish)
 uint32_t kvt_sched_n_vocab(const kvt_sched *s) { return s->n_vocab; }
 uint32_t kvt_sched_max_ctx(const kvt_sched *s) { return s->max_ctx; }
 
-static const char *tenant_of(const char *t) { return t && t[0] ? t : "default"; }
-
 /* T0 blocks a request's sequence may hold at its longest. */
 static uint32_t blocks_at_most(const kvt_sched *s, const kvt_sched_handle *h)
 {
@@ -193,27 +158,9 @@ static int effective_priority(const kvt_sched *s, const kvt_sched_handle *h, dou
 static int tenant_priority(const kvt_sched *s, const char *tenant)
 {
 	for (uint32_t i = 0; i < s->cfg.n_tenant_priority; i++)
-		if (!strcmp(s->cfg.tenant_priority[i].tenant, tenant_of(tenant)))
+		if (!strcmp(s->cfg.tenant_priority[i].tenant, sched_tenant(tenant)))
 			return s->cfg.tenant_priority[i].priority;
 	return s->cfg.default_priority;
-}
-
-static int chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
-{
-	uint8_t salt[KVT_HASH_BYTES];
-	int rc = kvt_tenant_salt(s->secret, s->cfg.secret_bytes, tenant_of(tenant), salt);
-	if (rc)
-		return rc;
-	return kvt_hash_root(s->cfg.model_fp, s->cfg.layout_version, s->block_tokens, salt, root);
-}
-
-/* The tier a matched block is served from: the highest one holding it; -1 for none. */
-static int origin_tier(const kvt_btable_match *m)
-{
-	for (int t = 0; t < KVT_TIER_COUNT; t++)
-		if (m->slot[t] >= 0)
-			return t;
-	return -1;
 }
 
 /* ---- handles ---- */
@@ -229,7 +176,6 @@ static void handle_free(kvt_sched_handle *h)
 		kvt_seq_deinit(&h->seq);
 	pthread_cond_destroy(&h->cv);
 	free(h->hashes);
-	free(h->origin);
 	free(h->toks);
 	free(h);
 }
@@ -352,13 +298,6 @@ int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n,
 	return kvt_sched_next_lp(h, ids, NULL, cap, n, finish, usage, timeout_s);
 }
 
-void kvt_sched_grammar_stats(kvt_sched_handle *h, kvt_gmatch_stats *st)
-{
-	pthread_mutex_lock(&h->s->mu);
-	*st = h->gstats;
-	pthread_mutex_unlock(&h->s->mu);
-}
-
 int kvt_sched_next_lp(kvt_sched_handle *h, int32_t *ids, kvt_token_lp *lps, uint32_t cap, uint32_t *n, int *finish,
 		      kvt_sched_usage *usage, double timeout_s)
 {
@@ -446,23 +385,6 @@ static void record_usage_locked(kvt_sched *s, kvt_sched_handle *h)
 	}
 }
 
-/* Persist the session row: the history is every token of the turn. */
-static void put_session(kvt_sched *s, kvt_sched_handle *h)
-{
-	kvt_db_session row;
-	memset(&row, 0, sizeof(row));
-	snprintf(row.id, sizeof(row.id), "%s", h->req.session_id);
-	snprintf(row.tenant, sizeof(row.tenant), "%s", tenant_of(h->req.tenant));
-	row.tokens = h->toks;
-	row.n_tokens = h->n_toks;
-	memcpy(row.last_hash, h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root, KVT_HASH_BYTES);
-	int rc = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
-	if (rc)
-		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
-	if (s->cfg.tm && (rc = kvt_tm_remote_put_session(s->cfg.tm, &row)))
-		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(rc));
-}
-
 /*
  * The request asked to keep its prompt's prefix: retain its full blocks that
  * are cached (served or registered), under the tenant's quota.
@@ -480,7 +402,7 @@ static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
 			continue;
 		kvt_tm_retain_result res;
 		int tier = r->tier >= 0 ? r->tier : s->cfg.retain_tier;
-		int rc = kvt_tm_retain(s->cfg.tm, tenant_of(h->req.tenant), n, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes,
+		int rc = kvt_tm_retain(s->cfg.tm, sched_tenant(h->req.tenant), n, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes,
 				       (uint64_t)(r->ttl_s * 1e6), tier, &res);
 		if (rc) {
 			KVT_LOGW("sched: retention not applied: %s", kvt_strerror(rc));
@@ -495,52 +417,32 @@ static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
 	h->usage.retain_denied_tokens = (want_max - (got_max < want_max ? got_max : want_max)) * bt;
 }
 
-/*
- * A layered promotion of h's prefix is settled: its copies waited for and
- * the blocks entered in T0 (kvt_tm_layered_finish). KVT_OK, or the copies
- * failed: h's prefix slots hold no valid K/V (the caller ends h).
- */
-static int settle_layered(kvt_sched *s, kvt_sched_handle *h)
-{
-	if (!h->layered)
-		return KVT_OK;
-	int rc = kvt_tm_layered_finish(s->cfg.tm, h->layered);
-	h->layered = NULL;
-	return rc;
-}
-
-/* End a running request: release its blocks and pins, save its session, publish usage. */
+/* End a running request: release its blocks and pins, save its session, mark its turn's blocks due, publish usage. */
 static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 {
-	if (h->layered) { /* ended before its first forward: the copies must be done before the slots go */
-		if (settle_layered(s, h) != KVT_OK)
-			finish = KVT_FINISH_ERROR;
-	}
-	if (h->ticket) { /* cancelled while promoting: waits, drops the slots' references */
-		kvt_tm_ticket_free(s->cfg.tm, h->ticket);
-		h->ticket = NULL;
-	}
-	if (s->cfg.tm) {
-		for (uint32_t i = 0; i < h->n_pinned; i++)
-			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
-	}
-	h->n_pinned = 0;
+	/* the prefix first: a layered promotion's copies must be done before the slots go (ended before its forward) */
+	if (h->pfx && kvt_tm_prefix_release(s->cfg.tm, h->pfx) != KVT_OK)
+		finish = KVT_FINISH_ERROR;
+	h->pfx = NULL;
 	if (h->seq_ready) {
 		kvt_seq_deinit(&h->seq);
 		h->seq_ready = false;
 	}
 	if (h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR)
-		put_session(s, h);
+		sched_session_put(s, h->req.tenant, h->req.session_id, h->toks, h->n_toks,
+				  h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root);
 	if (h->req.n_retain && finish != KVT_FINISH_ERROR)
 		retain_prompt(s, h);
+	/* this turn's blocks (and only this request's) become due for write-through */
+	if (s->cfg.tm && s->cfg.cache && h->n_hashes &&
+	    kvt_tm_end_turn_chain(s->cfg.tm, h->n_hashes, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes) != KVT_OK)
+		KVT_LOGW("sched: a turn's blocks not marked due (out of memory): they persist at the next flush");
 	h->state = H_DONE;
 
 	pthread_mutex_lock(&s->mu);
 	h->finish = finish;
 	h->usage.completion_tokens = h->n_visible;
 	h->usage.total_s = kvt_now_s() - h->t_submit;
-	if (h->gm)
-		kvt_gmatch_get_stats(h->gm, &h->gstats);
 	h->ended = true;
 	record_usage_locked(s, h);
 	pthread_cond_broadcast(&h->cv);
@@ -550,113 +452,61 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 }
 
 /*
- * The cached prefix has reached T0 (res[i], slots[i] per usable block): the
- * blocks up to the first failure become the start of the sequence; the rest
- * are given back and recomputed.
+ * The cached prefix has come up: the blocks up to the first failure become
+ * the start of the sequence (their slots straight into it, with the
+ * references the handle hands over); the rest are recomputed.
  */
-static void take_prefix(kvt_sched *s, kvt_sched_handle *h, const int32_t *slots, const int *res)
+static void take_prefix(kvt_sched *s, kvt_sched_handle *h)
 {
-	const uint32_t bt = s->block_tokens, usable = h->n_usable;
-	uint32_t ok = 0;
-	while (ok < usable && res[ok] == KVT_OK)
-		ok++;
-	for (uint32_t i = ok; i < usable; i++) {
-		if (res[i] == KVT_OK)
-			kvt_t0_unref(s->cfg.t0, slots[i]);
-		if (i < h->n_local || res[i] == KVT_OK) /* a T3 block is pinned only when it came */
-			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
-	}
-	if (ok < usable)
-		KVT_LOGW("sched: %u of %u cached blocks could not be promoted (%s): recomputing them", usable - ok, usable,
-			 kvt_strerror(res[ok]));
-	memcpy(h->seq.blocks, slots, (size_t)ok * sizeof(int32_t));
+	const uint32_t bt = s->block_tokens;
+	kvt_tm_prefix_counts c;
+	const uint32_t ok = kvt_tm_prefix_take(s->cfg.tm, h->pfx, h->seq.blocks);
+	kvt_tm_prefix_get_counts(s->cfg.tm, h->pfx, &c);
 	h->seq.n_blocks = ok;
 	h->seq.n_tokens = ok * bt;
 	h->seq.n_synced = 0;
-	h->n_pinned = ok;
 	h->n_hashes = ok; /* blocks past the served prefix get registered anew */
-	/* a hit restarts the TTL of the retained blocks it used (not again when a preempted request resumes) */
-	const uint32_t n_read =
-		h->preempted ? 0 : kvt_tm_retain_refresh(s->cfg.tm, ok, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes);
 	pthread_mutex_lock(&s->mu);
 	if (h->preempted) { /* resumed: the usage describes the prompt, as first served */
 		s->st.resume_recomputed_tokens += h->n_fill - ok * bt;
-		for (uint32_t i = 0; i < ok; i++)
-			s->st.resume_swapped_in_tokens += h->origin[i] != KVT_TIER_HBM ? bt : 0;
+		s->st.resume_swapped_in_tokens += (uint64_t)(ok - c.blocks_from[KVT_TIER_HBM]) * bt;
 	} else {
-		for (uint32_t i = 0; i < ok; i++)
-			h->usage.cached_by_tier[h->origin[i]] += bt;
+		for (int t = 0; t < KVT_TM_N_TIERS; t++)
+			h->usage.cached_by_tier[t] += c.blocks_from[t] * bt;
 		h->usage.cached_tokens = ok * bt;
-		h->usage.cache_read_tokens = n_read * bt;
+		h->usage.cache_read_tokens = c.n_retained * bt;
 		s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
 	}
+	s->st.layered_promotions += c.path == KVT_TM_PREFIX_LAYERED;
 	pthread_mutex_unlock(&s->mu);
 	h->state = H_PREFILL;
 }
 
-/* A promotion ticket is done: collect it. */
-static void collect_prefix(kvt_sched *s, kvt_sched_handle *h)
+/* Hash toks' full blocks up to n (each block once: a chain continues from the last one hashed). */
+static int hash_blocks(kvt_sched *s, kvt_sched_handle *h, uint32_t n)
 {
-	int32_t *slots = calloc(h->n_usable, sizeof(*slots));
-	int *res = calloc(h->n_usable, sizeof(*res));
-	if (!slots || !res) {
-		free(slots);
-		free(res);
-		finish_request(s, h, KVT_FINISH_ERROR); /* frees the ticket and its references */
-		return;
-	}
-	kvt_tm_ticket_results(s->cfg.tm, h->ticket, slots, res);
-	kvt_tm_ticket_free(s->cfg.tm, h->ticket);
-	h->ticket = NULL;
-	take_prefix(s, h, slots, res);
-	free(slots);
-	free(res);
+	const uint32_t bt = s->block_tokens;
+	if (n <= h->n_hashed)
+		return KVT_OK;
+	uint32_t got = 0;
+	int rc = kvt_hash_chain(h->n_hashed ? h->hashes[h->n_hashed - 1] : h->root, h->toks + (size_t)h->n_hashed * bt,
+				(n - h->n_hashed) * bt, bt, h->hashes + h->n_hashed, n - h->n_hashed, &got);
+	if (rc == KVT_OK)
+		h->n_hashed += got;
+	return rc;
 }
 
 /*
- * The prefix's blocks, all in T0 or T1, come up layer group by layer group
- * (cfg.layer_groups): the slots go into the sequence at once and its first
- * forward waits per layer group on the device (step). false: not taken (off,
- * a block in T2 only, another layered promotion in flight, a block moving):
- * the caller promotes as before.
- */
-static bool admit_layered(kvt_sched *s, kvt_sched_handle *h, uint32_t usable)
-{
-	if (!s->cfg.layer_groups)
-		return false;
-	for (uint32_t i = 0; i < usable; i++)
-		if (h->origin[i] != KVT_TIER_HBM && h->origin[i] != KVT_TIER_HOST)
-			return false;
-	int32_t *slots = calloc(usable, sizeof(*slots));
-	int *res = calloc(usable, sizeof(*res));
-	kvt_tm_layered *lp = NULL;
-	bool ok = slots && res &&
-		  kvt_tm_promote_layered(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, s->cfg.layer_groups,
-					 slots, &lp) == KVT_OK;
-	if (ok) {
-		h->layered = lp;
-		take_prefix(s, h, slots, res); /* every res[i] is KVT_OK (calloc) */
-		pthread_mutex_lock(&s->mu);
-		s->st.layered_promotions++;
-		pthread_mutex_unlock(&s->mu);
-	}
-	free(slots);
-	free(res);
-	return ok;
-}
-
-/*
- * Start a queued request: the cached prefix (pinned), the sequence, the
- * sampler. A prefix already in T0 is taken at once; one that must come up
- * from T1 or T2 is promoted by the manager's I/O threads while the other
- * sequences go on decoding (state H_PROMOTE). On failure the request ends
- * with ERROR.
+ * Start a queued request: the cached prefix (the manager's handle: pinned,
+ * brought up as the manager chooses), the sequence, the sampler. A prefix
+ * that is up at once is taken at once; one still coming up from T1, T2 or
+ * T3 is taken when its handle is ready while the other sequences go on
+ * decoding (state H_PROMOTE). On failure the request ends with ERROR.
  */
 static void admit(kvt_sched *s, kvt_sched_handle *h)
 {
 	const uint32_t bt = s->block_tokens;
 	const uint32_t max_blocks = h->cap_toks / bt + 1;
-	kvt_btable_match *mt = NULL;
 	int rc = KVT_ENOMEM;
 
 	if (!h->preempted) {
@@ -664,7 +514,7 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 		h->usage.queue_s = kvt_now_s() - h->t_submit;
 	}
 	if ((!h->hashes && !(h->hashes = calloc(max_blocks, KVT_HASH_BYTES))) ||
-	    (!h->origin && !(h->origin = calloc(max_blocks, 1))) || (rc = chain_root(s, h->req.tenant, h->root)) ||
+	    (!h->n_hashed && (rc = sched_chain_root(s, h->req.tenant, h->root))) ||
 	    (rc = kvt_seq_init(&h->seq, s->cfg.dev, s->cfg.t0, h->cap_toks)))
 		goto fail;
 	h->seq_ready = true;
@@ -685,14 +535,32 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 	 * only those still in T0.
 	 */
 	const bool t0_only = h->preempted && s->cfg.preempt == KVT_PREEMPT_RECOMPUTE;
-	uint32_t n_look = h->n_fill - (h->resume_decode ? 0 : 1), n_full = n_look / bt, nh = 0, nm = 0, usable = 0;
+	uint32_t n_look = h->n_fill - (h->resume_decode ? 0 : 1), n_full = n_look / bt;
 	if (!h->preempted) {
 		pthread_mutex_lock(&s->mu);
 		s->st.prefix_queries_tokens += h->req.n_prompt;
 		s->st.reusable_tokens += (uint64_t)n_full * bt;
 		pthread_mutex_unlock(&s->mu);
 	}
-	if (!s->cfg.tm || !s->cfg.cache || !n_full) {
+	kvt_tm_prefix_counts c = { 0 };
+	if (s->cfg.tm && s->cfg.cache && n_full) {
+		if ((rc = hash_blocks(s, h, n_full)))
+			goto fail;
+		const kvt_tm_prefix_req pr = { .use = KVT_TM_PREFIX_SERVE,
+					       .hashes = (const uint8_t(*)[KVT_HASH_BYTES])h->hashes,
+					       .tokens = h->toks,
+					       .n = n_full,
+					       .root = h->root,
+					       .t0_only = t0_only,
+					       .refresh = !h->preempted, /* not again when a preempted request resumes */
+					       .layer_groups = s->cfg.layer_groups };
+		if ((rc = kvt_tm_prefix_acquire(s->cfg.tm, &pr, &h->pfx)))
+			goto fail;
+		kvt_tm_prefix_get_counts(s->cfg.tm, h->pfx, &c);
+	}
+	if (c.path == KVT_TM_PREFIX_NONE) { /* nothing cached: everything is prefilled */
+		kvt_tm_prefix_release(s->cfg.tm, h->pfx);
+		h->pfx = NULL;
 		if (h->preempted) {
 			pthread_mutex_lock(&s->mu);
 			s->st.resume_recomputed_tokens += h->n_fill;
@@ -700,80 +568,18 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 		}
 		return;
 	}
-	if (!(mt = calloc(n_full, sizeof(*mt)))) {
-		rc = KVT_ENOMEM;
-		goto fail;
-	}
-	if ((rc = kvt_tm_lookup(s->cfg.tm, h->root, h->toks, n_look, KVT_BT_PIN | KVT_BT_TOUCH, mt, n_full, &nh, &nm)))
-		goto fail;
-	bool all_in_t0 = true;
-	for (uint32_t i = 0; i < nm; i++)
-		memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
-	while (usable < nm && origin_tier(&mt[usable]) >= 0 && (!t0_only || origin_tier(&mt[usable]) == KVT_TIER_HBM)) {
-		h->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
-		all_in_t0 = all_in_t0 && h->origin[usable] == KVT_TIER_HBM;
-		usable++;
-	}
-	for (uint32_t i = usable; i < nm; i++) /* matched, but in no tier: let them go */
-		kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
-	h->n_pinned = h->n_usable = h->n_local = usable;
-	/* A local miss with T3: the chain goes on there (looked up by the manager's threads). */
-	uint32_t n_remote = 0;
-	if (usable == nm && usable < n_full && !t0_only && kvt_tm_has_remote(s->cfg.tm)) {
-		for (uint32_t i = usable; i < n_full; i++) {
-			if (i < nh)
-				memcpy(h->hashes[i], mt[i].hash, KVT_HASH_BYTES);
-			else if (kvt_hash_block(i ? h->hashes[i - 1] : h->root, h->toks + (size_t)i * bt, bt, h->hashes[i]))
-				break;
-			h->origin[i] = KVT_TM_TIER_REMOTE;
-			n_remote++;
-		}
-	}
-	free(mt);
-	mt = NULL;
-	if (n_remote &&
-	    kvt_tm_submit_remote(s->cfg.tm, usable + n_remote, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, usable,
-				 h->root, KVT_TIER_HBM, true, &h->ticket) == KVT_OK) {
-		h->n_usable = usable + n_remote;
+	/* NOTE: a READY acquire settled the layered promotion it had to wait for: a failed one ends its request */
+	if (c.path == KVT_TM_PREFIX_READY)
+		for (kvt_sched_handle *o = s->running; o; o = o->next)
+			if (o != h && o->pfx && o->state != H_DONE && kvt_tm_prefix_settle(s->cfg.tm, o->pfx) != KVT_OK)
+				finish_request(s, o, KVT_FINISH_ERROR);
+	if (kvt_tm_prefix_ready(s->cfg.tm, h->pfx))
+		take_prefix(s, h);
+	else
 		h->state = H_PROMOTE;
-		return;
-	}
-	if (!usable) {
-		if (h->preempted) {
-			pthread_mutex_lock(&s->mu);
-			s->st.resume_recomputed_tokens += h->n_fill;
-			pthread_mutex_unlock(&s->mu);
-		}
-		return;
-	}
-	if (!all_in_t0 && admit_layered(s, h, usable))
-		return;
-	if (!all_in_t0 &&
-	    kvt_tm_submit(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, KVT_TIER_HBM, true,
-			  &h->ticket) == KVT_OK) {
-		h->state = H_PROMOTE;
-		return;
-	}
-	int32_t *slots = calloc(usable, sizeof(*slots));
-	int *res = calloc(usable, sizeof(*res));
-	if (!slots || !res) {
-		free(slots);
-		free(res);
-		rc = KVT_ENOMEM;
-		goto fail;
-	}
-	/* NOTE: a blocking promotion waits for blocks another request's layered promotion holds: settle those first */
-	for (kvt_sched_handle *o = s->running; o; o = o->next)
-		if (o->layered && settle_layered(s, o) != KVT_OK)
-			finish_request(s, o, KVT_FINISH_ERROR);
-	kvt_tm_promote(s->cfg.tm, usable, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, slots, res);
-	take_prefix(s, h, slots, res);
-	free(slots);
-	free(res);
 	return;
 fail:
 	KVT_LOGE("sched: cannot start a request: %s", kvt_strerror(rc));
-	free(mt);
 	finish_request(s, h, KVT_FINISH_ERROR);
 }
 
@@ -784,7 +590,7 @@ static void register_blocks(kvt_sched *s, kvt_sched_handle *h)
 	while ((h->n_hashes + 1) * bt <= h->seq.n_tokens) {
 		uint32_t i = h->n_hashes;
 		const uint8_t *parent = i ? h->hashes[i - 1] : h->root;
-		if (kvt_hash_block(parent, h->toks + (size_t)i * bt, bt, h->hashes[i]))
+		if (hash_blocks(s, h, i + 1))
 			return;
 		h->n_hashes++;
 		if (!s->cfg.tm || !s->cfg.cache)
@@ -888,14 +694,13 @@ static void preempt(kvt_sched *s, kvt_sched_handle *h)
 {
 	const bool swap = s->cfg.preempt == KVT_PREEMPT_SWAP && s->cfg.tm && s->cfg.cache;
 	const uint32_t held = h->seq.n_tokens;
-	if (settle_layered(s, h) != KVT_OK) { /* its prefix never arrived: nothing of it may be reused */
+	if (h->pfx && kvt_tm_prefix_settle(s->cfg.tm, h->pfx) != KVT_OK) { /* its prefix never arrived: nothing of it
+									       may be reused */
 		finish_request(s, h, KVT_FINISH_ERROR);
 		return;
 	}
-	if (s->cfg.tm)
-		for (uint32_t i = 0; i < h->n_pinned; i++)
-			kvt_tm_unpin(s->cfg.tm, h->hashes[i]);
-	h->n_pinned = 0;
+	kvt_tm_prefix_release(s->cfg.tm, h->pfx); /* its pins go; the blocks stay cached */
+	h->pfx = NULL;
 	kvt_seq_deinit(&h->seq);
 	h->seq_ready = false;
 	if (h->state == H_DECODE) {
@@ -971,8 +776,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	const uint32_t cap_ent = s->cfg.max_running + 1;
 
 	for (kvt_sched_handle *h = s->running; h; h = h->next) {
-		if (h->state == H_PROMOTE && kvt_tm_ticket_done(s->cfg.tm, h->ticket, NULL))
-			collect_prefix(s, h);
+		if (h->state == H_PROMOTE && kvt_tm_prefix_ready(s->cfg.tm, h->pfx))
+			take_prefix(s, h);
 		/* a resumed sequence whose fill is done decodes again (its next row is its last token) */
 		if (h->state == H_PREFILL && h->resume_decode && h->seq.n_tokens >= h->n_fill)
 			h->state = H_DECODE;
@@ -1129,12 +934,10 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	kvt_model_gate gates[n_ent ? n_ent : 1];
 	uint32_t n_gates = 0;
 	for (uint32_t i = 0; i < n_ent; i++) {
-		kvt_tm_layered *lp = ents[i].h->layered;
-		if (!lp)
-			continue;
-		kvt_model_gate *g = &gates[n_gates++];
+		kvt_model_gate *g = &gates[n_gates];
 		*g = (kvt_model_gate){ 0 };
-		kvt_tm_layered_groups(lp, &g->events, &g->n_groups, &g->layers_per_group);
+		if (ents[i].h->pfx && kvt_tm_prefix_gate(ents[i].h->pfx, &g->events, &g->n_groups, &g->layers_per_group))
+			n_gates++;
 	}
 	const bool on_device = !n_gates && device_step(s, ents, n_ent, n_decode);
 	int32_t picked[on_device ? n_ent : 1];
@@ -1146,7 +949,7 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	/* their copies are done (the forward synced): enter the blocks in T0; a failed copy ends the request */
 	bool bad[n_ent ? n_ent : 1];
 	for (uint32_t i = 0; i < n_ent; i++) {
-		bad[i] = ents[i].h->layered && settle_layered(s, ents[i].h) != KVT_OK;
+		bad[i] = ents[i].h->pfx && kvt_tm_prefix_settle(s->cfg.tm, ents[i].h->pfx) != KVT_OK;
 		if (bad[i])
 			KVT_LOGE("sched: a request's cached prefix failed to reach T0: ending it");
 	}
@@ -1371,8 +1174,7 @@ static void *sched_main(void *arg)
 			struct timespec ts = { 0, 200 * 1000 };
 			nanosleep(&ts, NULL);
 		}
-		if (prune(s) && s->cfg.tm)
-			kvt_tm_end_turn(s->cfg.tm);
+		prune(s);
 	}
 	free(ents);
 	free(cands);
@@ -1526,285 +1328,6 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 		kvt_tm_get_stats(s->cfg.tm, &st->tiers);
 	else
 		memset(&st->tiers, 0, sizeof(st->tiers));
-}
-
-/* ---- sessions ---- */
-
-typedef struct sess_list {
-	kvt_db_session *rows; /* tokens malloc'd copies */
-	size_t n, cap;
-	int rc;
-} sess_list;
-
-static int collect_session(void *ctx, const kvt_db_session *row)
-{
-	sess_list *l = ctx;
-	if (l->n == l->cap) {
-		size_t nc = l->cap ? 2 * l->cap : 16;
-		kvt_db_session *r = realloc(l->rows, nc * sizeof(*r));
-		if (!r)
-			return l->rc = KVT_ENOMEM;
-		l->rows = r;
-		l->cap = nc;
-	}
-	kvt_db_session *d = &l->rows[l->n];
-	*d = *row;
-	d->tokens = malloc((row->n_tokens ? row->n_tokens : 1) * sizeof(int32_t));
-	if (!d->tokens)
-		return l->rc = KVT_ENOMEM;
-	memcpy(d->tokens, row->tokens, (size_t)row->n_tokens * sizeof(int32_t));
-	l->n++;
-	return 0;
-}
-
-/* Where a history's full blocks are now: blocks_in by highest tier, missing. */
-static int locate(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks, kvt_session_info *info,
-		  kvt_btable_match **out_mt, uint32_t *out_nm)
-{
-	const uint32_t n_full = n_toks / s->block_tokens;
-	uint8_t root[KVT_HASH_BYTES];
-	uint32_t nh = 0, nm = 0;
-	int rc;
-
-	info->n_tokens = n_toks;
-	info->n_blocks = n_full;
-	memset(info->blocks_in, 0, sizeof(info->blocks_in));
-	info->blocks_missing = n_full;
-	if (out_mt)
-		*out_mt = NULL;
-	if (!n_full || !s->cfg.bt)
-		return KVT_OK;
-	kvt_btable_match *mt = calloc(n_full, sizeof(*mt));
-	if (!mt)
-		return KVT_ENOMEM;
-	if ((rc = chain_root(s, tenant, root)) ||
-	    (rc = kvt_btable_lookup(s->cfg.bt, root, toks, n_full * s->block_tokens, 0, mt, n_full, &nh, &nm))) {
-		free(mt);
-		return rc;
-	}
-	uint32_t usable = 0;
-	while (usable < nm && origin_tier(&mt[usable]) >= 0) {
-		info->blocks_in[origin_tier(&mt[usable])]++;
-		usable++;
-	}
-	info->blocks_missing = n_full - usable;
-	if (out_mt) {
-		*out_mt = mt;
-		*out_nm = usable;
-	} else {
-		free(mt);
-	}
-	return KVT_OK;
-}
-
-static int cmp_updated_desc(const void *a, const void *b)
-{
-	const kvt_session_info *x = a, *y = b;
-	return (x->updated_us < y->updated_us) - (x->updated_us > y->updated_us);
-}
-
-int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out, size_t *n)
-{
-	sess_list l = { 0 };
-	int rc = KVT_OK;
-
-	*out = NULL;
-	*n = 0;
-	if (!s->cfg.db)
-		return KVT_OK;
-	if (tenant && tenant[0] && (rc = kvt_name_check("tenant", tenant)))
-		return rc;
-	rc = kvt_db_list_sessions(s->cfg.db, tenant && tenant[0] ? tenant : NULL, collect_session, &l);
-	if (!rc)
-		rc = l.rc;
-	kvt_session_info *info = rc ? NULL : calloc(l.n ? l.n : 1, sizeof(*info));
-	if (!rc && !info)
-		rc = KVT_ENOMEM;
-	for (size_t i = 0; i < l.n; i++) {
-		if (!rc) {
-			snprintf(info[i].id, sizeof(info[i].id), "%s", l.rows[i].id);
-			snprintf(info[i].tenant, sizeof(info[i].tenant), "%s", l.rows[i].tenant);
-			info[i].updated_us = l.rows[i].updated * 1000000;
-			rc = locate(s, l.rows[i].tenant, l.rows[i].tokens, l.rows[i].n_tokens, &info[i], NULL, NULL);
-		}
-		free(l.rows[i].tokens);
-	}
-	free(l.rows);
-	if (rc) {
-		free(info);
-		return rc;
-	}
-	qsort(info, l.n, sizeof(*info), cmp_updated_desc);
-	*out = info;
-	*n = l.n;
-	return KVT_OK;
-}
-
-int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
-{
-	kvt_db_session row;
-	uint64_t ticket = 0;
-	int rc;
-
-	if (!s->cfg.db)
-		return KVT_ENOTFOUND;
-	memset(&row, 0, sizeof(row)); /* get writes it only on success */
-	/* An unreadable row (KVT_ECORRUPT, logged) can still be deleted: that is how an operator clears it. */
-	if ((rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row)) && rc != KVT_ECORRUPT)
-		return rc;
-	if (rc == KVT_OK && s->cfg.tm && row.n_tokens >= s->block_tokens) { /* its retention ends with it */
-		uint8_t root[KVT_HASH_BYTES];
-		uint32_t nb = row.n_tokens / s->block_tokens, n = 0;
-		uint8_t(*hh)[KVT_HASH_BYTES] = malloc((size_t)nb * KVT_HASH_BYTES);
-		if (hh && chain_root(s, tenant, root) == KVT_OK &&
-		    kvt_hash_chain(root, row.tokens, row.n_tokens, s->block_tokens, hh, nb, &n) == KVT_OK)
-			(void)kvt_tm_release(s->cfg.tm, n, (const uint8_t(*)[KVT_HASH_BYTES])hh);
-		free(hh);
-	}
-	kvt_db_session_deinit(&row);
-	if ((rc = kvt_db_delete_session(s->cfg.db, tenant_of(tenant), id, NULL, NULL, &ticket)))
-		return rc;
-	return kvt_db_wait(s->cfg.db, ticket);
-}
-
-int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id)
-{
-	kvt_db_session row;
-	if (!s->cfg.tm || !kvt_tm_has_remote(s->cfg.tm))
-		return KVT_ENOTFOUND;
-	int rc = kvt_tm_remote_get_session(s->cfg.tm, tenant_of(tenant), id, &row);
-	if (rc == KVT_OK)
-		kvt_db_session_deinit(&row);
-	return rc;
-}
-
-int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
-			     void *user, kvt_resume_report *rep)
-{
-	kvt_db_session row;
-	kvt_session_info info;
-	kvt_btable_match *mt = NULL;
-	uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
-	int *res = NULL;
-	uint32_t nm = 0;
-	int rc;
-
-	memset(rep, 0, sizeof(*rep));
-	snprintf(rep->id, sizeof(rep->id), "%s", id);
-	if (!s->cfg.db)
-		return KVT_ENOTFOUND;
-	double t0 = kvt_now_s();
-	rc = kvt_db_get_session(s->cfg.db, tenant_of(tenant), id, &row);
-	if (rc == KVT_ENOTFOUND && s->cfg.tm && kvt_tm_has_remote(s->cfg.tm)) {
-		/* Another node's conversation: the session comes from T3, and is kept here from now on. */
-		int r3 = kvt_tm_remote_get_session(s->cfg.tm, tenant_of(tenant), id, &row);
-		if (r3 == KVT_OK) {
-			rc = KVT_OK;
-			rep->from_remote = true;
-			int rp = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
-			if (rp)
-				KVT_LOGW("sched: session \"%s\" from T3 not saved here: %s", id, kvt_strerror(rp));
-		}
-	}
-	if (rc)
-		return rc;
-	rc = locate(s, tenant_of(tenant), row.tokens, row.n_tokens, &info, &mt, &nm);
-	if (rc)
-		goto out;
-	rep->n_tokens = row.n_tokens;
-	rep->n_blocks = info.n_blocks;
-	/* With T3, the blocks past the local ones are looked up there (the chain goes on from the last local one). */
-	uint32_t n_local = nm;
-	uint8_t root[KVT_HASH_BYTES] = { 0 };
-	if (s->cfg.tm && kvt_tm_has_remote(s->cfg.tm) && nm < info.n_blocks &&
-	    chain_root(s, tenant_of(tenant), root) == KVT_OK)
-		nm = info.n_blocks;
-	if (progress)
-		progress(user, 0, nm);
-	if (nm && s->cfg.tm) {
-		kvt_tm_stats a, b;
-		kvt_tm_ticket *t = NULL;
-		hh = calloc(nm, KVT_HASH_BYTES);
-		res = calloc(nm, sizeof(*res));
-		if (!hh || !res) {
-			rc = KVT_ENOMEM;
-			goto out;
-		}
-		for (uint32_t i = 0; i < nm; i++) {
-			if (i < n_local)
-				memcpy(hh[i], mt[i].hash, KVT_HASH_BYTES);
-			else if ((rc = kvt_hash_block(i ? hh[i - 1] : root, row.tokens + (size_t)i * s->block_tokens,
-						      s->block_tokens, hh[i])))
-				goto out;
-		}
-		kvt_tm_get_stats(s->cfg.tm, &a);
-		/* to T0 as far as it has room; what does not fit stays in (or comes up to) T1 */
-		if ((rc = kvt_tm_submit_remote(s->cfg.tm, nm, (const uint8_t(*)[KVT_HASH_BYTES])hh, n_local, root,
-					       KVT_TIER_HBM, false, &t)))
-			goto out;
-		uint32_t done = 0, last = 0;
-		while (!kvt_tm_ticket_done(s->cfg.tm, t, &done)) {
-			if (progress && done != last)
-				progress(user, last = done, nm);
-			struct timespec ts = { 0, 10 * 1000 * 1000 };
-			nanosleep(&ts, NULL);
-		}
-		kvt_tm_ticket_results(s->cfg.tm, t, NULL, res);
-		kvt_tm_ticket_free(s->cfg.tm, t);
-		uint32_t n_host = 0;
-		uint8_t(*hf)[KVT_HASH_BYTES] = calloc(nm, KVT_HASH_BYTES);
-		for (uint32_t i = 0; hf && i < nm; i++)
-			if (res[i] == KVT_EFULL)
-				memcpy(hf[n_host++], hh[i], KVT_HASH_BYTES);
-		if (n_host && kvt_tm_prefetch(s->cfg.tm, n_host, (const uint8_t(*)[KVT_HASH_BYTES])hf, KVT_TIER_HOST,
-					      &t) == KVT_OK) {
-			kvt_tm_ticket_wait(s->cfg.tm, t);
-			kvt_tm_ticket_free(s->cfg.tm, t);
-		}
-		free(hf);
-		kvt_tm_get_stats(s->cfg.tm, &b);
-		uint32_t served = 0;
-		for (uint32_t i = 0; i < nm; i++) {
-			if (res[i] != KVT_OK && res[i] != KVT_EFULL)
-				break; /* a miss (corrupt, gone): the rest of the chain is recomputed */
-			rep->tokens_from[i < n_local ? origin_tier(&mt[i]) : KVT_TM_TIER_REMOTE] += s->block_tokens;
-			served++;
-		}
-		rep->bytes_from[KVT_TM_TIER_REMOTE] = b.remote.promotion_bytes - a.remote.promotion_bytes;
-		/*
-		 * Bytes by the tier each block was found in. NOTE: a block from NVMe
-		 * that goes on to T0 is counted by the manager twice (its record read
-		 * as a host promotion, its unpack into T0 as an HBM promotion), so
-		 * the T0 promotions are not "bytes from host": only those of blocks
-		 * found in T1 are. Every T0 promotion moves one packed block.
-		 */
-		uint64_t up_n = b.tier[KVT_TIER_HBM].n_promotions - a.tier[KVT_TIER_HBM].n_promotions;
-		uint64_t up_bytes = b.tier[KVT_TIER_HBM].promotion_bytes - a.tier[KVT_TIER_HBM].promotion_bytes;
-		uint64_t n_host_up = 0;
-		for (uint32_t i = 0; i < served && i < n_local; i++)
-			n_host_up += origin_tier(&mt[i]) == KVT_TIER_HOST && res[i] == KVT_OK;
-		rep->bytes_from[KVT_TIER_HOST] = up_n ? up_bytes / up_n * n_host_up : 0;
-		rep->bytes_from[KVT_TIER_NVME] = b.tier[KVT_TIER_HOST].promotion_bytes - a.tier[KVT_TIER_HOST].promotion_bytes;
-		nm = served;
-		if (progress)
-			progress(user, nm, nm);
-	}
-	rep->tokens_missing = row.n_tokens - nm * s->block_tokens;
-	rep->seconds = kvt_now_s() - t0;
-	{
-		pthread_mutex_lock(&s->mu);
-		double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
-									   : s->calib_rate;
-		pthread_mutex_unlock(&s->mu);
-		rep->prefill_s = rate > 0 ? (double)(nm * s->block_tokens) / rate : 0;
-		rep->prefill_measured = false;
-	}
-out:
-	free(mt);
-	free(hh);
-	free(res);
-	kvt_db_session_deinit(&row);
-	return rc;
 }
 
 int kvt_sched_tenants(kvt_sched *s, kvt_tm_tenant_stats **out, uint32_t *n)

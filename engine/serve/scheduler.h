@@ -51,8 +51,7 @@
 #ifndef KVT_SCHEDULER_H
 #define KVT_SCHEDULER_H
 
-#include "index.h"
-#include "manager.h"
+#include "manager.h" /* the prefix-cache handle, the tier counters; the index types it carries */
 #include "grammar.h"
 #include "model.h"
 #include "sampler.h"
@@ -213,8 +212,6 @@ int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n,
  */
 int kvt_sched_next_lp(kvt_sched_handle *h, int32_t *ids, kvt_token_lp *lps, uint32_t cap, uint32_t *n, int *finish,
 		      kvt_sched_usage *usage, double timeout_s);
-/* The grammar matcher's counters of a constrained request (zero otherwise); valid once it ended. */
-void kvt_sched_grammar_stats(kvt_sched_handle *h, kvt_gmatch_stats *st);
 /*
  * A hook for callers that wait on many handles without a thread each (the
  * HTTP layer): fn(user) is called whenever any handle gets tokens or ends.

@@ -1,0 +1,64 @@
+/*
+ * engine/serve/sched_int.h — what the scheduler (scheduler.c) and the
+ * sessions (sessions.c) share inside engine/serve: the scheduler's state,
+ * the tenant's chain root, and the session row a turn leaves.
+ *
+ * Locking: s->mu guards the queue, the handles' client-visible fields and
+ * the counters (st, the rings, calib_rate); the model, the sequences and the
+ * samplers belong to the scheduler thread alone. The sessions' calls run on
+ * the caller's thread (the HTTP server's) and touch only the manager, the
+ * index and, under s->mu, the counters.
+ */
+#ifndef KVT_SCHED_INT_H
+#define KVT_SCHED_INT_H
+
+#include "scheduler.h"
+
+#include <pthread.h>
+
+#define TTFT_RING 1024u
+#define WAIT_RING 1024u
+
+struct kvt_sched {
+	kvt_sched_config cfg;        /* copy (borrowed handles inside; secret points at secret[]) */
+	uint8_t secret[64];         /* the server secret (tenant salts) */
+	uint32_t n_vocab, max_ctx, block_tokens, max_batch; /* the model's limits, the pool's block size */
+	pthread_t thread;           /* the scheduler thread */
+	pthread_mutex_t mu;         /* see the file comment */
+	pthread_cond_t work;        /* queue or cancels for the scheduler */
+	pthread_cond_t idle;        /* a request ended (drain waits on it) */
+	bool stop, draining;        /* stopping; refusing submits (KVT_EIO) */
+	kvt_sched_handle *q_head, *q_tail; /* the queue (under mu) */
+	uint32_t n_queued, n_running; /* requests waiting, admitted (under mu) */
+	uint32_t t0_committed;      /* T0 blocks committed to the running requests (admission) */
+	bool admit_hold;            /* a preemption happened: admit nothing until a request ends (no thrashing) */
+	uint64_t n_admitted;        /* admissions so far (seq_no), scheduler thread */
+	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
+	float *logits;              /* [max_running][n_vocab] */
+	kvt_vocab_trie *trie;       /* the vocabulary's token bytes, for grammars (NULL without cfg.tok) */
+	double calib_rate;          /* prefill tokens/s measured at start-up */
+	kvt_sched_progress_fn progress; /* called (under mu) when a handle has news; NULL: none */
+	void *progress_user;        /* its argument */
+	/* counters, under mu */
+	kvt_sched_stats st;         /* the counters kvt_sched_get_stats reports */
+	double ttft_ring[TTFT_RING]; /* the last TTFTs (percentiles) */
+	uint64_t n_ttft;            /* TTFTs recorded */
+	double wait_ring[WAIT_RING]; /* the last queue waits */
+	uint64_t n_wait;            /* waits recorded */
+};
+
+/* A request's tenant: "" or NULL is "default". */
+static inline const char *sched_tenant(const char *t) { return t && t[0] ? t : "default"; }
+
+/* The tenant's chain root (model fingerprint, layout, block size, the tenant's salt). KVT_OK or kvt_hash_root's error. */
+int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES]);
+
+/*
+ * The session row a finished turn leaves (sessions.c): the whole history,
+ * and the hash of its last cached block (root when none). Queued to the
+ * index and, with T3, to the remote tier; a failure is logged.
+ */
+void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
+		       const uint8_t last_hash[KVT_HASH_BYTES]);
+
+#endif

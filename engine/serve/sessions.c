@@ -1,0 +1,278 @@
+/*
+ * engine/serve/sessions.c — the sessions (scheduler.h, "sessions"): the row a
+ * finished turn leaves in the index, listing, deletion, and resume, which
+ * pages a conversation's blocks back in through the tiering manager.
+ *
+ * Design. A session is its token history (kvt_db_session), keyed by tenant
+ * and id; its blocks are named by the tenant's chain over that history, so
+ * where they are now is a question for the manager, asked with the chain:
+ * kvt_tm_locate for a listing (it neither pins nor counts), a WARM
+ * prefix-cache handle for a resume (tiers/manager.h). A resume waits on its
+ * handle (woken as blocks arrive, reporting progress), and takes its tier
+ * figures from the handle's own counts, so they are right while other
+ * requests promote at the same time.
+ *
+ * These calls run on the caller's thread (the HTTP server's); they never
+ * touch the model or the scheduler's requests, only the manager, the index
+ * and, under s->mu, the prefill counters a resume reports from.
+ */
+#include "sched_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
+{
+	uint8_t salt[KVT_HASH_BYTES];
+	int rc = kvt_tenant_salt(s->secret, s->cfg.secret_bytes, sched_tenant(tenant), salt);
+	if (rc)
+		return rc;
+	return kvt_hash_root(s->cfg.model_fp, s->cfg.layout_version, s->block_tokens, salt, root);
+}
+
+void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
+		       const uint8_t last_hash[KVT_HASH_BYTES])
+{
+	kvt_db_session row;
+	memset(&row, 0, sizeof(row));
+	snprintf(row.id, sizeof(row.id), "%s", id);
+	snprintf(row.tenant, sizeof(row.tenant), "%s", sched_tenant(tenant));
+	row.tokens = (int32_t *)toks; /* borrowed: the put copies the history */
+	row.n_tokens = n_toks;
+	memcpy(row.last_hash, last_hash, KVT_HASH_BYTES);
+	int rc = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
+	if (rc)
+		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
+	if (s->cfg.tm && (rc = kvt_tm_remote_put_session(s->cfg.tm, &row)))
+		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(rc));
+}
+
+/* The chain of a history's full blocks under the tenant's root: *out malloc'd ([n_full], NULL when 0). */
+static int history_chain(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks,
+			 uint8_t root[KVT_HASH_BYTES], uint8_t (**out)[KVT_HASH_BYTES], uint32_t *n_out)
+{
+	const uint32_t n_full = n_toks / s->block_tokens;
+	uint32_t n = 0;
+	*out = NULL;
+	*n_out = 0;
+	int rc = sched_chain_root(s, tenant, root);
+	if (rc || !n_full)
+		return rc;
+	uint8_t(*hh)[KVT_HASH_BYTES] = malloc((size_t)n_full * KVT_HASH_BYTES);
+	if (!hh)
+		return KVT_ENOMEM;
+	if ((rc = kvt_hash_chain(root, toks, n_full * s->block_tokens, s->block_tokens, hh, n_full, &n))) {
+		free(hh);
+		return rc;
+	}
+	*out = hh;
+	*n_out = n;
+	return KVT_OK;
+}
+
+typedef struct sess_list {
+	kvt_db_session *rows; /* tokens malloc'd copies */
+	size_t n, cap;        /* rows, capacity */
+	int rc;               /* the first failure (KVT_ENOMEM) */
+} sess_list;
+
+static int collect_session(void *ctx, const kvt_db_session *row)
+{
+	sess_list *l = ctx;
+	if (l->n == l->cap) {
+		size_t nc = l->cap ? 2 * l->cap : 16;
+		kvt_db_session *r = realloc(l->rows, nc * sizeof(*r));
+		if (!r)
+			return l->rc = KVT_ENOMEM;
+		l->rows = r;
+		l->cap = nc;
+	}
+	kvt_db_session *d = &l->rows[l->n];
+	*d = *row;
+	d->tokens = malloc((row->n_tokens ? row->n_tokens : 1) * sizeof(int32_t));
+	if (!d->tokens)
+		return l->rc = KVT_ENOMEM;
+	memcpy(d->tokens, row->tokens, (size_t)row->n_tokens * sizeof(int32_t));
+	l->n++;
+	return 0;
+}
+
+/* Where a history's full blocks are now: blocks_in by highest tier, missing. */
+static int locate(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks, kvt_session_info *info)
+{
+	uint8_t root[KVT_HASH_BYTES];
+	uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
+	uint32_t n = 0, usable = 0;
+
+	info->n_tokens = n_toks;
+	info->n_blocks = n_toks / s->block_tokens;
+	memset(info->blocks_in, 0, sizeof(info->blocks_in));
+	info->blocks_missing = info->n_blocks;
+	if (!info->n_blocks || !s->cfg.tm)
+		return KVT_OK;
+	int rc = history_chain(s, tenant, toks, n_toks, root, &hh, &n);
+	if (rc == KVT_OK)
+		rc = kvt_tm_locate(s->cfg.tm, (const uint8_t(*)[KVT_HASH_BYTES])hh, toks, n, info->blocks_in, &usable);
+	free(hh);
+	if (rc == KVT_OK)
+		info->blocks_missing = info->n_blocks - usable;
+	return rc;
+}
+
+static int cmp_updated_desc(const void *a, const void *b)
+{
+	const kvt_session_info *x = a, *y = b;
+	return (x->updated_us < y->updated_us) - (x->updated_us > y->updated_us);
+}
+
+int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out, size_t *n)
+{
+	sess_list l = { 0 };
+	int rc = KVT_OK;
+
+	*out = NULL;
+	*n = 0;
+	if (!s->cfg.db)
+		return KVT_OK;
+	if (tenant && tenant[0] && (rc = kvt_name_check("tenant", tenant)))
+		return rc;
+	rc = kvt_db_list_sessions(s->cfg.db, tenant && tenant[0] ? tenant : NULL, collect_session, &l);
+	if (!rc)
+		rc = l.rc;
+	kvt_session_info *info = rc ? NULL : calloc(l.n ? l.n : 1, sizeof(*info));
+	if (!rc && !info)
+		rc = KVT_ENOMEM;
+	for (size_t i = 0; i < l.n; i++) {
+		if (!rc) {
+			snprintf(info[i].id, sizeof(info[i].id), "%s", l.rows[i].id);
+			snprintf(info[i].tenant, sizeof(info[i].tenant), "%s", l.rows[i].tenant);
+			info[i].updated_us = l.rows[i].updated * 1000000;
+			rc = locate(s, l.rows[i].tenant, l.rows[i].tokens, l.rows[i].n_tokens, &info[i]);
+		}
+		free(l.rows[i].tokens);
+	}
+	free(l.rows);
+	if (rc) {
+		free(info);
+		return rc;
+	}
+	qsort(info, l.n, sizeof(*info), cmp_updated_desc);
+	*out = info;
+	*n = l.n;
+	return KVT_OK;
+}
+
+int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
+{
+	kvt_db_session row;
+	uint64_t ticket = 0;
+	int rc;
+
+	if (!s->cfg.db)
+		return KVT_ENOTFOUND;
+	memset(&row, 0, sizeof(row)); /* get writes it only on success */
+	/* An unreadable row (KVT_ECORRUPT, logged) can still be deleted: that is how an operator clears it. */
+	if ((rc = kvt_db_get_session(s->cfg.db, sched_tenant(tenant), id, &row)) && rc != KVT_ECORRUPT)
+		return rc;
+	if (rc == KVT_OK && s->cfg.tm && row.n_tokens >= s->block_tokens) { /* its retention ends with it */
+		uint8_t root[KVT_HASH_BYTES];
+		uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
+		uint32_t n = 0;
+		if (history_chain(s, tenant, row.tokens, row.n_tokens, root, &hh, &n) == KVT_OK)
+			(void)kvt_tm_release(s->cfg.tm, n, (const uint8_t(*)[KVT_HASH_BYTES])hh);
+		free(hh);
+	}
+	kvt_db_session_deinit(&row);
+	if ((rc = kvt_db_delete_session(s->cfg.db, sched_tenant(tenant), id, NULL, NULL, &ticket)))
+		return rc;
+	return kvt_db_wait(s->cfg.db, ticket);
+}
+
+int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id)
+{
+	kvt_db_session row;
+	if (!s->cfg.tm || !kvt_tm_has_remote(s->cfg.tm))
+		return KVT_ENOTFOUND;
+	int rc = kvt_tm_remote_get_session(s->cfg.tm, sched_tenant(tenant), id, &row);
+	if (rc == KVT_OK)
+		kvt_db_session_deinit(&row);
+	return rc;
+}
+
+/* The session row: the index's, else (another node's conversation) T3's, kept here from then on. */
+static int session_get(kvt_sched *s, const char *tenant, const char *id, kvt_db_session *row, bool *from_remote)
+{
+	int rc = kvt_db_get_session(s->cfg.db, sched_tenant(tenant), id, row);
+	if (rc == KVT_ENOTFOUND && s->cfg.tm && kvt_tm_has_remote(s->cfg.tm) &&
+	    kvt_tm_remote_get_session(s->cfg.tm, sched_tenant(tenant), id, row) == KVT_OK) {
+		rc = KVT_OK;
+		*from_remote = true;
+		int rp = kvt_db_put_session(s->cfg.db, row, NULL, NULL, NULL);
+		if (rp)
+			KVT_LOGW("sched: session \"%s\" from T3 not saved here: %s", id, kvt_strerror(rp));
+	}
+	return rc;
+}
+
+int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
+			     void *user, kvt_resume_report *rep)
+{
+	kvt_db_session row;
+	uint8_t root[KVT_HASH_BYTES];
+	uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
+	kvt_tm_prefix *p = NULL;
+	kvt_tm_prefix_counts c = { 0 };
+	uint32_t n_chain = 0;
+
+	memset(rep, 0, sizeof(*rep));
+	snprintf(rep->id, sizeof(rep->id), "%s", id);
+	if (!s->cfg.db)
+		return KVT_ENOTFOUND;
+	double t0 = kvt_now_s();
+	int rc = session_get(s, tenant, id, &row, &rep->from_remote);
+	if (rc)
+		return rc;
+	rep->n_tokens = row.n_tokens;
+	rep->n_blocks = row.n_tokens / s->block_tokens;
+	if (s->cfg.tm && rep->n_blocks) {
+		if ((rc = history_chain(s, tenant, row.tokens, row.n_tokens, root, &hh, &n_chain)))
+			goto out;
+		/* to T0 as far as it has room, the rest to T1; blocks past the local ones from T3 when there is one */
+		const kvt_tm_prefix_req pr = { .use = KVT_TM_PREFIX_WARM,
+					       .hashes = (const uint8_t(*)[KVT_HASH_BYTES])hh,
+					       .tokens = row.tokens,
+					       .n = n_chain,
+					       .root = root };
+		if ((rc = kvt_tm_prefix_acquire(s->cfg.tm, &pr, &p)))
+			goto out;
+		kvt_tm_prefix_get_counts(s->cfg.tm, p, &c);
+	}
+	if (progress)
+		progress(user, 0, c.n_usable);
+	if (p) {
+		if ((rc = kvt_tm_prefix_wait(s->cfg.tm, p, progress, user)))
+			goto out;
+		kvt_tm_prefix_get_counts(s->cfg.tm, p, &c);
+		for (int t = 0; t < KVT_TM_N_TIERS; t++) {
+			rep->tokens_from[t] = c.blocks_from[t] * s->block_tokens;
+			rep->bytes_from[t] = c.bytes_from[t];
+		}
+		if (progress && c.n_usable)
+			progress(user, c.n_served, c.n_served);
+	}
+	const uint32_t n_served = c.n_served;
+	rep->tokens_missing = row.n_tokens - n_served * s->block_tokens;
+	rep->seconds = kvt_now_s() - t0;
+	pthread_mutex_lock(&s->mu);
+	double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
+								   : s->calib_rate;
+	pthread_mutex_unlock(&s->mu);
+	rep->prefill_s = rate > 0 ? (double)(n_served * s->block_tokens) / rate : 0;
+	rep->prefill_measured = false;
+out:
+	kvt_tm_prefix_release(s->cfg.tm, p);
+	free(hh);
+	kvt_db_session_deinit(&row);
+	return rc;
+}
