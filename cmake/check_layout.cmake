@@ -73,6 +73,21 @@ foreach(m ${mods})
     endforeach()
   endforeach()
 endforeach()
+# The seam between the scheduler and the tiers (DESIGN §3, "the prefix-cache handle"): the
+# scheduler reaches the cache through the manager's prefix handle, its registration and its
+# end of turn; it never calls the block table or the index, never takes or drops a T0 slot, and
+# never drives the manager's lower-level promotion calls itself.
+set(seam_src engine/serve/scheduler.c)
+set(seam_re "kvt_btable_[a-z_]+[ \t]*\\(|kvt_db_[a-z_]+[ \t]*\\(|kvt_t0_(alloc|ref|unref|slot_[a-z]+)[ \t]*\\(|kvt_tm_(lookup|submit|promote|ticket|pin|unpin|layered|prefetch)[a-z_]*[ \t]*\\(")
+if(EXISTS ${KVT_LAYOUT_ROOT}/${seam_src})
+  file(STRINGS ${KVT_LAYOUT_ROOT}/${seam_src} calls REGEX "${seam_re}")
+  foreach(line ${calls})
+    string(REGEX MATCH "${seam_re}" call "${line}")
+    message(SEND_ERROR "layout: ${seam_src} calls ${call}...: the scheduler reaches the tiers only through the "
+      "manager's prefix-cache handle (tiers/manager.h)")
+    math(EXPR n_bad "${n_bad} + 1")
+  endforeach()
+endif()
 if(n_bad GREATER 0)
-  message(FATAL_ERROR "check_layout: ${n_bad} include(s) against the dependency graph")
+  message(FATAL_ERROR "check_layout: ${n_bad} include(s) or call(s) against the dependency graph")
 endif()

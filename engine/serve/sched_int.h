@@ -61,4 +61,9 @@ int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYT
 void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
 		       const uint8_t last_hash[KVT_HASH_BYTES]);
 
+/* The sessions known and the index's counters (zero without an index). */
+void sched_sessions_stats(kvt_sched *s, uint64_t *n_sessions, kvt_db_stats *index);
+/* Shutdown: commit everything queued to the index (the session rows of the last turns); a failure is logged. */
+void sched_sessions_flush(kvt_sched *s);
+
 #endif

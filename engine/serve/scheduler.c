@@ -1,27 +1,57 @@
 /*
- * engine/serve/scheduler.c — continuous batching over the requests, the prefix cache
- * through the tiering manager, and the sessions (scheduler.h).
+ * engine/serve/scheduler.c — continuous batching over the requests, and the
+ * prefix cache through the tiering manager's prefix-cache handle
+ * (scheduler.h; the sessions are engine/serve/sessions.c).
  *
  * One scheduler thread. Each step it:
- *   1. admits queued requests while fewer than max_running run: looks up the
- *      longest cached prefix under the tenant's chain root (pinning it),
- *      promotes those blocks to T0 and starts the sequence on them;
+ *   1. admits queued requests while fewer than max_running run: hashes the
+ *      fill's full blocks under the tenant's chain root (each block once: the
+ *      same hashes serve the lookup and, later, registration) and acquires
+ *      their prefix handle; the manager pins what is cached and chooses how
+ *      it comes up (tiers/manager.h: READY, LAYERED, ASYNC, REMOTE);
  *   2. builds one batch: one row per decoding sequence (its last sampled
  *      token), one row per finishing sequence (its last token, so the whole
  *      turn's K/V is stored and its blocks cached), then prompt chunks of the
  *      prefilling sequences up to prefill_chunk rows, shared by the policy
  *      (scheduler.h: FAIR ranks by priority, shortest remaining, aging;
- *      FIFO gives the oldest all it takes);
+ *      FIFO gives the oldest all it takes); a prefix still coming up layer
+ *      group by layer group gates its sequence's forward (the handle's gate);
  *   3. makes room in T0 (the manager evicts); if it cannot, preempts the
  *      lowest-priority, latest sequence (back to the queue's front, its
  *      blocks left to the cache) and builds the step again; then runs it;
- *   4. registers every new full block with the manager, samples the next
- *      token of each sequence that asked for logits, and ends the requests
- *      that are done: unpin, session row, end of turn.
+ *   4. settles layered prefixes, registers every new full block with the
+ *      manager, samples the next token of each sequence that asked for
+ *      logits, and ends the requests that are done: the handle released
+ *      (unpinned), the session row, the end of that request's turn.
+ *
+ * The manager functions this file calls: kvt_tm_prefix_acquire / _ready /
+ * _take / _gate / _settle / _get_counts / _release (the cached prefix),
+ * kvt_tm_register (a new block), kvt_tm_reserve_t0 (room for a step),
+ * kvt_tm_end_turn_chain (a turn ended), kvt_tm_retain (cache control), and
+ * for statistics and shutdown kvt_tm_get_stats, kvt_tm_get_tenants,
+ * kvt_tm_flush. It never touches a T0 slot, the block table or the index
+ * (cmake/check_layout.cmake fails the build if it does); of the T0 pool it
+ * asks only its size and free count (the admission and step budgets), and of
+ * the index module only the pure chain hash (kvt_hash_chain).
+ *
+ * A request's handle moves through these states (h->state; scheduler
+ * thread only):
+ *
+ *   submit -> QUEUED --admit--> PROMOTE --handle ready--> PREFILL --prompt done--> DECODE
+ *               ^  |                                        ^  |                      |
+ *               |  '---------- prefix up at once, or none --'  |                      | EOG, max_tokens,
+ *               |                                              |                      | context full
+ *               '--- preempt (T0 full: its pins and T0 refs go) +----------------------+
+ *                                                                                      v
+ *                                  DONE <-- one more row (the last token's K/V) -- FINISHING
+ *
+ *   Any state but DONE -> DONE on cancel, shutdown or an engine error
+ *   (finish_request). DONE handles leave the running list (prune) and are
+ *   freed by whichever of the client and the scheduler lets go last.
  *
  * Locking: s->mu guards the queue, the handles' client-visible fields and
- * the counters. The model, the sequences and the samplers belong to the
- * scheduler thread alone.
+ * the counters (sched_int.h). The model, the sequences, the samplers and
+ * the prefix handles belong to the scheduler thread alone.
  */
 #include "sched_int.h"
 
@@ -1270,11 +1300,7 @@ void kvt_sched_destroy(kvt_sched *s)
 		if (rc && rc != KVT_EUNSUPPORTED)
 			KVT_LOGE("sched: flushing the cache to NVMe at shutdown: %s", kvt_strerror(rc));
 	}
-	if (s->cfg.db) {
-		int rc = kvt_db_flush(s->cfg.db);
-		if (rc)
-			KVT_LOGE("sched: committing the index at shutdown: %s", kvt_strerror(rc));
-	}
+	sched_sessions_flush(s);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->work);
 	pthread_cond_destroy(&s->idle);
@@ -1295,9 +1321,9 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 {
 	double sorted[TTFT_RING], waits[WAIT_RING];
 	uint64_t n_sessions = 0;
+	kvt_db_stats index;
 
-	if (s->cfg.db)
-		kvt_db_count_sessions(s->cfg.db, &n_sessions);
+	sched_sessions_stats(s, &n_sessions, &index);
 	pthread_mutex_lock(&s->mu);
 	*st = s->st;
 	st->running = s->n_running;
@@ -1319,10 +1345,7 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 	}
 	st->sessions = n_sessions;
 	st->have_index = s->cfg.db != NULL;
-	if (s->cfg.db)
-		kvt_db_get_stats(s->cfg.db, &st->index);
-	else
-		memset(&st->index, 0, sizeof(st->index));
+	st->index = index;
 	st->have_tiers = s->cfg.tm != NULL;
 	if (s->cfg.tm)
 		kvt_tm_get_stats(s->cfg.tm, &st->tiers);

@@ -48,6 +48,23 @@ void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const i
 		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(rc));
 }
 
+void sched_sessions_stats(kvt_sched *s, uint64_t *n_sessions, kvt_db_stats *index)
+{
+	*n_sessions = 0;
+	memset(index, 0, sizeof(*index));
+	if (!s->cfg.db)
+		return;
+	kvt_db_count_sessions(s->cfg.db, n_sessions);
+	kvt_db_get_stats(s->cfg.db, index);
+}
+
+void sched_sessions_flush(kvt_sched *s)
+{
+	int rc = s->cfg.db ? kvt_db_flush(s->cfg.db) : KVT_OK;
+	if (rc)
+		KVT_LOGE("sched: committing the index at shutdown: %s", kvt_strerror(rc));
+}
+
 /* The chain of a history's full blocks under the tenant's root: *out malloc'd ([n_full], NULL when 0). */
 static int history_chain(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks,
 			 uint8_t root[KVT_HASH_BYTES], uint8_t (**out)[KVT_HASH_BYTES], uint32_t *n_out)
