@@ -27,20 +27,27 @@
 
 static const uint8_t sched_rig_secret[32] = "0123456789abcdef0123456789abcde";
 
-/* The device, the model (max_batch 128, max_ctx 512) and its tokenizer from the GGUF at path; 0, or 1 on failure. */
-static inline int sched_rig_load(const char *path, int n_threads, kvt_dev **dev, kvt_model **m, kvt_tok **tok)
+/* The device, the model (max_batch 128, max_ctx) and its tokenizer from the GGUF at path; 0, or 1 on failure. */
+static inline int sched_rig_load_ctx(const char *path, int n_threads, uint32_t max_ctx, kvt_dev **dev, kvt_model **m,
+				     kvt_tok **tok)
 {
 	kvt_gguf *g = NULL;
 	kvt_dev_config dc = { .kind = test_dev_kind(), .use_ref = true, .n_threads = n_threads };
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);
 	mc.max_batch = 128;
-	mc.max_ctx = 512;
+	mc.max_ctx = max_ctx;
 	if (kvt_gguf_open(path, &g) || kvt_dev_create(&dc, dev) || kvt_model_load(*dev, g, &mc, m) ||
 	    kvt_tok_create_from_gguf(g, tok))
 		return 1;
 	kvt_gguf_close(g);
 	return 0;
+}
+
+/* sched_rig_load_ctx with a 512-token context. */
+static inline int sched_rig_load(const char *path, int n_threads, kvt_dev **dev, kvt_model **m, kvt_tok **tok)
+{
+	return sched_rig_load_ctx(path, n_threads, 512, dev, m, tok);
 }
 
 /* The shared stack settings over a loaded model (borrowed; the paths must outlive kvt_stack_open). */
@@ -73,14 +80,17 @@ static inline void sched_rig_free(kvt_stack *st, kvt_dev *dev, kvt_model *m, kvt
 	kvt_dev_destroy(dev);
 }
 
-/* The tests' model: the default synthetic Llama with a 512-token context, written to path; kvt_synth_llama_write's result. */
-static inline int sched_rig_write_model(const char *path)
+/* The tests' model: the default synthetic Llama with an n_ctx-token context, written to path; kvt_synth_llama_write's result. */
+static inline int sched_rig_write_model_ctx(const char *path, uint32_t n_ctx)
 {
 	kvt_synth_llama sc;
 	kvt_synth_llama_default(&sc);
-	sc.n_ctx = 512;
+	sc.n_ctx = n_ctx;
 	return kvt_synth_llama_write(&sc, path);
 }
+
+/* sched_rig_write_model_ctx with a 512-token context. */
+static inline int sched_rig_write_model(const char *path) { return sched_rig_write_model_ctx(path, 512); }
 
 typedef struct sched_result {
 	int32_t out[512];     /* the generated ids */

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define CTX 4096 /* the model's context: room for a request that decodes for seconds */
+
 static char dir[256], model_path[300], t2_path[300], db_path[300];
 
 /* The store's reads, each slowed by 3 ms (the thread-pool path: io_uring is refused so every read is a pread). */
@@ -47,10 +49,10 @@ typedef struct rig {
 static int rig_open(rig *r, bool reset, bool slow)
 {
 	memset(r, 0, sizeof(*r));
-	if (sched_rig_load(model_path, 2, &r->dev, &r->m, &r->tok))
+	if (sched_rig_load_ctx(model_path, 2, CTX, &r->dev, &r->m, &r->tok))
 		return 1;
 	kvt_stack_config c;
-	sched_rig_config(&c, r->dev, r->m, r->tok, db_path, t2_path, 160, 64);
+	sched_rig_config(&c, r->dev, r->m, r->tok, db_path, t2_path, CTX / BT + 64, 64);
 	c.t2.reset = reset;
 	c.t2.io = slow ? &slow_io : NULL;
 	c.sched.max_running = 8;
@@ -156,7 +158,7 @@ static void test_resume_figures(void)
 
 static void test_end_of_turn(void)
 {
-	enum { N_LONG = 4 * BT, LONG_GEN = 400, N_SHORT = 2 * BT - 2, SHORT_GEN = 2 };
+	enum { N_LONG = 4 * BT, LONG_GEN = CTX - N_LONG, N_SHORT = 2 * BT - 2, SHORT_GEN = 2 };
 	static int32_t p_long[N_LONG], p_short[N_SHORT];
 	rig r;
 	kvt_sched_req q;
@@ -191,24 +193,27 @@ static void test_end_of_turn(void)
 	}
 	usleep(100 * 1000); /* anything else made due would be persisted by now too */
 	kvt_tm_get_stats(r.st.tm, &st);
-	uint32_t more = 0;
-	kvt_sched_next(h_long, ids_buf, 64, &more, &finish, NULL, 0);
-	printf("  end of turn: %llu blocks persisted after the short turn (its own: %llu), the long request %s\n",
-	       (unsigned long long)st.n_persisted, (unsigned long long)short_blocks,
-	       finish == KVT_FINISH_NONE ? "still decoding" : "ended");
-	CHECK(finish == KVT_FINISH_NONE); /* still decoding: its blocks must still be pending */
+	kvt_sched_stats ss;
+	kvt_sched_get_stats(r.st.sched, &ss);
+	printf("  end of turn: %llu blocks persisted after the short turn (its own: %llu), %u request(s) still running\n",
+	       (unsigned long long)st.n_persisted, (unsigned long long)short_blocks, ss.running);
+	CHECK_EQ_INT(ss.running, 1); /* the long one decodes on (thousands of tokens): its blocks must still be pending */
 	CHECK_EQ_INT(st.n_persisted, short_blocks);
 
-	/* the long request ends: now its blocks follow */
-	CHECK(sched_collect(h_long, &res) == KVT_OK);
-	const uint64_t all_blocks = short_blocks + (N_LONG + LONG_GEN) / BT;
+	/* the long request ends (cancelled): now its blocks follow, every block registered is durable */
+	kvt_sched_cancel(h_long);
+	for (int i = 0; i < 100000 && finish == KVT_FINISH_NONE; i++)
+		kvt_sched_next(h_long, ids_buf, 64, &n, &finish, NULL, 0.5);
+	kvt_sched_release(h_long);
+	CHECK_EQ_INT(finish, KVT_FINISH_CANCELLED);
 	for (int i = 0; i < 300; i++) {
 		kvt_tm_get_stats(r.st.tm, &st);
-		if (st.n_persisted >= all_blocks)
+		if (st.n_persisted >= st.n_registered)
 			break;
 		usleep(10 * 1000);
 	}
-	CHECK_EQ_INT(st.n_persisted, all_blocks);
+	CHECK(st.n_registered >= short_blocks + N_LONG / BT);
+	CHECK_EQ_INT(st.n_persisted, st.n_registered);
 	rig_close(&r);
 }
 
@@ -222,7 +227,7 @@ int main(void)
 	snprintf(model_path, sizeof(model_path), "%s/m.gguf", dir);
 	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
 	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
-	CHECK(sched_rig_write_model(model_path) == KVT_OK);
+	CHECK(sched_rig_write_model_ctx(model_path, CTX) == KVT_OK);
 
 	test_resume_figures();
 	test_end_of_turn();

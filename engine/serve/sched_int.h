@@ -56,10 +56,19 @@ int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYT
 /*
  * The session row a finished turn leaves (sessions.c): the whole history,
  * and the hash of its last cached block (root when none). Queued to the
- * index and, with T3, to the remote tier; a failure is logged.
+ * index and, with T3, to the remote tier. KVT_OK: queued, and
+ * sched_turn_saved(s, h, rc) follows on the index's writer thread once the
+ * row has committed (rc KVT_OK) or failed (KVT_EFULL: no space; KVT_EIO);
+ * else the row was not queued (logged) and nothing follows.
  */
-void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
-		       const uint8_t last_hash[KVT_HASH_BYTES]);
+int sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
+		      const uint8_t last_hash[KVT_HASH_BYTES], kvt_sched_handle *h);
+/*
+ * A finished turn's session row committed (rc KVT_OK) or did not: the turn
+ * ends for its client now (scheduler.c), as KVT_FINISH_UNSAVED if it did not.
+ * Any thread; takes s->mu.
+ */
+void sched_turn_saved(kvt_sched *s, kvt_sched_handle *h, int rc);
 
 /* The sessions known and the index's counters (zero without an index). */
 void sched_sessions_stats(kvt_sched *s, uint64_t *n_sessions, kvt_db_stats *index);

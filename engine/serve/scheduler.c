@@ -90,7 +90,9 @@ struct kvt_sched_handle {
 	uint32_t n_visible;         /* generated tokens the client may see (EOG excluded) */
 	uint32_t n_returned;        /* of those, handed out by kvt_sched_next */
 	int finish;                 /* KVT_FINISH_* once decided */
-	bool ended;                 /* finished and accounted: usage final */
+	bool ended;                 /* finished and accounted: usage final (a session turn: once its row committed) */
+	bool saving;                /* finished, its session row queued and not yet committed (sessions.c calls
+	                               sched_turn_saved): the client sees no end before it */
 	bool cancel;                /* the client asked to stop */
 	bool client_gone;           /* released by the client */
 	bool unlinked;              /* ended and off the scheduler's lists: the client frees it */
@@ -150,6 +152,7 @@ const char *kvt_finish_name(int finish)
 	case KVT_FINISH_LENGTH: return "length";
 	case KVT_FINISH_CANCELLED: return "cancelled";
 	case KVT_FINISH_ERROR: return "error";
+	case KVT_FINISH_UNSAVED: return "unsaved";
 	default: return "none";
 	}
 }
@@ -396,7 +399,7 @@ static void record_usage_locked(kvt_sched *s, kvt_sched_handle *h)
 	kvt_sched_stats *st = &s->st;
 	const kvt_sched_usage *u = &h->usage;
 	st->requests++;
-	st->requests_failed += h->finish == KVT_FINISH_ERROR;
+	st->requests_failed += h->finish == KVT_FINISH_ERROR || h->finish == KVT_FINISH_UNSAVED;
 	st->prompt_tokens += u->prompt_tokens;
 	st->cached_tokens += u->cached_tokens;
 	for (int t = 0; t < KVT_TM_N_TIERS; t++)
@@ -447,6 +450,16 @@ static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
 	h->usage.retain_denied_tokens = (want_max - (got_max < want_max ? got_max : want_max)) * bt;
 }
 
+/* The request has ended for its client: usage final, the waiters woken. Under s->mu. */
+static void end_locked(kvt_sched *s, kvt_sched_handle *h)
+{
+	h->ended = true;
+	record_usage_locked(s, h);
+	pthread_cond_broadcast(&h->cv);
+	if (s->progress)
+		s->progress(s->progress_user);
+}
+
 /* End a running request: release its blocks and pins, save its session, mark its turn's blocks due, publish usage. */
 static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 {
@@ -458,9 +471,11 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 		kvt_seq_deinit(&h->seq);
 		h->seq_ready = false;
 	}
-	if (h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR)
-		sched_session_put(s, h->req.tenant, h->req.session_id, h->toks, h->n_toks,
-				  h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root);
+	/* a session turn is acknowledged (ended) only once its row has committed: sched_turn_saved */
+	const bool saving = h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR;
+	if (saving && sched_session_put(s, h->req.tenant, h->req.session_id, h->toks, h->n_toks,
+					h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root, h) != KVT_OK)
+		finish = KVT_FINISH_UNSAVED; /* not even queued: never acknowledged */
 	if (h->req.n_retain && finish != KVT_FINISH_ERROR)
 		retain_prompt(s, h);
 	/* this turn's blocks (and only this request's) become due for write-through */
@@ -473,11 +488,21 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 	h->finish = finish;
 	h->usage.completion_tokens = h->n_visible;
 	h->usage.total_s = kvt_now_s() - h->t_submit;
-	h->ended = true;
-	record_usage_locked(s, h);
-	pthread_cond_broadcast(&h->cv);
-	if (s->progress)
-		s->progress(s->progress_user);
+	if (saving && finish != KVT_FINISH_UNSAVED)
+		h->saving = true;
+	else
+		end_locked(s, h);
+	pthread_mutex_unlock(&s->mu);
+}
+
+void sched_turn_saved(kvt_sched *s, kvt_sched_handle *h, int rc)
+{
+	pthread_mutex_lock(&s->mu);
+	if (rc != KVT_OK) /* not durable: not acknowledged (the disk is full, or the index failed) */
+		h->finish = KVT_FINISH_UNSAVED;
+	h->saving = false;
+	end_locked(s, h);
+	pthread_cond_signal(&s->work); /* the scheduler prunes it */
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -1051,7 +1076,10 @@ static bool prune(kvt_sched *s)
 	kvt_sched_handle **pp = &s->running;
 	while (*pp) {
 		kvt_sched_handle *h = *pp;
-		if (h->state != H_DONE) {
+		pthread_mutex_lock(&s->mu);
+		bool saving = h->saving;
+		pthread_mutex_unlock(&s->mu);
+		if (h->state != H_DONE || saving) { /* a turn whose row is still committing stays (drain waits for it) */
 			pp = &h->next;
 			continue;
 		}

@@ -126,8 +126,10 @@ enum kvt_finish {
 	KVT_FINISH_LENGTH = 2,    /* max_tokens reached, or the context is full */
 	KVT_FINISH_CANCELLED = 3, /* kvt_sched_cancel, or shutdown */
 	KVT_FINISH_ERROR = 4,     /* the engine failed (logged); usage still valid */
+	KVT_FINISH_UNSAVED = 5,   /* generated, but its session row could not be made durable (no space, or the
+	                             index failed): the turn is not acknowledged (HTTP 507) */
 };
-const char *kvt_finish_name(int finish); /* "stop", "length", "cancelled", "error" */
+const char *kvt_finish_name(int finish); /* "stop", "length", "cancelled", "error", "unsaved" */
 
 /* One retained prefix of a request's prompt (tiers/manager.h, "Retention"). */
 #define KVT_SCHED_MAX_RETAIN 4
@@ -292,7 +294,7 @@ typedef struct kvt_sched_stats {
 	uint32_t running;              /* sequences running now */
 	uint32_t queued;               /* requests waiting */
 	uint64_t requests;             /* requests finished */
-	uint64_t requests_failed;      /* of those, KVT_FINISH_ERROR */
+	uint64_t requests_failed;      /* of those, KVT_FINISH_ERROR or KVT_FINISH_UNSAVED */
 	uint64_t prompt_tokens;        /* prompt tokens of finished requests */
 	uint64_t cached_tokens;        /* of those, served from cache */
 	uint64_t cached_by_tier[KVT_TM_N_TIERS];

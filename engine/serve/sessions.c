@@ -31,8 +31,23 @@ int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYT
 	return kvt_hash_root(s->cfg.model_fp, s->cfg.layout_version, s->block_tokens, salt, root);
 }
 
-void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
-		       const uint8_t last_hash[KVT_HASH_BYTES])
+typedef struct turn_save {
+	kvt_sched *s;         /* the scheduler */
+	kvt_sched_handle *h;  /* the turn (alive until sched_turn_saved: the scheduler keeps it while saving) */
+} turn_save;
+
+/* The index's writer thread: the turn's row committed or failed. */
+static void on_row_done(void *user, int rc)
+{
+	turn_save *t = user;
+	if (rc)
+		KVT_LOGE("sched: a session row did not commit (%s): its turn is not acknowledged", kvt_strerror(rc));
+	sched_turn_saved(t->s, t->h, rc);
+	free(t);
+}
+
+int sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
+		      const uint8_t last_hash[KVT_HASH_BYTES], kvt_sched_handle *h)
 {
 	kvt_db_session row;
 	memset(&row, 0, sizeof(row));
@@ -41,11 +56,19 @@ void sched_session_put(kvt_sched *s, const char *tenant, const char *id, const i
 	row.tokens = (int32_t *)toks; /* borrowed: the put copies the history */
 	row.n_tokens = n_toks;
 	memcpy(row.last_hash, last_hash, KVT_HASH_BYTES);
-	int rc = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
+	turn_save *t = malloc(sizeof(*t));
+	int rc = t ? KVT_OK : KVT_ENOMEM;
+	if (t) {
+		*t = (turn_save){ .s = s, .h = h };
+		if ((rc = kvt_db_put_session(s->cfg.db, &row, on_row_done, t, NULL)))
+			free(t);
+	}
 	if (rc)
 		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
-	if (s->cfg.tm && (rc = kvt_tm_remote_put_session(s->cfg.tm, &row)))
-		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(rc));
+	int r3;
+	if (s->cfg.tm && (r3 = kvt_tm_remote_put_session(s->cfg.tm, &row)))
+		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(r3));
+	return rc;
 }
 
 void sched_sessions_stats(kvt_sched *s, uint64_t *n_sessions, kvt_db_stats *index)
