@@ -82,8 +82,7 @@ static void skip_row(recover_ctx *r, const kvt_db_block_row *row, const char *wh
 	if (r->out->n_skipped++ >= RECOVER_MAX_LOGGED)
 		return;
 	kvt_hash_hex(row->hash, hex);
-	KVT_LOGW("index recovery: row of namespace %lld block %s at offset %llu (%u bytes) skipped: %s; run "
-		 "`kvtier fsck`",
+	KVT_LOGW("index recovery: row of namespace %lld block %s at offset %llu (%u bytes) skipped: %s",
 		 (long long)row->ns_id, hex, (unsigned long long)row->loc.off, row->loc.extent_bytes, why);
 }
 
@@ -184,10 +183,10 @@ int tm_recover_rows(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, tm_retain *rt,
 			 kvt_t2_file_path(t2), out->n_lost, (unsigned long long)n_here, (unsigned long long)r.intact);
 	}
 	if (out->n_skipped)
-		KVT_LOGW("index recovery: %llu bad rows skipped (extent invalid or shared, block size, hash collision; "
-			 "%s); they are kept in the index: run `kvtier fsck`",
+		KVT_LOGW("index recovery: %llu bad rows skipped (%s): never served, kept in the index; run `kvtier "
+			 "fsck` with the daemon stopped to delete them",
 			 (unsigned long long)out->n_skipped,
-			 out->n_skipped > RECOVER_MAX_LOGGED ? "the first ones are named above" : "named above");
+			 out->n_skipped > RECOVER_MAX_LOGGED ? "the first ones named above" : "named above");
 	if (out->n_foreign) {
 		qsort(out->foreign, out->n_foreign, sizeof(*out->foreign), cmp_last_use);
 		KVT_LOGI("t2 %s: %u records of this model's other namespaces (another block size) kept: never served "
