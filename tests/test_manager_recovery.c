@@ -187,11 +187,14 @@ int main(void)
 	compute_persist(&f, &c);
 	fx_close(&f);
 
-	/* two impostors: rows whose extents start where blocks 1's and 3's start */
+	/* two impostors: rows whose extents start where blocks 1's and 3's start. NOTE: of two rows claiming
+	 * one extent the one walked first keeps it (tiers/recover.c); the impostors' hashes sort after every
+	 * real one and their ids are the newest, so they are walked last in either order the index may use. */
 	uint8_t bad[2][32];
 	char bad_hex[2][65];
 	for (int i = 0; i < 2; i++) {
-		memset(bad[i], 0xB0 + i, 32);
+		memset(bad[i], 0xFF, 32);
+		bad[i][31] = (uint8_t)(0xFE + i);
 		kvt_hash_hex(bad[i], bad_hex[i]);
 	}
 	add_impostor(c.hash[1], bad[0]);

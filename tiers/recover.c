@@ -25,7 +25,12 @@
  * is skipped (its extent is not marked by it, it is not loaded), counted
  * (n_skipped) and logged naming the row and why, and left in the index for
  * `kvtier fsck` to judge (it reads the record and deletes the row that does
- * not match it). A row whose extent lies past kvt_t2_intact_bytes (the file
+ * not match it). NOTE: of two rows claiming one extent, the one the walk
+ * meets first keeps it (the index's order: by namespace and hash), whether
+ * or not the record there is its own; telling them apart takes a read of
+ * the record, which fsck does. Nothing wrong is served either way: a read
+ * verifies the record's hash, so the wrong claimant is a miss (its row
+ * dropped), and the skipped one a miss until fsck. A row whose extent lies past kvt_t2_intact_bytes (the file
  * was recreated or truncated) is not bad but lost: its bytes are gone for
  * good, so its row is deleted (n_lost) and its sessions recompute it.
  *
