@@ -2,17 +2,20 @@
  * tests/test_crash_index.c — crash consistency of T2 + index (DESIGN.md §8.3).
  *
  * Each trial forks a child (also runnable by hand: --child DIR SEED) that
- * runs start-up recovery on one data directory (kept across trials), then
+ * runs the start-up recovery (kvt_tm_recover, the daemon's, through
+ * tm_fixture.h's tm_fx_recover) on one data directory (kept across trials), then
  * writes blocks through the REAL T2 store and rows through the index in the
  * required order — bytes durable (kvt_t2_write_batch), then the row, and the
  * block counts as acknowledged only once its row committed (kvt_db_wait) —
  * and deletes rows (row delete committed, then kvt_t2_free). It reports each
  * step on a pipe: "A <hash>" after a put committed, "d <hash>" before a delete
  * is queued. The parent SIGKILLs the child at a random moment, reopens
- * everything and checks:
+ * everything, runs the same start-up recovery and checks:
+ *   - it skipped no row (no two rows share an extent, none lies outside the
+ *     file) and lost none;
  *   - 0 rows pointing at bytes that fail verification (kvt_t2_read with the
  *     row's hash, the row's token ids, and the payload regenerated from the
- *     hash), and no two rows sharing an extent;
+ *     hash);
  *   - 100% of acknowledged blocks (not since marked for deletion) present.
  * 200 trials by default; KVT_CRASH_TRIALS=N for more (bench/stress runs).
  *
@@ -26,10 +29,10 @@
  */
 /* ctest-labels: integration */
 #include "check.h"
-#include "cli_index.h"
 #include "index.h"
 #include "powerloss.h"
 #include "t2_store.h"
+#include "tm_fixture.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -144,7 +147,7 @@ static int child_main(const char *dir, unsigned long long seed)
 	kvt_t2_store *t2;
 	kvt_db *db;
 	kvt_btable *bt;
-	kvt_recover_stats rs;
+	tm_fx_recovery fr;
 	struct child_rows rows = { 0 };
 	check_rng r = { seed | 1 };
 	uint8_t fp[32], root[32], salt[32] = { 0 };
@@ -154,7 +157,7 @@ static int child_main(const char *dir, unsigned long long seed)
 		return 16;
 	if (open_all(dir, &t2, &db) != KVT_OK)
 		return 10;
-	if (kvt_btable_create(BLOCK_TOKENS, 0, &bt) != KVT_OK || kvt_index_recover(db, t2, bt, &rs) != KVT_OK)
+	if (kvt_btable_create(BLOCK_TOKENS, 0, &bt) != KVT_OK || tm_fx_recover(db, t2, bt, &fr) != KVT_OK)
 		return 11;
 	if (kvt_db_for_each_block(db, 0, collect_known, &rows) != KVT_OK)
 		return 12;
@@ -467,10 +470,21 @@ static void run_trials(const char *dir, int n_trials, uint64_t seed0, trial_tota
 		CHECKF(rc == KVT_OK, "%s trial %d: reopen failed: %s", mode, trial, kvt_strerror(rc));
 		if (rc)
 			break;
-		kvt_recover_stats rs;
-		CHECK(kvt_index_recover(db, t2, NULL, &rs) == KVT_OK);
-		CHECKF(rs.n_bad_extent == 0, "%s trial %d: %llu rows share or misplace extents", mode, trial,
-		       (unsigned long long)rs.n_bad_extent);
+		kvt_btable *bt = NULL;
+		tm_fx_recovery fr;
+		CHECK(kvt_btable_create(BLOCK_TOKENS, 0, &bt) == KVT_OK);
+		rc = tm_fx_recover(db, t2, bt, &fr);
+		CHECKF(rc == KVT_OK, "%s trial %d: start-up recovery failed: %s", mode, trial, kvt_strerror(rc));
+		kvt_btable_destroy(bt);
+		if (rc) {
+			kvt_db_close(db);
+			kvt_t2_close(t2);
+			break;
+		}
+		CHECKF(fr.n_skipped == 0, "%s trial %d: %llu rows share or misplace extents", mode, trial,
+		       (unsigned long long)fr.n_skipped);
+		CHECKF(fr.n_lost == 0, "%s trial %d: %llu rows point past the file's intact bytes", mode, trial,
+		       (unsigned long long)fr.n_lost);
 		v.n_rows = 0;
 		uint64_t bad_before = v.n_bad;
 		CHECK(kvt_db_for_each_block(db, 0, collect_row, &v) == KVT_OK);

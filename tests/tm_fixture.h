@@ -5,6 +5,11 @@
  * fingerprint and block size; the manager's wiring; and the close in reverse
  * order. Each test keeps its own fixture struct and sets its own knobs (codec,
  * watermarks, persistence) on the config this fills.
+ *
+ * tm_fx_recover is the start-up recovery as the daemon runs it (kvt_tm_recover)
+ * for the tests that hold only an index, a T2 store and a table
+ * (test_index_recovery, test_crash_index): a manager is made around them for
+ * the recovery and destroyed after it.
  */
 #ifndef KVT_TEST_TM_FIXTURE_H
 #define KVT_TEST_TM_FIXTURE_H
@@ -69,6 +74,56 @@ static inline void tm_fx_free(kvt_tm *tm, kvt_db *db, kvt_t2_store *t2, kvt_btab
 	kvt_btable_destroy(bt);
 	kvt_t0_destroy(t0);
 	kvt_dev_destroy(dev);
+}
+
+/* The counts of one tm_fx_recover. */
+typedef struct tm_fx_recovery {
+	uint64_t n_loaded;  /* kvt_tm_recover's *n_blocks: blocks entered in the table */
+	uint64_t n_skipped; /* kvt_tm_stats.n_skipped: bad rows skipped */
+	uint64_t n_lost;    /* kvt_tm_stats.n_lost: rows whose records are gone (deleted) */
+} tm_fx_recovery;
+
+/*
+ * Run the start-up recovery (kvt_tm_recover) over db and t2 into bt (all
+ * borrowed; bt's block size is the namespace's): a manager on the test
+ * device, a small T0 of bt's block size and a T1 of 4 slots, no T2
+ * eviction, its threads stopped again before this returns (so a test may
+ * fork after it). What recovery did to t2 (extents marked used), bt (blocks
+ * loaded) and db (lost rows deleted) stays. kvt_tm_recover's result, or the
+ * first failure making the manager; *out filled on KVT_OK.
+ */
+static inline int tm_fx_recover(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, tm_fx_recovery *out)
+{
+	kvt_kv_layout shape = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 32,
+				.block_tokens = kvt_btable_block_tokens(bt) };
+	kvt_dev_config dc = { .kind = test_dev_kind(), .n_threads = 1 };
+	kvt_dev *dev = NULL;
+	kvt_t0_pool *t0 = NULL;
+	kvt_tm *tm = NULL;
+	kvt_tm_config c;
+	kvt_tm_stats st;
+	uint64_t n = 0;
+	int rc = kvt_dev_create(&dc, &dev);
+	if (rc == KVT_OK)
+		rc = kvt_t0_create(dev, &shape, 4, &t0);
+	if (rc == KVT_OK) {
+		tm_fx_config(&c, dev, t0, bt, t2, db, 4, KVT_KV_CODEC_F16);
+		c.high[KVT_TIER_NVME] = 1.0f; /* recovery only: nothing is evicted */
+		c.low[KVT_TIER_NVME] = 0.99f;
+		rc = kvt_tm_create(&c, &tm);
+	}
+	if (rc == KVT_OK)
+		rc = kvt_tm_recover(tm, &n);
+	if (rc == KVT_OK) {
+		kvt_tm_get_stats(tm, &st);
+		out->n_loaded = n;
+		out->n_skipped = st.n_skipped;
+		out->n_lost = st.n_lost;
+	}
+	kvt_tm_destroy(tm);
+	kvt_t0_destroy(t0);
+	kvt_dev_destroy(dev);
+	return rc;
 }
 
 /* tm_fx_free of a whole tm_fx. */

@@ -59,13 +59,6 @@ struct kvt_tm_ticket {
 	                                        T2 records, T1 slots unpacked into T0, T3 records */
 };
 
-typedef struct tm_foreign {
-	int64_t ns_id;                /* a namespace of this model other than ours */
-	uint8_t hash[KVT_HASH_BYTES]; /* its block */
-	kvt_nvme_loc loc;             /* its extent (marked used) */
-	uint64_t last_use;            /* the row's last use, unix microseconds */
-} tm_foreign;
-
 typedef struct tm_remote_q {
 	uint8_t hash[KVT_HASH_BYTES]; /* a block to write to T3 */
 	double retry_t;               /* not before this (a failed write's retry; 0: now) */
@@ -1769,130 +1762,26 @@ void kvt_tm_destroy(kvt_tm *tm)
 
 kvt_t1_pool *kvt_tm_t1(kvt_tm *tm) { return tm->t1; }
 
-typedef struct recover_ctx {
-	kvt_tm *tm;          /* the manager */
-	uint64_t n;          /* blocks inserted */
-	int rc;              /* first failure */
-	uint64_t intact;     /* kvt_t2_intact_bytes: records at or past it are gone */
-	tm_foreign *lost;    /* [n_lost] rows whose records are gone (loc unused) */
-	uint32_t n_lost, cap_lost;
-	tm_foreign *foreign; /* [n_foreign] other namespaces' records */
-	uint32_t n_foreign, cap_foreign;
-} recover_ctx;
-
-static bool row_lost(const recover_ctx *r, const kvt_db_block_row *row)
-{
-	return row->loc.off + row->loc.extent_bytes > r->intact;
-}
-
-static int push_row(tm_foreign **v, uint32_t *n, uint32_t *cap, const kvt_db_block_row *row)
-{
-	if (*n == *cap) {
-		uint32_t c = *cap ? 2 * *cap : 64;
-		tm_foreign *p = realloc(*v, c * sizeof(*p));
-		if (!p)
-			return KVT_ENOMEM;
-		*v = p;
-		*cap = c;
-	}
-	tm_foreign *f = &(*v)[(*n)++];
-	f->ns_id = row->ns_id;
-	memcpy(f->hash, row->hash, KVT_HASH_BYTES);
-	f->loc = row->loc;
-	f->last_use = row->last_use;
-	return KVT_OK;
-}
-
-static int recover_mark(void *arg, const kvt_db_block_row *row)
-{
-	recover_ctx *r = arg;
-	if (row_lost(r, row))
-		return push_row(&r->lost, &r->n_lost, &r->cap_lost, row);
-	kvt_t2_loc l;
-	l = row->loc;
-	int rc = kvt_t2_mark_used(r->tm->cfg.t2, &l);
-	if (rc != KVT_OK && r->rc == KVT_OK)
-		r->rc = rc; /* logged by the store; keep going so every other extent is protected */
-	if (rc == KVT_OK && !row->this_ns)
-		return push_row(&r->foreign, &r->n_foreign, &r->cap_foreign, row);
-	return 0;
-}
-
-static int recover_insert(void *arg, const kvt_db_block_row *row)
-{
-	recover_ctx *r = arg;
-	bool created;
-	if (row->n_tokens != kvt_btable_block_tokens(r->tm->cfg.bt))
-		return 0; /* another block size cannot be in this namespace; skip defensively */
-	if (row_lost(r, row))
-		return 0; /* its record is gone: a miss, and its row is being dropped */
-	int rc = kvt_btable_insert(r->tm->cfg.bt, row->hash, row->parent, row->tokens, &created);
-	if (rc == KVT_OK)
-		rc = kvt_btable_set_nvme(r->tm->cfg.bt, row->hash, &row->loc);
-	if (rc == KVT_OK && row->retain_until_us)
-		(void)tm_retain_recover(r->tm->rt, row, (uint32_t)r->n); /* later rows of a chain were used later */
-	if (rc == KVT_OK)
-		r->n++;
-	return 0;
-}
-
-static int cmp_last_use(const void *a, const void *b)
-{
-	const tm_foreign *x = a, *y = b;
-	return (x->last_use > y->last_use) - (x->last_use < y->last_use);
-}
-
 int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 {
 	if (!tm->cfg.t2) {
 		KVT_LOGE("tm recover: no T2 store configured");
 		return KVT_EINVAL;
 	}
-	recover_ctx r = { .tm = tm, .intact = kvt_t2_intact_bytes(tm->cfg.t2) };
-	/* The T2 file belongs to one model (its superblock says which), so the extents
-	 * in use are those of this model's rows, in every namespace of it (other
-	 * salts, block sizes); another model's rows never point into this file. */
-	int rc = kvt_db_for_each_block(tm->cfg.db, KVT_DB_MODEL_NS, recover_mark, &r);
-	/* Least recently used first: insertion order is the table's LRU order, so
-	 * the blocks used longest ago before the restart are the first to go. */
-	if (rc == KVT_OK)
-		rc = kvt_db_for_each_block(tm->cfg.db, KVT_DB_BY_LAST_USE, recover_insert, &r);
-	if (rc == KVT_OK && r.n_lost) {
-		/* Their bytes are gone for good: drop the rows, so nothing marks or
-		 * reads those extents again and the sessions recompute the blocks. */
-		uint64_t n_here = 0;
-		for (uint32_t i = 0; i < r.n_lost && rc == KVT_OK; i++) {
-			n_here += r.lost[i].ns_id == kvt_db_ns_id(tm->cfg.db);
-			rc = kvt_db_delete_block_ns(tm->cfg.db, r.lost[i].ns_id, r.lost[i].hash, NULL, NULL, NULL);
-		}
-		if (rc == KVT_OK)
-			rc = kvt_db_flush(tm->cfg.db);
-		KVT_LOGE("t2 %s: %u blocks the index lists are gone from the file (%llu of them of this namespace): it "
-			 "held %llu bytes of data when opened (made anew or truncated); their rows are dropped and the "
-			 "sessions that used them recompute them",
-			 kvt_t2_file_path(tm->cfg.t2), r.n_lost, (unsigned long long)n_here,
-			 (unsigned long long)r.intact);
-	}
-	if (rc == KVT_OK)
-		rc = r.rc;
+	tm_recovery r;
+	int rc = tm_recover_rows(tm->cfg.db, tm->cfg.t2, tm->cfg.bt, tm->rt, &r); /* tiers/recover.c */
 	tm_retain_enforce(tm->rt); /* quotas may have shrunk since the rows were written */
-	if (r.n_foreign)
-		qsort(r.foreign, r.n_foreign, sizeof(*r.foreign), cmp_last_use);
 	pthread_mutex_lock(&tm->mu);
 	tm->st.n_lost = r.n_lost;
+	tm->st.n_skipped = r.n_skipped;
 	tm->st.n_foreign = r.n_foreign;
 	free(tm->foreign);
 	tm->foreign = r.foreign;
 	tm->n_foreign = r.n_foreign;
 	tm->next_foreign = 0;
 	pthread_mutex_unlock(&tm->mu);
-	if (r.n_foreign)
-		KVT_LOGI("t2 %s: %u records of this model's other namespaces (another block size) kept: never served "
-			 "here, reclaimed first when the tier needs room",
-			 kvt_t2_file_path(tm->cfg.t2), r.n_foreign);
-	free(r.lost);
 	if (rc == KVT_OK && n_blocks)
-		*n_blocks = r.n;
+		*n_blocks = r.n_loaded;
 	return rc;
 }
 

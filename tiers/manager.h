@@ -216,6 +216,8 @@ typedef struct kvt_tm_stats {
 	bool t2_read_only;        /* the store has turned read-only (failed fsync) */
 	uint64_t n_lost;          /* blocks the index listed at start-up whose records the T2 file no longer
 				     held (recreated or truncated): rows dropped, sessions recompute them */
+	uint64_t n_skipped;       /* bad index rows start-up skipped (extent invalid or overlapping another row's,
+				     block size, hash collision): not served, kept in the index for `kvtier fsck` */
 	uint64_t n_foreign;       /* records of another namespace of this model (another block size) kept in T2 */
 	uint64_t n_reclaimed;     /* of those, records reclaimed (row deleted, extent freed) to make room */
 	uint64_t n_turn_late;     /* END_OF_TURN blocks made durable later than end_turn_s after their turn ended */
@@ -253,16 +255,24 @@ void kvt_tm_destroy(kvt_tm *tm);
 kvt_t1_pool *kvt_tm_t1(kvt_tm *tm); /* the manager's T1 pool (for tests and the stats report) */
 
 /*
- * Start-up: rebuild state from the durable index. Marks the T2 extent of
- * every row of every namespace used, then inserts this namespace's blocks
- * into the table (parents first) as present in T2 only, clean. Rows whose
- * extent lies past kvt_t2_intact_bytes (the file was recreated or truncated)
- * are lost: deleted from the index, counted (n_lost) and logged naming the
- * file. Rows of this model's other namespaces (another block size) are kept,
- * never served, and reclaimed oldest first when T2 passes its high
- * watermark, before any block of this namespace is evicted. Call once,
- * before anything is registered. KVT_EINVAL (a row's extent overlaps another
- * or lies outside the store: logged), KVT_EIO.
+ * Start-up: rebuild state from the durable index. This is THE start-up
+ * recovery (DESIGN.md §8 item 7): kvt_stack_open runs it for the daemon, and
+ * the crash and power-loss trials (test_crash_index) and test_index_recovery
+ * run it too; its rules are tiers/recover.c's opening comment. Marks the T2
+ * extent of every row of every namespace of this model used, then inserts
+ * this namespace's blocks into the table (least recently used first) as
+ * present in T2 only, clean. Rows whose extent lies past
+ * kvt_t2_intact_bytes (the file was recreated or truncated) are lost:
+ * deleted from the index, counted (n_lost) and logged naming the file. Rows
+ * of this model's other namespaces (another block size) are kept, never
+ * served, and reclaimed oldest first when T2 passes its high watermark,
+ * before any block of this namespace is evicted. A bad row never fails
+ * start-up: a row whose extent is invalid or overlaps one an earlier row
+ * claimed (or of another block size, or whose hash collides) is skipped,
+ * counted (n_skipped) and logged naming the row and why; it stays in the
+ * index for `kvtier fsck`. *n_blocks: the blocks loaded. Call once, before
+ * anything is registered. KVT_EINVAL (no T2 store), KVT_ENOMEM, or the
+ * index's error.
  */
 int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks);
 

@@ -89,4 +89,33 @@ size_t tm_packed_bytes(const kvt_tm *tm);
 kvt_t0_pool *tm_t0(kvt_tm *tm);  /* the engine's T0 pool (borrowed by the manager) */
 kvt_btable *tm_bt(kvt_tm *tm);   /* the block table */
 
+/* A row read back at start-up (tiers/recover.c): another namespace's record the manager keeps, or a lost row. */
+typedef struct tm_foreign {
+	int64_t ns_id;                /* a namespace of this model other than ours */
+	uint8_t hash[KVT_HASH_BYTES]; /* its block */
+	kvt_nvme_loc loc;             /* its extent (marked used) */
+	uint64_t last_use;            /* the row's last use, unix microseconds */
+} tm_foreign;
+
+/* What the start-up recovery found (tm_recover_rows). */
+typedef struct tm_recovery {
+	uint64_t n_rows;      /* rows of this model read (every namespace) */
+	uint64_t n_marked;    /* of those, rows whose T2 extent was marked used */
+	uint64_t n_loaded;    /* blocks of this namespace entered in the table */
+	uint64_t n_skipped;   /* bad rows skipped (extent invalid or overlapping, block size, collision): kept in the index */
+	uint32_t n_lost;      /* rows whose records lay past the file's intact bytes: deleted */
+	tm_foreign *foreign;  /* [n_foreign] other namespaces' records, least recently used first; the caller frees */
+	uint32_t n_foreign;
+} tm_recovery;
+
+/*
+ * The start-up recovery (tiers/recover.c; the one kvt_tm_recover runs, the
+ * rules are that file's opening comment): marks the extents of db's model's
+ * rows used in t2, loads db's namespace into bt (clean, in T2 only) and its
+ * retention into rt, deletes the lost rows, skips and counts the bad ones.
+ * Fills *out whatever happens (free out->foreign). KVT_OK, KVT_ENOMEM, or the
+ * index's error (walk, delete, flush).
+ */
+int tm_recover_rows(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, tm_retain *rt, tm_recovery *out);
+
 #endif

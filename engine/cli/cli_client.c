@@ -644,6 +644,10 @@ static int render_stats(json_t *j, const char *source)
 	if (json_is_object(p) && num(p, "lost_at_start") > 0)
 		printf("  LOST at start-up: %.0f blocks the index listed were gone from the NVMe file (see the log)\n",
 		       num(p, "lost_at_start"));
+	if (json_is_object(p) && num(p, "skipped_at_start") > 0)
+		printf("  SKIPPED at start-up: %.0f bad index rows (extent invalid or shared, see the log); run kvtier fsck "
+		       "with the daemon stopped\n",
+		       num(p, "skipped_at_start"));
 	json_t *ix = json_object_get(j, "index");
 	if (json_is_object(ix)) {
 		printf("  index: %s; %.0f commits, %.0f rolled back for lack of space, %.0f session writes kept, "

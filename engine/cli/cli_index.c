@@ -1,12 +1,10 @@
 /*
- * engine/cli/cli_index.c — index maintenance over a data directory: start-up
- * recovery, `kvtier fsck` and `kvtier rebuild-index` (DESIGN.md §4).
- *
- * Recovery rebuilds what is not persisted: T2's free map (every extent an
- * index row of this model points at is used; everything else, including the
- * extents of blocks whose bytes were written but whose row never committed
- * before a crash, is free) and the in-memory block table. Rows are trusted
- * lazily: each T2 read verifies its record, and fsck verifies them all.
+ * engine/cli/cli_index.c — index maintenance over a data directory a daemon
+ * does not hold: `kvtier fsck` and `kvtier rebuild-index` (DESIGN.md §4).
+ * The start-up recovery is not here: there is one, the daemon's
+ * (kvt_tm_recover, tiers/recover.c). fsck verifies what that recovery
+ * trusts lazily (every row's record, read and compared with the row), and
+ * deletes the bad rows that recovery only skips.
  *
  * rebuild-index trusts only the T2 file: every record that verifies becomes
  * a row (the newest generation of each hash). It never deletes the old index:
@@ -58,93 +56,6 @@ int kvt_data_paths_config(const kvt_config *c, kvt_data_paths *p)
 	if (c->index_path[0])
 		snprintf(p->index, sizeof(p->index), "%s", c->index_path);
 	return KVT_OK;
-}
-
-/* ---- start-up recovery ---------------------------------------------------------- */
-
-struct recover_ctx {
-	kvt_t2_store *t2;        /* borrowed */
-	kvt_btable *bt;          /* borrowed, may be NULL */
-	kvt_recover_stats *st;   /* counters */
-	/* extents rejected by mark_used in pass 1, so pass 2 does not load their rows */
-	uint8_t (*bad)[KVT_HASH_BYTES];
-	int64_t *bad_ns;
-	size_t n_bad, cap_bad;
-};
-
-static int mark_fn(void *arg, const kvt_db_block_row *row)
-{
-	struct recover_ctx *c = arg;
-	kvt_t2_loc loc;
-	c->st->n_model_rows++;
-	loc = row->loc;
-	if (kvt_t2_mark_used(c->t2, &loc) == KVT_OK) {
-		c->st->n_marked++;
-		return 0;
-	}
-	c->st->n_bad_extent++;
-	if (c->n_bad == c->cap_bad) {
-		size_t cap = c->cap_bad ? 2 * c->cap_bad : 16;
-		void *a = realloc(c->bad, cap * sizeof(*c->bad)), *b = realloc(c->bad_ns, cap * sizeof(*c->bad_ns));
-		if (a)
-			c->bad = a;
-		if (b)
-			c->bad_ns = b;
-		if (!a || !b)
-			return KVT_ENOMEM;
-		c->cap_bad = cap;
-	}
-	memcpy(c->bad[c->n_bad], row->hash, KVT_HASH_BYTES);
-	c->bad_ns[c->n_bad++] = row->ns_id;
-	return 0;
-}
-
-static int load_fn(void *arg, const kvt_db_block_row *row)
-{
-	struct recover_ctx *c = arg;
-	for (size_t i = 0; i < c->n_bad; i++) {
-		if (c->bad_ns[i] == row->ns_id && memcmp(c->bad[i], row->hash, KVT_HASH_BYTES) == 0) {
-			c->st->n_not_loaded++;
-			return 0;
-		}
-	}
-	if (row->n_tokens != kvt_btable_block_tokens(c->bt)) {
-		c->st->n_not_loaded++;
-		return 0;
-	}
-	int rc = kvt_btable_insert(c->bt, row->hash, row->parent, row->tokens, NULL);
-	if (rc == KVT_ECORRUPT) { /* logged by the table */
-		c->st->n_not_loaded++;
-		return 0;
-	}
-	if (rc)
-		return rc;
-	rc = kvt_btable_set_nvme(c->bt, row->hash, &row->loc);
-	if (rc)
-		return rc;
-	c->st->n_loaded++;
-	return 0;
-}
-
-int kvt_index_recover(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, kvt_recover_stats *st)
-{
-	struct recover_ctx c;
-	int rc;
-	memset(&c, 0, sizeof(c));
-	memset(st, 0, sizeof(*st));
-	c.t2 = t2;
-	c.bt = bt;
-	c.st = st;
-	rc = kvt_db_for_each_block(db, KVT_DB_MODEL_NS, mark_fn, &c);
-	if (rc == KVT_OK && bt)
-		rc = kvt_db_for_each_block(db, 0, load_fn, &c); /* any order: the table links parents and children */
-	if (st->n_bad_extent)
-		KVT_LOGW("index recovery: %llu rows point at invalid or overlapping T2 extents and were skipped; run "
-			 "`kvtier fsck`",
-			 (unsigned long long)st->n_bad_extent);
-	free(c.bad);
-	free(c.bad_ns);
-	return rc;
 }
 
 /* ---- the T2 superblock's model ---------------------------------------------------- */

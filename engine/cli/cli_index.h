@@ -1,7 +1,7 @@
 /*
- * engine/cli/cli_index.h — index maintenance over a data directory: start-up
- * recovery (T2 free map and block table from the index rows), `kvtier fsck`
- * and `kvtier rebuild-index`.
+ * engine/cli/cli_index.h — index maintenance over a data directory: `kvtier
+ * fsck` and `kvtier rebuild-index`. (The start-up recovery, T2 free map and
+ * block table from the index rows, is the daemon's: kvt_tm_recover, tiers/manager.h.)
  *
  * A data directory holds KVT_DATA_T2_FILE (the T2 store) and
  * KVT_DATA_INDEX_FILE (the SQLite index); see index/index.h.
@@ -12,25 +12,6 @@
 #include "config.h"
 #include "index.h"
 #include "t2_store.h"
-
-typedef struct kvt_recover_stats {
-	uint64_t n_model_rows;  /* rows of this model (any namespace) seen */
-	uint64_t n_marked;      /* of those, extents marked used in T2 */
-	uint64_t n_bad_extent;  /* rows skipped: extent overlaps another or lies outside the file */
-	uint64_t n_loaded;      /* rows of this namespace loaded into the block table */
-	uint64_t n_not_loaded;  /* rows of this namespace not loaded (bad extent, token collision, tokens != block size) */
-} kvt_recover_stats;
-
-/*
- * Start-up recovery. Marks the T2 extent of every row of this model (every
- * namespace of db's model fingerprint shares the model's T2 file) used, so
- * extents orphaned by a crash (bytes written, row never committed) stay free;
- * then, if bt is not NULL, inserts this namespace's rows into bt with their
- * NVMe location (clean). Rows whose extent is invalid or overlaps
- * are skipped and logged (fsck deletes them). Rows are verified lazily, on
- * read. Returns KVT_OK, or the first error of the db walk / an allocation.
- */
-int kvt_index_recover(kvt_db *db, kvt_t2_store *t2, kvt_btable *bt, kvt_recover_stats *st);
 
 /* The model fingerprint recorded in a T2 file's superblock (magic checked). */
 int kvt_t2_file_model_fp(const char *t2_path, uint8_t out[32]);

@@ -634,10 +634,11 @@ static int bring_up(daemon_t *d, int *exit_code)
 	if (d->st.tm)
 		kvt_tm_get_stats(d->st.tm, &ts);
 	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s, remote %s; %llu durable blocks recovered, "
-		 "%llu lost; ready in %.3f s",
+		 "%llu lost, %llu bad rows skipped; ready in %.3f s",
 		 (unsigned long long)n_t0, sc.tm.t1_slots, kvt_kv_codec_name(c->host_dtype), sc.t2_path ? t2_path : "off",
 		 d->st.t3 ? c->remote_seeds : "off",
-		 (unsigned long long)d->st.n_recovered, (unsigned long long)ts.n_lost, kvt_now_s() - tr);
+		 (unsigned long long)d->st.n_recovered, (unsigned long long)ts.n_lost,
+		 (unsigned long long)ts.n_skipped, kvt_now_s() - tr);
 	memset(secret, 0, sizeof(secret));
 	*exit_code = 0;
 	return KVT_OK;

@@ -2152,11 +2152,12 @@ static enum MHD_Result handle_stats(conn_req *r, kvt_sched *sched)
 		ratio((double)st.completion_tokens, st.decode_s), "cached_tokens_by_tier", "hbm",
 		(json_int_t)st.cached_by_tier[KVT_TIER_HBM], "host", (json_int_t)st.cached_by_tier[KVT_TIER_HOST], "nvme",
 		(json_int_t)st.cached_by_tier[KVT_TIER_NVME], "remote", (json_int_t)st.cached_by_tier[KVT_TM_TIER_REMOTE]);
-	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:b, s:I, s:I, s:I}", "registered",
+	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:b, s:I, s:I, s:I, s:I}", "registered",
 				    (json_int_t)st.tiers.n_registered, "persisted", (json_int_t)st.tiers.n_persisted,
 				    "failed", (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only,
 				    "degraded", (int)(st.index.degraded || st.tiers.tier[KVT_TIER_NVME].degraded),
-				    "lost_at_start", (json_int_t)st.tiers.n_lost, "other_namespace_records",
+				    "lost_at_start", (json_int_t)st.tiers.n_lost, "skipped_at_start",
+				    (json_int_t)st.tiers.n_skipped, "other_namespace_records",
 				    (json_int_t)st.tiers.n_foreign, "other_namespace_reclaimed", (json_int_t)st.tiers.n_reclaimed);
 	json_t *index = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I}", "degraded", (int)st.index.degraded, "commits",
 				  (json_int_t)st.index.n_commits, "failed_writes", (json_int_t)st.index.n_failed,
