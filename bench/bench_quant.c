@@ -6,7 +6,7 @@
  *               [--rows 1,4,64] [--reps 7] [--types q8_0,q4_1,q5_0,q4_k,q5_k,q6_k]
  *
  * For each type: one random N x K matrix (uniform +-0.1), quantized with
- * gguf.c's quantizers (llama.cpp's bytes), and its dequantized values rounded
+ * gguf_quant.c's quantizers (llama.cpp's bytes), and its dequantized values rounded
  * to fp16 — what the loader keeps when it widens. For each row count M (M = 1
  * is a decode step's GEMV, larger M a prefill chunk) it times kvt_dev_matmul
  * on both, one warm-up then the median of --reps calls, and prints rows/s

@@ -11,7 +11,8 @@
  * in a build with AddressSanitizer when clang is found, and ctest -L fuzz runs
  * it for KVT_FUZZ_SECONDS on a scratch corpus (tests/fuzz_run.sh). By hand:
  *   clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -Icore -Iengine/model -Itests \
- *     tests/fuzz_gguf.c engine/model/gguf.c core/log.c core/half.c -lm -lpthread -o fuzz_gguf
+ *     tests/fuzz_gguf.c engine/model/gguf.c engine/model/gguf_quant.c core/log.c core/half.c \
+ *     -lm -lpthread -o fuzz_gguf
  *   mkdir -p corpus && ./fuzz_gguf -max_total_time=60 corpus
  * A crashing input goes into tests/data/gguf_regress/, which
  * test_gguf_corrupt replays.

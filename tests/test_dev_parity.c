@@ -503,7 +503,7 @@ static void test_quant_layouts(void)
 /*
  * The new layouts element by element: every element of a row of random
  * blocks (random bytes, finite scales) read through the matmul of both
- * backends against e_k rows, and through embed, equals gguf.c's dequantizer
+ * backends against e_k rows, and through embed, equals gguf_quant.c's dequantizer
  * (written separately and checked against gguf-py) on the same bytes.
  */
 static void test_kquant_layouts(void)

@@ -68,8 +68,6 @@ void kvt_t1_mover_destroy(kvt_t1_mover *m)
 	free(m);
 }
 
-uint32_t kvt_t1_mover_max_blocks(const kvt_t1_mover *m) { return m->max_blocks; }
-
 int kvt_t1_mover_wait_event(kvt_t1_mover *m, kvt_event *e)
 {
 	return kvt_dev_stream_wait_event(m->dev, m->stream, e);

@@ -141,7 +141,6 @@ typedef struct kvt_t1_mover kvt_t1_mover;
  */
 int kvt_t1_mover_create(kvt_dev *d, kvt_t0_pool *t0, int codec, uint32_t max_blocks, kvt_t1_mover **out);
 void kvt_t1_mover_destroy(kvt_t1_mover *m); /* NULL is a no-op; waits for its stream */
-uint32_t kvt_t1_mover_max_blocks(const kvt_t1_mover *m);
 /* Make the mover's later work wait (on the device) for event e. */
 int kvt_t1_mover_wait_event(kvt_t1_mover *m, kvt_event *e);
 

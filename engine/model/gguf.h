@@ -18,6 +18,10 @@
  *
  * The writer builds GGUF v3 files for tests and benchmarks (the synthetic
  * Llama models), with the same alignment rules.
+ *
+ * Files: the reader is gguf.c, the writer gguf_writer.c, and the ggml types
+ * with their quantizers and dequantizers gguf_quant.c (internals shared
+ * between them: gguf_int.h).
  */
 #ifndef KVT_GGUF_H
 #define KVT_GGUF_H

@@ -677,7 +677,7 @@ typedef struct tnode {
 } tnode;
 
 struct kvt_vocab_trie {
-	uint32_t n_vocab;
+	uint32_t n_vocab;    /* token ids the trie covers: 0..n_vocab-1 */
 	tnode *nd;           /* [n_nd], nd[0] the root */
 	uint32_t n_nd, cap_nd;
 	int32_t *tok_next;   /* [n_vocab] next token at the same node, -1 */
@@ -686,8 +686,6 @@ struct kvt_vocab_trie {
 	uint8_t *eog;        /* [n_vocab] end-of-generation tokens */
 	uint32_t max_depth;  /* longest token in the trie */
 };
-
-uint32_t kvt_vocab_trie_n_vocab(const kvt_vocab_trie *t) { return t->n_vocab; }
 
 /*
  * Renumber the nodes in depth-first preorder, so a mask's walk (which is

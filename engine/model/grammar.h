@@ -52,7 +52,6 @@ void kvt_grammar_unref(kvt_grammar *g);       /* NULL is a no-op; the last one f
 /* The token byte trie of a vocabulary (n_vocab ids; tok's EOG tokens kept aside). KVT_ENOMEM. */
 int kvt_vocab_trie_create(const struct kvt_tok *tok, uint32_t n_vocab, kvt_vocab_trie **out);
 void kvt_vocab_trie_destroy(kvt_vocab_trie *t); /* NULL is a no-op */
-uint32_t kvt_vocab_trie_n_vocab(const kvt_vocab_trie *t);
 
 /* Counters of one matcher. */
 typedef struct kvt_gmatch_stats {

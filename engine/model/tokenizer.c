@@ -38,7 +38,7 @@
  *      up in the vocabulary.
  *
  * SentencePiece (tokenizer.ggml.model "llama", llama.cpp's SPM tokenizer):
- * step 1 as above; steps 2-4 are replaced by kvt_tok_spm(): the fragment gets
+ * step 1 as above; steps 2-4 are replaced by tok_spm(): the fragment gets
  * a leading space when add_space_prefix is set and it opens the input or
  * follows a special token, every ' ' becomes U+2581, the text is cut into one
  * symbol per UTF-8 character (length from the lead byte alone, cut short at
@@ -65,20 +65,21 @@
  * call allocates its own scratch (and its own PCRE2 match data), so one
  * tokenizer serves any number of threads. Merges name tokens of the vocabulary
  * (checked at creation), so a symbol that is not a token never merges.
+ *
+ * Chat templates (a model's family, a conversation as a prompt string or as
+ * ids) are chat_template.c; it shares struct kvt_tok and two helpers of this
+ * file through tokenizer_int.h. Names: kvt_tok_* is the public API
+ * (tokenizer.h, chat_template.h); the helpers private to the tokenizer's files
+ * are tok_*.
  */
 #define _GNU_SOURCE /* memmem */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
-#include "tokenizer.h"
+#include "tokenizer_int.h"
 
 #include "gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define KVT_TOK_MAX_REGEX 4
 
 /* ---- pre-tokenizers (regex lists from llama.cpp's llm_tokenizer_bpe) ---- */
 
@@ -91,31 +92,31 @@
 	"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
 	"\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
-struct kvt_tok_pre {
+struct tok_pre {
 	const char *const *names;                /* tokenizer.ggml.pre values, NULL-terminated */
 	const char *regexes[KVT_TOK_MAX_REGEX];  /* llama.cpp's list, applied in order; NULL ends */
 	bool ignore_merges;                      /* a piece that is a token is emitted whole */
 	bool add_bos;                            /* llama.cpp's add_bos default for this type */
 };
 
-static const char *const kvt_tok_names_default[] = { "default", NULL };
-static const char *const kvt_tok_names_gpt2[] = { "gpt-2", "phi-2", "mpt", "olmo", "jais", NULL };
-static const char *const kvt_tok_names_smollm[] = { "smollm", "starcoder", "refact", "command-r",
+static const char *const tok_names_default[] = { "default", NULL };
+static const char *const tok_names_gpt2[] = { "gpt-2", "phi-2", "mpt", "olmo", "jais", NULL };
+static const char *const tok_names_smollm[] = { "smollm", "starcoder", "refact", "command-r",
 						     "codeshell", "exaone", "minerva-7b", NULL };
-static const char *const kvt_tok_names_llama3[] = { "llama3", "llama-v3", "llama-bpe", "falcon3",
+static const char *const tok_names_llama3[] = { "llama3", "llama-v3", "llama-bpe", "falcon3",
 						     "falcon-h1", "pixtral", "midm-2.0", "lfm2", NULL };
-static const char *const kvt_tok_names_dbrx[] = { "dbrx", "smaug-bpe", NULL };
-static const char *const kvt_tok_names_qwen2[] = { "qwen2", "deepseek-r1-qwen", "kormo", "megrez",
+static const char *const tok_names_dbrx[] = { "dbrx", "smaug-bpe", NULL };
+static const char *const tok_names_qwen2[] = { "qwen2", "deepseek-r1-qwen", "kormo", "megrez",
 						    "stablelm2", NULL };
 
-static const struct kvt_tok_pre kvt_tok_pres[] = {
-	{ kvt_tok_names_default,
+static const struct tok_pre tok_pres[] = {
+	{ tok_names_default,
 	  { "[\\p{P}\\$\\+<=>\\^~\\|]+", KVT_TOK_RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]" }, false, false },
-	{ kvt_tok_names_gpt2, { KVT_TOK_RE_GPT2 }, false, false },
-	{ kvt_tok_names_smollm, { "\\p{N}", KVT_TOK_RE_GPT2 }, false, false },
-	{ kvt_tok_names_llama3, { KVT_TOK_RE_LLAMA3 }, true, true },
-	{ kvt_tok_names_dbrx, { KVT_TOK_RE_LLAMA3 }, false, false },
-	{ kvt_tok_names_qwen2, { KVT_TOK_RE_QWEN2 }, false, false },
+	{ tok_names_gpt2, { KVT_TOK_RE_GPT2 }, false, false },
+	{ tok_names_smollm, { "\\p{N}", KVT_TOK_RE_GPT2 }, false, false },
+	{ tok_names_llama3, { KVT_TOK_RE_LLAMA3 }, true, true },
+	{ tok_names_dbrx, { KVT_TOK_RE_LLAMA3 }, false, false },
+	{ tok_names_qwen2, { KVT_TOK_RE_QWEN2 }, false, false },
 };
 
 /*
@@ -136,62 +137,9 @@ static const struct kvt_tok_pre kvt_tok_pres[] = {
 	"\\t\\n\\x{0b}\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}"   \
 	"\\x{202f}\\x{205f}\\x{3000}"
 
-/* ---- the tokenizer ---- */
-
-/* Open-addressing map from token text to id; slots hold ids, -1 is empty. */
-struct kvt_tok_text_map {
-	int32_t *slots; /* [mask + 1] token id or -1 */
-	uint64_t mask;  /* capacity - 1, capacity a power of two >= 2 * n_tokens */
-};
-
-/* Open-addressing map from (left id, right id) to merge rank. */
-struct kvt_tok_pair_map {
-	uint64_t *keys;  /* [mask + 1] (left << 32 | right), UINT64_MAX is empty */
-	uint32_t *ranks; /* [mask + 1] merge rank of the key in the same slot */
-	uint64_t mask;   /* capacity - 1, a power of two >= 2 * n_merges */
-};
-
-struct kvt_tok {
-	uint32_t n_tokens;            /* vocabulary size (<= INT32_MAX) */
-	char *text_buf;               /* every token text, each followed by a NUL */
-	size_t *text_off;             /* [n_tokens] offset of token i's text in text_buf */
-	uint32_t *text_len;           /* [n_tokens] bytes of token i's text */
-	char *bytes_buf;              /* every token's decoded raw bytes */
-	size_t *bytes_off;            /* [n_tokens] offset of token i's raw bytes in bytes_buf */
-	uint32_t *bytes_len;          /* [n_tokens] length of token i's raw bytes */
-	int8_t *types;                /* [n_tokens] enum kvt_tok_type after EOG overrides */
-	uint8_t *eog;                 /* [n_tokens] 1 for end-of-generation tokens */
-	struct kvt_tok_text_map text_map; /* token text -> id */
-	struct kvt_tok_pair_map pair_map; /* (left, right) -> merge rank */
-	uint32_t n_merges;            /* merge rules */
-	int32_t *merge_result;        /* [n_merges] id of left+right, -1 if not a token */
-	int32_t byte_token[256];      /* id of the token for one raw byte, -1 if none */
-	uint32_t byte_cp[256];        /* bytes_to_unicode: raw byte -> code point */
-	int16_t cp_byte[0x144];       /* inverse: code point (< 0x144) -> byte, -1 if none */
-	int32_t *specials;            /* [n_specials] CONTROL/USER_DEFINED/UNKNOWN ids, longest first */
-	uint32_t n_specials;          /* special tokens with non-empty text */
-	pcre2_code *re[KVT_TOK_MAX_REGEX]; /* compiled pre-tokenizer regexes */
-	pcre2_match_context *mctx;    /* shared, read-only: the match limit */
-	uint32_t n_re;                /* how many */
-	uint32_t max_match_pairs;     /* ovector pairs the largest regex needs */
-	bool ignore_merges;           /* llama3: a piece that is a token is emitted whole */
-	int32_t bos_id;               /* -1 if none */
-	int32_t eos_id;               /* -1 if none */
-	int32_t eot_id;               /* -1 if none */
-	bool add_bos;                 /* callers should prepend BOS */
-	int model;                    /* enum kvt_tok_model */
-	float *scores;                /* [n_tokens] SentencePiece merge scores (NULL for BPE) */
-	int32_t unk_id;               /* SentencePiece: a byte with no token becomes this; -1 if none */
-	bool add_eos;                 /* SentencePiece: tokenizer.ggml.add_eos_token */
-	bool add_space_prefix;        /* SentencePiece: a space before a fragment that opens the text */
-	int chat;                     /* enum kvt_tok_chat: the template family chat formatting uses */
-	bool chat_unknown;            /* a template was stored but none of the families matched it */
-	char *default_system;         /* ChatML default system prompt from the template, or NULL */
-};
-
 /* ---- small helpers ---- */
 
-static uint64_t kvt_tok_hash_bytes(const char *s, size_t n)
+static uint64_t tok_hash_bytes(const char *s, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
 
@@ -202,7 +150,7 @@ static uint64_t kvt_tok_hash_bytes(const char *s, size_t n)
 	return h ^ (h >> 29);
 }
 
-static uint64_t kvt_tok_hash_u64(uint64_t k)
+static uint64_t tok_hash_u64(uint64_t k)
 {
 	k ^= k >> 33;
 	k *= 0xff51afd7ed558ccdULL;
@@ -212,7 +160,7 @@ static uint64_t kvt_tok_hash_u64(uint64_t k)
 }
 
 /* Smallest power of two >= 2 * n (at least 16); false on overflow. */
-static bool kvt_tok_map_capacity(uint64_t n, uint64_t *cap)
+static bool tok_map_capacity(uint64_t n, uint64_t *cap)
 {
 	uint64_t c = 16;
 
@@ -226,7 +174,7 @@ static bool kvt_tok_map_capacity(uint64_t n, uint64_t *cap)
 }
 
 /* Grow *p (elements of elem bytes) to hold at least need elements. */
-static int kvt_tok_reserve(void **p, size_t *cap, size_t need, size_t elem)
+int tok_reserve(void **p, size_t *cap, size_t need, size_t elem)
 {
 	size_t n = *cap ? *cap : 64;
 	void *q;
@@ -248,30 +196,30 @@ static int kvt_tok_reserve(void **p, size_t *cap, size_t need, size_t elem)
 	return KVT_OK;
 }
 
-static const char *kvt_tok_text(const kvt_tok *t, int32_t id)
+static const char *tok_text(const kvt_tok *t, int32_t id)
 {
 	return t->text_buf + t->text_off[id];
 }
 
-static int32_t kvt_tok_find_text(const kvt_tok *t, const char *s, size_t n)
+int32_t tok_find_text(const kvt_tok *t, const char *s, size_t n)
 {
-	uint64_t i = kvt_tok_hash_bytes(s, n) & t->text_map.mask;
+	uint64_t i = tok_hash_bytes(s, n) & t->text_map.mask;
 
 	for (;; i = (i + 1) & t->text_map.mask) {
 		int32_t id = t->text_map.slots[i];
 
 		if (id < 0)
 			return -1;
-		if (t->text_len[id] == n && memcmp(kvt_tok_text(t, id), s, n) == 0)
+		if (t->text_len[id] == n && memcmp(tok_text(t, id), s, n) == 0)
 			return id;
 	}
 }
 
 /* Merge rank of the pair, or -1. */
-static int64_t kvt_tok_find_pair(const kvt_tok *t, int32_t left, int32_t right)
+static int64_t tok_find_pair(const kvt_tok *t, int32_t left, int32_t right)
 {
 	uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-	uint64_t i = kvt_tok_hash_u64(key) & t->pair_map.mask;
+	uint64_t i = tok_hash_u64(key) & t->pair_map.mask;
 
 	for (;; i = (i + 1) & t->pair_map.mask) {
 		if (t->pair_map.keys[i] == UINT64_MAX)
@@ -282,7 +230,7 @@ static int64_t kvt_tok_find_pair(const kvt_tok *t, int32_t left, int32_t right)
 }
 
 /* Encode code point cp as UTF-8 into o (room for 4); returns the length. */
-static size_t kvt_tok_utf8_put(uint32_t cp, unsigned char *o)
+static size_t tok_utf8_put(uint32_t cp, unsigned char *o)
 {
 	if (cp < 0x80) {
 		o[0] = (unsigned char)cp;
@@ -310,7 +258,7 @@ static size_t kvt_tok_utf8_put(uint32_t cp, unsigned char *o)
  * Strict UTF-8 decode of one character at s[0..n): its length, or 0 if the
  * bytes there are not a complete, shortest-form, non-surrogate character.
  */
-static size_t kvt_tok_utf8_strict(const unsigned char *s, size_t n, uint32_t *cp)
+static size_t tok_utf8_strict(const unsigned char *s, size_t n, uint32_t *cp)
 {
 	unsigned char b = s[0];
 
@@ -344,7 +292,7 @@ static size_t kvt_tok_utf8_strict(const unsigned char *s, size_t n, uint32_t *cp
 	return 0;
 }
 
-static bool kvt_tok_utf8_valid(const unsigned char *s, size_t n)
+static bool tok_utf8_valid(const unsigned char *s, size_t n)
 {
 	size_t i = 0;
 	uint32_t cp;
@@ -354,7 +302,7 @@ static bool kvt_tok_utf8_valid(const unsigned char *s, size_t n)
 			i++;
 			continue;
 		}
-		size_t l = kvt_tok_utf8_strict(s + i, n - i, &cp);
+		size_t l = tok_utf8_strict(s + i, n - i, &cp);
 
 		if (!l)
 			return false;
@@ -369,7 +317,7 @@ static bool kvt_tok_utf8_valid(const unsigned char *s, size_t n)
  * overlong forms and surrogates are accepted. Returns the length consumed, or
  * 0 when llama.cpp would throw (the byte then becomes U+FFFD).
  */
-static size_t kvt_tok_utf8_lenient(const unsigned char *s, size_t n, uint32_t *cp)
+static size_t tok_utf8_lenient(const unsigned char *s, size_t n, uint32_t *cp)
 {
 	unsigned char b = s[0];
 	size_t len;
@@ -399,7 +347,7 @@ static size_t kvt_tok_utf8_lenient(const unsigned char *s, size_t n, uint32_t *c
  * outside a class) and \S (outside a class) become the llama.cpp character
  * sets above. Returns a malloc'd string, or NULL when out of memory.
  */
-static char *kvt_tok_re_expand(const char *src)
+static char *tok_re_expand(const char *src)
 {
 	/* Each rewrite consumes >= 2 source bytes and writes <= a class body + 3. */
 	size_t cap = strlen(src) * (sizeof(KVT_TOK_CLASS_L) + 3) + 1;
@@ -460,16 +408,16 @@ static char *kvt_tok_re_expand(const char *src)
 	return dst;
 }
 
-static const struct kvt_tok_pre *kvt_tok_pre_find(const char *name)
+static const struct tok_pre *tok_pre_find(const char *name)
 {
-	for (size_t i = 0; i < sizeof(kvt_tok_pres) / sizeof(kvt_tok_pres[0]); i++)
-		for (const char *const *n = kvt_tok_pres[i].names; *n; n++)
+	for (size_t i = 0; i < sizeof(tok_pres) / sizeof(tok_pres[0]); i++)
+		for (const char *const *n = tok_pres[i].names; *n; n++)
 			if (strcmp(*n, name) == 0)
-				return &kvt_tok_pres[i];
+				return &tok_pres[i];
 	return NULL;
 }
 
-static int kvt_tok_compile(kvt_tok *t, const struct kvt_tok_pre *pre, const char *pre_name)
+static int tok_compile(kvt_tok *t, const struct tok_pre *pre, const char *pre_name)
 {
 	/*
 	 * NOTE: PCRE2's default match limit (10M) stops \s*[\r\n]+ on a
@@ -481,7 +429,7 @@ static int kvt_tok_compile(kvt_tok *t, const struct kvt_tok_pre *pre, const char
 		return KVT_ENOMEM;
 	pcre2_set_match_limit(t->mctx, UINT32_MAX);
 	for (uint32_t i = 0; i < KVT_TOK_MAX_REGEX && pre->regexes[i]; i++) {
-		char *src = kvt_tok_re_expand(pre->regexes[i]);
+		char *src = tok_re_expand(pre->regexes[i]);
 		int err;
 		PCRE2_SIZE err_off;
 		uint32_t n_cap;
@@ -512,17 +460,17 @@ static int kvt_tok_compile(kvt_tok *t, const struct kvt_tok_pre *pre, const char
 /* ---- creation ---- */
 
 /* Texts llama.cpp marks as end of generation (and forces to CONTROL). */
-static const char *const kvt_tok_eog_texts[] = {
+static const char *const tok_eog_texts[] = {
 	"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
 	"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
 };
 
-static bool kvt_tok_is_special_type(int type)
+static bool tok_is_special_type(int type)
 {
 	return type == KVT_TOK_CONTROL || type == KVT_TOK_USER_DEFINED || type == KVT_TOK_UNKNOWN;
 }
 
-static void kvt_tok_init_byte_map(kvt_tok *t)
+static void tok_init_byte_map(kvt_tok *t)
 {
 	uint32_t k = 0;
 
@@ -536,7 +484,7 @@ static void kvt_tok_init_byte_map(kvt_tok *t)
 	}
 }
 
-static int kvt_tok_copy_tokens(kvt_tok *t, const kvt_tok_vocab *v)
+static int tok_copy_tokens(kvt_tok *t, const kvt_tok_vocab *v)
 {
 	uint64_t total = 0;
 
@@ -570,11 +518,11 @@ static int kvt_tok_copy_tokens(kvt_tok *t, const kvt_tok_vocab *v)
 	return KVT_OK;
 }
 
-static int kvt_tok_build_text_map(kvt_tok *t)
+static int tok_build_text_map(kvt_tok *t)
 {
 	uint64_t cap;
 
-	if (!kvt_tok_map_capacity(t->n_tokens, &cap) || cap > SIZE_MAX / sizeof(int32_t))
+	if (!tok_map_capacity(t->n_tokens, &cap) || cap > SIZE_MAX / sizeof(int32_t))
 		return KVT_ENOMEM;
 	t->text_map.slots = malloc(cap * sizeof(int32_t));
 	if (!t->text_map.slots)
@@ -582,18 +530,18 @@ static int kvt_tok_build_text_map(kvt_tok *t)
 	t->text_map.mask = cap - 1;
 	memset(t->text_map.slots, 0xff, cap * sizeof(int32_t));
 	for (uint32_t id = 0; id < t->n_tokens; id++) {
-		const char *s = kvt_tok_text(t, (int32_t)id);
+		const char *s = tok_text(t, (int32_t)id);
 		uint64_t i;
 
 		/* NOTE: an empty token can never be produced from text (llama.cpp renames it). */
 		if (!t->text_len[id])
 			continue;
-		if (kvt_tok_find_text(t, s, t->text_len[id]) >= 0) {
+		if (tok_find_text(t, s, t->text_len[id]) >= 0) {
 			KVT_LOGE("tokenizer: token %u '%s': duplicate text (also token %d)", id, s,
-				 kvt_tok_find_text(t, s, t->text_len[id]));
+				 tok_find_text(t, s, t->text_len[id]));
 			return KVT_ECORRUPT;
 		}
-		i = kvt_tok_hash_bytes(s, t->text_len[id]) & t->text_map.mask;
+		i = tok_hash_bytes(s, t->text_len[id]) & t->text_map.mask;
 		while (t->text_map.slots[i] >= 0)
 			i = (i + 1) & t->text_map.mask;
 		t->text_map.slots[i] = (int32_t)id;
@@ -602,9 +550,9 @@ static int kvt_tok_build_text_map(kvt_tok *t)
 }
 
 /* Look up the token named by s[0..n) of merge rank; logs and returns -1 when absent. */
-static int32_t kvt_tok_merge_side(const kvt_tok *t, uint32_t rank, const char *which, const char *s, size_t n)
+static int32_t tok_merge_side(const kvt_tok *t, uint32_t rank, const char *which, const char *s, size_t n)
 {
-	int32_t id = kvt_tok_find_text(t, s, n);
+	int32_t id = tok_find_text(t, s, n);
 
 	if (id < 0)
 		KVT_LOGE("tokenizer: merge %u: %s part '%.*s' is not in the vocabulary", rank, which,
@@ -612,13 +560,13 @@ static int32_t kvt_tok_merge_side(const kvt_tok *t, uint32_t rank, const char *w
 	return id;
 }
 
-static int kvt_tok_build_merges(kvt_tok *t, const kvt_tok_vocab *v)
+static int tok_build_merges(kvt_tok *t, const kvt_tok_vocab *v)
 {
 	uint64_t cap;
 	char *cat = NULL;
 	size_t cat_cap = 0;
 
-	if (!kvt_tok_map_capacity(v->n_merges, &cap) || cap > SIZE_MAX / sizeof(uint64_t))
+	if (!tok_map_capacity(v->n_merges, &cap) || cap > SIZE_MAX / sizeof(uint64_t))
 		return KVT_ENOMEM;
 	t->pair_map.keys = malloc(cap * sizeof(uint64_t));
 	t->pair_map.ranks = malloc(cap * sizeof(uint32_t));
@@ -641,23 +589,23 @@ static int kvt_tok_build_merges(kvt_tok *t, const kvt_tok_vocab *v)
 			free(cat);
 			return KVT_ECORRUPT;
 		}
-		left = kvt_tok_merge_side(t, r, "left", m, sp);
-		right = kvt_tok_merge_side(t, r, "right", m + sp + 1, n - sp - 1);
+		left = tok_merge_side(t, r, "left", m, sp);
+		right = tok_merge_side(t, r, "right", m + sp + 1, n - sp - 1);
 		if (left < 0 || right < 0) {
 			free(cat);
 			return KVT_ECORRUPT;
 		}
-		if (kvt_tok_reserve((void **)&cat, &cat_cap, n, 1)) {
+		if (tok_reserve((void **)&cat, &cat_cap, n, 1)) {
 			free(cat);
 			return KVT_ENOMEM;
 		}
 		memcpy(cat, m, sp);
 		memcpy(cat + sp, m + sp + 1, n - sp - 1);
-		t->merge_result[r] = kvt_tok_find_text(t, cat, n - 1);
+		t->merge_result[r] = tok_find_text(t, cat, n - 1);
 
 		/* A repeated pair keeps its first (lowest) rank, like llama.cpp's emplace. */
 		uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-		uint64_t i = kvt_tok_hash_u64(key) & t->pair_map.mask;
+		uint64_t i = tok_hash_u64(key) & t->pair_map.mask;
 
 		while (t->pair_map.keys[i] != UINT64_MAX && t->pair_map.keys[i] != key)
 			i = (i + 1) & t->pair_map.mask;
@@ -670,24 +618,24 @@ static int kvt_tok_build_merges(kvt_tok *t, const kvt_tok_vocab *v)
 	return KVT_OK;
 }
 
-static int kvt_tok_hex(unsigned char c)
+static int tok_hex(unsigned char c)
 {
 	return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
 /* The byte of a SentencePiece byte token's text "<0xXX>", or -1 if s[0..n) is not one. */
-static int kvt_tok_spm_byte(const unsigned char *s, size_t n)
+static int tok_spm_byte(const unsigned char *s, size_t n)
 {
-	if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || kvt_tok_hex(s[3]) < 0 || kvt_tok_hex(s[4]) < 0)
+	if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || tok_hex(s[3]) < 0 || tok_hex(s[4]) < 0)
 		return -1;
-	return kvt_tok_hex(s[3]) << 4 | kvt_tok_hex(s[4]);
+	return tok_hex(s[3]) << 4 | tok_hex(s[4]);
 }
 
 /* SentencePiece raw bytes of a non-special token of type ty and text s[0..n) into o; returns the length. */
-static size_t kvt_tok_spm_piece(int ty, const unsigned char *s, size_t n, unsigned char *o)
+static size_t tok_spm_piece(int ty, const unsigned char *s, size_t n, unsigned char *o)
 {
 	size_t k = 0;
-	int b = kvt_tok_spm_byte(s, n);
+	int b = tok_spm_byte(s, n);
 
 	if (ty == KVT_TOK_BYTE && b >= 0) {
 		o[0] = (unsigned char)b;
@@ -707,26 +655,26 @@ static size_t kvt_tok_spm_piece(int ty, const unsigned char *s, size_t n, unsign
 }
 
 /* Raw bytes of every token (see the file comment). */
-static void kvt_tok_build_bytes(kvt_tok *t)
+static void tok_build_bytes(kvt_tok *t)
 {
 	size_t off = 0;
 
 	for (uint32_t id = 0; id < t->n_tokens; id++) {
-		const unsigned char *s = (const unsigned char *)kvt_tok_text(t, (int32_t)id);
+		const unsigned char *s = (const unsigned char *)tok_text(t, (int32_t)id);
 		size_t n = t->text_len[id], i = 0;
 		unsigned char *o = (unsigned char *)t->bytes_buf + off;
 		size_t k = 0;
 
 		t->bytes_off[id] = off;
-		if (kvt_tok_is_special_type(t->types[id])) {
+		if (tok_is_special_type(t->types[id])) {
 			memcpy(o, s, n);
 			k = n;
 		} else if (t->model == KVT_TOK_MODEL_SPM) {
-			k = kvt_tok_spm_piece(t->types[id], s, n, o);
+			k = tok_spm_piece(t->types[id], s, n, o);
 		} else {
 			while (i < n) {
 				uint32_t cp;
-				size_t l = kvt_tok_utf8_strict(s + i, n - i, &cp);
+				size_t l = tok_utf8_strict(s + i, n - i, &cp);
 
 				if (l && cp < 0x144 && t->cp_byte[cp] >= 0) {
 					o[k++] = (unsigned char)t->cp_byte[cp];
@@ -744,18 +692,18 @@ static void kvt_tok_build_bytes(kvt_tok *t)
 	}
 }
 
-static int kvt_tok_build_specials(kvt_tok *t)
+static int tok_build_specials(kvt_tok *t)
 {
 	uint32_t n = 0;
 
 	for (uint32_t id = 0; id < t->n_tokens; id++)
-		if (kvt_tok_is_special_type(t->types[id]) && t->text_len[id])
+		if (tok_is_special_type(t->types[id]) && t->text_len[id])
 			n++;
 	t->specials = malloc((n ? n : 1) * sizeof(int32_t));
 	if (!t->specials)
 		return KVT_ENOMEM;
 	for (uint32_t id = 0; id < t->n_tokens; id++)
-		if (kvt_tok_is_special_type(t->types[id]) && t->text_len[id])
+		if (tok_is_special_type(t->types[id]) && t->text_len[id])
 			t->specials[t->n_specials++] = (int32_t)id;
 	/* Longest text first, ties by id (insertion sort: stable, and n is small in practice). */
 	for (uint32_t i = 1; i < n; i++) {
@@ -771,91 +719,7 @@ static int kvt_tok_build_specials(kvt_tok *t)
 	return KVT_OK;
 }
 
-/* Copy a Jinja string-literal fragment, undoing its backslash escapes. */
-static char *kvt_tok_jinja_unescape(const char *s, size_t n)
-{
-	char *o = malloc(n + 1);
-	size_t k = 0;
-
-	if (!o)
-		return NULL;
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] == '\\' && i + 1 < n) {
-			char c = s[++i];
-
-			o[k++] = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
-			continue;
-		}
-		o[k++] = s[i];
-	}
-	o[k] = '\0';
-	return o;
-}
-
-/*
- * The family of a stored template, recognised by its markers as llama.cpp's
- * llm_chat_detect_template does; KVT_TOK_CHAT_AUTO for none (or no template).
- */
-static int kvt_tok_chat_detect(const char *tmpl)
-{
-	if (!tmpl)
-		return KVT_TOK_CHAT_AUTO;
-	if (strstr(tmpl, "<|im_start|>"))
-		return KVT_TOK_CHAT_CHATML;
-	if (strstr(tmpl, "<start_of_turn>"))
-		return KVT_TOK_CHAT_GEMMA;
-	if (strstr(tmpl, "<|start_header_id|>") && strstr(tmpl, "<|end_header_id|>"))
-		return KVT_TOK_CHAT_LLAMA3;
-	if (strstr(tmpl, "[INST]"))
-		return KVT_TOK_CHAT_MISTRAL;
-	return KVT_TOK_CHAT_AUTO;
-}
-
-/*
- * ChatML detection and the default system prompt: a template literal
- * "<|im_start|>system" + newline (real or the escape \n) + text + "<|im_end|>"
- * whose text holds no quote or Jinja expression is the prompt the template
- * inserts when the first message is not a system message (SmolLM2, Qwen2.5).
- */
-static int kvt_tok_parse_template(kvt_tok *t, const char *tmpl)
-{
-	static const char head[] = "<|im_start|>system";
-	const char *p;
-
-	t->chat = kvt_tok_chat_detect(tmpl);
-	t->chat_unknown = tmpl && t->chat == KVT_TOK_CHAT_AUTO;
-	if (t->chat != KVT_TOK_CHAT_CHATML)
-		return KVT_OK;
-	for (p = strstr(tmpl, head); p; p = strstr(p + 1, head)) {
-		const char *s = p + sizeof(head) - 1, *e;
-		bool literal = true;
-
-		if (s[0] == '\n')
-			s += 1;
-		else if (s[0] == '\\' && s[1] == 'n')
-			s += 2;
-		else
-			continue;
-		e = strstr(s, "<|im_end|>");
-		if (!e || e == s)
-			continue;
-		for (const char *q = s; q < e; q++) {
-			if (*q == '\\') {
-				q++;
-				continue;
-			}
-			if (*q == '\'' || *q == '"' || (*q == '{' && (q[1] == '{' || q[1] == '%')))
-				literal = false;
-		}
-		if (!literal)
-			continue;
-		t->default_system = kvt_tok_jinja_unescape(s, (size_t)(e - s));
-		return t->default_system ? KVT_OK : KVT_ENOMEM;
-	}
-	return KVT_OK;
-}
-
-static int kvt_tok_check_id(const char *what, int32_t id, uint32_t n_tokens)
+static int tok_check_id(const char *what, int32_t id, uint32_t n_tokens)
 {
 	if (id < -1 || (id >= 0 && (uint32_t)id >= n_tokens)) {
 		KVT_LOGE("tokenizer: %s id %d is out of range (vocabulary of %u)", what, id, n_tokens);
@@ -869,7 +733,7 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 	const bool spm = v->model == KVT_TOK_MODEL_SPM;
 	/* NOTE: SentencePiece has no pre-tokenizer; tokenizer.ggml.pre is ignored, as in llama.cpp. */
 	const char *pre_name = spm ? "default" : v->pre ? v->pre : "default";
-	const struct kvt_tok_pre *pre = kvt_tok_pre_find(pre_name);
+	const struct tok_pre *pre = tok_pre_find(pre_name);
 	kvt_tok *t;
 	int rc;
 
@@ -887,10 +751,10 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 			 v->n_merges);
 		return KVT_EINVAL;
 	}
-	if ((rc = kvt_tok_check_id("bos", v->bos_id, v->n_tokens)) ||
-	    (rc = kvt_tok_check_id("eos", v->eos_id, v->n_tokens)) ||
-	    (rc = kvt_tok_check_id("eot", v->eot_id, v->n_tokens)) ||
-	    (spm && (rc = kvt_tok_check_id("unk", v->unk_id, v->n_tokens))))
+	if ((rc = tok_check_id("bos", v->bos_id, v->n_tokens)) ||
+	    (rc = tok_check_id("eos", v->eos_id, v->n_tokens)) ||
+	    (rc = tok_check_id("eot", v->eot_id, v->n_tokens)) ||
+	    (spm && (rc = tok_check_id("unk", v->unk_id, v->n_tokens))))
 		return rc;
 	t = calloc(1, sizeof(*t));
 	if (!t)
@@ -929,14 +793,14 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 
 		t->types[i] = (int8_t)(ty >= KVT_TOK_UNDEFINED && ty <= KVT_TOK_BYTE ? ty : KVT_TOK_UNDEFINED);
 	}
-	kvt_tok_init_byte_map(t);
-	if ((rc = kvt_tok_copy_tokens(t, v)) || (rc = kvt_tok_build_text_map(t)) ||
-	    (!spm && (rc = kvt_tok_build_merges(t, v))))
+	tok_init_byte_map(t);
+	if ((rc = tok_copy_tokens(t, v)) || (rc = tok_build_text_map(t)) ||
+	    (!spm && (rc = tok_build_merges(t, v))))
 		goto fail;
 
 	/* As llama.cpp: end-of-generation texts are EOG and CONTROL whatever their stored type. */
-	for (size_t i = 0; i < sizeof(kvt_tok_eog_texts) / sizeof(kvt_tok_eog_texts[0]); i++) {
-		int32_t id = kvt_tok_find_text(t, kvt_tok_eog_texts[i], strlen(kvt_tok_eog_texts[i]));
+	for (size_t i = 0; i < sizeof(tok_eog_texts) / sizeof(tok_eog_texts[0]); i++) {
+		int32_t id = tok_find_text(t, tok_eog_texts[i], strlen(tok_eog_texts[i]));
 
 		if (id >= 0) {
 			t->eog[id] = 1;
@@ -950,7 +814,7 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 
 	for (uint32_t b = 0; b < 256; b++) {
 		unsigned char enc[4];
-		size_t l = kvt_tok_utf8_put(t->byte_cp[b], enc);
+		size_t l = tok_utf8_put(t->byte_cp[b], enc);
 
 		if (spm) {
 			static const char hex[] = "0123456789ABCDEF";
@@ -958,18 +822,18 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 			const char one = (char)b;
 
 			/* As llama.cpp's byte_to_token: <0xXX>, else the one-byte text; then (our choice) UNK. */
-			t->byte_token[b] = kvt_tok_find_text(t, name, 6);
+			t->byte_token[b] = tok_find_text(t, name, 6);
 			if (t->byte_token[b] < 0)
-				t->byte_token[b] = kvt_tok_find_text(t, &one, 1);
+				t->byte_token[b] = tok_find_text(t, &one, 1);
 			if (t->byte_token[b] < 0)
 				t->byte_token[b] = t->unk_id;
 			continue;
 		}
-		t->byte_token[b] = kvt_tok_find_text(t, (const char *)enc, l);
+		t->byte_token[b] = tok_find_text(t, (const char *)enc, l);
 	}
-	kvt_tok_build_bytes(t);
-	if ((rc = kvt_tok_build_specials(t)) || (!spm && (rc = kvt_tok_compile(t, pre, pre_name))) ||
-	    (rc = kvt_tok_parse_template(t, v->chat_template)))
+	tok_build_bytes(t);
+	if ((rc = tok_build_specials(t)) || (!spm && (rc = tok_compile(t, pre, pre_name))) ||
+	    (rc = tok_chat_from_template(t, v->chat_template)))
 		goto fail;
 	*out = t;
 	return KVT_OK;
@@ -1053,20 +917,20 @@ int kvt_tok_model(const kvt_tok *t)
 /* ---- encoding ---- */
 
 /* A span of the input: raw text, or one special token. */
-struct kvt_tok_frag {
+struct tok_frag {
 	size_t off;  /* byte offset in the input (raw text) */
 	size_t len;  /* bytes (raw text) */
 	int32_t id;  /* special token id, or -1 for raw text */
 };
 
 /* A pre-tokenizer piece: a byte range of the current fragment's buffers. */
-struct kvt_tok_span {
+struct tok_span {
 	size_t off; /* byte offset */
 	size_t len; /* bytes */
 };
 
 /* A BPE symbol: a run of the piece's bytes, linked to its live neighbours. */
-struct kvt_tok_sym {
+struct tok_sym {
 	int32_t id;   /* token id of the run's text, -1 if it is not a token */
 	uint32_t off; /* first byte in the piece */
 	uint32_t len; /* bytes; 0 once merged into its left neighbour */
@@ -1075,7 +939,7 @@ struct kvt_tok_sym {
 };
 
 /* A candidate merge of symbols left and right; stale once either changed. */
-struct kvt_tok_bigram {
+struct tok_bigram {
 	uint32_t rank;  /* merge rank (lower merges first) */
 	uint32_t left;  /* left symbol index (ties: leftmost first) */
 	uint32_t right; /* right symbol index */
@@ -1083,17 +947,17 @@ struct kvt_tok_bigram {
 };
 
 /* Per-call working memory; nothing in it outlives kvt_tok_encode(). */
-struct kvt_tok_work {
-	struct kvt_tok_frag *frags[2];    /* special-token partition, double-buffered */
+struct tok_work {
+	struct tok_frag *frags[2];        /* special-token partition, double-buffered */
 	size_t cap_frags[2];              /* capacities (elements) */
 	unsigned char *mbuf;              /* match text of an invalid-UTF-8 fragment */
 	unsigned char *ebuf;              /* emit text of it, same length and boundaries */
 	size_t cap_mbuf, cap_ebuf;        /* capacities (bytes) */
-	struct kvt_tok_span *spans[2];    /* pre-tokenizer pieces, double-buffered */
+	struct tok_span *spans[2];        /* pre-tokenizer pieces, double-buffered */
 	size_t cap_spans[2];              /* capacities (elements) */
-	struct kvt_tok_sym *syms;         /* BPE symbols of one piece */
+	struct tok_sym *syms;             /* BPE symbols of one piece */
 	size_t cap_syms;                  /* capacity (elements) */
-	struct kvt_tok_bigram *heap;      /* min-heap on (rank, left) */
+	struct tok_bigram *heap;          /* min-heap on (rank, left) */
 	size_t cap_heap;                  /* capacity (elements) */
 	char *enc;                        /* byte-encoded piece (ignore_merges lookups) */
 	size_t cap_enc;                   /* capacity (bytes) */
@@ -1103,26 +967,26 @@ struct kvt_tok_work {
 	size_t n_out;                     /* ids produced so far (may exceed cap_out) */
 };
 
-static void kvt_tok_emit(struct kvt_tok_work *w, int32_t id)
+static void tok_emit(struct tok_work *w, int32_t id)
 {
 	if (w->n_out < w->cap_out)
 		w->out[w->n_out] = id;
 	w->n_out++;
 }
 
-static bool kvt_tok_bigram_less(const struct kvt_tok_bigram *a, const struct kvt_tok_bigram *b)
+static bool tok_bigram_less(const struct tok_bigram *a, const struct tok_bigram *b)
 {
 	return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static void kvt_tok_heap_push(struct kvt_tok_bigram *h, size_t n, struct kvt_tok_bigram b)
+static void tok_heap_push(struct tok_bigram *h, size_t n, struct tok_bigram b)
 {
 	size_t i = n;
 
 	while (i > 0) {
 		size_t parent = (i - 1) / 2;
 
-		if (!kvt_tok_bigram_less(&b, &h[parent]))
+		if (!tok_bigram_less(&b, &h[parent]))
 			break;
 		h[i] = h[parent];
 		i = parent;
@@ -1131,9 +995,9 @@ static void kvt_tok_heap_push(struct kvt_tok_bigram *h, size_t n, struct kvt_tok
 }
 
 /* Remove the minimum of a heap of n > 0 elements into *top. */
-static void kvt_tok_heap_pop(struct kvt_tok_bigram *h, size_t n, struct kvt_tok_bigram *top)
+static void tok_heap_pop(struct tok_bigram *h, size_t n, struct tok_bigram *top)
 {
-	struct kvt_tok_bigram last = h[n - 1];
+	struct tok_bigram last = h[n - 1];
 	size_t i = 0;
 
 	*top = h[0];
@@ -1143,9 +1007,9 @@ static void kvt_tok_heap_pop(struct kvt_tok_bigram *h, size_t n, struct kvt_tok_
 
 		if (c >= n)
 			break;
-		if (c + 1 < n && kvt_tok_bigram_less(&h[c + 1], &h[c]))
+		if (c + 1 < n && tok_bigram_less(&h[c + 1], &h[c]))
 			c++;
-		if (!kvt_tok_bigram_less(&h[c], &last))
+		if (!tok_bigram_less(&h[c], &last))
 			break;
 		h[i] = h[c];
 		i = c;
@@ -1154,25 +1018,25 @@ static void kvt_tok_heap_pop(struct kvt_tok_bigram *h, size_t n, struct kvt_tok_
 }
 
 /* Queue the pair (left, right) if the vocabulary merges it. */
-static void kvt_tok_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_t *n_heap, int32_t left,
-			     int32_t right)
+static void tok_try_pair(const kvt_tok *t, struct tok_work *w, size_t *n_heap, int32_t left,
+			 int32_t right)
 {
-	struct kvt_tok_sym *s = w->syms;
+	struct tok_sym *s = w->syms;
 	int64_t rank;
 
 	if (left < 0 || right < 0 || s[left].id < 0 || s[right].id < 0)
 		return;
-	rank = kvt_tok_find_pair(t, s[left].id, s[right].id);
+	rank = tok_find_pair(t, s[left].id, s[right].id);
 	if (rank < 0)
 		return;
-	kvt_tok_heap_push(w->heap, *n_heap, (struct kvt_tok_bigram){
+	tok_heap_push(w->heap, *n_heap, (struct tok_bigram){
 		.rank = (uint32_t)rank, .left = (uint32_t)left, .right = (uint32_t)right,
 		.len = s[left].len + s[right].len });
 	(*n_heap)++;
 }
 
 /* Heap key of a SentencePiece score: lower keys pop first, so higher scores merge first. */
-static uint32_t kvt_tok_score_rank(float score)
+static uint32_t tok_score_rank(float score)
 {
 	uint32_t u;
 
@@ -1182,20 +1046,20 @@ static uint32_t kvt_tok_score_rank(float score)
 }
 
 /* SentencePiece: queue symbols left and right if their concatenation is a token. */
-static void kvt_tok_spm_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_t *n_heap, int32_t left,
-				 int32_t right)
+static void tok_spm_try_pair(const kvt_tok *t, struct tok_work *w, size_t *n_heap, int32_t left,
+			     int32_t right)
 {
-	const struct kvt_tok_sym *s = w->syms;
+	const struct tok_sym *s = w->syms;
 	int32_t id;
 
 	if (left < 0 || right < 0)
 		return;
 	/* Live neighbours are adjacent in the escaped text, so their concatenation is a slice of it. */
-	id = kvt_tok_find_text(t, w->enc + s[left].off, s[left].len + s[right].len);
+	id = tok_find_text(t, w->enc + s[left].off, s[left].len + s[right].len);
 	if (id < 0)
 		return;
-	kvt_tok_heap_push(w->heap, *n_heap, (struct kvt_tok_bigram){
-		.rank = kvt_tok_score_rank(t->scores[id]), .left = (uint32_t)left, .right = (uint32_t)right,
+	tok_heap_push(w->heap, *n_heap, (struct tok_bigram){
+		.rank = tok_score_rank(t->scores[id]), .left = (uint32_t)left, .right = (uint32_t)right,
 		.len = s[left].len + s[right].len });
 	(*n_heap)++;
 }
@@ -1204,26 +1068,26 @@ static void kvt_tok_spm_try_pair(const kvt_tok *t, struct kvt_tok_work *w, size_
  * The merge loop BPE and SentencePiece share, over the n_sym linked symbols in
  * w->syms: queue every adjacent pair, then merge the best pair (lowest heap key,
  * leftmost on ties) until none is left, requeueing the merged symbol with its
- * new neighbours. spm chooses the pair rule (kvt_tok_spm_try_pair: the
- * concatenation is a token, keyed by its score; else kvt_tok_try_pair: the
+ * new neighbours. spm chooses the pair rule (tok_spm_try_pair: the
+ * concatenation is a token, keyed by its score; else tok_try_pair: the
  * merge table's rank, whose result id the merged symbol takes).
  *
  * NOTE: every merge removes one symbol and queues at most two pairs, so the
  * heap never holds more than 2 * n_sym entries.
  */
-static void kvt_tok_merge(const kvt_tok *t, struct kvt_tok_work *w, size_t n_sym, bool spm)
+static void tok_merge(const kvt_tok *t, struct tok_work *w, size_t n_sym, bool spm)
 {
-	void (*try_pair)(const kvt_tok *, struct kvt_tok_work *, size_t *, int32_t, int32_t) =
-		spm ? kvt_tok_spm_try_pair : kvt_tok_try_pair;
+	void (*try_pair)(const kvt_tok *, struct tok_work *, size_t *, int32_t, int32_t) =
+		spm ? tok_spm_try_pair : tok_try_pair;
 	size_t n_heap = 0;
 
 	for (size_t i = 1; i < n_sym; i++)
 		try_pair(t, w, &n_heap, (int32_t)i - 1, (int32_t)i);
 	while (n_heap) {
-		struct kvt_tok_bigram b;
-		struct kvt_tok_sym *l, *r;
+		struct tok_bigram b;
+		struct tok_sym *l, *r;
 
-		kvt_tok_heap_pop(w->heap, n_heap--, &b);
+		tok_heap_pop(w->heap, n_heap--, &b);
 		l = &w->syms[b.left];
 		r = &w->syms[b.right];
 		if (!l->len || !r->len || l->len + r->len != b.len)
@@ -1241,13 +1105,13 @@ static void kvt_tok_merge(const kvt_tok *t, struct kvt_tok_work *w, size_t n_sym
 }
 
 /* BPE-merge one piece of emit bytes p[0..n) and emit its token ids. */
-static int kvt_tok_bpe(const kvt_tok *t, struct kvt_tok_work *w, const unsigned char *p, size_t n)
+static int tok_bpe(const kvt_tok *t, struct tok_work *w, const unsigned char *p, size_t n)
 {
 	int rc;
 
 	if (n == 1) {
 		if (t->byte_token[p[0]] >= 0)
-			kvt_tok_emit(w, t->byte_token[p[0]]);
+			tok_emit(w, t->byte_token[p[0]]);
 		return KVT_OK;
 	}
 	if (n > INT32_MAX)
@@ -1255,30 +1119,30 @@ static int kvt_tok_bpe(const kvt_tok *t, struct kvt_tok_work *w, const unsigned 
 	if (t->ignore_merges) {
 		size_t k = 0;
 
-		if ((rc = kvt_tok_reserve((void **)&w->enc, &w->cap_enc, 2 * n, 1)))
+		if ((rc = tok_reserve((void **)&w->enc, &w->cap_enc, 2 * n, 1)))
 			return rc;
 		for (size_t i = 0; i < n; i++)
-			k += kvt_tok_utf8_put(t->byte_cp[p[i]], (unsigned char *)w->enc + k);
-		int32_t id = kvt_tok_find_text(t, w->enc, k);
+			k += tok_utf8_put(t->byte_cp[p[i]], (unsigned char *)w->enc + k);
+		int32_t id = tok_find_text(t, w->enc, k);
 
 		if (id >= 0) {
-			kvt_tok_emit(w, id);
+			tok_emit(w, id);
 			return KVT_OK;
 		}
 	}
-	if ((rc = kvt_tok_reserve((void **)&w->syms, &w->cap_syms, n, sizeof(*w->syms))) ||
-	    (rc = kvt_tok_reserve((void **)&w->heap, &w->cap_heap, 2 * n, sizeof(*w->heap))))
+	if ((rc = tok_reserve((void **)&w->syms, &w->cap_syms, n, sizeof(*w->syms))) ||
+	    (rc = tok_reserve((void **)&w->heap, &w->cap_heap, 2 * n, sizeof(*w->heap))))
 		return rc;
 	for (size_t i = 0; i < n; i++)
-		w->syms[i] = (struct kvt_tok_sym){ .id = t->byte_token[p[i]], .off = (uint32_t)i, .len = 1,
+		w->syms[i] = (struct tok_sym){ .id = t->byte_token[p[i]], .off = (uint32_t)i, .len = 1,
 						   .prev = (int32_t)i - 1,
 						   .next = i + 1 < n ? (int32_t)i + 1 : -1 };
-	kvt_tok_merge(t, w, n, false);
+	tok_merge(t, w, n, false);
 	for (int32_t i = 0; i >= 0; i = w->syms[i].next) {
-		const struct kvt_tok_sym *s = &w->syms[i];
+		const struct tok_sym *s = &w->syms[i];
 
 		if (s->id >= 0) {
-			kvt_tok_emit(w, s->id);
+			tok_emit(w, s->id);
 			continue;
 		}
 		/*
@@ -1290,21 +1154,21 @@ static int kvt_tok_bpe(const kvt_tok *t, struct kvt_tok_work *w, const unsigned 
 			unsigned char b = p[s->off + j];
 
 			if (b >= 0x21 && b <= 0x7e && t->byte_token[b] >= 0)
-				kvt_tok_emit(w, t->byte_token[b]);
+				tok_emit(w, t->byte_token[b]);
 		}
 	}
 	return KVT_OK;
 }
 
 /* Split every span of spans[0] (n_in of them) with regex re into spans[1]. */
-static int kvt_tok_split(const kvt_tok *t, struct kvt_tok_work *w, const pcre2_code *re,
-			 const unsigned char *m, size_t n_in, size_t *n_out)
+static int tok_split(const kvt_tok *t, struct tok_work *w, const pcre2_code *re,
+		     const unsigned char *m, size_t n_in, size_t *n_out)
 {
 	size_t n = 0;
 	int rc;
 
 	for (size_t k = 0; k < n_in; k++) {
-		const struct kvt_tok_span sp = w->spans[0][k];
+		const struct tok_span sp = w->spans[0][k];
 		const unsigned char *subj = m + sp.off;
 		size_t gap = 0, pos = 0;
 
@@ -1324,8 +1188,8 @@ static int kvt_tok_split(const kvt_tok *t, struct kvt_tok_work *w, const pcre2_c
 			}
 			ov = pcre2_get_ovector_pointer(w->md);
 			/* Room for a gap and a match. */
-			if ((rc = kvt_tok_reserve((void **)&w->spans[1], &w->cap_spans[1], n + 2,
-						  sizeof(struct kvt_tok_span))))
+			if ((rc = tok_reserve((void **)&w->spans[1], &w->cap_spans[1], n + 2,
+					      sizeof(struct tok_span))))
 				return rc;
 			if (ov[1] == ov[0]) {
 				/* An empty match yields no piece; step one character (stays in the gap). */
@@ -1335,15 +1199,15 @@ static int kvt_tok_split(const kvt_tok *t, struct kvt_tok_work *w, const pcre2_c
 				continue;
 			}
 			if (ov[0] > gap)
-				w->spans[1][n++] = (struct kvt_tok_span){ sp.off + gap, ov[0] - gap };
-			w->spans[1][n++] = (struct kvt_tok_span){ sp.off + ov[0], ov[1] - ov[0] };
+				w->spans[1][n++] = (struct tok_span){ sp.off + gap, ov[0] - gap };
+			w->spans[1][n++] = (struct tok_span){ sp.off + ov[0], ov[1] - ov[0] };
 			gap = pos = ov[1];
 		}
 		if (gap < sp.len) {
-			if ((rc = kvt_tok_reserve((void **)&w->spans[1], &w->cap_spans[1], n + 1,
-						  sizeof(struct kvt_tok_span))))
+			if ((rc = tok_reserve((void **)&w->spans[1], &w->cap_spans[1], n + 1,
+					      sizeof(struct tok_span))))
 				return rc;
-			w->spans[1][n++] = (struct kvt_tok_span){ sp.off + gap, sp.len - gap };
+			w->spans[1][n++] = (struct tok_span){ sp.off + gap, sp.len - gap };
 		}
 	}
 	*n_out = n;
@@ -1354,13 +1218,13 @@ static int kvt_tok_split(const kvt_tok *t, struct kvt_tok_work *w, const pcre2_c
  * Make the match and emit texts of a raw fragment (step 2 of the file
  * comment). Valid UTF-8 is used in place.
  */
-static int kvt_tok_sanitize(struct kvt_tok_work *w, const unsigned char *s, size_t n,
-			    const unsigned char **m, const unsigned char **e, size_t *len)
+static int tok_sanitize(struct tok_work *w, const unsigned char *s, size_t n,
+			const unsigned char **m, const unsigned char **e, size_t *len)
 {
 	size_t k = 0;
 	int rc;
 
-	if (kvt_tok_utf8_valid(s, n)) {
+	if (tok_utf8_valid(s, n)) {
 		*m = *e = s;
 		*len = n;
 		return KVT_OK;
@@ -1368,12 +1232,12 @@ static int kvt_tok_sanitize(struct kvt_tok_work *w, const unsigned char *s, size
 	/* Each input byte gives at most 3 output bytes (U+FFFD); a 4-byte character gives 4. */
 	if (n > SIZE_MAX / 3)
 		return KVT_ENOMEM;
-	if ((rc = kvt_tok_reserve((void **)&w->mbuf, &w->cap_mbuf, 3 * n, 1)) ||
-	    (rc = kvt_tok_reserve((void **)&w->ebuf, &w->cap_ebuf, 3 * n, 1)))
+	if ((rc = tok_reserve((void **)&w->mbuf, &w->cap_mbuf, 3 * n, 1)) ||
+	    (rc = tok_reserve((void **)&w->ebuf, &w->cap_ebuf, 3 * n, 1)))
 		return rc;
 	for (size_t i = 0; i < n;) {
 		uint32_t cp;
-		size_t l = kvt_tok_utf8_lenient(s + i, n - i, &cp);
+		size_t l = tok_utf8_lenient(s + i, n - i, &cp);
 
 		if (!l || cp > 0x10ffff) {
 			/* NOTE: llama.cpp throws on a code point above U+10FFFF; we use U+FFFD. */
@@ -1382,8 +1246,8 @@ static int kvt_tok_sanitize(struct kvt_tok_work *w, const unsigned char *s, size
 				l = 1;
 		}
 		i += l;
-		size_t el = kvt_tok_utf8_put(cp, w->ebuf + k);
-		size_t ml = kvt_tok_utf8_put(cp >= 0xd800 && cp <= 0xdfff ? 0xfffd : cp, w->mbuf + k);
+		size_t el = tok_utf8_put(cp, w->ebuf + k);
+		size_t ml = tok_utf8_put(cp >= 0xd800 && cp <= 0xdfff ? 0xfffd : cp, w->mbuf + k);
 
 		KVT_DEBUG_ASSERT(el == ml);
 		(void)ml;
@@ -1396,21 +1260,21 @@ static int kvt_tok_sanitize(struct kvt_tok_work *w, const unsigned char *s, size
 }
 
 /* Pre-tokenize and BPE one raw-text fragment. */
-static int kvt_tok_encode_text(const kvt_tok *t, struct kvt_tok_work *w, const unsigned char *s, size_t n)
+static int tok_encode_text(const kvt_tok *t, struct tok_work *w, const unsigned char *s, size_t n)
 {
 	const unsigned char *m, *e;
 	size_t len, n_spans = 1;
 	int rc;
 
-	if ((rc = kvt_tok_sanitize(w, s, n, &m, &e, &len)) ||
-	    (rc = kvt_tok_reserve((void **)&w->spans[0], &w->cap_spans[0], 1, sizeof(struct kvt_tok_span))))
+	if ((rc = tok_sanitize(w, s, n, &m, &e, &len)) ||
+	    (rc = tok_reserve((void **)&w->spans[0], &w->cap_spans[0], 1, sizeof(struct tok_span))))
 		return rc;
-	w->spans[0][0] = (struct kvt_tok_span){ 0, len };
+	w->spans[0][0] = (struct tok_span){ 0, len };
 	for (uint32_t r = 0; r < t->n_re; r++) {
-		struct kvt_tok_span *tmp;
+		struct tok_span *tmp;
 		size_t tmp_cap;
 
-		if ((rc = kvt_tok_split(t, w, t->re[r], m, n_spans, &n_spans)))
+		if ((rc = tok_split(t, w, t->re[r], m, n_spans, &n_spans)))
 			return rc;
 		tmp = w->spans[0];
 		w->spans[0] = w->spans[1];
@@ -1420,13 +1284,13 @@ static int kvt_tok_encode_text(const kvt_tok *t, struct kvt_tok_work *w, const u
 		w->cap_spans[1] = tmp_cap;
 	}
 	for (size_t k = 0; k < n_spans; k++)
-		if ((rc = kvt_tok_bpe(t, w, e + w->spans[0][k].off, w->spans[0][k].len)))
+		if ((rc = tok_bpe(t, w, e + w->spans[0][k].off, w->spans[0][k].len)))
 			return rc;
 	return KVT_OK;
 }
 
 /* SentencePiece-encode one raw fragment s[0..n) (see the file comment); prefix: add the leading space. */
-static int kvt_tok_spm(const kvt_tok *t, struct kvt_tok_work *w, const unsigned char *s, size_t n, bool prefix)
+static int tok_spm(const kvt_tok *t, struct tok_work *w, const unsigned char *s, size_t n, bool prefix)
 {
 	static const uint8_t lead_len[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4 };
 	size_t k = 0, n_sym = 0;
@@ -1434,7 +1298,7 @@ static int kvt_tok_spm(const kvt_tok *t, struct kvt_tok_work *w, const unsigned 
 
 	if (n > (SIZE_MAX - 3) / 3 || n >= INT32_MAX / 3)
 		return KVT_ENOMEM;
-	if ((rc = kvt_tok_reserve((void **)&w->enc, &w->cap_enc, 3 * n + 3, 1)))
+	if ((rc = tok_reserve((void **)&w->enc, &w->cap_enc, 3 * n + 3, 1)))
 		return rc;
 	if (prefix) {
 		memcpy(w->enc, "\xe2\x96\x81", 3);
@@ -1450,41 +1314,41 @@ static int kvt_tok_spm(const kvt_tok *t, struct kvt_tok_work *w, const unsigned 
 	}
 	if (!k)
 		return KVT_OK;
-	if ((rc = kvt_tok_reserve((void **)&w->syms, &w->cap_syms, k, sizeof(*w->syms))) ||
-	    (rc = kvt_tok_reserve((void **)&w->heap, &w->cap_heap, 2 * k, sizeof(*w->heap))))
+	if ((rc = tok_reserve((void **)&w->syms, &w->cap_syms, k, sizeof(*w->syms))) ||
+	    (rc = tok_reserve((void **)&w->heap, &w->cap_heap, 2 * k, sizeof(*w->heap))))
 		return rc;
 	for (size_t i = 0; i < k; n_sym++) {
 		size_t l = lead_len[(unsigned char)w->enc[i] >> 4];
 
 		if (l > k - i)
 			l = k - i;
-		w->syms[n_sym] = (struct kvt_tok_sym){ .id = -1, .off = (uint32_t)i, .len = (uint32_t)l,
+		w->syms[n_sym] = (struct tok_sym){ .id = -1, .off = (uint32_t)i, .len = (uint32_t)l,
 						       .prev = (int32_t)n_sym - 1, .next = (int32_t)n_sym + 1 };
 		i += l;
 	}
 	w->syms[n_sym - 1].next = -1;
-	kvt_tok_merge(t, w, n_sym, true);
+	tok_merge(t, w, n_sym, true);
 	for (int32_t i = 0; i >= 0; i = w->syms[i].next) {
-		const struct kvt_tok_sym *y = &w->syms[i];
-		int32_t id = kvt_tok_find_text(t, w->enc + y->off, y->len);
+		const struct tok_sym *y = &w->syms[i];
+		int32_t id = tok_find_text(t, w->enc + y->off, y->len);
 
 		if (id >= 0) {
-			kvt_tok_emit(w, id);
+			tok_emit(w, id);
 			continue;
 		}
 		for (uint32_t j = 0; j < y->len; j++) {
 			int32_t bt = t->byte_token[(unsigned char)w->enc[y->off + j]];
 
 			if (bt >= 0)
-				kvt_tok_emit(w, bt);
+				tok_emit(w, bt);
 		}
 	}
 	return KVT_OK;
 }
 
 /* Step 1: partition the input into raw fragments and special tokens. */
-static int kvt_tok_partition(const kvt_tok *t, struct kvt_tok_work *w, const char *text, size_t len,
-			     bool parse_special, size_t *n_frags)
+static int tok_partition(const kvt_tok *t, struct tok_work *w, const char *text, size_t len,
+			 bool parse_special, size_t *n_frags)
 {
 	size_t n = 1;
 	int rc;
@@ -1505,15 +1369,15 @@ static int kvt_tok_partition(const kvt_tok *t, struct kvt_tok_work *w, const cha
 			seen2[p >> 6] |= 1ull << (p & 63);
 		}
 	}
-	if ((rc = kvt_tok_reserve((void **)&w->frags[0], &w->cap_frags[0], 1, sizeof(struct kvt_tok_frag))))
+	if ((rc = tok_reserve((void **)&w->frags[0], &w->cap_frags[0], 1, sizeof(struct tok_frag))))
 		return rc;
-	w->frags[0][0] = (struct kvt_tok_frag){ 0, len, -1 };
+	w->frags[0][0] = (struct tok_frag){ 0, len, -1 };
 	for (uint32_t k = 0; k < t->n_specials; k++) {
 		int32_t id = t->specials[k];
-		const char *stext = kvt_tok_text(t, id);
+		const char *stext = tok_text(t, id);
 		const unsigned char *us = (const unsigned char *)stext;
 		size_t slen = t->text_len[id], m = 0;
-		struct kvt_tok_frag *tmp;
+		struct tok_frag *tmp;
 		size_t tmp_cap;
 
 		if (!parse_special && t->types[id] != KVT_TOK_USER_DEFINED)
@@ -1527,7 +1391,7 @@ static int kvt_tok_partition(const kvt_tok *t, struct kvt_tok_work *w, const cha
 				continue;
 		}
 		for (size_t i = 0; i < n; i++) {
-			struct kvt_tok_frag f = w->frags[0][i];
+			struct tok_frag f = w->frags[0][i];
 
 			while (f.id < 0 && f.len >= slen) {
 				const char *hit = memmem(text + f.off, f.len, stext, slen);
@@ -1536,18 +1400,18 @@ static int kvt_tok_partition(const kvt_tok *t, struct kvt_tok_work *w, const cha
 				if (!hit)
 					break;
 				left = (size_t)(hit - (text + f.off));
-				if ((rc = kvt_tok_reserve((void **)&w->frags[1], &w->cap_frags[1], m + 2,
-							  sizeof(struct kvt_tok_frag))))
+				if ((rc = tok_reserve((void **)&w->frags[1], &w->cap_frags[1], m + 2,
+						      sizeof(struct tok_frag))))
 					return rc;
 				if (left)
-					w->frags[1][m++] = (struct kvt_tok_frag){ f.off, left, -1 };
-				w->frags[1][m++] = (struct kvt_tok_frag){ 0, 0, id };
+					w->frags[1][m++] = (struct tok_frag){ f.off, left, -1 };
+				w->frags[1][m++] = (struct tok_frag){ 0, 0, id };
 				f.off += left + slen;
 				f.len -= left + slen;
 			}
 			if (f.id >= 0 || f.len) {
-				if ((rc = kvt_tok_reserve((void **)&w->frags[1], &w->cap_frags[1], m + 1,
-							  sizeof(struct kvt_tok_frag))))
+				if ((rc = tok_reserve((void **)&w->frags[1], &w->cap_frags[1], m + 1,
+						      sizeof(struct tok_frag))))
 					return rc;
 				w->frags[1][m++] = f;
 			}
@@ -1567,7 +1431,7 @@ static int kvt_tok_partition(const kvt_tok *t, struct kvt_tok_work *w, const cha
 int kvt_tok_encode(const kvt_tok *t, const char *text, size_t len, bool parse_special,
 		   int32_t *out, size_t cap, size_t *n_out)
 {
-	struct kvt_tok_work w = { .out = out, .cap_out = cap };
+	struct tok_work w = { .out = out, .cap_out = cap };
 	size_t n_frags = 0;
 	int rc = KVT_OK;
 
@@ -1583,23 +1447,23 @@ int kvt_tok_encode(const kvt_tok *t, const char *text, size_t len, bool parse_sp
 		rc = KVT_ENOMEM;
 		goto done;
 	}
-	if ((rc = kvt_tok_partition(t, &w, text, len, parse_special, &n_frags)))
+	if ((rc = tok_partition(t, &w, text, len, parse_special, &n_frags)))
 		goto done;
 	bool after_special = true; /* SentencePiece: the input's start counts as after a special token */
 
 	for (size_t i = 0; i < n_frags; i++) {
-		const struct kvt_tok_frag f = w.frags[0][i];
+		const struct tok_frag f = w.frags[0][i];
 
 		if (f.id >= 0) {
-			kvt_tok_emit(&w, f.id);
+			tok_emit(&w, f.id);
 			after_special = true;
 			continue;
 		}
 		if (t->model == KVT_TOK_MODEL_SPM)
-			rc = kvt_tok_spm(t, &w, (const unsigned char *)text + f.off, f.len,
-					 t->add_space_prefix && after_special);
+			rc = tok_spm(t, &w, (const unsigned char *)text + f.off, f.len,
+				     t->add_space_prefix && after_special);
 		else
-			rc = kvt_tok_encode_text(t, &w, (const unsigned char *)text + f.off, f.len);
+			rc = tok_encode_text(t, &w, (const unsigned char *)text + f.off, f.len);
 		if (rc)
 			goto done;
 		after_special = false;
@@ -1642,7 +1506,7 @@ void kvt_tok_stream_init(kvt_tok_stream *s)
 }
 
 /* Length of the UTF-8 character a lead byte starts; 0 if it cannot start one. */
-static size_t kvt_tok_utf8_lead_len(unsigned char b)
+static size_t tok_utf8_lead_len(unsigned char b)
 {
 	if (b < 0x80)
 		return 1;
@@ -1656,7 +1520,7 @@ static size_t kvt_tok_utf8_lead_len(unsigned char b)
 }
 
 /* Whether b may follow the held-back bytes p[0..n) of a character. */
-static bool kvt_tok_utf8_continues(const unsigned char *p, size_t n, unsigned char b)
+static bool tok_utf8_continues(const unsigned char *p, size_t n, unsigned char b)
 {
 	if ((b & 0xc0) != 0x80)
 		return false;
@@ -1668,7 +1532,7 @@ static bool kvt_tok_utf8_continues(const unsigned char *p, size_t n, unsigned ch
 	return true;
 }
 
-static bool kvt_tok_put_bytes(char *out, size_t cap, size_t *k, const void *b, size_t n)
+static bool tok_put_bytes(char *out, size_t cap, size_t *k, const void *b, size_t n)
 {
 	if (cap - *k < n)
 		return false;
@@ -1697,30 +1561,30 @@ int kvt_tok_stream_push(const kvt_tok *t, kvt_tok_stream *s, int32_t id, char *o
 		unsigned char c = b[i];
 
 		if (st.n_pending) {
-			if (kvt_tok_utf8_continues(st.pending, st.n_pending, c)) {
+			if (tok_utf8_continues(st.pending, st.n_pending, c)) {
 				st.pending[st.n_pending++] = c;
 				i++;
-				if (st.n_pending == kvt_tok_utf8_lead_len(st.pending[0])) {
-					if (!kvt_tok_put_bytes(out, cap, &k, st.pending, st.n_pending))
+				if (st.n_pending == tok_utf8_lead_len(st.pending[0])) {
+					if (!tok_put_bytes(out, cap, &k, st.pending, st.n_pending))
 						return KVT_EFULL;
 					st.n_pending = 0;
 				}
 				continue;
 			}
 			/* A truncated character: one U+FFFD, then c starts afresh. */
-			if (!kvt_tok_put_bytes(out, cap, &k, fffd, 3))
+			if (!tok_put_bytes(out, cap, &k, fffd, 3))
 				return KVT_EFULL;
 			st.n_pending = 0;
 			continue;
 		}
-		size_t need = kvt_tok_utf8_lead_len(c);
+		size_t need = tok_utf8_lead_len(c);
 
 		i++;
 		if (need == 1) {
-			if (!kvt_tok_put_bytes(out, cap, &k, &c, 1))
+			if (!tok_put_bytes(out, cap, &k, &c, 1))
 				return KVT_EFULL;
 		} else if (need == 0) {
-			if (!kvt_tok_put_bytes(out, cap, &k, fffd, 3))
+			if (!tok_put_bytes(out, cap, &k, fffd, 3))
 				return KVT_EFULL;
 		} else {
 			st.pending[0] = c;
@@ -1746,390 +1610,9 @@ int kvt_tok_stream_flush(kvt_tok_stream *s, char *out, size_t cap, size_t *n_out
 	return KVT_OK;
 }
 
-/* ---- chat ---- */
-
-/*
- * A conversation as a run of pieces: the template's own markers
- * (<|im_start|>, <start_of_turn>, [INST], <|eot_id|>, ...) and text (roles,
- * newlines, message contents). kvt_tok_chat_format joins them into a string;
- * kvt_tok_chat_encode turns markers into their token ids and encodes the text
- * between two markers as one fragment with no special tokens parsed, so a
- * message cannot carry a control token in its text.
- *
- * The families, as llama.cpp's built-in templates render them (which follow
- * each family's published Jinja template):
- *   chatml   <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
- *            (content as is; SmolLM2/Qwen's default system prompt, see above)
- *   gemma    <start_of_turn>role\ncontent<end_of_turn>\n ... <start_of_turn>model\n
- *            (assistant is "model"; contents trimmed; system messages, trimmed and
- *            joined, open the next user turn followed by "\n\n")
- *   mistral  [INST] system\n\nuser[/INST] assistant</s>[INST] ...
- *            (Mistral's v3 layout: contents as is, assistant trimmed; a marker the
- *            vocabulary lacks, as [INST] in v1 vocabularies, is encoded as text)
- *   llama3   <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ...
- *            <|start_header_id|>assistant<|end_header_id|>\n\n (contents trimmed)
- * BOS is never part of it: callers add it as kvt_tok_add_bos() says.
- */
-typedef int (*kvt_tok_chat_piece_fn)(void *ctx, bool marker, const char *s, size_t len);
-
-/* Bytes of message i's content, and (trim) the same without leading/trailing isspace() bytes. */
-static void kvt_tok_chat_content(const kvt_chat_msg *m, bool trim, const char **s, size_t *n)
-{
-	const char *p = m->content;
-	size_t len = m->content_len ? m->content_len : strlen(p);
-
-	/* isspace() in the C locale, as llama.cpp's trim. */
-	while (trim && len && (p[0] == ' ' || (p[0] >= '\t' && p[0] <= '\r'))) {
-		p++;
-		len--;
-	}
-	while (trim && len && (p[len - 1] == ' ' || (p[len - 1] >= '\t' && p[len - 1] <= '\r')))
-		len--;
-	*s = p;
-	*n = len;
-}
-
-#define KVT_CHAT_PUT(marker, str, len)                                     \
-	do {                                                               \
-		if ((rc = fn(ctx, (marker), (str), (len))))                 \
-			return rc;                                         \
-	} while (0)
-#define KVT_CHAT_LIT(marker, lit) KVT_CHAT_PUT(marker, lit, sizeof(lit) - 1)
-
-static int kvt_tok_chat_chatml(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_gen,
-			       kvt_tok_chat_piece_fn fn, void *ctx)
-{
-	bool add_system = n_msgs && t->default_system && strcmp(msgs[0].role, "system") != 0;
-	int rc;
-
-	for (size_t i = add_system ? 0 : 1; i <= n_msgs; i++) {
-		const char *role = i ? msgs[i - 1].role : "system";
-		const char *content = t->default_system;
-		size_t n_content = content ? strlen(content) : 0;
-
-		if (i)
-			kvt_tok_chat_content(&msgs[i - 1], false, &content, &n_content);
-		KVT_CHAT_LIT(true, "<|im_start|>");
-		KVT_CHAT_PUT(false, role, strlen(role));
-		KVT_CHAT_LIT(false, "\n");
-		KVT_CHAT_PUT(false, content, n_content);
-		KVT_CHAT_LIT(true, "<|im_end|>");
-		KVT_CHAT_LIT(false, "\n");
-	}
-	if (add_gen) {
-		KVT_CHAT_LIT(true, "<|im_start|>");
-		KVT_CHAT_LIT(false, "assistant\n");
-	}
-	return KVT_OK;
-}
-
-static int kvt_tok_chat_gemma(const kvt_chat_msg *msgs, size_t n_msgs, bool add_gen, kvt_tok_chat_piece_fn fn,
-			      void *ctx)
-{
-	size_t first_system = n_msgs; /* systems not yet folded into a user turn: [first_system, i) */
-	int rc;
-
-	for (size_t i = 0; i < n_msgs; i++) {
-		const char *role = msgs[i].role, *c;
-		size_t n_c;
-
-		if (strcmp(role, "system") == 0) {
-			if (first_system == n_msgs)
-				first_system = i;
-			continue;
-		}
-		bool model = strcmp(role, "assistant") == 0;
-
-		if (model)
-			role = "model";
-		KVT_CHAT_LIT(true, "<start_of_turn>");
-		KVT_CHAT_PUT(false, role, strlen(role));
-		KVT_CHAT_LIT(false, "\n");
-		if (!model && first_system < n_msgs) {
-			bool any = false;
-
-			for (size_t j = first_system; j < i; j++) {
-				if (strcmp(msgs[j].role, "system") != 0)
-					continue;
-				kvt_tok_chat_content(&msgs[j], true, &c, &n_c);
-				KVT_CHAT_PUT(false, c, n_c);
-				any = any || n_c;
-			}
-			/* NOTE: as llama.cpp, an all-blank system prompt adds nothing, not even "\n\n". */
-			if (any)
-				KVT_CHAT_LIT(false, "\n\n");
-			first_system = n_msgs;
-		}
-		kvt_tok_chat_content(&msgs[i], true, &c, &n_c);
-		KVT_CHAT_PUT(false, c, n_c);
-		KVT_CHAT_LIT(true, "<end_of_turn>");
-		KVT_CHAT_LIT(false, "\n");
-	}
-	if (add_gen) {
-		KVT_CHAT_LIT(true, "<start_of_turn>");
-		KVT_CHAT_LIT(false, "model\n");
-	}
-	return KVT_OK;
-}
-
-static int kvt_tok_chat_mistral(const kvt_chat_msg *msgs, size_t n_msgs, kvt_tok_chat_piece_fn fn, void *ctx)
-{
-	bool in_turn = false;
-	int rc;
-
-	for (size_t i = 0; i < n_msgs; i++) {
-		const char *c;
-		size_t n_c;
-
-		if (!in_turn) {
-			KVT_CHAT_LIT(true, "[INST]");
-			KVT_CHAT_LIT(false, " ");
-			in_turn = true;
-		}
-		if (strcmp(msgs[i].role, "system") == 0) {
-			kvt_tok_chat_content(&msgs[i], false, &c, &n_c);
-			KVT_CHAT_PUT(false, c, n_c);
-			KVT_CHAT_LIT(false, "\n\n");
-		} else if (strcmp(msgs[i].role, "user") == 0) {
-			kvt_tok_chat_content(&msgs[i], false, &c, &n_c);
-			KVT_CHAT_PUT(false, c, n_c);
-			KVT_CHAT_LIT(true, "[/INST]");
-		} else {
-			kvt_tok_chat_content(&msgs[i], true, &c, &n_c);
-			KVT_CHAT_LIT(false, " ");
-			KVT_CHAT_PUT(false, c, n_c);
-			KVT_CHAT_LIT(true, "</s>");
-			in_turn = false;
-		}
-	}
-	/* The generation prompt is the open turn itself: nothing to add. */
-	return KVT_OK;
-}
-
-static int kvt_tok_chat_llama3(const kvt_chat_msg *msgs, size_t n_msgs, bool add_gen, kvt_tok_chat_piece_fn fn,
-			       void *ctx)
-{
-	int rc;
-
-	for (size_t i = 0; i < n_msgs; i++) {
-		const char *c;
-		size_t n_c;
-
-		kvt_tok_chat_content(&msgs[i], true, &c, &n_c);
-		KVT_CHAT_LIT(true, "<|start_header_id|>");
-		KVT_CHAT_PUT(false, msgs[i].role, strlen(msgs[i].role));
-		KVT_CHAT_LIT(true, "<|end_header_id|>");
-		KVT_CHAT_LIT(false, "\n\n");
-		KVT_CHAT_PUT(false, c, n_c);
-		KVT_CHAT_LIT(true, "<|eot_id|>");
-	}
-	if (add_gen) {
-		KVT_CHAT_LIT(true, "<|start_header_id|>");
-		KVT_CHAT_LIT(false, "assistant");
-		KVT_CHAT_LIT(true, "<|end_header_id|>");
-		KVT_CHAT_LIT(false, "\n\n");
-	}
-	return KVT_OK;
-}
-
-#undef KVT_CHAT_LIT
-#undef KVT_CHAT_PUT
-
-static int kvt_tok_chat_walk(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
-			     kvt_tok_chat_piece_fn fn, void *ctx)
-{
-	if (t->chat == KVT_TOK_CHAT_AUTO) {
-		if (t->chat_unknown)
-			KVT_LOGE("tokenizer: the model's chat template is none of chatml, gemma, mistral, llama3 "
-				 "(no <|im_start|>, <start_of_turn>, <|start_header_id|> or [INST] in it); "
-				 "set [model] chat_template to one of them");
-		else
-			KVT_LOGE("tokenizer: the model has no chat template; set [model] chat_template to "
-				 "chatml, gemma, mistral or llama3");
-		return KVT_EUNSUPPORTED;
-	}
-	if (n_msgs && !msgs) {
-		KVT_LOGE("tokenizer: chat: NULL message array of %zu messages", n_msgs);
-		return KVT_EINVAL;
-	}
-	for (size_t i = 0; i < n_msgs; i++)
-		if (!msgs[i].role || !msgs[i].content) {
-			KVT_LOGE("tokenizer: chat message %zu: NULL %s", i, msgs[i].role ? "content" : "role");
-			return KVT_EINVAL;
-		}
-	switch (t->chat) {
-	case KVT_TOK_CHAT_CHATML:
-		return kvt_tok_chat_chatml(t, msgs, n_msgs, add_generation_prompt, fn, ctx);
-	case KVT_TOK_CHAT_GEMMA:
-		return kvt_tok_chat_gemma(msgs, n_msgs, add_generation_prompt, fn, ctx);
-	case KVT_TOK_CHAT_MISTRAL:
-		return kvt_tok_chat_mistral(msgs, n_msgs, fn, ctx);
-	default:
-		return kvt_tok_chat_llama3(msgs, n_msgs, add_generation_prompt, fn, ctx);
-	}
-}
-
-struct kvt_tok_chat_str {
-	char *buf;  /* NULL while counting */
-	size_t len; /* bytes so far */
-};
-
-static int kvt_tok_chat_str_piece(void *ctx, bool marker, const char *s, size_t len)
-{
-	struct kvt_tok_chat_str *c = ctx;
-
-	if (len > SIZE_MAX - 1 - c->len)
-		return KVT_ENOMEM;
-	if (c->buf)
-		memcpy(c->buf + c->len, s, len);
-	c->len += len;
-	return KVT_OK;
-}
-
-static const char *const kvt_tok_chat_names[] = { "auto", "chatml", "gemma", "mistral", "llama3" };
-
-int kvt_tok_chat_parse(const char *name, int *kind)
-{
-	for (int i = 0; i < (int)(sizeof(kvt_tok_chat_names) / sizeof(kvt_tok_chat_names[0])); i++)
-		if (name && strcmp(name, kvt_tok_chat_names[i]) == 0) {
-			*kind = i;
-			return KVT_OK;
-		}
-	return KVT_EINVAL;
-}
-
-const char *kvt_tok_chat_name(int kind)
-{
-	return kind >= 0 && kind < (int)(sizeof(kvt_tok_chat_names) / sizeof(kvt_tok_chat_names[0]))
-		       ? kvt_tok_chat_names[kind]
-		       : "?";
-}
-
-int kvt_tok_chat_kind(const kvt_tok *t)
-{
-	return t->chat;
-}
-
-int kvt_tok_set_chat(kvt_tok *t, int kind)
-{
-	if (kind < KVT_TOK_CHAT_AUTO || kind > KVT_TOK_CHAT_LLAMA3) {
-		KVT_LOGE("tokenizer: chat template kind %d is not one of auto, chatml, gemma, mistral, llama3", kind);
-		return KVT_EINVAL;
-	}
-	if (kind == KVT_TOK_CHAT_AUTO)
-		return KVT_OK;
-	if (kind != t->chat)
-		KVT_LOGI("tokenizer: chat template forced to %s (the model's: %s)", kvt_tok_chat_names[kind],
-			 t->chat_unknown ? "unrecognised" : t->chat ? kvt_tok_chat_names[t->chat] : "none");
-	t->chat = kind;
-	t->chat_unknown = false;
-	return KVT_OK;
-}
-
-int kvt_tok_chat_format(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs,
-			bool add_generation_prompt, char **out)
-{
-	struct kvt_tok_chat_str c = { 0 };
-	int rc = kvt_tok_chat_walk(t, msgs, n_msgs, add_generation_prompt, kvt_tok_chat_str_piece, &c);
-
-	if (rc == KVT_OK && !(c.buf = malloc(c.len + 1)))
-		rc = KVT_ENOMEM;
-	if (rc == KVT_ENOMEM)
-		KVT_LOGE("tokenizer: chat: out of memory for a %zu-byte prompt", c.len);
-	if (rc)
-		return rc;
-	c.len = 0;
-	rc = kvt_tok_chat_walk(t, msgs, n_msgs, add_generation_prompt, kvt_tok_chat_str_piece, &c);
-	KVT_ASSERT(rc == KVT_OK); /* the same walk that just counted */
-	c.buf[c.len] = '\0';
-	*out = c.buf;
-	return KVT_OK;
-}
-
-struct kvt_tok_chat_ids {
-	const kvt_tok *t;
-	char *text;     /* text since the last marker (malloc'd) */
-	size_t n_text;  /* bytes in text */
-	size_t cap_text;
-	int32_t *ids;   /* the prompt so far (malloc'd) */
-	size_t n_ids;
-	size_t cap_ids;
-};
-
-/* Encode the pending text (no special tokens parsed) onto the ids. */
-static int kvt_tok_chat_ids_flush(struct kvt_tok_chat_ids *c)
-{
-	for (size_t want = c->n_text + 8;;) {
-		size_t n = 0;
-		int rc;
-
-		if ((rc = kvt_tok_reserve((void **)&c->ids, &c->cap_ids, c->n_ids + want, sizeof(int32_t))))
-			return rc;
-		rc = kvt_tok_encode(c->t, c->text, c->n_text, false, c->ids + c->n_ids, c->cap_ids - c->n_ids, &n);
-		if (rc == KVT_OK) {
-			c->n_ids += n;
-			c->n_text = 0;
-			return KVT_OK;
-		}
-		if (rc != KVT_EFULL)
-			return rc;
-		want = n;
-	}
-}
-
-static int kvt_tok_chat_ids_piece(void *ctx, bool marker, const char *s, size_t len)
-{
-	struct kvt_tok_chat_ids *c = ctx;
-	int rc;
-
-	if (!marker) {
-		if (len > SIZE_MAX / 2 - c->n_text)
-			return KVT_ENOMEM;
-		if ((rc = kvt_tok_reserve((void **)&c->text, &c->cap_text, c->n_text + len, 1)))
-			return rc;
-		memcpy(c->text + c->n_text, s, len);
-		c->n_text += len;
-		return KVT_OK;
-	}
-	int32_t id = kvt_tok_find_text(c->t, s, len);
-	if (id < 0 && c->t->chat == KVT_TOK_CHAT_MISTRAL)
-		return kvt_tok_chat_ids_piece(ctx, false, s, len); /* [INST] is text in v1 vocabularies */
-	if (id < 0) {
-		KVT_LOGE("tokenizer: chat: the template's marker %.*s is not a token of the vocabulary", (int)len, s);
-		return KVT_EUNSUPPORTED;
-	}
-	if ((rc = kvt_tok_chat_ids_flush(c)) ||
-	    (rc = kvt_tok_reserve((void **)&c->ids, &c->cap_ids, c->n_ids + 1, sizeof(int32_t))))
-		return rc;
-	c->ids[c->n_ids++] = id;
-	return KVT_OK;
-}
-
-int kvt_tok_chat_encode(const kvt_tok *t, const kvt_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
-			int32_t **ids, size_t *n_ids)
-{
-	struct kvt_tok_chat_ids c = { .t = t };
-	int rc = kvt_tok_chat_walk(t, msgs, n_msgs, add_generation_prompt, kvt_tok_chat_ids_piece, &c);
-
-	if (rc == KVT_OK)
-		rc = kvt_tok_chat_ids_flush(&c);
-	if (rc == KVT_OK && !c.ids) /* nothing to encode: an empty, freeable array */
-		rc = kvt_tok_reserve((void **)&c.ids, &c.cap_ids, 1, sizeof(int32_t));
-	free(c.text);
-	if (rc) {
-		if (rc == KVT_ENOMEM)
-			KVT_LOGE("tokenizer: chat: out of memory encoding %zu messages", n_msgs);
-		free(c.ids);
-		return rc;
-	}
-	*ids = c.ids;
-	*n_ids = c.n_ids;
-	return KVT_OK;
-}
-
 /* ---- GGUF ---- */
 
-static char *kvt_tok_strndup(const char *s, size_t n)
+static char *tok_strndup(const char *s, size_t n)
 {
 	char *d = malloc(n + 1);
 
@@ -2141,7 +1624,7 @@ static char *kvt_tok_strndup(const char *s, size_t n)
 }
 
 /* An optional token id key: *id keeps its default when absent, -1 when out of range (warned). */
-static int kvt_tok_gguf_id(const struct kvt_gguf *g, const char *key, uint32_t n_tokens, int32_t *id)
+static int tok_gguf_id(const struct kvt_gguf *g, const char *key, uint32_t n_tokens, int32_t *id)
 {
 	uint32_t v;
 	int rc = kvt_gguf_get_u32(g, key, &v);
@@ -2160,27 +1643,6 @@ static int kvt_tok_gguf_id(const struct kvt_gguf *g, const char *key, uint32_t n
 	return KVT_OK;
 }
 
-/*
- * No tokenizer.chat_template (the Gemma 3 270M GGUF has none): choose the
- * family the architecture's models are trained on, and say so.
- */
-static void kvt_tok_chat_by_arch(const struct kvt_gguf *g, kvt_tok *t)
-{
-	kvt_gguf_str arch;
-
-	if (kvt_gguf_get_str(g, "general.architecture", &arch) != KVT_OK)
-		return;
-	if (arch.len >= 5 && memcmp(arch.ptr, "gemma", 5) == 0)
-		t->chat = KVT_TOK_CHAT_GEMMA;
-	else if ((arch.len == 5 && memcmp(arch.ptr, "qwen2", 5) == 0) ||
-		 (arch.len == 5 && memcmp(arch.ptr, "qwen3", 5) == 0))
-		t->chat = KVT_TOK_CHAT_CHATML;
-	else
-		return;
-	KVT_LOGI("%s: no tokenizer.chat_template; using the %s chat template for architecture %.*s",
-		 kvt_gguf_path(g), kvt_tok_chat_names[t->chat], (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
-}
-
 int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 {
 	const char *path = kvt_gguf_path(g);
@@ -2193,7 +1655,7 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 	size_t *tok_len = NULL, *merge_len = NULL;
 	int32_t *type_arr = NULL;
 	char *pre = NULL, *tmpl = NULL;
-	const struct kvt_tok_pre *pre_info;
+	const struct tok_pre *pre_info;
 	int rc;
 
 	rc = kvt_gguf_get_str(g, "tokenizer.ggml.model", &model);
@@ -2278,7 +1740,7 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 
 	rc = kvt_gguf_get_str(g, "tokenizer.ggml.pre", &s);
 	if (rc == KVT_OK) {
-		if (!(pre = kvt_tok_strndup(s.ptr, (size_t)s.len))) {
+		if (!(pre = tok_strndup(s.ptr, (size_t)s.len))) {
 			KVT_LOGE("%s: out of memory reading tokenizer.ggml.pre", path);
 			rc = KVT_ENOMEM;
 			goto done;
@@ -2287,7 +1749,7 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 	} else if (rc != KVT_ENOTFOUND) {
 		goto done;
 	}
-	pre_info = kvt_tok_pre_find(v.pre ? v.pre : "default");
+	pre_info = tok_pre_find(v.pre ? v.pre : "default");
 	v.add_bos = spm || (pre_info && pre_info->add_bos);
 	/* llama.cpp's SentencePiece defaults, each overridden by its key below when present. */
 	v.add_space_prefix = spm;
@@ -2301,10 +1763,10 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 	    ((rc = kvt_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &v.add_space_prefix)) &&
 	     rc != KVT_ENOTFOUND))
 		goto done;
-	if ((rc = kvt_tok_gguf_id(g, "tokenizer.ggml.bos_token_id", v.n_tokens, &v.bos_id)) ||
-	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.eos_token_id", v.n_tokens, &v.eos_id)) ||
-	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.eot_token_id", v.n_tokens, &v.eot_id)) ||
-	    (rc = kvt_tok_gguf_id(g, "tokenizer.ggml.unknown_token_id", v.n_tokens, &v.unk_id)))
+	if ((rc = tok_gguf_id(g, "tokenizer.ggml.bos_token_id", v.n_tokens, &v.bos_id)) ||
+	    (rc = tok_gguf_id(g, "tokenizer.ggml.eos_token_id", v.n_tokens, &v.eos_id)) ||
+	    (rc = tok_gguf_id(g, "tokenizer.ggml.eot_token_id", v.n_tokens, &v.eot_id)) ||
+	    (rc = tok_gguf_id(g, "tokenizer.ggml.unknown_token_id", v.n_tokens, &v.unk_id)))
 		goto done;
 	if (v.eot_id < 0) {
 		for (uint32_t i = 0; i < v.n_tokens && v.eot_id < 0; i++)
@@ -2315,7 +1777,7 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 	}
 	rc = kvt_gguf_get_str(g, "tokenizer.chat_template", &s);
 	if (rc == KVT_OK) {
-		if (!(tmpl = kvt_tok_strndup(s.ptr, (size_t)s.len))) {
+		if (!(tmpl = tok_strndup(s.ptr, (size_t)s.len))) {
 			KVT_LOGE("%s: out of memory reading tokenizer.chat_template", path);
 			rc = KVT_ENOMEM;
 			goto done;
@@ -2326,7 +1788,7 @@ int kvt_tok_create_from_gguf(const struct kvt_gguf *g, kvt_tok **out)
 	}
 	rc = kvt_tok_create(&v, out);
 	if (rc == KVT_OK && !v.chat_template)
-		kvt_tok_chat_by_arch(g, *out);
+		tok_chat_from_arch(*out, g);
 done:
 	free(tok_ptr);
 	free(tok_len);
