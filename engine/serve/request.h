@@ -65,7 +65,8 @@ typedef struct kvt_gen_request {
 	size_t max_stop_len;                /* longest stop string */
 	int32_t *ids;                       /* [n_ids] the prompt tokens (step 2), malloc'd */
 	uint32_t n_ids;                     /* prompt tokens */
-	char *echo_text;                    /* completions echo: the prompt's text, NUL-terminated (step 2), malloc'd; NULL: no echo */
+	char *echo_text;                    /* completions echo: the prompt's text, NUL-terminated (step 2),
+	                                       malloc'd; NULL: no echo */
 	size_t n_echo;                      /* its bytes */
 	kvt_cachectl cc;                    /* cache control: the prefixes to retain, prompt_cache_key (step 2) */
 } kvt_gen_request;

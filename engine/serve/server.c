@@ -51,6 +51,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,6 @@ void kvt_server_config_default(kvt_server_config *c)
 	c->request_timeout_s = 600;
 	c->model_id = "kvtier";
 }
-
 
 /* Requests need a key (any API key or admin key is configured). */
 bool kvt_srv_auth_on(const kvt_server *srv)
@@ -118,7 +118,12 @@ static uint64_t random_u64(void)
 		v = kvt_wall_us() * 0x9E3779B97F4A7C15ULL;
 	return v;
 }
-/* Did the peer hang up? (thread-per-connection: nobody else reads this socket now) */
+
+/*
+ * Did the peer hang up? Called for a connection whose request is in and
+ * whose answer is not (parked, or a content reader between chunks): MHD
+ * reads nothing from its socket then, so a readable hang-up is the client's.
+ */
 bool kvt_srv_peer_gone(int fd)
 {
 	if (fd < 0)
@@ -600,7 +605,6 @@ bool kvt_srv_authenticate(conn_req *r)
 		}
 	return ok;
 }
-
 
 static enum MHD_Result dispatch(conn_req *r)
 {

@@ -24,7 +24,6 @@
 #include "request.h"
 #include "tokenizer.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,9 @@
 /*
  * engine/serve/structured.h — what the OpenAI API asks of the output beyond
  * text: structured outputs (response_format), tool calls and logprobs, in
- * the wire shapes of docs/http-api.md. The HTTP layer (server.c) calls these
- * while it reads a request and while it writes the response; the engine side
+ * the wire shapes of docs/http-api.md. Request parsing (request.c) calls
+ * these while it reads a request, the reply (reply.c) while it writes the
+ * response; errors fill the one request-error record (serve_int.h); the engine side
  * is one kvt_grammar per request (grammar.h), so a constraint changes the
  * choice of tokens only, never the KV.
  *
