@@ -622,8 +622,8 @@ enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char 
 	const char *user = NULL;
 	size_t n_user = 0;
 	json_t *body = NULL;
-	if (r->n_body) {
-		if (kvt_req_body_load(r->body, r->n_body, &body, &e) ||
+	if (r->body.n) {
+		if (kvt_req_body_load(r->body.p, r->body.n, &body, &e) ||
 		    kvt_req_resume_parse(body, &stream, &user, &n_user, &e)) {
 			json_decref(body);
 			return kvt_srv_reply_req_error(r, 400, &e);

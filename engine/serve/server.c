@@ -431,7 +431,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	if (!j)
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
 	json_t *body = NULL;
-	int rc = kvt_req_body_load(r->body, r->n_body, &body, &e);
+	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
 	if (rc == KVT_OK) {
 		rc = kvt_gen_request_parse(&lim, chat, body, &j->q, &e);
 		if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
@@ -700,26 +700,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 		*upload_data_size = 0;
 		if (r->answered || r->too_large)
 			return MHD_YES;
-		if (r->n_body + n > srv->cfg.max_body_bytes) {
+		if (r->body.n + n > srv->cfg.max_body_bytes) {
 			r->too_large = true; /* discard the rest, answer 413 at the end */
-			free(r->body);
-			r->body = NULL;
-			r->n_body = r->cap_body = 0;
+			free(r->body.p);
+			r->body = (kvt_sbuf){ 0 };
 			return MHD_YES;
 		}
-		if (r->n_body + n + 1 > r->cap_body) {
-			size_t cap = r->cap_body ? r->cap_body : 4096;
-			while (cap < r->n_body + n + 1)
-				cap *= 2;
-			char *p = realloc(r->body, cap);
-			if (!p)
-				return MHD_NO;
-			r->body = p;
-			r->cap_body = cap;
-		}
-		memcpy(r->body + r->n_body, upload_data, n);
-		r->n_body += n;
-		r->body[r->n_body] = 0;
+		kvt_sbuf_add(&r->body, upload_data, n);
+		if (r->body.failed)
+			return MHD_NO;
 		return MHD_YES;
 	}
 	if (r->answered)
@@ -796,7 +785,7 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 	kvt_srv_job_free(r->job);               /* set only if the connection ended while a generation was parked */
 	if (r->rj)
 		kvt_srv_resume_unref(r->rj);
-	free(r->body);
+	free(r->body.p);
 	free(r);
 }
 

@@ -96,8 +96,7 @@ typedef struct conn_req {
 	struct MHD_Connection *con;         /* the connection (valid until on_completed) */
 	char method[16];                    /* request method */
 	char path[SRV_PATH_MAX];            /* request path (truncated), for the log */
-	char *body;                         /* [n_body + 1] NUL-terminated body, malloc'd */
-	size_t n_body, cap_body;            /* bytes held, bytes allocated */
+	kvt_sbuf body;                      /* the request body so far (at most max_body_bytes) */
 	bool too_large;                     /* body over max_body_bytes: answered 413 */
 	bool bad_path;                      /* the path holds a control byte (%00..%1F, %7F): answered 400 */
 	bool answered;                      /* a response was queued already */
