@@ -410,6 +410,45 @@ static enum MHD_Result parse_error(conn_req *r, int rc, const kvt_req_err *e)
 	return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
 }
 
+/* The job's choices: each one's text decoder and (logprobs asked) its entries. KVT_OK or KVT_ENOMEM. */
+static int job_choices(gen_job *j)
+{
+	if (!(j->ch = calloc(j->q.n, sizeof(*j->ch))))
+		return KVT_ENOMEM;
+	for (uint32_t i = 0; i < j->q.n; i++) {
+		kvt_tok_stream_init(&j->ch[i].ds);
+		if (j->q.sched.logprobs && !(j->ch[i].lp = j->q.chat ? json_array() : kvt_oai_lp_completion_new()))
+			return KVT_ENOMEM;
+	}
+	return KVT_OK;
+}
+
+/*
+ * One scheduler request per choice: choice i samples with seed + i; the
+ * session's history is choice 0's turn, and the choices share the prompt, so
+ * choice 0 alone retains it. KVT_OK, or kvt_sched_submit's error with j->n
+ * the choices submitted before it (released with the job).
+ */
+static int job_submit(gen_job *j, kvt_sched *sched)
+{
+	for (uint32_t i = 0; i < j->q.n; i++) {
+		kvt_sched_req q = j->q.sched;
+		q.sample.seed = j->q.sched.sample.seed + i;
+		if (i > 0) {
+			q.session_id[0] = 0;
+			q.n_retain = 0;
+			memset(q.retain, 0, sizeof(q.retain));
+		}
+		int rc = kvt_sched_submit(sched, &q, &j->ch[i].h);
+		if (rc != KVT_OK) {
+			j->ch[i].h = NULL;
+			return rc;
+		}
+		j->n = i + 1;
+	}
+	return KVT_OK;
+}
+
 /*
  * POST /v1/completions and /v1/chat/completions: parse the body (pure,
  * request.h), take an in-flight slot, submit one scheduler request per
@@ -466,33 +505,16 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		goto out;
 	}
 	j->counted = true;
-	if (!(j->ch = calloc(j->q.n, sizeof(*j->ch)))) {
+	if (job_choices(j) != KVT_OK) {
 		ret = kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
 		goto out;
 	}
 	if (!j->q.have_seed)
 		j->q.sched.sample.seed = random_u64() >> 1;
 	snprintf(j->q.sched.tenant, sizeof(j->q.sched.tenant), "%s", r->tenant);
-	for (uint32_t i = 0; i < j->q.n; i++) {
-		kvt_sched_req q = j->q.sched;
-		q.sample.seed = j->q.sched.sample.seed + i;
-		if (i > 0) { /* the session's history is the first choice's turn; the choices share the prompt: one retains it */
-			q.session_id[0] = 0;
-			q.n_retain = 0;
-			memset(q.retain, 0, sizeof(q.retain));
-		}
-		if (q.logprobs && !(j->ch[i].lp = chat ? json_array() : kvt_oai_lp_completion_new())) {
-			ret = kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
-			goto out;
-		}
-		kvt_tok_stream_init(&j->ch[i].ds);
-		rc = kvt_sched_submit(sched, &q, &j->ch[i].h);
-		if (rc != KVT_OK) {
-			j->ch[i].h = NULL;
-			ret = submit_error(r, rc); /* kvt_srv_job_free releases the ones submitted */
-			goto out;
-		}
-		j->n = i + 1;
+	if ((rc = job_submit(j, sched)) != KVT_OK) {
+		ret = submit_error(r, rc); /* kvt_srv_job_free releases the ones submitted */
+		goto out;
 	}
 	if (j->q.stream)
 		return kvt_srv_gen_stream(r, j); /* the response owns the job now */
