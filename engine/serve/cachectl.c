@@ -1,7 +1,8 @@
 /*
  * engine/serve/cachectl.c — the cache-control fields of a generation request
  * (see cachectl.h). Pure parsing and tokenizing: nothing here touches the
- * cache; the scheduler applies the result when the request ends.
+ * cache; the scheduler applies the result when the request ends. Refusals
+ * fill the one request-error record (serve_int.h).
  */
 #include "cachectl.h"
 
@@ -73,29 +74,27 @@ static int chat_cut(const kvt_tok *tok, json_t *msgs, size_t i, long part, const
 			continue;
 		}
 		/* an array of text parts (validated by the prompt builder): concatenated, up to `part` in message i */
-		size_t n_parts = json_array_size(content), len = 0;
+		size_t n_parts = json_array_size(content);
 		if (k == i && part >= 0)
 			n_parts = (size_t)part + 1;
-		for (size_t p = 0; p < n_parts; p++)
-			len += json_string_length(json_object_get(json_array_get(content, p), "text"));
-		if (!(owned[k] = malloc(len + 1))) {
+		kvt_sbuf b = { 0 };
+		kvt_sbuf_add(&b, "", 0);
+		for (size_t p = 0; p < n_parts; p++) {
+			json_t *t = json_object_get(json_array_get(content, p), "text");
+			kvt_sbuf_add(&b, json_string_value(t), json_string_length(t));
+		}
+		owned[k] = b.p;
+		if (b.failed) {
 			kvt_req_fail(e, "messages", NULL, "out of memory");
 			goto out;
 		}
-		len = 0;
-		for (size_t p = 0; p < n_parts; p++) {
-			json_t *t = json_object_get(json_array_get(content, p), "text");
-			memcpy(owned[k] + len, json_string_value(t), json_string_length(t));
-			len += json_string_length(t);
-		}
-		owned[k][len] = '\0';
-		cm[k].content = owned[k];
-		cm[k].content_len = len;
+		cm[k].content = b.p;
+		cm[k].content_len = b.n;
 	}
 	int rc = kvt_tok_chat_encode(tok, cm, i + 1, false, &pid, &np);
 	if (rc != KVT_OK) {
 		kvt_req_fail(e, "messages", NULL, "the messages up to a cache_control breakpoint cannot be formatted (%s)",
-		     kvt_strerror(rc));
+			     kvt_strerror(rc));
 		goto out;
 	}
 	/* The full prompt may start with a BOS the template does not produce. */
