@@ -97,12 +97,12 @@ int main(int argc, char **argv)
 	json_error_t jerr;
 	json_t *schema = json_loads(SCHEMA, 0, &jerr);
 	char *text;
-	kvt_oai_err oe;
+	kvt_req_err oe;
 	kvt_grammar *gr;
 	char err[256];
 	if (!schema || kvt_schema_grammar(schema, "schema", &text, &oe) ||
 	    kvt_grammar_compile(text, strlen(text), "root", &gr, err, sizeof(err))) {
-		fprintf(stderr, "bench_grammar: schema: %s %s\n", oe.msg, err);
+		fprintf(stderr, "bench_grammar: schema: %s %s\n", oe.message, err);
 		return 1;
 	}
 	free(text);

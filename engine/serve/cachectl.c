@@ -1,39 +1,23 @@
 /*
  * engine/serve/cachectl.c — the cache-control fields of a generation request
  * (see cachectl.h). Pure parsing and tokenizing: nothing here touches the
- * cache; the scheduler applies the result when the request ends.
+ * cache; the scheduler applies the result when the request ends. Refusals
+ * fill the one request-error record (serve_int.h).
  */
 #include "cachectl.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct cc_err {
-	char *param; size_t param_cap; /* the field at fault */
-	char *msg; size_t msg_cap;     /* what is wrong */
-} cc_err;
-
-static int fail(cc_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(cc_err *e, const char *param, const char *fmt, ...)
-{
-	snprintf(e->param, e->param_cap, "%s", param);
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->msg, e->msg_cap, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
-/* One "cache_control" object: *ttl_s set; 0, or -1 (e). */
-static int parse_one(json_t *cc, const char *param, double *ttl_s, cc_err *e)
+/* One "cache_control" object: *ttl_s set; KVT_OK, or KVT_EINVAL (e). */
+static int parse_one(json_t *cc, const char *param, double *ttl_s, kvt_req_err *e)
 {
 	if (!json_is_object(cc))
-		return fail(e, param, "'%s' must be an object {\"type\": \"ephemeral\", \"ttl\": \"5m\" | \"1h\"}", param);
+		return kvt_req_fail(e, param, NULL, "'%s' must be an object {\"type\": \"ephemeral\", \"ttl\": \"5m\" | \"1h\"}", param);
 	json_t *type = json_object_get(cc, "type"), *ttl = json_object_get(cc, "ttl");
 	if (!json_is_string(type) || strcmp(json_string_value(type), "ephemeral"))
-		return fail(e, param, "'%s.type' must be \"ephemeral\"", param);
+		return kvt_req_fail(e, param, NULL, "'%s.type' must be \"ephemeral\"", param);
 	*ttl_s = 300;
 	if (ttl && !json_is_null(ttl)) {
 		const char *t = json_is_string(ttl) ? json_string_value(ttl) : NULL;
@@ -42,25 +26,25 @@ static int parse_one(json_t *cc, const char *param, double *ttl_s, cc_err *e)
 		else if (t && !strcmp(t, "1h"))
 			*ttl_s = 3600;
 		else
-			return fail(e, param, "'%s.ttl' must be \"5m\" or \"1h\"", param);
+			return kvt_req_fail(e, param, NULL, "'%s.ttl' must be \"5m\" or \"1h\"", param);
 	}
 	const char *key;
 	json_t *v;
 	json_object_foreach(cc, key, v)
 	{
 		if (strcmp(key, "type") && strcmp(key, "ttl"))
-			return fail(e, param, "'%s' has an unknown field '%.64s' (allowed: type, ttl)", param, key);
+			return kvt_req_fail(e, param, NULL, "'%s' has an unknown field '%.64s' (allowed: type, ttl)", param, key);
 	}
-	return 0;
+	return KVT_OK;
 }
 
-static int add(kvt_cachectl *out, uint32_t tokens, double ttl_s, int tier, const char *param, cc_err *e)
+static int add(kvt_cachectl *out, uint32_t tokens, double ttl_s, int tier, const char *param, kvt_req_err *e)
 {
 	if (out->n_retain == KVT_SCHED_MAX_RETAIN)
-		return fail(e, param, "at most %d cache_control breakpoints (and prompt_cache_retention) per request",
+		return kvt_req_fail(e, param, NULL, "at most %d cache_control breakpoints (and prompt_cache_retention) per request",
 			    KVT_SCHED_MAX_RETAIN);
 	out->retain[out->n_retain++] = (kvt_sched_retain){ .tokens = tokens, .ttl_s = ttl_s, .tier = tier };
-	return 0;
+	return KVT_OK;
 }
 
 /*
@@ -69,15 +53,15 @@ static int add(kvt_cachectl *out, uint32_t tokens, double ttl_s, int tier, const
  * formatted alone and the full prompt.
  */
 static int chat_cut(const kvt_tok *tok, json_t *msgs, size_t i, long part, const int32_t *ids, uint32_t n_ids,
-		    uint32_t *out, cc_err *e)
+		    uint32_t *out, kvt_req_err *e)
 {
 	kvt_chat_msg *cm = calloc(i + 1, sizeof(*cm));
 	char **owned = calloc(i + 1, sizeof(*owned)); /* concatenated text parts, per message */
 	int32_t *pid = NULL;
 	size_t np = 0;
-	int ret = -1;
+	int ret = KVT_EINVAL;
 	if (!cm || !owned) {
-		fail(e, "messages", "out of memory");
+		kvt_req_fail(e, "messages", NULL, "out of memory");
 		goto out;
 	}
 	for (size_t k = 0; k <= i; k++) {
@@ -90,29 +74,27 @@ static int chat_cut(const kvt_tok *tok, json_t *msgs, size_t i, long part, const
 			continue;
 		}
 		/* an array of text parts (validated by the prompt builder): concatenated, up to `part` in message i */
-		size_t n_parts = json_array_size(content), len = 0;
+		size_t n_parts = json_array_size(content);
 		if (k == i && part >= 0)
 			n_parts = (size_t)part + 1;
-		for (size_t p = 0; p < n_parts; p++)
-			len += json_string_length(json_object_get(json_array_get(content, p), "text"));
-		if (!(owned[k] = malloc(len + 1))) {
-			fail(e, "messages", "out of memory");
-			goto out;
-		}
-		len = 0;
+		kvt_sbuf b = { 0 };
+		kvt_sbuf_add(&b, "", 0);
 		for (size_t p = 0; p < n_parts; p++) {
 			json_t *t = json_object_get(json_array_get(content, p), "text");
-			memcpy(owned[k] + len, json_string_value(t), json_string_length(t));
-			len += json_string_length(t);
+			kvt_sbuf_add(&b, json_string_value(t), json_string_length(t));
 		}
-		owned[k][len] = '\0';
-		cm[k].content = owned[k];
-		cm[k].content_len = len;
+		owned[k] = b.p;
+		if (b.failed) {
+			kvt_req_fail(e, "messages", NULL, "out of memory");
+			goto out;
+		}
+		cm[k].content = b.p;
+		cm[k].content_len = b.n;
 	}
 	int rc = kvt_tok_chat_encode(tok, cm, i + 1, false, &pid, &np);
 	if (rc != KVT_OK) {
-		fail(e, "messages", "the messages up to a cache_control breakpoint cannot be formatted (%s)",
-		     kvt_strerror(rc));
+		kvt_req_fail(e, "messages", NULL, "the messages up to a cache_control breakpoint cannot be formatted (%s)",
+			     kvt_strerror(rc));
 		goto out;
 	}
 	/* The full prompt may start with a BOS the template does not produce. */
@@ -121,7 +103,7 @@ static int chat_cut(const kvt_tok *tok, json_t *msgs, size_t i, long part, const
 	while (off + l < n_ids && l < np && ids[off + l] == pid[l])
 		l++;
 	*out = off + l;
-	ret = 0;
+	ret = KVT_OK;
 out:
 	for (size_t k = 0; owned && k <= i; k++)
 		free(owned[k]);
@@ -132,9 +114,8 @@ out:
 }
 
 int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_t *ids, uint32_t n_ids,
-		       kvt_cachectl *out, char *param, size_t param_cap, char *msg, size_t msg_cap)
+		       kvt_cachectl *out, kvt_req_err *e)
 {
-	cc_err e = { param, param_cap, msg, msg_cap };
 	double ttl;
 	json_t *v;
 	memset(out, 0, sizeof(*out));
@@ -142,7 +123,7 @@ int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_
 	if ((v = json_object_get(body, "prompt_cache_key")) && !json_is_null(v)) {
 		if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > KVT_CACHECTL_KEY_MAX ||
 		    strlen(json_string_value(v)) != json_string_length(v))
-			return fail(&e, "prompt_cache_key", "'prompt_cache_key' must be a string of 1-%d bytes",
+			return kvt_req_fail(e, "prompt_cache_key", NULL, "'prompt_cache_key' must be a string of 1-%d bytes",
 				    KVT_CACHECTL_KEY_MAX);
 		snprintf(out->cache_key, sizeof(out->cache_key), "%s", json_string_value(v));
 	}
@@ -158,32 +139,32 @@ int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_
 					if (!cc || json_is_null(cc))
 						continue;
 					snprintf(p, sizeof(p), "messages[%zu].content[%zu].cache_control", i, k);
-					if (parse_one(cc, p, &ttl, &e) || chat_cut(tok, msgs, i, (long)k, ids, n_ids, &at, &e) ||
-					    add(out, at, ttl, -1, p, &e))
-						return -1;
+					if (parse_one(cc, p, &ttl, e) || chat_cut(tok, msgs, i, (long)k, ids, n_ids, &at, e) ||
+					    add(out, at, ttl, -1, p, e))
+						return KVT_EINVAL;
 				}
 			json_t *cc = json_object_get(m, "cache_control");
 			if (!cc || json_is_null(cc))
 				continue;
 			snprintf(p, sizeof(p), "messages[%zu].cache_control", i);
-			if (parse_one(cc, p, &ttl, &e) || chat_cut(tok, msgs, i, -1, ids, n_ids, &at, &e) ||
-			    add(out, at, ttl, -1, p, &e))
-				return -1;
+			if (parse_one(cc, p, &ttl, e) || chat_cut(tok, msgs, i, -1, ids, n_ids, &at, e) ||
+			    add(out, at, ttl, -1, p, e))
+				return KVT_EINVAL;
 		}
 	}
 	if ((v = json_object_get(body, "cache_control")) && !json_is_null(v)) {
 		/* the whole prompt: its last element (completions' only way, chat's automatic one) */
-		if (parse_one(v, "cache_control", &ttl, &e) || add(out, n_ids, ttl, -1, "cache_control", &e))
-			return -1;
+		if (parse_one(v, "cache_control", &ttl, e) || add(out, n_ids, ttl, -1, "cache_control", e))
+			return KVT_EINVAL;
 	}
 	if ((v = json_object_get(body, "prompt_cache_retention")) && !json_is_null(v)) {
 		const char *s = json_is_string(v) ? json_string_value(v) : NULL;
 		if (s && !strcmp(s, "24h")) {
-			if (add(out, n_ids, 24 * 3600.0, KVT_TIER_NVME, "prompt_cache_retention", &e))
-				return -1;
+			if (add(out, n_ids, 24 * 3600.0, KVT_TIER_NVME, "prompt_cache_retention", e))
+				return KVT_EINVAL;
 		} else if (!s || strcmp(s, "in_memory")) {
-			return fail(&e, "prompt_cache_retention", "'prompt_cache_retention' must be \"in_memory\" or \"24h\"");
+			return kvt_req_fail(e, "prompt_cache_retention", NULL, "'prompt_cache_retention' must be \"in_memory\" or \"24h\"");
 		}
 	}
-	return 0;
+	return KVT_OK;
 }

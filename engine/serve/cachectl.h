@@ -25,6 +25,7 @@
 #define KVT_CACHECTL_H
 
 #include "scheduler.h"
+#include "serve_int.h"
 #include "tokenizer.h"
 
 #include <jansson.h>
@@ -39,10 +40,10 @@ typedef struct kvt_cachectl {
 
 /*
  * Read the cache-control fields of body (already validated as a chat or a
- * completions request whose prompt is ids[0..n_ids)). 0 on success; -1 with
- * param (the field at fault) and msg (what is wrong) filled for a 400.
+ * completions request whose prompt is ids[0..n_ids)). KVT_OK; KVT_EINVAL
+ * with e filled (the field at fault, what is wrong) for a 400.
  */
 int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_t *ids, uint32_t n_ids,
-		       kvt_cachectl *out, char *param, size_t param_cap, char *msg, size_t msg_cap);
+		       kvt_cachectl *out, kvt_req_err *e);
 
 #endif

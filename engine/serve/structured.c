@@ -21,87 +21,30 @@
 #define _GNU_SOURCE /* memmem */
 #include "structured.h"
 
+#include "request.h"
 #include "tokenizer.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
-/* ---- a growing string ---- */
-
-typedef struct gbuf {
-	char *p;
-	size_t n, cap;
-	bool failed;
-} gbuf;
-
-static void gb_add(gbuf *b, const char *s, size_t n)
-{
-	if (b->failed)
-		return;
-	if (b->n + n + 1 > b->cap) {
-		size_t nc = b->cap ? b->cap * 2 : 256;
-		while (nc < b->n + n + 1)
-			nc *= 2;
-		char *q = realloc(b->p, nc);
-		if (!q) {
-			b->failed = true;
-			return;
-		}
-		b->p = q;
-		b->cap = nc;
-	}
-	memcpy(b->p + b->n, s, n);
-	b->n += n;
-	b->p[b->n] = 0;
-}
-
-static void gb_puts(gbuf *b, const char *s) { gb_add(b, s, strlen(s)); }
-
-static void gb_printf(gbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void gb_printf(gbuf *b, const char *fmt, ...)
-{
-	char tmp[512];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(tmp)) {
-		b->failed = true;
-		return;
-	}
-	gb_add(b, tmp, (size_t)n);
-}
-
 /* A grammar literal for raw bytes. */
-static void gb_lit(gbuf *b, const char *s, size_t n)
+static void sbuf_lit(kvt_sbuf *b, const char *s, size_t n)
 {
-	gb_add(b, "\"", 1);
+	kvt_sbuf_add(b, "\"", 1);
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)s[i];
 		if (c == '"')
-			gb_add(b, "\\\"", 2);
+			kvt_sbuf_add(b, "\\\"", 2);
 		else if (c == '\\')
-			gb_add(b, "\\\\", 2);
+			kvt_sbuf_add(b, "\\\\", 2);
 		else if (c < 0x20 || c >= 0x7f)
-			gb_printf(b, "\\x%02x", c);
+			kvt_sbuf_printf(b, "\\x%02x", c);
 		else
-			gb_add(b, (const char *)&c, 1);
+			kvt_sbuf_add(b, (const char *)&c, 1);
 	}
-	gb_add(b, "\"", 1);
-}
-
-static int efail(kvt_oai_err *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int efail(kvt_oai_err *e, const char *param, const char *fmt, ...)
-{
-	snprintf(e->param, sizeof(e->param), "%s", param);
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
-	va_end(ap);
-	return -1;
+	kvt_sbuf_add(b, "\"", 1);
 }
 
 /* ---- JSON Schema -> grammar ---- */
@@ -130,12 +73,12 @@ typedef struct sref {
 
 typedef struct sctx {
 	json_t *root;
-	gbuf out;            /* rules */
+	kvt_sbuf out;            /* rules */
 	uint32_t n_rules;
 	sref *refs;
 	uint32_t n_refs, cap_refs;
 	const char *param;
-	kvt_oai_err *e;
+	kvt_req_err *e;
 	int depth;
 } sctx;
 
@@ -153,25 +96,25 @@ static void new_name(sctx *c, char name[24])
 static int gen(sctx *c, json_t *s, const char *path, char name[24]);
 
 /* A JSON value as a grammar literal (enum / const). */
-static int gen_literal(sctx *c, gbuf *x, json_t *v)
+static int gen_literal(sctx *c, kvt_sbuf *x, json_t *v)
 {
 	char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
 	if (!d)
-		return efail(c->e, c->param, "out of memory");
-	gb_lit(x, d, strlen(d));
+		return kvt_req_fail(c->e, c->param, NULL, "out of memory");
+	sbuf_lit(x, d, strlen(d));
 	free(d);
-	return 0;
+	return KVT_OK;
 }
 
 static int get_count(sctx *c, json_t *s, const char *key, const char *path, long long *out)
 {
 	json_t *v = json_object_get(s, key);
 	if (!v)
-		return 0;
+		return KVT_OK;
 	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 10000)
-		return efail(c->e, c->param, "'%s' at %s must be an integer in [0, 10000]", key, path);
+		return kvt_req_fail(c->e, c->param, NULL, "'%s' at %s must be an integer in [0, 10000]", key, path);
 	*out = json_integer_value(v);
-	return 0;
+	return KVT_OK;
 }
 
 /* ---- regex (pattern) -> grammar: the bytes of the JSON string's contents ---- */
@@ -183,29 +126,29 @@ typedef struct rx {
 	int depth;           /* groups open */
 } rx;
 
-static int rx_alt(rx *r, gbuf *x);
+static int rx_alt(rx *r, kvt_sbuf *x);
 
 static int rx_fail(rx *r, const char *what)
 {
-	return efail(r->c->e, r->c->param, "'pattern' at %s: %s is not supported", r->path, what);
+	return kvt_req_fail(r->c->e, r->c->param, NULL, "'pattern' at %s: %s is not supported", r->path, what);
 }
 
 /* A byte class limited to printable ASCII that needs no JSON escape (no '"', '\\'). */
-static void rx_emit_class(gbuf *x, const bool in[128])
+static void rx_emit_class(kvt_sbuf *x, const bool in[128])
 {
-	gb_add(x, "[", 1);
+	kvt_sbuf_add(x, "[", 1);
 	for (int b = 0x20; b < 0x7f; b++) {
 		if (!in[b] || b == '"' || b == '\\')
 			continue;
 		int e = b;
 		while (e + 1 < 0x7f && in[e + 1] && e + 1 != '"' && e + 1 != '\\')
 			e++;
-		gb_printf(x, "\\x%02x", b);
+		kvt_sbuf_printf(x, "\\x%02x", b);
 		if (e > b)
-			gb_printf(x, "-\\x%02x", e);
+			kvt_sbuf_printf(x, "-\\x%02x", e);
 		b = e;
 	}
-	gb_add(x, "]", 1);
+	kvt_sbuf_add(x, "]", 1);
 }
 
 static bool rx_class_empty(const bool in[128])
@@ -235,24 +178,24 @@ static bool rx_shorthand(char c, bool in[128])
 }
 
 /* One literal byte of the pattern, as the JSON string bytes that stand for it. */
-static int rx_lit(rx *r, gbuf *x, unsigned char ch)
+static int rx_lit(rx *r, kvt_sbuf *x, unsigned char ch)
 {
 	if (ch == '"')
-		gb_lit(x, "\\\"", 2);
+		sbuf_lit(x, "\\\"", 2);
 	else if (ch == '\\')
-		gb_lit(x, "\\\\", 2);
+		sbuf_lit(x, "\\\\", 2);
 	else if (ch == '\n')
-		gb_lit(x, "\\n", 2);
+		sbuf_lit(x, "\\n", 2);
 	else if (ch == '\t')
-		gb_lit(x, "\\t", 2);
+		sbuf_lit(x, "\\t", 2);
 	else if (ch < 0x20)
 		return rx_fail(r, "a control character");
 	else
-		gb_lit(x, (const char *)&ch, 1);
-	return 0;
+		sbuf_lit(x, (const char *)&ch, 1);
+	return KVT_OK;
 }
 
-static int rx_atom(rx *r, gbuf *x)
+static int rx_atom(rx *r, kvt_sbuf *x)
 {
 	unsigned char ch = (unsigned char)*r->s++;
 	if (ch == '(') {
@@ -263,15 +206,15 @@ static int rx_atom(rx *r, gbuf *x)
 				return rx_fail(r, "a lookaround or named group");
 			r->s += 2;
 		}
-		gb_add(x, "( ", 2);
+		kvt_sbuf_add(x, "( ", 2);
 		if (rx_alt(r, x))
-			return -1;
+			return KVT_EINVAL;
 		if (r->s >= r->end || *r->s != ')')
 			return rx_fail(r, "an unclosed group");
 		r->s++;
 		r->depth--;
-		gb_add(x, " )", 2);
-		return 0;
+		kvt_sbuf_add(x, " )", 2);
+		return KVT_OK;
 	}
 	if (ch == '[') {
 		bool in[128] = { false }, neg = false;
@@ -310,11 +253,11 @@ static int rx_atom(rx *r, gbuf *x)
 		if (rx_class_empty(in))
 			return rx_fail(r, "a class of only characters that need escaping");
 		rx_emit_class(x, in);
-		return 0;
+		return KVT_OK;
 	}
 	if (ch == '.') {
-		gb_puts(x, "pchar");
-		return 0;
+		kvt_sbuf_puts(x, "pchar");
+		return KVT_OK;
 	}
 	if (ch == '\\') {
 		if (r->s >= r->end)
@@ -323,7 +266,7 @@ static int rx_atom(rx *r, gbuf *x)
 		bool in[128] = { false };
 		if (rx_shorthand(esc, in)) {
 			rx_emit_class(x, in);
-			return 0;
+			return KVT_OK;
 		}
 		if ((esc >= '0' && esc <= '9') || esc == 'b' || esc == 'B' || esc == 'p' || esc == 'P' || esc == 'u' ||
 		    esc == 'x' || esc == 'k')
@@ -335,33 +278,33 @@ static int rx_atom(rx *r, gbuf *x)
 	if (ch == ')' || ch == '*' || ch == '+' || ch == '?' || ch == '{' || ch == '|')
 		return rx_fail(r, "a misplaced operator");
 	if (ch >= 0x80) { /* a UTF-8 character: its bytes */
-		gb_add(x, "\"", 1);
-		gb_printf(x, "\\x%02x", ch);
+		kvt_sbuf_add(x, "\"", 1);
+		kvt_sbuf_printf(x, "\\x%02x", ch);
 		while (r->s < r->end && ((unsigned char)*r->s & 0xc0) == 0x80)
-			gb_printf(x, "\\x%02x", (unsigned char)*r->s++);
-		gb_add(x, "\"", 1);
-		return 0;
+			kvt_sbuf_printf(x, "\\x%02x", (unsigned char)*r->s++);
+		kvt_sbuf_add(x, "\"", 1);
+		return KVT_OK;
 	}
 	return rx_lit(r, x, ch);
 }
 
-static int rx_seq(rx *r, gbuf *x)
+static int rx_seq(rx *r, kvt_sbuf *x)
 {
 	bool any = false;
 	while (r->s < r->end && *r->s != '|' && *r->s != ')') {
 		if (*r->s == '$' && r->s + 1 == r->end)
 			break;
-		gbuf a = { 0 };
+		kvt_sbuf a = { 0 };
 		if (rx_atom(r, &a)) {
 			free(a.p);
-			return -1;
+			return KVT_EINVAL;
 		}
-		gb_add(x, "( ", 2);
-		gb_add(x, a.p ? a.p : "\"\"", a.p ? a.n : 2);
-		gb_add(x, " )", 2);
+		kvt_sbuf_add(x, "( ", 2);
+		kvt_sbuf_add(x, a.p ? a.p : "\"\"", a.p ? a.n : 2);
+		kvt_sbuf_add(x, " )", 2);
 		free(a.p);
 		if (r->s < r->end && (*r->s == '*' || *r->s == '+' || *r->s == '?')) {
-			gb_add(x, r->s, 1);
+			kvt_sbuf_add(x, r->s, 1);
 			r->s++;
 		} else if (r->s < r->end && *r->s == '{') {
 			const char *q = r->s + 1;
@@ -369,89 +312,89 @@ static int rx_seq(rx *r, gbuf *x)
 				q++;
 			if (q >= r->end || *q != '}' || q == r->s + 1)
 				return rx_fail(r, "a malformed {m,n}");
-			gb_add(x, r->s, (size_t)(q - r->s + 1));
+			kvt_sbuf_add(x, r->s, (size_t)(q - r->s + 1));
 			r->s = q + 1;
 		}
 		if (r->s < r->end && *r->s == '?') /* lazy: the same language */
 			r->s++;
-		gb_add(x, " ", 1);
+		kvt_sbuf_add(x, " ", 1);
 		any = true;
 	}
 	if (!any)
-		gb_add(x, "\"\"", 2);
-	return 0;
+		kvt_sbuf_add(x, "\"\"", 2);
+	return KVT_OK;
 }
 
-static int rx_alt(rx *r, gbuf *x)
+static int rx_alt(rx *r, kvt_sbuf *x)
 {
 	for (;;) {
 		if (rx_seq(r, x))
-			return -1;
+			return KVT_EINVAL;
 		if (r->s < r->end && *r->s == '|') {
 			r->s++;
-			gb_add(x, " | ", 3);
+			kvt_sbuf_add(x, " | ", 3);
 			continue;
 		}
-		return 0;
+		return KVT_OK;
 	}
 }
 
-static int gen_pattern(sctx *c, gbuf *x, const char *pat, size_t n, const char *path)
+static int gen_pattern(sctx *c, kvt_sbuf *x, const char *pat, size_t n, const char *path)
 {
 	rx r = { pat, pat + n, c, path, 0 };
 	if (n > 1024)
-		return efail(c->e, c->param, "'pattern' at %s is longer than 1024 bytes", path);
+		return kvt_req_fail(c->e, c->param, NULL, "'pattern' at %s is longer than 1024 bytes", path);
 	bool start = n && pat[0] == '^', end = n && pat[n - 1] == '$' && (n < 2 || pat[n - 2] != '\\');
 	if (start)
 		r.s++;
-	gbuf body = { 0 };
+	kvt_sbuf body = { 0 };
 	if (rx_alt(&r, &body)) {
 		free(body.p);
-		return -1;
+		return KVT_EINVAL;
 	}
 	if (r.s < r.end && !(end && r.s + 1 == r.end)) {
 		free(body.p);
 		return rx_fail(&r, "an unbalanced ')'");
 	}
-	gb_puts(x, "\"\\\"\" ");
+	kvt_sbuf_puts(x, "\"\\\"\" ");
 	if (!start)
-		gb_puts(x, "char* ");
-	gb_puts(x, "( ");
-	gb_add(x, body.p ? body.p : "", body.n);
-	gb_puts(x, " ) ");
+		kvt_sbuf_puts(x, "char* ");
+	kvt_sbuf_puts(x, "( ");
+	kvt_sbuf_add(x, body.p ? body.p : "", body.n);
+	kvt_sbuf_puts(x, " ) ");
 	if (!end)
-		gb_puts(x, "char* ");
-	gb_puts(x, "\"\\\"\"");
+		kvt_sbuf_puts(x, "char* ");
+	kvt_sbuf_puts(x, "\"\\\"\"");
 	free(body.p);
-	return body.failed ? efail(c->e, c->param, "out of memory") : 0;
+	return body.failed ? kvt_req_fail(c->e, c->param, NULL, "out of memory") : 0;
 }
 
 /* ---- schema nodes ---- */
 
-static int gen_object(sctx *c, json_t *s, gbuf *x, const char *path)
+static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 {
 	json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
 	json_t *ap = json_object_get(s, "additionalProperties");
 	if (ap && !json_is_boolean(ap))
-		return efail(c->e, c->param, "'additionalProperties' at %s: only false or true is supported, not a schema",
+		return kvt_req_fail(c->e, c->param, NULL, "'additionalProperties' at %s: only false or true is supported, not a schema",
 			     path);
 	if (req && !json_is_array(req))
-		return efail(c->e, c->param, "'required' at %s must be an array of property names", path);
+		return kvt_req_fail(c->e, c->param, NULL, "'required' at %s must be an array of property names", path);
 	if (!props || (json_is_object(props) && json_object_size(props) == 0)) {
 		if (req && json_array_size(req))
-			return efail(c->e, c->param, "'required' at %s names properties, but there are none", path);
-		gb_puts(x, json_is_false(ap) || props ? "\"{\" ws \"}\"" : "object");
-		return 0;
+			return kvt_req_fail(c->e, c->param, NULL, "'required' at %s names properties, but there are none", path);
+		kvt_sbuf_puts(x, json_is_false(ap) || props ? "\"{\" ws \"}\"" : "object");
+		return KVT_OK;
 	}
 	if (!json_is_object(props))
-		return efail(c->e, c->param, "'properties' at %s must be an object", path);
+		return kvt_req_fail(c->e, c->param, NULL, "'properties' at %s must be an object", path);
 	size_t n = json_object_size(props), i = 0;
 	char (*vn)[24] = calloc(n, 24);
 	bool *required = calloc(n, 1);
 	const char **keys = calloc(n, sizeof(char *));
-	int ret = -1;
+	int ret = KVT_EINVAL;
 	if (!vn || !required || !keys) {
-		efail(c->e, c->param, "out of memory");
+		kvt_req_fail(c->e, c->param, NULL, "out of memory");
 		goto out;
 	}
 	const char *k;
@@ -474,7 +417,7 @@ static int gen_object(sctx *c, json_t *s, gbuf *x, const char *path)
 			if (!strcmp(keys[j], json_string_value(rv)))
 				required[j] = found = true;
 		if (!found) {
-			efail(c->e, c->param, "'required' at %s names %s%s%s, which is not in 'properties'", path,
+			kvt_req_fail(c->e, c->param, NULL, "'required' at %s names %s%s%s, which is not in 'properties'", path,
 			      json_is_string(rv) ? "'" : "", json_is_string(rv) ? json_string_value(rv) : "a non-string",
 			      json_is_string(rv) ? "'" : "");
 			goto out;
@@ -485,29 +428,29 @@ static int gen_object(sctx *c, json_t *s, gbuf *x, const char *path)
 	new_name(c, base);
 	for (size_t j = n + 1; j-- > 0;) {
 		for (int first = 0; first < 2; first++) {
-			gb_printf(&c->out, "%s-%zu-%d ::= ", base, j, first);
+			kvt_sbuf_printf(&c->out, "%s-%zu-%d ::= ", base, j, first);
 			if (j == n) {
-				gb_puts(&c->out, "\"\"\n");
+				kvt_sbuf_puts(&c->out, "\"\"\n");
 				continue;
 			}
-			gb_puts(&c->out, first ? "" : "\",\" ws ");
+			kvt_sbuf_puts(&c->out, first ? "" : "\",\" ws ");
 			json_t *ks = json_string(keys[j]);
 			char *kd = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL;
 			json_decref(ks);
 			if (!kd) {
-				efail(c->e, c->param, "out of memory");
+				kvt_req_fail(c->e, c->param, NULL, "out of memory");
 				goto out;
 			}
-			gb_lit(&c->out, kd, strlen(kd));
+			sbuf_lit(&c->out, kd, strlen(kd));
 			free(kd);
-			gb_printf(&c->out, " ws \":\" ws %s ws %s-%zu-0", vn[j], base, j + 1);
+			kvt_sbuf_printf(&c->out, " ws \":\" ws %s ws %s-%zu-0", vn[j], base, j + 1);
 			if (!required[j])
-				gb_printf(&c->out, " | %s-%zu-%d", base, j + 1, first);
-			gb_puts(&c->out, "\n");
+				kvt_sbuf_printf(&c->out, " | %s-%zu-%d", base, j + 1, first);
+			kvt_sbuf_puts(&c->out, "\n");
 		}
 	}
-	gb_printf(x, "\"{\" ws %s-0-1 \"}\"", base);
-	ret = 0;
+	kvt_sbuf_printf(x, "\"{\" ws %s-0-1 \"}\"", base);
+	ret = KVT_OK;
 out:
 	free(vn);
 	free(required);
@@ -515,7 +458,7 @@ out:
 	return ret;
 }
 
-static int gen_type(sctx *c, json_t *s, const char *type, gbuf *x, const char *path)
+static int gen_type(sctx *c, json_t *s, const char *type, kvt_sbuf *x, const char *path)
 {
 	if (!strcmp(type, "object"))
 		return gen_object(c, s, x, path);
@@ -524,57 +467,57 @@ static int gen_type(sctx *c, json_t *s, const char *type, gbuf *x, const char *p
 		char item[24] = "value";
 		long long mn = 0, mx = -1;
 		if (get_count(c, s, "minItems", path, &mn) || get_count(c, s, "maxItems", path, &mx))
-			return -1;
+			return KVT_EINVAL;
 		if (mx >= 0 && mx < mn)
-			return efail(c->e, c->param, "'maxItems' at %s is below 'minItems'", path);
+			return kvt_req_fail(c->e, c->param, NULL, "'maxItems' at %s is below 'minItems'", path);
 		if (items) {
 			char sub[256];
 			snprintf(sub, sizeof(sub), "%s/items", path);
 			if (json_is_array(items))
-				return efail(c->e, c->param, "'items' at %s: an array of schemas (tuple) is not supported", path);
+				return kvt_req_fail(c->e, c->param, NULL, "'items' at %s: an array of schemas (tuple) is not supported", path);
 			if (gen(c, items, sub, item))
-				return -1;
+				return KVT_EINVAL;
 		}
 		if (mx == 0)
-			gb_puts(x, "\"[\" ws \"]\"");
+			kvt_sbuf_puts(x, "\"[\" ws \"]\"");
 		else if (mn == 0 && mx < 0)
-			gb_printf(x, "\"[\" ws ( %s ws ( \",\" ws %s ws )* )? \"]\"", item, item);
+			kvt_sbuf_printf(x, "\"[\" ws ( %s ws ( \",\" ws %s ws )* )? \"]\"", item, item);
 		else if (mn == 0)
-			gb_printf(x, "\"[\" ws ( %s ws ( \",\" ws %s ws ){0,%lld} )? \"]\"", item, item, mx - 1);
+			kvt_sbuf_printf(x, "\"[\" ws ( %s ws ( \",\" ws %s ws ){0,%lld} )? \"]\"", item, item, mx - 1);
 		else if (mx < 0)
-			gb_printf(x, "\"[\" ws %s ws ( \",\" ws %s ws ){%lld,} \"]\"", item, item, mn - 1);
+			kvt_sbuf_printf(x, "\"[\" ws %s ws ( \",\" ws %s ws ){%lld,} \"]\"", item, item, mn - 1);
 		else
-			gb_printf(x, "\"[\" ws %s ws ( \",\" ws %s ws ){%lld,%lld} \"]\"", item, item, mn - 1, mx - 1);
-		return 0;
+			kvt_sbuf_printf(x, "\"[\" ws %s ws ( \",\" ws %s ws ){%lld,%lld} \"]\"", item, item, mn - 1, mx - 1);
+		return KVT_OK;
 	}
 	if (!strcmp(type, "string")) {
 		json_t *pat = json_object_get(s, "pattern");
 		long long mn = 0, mx = -1;
 		if (get_count(c, s, "minLength", path, &mn) || get_count(c, s, "maxLength", path, &mx))
-			return -1;
+			return KVT_EINVAL;
 		if (pat) {
 			if (!json_is_string(pat))
-				return efail(c->e, c->param, "'pattern' at %s must be a string", path);
+				return kvt_req_fail(c->e, c->param, NULL, "'pattern' at %s must be a string", path);
 			if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
-				return efail(c->e, c->param, "'pattern' with 'minLength' / 'maxLength' at %s is not supported",
+				return kvt_req_fail(c->e, c->param, NULL, "'pattern' with 'minLength' / 'maxLength' at %s is not supported",
 					     path);
 			return gen_pattern(c, x, json_string_value(pat), json_string_length(pat), path);
 		}
 		if (mx >= 0 && mx < mn)
-			return efail(c->e, c->param, "'maxLength' at %s is below 'minLength'", path);
+			return kvt_req_fail(c->e, c->param, NULL, "'maxLength' at %s is below 'minLength'", path);
 		if (mx >= 0)
-			gb_printf(x, "\"\\\"\" char{%lld,%lld} \"\\\"\"", mn, mx);
+			kvt_sbuf_printf(x, "\"\\\"\" char{%lld,%lld} \"\\\"\"", mn, mx);
 		else if (mn > 0)
-			gb_printf(x, "\"\\\"\" char{%lld,} \"\\\"\"", mn);
+			kvt_sbuf_printf(x, "\"\\\"\" char{%lld,} \"\\\"\"", mn);
 		else
-			gb_puts(x, "string");
-		return 0;
+			kvt_sbuf_puts(x, "string");
+		return KVT_OK;
 	}
 	if (!strcmp(type, "number") || !strcmp(type, "integer") || !strcmp(type, "boolean") || !strcmp(type, "null")) {
-		gb_puts(x, type);
-		return 0;
+		kvt_sbuf_puts(x, type);
+		return KVT_OK;
 	}
-	return efail(c->e, c->param, "'type' at %s: unknown type '%s'", path, type);
+	return kvt_req_fail(c->e, c->param, NULL, "'type' at %s: unknown type '%s'", path, type);
 }
 
 /* Resolve a $ref (a JSON pointer into the root: "#", "#/$defs/x", ...). */
@@ -607,13 +550,13 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 {
 	if (json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0)) {
 		snprintf(name, 24, "value");
-		return 0;
+		return KVT_OK;
 	}
 	if (!json_is_object(s))
-		return efail(c->e, c->param, "the schema at %s must be an object", path);
+		return kvt_req_fail(c->e, c->param, NULL, "the schema at %s must be an object", path);
 	if (++c->depth > 64) {
 		c->depth--;
-		return efail(c->e, c->param, "the schema at %s nests deeper than 64", path);
+		return kvt_req_fail(c->e, c->param, NULL, "the schema at %s nests deeper than 64", path);
 	}
 	const char *k;
 	json_t *v;
@@ -624,20 +567,20 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 			known = !strcmp(k, KNOWN_KEYS[i]);
 		if (!known) {
 			c->depth--;
-			return efail(c->e, c->param,
+			return kvt_req_fail(c->e, c->param, NULL,
 				     "schema keyword '%s' (at %s) is not supported; supported: type, properties, required, "
 				     "additionalProperties, enum, const, anyOf, $defs, $ref, items, minItems, maxItems, "
 				     "minLength, maxLength, pattern",
 				     k, path);
 		}
 	}
-	gbuf x = { 0 };
-	int rc = 0;
+	kvt_sbuf x = { 0 };
+	int rc = KVT_OK;
 	json_t *ref = json_object_get(s, "$ref"), *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
 	json_t *any = json_object_get(s, "anyOf"), *type = json_object_get(s, "type");
 	if (ref) {
 		if (!json_is_string(ref)) {
-			rc = efail(c->e, c->param, "'$ref' at %s must be a string", path);
+			rc = kvt_req_fail(c->e, c->param, NULL, "'$ref' at %s must be a string", path);
 			goto out;
 		}
 		const char *rs = json_string_value(ref);
@@ -648,21 +591,21 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 			}
 		json_t *target = resolve(c, rs);
 		if (!target) {
-			rc = efail(c->e, c->param, "'$ref' at %s: '%s' does not resolve (a '#/...' pointer into this schema)",
+			rc = kvt_req_fail(c->e, c->param, NULL, "'$ref' at %s: '%s' does not resolve (a '#/...' pointer into this schema)",
 				   path, rs);
 			goto out;
 		}
 		if (c->n_refs == c->cap_refs) {
 			sref *nr = realloc(c->refs, (c->cap_refs * 2 + 4) * sizeof(sref));
 			if (!nr) {
-				rc = efail(c->e, c->param, "out of memory");
+				rc = kvt_req_fail(c->e, c->param, NULL, "out of memory");
 				goto out;
 			}
 			c->refs = nr;
 			c->cap_refs = c->cap_refs * 2 + 4;
 		}
 		if (!(c->refs[c->n_refs].ref = strdup(rs))) {
-			rc = efail(c->e, c->param, "out of memory");
+			rc = kvt_req_fail(c->e, c->param, NULL, "out of memory");
 			goto out;
 		}
 		sref *me = &c->refs[c->n_refs++];
@@ -672,14 +615,14 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 		snprintf(name, 24, "%s", my);
 		if ((rc = gen(c, target, rs, tname)))
 			goto out;
-		gb_printf(&c->out, "%s ::= %s\n", my, tname);
+		kvt_sbuf_printf(&c->out, "%s ::= %s\n", my, tname);
 		goto out;
 	}
 	if (cst) {
 		rc = gen_literal(c, &x, cst);
 	} else if (en) {
 		if (!json_is_array(en) || !json_array_size(en) || json_array_size(en) > 256) {
-			rc = efail(c->e, c->param, "'enum' at %s must be an array of 1-256 values", path);
+			rc = kvt_req_fail(c->e, c->param, NULL, "'enum' at %s must be an array of 1-256 values", path);
 			goto out;
 		}
 		size_t i;
@@ -687,13 +630,13 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 		json_array_foreach(en, i, ev)
 		{
 			if (i)
-				gb_puts(&x, " | ");
+				kvt_sbuf_puts(&x, " | ");
 			if ((rc = gen_literal(c, &x, ev)))
 				goto out;
 		}
 	} else if (any) {
 		if (!json_is_array(any) || !json_array_size(any) || json_array_size(any) > 64) {
-			rc = efail(c->e, c->param, "'anyOf' at %s must be an array of 1-64 schemas", path);
+			rc = kvt_req_fail(c->e, c->param, NULL, "'anyOf' at %s must be an array of 1-64 schemas", path);
 			goto out;
 		}
 		size_t i;
@@ -704,7 +647,7 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 			snprintf(sub, sizeof(sub), "%s/anyOf/%zu", path, i);
 			if ((rc = gen(c, av, sub, an)))
 				goto out;
-			gb_printf(&x, "%s%s", i ? " | " : "", an);
+			kvt_sbuf_printf(&x, "%s%s", i ? " | " : "", an);
 		}
 	} else if (json_is_string(type)) {
 		rc = gen_type(c, s, json_string_value(type), &x, path);
@@ -714,37 +657,37 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 		json_array_foreach(type, i, tv)
 		{
 			if (!json_is_string(tv)) {
-				rc = efail(c->e, c->param, "'type' at %s must be a string or an array of strings", path);
+				rc = kvt_req_fail(c->e, c->param, NULL, "'type' at %s must be a string or an array of strings", path);
 				goto out;
 			}
-			gb_puts(&x, i ? " | ( " : "( ");
+			kvt_sbuf_puts(&x, i ? " | ( " : "( ");
 			if ((rc = gen_type(c, s, json_string_value(tv), &x, path)))
 				goto out;
-			gb_puts(&x, " )");
+			kvt_sbuf_puts(&x, " )");
 		}
 	} else if (type) {
-		rc = efail(c->e, c->param, "'type' at %s must be a string or an array of strings", path);
+		rc = kvt_req_fail(c->e, c->param, NULL, "'type' at %s must be a string or an array of strings", path);
 	} else if (json_object_get(s, "properties")) {
 		rc = gen_type(c, s, "object", &x, path);
 	} else if (json_object_get(s, "items")) {
 		rc = gen_type(c, s, "array", &x, path);
 	} else {
-		gb_puts(&x, "value");
+		kvt_sbuf_puts(&x, "value");
 	}
 	if (!rc) {
 		new_name(c, name);
-		gb_printf(&c->out, "%s ::= %s\n", name, x.p ? x.p : "\"\"");
+		kvt_sbuf_printf(&c->out, "%s ::= %s\n", name, x.p ? x.p : "\"\"");
 	}
 out:
 	if (!rc && x.failed)
-		rc = efail(c->e, c->param, "out of memory");
+		rc = kvt_req_fail(c->e, c->param, NULL, "out of memory");
 	free(x.p);
 	c->depth--;
 	return rc;
 }
 
 /* Grammar text: root ::= <start>, the schema's rules, the common ones. */
-static int schema_text(json_t *schema, const char *param, const char *prefix, char **text, kvt_oai_err *e,
+static int schema_text(json_t *schema, const char *param, const char *prefix, char **text, kvt_req_err *e,
 		       sctx *c)
 {
 	char top[24];
@@ -753,14 +696,14 @@ static int schema_text(json_t *schema, const char *param, const char *prefix, ch
 	c->e = e;
 	(void)prefix;
 	if (gen(c, schema, "#", top))
-		return -1;
-	gb_printf(&c->out, "root ::= %s\n", top);
-	gb_puts(&c->out, COMMON_RULES);
+		return KVT_EINVAL;
+	kvt_sbuf_printf(&c->out, "root ::= %s\n", top);
+	kvt_sbuf_puts(&c->out, COMMON_RULES);
 	if (c->out.failed)
-		return efail(e, param, "out of memory");
+		return kvt_req_fail(e, param, NULL, "out of memory");
 	*text = c->out.p;
 	c->out.p = NULL;
-	return 0;
+	return KVT_OK;
 }
 
 static void sctx_free(sctx *c)
@@ -771,7 +714,7 @@ static void sctx_free(sctx *c)
 	free(c->out.p);
 }
 
-int kvt_schema_grammar(json_t *schema, const char *param, char **text, kvt_oai_err *e)
+int kvt_schema_grammar(json_t *schema, const char *param, char **text, kvt_req_err *e)
 {
 	sctx c = { 0 };
 	int rc = schema_text(schema, param, "", text, e, &c);
@@ -779,57 +722,57 @@ int kvt_schema_grammar(json_t *schema, const char *param, char **text, kvt_oai_e
 	return rc;
 }
 
-static int compile(const char *text, const char *param, kvt_grammar **g, kvt_oai_err *e)
+static int compile(const char *text, const char *param, kvt_grammar **g, kvt_req_err *e)
 {
 	char err[256];
 	int rc = kvt_grammar_compile(text, strlen(text), "root", g, err, sizeof(err));
 	if (rc == KVT_ENOMEM)
-		return efail(e, param, "out of memory compiling the schema");
+		return kvt_req_fail(e, param, NULL, "out of memory compiling the schema");
 	if (rc) { /* a schema the subset allows but the grammar refuses (a $ref cycle with no progress) */
 		KVT_LOGW("structured: schema grammar refused: %s", err);
-		return efail(e, param, "the schema cannot be enforced: %s", err);
+		return kvt_req_fail(e, param, NULL, "the schema cannot be enforced: %s", err);
 	}
-	return 0;
+	return KVT_OK;
 }
 
-int kvt_oai_response_format(json_t *rf, kvt_grammar **g, kvt_oai_err *e)
+int kvt_oai_response_format(json_t *rf, kvt_grammar **g, kvt_req_err *e)
 {
 	*g = NULL;
 	if (!rf || json_is_null(rf))
-		return 0;
+		return KVT_OK;
 	json_t *type = json_object_get(rf, "type");
 	if (!json_is_object(rf) || !json_is_string(type))
-		return efail(e, "response_format", "'response_format' must be an object with a 'type'");
+		return kvt_req_fail(e, "response_format", NULL, "'response_format' must be an object with a 'type'");
 	const char *t = json_string_value(type);
 	if (!strcmp(t, "text"))
-		return 0;
+		return KVT_OK;
 	if (!strcmp(t, "json_object")) {
-		gbuf b = { 0 };
-		gb_puts(&b, "root ::= object\n");
-		gb_puts(&b, COMMON_RULES);
-		int rc = b.failed ? efail(e, "response_format", "out of memory") : compile(b.p, "response_format", g, e);
+		kvt_sbuf b = { 0 };
+		kvt_sbuf_puts(&b, "root ::= object\n");
+		kvt_sbuf_puts(&b, COMMON_RULES);
+		int rc = b.failed ? kvt_req_fail(e, "response_format", NULL, "out of memory") : compile(b.p, "response_format", g, e);
 		free(b.p);
 		return rc;
 	}
 	if (strcmp(t, "json_schema"))
-		return efail(e, "response_format.type",
+		return kvt_req_fail(e, "response_format.type", NULL,
 			     "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\" (got \"%s\")", t);
 	json_t *js = json_object_get(rf, "json_schema");
 	if (!json_is_object(js))
-		return efail(e, "response_format.json_schema", "'response_format.json_schema' must be an object");
+		return kvt_req_fail(e, "response_format.json_schema", NULL, "'response_format.json_schema' must be an object");
 	json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema"),
 	       *strict = json_object_get(js, "strict");
 	if (!json_is_string(name) || !json_string_length(name) || json_string_length(name) > 64)
-		return efail(e, "response_format.json_schema.name",
+		return kvt_req_fail(e, "response_format.json_schema.name", NULL,
 			     "'response_format.json_schema.name' must be a string of 1-64 characters");
 	if (strict && !json_is_null(strict) && !json_is_boolean(strict))
-		return efail(e, "response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
+		return kvt_req_fail(e, "response_format.json_schema.strict", NULL, "'response_format.json_schema.strict' must be a boolean");
 	if (!schema || json_is_null(schema))
 		schema = json_true(); /* OpenAI: no schema is any JSON */
 	char *text = NULL;
 	const char *param = "response_format.json_schema.schema";
 	if (kvt_schema_grammar(schema, param, &text, e))
-		return -1;
+		return KVT_EINVAL;
 	int rc = compile(text, param, g, e);
 	free(text);
 	return rc;
@@ -854,13 +797,13 @@ static const char *fn_name(json_t *tool)
 	return json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
 }
 
-static int tools_grammar(kvt_oai_tools *t, kvt_oai_err *e)
+static int tools_grammar(kvt_oai_tools *t, kvt_req_err *e)
 {
 	sctx c = { 0 };
 	c.root = NULL;
 	c.e = e;
-	int rc = -1;
-	gbuf alts = { 0 };
+	int rc = KVT_EINVAL;
+	kvt_sbuf alts = { 0 };
 	size_t i;
 	json_t *tool;
 	json_array_foreach(t->tools, i, tool)
@@ -883,20 +826,20 @@ static int tools_grammar(kvt_oai_tools *t, kvt_oai_err *e)
 		}
 		char fr[24];
 		new_name(&c, fr);
-		gb_printf(&c.out, "%s ::= ", fr);
+		kvt_sbuf_printf(&c.out, "%s ::= ", fr);
 		char lit[160];
 		snprintf(lit, sizeof(lit), "\"%s\", \"arguments\": ", name);
-		gb_lit(&c.out, lit, strlen(lit));
-		gb_printf(&c.out, " %s\n", pn);
-		gb_printf(&alts, "%s%s", alts.n ? " | " : "", fr);
+		sbuf_lit(&c.out, lit, strlen(lit));
+		kvt_sbuf_printf(&c.out, " %s\n", pn);
+		kvt_sbuf_printf(&alts, "%s%s", alts.n ? " | " : "", fr);
 	}
-	gb_puts(&c.out, "s-empty ::= \"{}\"\n");
-	gb_printf(&c.out, "call ::= \"<tool_call>\\n{\\\"name\\\": \" ( %s ) \"}\\n</tool_call>\"\n", alts.p ? alts.p : "s-empty");
+	kvt_sbuf_puts(&c.out, "s-empty ::= \"{}\"\n");
+	kvt_sbuf_printf(&c.out, "call ::= \"<tool_call>\\n{\\\"name\\\": \" ( %s ) \"}\\n</tool_call>\"\n", alts.p ? alts.p : "s-empty");
 	/* a named function is one call (OpenAI: the model calls that function); required calls may repeat */
-	gb_puts(&c.out, t->parallel && t->choice == KVT_TOOLS_REQUIRED ? "root ::= call ( \"\\n\" call )*\n" : "root ::= call\n");
-	gb_puts(&c.out, COMMON_RULES);
+	kvt_sbuf_puts(&c.out, t->parallel && t->choice == KVT_TOOLS_REQUIRED ? "root ::= call ( \"\\n\" call )*\n" : "root ::= call\n");
+	kvt_sbuf_puts(&c.out, COMMON_RULES);
 	if (c.out.failed || alts.failed) {
-		efail(e, "tools", "out of memory");
+		kvt_req_fail(e, "tools", NULL, "out of memory");
 		goto out;
 	}
 	rc = compile(c.out.p, "tools", &t->g, e);
@@ -906,23 +849,23 @@ out:
 	return rc;
 }
 
-int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_oai_err *e)
+int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_req_err *e)
 {
 	memset(t, 0, sizeof(*t));
 	t->parallel = true;
 	json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice"),
 	       *ptc = json_object_get(body, "parallel_tool_calls");
 	if (json_object_get(body, "functions") || json_object_get(body, "function_call"))
-		return efail(e, json_object_get(body, "functions") ? "functions" : "function_call",
-			     "'functions' and 'function_call' are the deprecated forms: send 'tools' and 'tool_choice'");
+		return kvt_req_fail(e, json_object_get(body, "functions") ? "functions" : "function_call", NULL,
+				    "'functions' and 'function_call' are the deprecated forms: send 'tools' and 'tool_choice'");
 	if (ptc && !json_is_null(ptc)) {
 		if (!json_is_boolean(ptc))
-			return efail(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+			return kvt_req_fail(e, "parallel_tool_calls", NULL, "'parallel_tool_calls' must be a boolean");
 		t->parallel = json_is_true(ptc);
 	}
 	if (tools && !json_is_null(tools)) {
 		if (!json_is_array(tools))
-			return efail(e, "tools", "'tools' must be an array");
+			return kvt_req_fail(e, "tools", NULL, "'tools' must be an array");
 		size_t i;
 		json_t *tool;
 		json_array_foreach(tools, i, tool)
@@ -931,16 +874,16 @@ int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_oai_err *e)
 			snprintf(param, sizeof(param), "tools[%zu]", i);
 			json_t *type = json_object_get(tool, "type"), *fn = json_object_get(tool, "function");
 			if (!json_is_object(tool) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
-				return efail(e, param, "'%s' must be {\"type\": \"function\", \"function\": {...}}", param);
+				return kvt_req_fail(e, param, NULL, "'%s' must be {\"type\": \"function\", \"function\": {...}}", param);
 			json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
 			if (!json_is_object(fn) || !json_is_string(name) ||
 			    !valid_fn_name(json_string_value(name), json_string_length(name)))
-				return efail(e, param, "'%s.function.name' must be 1-64 characters of [a-zA-Z0-9_-]", param);
+				return kvt_req_fail(e, param, NULL, "'%s.function.name' must be 1-64 characters of [a-zA-Z0-9_-]", param);
 			if (params && !json_is_null(params) && !json_is_object(params))
-				return efail(e, param, "'%s.function.parameters' must be a JSON Schema object", param);
+				return kvt_req_fail(e, param, NULL, "'%s.function.parameters' must be a JSON Schema object", param);
 			for (size_t j = 0; j < i; j++)
 				if (!strcmp(fn_name(json_array_get(tools, j)), json_string_value(name)))
-					return efail(e, param, "'%s': function '%s' is defined twice", param,
+					return kvt_req_fail(e, param, NULL, "'%s': function '%s' is defined twice", param,
 						     json_string_value(name));
 		}
 		if (json_array_size(tools))
@@ -957,12 +900,12 @@ int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_oai_err *e)
 			else if (!strcmp(s, "required"))
 				t->choice = KVT_TOOLS_REQUIRED;
 			else
-				return efail(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+				return kvt_req_fail(e, "tool_choice", NULL, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
 							       "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 		} else {
 			json_t *name = json_object_get(json_object_get(tc, "function"), "name");
 			if (!json_is_object(tc) || !json_is_string(name))
-				return efail(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+				return kvt_req_fail(e, "tool_choice", NULL, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
 							       "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 			t->choice = KVT_TOOLS_NAMED;
 			snprintf(t->named, sizeof(t->named), "%s", json_string_value(name));
@@ -970,15 +913,15 @@ int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_oai_err *e)
 			for (size_t j = 0; t->tools && j < json_array_size(t->tools) && !found; j++)
 				found = !strcmp(fn_name(json_array_get(t->tools, j)), t->named);
 			if (!found)
-				return efail(e, "tool_choice", "'tool_choice' names function '%s', which is not in 'tools'",
+				return kvt_req_fail(e, "tool_choice", NULL, "'tool_choice' names function '%s', which is not in 'tools'",
 					     json_string_value(name));
 		}
 		if (t->choice == KVT_TOOLS_REQUIRED && !t->tools)
-			return efail(e, "tool_choice", "'tool_choice' is \"required\" but there are no 'tools'");
+			return kvt_req_fail(e, "tool_choice", NULL, "'tool_choice' is \"required\" but there are no 'tools'");
 	}
 	if (t->choice == KVT_TOOLS_REQUIRED || t->choice == KVT_TOOLS_NAMED)
 		return tools_grammar(t, e);
-	return 0;
+	return KVT_OK;
 }
 
 void kvt_oai_tools_deinit(kvt_oai_tools *t)
@@ -993,23 +936,23 @@ char *kvt_oai_tools_prompt(const kvt_oai_tools *t)
 {
 	if (!t->tools || t->choice == KVT_TOOLS_NONE)
 		return NULL;
-	gbuf b = { 0 };
-	gb_puts(&b, "You can call functions. Their signatures (JSON Schema), one per line:\n<tools>\n");
+	kvt_sbuf b = { 0 };
+	kvt_sbuf_puts(&b, "You can call functions. Their signatures (JSON Schema), one per line:\n<tools>\n");
 	size_t i;
 	json_t *tool;
 	json_array_foreach(t->tools, i, tool)
 	{
 		char *d = json_dumps(tool, JSON_COMPACT);
 		if (d)
-			gb_puts(&b, d);
+			kvt_sbuf_puts(&b, d);
 		else
 			b.failed = true;
 		free(d);
-		gb_puts(&b, "\n");
+		kvt_sbuf_puts(&b, "\n");
 	}
 	/* NOTE: the same text whatever tool_choice says (the grammar enforces required and named), so
 	 * the turns of a tool conversation share their prompt's prefix and its cached blocks */
-	gb_puts(&b, "</tools>\nTo call a function, answer with this block, one per call:\n<tool_call>\n"
+	kvt_sbuf_puts(&b, "</tools>\nTo call a function, answer with this block, one per call:\n<tool_call>\n"
 		    "{\"name\": \"FUNCTION\", \"arguments\": {ARGUMENTS AS JSON}}\n</tool_call>\n"
 		    "When no function is needed, answer in plain text.");
 	if (b.failed) {
@@ -1019,59 +962,40 @@ char *kvt_oai_tools_prompt(const kvt_oai_tools *t)
 	return b.p;
 }
 
-/* A message's content (string or text parts) appended to b. -1 with e for another shape. */
-static int add_content(gbuf *b, json_t *content, const char *param, kvt_oai_err *e)
+int kvt_oai_message(json_t *m, size_t idx, bool *special, const char **role, char **text, size_t *n_text,
+		    kvt_req_err *e)
 {
-	if (json_is_string(content)) {
-		gb_add(b, json_string_value(content), json_string_length(content));
-		return 0;
-	}
-	if (!json_is_array(content))
-		return efail(e, param, "'%s' must be a string or an array of text parts", param);
-	size_t k;
-	json_t *part;
-	json_array_foreach(content, k, part)
-	{
-		json_t *type = json_object_get(part, "type"), *tx = json_object_get(part, "text");
-		if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(tx))
-			return efail(e, param, "'%s[%zu]' must be {\"type\": \"text\", \"text\": string}", param, k);
-		gb_add(b, json_string_value(tx), json_string_length(tx));
-	}
-	return 0;
-}
-
-int kvt_oai_message(json_t *m, size_t idx, const char **role, char **text, size_t *n_text, kvt_oai_err *e)
-{
+	*special = false;
 	json_t *r = json_object_get(m, "role"), *calls = json_object_get(m, "tool_calls"),
 	       *content = json_object_get(m, "content");
 	const char *rs = json_string_value(r);
 	char param[64];
 	if (!rs)
-		return 0;
-	gbuf b = { 0 };
+		return KVT_OK;
+	kvt_sbuf b = { 0 };
 	if (!strcmp(rs, "tool")) {
 		json_t *id = json_object_get(m, "tool_call_id");
 		snprintf(param, sizeof(param), "messages[%zu].tool_call_id", idx);
 		if (id && !json_is_null(id) && !json_is_string(id))
-			return efail(e, param, "'%s' must be a string", param);
+			return kvt_req_fail(e, param, NULL, "'%s' must be a string", param);
 		snprintf(param, sizeof(param), "messages[%zu].content", idx);
-		gb_puts(&b, "<tool_response>\n");
-		if (add_content(&b, content, param, e)) {
+		kvt_sbuf_puts(&b, "<tool_response>\n");
+		if (kvt_req_content(&b, content, param, e)) {
 			free(b.p);
-			return -1;
+			return KVT_EINVAL;
 		}
-		gb_puts(&b, "\n</tool_response>");
+		kvt_sbuf_puts(&b, "\n</tool_response>");
 		*role = "user";
 	} else if (!strcmp(rs, "assistant") && calls && !json_is_null(calls)) {
 		snprintf(param, sizeof(param), "messages[%zu].tool_calls", idx);
 		if (!json_is_array(calls))
-			return efail(e, param, "'%s' must be an array", param);
-		gb_add(&b, "", 0);
+			return kvt_req_fail(e, param, NULL, "'%s' must be an array", param);
+		kvt_sbuf_add(&b, "", 0);
 		char cparam[64];
 		snprintf(cparam, sizeof(cparam), "messages[%zu].content", idx);
-		if (content && !json_is_null(content) && add_content(&b, content, cparam, e)) {
+		if (content && !json_is_null(content) && kvt_req_content(&b, content, cparam, e)) {
 			free(b.p);
-			return -1;
+			return KVT_EINVAL;
 		}
 		size_t k;
 		json_t *call;
@@ -1081,31 +1005,32 @@ int kvt_oai_message(json_t *m, size_t idx, const char **role, char **text, size_
 			       *args = json_object_get(fn, "arguments");
 			if (!json_is_object(call) || !json_is_string(name) || (args && !json_is_string(args) && !json_is_null(args))) {
 				free(b.p);
-				return efail(e, param, "'%s[%zu]' must be {\"id\", \"type\": \"function\", \"function\": "
+				return kvt_req_fail(e, param, NULL, "'%s[%zu]' must be {\"id\", \"type\": \"function\", \"function\": "
 						       "{\"name\": string, \"arguments\": string}}", param, k);
 			}
 			if (b.n)
-				gb_puts(&b, "\n");
-			gb_puts(&b, "<tool_call>\n{\"name\": \"");
-			gb_add(&b, json_string_value(name), json_string_length(name));
-			gb_puts(&b, "\", \"arguments\": ");
+				kvt_sbuf_puts(&b, "\n");
+			kvt_sbuf_puts(&b, "<tool_call>\n{\"name\": \"");
+			kvt_sbuf_add(&b, json_string_value(name), json_string_length(name));
+			kvt_sbuf_puts(&b, "\", \"arguments\": ");
 			if (json_is_string(args) && json_string_length(args))
-				gb_add(&b, json_string_value(args), json_string_length(args));
+				kvt_sbuf_add(&b, json_string_value(args), json_string_length(args));
 			else
-				gb_puts(&b, "{}");
-			gb_puts(&b, "}\n</tool_call>");
+				kvt_sbuf_puts(&b, "{}");
+			kvt_sbuf_puts(&b, "}\n</tool_call>");
 		}
 		*role = "assistant";
 	} else {
-		return 0;
+		return KVT_OK;
 	}
 	if (b.failed) {
 		free(b.p);
-		return efail(e, "messages", "out of memory");
+		return kvt_req_fail(e, "messages", NULL, "out of memory");
 	}
 	*text = b.p;
 	*n_text = b.n;
-	return 1;
+	*special = true;
+	return KVT_OK;
 }
 
 static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
@@ -1196,8 +1121,8 @@ json_t *kvt_oai_tool_calls(const kvt_oai_tools *t, const char *text, size_t n, s
 /* A token's bytes as a JSON string: invalid UTF-8 (a piece of a character) as U+FFFD. */
 static json_t *token_string(const char *b, size_t n)
 {
-	gbuf s = { 0 };
-	gb_add(&s, "", 0);
+	kvt_sbuf s = { 0 };
+	kvt_sbuf_add(&s, "", 0);
 	for (size_t i = 0; i < n;) {
 		unsigned char c = (unsigned char)b[i];
 		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
@@ -1205,10 +1130,10 @@ static json_t *token_string(const char *b, size_t n)
 		for (size_t k = 1; ok && k < len; k++)
 			ok = ((unsigned char)b[i + k] & 0xc0) == 0x80;
 		if (ok) {
-			gb_add(&s, b + i, len);
+			kvt_sbuf_add(&s, b + i, len);
 			i += len;
 		} else {
-			gb_add(&s, "\xef\xbf\xbd", 3);
+			kvt_sbuf_add(&s, "\xef\xbf\xbd", 3);
 			i++;
 		}
 	}

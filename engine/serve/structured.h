@@ -1,8 +1,9 @@
 /*
  * engine/serve/structured.h — what the OpenAI API asks of the output beyond
  * text: structured outputs (response_format), tool calls and logprobs, in
- * the wire shapes of docs/http-api.md. The HTTP layer (server.c) calls these
- * while it reads a request and while it writes the response; the engine side
+ * the wire shapes of docs/http-api.md. Request parsing (request.c) calls
+ * these while it reads a request, the reply (reply.c) while it writes the
+ * response; errors fill the one request-error record (serve_int.h); the engine side
  * is one kvt_grammar per request (grammar.h), so a constraint changes the
  * choice of tokens only, never the KV.
  *
@@ -25,25 +26,20 @@
 
 #include "grammar.h"
 #include "sampler.h"
+#include "serve_int.h"
 
 #include <jansson.h>
 
 struct kvt_tok;
 
-/* A request field at fault: the 400's param and message. */
-typedef struct kvt_oai_err {
-	char param[64];   /* the field, e.g. "response_format.json_schema.schema" */
-	char msg[400];    /* what was wrong */
-} kvt_oai_err;
-
 /*
  * Grammar text for a JSON Schema (malloc'd, rule "root"). param names the
- * field in errors. -1 with e filled for a schema outside the subset.
+ * field in errors. KVT_OK, or KVT_EINVAL with e filled for a schema outside the subset.
  */
-int kvt_schema_grammar(json_t *schema, const char *param, char **text, kvt_oai_err *e);
+int kvt_schema_grammar(json_t *schema, const char *param, char **text, kvt_req_err *e);
 
-/* response_format (may be NULL / null): *g the grammar, NULL for "text". 0, or -1 with e. */
-int kvt_oai_response_format(json_t *rf, kvt_grammar **g, kvt_oai_err *e);
+/* response_format (may be NULL / null): *g the grammar, NULL for "text". KVT_OK, or KVT_EINVAL with e. */
+int kvt_oai_response_format(json_t *rf, kvt_grammar **g, kvt_req_err *e);
 
 enum kvt_tool_choice {
 	KVT_TOOLS_NONE = 0,     /* no tools, or tool_choice "none": plain text */
@@ -60,8 +56,8 @@ typedef struct kvt_oai_tools {
 	kvt_grammar *g;         /* REQUIRED / NAMED: the calls' grammar (owned) */
 } kvt_oai_tools;
 
-/* tools, tool_choice, parallel_tool_calls of a chat body. 0, or -1 with e. */
-int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_oai_err *e);
+/* tools, tool_choice, parallel_tool_calls of a chat body. KVT_OK, or KVT_EINVAL with e. */
+int kvt_oai_tools_parse(json_t *body, kvt_oai_tools *t, kvt_req_err *e);
 void kvt_oai_tools_deinit(kvt_oai_tools *t);
 /* The tools' description for the system message (malloc'd); NULL when there is none to give. */
 char *kvt_oai_tools_prompt(const kvt_oai_tools *t);
@@ -69,10 +65,12 @@ char *kvt_oai_tools_prompt(const kvt_oai_tools *t);
 /*
  * The template role and text of a chat message that is not plain text: an
  * assistant turn with tool_calls (content may be null), a "tool" result.
- * *text malloc'd. Returns 1 if m is such a message, 0 if it is not (the
- * caller handles it), -1 with e for a malformed one.
+ * KVT_OK with *special true and *role, *text (malloc'd), *n_text set if m is
+ * such a message, *special false if it is not (the caller handles it);
+ * KVT_EINVAL with e for a malformed one.
  */
-int kvt_oai_message(json_t *m, size_t idx, const char **role, char **text, size_t *n_text, kvt_oai_err *e);
+int kvt_oai_message(json_t *m, size_t idx, bool *special, const char **role, char **text, size_t *n_text,
+		    kvt_req_err *e);
 
 /*
  * The tool calls in generated text: an array of {"id", "type": "function",

@@ -1,0 +1,652 @@
+/*
+ * engine/serve/request.c — a generation request's JSON body into the
+ * scheduler's request (request.h): field getters, the sampling and
+ * output-control fields, the refused fields, the prompt (chat template or
+ * completion prompt), the context check, the echo text, cache control.
+ *
+ * Design. Each getter reads one field: KVT_OK with *out set (left alone when
+ * the field is absent or null), or KVT_EINVAL with the error record naming
+ * the field. The checks run in the order the HTTP layer has always run them,
+ * so which fault of a body with several is reported does not change.
+ *
+ * Invariants:
+ *  - nothing here touches a connection, the scheduler, the clock or a random
+ *    source: the same body and limits give the same request or refusal;
+ *  - in chat, only the template's own markers are special tokens: message
+ *    text is tokenized as text (kvt_tok_chat_encode);
+ *  - every prompt token is in [0, n_vocab), and prompt + max_tokens fits the
+ *    context, before KVT_OK.
+ */
+#include "request.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                              */
+
+unsigned kvt_req_http_status(int rc)
+{
+	return rc == KVT_EINVAL ? 400 : 500;
+}
+
+void kvt_utf8_scrub(char *s)
+{
+	unsigned char *p = (unsigned char *)s;
+	while (*p) {
+		unsigned c = p[0];
+		size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+		bool ok = n > 0;
+		for (size_t i = 1; ok && i < n; i++)
+			ok = (p[i] & 0xc0) == 0x80;
+		if (ok && n > 1) { /* RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF */
+			uint32_t cp = c & (0x7f >> n);
+			for (size_t i = 1; i < n; i++)
+				cp = cp << 6 | (p[i] & 0x3f);
+			static const uint32_t min_of[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+			ok = cp >= min_of[n] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+		}
+		if (!ok) {
+			*p++ = '?';
+			continue;
+		}
+		p += n;
+	}
+}
+
+/*
+ * A JSON number that is a whole number: an integer, or a real with no
+ * fraction within long long's range ("max_tokens": 2.0 is 2, as OpenAI takes it).
+ */
+static bool json_whole(const json_t *v, long long *out)
+{
+	if (json_is_integer(v)) {
+		*out = json_integer_value(v);
+		return true;
+	}
+	if (!json_is_real(v))
+		return false;
+	double d = json_real_value(v);
+	if (!(d >= -0x1p63 && d < 0x1p63) || d != floor(d))
+		return false;
+	*out = (long long)d;
+	return true;
+}
+
+static bool present(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+	return v && !json_is_null(v);
+}
+
+static int get_int(json_t *o, const char *key, long long lo, long long hi, long long *out, kvt_req_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return KVT_OK;
+	long long x;
+	if (!json_whole(v, &x))
+		return kvt_req_fail(e, key, NULL, "'%s' must be an integer", key);
+	if (x < lo || x > hi)
+		return kvt_req_fail(e, key, NULL, "'%s' must be in [%lld, %lld] (got %lld)", key, lo, hi, x);
+	*out = x;
+	return KVT_OK;
+}
+
+static int get_num(json_t *o, const char *key, double *out, kvt_req_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return KVT_OK;
+	if (!json_is_number(v))
+		return kvt_req_fail(e, key, NULL, "'%s' must be a number", key);
+	*out = json_number_value(v);
+	return KVT_OK;
+}
+
+static int get_bool(json_t *o, const char *key, bool *out, kvt_req_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return KVT_OK;
+	if (!json_is_boolean(v))
+		return kvt_req_fail(e, key, NULL, "'%s' must be a boolean", key);
+	*out = json_is_true(v);
+	return KVT_OK;
+}
+
+/* A string field; *n_out (when not NULL) gets its length, which counts any NUL bytes in it. */
+static int get_str(json_t *o, const char *key, const char **out, size_t *n_out, kvt_req_err *e)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v || json_is_null(v))
+		return KVT_OK;
+	if (!json_is_string(v))
+		return kvt_req_fail(e, key, NULL, "'%s' must be a string", key);
+	*out = json_string_value(v);
+	if (n_out)
+		*n_out = json_string_length(v);
+	return KVT_OK;
+}
+
+int kvt_req_body_load(const char *body, size_t n, json_t **out, kvt_req_err *e)
+{
+	json_error_t jerr;
+	const size_t flags = JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL;
+	json_t *v = json_loadb(body ? body : "", n, flags, &jerr);
+	if (!v && json_error_code(&jerr) == json_error_numeric_overflow)
+		v = json_loadb(body ? body : "", n, flags | JSON_DECODE_INT_AS_REAL, &jerr);
+	if (!v)
+		return kvt_req_fail(e, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)", jerr.text,
+				    jerr.line, jerr.column);
+	if (!json_is_object(v)) {
+		json_decref(v);
+		return kvt_req_fail(e, NULL, "invalid_json", "the body must be a JSON object");
+	}
+	*out = v;
+	return KVT_OK;
+}
+
+int kvt_req_tenant(const char *user, size_t n_user, char tenant[KVT_NAME_MAX + 1], kvt_req_err *e)
+{
+	if (!user || n_user == 0)
+		return KVT_OK;
+	if (n_user > KVT_REQ_USER_MAX)
+		return kvt_req_fail(e, "user", NULL, "'user' must be at most %d bytes (got %zu)", KVT_REQ_USER_MAX, n_user);
+	if (n_user == strlen(user) && kvt_name_valid(user)) {
+		snprintf(tenant, KVT_NAME_MAX + 1, "%s", user);
+		return KVT_OK;
+	}
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned n_md = 0;
+	if (!EVP_Digest(user, n_user, md, &n_md, EVP_sha256(), NULL) || n_md < 8)
+		return kvt_req_fail(e, "user", NULL, "'user' could not be hashed");
+	size_t n = 0, keep = n_user < 64 ? n_user : 64;
+	for (; n < keep; n++) {
+		unsigned char c = (unsigned char)user[n];
+		tenant[n] = isalnum(c) || c == '-' || c == '_' || (c == '.' && n > 0) ? (char)c : '_';
+	}
+	tenant[n++] = '-';
+	for (int i = 0; i < 8; i++, n += 2)
+		snprintf(tenant + n, 3, "%02x", md[i]);
+	KVT_DEBUG_ASSERT(kvt_name_valid(tenant));
+	return KVT_OK;
+}
+
+int kvt_req_content(kvt_sbuf *b, json_t *content, const char *param, kvt_req_err *e)
+{
+	if (json_is_string(content)) {
+		kvt_sbuf_add(b, json_string_value(content), json_string_length(content));
+		return KVT_OK;
+	}
+	if (!json_is_array(content))
+		return kvt_req_fail(e, param, NULL, "'%s' must be a string or an array of text parts", param);
+	size_t k;
+	json_t *part;
+	json_array_foreach(content, k, part)
+	{
+		json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+		if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+		    !json_is_string(text))
+			return kvt_req_fail(e, param, NULL, "'%s[%zu]' must be {\"type\": \"text\", \"text\": string}", param, k);
+		kvt_sbuf_add(b, json_string_value(text), json_string_length(text));
+	}
+	return KVT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* step 1: the fields                                                         */
+
+/* logit_bias: token id (decimal string) -> bias in [-100, 100]. */
+static int parse_bias(const kvt_req_limits *lim, json_t *v, kvt_sampler_params *sp, kvt_req_err *e)
+{
+	if (!json_is_object(v))
+		return kvt_req_fail(e, "logit_bias", NULL, "'logit_bias' must be an object of token id -> bias");
+	if (json_object_size(v) > KVT_SAMPLER_MAX_BIAS)
+		return kvt_req_fail(e, "logit_bias", NULL, "'logit_bias' may hold at most %d entries", KVT_SAMPLER_MAX_BIAS);
+	const char *key;
+	json_t *bv;
+	json_object_foreach(v, key, bv)
+	{
+		char *end = NULL;
+		long long id = strtoll(key, &end, 10);
+		if (!key[0] || *end || id < 0 || id >= (long long)lim->n_vocab)
+			return kvt_req_fail(e, "logit_bias", NULL, "'logit_bias' key '%.40s' is not a token id in [0, %u)", key,
+					    lim->n_vocab);
+		if (!json_is_number(bv) || !(json_number_value(bv) >= -100 && json_number_value(bv) <= 100))
+			return kvt_req_fail(e, "logit_bias", NULL, "'logit_bias[%s]' must be a number in [-100, 100]", key);
+		sp->bias[sp->n_bias++] = (kvt_logit_bias){ (int32_t)id, (float)json_number_value(bv) };
+	}
+	return KVT_OK;
+}
+
+/* Fields kvtier does not implement: refused rather than ignored (docs/http-api.md). */
+static int parse_refused(bool chat, json_t *body, kvt_req_err *e)
+{
+	long long best_of = 1;
+	if (!chat && get_int(body, "best_of", 1, 1, &best_of, e))
+		return KVT_EINVAL;
+	static const char *const refused[] = { "suffix", "audio", "prediction", "web_search_options", "reasoning_effort",
+					       "verbosity" };
+	json_t *v;
+	for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++)
+		if ((v = json_object_get(body, refused[k])) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
+			return kvt_req_fail(e, refused[k], NULL, "'%s' is not supported", refused[k]);
+	if ((v = json_object_get(body, "modalities")) && !json_is_null(v) &&
+	    !(json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+	      !strcmp(json_string_value(json_array_get(v, 0)), "text")))
+		return kvt_req_fail(e, "modalities", NULL, "'modalities' other than [\"text\"] is not supported");
+	return KVT_OK;
+}
+
+/* stop: a string or an array of at most KVT_REQ_MAX_STOPS strings; empty ones are ignored. */
+static int parse_stop(json_t *v, kvt_gen_request *q, kvt_req_err *e)
+{
+	size_t k = 1;
+	if (json_is_array(v)) {
+		k = json_array_size(v);
+		if (k > KVT_REQ_MAX_STOPS)
+			return kvt_req_fail(e, "stop", NULL, "'stop' may hold at most %d strings", KVT_REQ_MAX_STOPS);
+	} else if (!json_is_string(v)) {
+		return kvt_req_fail(e, "stop", NULL, "'stop' must be a string or an array of strings");
+	}
+	for (size_t i = 0; i < k; i++) {
+		json_t *s = json_is_array(v) ? json_array_get(v, i) : v;
+		if (!json_is_string(s))
+			return kvt_req_fail(e, "stop", NULL, "'stop' must be a string or an array of strings");
+		size_t len = json_string_length(s);
+		if (len == 0)
+			continue; /* an empty stop string would match everywhere: ignored */
+		if (!(q->stops[q->n_stops] = malloc(len + 1)))
+			return KVT_ENOMEM;
+		memcpy(q->stops[q->n_stops], json_string_value(s), len + 1);
+		q->stop_len[q->n_stops++] = len;
+		if (len > q->max_stop_len)
+			q->max_stop_len = len;
+	}
+	return KVT_OK;
+}
+
+int kvt_gen_request_parse(const kvt_req_limits *lim, bool chat, json_t *body, kvt_gen_request *q, kvt_req_err *e)
+{
+	memset(q, 0, sizeof(*q));
+	q->chat = chat;
+	q->parse_special = true;
+	kvt_sched_req *s = &q->sched;
+	long long max_tokens = lim->default_max_tokens, top_k = 0, n = 1, seed = 0, priority = 0, top_lp = 0;
+	double temp = 1.0, top_p = 1.0, presence = 0, frequency = 0, repetition = 1, min_p = 0;
+	const char *model = NULL, *user = NULL, *session = NULL;
+	size_t n_user = 0;
+	bool want_lp = false;
+	json_t *v;
+	int rc;
+
+	q->max_tokens_key = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+	if (get_str(body, "model", &model, NULL, e) || get_str(body, "user", &user, &n_user, e) ||
+	    get_int(body, q->max_tokens_key, 1, lim->max_tokens_limit, &max_tokens, e) ||
+	    get_num(body, "temperature", &temp, e) || get_num(body, "top_p", &top_p, e) ||
+	    get_int(body, "top_k", 0, lim->n_vocab, &top_k, e) || get_int(body, "seed", LLONG_MIN, LLONG_MAX, &seed, e) ||
+	    get_int(body, "n", 1, lim->max_n, &n, e) || get_bool(body, "stream", &q->stream, e) ||
+	    get_bool(body, "ignore_eos", &s->ignore_eos, e) || get_str(body, "session_id", &session, NULL, e) ||
+	    get_int(body, "priority", KVT_PRIORITY_MIN, KVT_PRIORITY_MAX, &priority, e) ||
+	    (!chat && get_bool(body, "parse_special", &q->parse_special, e)))
+		return KVT_EINVAL;
+	q->have_seed = present(body, "seed");
+	s->has_priority = present(body, "priority");
+	if (get_num(body, "presence_penalty", &presence, e) || get_num(body, "frequency_penalty", &frequency, e) ||
+	    get_num(body, "repetition_penalty", &repetition, e) || get_num(body, "min_p", &min_p, e) ||
+	    (!chat && get_bool(body, "echo", &q->echo, e)))
+		return KVT_EINVAL;
+	if (!(presence >= -2 && presence <= 2) || !(frequency >= -2 && frequency <= 2)) {
+		const char *f = presence >= -2 && presence <= 2 ? "frequency_penalty" : "presence_penalty";
+		return kvt_req_fail(e, f, NULL, "'%s' must be in [-2, 2]", f);
+	}
+	if (!(repetition > 0 && repetition <= 10))
+		return kvt_req_fail(e, "repetition_penalty", NULL, "'repetition_penalty' must be in (0, 10]");
+	if (!(min_p >= 0 && min_p <= 1))
+		return kvt_req_fail(e, "min_p", NULL, "'min_p' must be in [0, 1]");
+	if (chat) { /* logprobs: true, top_logprobs: 0..20 */
+		if (get_bool(body, "logprobs", &want_lp, e) ||
+		    get_int(body, "top_logprobs", 0, KVT_MAX_TOP_LOGPROBS, &top_lp, e))
+			return KVT_EINVAL;
+		if (top_lp && !want_lp)
+			return kvt_req_fail(e, "top_logprobs", NULL, "'top_logprobs' needs 'logprobs': true");
+	} else if (present(body, "logprobs")) { /* completions: logprobs: N */
+		if (get_int(body, "logprobs", 0, KVT_MAX_TOP_LOGPROBS, &top_lp, e))
+			return KVT_EINVAL;
+		want_lp = true;
+		if (q->echo)
+			return kvt_req_fail(e, "echo", NULL, "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
+	}
+	if ((v = json_object_get(body, "logit_bias")) && !json_is_null(v) && parse_bias(lim, v, &s->sample, e))
+		return KVT_EINVAL;
+	if (parse_refused(chat, body, e) ||
+	    kvt_oai_response_format(json_object_get(body, "response_format"), &s->grammar, e))
+		return KVT_EINVAL;
+	if (!(temp >= 0 && temp <= 2))
+		return kvt_req_fail(e, "temperature", NULL, "'temperature' must be in [0, 2]");
+	if (!(top_p > 0 && top_p <= 1))
+		return kvt_req_fail(e, "top_p", NULL, "'top_p' must be in (0, 1]");
+	if ((v = json_object_get(body, "stream_options")) && !json_is_null(v)) {
+		if (!json_is_object(v))
+			return kvt_req_fail(e, "stream_options", NULL, "'stream_options' must be an object");
+		json_t *iu = json_object_get(v, "include_usage");
+		if (iu && !json_is_null(iu) && !json_is_boolean(iu))
+			return kvt_req_fail(e, "stream_options.include_usage", NULL,
+					    "'stream_options.include_usage' must be a boolean");
+		q->include_usage = json_is_true(iu);
+	}
+	if (session && !kvt_name_valid(session))
+		return kvt_req_fail(e, "session_id", NULL,
+				    "'session_id' must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'");
+	if (lim->tenant_from_user && kvt_req_tenant(user, n_user, s->tenant, e))
+		return KVT_EINVAL;
+	if (chat && kvt_oai_tools_parse(body, &q->tools, e))
+		return KVT_EINVAL;
+	if (s->grammar && q->tools.g)
+		return kvt_req_fail(e, "response_format", NULL,
+				    "'response_format' cannot be combined with a required or named 'tool_choice'");
+	if (q->tools.g)
+		s->grammar = kvt_grammar_ref(q->tools.g);
+	if ((v = json_object_get(body, "stop")) && !json_is_null(v) && (rc = parse_stop(v, q, e)) != KVT_OK)
+		return rc;
+
+	q->n = (uint32_t)n;
+	s->max_tokens = (uint32_t)max_tokens;
+	s->sample.temp = (float)temp;
+	s->sample.top_p = (float)top_p;
+	s->sample.top_k = (uint32_t)top_k;
+	s->sample.seed = (uint64_t)seed;
+	s->sample.presence_penalty = (float)presence;
+	s->sample.frequency_penalty = (float)frequency;
+	s->sample.repetition_penalty = (float)repetition;
+	s->sample.min_p = (float)min_p;
+	s->logprobs = want_lp;
+	s->top_logprobs = (uint32_t)top_lp;
+	s->priority = (int)priority;
+	snprintf(s->session_id, sizeof(s->session_id), "%s", session ? session : "");
+	return KVT_OK;
+}
+
+int kvt_req_resume_parse(json_t *body, bool *stream, const char **user, size_t *n_user, kvt_req_err *e)
+{
+	if (get_bool(body, "stream", stream, e) || get_str(body, "user", user, n_user, e))
+		return KVT_EINVAL;
+	return KVT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* step 2: the prompt                                                         */
+
+/* ids (malloc'd, n of them) with BOS put first when the model asks; frees ids on failure. */
+static int with_bos(const kvt_tok *tok, int32_t *ids, size_t n, int32_t **out, uint32_t *n_out)
+{
+	size_t bos = kvt_tok_add_bos(tok) && kvt_tok_bos(tok) >= 0 ? 1 : 0;
+	if (n + bos > UINT32_MAX) {
+		free(ids);
+		return KVT_EINVAL;
+	}
+	if (bos) {
+		int32_t *p = realloc(ids, (n + 1) * sizeof(*p));
+		if (!p) {
+			free(ids);
+			return KVT_ENOMEM;
+		}
+		memmove(p + 1, p, n * sizeof(*p));
+		p[0] = kvt_tok_bos(tok);
+		ids = p;
+	}
+	*out = ids;
+	*n_out = (uint32_t)(n + bos);
+	return KVT_OK;
+}
+
+/* Tokenize text into a malloc'd array, BOS first when the model asks. */
+static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse_special, int32_t **out,
+		    uint32_t *n_out)
+{
+	size_t cap = len + 8, n = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		int32_t *ids = malloc((cap + 1) * sizeof(*ids));
+		if (!ids)
+			return KVT_ENOMEM;
+		int rc = kvt_tok_encode(tok, text, len, parse_special, ids, cap, &n);
+		if (rc == KVT_OK)
+			return with_bos(tok, ids, n, out, n_out);
+		free(ids);
+		if (rc != KVT_EFULL)
+			return rc;
+		cap = n;
+	}
+	return KVT_EFULL;
+}
+
+/*
+ * messages -> prompt ids through the chat template: only the template's own
+ * markers are special tokens; every message's text is tokenized as text.
+ */
+static int chat_prompt(const kvt_tok *tok, json_t *msgs, const char *tools_text, int32_t **ids, uint32_t *n_ids,
+		       kvt_req_err *e)
+{
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return kvt_req_fail(e, "messages", NULL, "'messages' must be a non-empty array");
+	size_t n = json_array_size(msgs), n_cm = n + 1;
+	kvt_chat_msg *cm = calloc(n_cm, sizeof(*cm));
+	char **texts = calloc(n_cm, sizeof(*texts));
+	int ret = KVT_EINVAL;
+	if (!cm || !texts) {
+		kvt_req_fail(e, "messages", NULL, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
+		char param[64];
+		snprintf(param, sizeof(param), "messages[%zu].role", i);
+		if (!json_is_object(m)) {
+			snprintf(param, sizeof(param), "messages[%zu]", i);
+			kvt_req_fail(e, param, NULL, "'%s' must be an object with role and content", param);
+			goto out;
+		}
+		const char *r = NULL;
+		bool special;
+		if (kvt_oai_message(m, i, &special, &r, &texts[i], &cm[i].content_len, e))
+			goto out;
+		if (special) { /* an assistant turn with tool calls, or a tool's result */
+			cm[i].role = r;
+			cm[i].content = texts[i];
+			continue;
+		}
+		r = json_is_string(role) ? json_string_value(role) : NULL;
+		if (!r || (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && strcmp(r, "assistant"))) {
+			kvt_req_fail(e, param, NULL,
+				     "'%s' must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"", param);
+			goto out;
+		}
+		if (!strcmp(r, "developer")) /* OpenAI's newer name for the system role */
+			r = "system";
+		snprintf(param, sizeof(param), "messages[%zu].content", i);
+		kvt_sbuf b = { 0 };
+		kvt_sbuf_add(&b, "", 0);
+		if (kvt_req_content(&b, json_object_get(m, "content"), param, e)) {
+			free(b.p);
+			goto out;
+		}
+		if (b.failed) {
+			free(b.p);
+			kvt_req_fail(e, param, NULL, "out of memory");
+			goto out;
+		}
+		texts[i] = b.p;
+		cm[i].content_len = b.n;
+		cm[i].role = r;
+		cm[i].content = texts[i];
+	}
+	/* the tools' description: appended to the first system message, or a system message of its own */
+	if (tools_text) {
+		size_t nt = strlen(tools_text);
+		if (!strcmp(cm[0].role, "system")) {
+			char *c = malloc(cm[0].content_len + 2 + nt + 1);
+			if (!c) {
+				kvt_req_fail(e, "messages", NULL, "out of memory");
+				goto out;
+			}
+			memcpy(c, cm[0].content, cm[0].content_len);
+			memcpy(c + cm[0].content_len, "\n\n", 2);
+			memcpy(c + cm[0].content_len + 2, tools_text, nt + 1);
+			free(texts[0]);
+			texts[0] = c;
+			cm[0].content = c;
+			cm[0].content_len += 2 + nt;
+		} else {
+			memmove(cm + 1, cm, n * sizeof(*cm));
+			memmove(texts + 1, texts, n * sizeof(*texts));
+			if (!(texts[0] = strdup(tools_text))) {
+				kvt_req_fail(e, "messages", NULL, "out of memory");
+				goto out;
+			}
+			cm[0] = (kvt_chat_msg){ .role = "system", .content = texts[0], .content_len = nt };
+			n++;
+		}
+	}
+	int32_t *chat_ids = NULL;
+	size_t n_chat = 0;
+	int rc = kvt_tok_chat_encode(tok, cm, n, true, &chat_ids, &n_chat);
+	if (rc == KVT_OK && (rc = with_bos(tok, chat_ids, n_chat, ids, n_ids)) == KVT_OK)
+		ret = KVT_OK;
+	else
+		kvt_req_fail(e, "messages", NULL, "the messages cannot be formatted with this model's chat template (%s)",
+			     kvt_strerror(rc));
+out:
+	for (size_t i = 0; texts && i < n_cm; i++)
+		free(texts[i]);
+	free(texts);
+	free(cm);
+	return ret;
+}
+
+/* The prompt ids of a completion request: a string (or an array of one), or an array of token ids. */
+static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *prompt, bool parse_special, int32_t **ids,
+			     uint32_t *n, kvt_req_err *e)
+{
+	if (!prompt || json_is_null(prompt))
+		return kvt_req_fail(e, "prompt", NULL, "'prompt' is required");
+	if (json_is_array(prompt) && json_array_size(prompt) == 1 && json_is_string(json_array_get(prompt, 0)))
+		prompt = json_array_get(prompt, 0);
+	if (json_is_string(prompt)) {
+		int rc = tokenize(tok, json_string_value(prompt), json_string_length(prompt), parse_special, ids, n);
+		if (rc != KVT_OK)
+			return kvt_req_fail(e, "prompt", NULL, "'prompt' could not be tokenized (%s)", kvt_strerror(rc));
+		return KVT_OK;
+	}
+	if (!json_is_array(prompt))
+		return kvt_req_fail(e, "prompt", NULL, "'prompt' must be a string or an array of token ids");
+	size_t k = json_array_size(prompt);
+	if (k == 0)
+		return kvt_req_fail(e, "prompt", NULL, "'prompt' is empty");
+	if (k > UINT32_MAX)
+		return kvt_req_fail(e, "prompt", NULL, "'prompt' is too long");
+	int32_t *v = malloc(k * sizeof(*v));
+	if (!v)
+		return kvt_req_fail(e, "prompt", NULL, "out of memory");
+	for (size_t i = 0; i < k; i++) {
+		json_t *t = json_array_get(prompt, i);
+		long long x;
+		if (!json_whole(t, &x)) {
+			free(v);
+			if (json_is_string(t))
+				return kvt_req_fail(e, "prompt", NULL, "'prompt' as an array of strings must have exactly one element");
+			return kvt_req_fail(e, "prompt", NULL, "'prompt[%zu]' must be a token id (integer)", i);
+		}
+		if (x < 0 || x >= (long long)n_vocab) {
+			free(v);
+			return kvt_req_fail(e, "prompt", NULL, "'prompt[%zu]' = %lld is not a token id (the vocabulary has %u)",
+					    i, x, n_vocab);
+		}
+		v[i] = (int32_t)x;
+	}
+	*ids = v;
+	*n = (uint32_t)k;
+	return KVT_OK;
+}
+
+/* Completions echo: the prompt as text (a string as sent; token ids decoded, made valid UTF-8). */
+static int echo_text(const kvt_tok *tok, json_t *pr, kvt_gen_request *q)
+{
+	if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
+		pr = json_array_get(pr, 0);
+	kvt_sbuf t = { 0 };
+	if (json_is_string(pr)) {
+		kvt_sbuf_add(&t, json_string_value(pr), json_string_length(pr));
+	} else {
+		for (uint32_t i = 0; i < q->n_ids; i++) {
+			const char *b;
+			size_t nb;
+			if (kvt_tok_token_bytes(tok, q->ids[i], &b, &nb) == KVT_OK)
+				kvt_sbuf_add(&t, b, nb);
+		}
+	}
+	kvt_sbuf_add(&t, "", 0);
+	if (t.failed) {
+		free(t.p);
+		return KVT_ENOMEM;
+	}
+	if (!json_is_string(pr))
+		kvt_utf8_scrub(t.p);
+	q->echo_text = t.p;
+	q->n_echo = json_is_string(pr) ? t.n : strlen(t.p);
+	return KVT_OK;
+}
+
+int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, kvt_gen_request *q,
+			   kvt_req_err *e)
+{
+	const char *field = q->chat ? "messages" : "prompt";
+	int rc;
+	if (q->chat) {
+		char *tools_text = kvt_oai_tools_prompt(&q->tools);
+		rc = chat_prompt(tok, json_object_get(body, "messages"), tools_text, &q->ids, &q->n_ids, e);
+		free(tools_text);
+	} else {
+		rc = completion_prompt(tok, lim->n_vocab, json_object_get(body, "prompt"), q->parse_special, &q->ids,
+				       &q->n_ids, e);
+	}
+	if (rc != KVT_OK)
+		return rc;
+	if (q->n_ids == 0)
+		return kvt_req_fail(e, field, NULL, "the prompt is empty");
+	for (uint32_t i = 0; i < q->n_ids; i++)
+		if (q->ids[i] < 0 || (uint32_t)q->ids[i] >= lim->n_vocab) /* a tokenizer bigger than the model */
+			return kvt_req_fail(e, field, NULL, "the prompt has token id %d, outside the model's vocabulary (%u)",
+					    q->ids[i], lim->n_vocab);
+	if ((uint64_t)q->n_ids + (uint64_t)q->sched.max_tokens > lim->max_ctx)
+		return kvt_req_fail(e, q->max_tokens_key, NULL,
+				    "the prompt (%u tokens) plus '%s' (%u) exceeds the context (%u tokens)", q->n_ids,
+				    q->max_tokens_key, q->sched.max_tokens, lim->max_ctx);
+	if (q->echo && (rc = echo_text(tok, json_object_get(body, "prompt"), q)) != KVT_OK)
+		return rc;
+	if (kvt_cachectl_parse(tok, body, q->chat, q->ids, q->n_ids, &q->cc, e))
+		return KVT_EINVAL;
+	q->sched.prompt = q->ids;
+	q->sched.n_prompt = q->n_ids;
+	memcpy(q->sched.retain, q->cc.retain, sizeof(q->sched.retain));
+	q->sched.n_retain = q->cc.n_retain;
+	return KVT_OK;
+}
+
+void kvt_gen_request_deinit(kvt_gen_request *q)
+{
+	if (!q)
+		return;
+	kvt_grammar_unref(q->sched.grammar);
+	kvt_oai_tools_deinit(&q->tools);
+	for (uint32_t i = 0; i < q->n_stops; i++)
+		free(q->stops[i]);
+	free(q->ids);
+	free(q->echo_text);
+	memset(q, 0, sizeof(*q));
+}

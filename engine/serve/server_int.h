@@ -1,0 +1,217 @@
+/*
+ * engine/serve/server_int.h — the HTTP layer's shared structs and calls,
+ * between its three files:
+ *
+ *   server.c  the transport: libmicrohttpd, routing, API keys, parking
+ *             (suspend/resume and the pump thread), connection limits, the
+ *             header deadline, generation's parse -> submit -> reply;
+ *   reply.c   a generation's reply: choices, stop strings, logprobs, tool
+ *             calls, usage, the JSON body and the SSE stream;
+ *   admin.c   every other endpoint: health, models, metrics, stats (global
+ *             and a tenant's), sessions, resume, the dashboard.
+ *
+ * Nothing here is seen outside engine/serve (server.h is the API). Every
+ * call runs on an MHD worker (the access handler or a content reader), except
+ * kvt_srv_wake, which any thread may call.
+ */
+#ifndef KVT_SERVER_INT_H
+#define KVT_SERVER_INT_H
+
+#include "request.h"
+#include "server.h"
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define SRV_WAIT_S 0.1          /* the pump's hang-up poll period */
+#define SRV_IDS_CAP 64          /* token ids fetched per kvt_sched_next */
+#define SRV_PATH_MAX 256        /* path kept for the log line */
+#define SRV_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(10))
+
+struct kvt_server {
+	struct MHD_Daemon *mhd;             /* the listener and its worker pool */
+	kvt_server_config cfg;              /* copy; host/keys/model_id point into this struct */
+	kvt_api_key *keys;                  /* [cfg.n_keys] copies, then [cfg.n_admin_keys] admin keys */
+	struct tenant_usage *usage;         /* [n_usage]: one per tenant of a key (with keys only) */
+	size_t n_usage;                     /* entries of usage */
+	uint32_t *key_usage;                /* [n_keys + n_admin_keys]: each key's index in usage */
+	char model_id[256];                 /* cfg.model_id copy */
+	char kv_dtype[16];                  /* cfg.kv_dtype copy ("f16" when none) */
+	_Atomic(kvt_sched *) sched;         /* NULL until set_engine */
+	_Atomic(const kvt_tok *) tok;       /* with sched */
+	atomic_bool draining;               /* kvt_server_drain called */
+	atomic_bool stopping;               /* kvt_server_stop running: blocked loops give up */
+	atomic_uint in_flight;              /* generation requests admitted, not yet finished */
+	uint16_t port;                      /* bound port */
+	int64_t created;                    /* start time, unix seconds (/v1/models) */
+	double t_start;                     /* start time, monotonic (uptime) */
+	int wake_fd;                        /* eventfd: the scheduler or a resume thread has news (kvt_srv_wake) */
+	atomic_uint_fast64_t wake_seq;      /* kvt_srv_wake calls so far (a parker's lost-wake check) */
+	pthread_t pump;                     /* pump_main: resumes parked connections, cuts slow headers */
+	bool pump_started;                  /* pump is joinable */
+	atomic_bool pump_stop;              /* pump_main returns */
+	pthread_mutex_t mu;                 /* parked, parks_closed, tracks */
+	struct waiter *parked;              /* suspended connections (doubly linked) */
+	bool parks_closed;                  /* stopping: nothing parks any more */
+	struct conn_track *tracks;          /* every open connection (header deadline) */
+	atomic_ullong n_header_cuts;        /* connections cut at the header deadline */
+	atomic_uint n_resume_threads;       /* session resumes running on their threads */
+};
+
+/* What one tenant's requests used (with API keys: a tenant key sees its own). */
+typedef struct tenant_usage {
+	char tenant[KVT_NAME_MAX + 1];      /* the tenant */
+	atomic_ullong requests;             /* completions finished (each choice counts) */
+	atomic_ullong prompt_tokens;        /* their prompt tokens */
+	atomic_ullong cached_tokens;        /* of those, served from the cache */
+	atomic_ullong completion_tokens;    /* tokens generated */
+} tenant_usage;
+
+/*
+ * A connection parked until there is news (MHD_suspend_connection): a
+ * generation waiting for tokens, a session resume waiting for its thread.
+ * The object that waits (gen_job, resume_job) embeds it.
+ */
+typedef struct waiter {
+	struct MHD_Connection *con;         /* the connection to suspend and resume */
+	int fd;                             /* its socket (hang-up polls) */
+	bool parked;                        /* in srv->parked, suspended (under srv->mu) */
+	struct waiter *prev, *next;         /* srv->parked links */
+} waiter;
+
+/* One open connection, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION). */
+typedef struct conn_track {
+	int fd;                             /* the socket (shutdown at the deadline) */
+	double t_phase;                     /* when it began waiting for a request (monotonic) */
+	bool in_headers;                    /* between accept / the last response and the end of the next request's body */
+	bool cut;                           /* shut down at the deadline already */
+	struct conn_track *prev, *next;     /* srv->tracks links */
+} conn_track;
+
+/* One HTTP request, from its first header callback to on_completed. */
+typedef struct conn_req {
+	kvt_server *srv;                    /* owner */
+	struct MHD_Connection *con;         /* the connection (valid until on_completed) */
+	char method[16];                    /* request method */
+	char path[SRV_PATH_MAX];            /* request path (truncated), for the log */
+	kvt_sbuf body;                      /* the request body so far (at most max_body_bytes) */
+	bool too_large;                     /* body over max_body_bytes: answered 413 */
+	bool bad_path;                      /* the path holds a control byte (%00..%1F, %7F): answered 400 */
+	bool answered;                      /* a response was queued already */
+	double t0;                          /* monotonic start */
+	unsigned status;                    /* status sent, for the log */
+	char tenant[KVT_NAME_MAX + 1];      /* tenant, once known */
+	atomic_uint n_prompt, n_completion; /* tokens, for the log (a stream updates them) */
+	bool admin;                         /* authenticated with an admin key */
+	bool all_tenants;                   /* admin, ?tenant=*: every tenant's sessions */
+	struct tenant_usage *usage;         /* the key's tenant's counters (NULL without keys) */
+	struct gen_job *job;                /* a non-streaming generation parked between handler calls */
+	struct resume_job *rj;              /* a non-streaming resume parked between handler calls (admin.c) */
+} conn_req;
+
+/* One choice of a completion: its scheduler request and its text. */
+typedef struct gen_choice {
+	kvt_sched_handle *h;        /* the scheduler request; NULL once released */
+	kvt_tok_stream ds;          /* streaming UTF-8 decoder */
+	kvt_sbuf text;              /* the choice's text so far (cut at a matched stop string) */
+	size_t n_sent;              /* bytes of text already sent (streaming) */
+	uint32_t n_tokens;          /* tokens turned into text (up to the stop match) */
+	bool stop_hit;              /* a stop string matched: cancelled, text final */
+	bool ended;                 /* the scheduler said why it ended; usage valid */
+	int finish;                 /* KVT_FINISH_* from the scheduler once ended */
+	bool role_sent;             /* chat streaming: the role delta went out */
+	bool finish_sent;           /* streaming: the finish chunk went out */
+	bool echo_sent;             /* streaming: the echoed prompt went out */
+	json_t *lp;                 /* logprobs so far (NULL: not asked): chat, an array of content entries; completions, the logprobs object */
+	size_t lp_sent;             /* streaming: entries of lp already sent */
+	kvt_sched_usage usage;      /* from the scheduler once ended */
+} gen_choice;
+
+/* A completion in progress: the parsed request, its n choices, the SSE output. */
+typedef struct gen_job {
+	kvt_server *srv;            /* owner */
+	const kvt_tok *tok;         /* the tokenizer (borrowed, the server's) */
+	conn_req *req;              /* the HTTP request (for its log counters); only used while it lives */
+	kvt_gen_request q;          /* the parsed request (owned): chat, stream, stops, tools, echo, cache control */
+	char id[48];                /* "cmpl-..." / "chatcmpl-..." */
+	int64_t created;            /* unix seconds */
+	uint32_t n;                 /* choices submitted (q.n once all are) */
+	gen_choice *ch;             /* [q.n] */
+	waiter w;                   /* parks the connection while no tokens come */
+	tenant_usage *usage;        /* the tenant's counters, added to when the job ends (NULL: none) */
+	kvt_sbuf out;               /* SSE bytes not yet handed to MHD */
+	size_t out_off;             /* of those, already handed */
+	bool done;                  /* everything (incl. [DONE]) is in out */
+	bool counted;               /* holds one in_flight count */
+	bool released;              /* kvt_srv_job_release ran: no handle, no count held */
+} gen_job;
+
+/* ---- server.c ---- */
+
+/* Requests need a key (any API key or admin key is configured). */
+bool kvt_srv_auth_on(const kvt_server *srv);
+/* Constant-time compare of a presented key (na bytes) with a configured one. */
+bool kvt_srv_key_equal(const char *a, size_t na, const char *b);
+/* The presented bearer key: an API key (its tenant) or an admin key (r->admin). False: none, or unknown. */
+bool kvt_srv_authenticate(conn_req *r);
+/* Take one in-flight slot; false at server.max_concurrent. */
+bool kvt_srv_in_flight_take(kvt_server *srv);
+/* News for parked connections (the scheduler's progress hook, resume threads). Any thread; never blocks. */
+void kvt_srv_wake(void *user);
+void kvt_srv_waiter_init(waiter *w, struct MHD_Connection *con);
+/*
+ * Park w's connection until the next news, unless there was news since
+ * `seen` (a srv->wake_seq read before the caller last looked) or the server
+ * is stopping. Only from the access handler or a content reader; the caller
+ * then returns at once. True when parked.
+ */
+bool kvt_srv_park(kvt_server *srv, waiter *w, uint64_t seen);
+/* Did the peer hang up? (poll for POLLRDHUP/POLLHUP/POLLERR; never reads) */
+bool kvt_srv_peer_gone(int fd);
+/* Queue a response of body (malloc'd, taken), with Retry-After: 1 when retry. */
+enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctype, char *body, size_t n, bool retry);
+/* Queue a JSON response (v taken; NULL: a 500 "out of memory"). */
+enum MHD_Result kvt_srv_reply_json(conn_req *r, unsigned status, json_t *v, bool retry);
+/* The error object {"error": {message, type, param, code}} (param, code may be NULL). */
+json_t *kvt_srv_error_object(const char *type, const char *param, const char *code, const char *msg);
+/* Queue an error with the status's type (401, 403, 5xx, else invalid_request_error); 503 adds Retry-After. */
+enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *param, const char *code, const char *fmt,
+				    ...) __attribute__((format(printf, 5, 6)));
+/* Queue a refused request's error: e's param, code ("" = null) and message, with status. */
+enum MHD_Result kvt_srv_reply_req_error(conn_req *r, unsigned status, const kvt_req_err *e);
+
+/* ---- reply.c ---- */
+
+/* Give back what the job holds in the engine (handles, in-flight count, usage to the tenant). Once. */
+void kvt_srv_job_release(gen_job *j);
+/* Release and free the job; NULL is a no-op. */
+void kvt_srv_job_free(gen_job *j);
+/*
+ * A non-streaming generation (r->job), each time MHD runs its connection:
+ * take what the scheduler has; park until news while a choice runs; answer
+ * once all ended. Frees the job unless it parked.
+ */
+enum MHD_Result kvt_srv_gen_continue(conn_req *r);
+/* A streaming generation: queue the SSE response, which takes the job. */
+enum MHD_Result kvt_srv_gen_stream(conn_req *r, gen_job *j);
+
+/* ---- admin.c ---- */
+
+enum MHD_Result kvt_srv_handle_health(conn_req *r);
+enum MHD_Result kvt_srv_handle_models(conn_req *r);
+enum MHD_Result kvt_srv_handle_model(conn_req *r, const char *id);
+enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched);
+enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched);
+enum MHD_Result kvt_srv_handle_tenant_stats(conn_req *r, kvt_sched *sched);
+enum MHD_Result kvt_srv_handle_sessions(conn_req *r, kvt_sched *sched);
+enum MHD_Result kvt_srv_handle_session_delete(conn_req *r, kvt_sched *sched, const char *id);
+enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char *id);
+enum MHD_Result kvt_srv_handle_dashboard(conn_req *r);
+/* A non-streamed resume (r->rj), each time MHD runs its connection: park until the report is in, then answer. */
+enum MHD_Result kvt_srv_resume_continue(conn_req *r);
+/* Drop one reference to a resume job (the last frees it and gives back its in-flight count). */
+void kvt_srv_resume_unref(struct resume_job *rj);
+
+#endif

@@ -1,0 +1,754 @@
+/* ctest-labels: unit */
+/*
+ * tests/test_request.c — request parsing without a model (request.h): the
+ * pure JSON -> kvt_gen_request step, and the prompt step on the tokenizer of
+ * a synthetic GGUF (engine/model/synth_model.c: byte-level BPE, ChatML, no
+ * weights read), written into a temporary directory and removed.
+ *
+ *  - every refusal of docs/http-api.md's field rules and error table that
+ *    request parsing makes — malformed JSON, each field's type and range, the
+ *    refused fields, response_format (json_object, json_schema strict, the
+ *    schema subset and its limits), tools (auto / required / named / none,
+ *    malformed ones), logprobs / top_logprobs, stop, n, the prompt and the
+ *    messages, the context, cache control, user, session_id — is checked for
+ *    its status (kvt_req_http_status), param, code and a message substring,
+ *    by calling the real parser: a refusal that stops being refused fails;
+ *  - the order of the checks (which fault of two is reported);
+ *  - accepted requests carry what was asked into the scheduler's request
+ *    (sampling, seed, n, stop, logprobs, priority, session, tenant, grammar,
+ *    tools, cache-control breakpoints, echo), null counts as absent, and the
+ *    two content shapes (string, text parts) give the same prompt;
+ *  - the tenant mapping of `user`, a resume's body.
+ *
+ * The HTTP side of the same refusals (status lines, the error object's type,
+ * 401/404/405/413/503) is tests/test_server.c's.
+ */
+#include "check.h"
+#include "gguf.h"
+#include "request.h"
+#include "synth_model.h"
+#include "tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static kvt_tok *TOK;
+static kvt_req_limits LIM;
+
+/* Bodies are written with ' for " (readable tables); no body here needs a literal '. */
+static char *fix(const char *s)
+{
+	char *d = strdup(s);
+	for (char *p = d; *p; p++)
+		if (*p == '\'')
+			*p = '"';
+	return d;
+}
+
+/* Both steps, as the server runs them. rc of the first step that failed. */
+static int run(bool chat, const char *body_text, kvt_gen_request *q, kvt_req_err *e)
+{
+	memset(e, 0, sizeof(*e));
+	memset(q, 0, sizeof(*q));
+	json_t *body = NULL;
+	int rc = kvt_req_body_load(body_text, strlen(body_text), &body, e);
+	if (rc == KVT_OK)
+		rc = kvt_gen_request_parse(&LIM, chat, body, q, e);
+	if (rc == KVT_OK)
+		rc = kvt_gen_request_prompt(&LIM, TOK, body, q, e);
+	json_decref(body);
+	return rc;
+}
+
+/* A body that must be refused with 400, param (NULL: none), code (NULL: none) and a message holding substr. */
+static void refuse_at(int line, bool chat, const char *raw, const char *param, const char *code, const char *substr)
+{
+	char *b = fix(raw);
+	kvt_gen_request q;
+	kvt_req_err e;
+	int rc = run(chat, b, &q, &e);
+	CHECKF(rc == KVT_EINVAL && kvt_req_http_status(rc) == 400, "line %d: rc %d for %s", line, rc, b);
+	CHECKF(!strcmp(e.param, param ? param : ""), "line %d: param '%s', want '%s' (%s)", line, e.param,
+	       param ? param : "", e.message);
+	CHECKF(!strcmp(e.code, code ? code : ""), "line %d: code '%s', want '%s'", line, e.code, code ? code : "");
+	CHECKF(strstr(e.message, substr) != NULL, "line %d: message '%s' lacks '%s'", line, e.message, substr);
+	kvt_gen_request_deinit(&q);
+	free(b);
+}
+#define REFUSE(chat, body, param, code, substr) refuse_at(__LINE__, chat, body, param, code, substr)
+#define CMPL false
+#define CHAT true
+
+/* A body that must be accepted; q is the caller's to deinit. */
+static bool accept_at(int line, bool chat, const char *raw, kvt_gen_request *q)
+{
+	char *b = fix(raw);
+	kvt_req_err e;
+	int rc = run(chat, b, q, &e);
+	CHECKF(rc == KVT_OK, "line %d: rc %d (param '%s': %s) for %s", line, rc, e.param, e.message, b);
+	free(b);
+	return rc == KVT_OK;
+}
+#define ACCEPT(chat, body, q) accept_at(__LINE__, chat, body, q)
+
+/* A generated body: prefix, n copies of item (each with %d = its index, comma-separated), suffix. */
+static char *gen_body(const char *prefix, const char *item, int n, const char *suffix)
+{
+	size_t cap = strlen(prefix) + strlen(suffix) + (size_t)n * (strlen(item) + 16) + 1;
+	char *s = malloc(cap), *p = s;
+	p += sprintf(p, "%s", prefix);
+	for (int i = 0; i < n; i++) {
+		if (i)
+			*p++ = ',';
+		p += sprintf(p, item, i);
+	}
+	sprintf(p, "%s", suffix);
+	return s;
+}
+
+static void test_json(void)
+{
+	REFUSE(CMPL, "{", NULL, "invalid_json", "malformed JSON body");
+	REFUSE(CMPL, "", NULL, "invalid_json", "malformed JSON body");
+	REFUSE(CMPL, "[1]", NULL, "invalid_json", "the body must be a JSON object");
+	REFUSE(CMPL, "{'prompt': 'a', 'prompt': 'b'}", NULL, "invalid_json", "malformed JSON body");
+	/* an integer beyond 64 bits in an ignored field: read again as reals, accepted */
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'metadata': {'x': 123456789012345678901234567890}, 'max_tokens': 3}", &q))
+		CHECK_EQ_INT(q.sched.max_tokens, 3);
+	kvt_gen_request_deinit(&q);
+	/* strings may hold \u0000 */
+	if (ACCEPT(CMPL, "{'prompt': 'a\\u0000b'}", &q))
+		CHECK(q.n_ids >= 3);
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_sampling(void)
+{
+	REFUSE(CMPL, "{'prompt': 'hi', 'model': 5}", "model", NULL, "'model' must be a string");
+	REFUSE(CMPL, "{'prompt': 'hi', 'max_tokens': 2.5}", "max_tokens", NULL, "'max_tokens' must be an integer");
+	REFUSE(CMPL, "{'prompt': 'hi', 'max_tokens': '3'}", "max_tokens", NULL, "'max_tokens' must be an integer");
+	REFUSE(CMPL, "{'prompt': 'hi', 'max_tokens': 0}", "max_tokens", NULL, "'max_tokens' must be in [1, 64] (got 0)");
+	REFUSE(CMPL, "{'prompt': 'hi', 'max_tokens': 65}", "max_tokens", NULL, "must be in [1, 64]");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'max_completion_tokens': 0}",
+	       "max_completion_tokens", NULL, "'max_completion_tokens' must be in [1, 64]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': 'x'}", "temperature", NULL, "'temperature' must be a number");
+	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': 2.5}", "temperature", NULL, "'temperature' must be in [0, 2]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': -0.1}", "temperature", NULL, "in [0, 2]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': 0}", "top_p", NULL, "'top_p' must be in (0, 1]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': 1.5}", "top_p", NULL, "'top_p' must be in (0, 1]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': true}", "top_p", NULL, "'top_p' must be a number");
+	REFUSE(CMPL, "{'prompt': 'hi', 'top_k': -1}", "top_k", NULL, "'top_k' must be in [0, ");
+	char b[1024];
+	snprintf(b, sizeof(b), "{'prompt': 'hi', 'top_k': %u}", LIM.n_vocab + 1);
+	REFUSE(CMPL, b, "top_k", NULL, "'top_k' must be in");
+	REFUSE(CMPL, "{'prompt': 'hi', 'min_p': 1.5}", "min_p", NULL, "'min_p' must be in [0, 1]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'min_p': 'x'}", "min_p", NULL, "'min_p' must be a number");
+	REFUSE(CMPL, "{'prompt': 'hi', 'presence_penalty': 3}", "presence_penalty", NULL, "'presence_penalty' must be in [-2, 2]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'frequency_penalty': -3}", "frequency_penalty", NULL,
+	       "'frequency_penalty' must be in [-2, 2]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'presence_penalty': 'x'}", "presence_penalty", NULL, "must be a number");
+	REFUSE(CMPL, "{'prompt': 'hi', 'repetition_penalty': 0}", "repetition_penalty", NULL,
+	       "'repetition_penalty' must be in (0, 10]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'repetition_penalty': 11}", "repetition_penalty", NULL, "(0, 10]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'seed': 1.5}", "seed", NULL, "'seed' must be an integer");
+	REFUSE(CMPL, "{'prompt': 'hi', 'n': 0}", "n", NULL, "'n' must be in [1, 4] (got 0)");
+	REFUSE(CMPL, "{'prompt': 'hi', 'n': 5}", "n", NULL, "'n' must be in [1, 4] (got 5)");
+	REFUSE(CMPL, "{'prompt': 'hi', 'stream': 'yes'}", "stream", NULL, "'stream' must be a boolean");
+	REFUSE(CMPL, "{'prompt': 'hi', 'ignore_eos': 1}", "ignore_eos", NULL, "'ignore_eos' must be a boolean");
+	REFUSE(CMPL, "{'prompt': 'hi', 'parse_special': 'no'}", "parse_special", NULL, "'parse_special' must be a boolean");
+	REFUSE(CMPL, "{'prompt': 'hi', 'echo': 'x'}", "echo", NULL, "'echo' must be a boolean");
+	REFUSE(CMPL, "{'prompt': 'hi', 'priority': 101}", "priority", NULL, "'priority' must be in [-100, 100]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'priority': -101}", "priority", NULL, "'priority' must be in [-100, 100]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'session_id': 5}", "session_id", NULL, "'session_id' must be a string");
+	REFUSE(CMPL, "{'prompt': 'hi', 'session_id': '.hidden'}", "session_id", NULL, "'session_id' must be 1-128 characters");
+	REFUSE(CMPL, "{'prompt': 'hi', 'session_id': 'a b'}", "session_id", NULL, "'session_id' must be 1-128 characters");
+	REFUSE(CMPL, "{'prompt': 'hi', 'stream_options': 5}", "stream_options", NULL, "'stream_options' must be an object");
+	REFUSE(CMPL, "{'prompt': 'hi', 'stream_options': {'include_usage': 1}}", "stream_options.include_usage", NULL,
+	       "'stream_options.include_usage' must be a boolean");
+	/* the order of the checks: a type fault before a range fault, response_format before temperature's range */
+	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': 9, 'n': 'x'}", "n", NULL, "'n' must be an integer");
+	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': 9, 'response_format': 5}", "response_format", NULL,
+	       "'response_format' must be an object with a 'type'");
+	REFUSE(CMPL, "{'prompt': 5, 'stop': 5}", "stop", NULL, "'stop' must be a string or an array of strings");
+
+	/* logit_bias */
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': [1]}", "logit_bias", NULL, "'logit_bias' must be an object");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': {'x': 1}}", "logit_bias", NULL, "'logit_bias' key 'x' is not a token id");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': {'-1': 1}}", "logit_bias", NULL, "is not a token id");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': {'': 1}}", "logit_bias", NULL, "is not a token id");
+	snprintf(b, sizeof(b), "{'prompt': 'hi', 'logit_bias': {'%u': 1}}", LIM.n_vocab);
+	REFUSE(CMPL, b, "logit_bias", NULL, "is not a token id");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': {'5': 101}}", "logit_bias", NULL, "'logit_bias[5]' must be a number in [-100, 100]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': {'5': 'a'}}", "logit_bias", NULL, "must be a number in [-100, 100]");
+	char *big = gen_body("{'prompt': 'hi', 'logit_bias': {", "'%d': 1", KVT_SAMPLER_MAX_BIAS + 1, "}}");
+	REFUSE(CMPL, big, "logit_bias", NULL, "'logit_bias' may hold at most 1024 entries");
+	free(big);
+
+	/* accepted: the values reach the scheduler's request */
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, "{'prompt': 'hi'}", &q)) {
+		CHECK(!q.chat && q.n == 1 && q.sched.max_tokens == LIM.default_max_tokens);
+		CHECK(q.sched.sample.temp == 1.0f && q.sched.sample.top_p == 1.0f && q.sched.sample.top_k == 0);
+		CHECK(q.sched.sample.repetition_penalty == 1.0f && q.sched.sample.n_bias == 0);
+		CHECK(!q.have_seed && !q.stream && !q.sched.logprobs && !q.sched.has_priority && q.parse_special);
+		CHECK(q.sched.grammar == NULL && q.n_stops == 0 && !q.echo_text && !q.sched.tenant[0]);
+		CHECK(!strcmp(q.max_tokens_key, "max_tokens") && !q.sched.session_id[0] && q.sched.n_retain == 0);
+		CHECK(q.n_ids > 0 && q.sched.prompt == q.ids && q.sched.n_prompt == q.n_ids);
+	}
+	kvt_gen_request_deinit(&q);
+	snprintf(b, sizeof(b),
+		 "{'prompt': 'hi', 'max_tokens': 2.0, 'temperature': 0, 'top_p': 0.5, 'top_k': %u, 'min_p': 0.25, "
+		 "'seed': -7, 'n': 4, 'presence_penalty': -2, 'frequency_penalty': 2, 'repetition_penalty': 10, "
+		 "'ignore_eos': true, 'priority': -100, 'logit_bias': {'5': -100, '7': 2.5}}",
+		 LIM.n_vocab);
+	if (ACCEPT(CMPL, b, &q)) {
+		CHECK(q.sched.max_tokens == 2 && q.sched.sample.temp == 0.0f && q.sched.sample.top_p == 0.5f);
+		CHECK(q.sched.sample.top_k == LIM.n_vocab && q.sched.sample.min_p == 0.25f);
+		CHECK(q.have_seed && q.sched.sample.seed == (uint64_t)-7 && q.n == 4);
+		CHECK(q.sched.sample.presence_penalty == -2.0f && q.sched.sample.frequency_penalty == 2.0f);
+		CHECK(q.sched.sample.repetition_penalty == 10.0f && q.sched.ignore_eos);
+		CHECK(q.sched.has_priority && q.sched.priority == -100);
+		CHECK(q.sched.sample.n_bias == 2 && q.sched.sample.bias[0].id == 5 && q.sched.sample.bias[0].bias == -100.0f);
+		CHECK(q.sched.sample.bias[1].id == 7 && q.sched.sample.bias[1].bias == 2.5f);
+	}
+	kvt_gen_request_deinit(&q);
+	/* null counts as absent */
+	if (ACCEPT(CMPL,
+		   "{'prompt': 'hi', 'max_tokens': null, 'temperature': null, 'n': null, 'stop': null, 'seed': null, "
+		   "'priority': null, 'logit_bias': null, 'response_format': null, 'stream_options': null, 'logprobs': null, "
+		   "'suffix': null, 'audio': null, 'modalities': null, 'best_of': null, 'user': null, 'session_id': null, "
+		   "'cache_control': null, 'prompt_cache_key': null, 'prompt_cache_retention': null}",
+		   &q)) {
+		CHECK(q.n == 1 && q.sched.max_tokens == LIM.default_max_tokens && !q.have_seed && !q.sched.has_priority);
+		CHECK(!q.sched.logprobs && q.n_stops == 0 && q.sched.grammar == NULL && q.cc.n_retain == 0);
+	}
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'stream': true, 'stream_options': {'include_usage': true}, 'session_id': 's.1',"
+			 " 'user': 'alice'}", &q)) {
+		CHECK(q.stream && q.include_usage && !strcmp(q.sched.session_id, "s.1") && !strcmp(q.sched.tenant, "alice"));
+	}
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_refused_fields(void)
+{
+	REFUSE(CMPL, "{'prompt': 'hi', 'best_of': 2}", "best_of", NULL, "'best_of' must be in [1, 1]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'suffix': 'x'}", "suffix", NULL, "'suffix' is not supported");
+	REFUSE(CMPL, "{'prompt': 'hi', 'audio': {}}", "audio", NULL, "'audio' is not supported");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'prediction': {'type': 'content'}}", "prediction",
+	       NULL, "'prediction' is not supported");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'web_search_options': {}}", "web_search_options",
+	       NULL, "'web_search_options' is not supported");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'reasoning_effort': 'low'}", "reasoning_effort",
+	       NULL, "'reasoning_effort' is not supported");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'verbosity': 'low'}", "verbosity", NULL,
+	       "'verbosity' is not supported");
+	REFUSE(CMPL, "{'prompt': 'hi', 'modalities': ['text', 'audio']}", "modalities", NULL,
+	       "'modalities' other than [\"text\"] is not supported");
+	REFUSE(CMPL, "{'prompt': 'hi', 'modalities': 'text'}", "modalities", NULL, "is not supported");
+	/* accepted: empty suffix, ["text"], best_of 1, the no-ops, chat's best_of (a completions field) */
+	kvt_gen_request q;
+	ACCEPT(CMPL, "{'prompt': 'hi', 'suffix': '', 'modalities': ['text'], 'best_of': 1, 'store': true, "
+		     "'metadata': {'a': 'b'}, 'service_tier': 'auto', 'safety_identifier': 'x'}", &q);
+	kvt_gen_request_deinit(&q);
+	ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'best_of': 3, 'parse_special': 'x', 'echo': 1}", &q);
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_logprobs(void)
+{
+	const char *m = "{'messages': [{'role': 'user', 'content': 'hi'}], ";
+	char b[512];
+	snprintf(b, sizeof(b), "%s'logprobs': 1}", m);
+	REFUSE(CHAT, b, "logprobs", NULL, "'logprobs' must be a boolean");
+	snprintf(b, sizeof(b), "%s'logprobs': true, 'top_logprobs': 21}", m);
+	REFUSE(CHAT, b, "top_logprobs", NULL, "'top_logprobs' must be in [0, 20]");
+	snprintf(b, sizeof(b), "%s'top_logprobs': 2}", m);
+	REFUSE(CHAT, b, "top_logprobs", NULL, "'top_logprobs' needs 'logprobs': true");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logprobs': 21}", "logprobs", NULL, "'logprobs' must be in [0, 20]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logprobs': true}", "logprobs", NULL, "'logprobs' must be an integer");
+	REFUSE(CMPL, "{'prompt': 'hi', 'logprobs': 1, 'echo': true}", "echo", NULL,
+	       "'echo' with 'logprobs' (the prompt's logprobs) is not supported");
+	kvt_gen_request q;
+	snprintf(b, sizeof(b), "%s'logprobs': true, 'top_logprobs': 20}", m);
+	if (ACCEPT(CHAT, b, &q))
+		CHECK(q.sched.logprobs && q.sched.top_logprobs == 20);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'logprobs': 0}", &q))
+		CHECK(q.sched.logprobs && q.sched.top_logprobs == 0);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'logprobs': 3}", &q))
+		CHECK(q.sched.logprobs && q.sched.top_logprobs == 3);
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_stop(void)
+{
+	REFUSE(CMPL, "{'prompt': 'hi', 'stop': 5}", "stop", NULL, "'stop' must be a string or an array of strings");
+	REFUSE(CMPL, "{'prompt': 'hi', 'stop': ['a', 5]}", "stop", NULL, "'stop' must be a string or an array of strings");
+	REFUSE(CMPL, "{'prompt': 'hi', 'stop': ['a', 'b', 'c', 'd', 'e']}", "stop", NULL, "'stop' may hold at most 4 strings");
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'stop': ['', 'ab', 'x\\u0000yz', 'q']}", &q)) {
+		CHECK(q.n_stops == 3 && q.max_stop_len == 4); /* the empty one ignored */
+		CHECK(q.stop_len[0] == 2 && !memcmp(q.stops[0], "ab", 2));
+		CHECK(q.stop_len[1] == 4 && !memcmp(q.stops[1], "x\0yz", 4));
+	}
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'stop': 'END'}", &q))
+		CHECK(q.n_stops == 1 && q.stop_len[0] == 3);
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_response_format(void)
+{
+	const char *p = "response_format.json_schema.schema";
+	REFUSE(CMPL, "{'prompt': 'hi', 'response_format': 'json'}", "response_format", NULL,
+	       "'response_format' must be an object with a 'type'");
+	REFUSE(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'xml'}}", "response_format.type", NULL,
+	       "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\" (got \"xml\")");
+	REFUSE(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'json_schema'}}", "response_format.json_schema", NULL,
+	       "'response_format.json_schema' must be an object");
+	REFUSE(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'schema': {}}}}",
+	       "response_format.json_schema.name", NULL, "must be a string of 1-64 characters");
+	char b[1024];
+	snprintf(b, sizeof(b),
+		 "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'name': '%065d'}}}", 0);
+	REFUSE(CMPL, b, "response_format.json_schema.name", NULL, "1-64 characters");
+	REFUSE(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'x', 'strict': 'yes'}}}",
+	       "response_format.json_schema.strict", NULL, "'response_format.json_schema.strict' must be a boolean");
+#define RF(schema) "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'x', 'strict': true, 'schema': " schema "}}}"
+	REFUSE(CMPL, RF("{'type': 'string', 'format': 'date'}"), p, NULL, "schema keyword 'format' (at #) is not supported");
+	REFUSE(CMPL, RF("{'type': 'object', 'properties': {'a': {'type': 'integer', 'minimum': 1}}}"), p, NULL,
+	       "schema keyword 'minimum' (at #/properties/a)");
+	REFUSE(CMPL, RF("{'type': 'object', 'additionalProperties': {'type': 'string'}}"), p, NULL,
+	       "'additionalProperties' at #: only false or true is supported");
+	REFUSE(CMPL, RF("{'type': 'object', 'properties': {'a': {}}, 'required': ['b']}"), p, NULL,
+	       "'required' at # names 'b', which is not in 'properties'");
+	REFUSE(CMPL, RF("{'type': 'widget'}"), p, NULL, "'type' at #: unknown type 'widget'");
+	REFUSE(CMPL, RF("{'$ref': '#/$defs/missing'}"), p, NULL, "does not resolve");
+	REFUSE(CMPL, RF("{'type': 'array', 'items': [{}, {}]}"), p, NULL, "an array of schemas (tuple) is not supported");
+	REFUSE(CMPL, RF("{'type': 'array', 'minItems': 3, 'maxItems': 2}"), p, NULL, "'maxItems' at # is below 'minItems'");
+	REFUSE(CMPL, RF("{'type': 'string', 'pattern': '(?=a)'}"), p, NULL, "a lookaround or named group is not supported");
+	REFUSE(CMPL, RF("5"), p, NULL, "the schema at # must be an object");
+	/* the limits */
+	/* generated schemas: the body's head, then the schema, then "}}}" */
+	char *s;
+	const char *head = "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'x', 'schema': ";
+	char pre[512];
+	snprintf(pre, sizeof(pre), "%s{'enum': [", head);
+	s = gen_body(pre, "%d", 257, "]}}}}");
+	REFUSE(CMPL, s, p, NULL, "'enum' at # must be an array of 1-256 values");
+	free(s);
+	s = gen_body(pre, "%d", 256, "]}}}}");
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, s, &q)) /* 256 values: the limit, accepted */
+		CHECK(q.sched.grammar != NULL);
+	kvt_gen_request_deinit(&q);
+	free(s);
+	snprintf(pre, sizeof(pre), "%s{'anyOf': [", head);
+	s = gen_body(pre, "{'const': %d}", 65, "]}}}}");
+	REFUSE(CMPL, s, p, NULL, "'anyOf' at # must be an array of 1-64 schemas");
+	free(s);
+	snprintf(pre, sizeof(pre), "%s{'type': 'string', 'pattern': '", head);
+	s = gen_body(pre, "a", 1025, "'}}}}");
+	for (char *c = s + strlen(pre); *c == 'a' || *c == ','; c++) /* gen_body put commas between the a's */
+		*c = 'a';
+	REFUSE(CMPL, s, p, NULL, "'pattern' at # is longer than 1024 bytes");
+	free(s);
+	char pat[200] = "";
+	for (int i = 0; i < 33; i++)
+		strcat(pat, "(");
+	strcat(pat, "a");
+	for (int i = 0; i < 33; i++)
+		strcat(pat, ")");
+	snprintf(b, sizeof(b), RF("{'type': 'string', 'pattern': '%s'}"), pat);
+	REFUSE(CMPL, b, p, NULL, "nesting groups deeper than 32");
+	/* schemas nested 65 deep */
+	char deep[4096];
+	size_t k = 0;
+	k += (size_t)snprintf(deep + k, sizeof(deep) - k, "%s", head);
+	for (int i = 0; i < 65; i++)
+		k += (size_t)snprintf(deep + k, sizeof(deep) - k, "{'type': 'array', 'items': ");
+	k += (size_t)snprintf(deep + k, sizeof(deep) - k, "{'type': 'string'}");
+	for (int i = 0; i < 65; i++)
+		k += (size_t)snprintf(deep + k, sizeof(deep) - k, "}");
+	snprintf(deep + k, sizeof(deep) - k, "}}}");
+	REFUSE(CMPL, deep, p, NULL, "nests deeper than 64");
+
+	/* accepted: text (no grammar), json_object, a strict schema, a schema-less json_schema */
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'text'}}", &q))
+		CHECK(q.sched.grammar == NULL);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'json_object'}}", &q))
+		CHECK(q.sched.grammar != NULL);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CHAT,
+		   "{'messages': [{'role': 'user', 'content': 'hi'}], 'response_format': {'type': 'json_schema', 'json_schema': "
+		   "{'name': 'person', 'strict': true, 'schema': {'type': 'object', 'properties': {'name': {'type': 'string', "
+		   "'maxLength': 8}, 'tags': {'type': 'array', 'items': {'enum': ['a', 'b']}, 'maxItems': 3}, 'id': {'type': "
+		   "'string', 'pattern': '^[a-z]{2}\\\\d+$'}, 'n': {'anyOf': [{'type': 'integer'}, {'type': 'null'}]}}, "
+		   "'required': ['name'], 'additionalProperties': false, '$defs': {}, 'title': 't'}}}}",
+		   &q))
+		CHECK(q.sched.grammar != NULL);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'any'}}}", &q))
+		CHECK(q.sched.grammar != NULL);
+	kvt_gen_request_deinit(&q);
+#undef RF
+}
+
+static void test_tools(void)
+{
+	const char *m = "{'messages': [{'role': 'user', 'content': 'hi'}], ";
+	const char *tool = "{'type': 'function', 'function': {'name': 'get', 'parameters': {'type': 'object', 'properties': "
+			   "{'city': {'type': 'string'}}, 'required': ['city']}}}";
+	char b[2048];
+	snprintf(b, sizeof(b), "%s'tools': 'x'}", m);
+	REFUSE(CHAT, b, "tools", NULL, "'tools' must be an array");
+	snprintf(b, sizeof(b), "%s'tools': [{'type': 'retrieval'}]}", m);
+	REFUSE(CHAT, b, "tools[0]", NULL, "'tools[0]' must be {\"type\": \"function\"");
+	snprintf(b, sizeof(b), "%s'tools': [%s, {'type': 'function', 'function': {'name': 'a b'}}]}", m, tool);
+	REFUSE(CHAT, b, "tools[1]", NULL, "'tools[1].function.name' must be 1-64 characters of [a-zA-Z0-9_-]");
+	snprintf(b, sizeof(b), "%s'tools': [{'type': 'function', 'function': {'name': 'f', 'parameters': 5}}]}", m);
+	REFUSE(CHAT, b, "tools[0]", NULL, "'tools[0].function.parameters' must be a JSON Schema object");
+	snprintf(b, sizeof(b), "%s'tools': [%s, %s]}", m, tool, tool);
+	REFUSE(CHAT, b, "tools[1]", NULL, "function 'get' is defined twice");
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'tool_choice': 'maybe'}", m, tool);
+	REFUSE(CHAT, b, "tool_choice", NULL, "'tool_choice' must be \"none\", \"auto\", \"required\" or");
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'tool_choice': {'type': 'function', 'function': {'name': 'put'}}}", m, tool);
+	REFUSE(CHAT, b, "tool_choice", NULL, "'tool_choice' names function 'put', which is not in 'tools'");
+	snprintf(b, sizeof(b), "%s'tool_choice': 'required'}", m);
+	REFUSE(CHAT, b, "tool_choice", NULL, "'tool_choice' is \"required\" but there are no 'tools'");
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'parallel_tool_calls': 'x'}", m, tool);
+	REFUSE(CHAT, b, "parallel_tool_calls", NULL, "'parallel_tool_calls' must be a boolean");
+	snprintf(b, sizeof(b), "%s'functions': [{'name': 'f'}]}", m);
+	REFUSE(CHAT, b, "functions", NULL, "the deprecated forms");
+	snprintf(b, sizeof(b), "%s'function_call': 'auto'}", m);
+	REFUSE(CHAT, b, "function_call", NULL, "the deprecated forms");
+	snprintf(b, sizeof(b),
+		 "%s'tools': [{'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object', 'properties': "
+		 "{'a': {'type': 'string', 'format': 'email'}}}}}], 'tool_choice': 'required'}",
+		 m);
+	REFUSE(CHAT, b, "tools[0].function.parameters", NULL, "schema keyword 'format'");
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'tool_choice': 'required', 'response_format': {'type': 'json_object'}}", m,
+		 tool);
+	REFUSE(CHAT, b, "response_format", NULL, "'response_format' cannot be combined with a required or named 'tool_choice'");
+
+	/* accepted: auto (no grammar, the tools described), required and named (a grammar), none (plain text) */
+	kvt_gen_request plain, q;
+	uint32_t n_plain = 0;
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}]}", &plain))
+		n_plain = plain.n_ids;
+	snprintf(b, sizeof(b), "%s'tools': [%s]}", m, tool);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK(q.tools.choice == KVT_TOOLS_AUTO && q.tools.g == NULL && q.sched.grammar == NULL && q.tools.parallel);
+		CHECK(q.n_ids > n_plain + 20); /* the tools' description is in the prompt */
+	}
+	kvt_gen_request_deinit(&q);
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'tool_choice': 'required', 'parallel_tool_calls': false}", m, tool);
+	if (ACCEPT(CHAT, b, &q))
+		CHECK(q.tools.choice == KVT_TOOLS_REQUIRED && q.sched.grammar != NULL && !q.tools.parallel);
+	kvt_gen_request_deinit(&q);
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'tool_choice': {'type': 'function', 'function': {'name': 'get'}}}", m, tool);
+	if (ACCEPT(CHAT, b, &q))
+		CHECK(q.tools.choice == KVT_TOOLS_NAMED && !strcmp(q.tools.named, "get") && q.sched.grammar != NULL);
+	kvt_gen_request_deinit(&q);
+	snprintf(b, sizeof(b), "%s'tools': [%s], 'tool_choice': 'none'}", m, tool);
+	if (ACCEPT(CHAT, b, &q)) { /* the tools are not rendered: the prompt is the plain one */
+		CHECK(q.tools.choice == KVT_TOOLS_NONE && q.sched.grammar == NULL);
+		CHECK(q.n_ids == n_plain && !memcmp(q.ids, plain.ids, n_plain * sizeof(int32_t)));
+	}
+	kvt_gen_request_deinit(&q);
+	/* a tool conversation: an assistant turn with tool_calls (content null), then the tool's result */
+	snprintf(b, sizeof(b),
+		 "{'messages': [{'role': 'user', 'content': 'weather?'}, {'role': 'assistant', 'content': null, "
+		 "'tool_calls': [{'id': 'c1', 'type': 'function', 'function': {'name': 'get', 'arguments': "
+		 "'{\\'city\\': \\'Oslo\\'}'}}]}, {'role': 'tool', 'tool_call_id': 'c1', 'content': 'rain'}], 'tools': [%s]}",
+		 tool);
+	/* fix() turned \' into \": the arguments string holds escaped quotes */
+	if (ACCEPT(CHAT, b, &q))
+		CHECK(q.n_ids > n_plain);
+	kvt_gen_request_deinit(&q);
+	kvt_gen_request_deinit(&plain);
+}
+
+static void test_prompt(void)
+{
+	REFUSE(CMPL, "{}", "prompt", NULL, "'prompt' is required");
+	REFUSE(CMPL, "{'prompt': null}", "prompt", NULL, "'prompt' is required");
+	REFUSE(CMPL, "{'prompt': 5}", "prompt", NULL, "'prompt' must be a string or an array of token ids");
+	REFUSE(CMPL, "{'prompt': []}", "prompt", NULL, "'prompt' is empty");
+	REFUSE(CMPL, "{'prompt': ['a', 'b']}", "prompt", NULL, "'prompt' as an array of strings must have exactly one element");
+	REFUSE(CMPL, "{'prompt': [1, 2.5]}", "prompt", NULL, "'prompt[1]' must be a token id (integer)");
+	REFUSE(CMPL, "{'prompt': [1, -1]}", "prompt", NULL, "'prompt[1]' = -1 is not a token id");
+	char b[4096];
+	snprintf(b, sizeof(b), "{'prompt': [%u]}", LIM.n_vocab);
+	REFUSE(CMPL, b, "prompt", NULL, "is not a token id (the vocabulary has");
+	REFUSE(CMPL, "{'prompt': '', 'parse_special': true}", "prompt", NULL, "the prompt is empty");
+	/* the context: prompt + max_tokens must fit max_ctx (128 for these) */
+	LIM.max_ctx = 128;
+	char *ids = gen_body("{'max_tokens': 64, 'prompt': [", "1", 65, "]}");
+	REFUSE(CMPL, ids, "max_tokens", NULL, "the prompt (65 tokens) plus 'max_tokens' (64) exceeds the context (128 tokens)");
+	free(ids);
+	ids = gen_body("{'max_tokens': 64, 'prompt': [", "1", 64, "]}");
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, ids, &q)) /* exactly the context */
+		CHECK(q.n_ids == 64 && q.ids[63] == 1);
+	kvt_gen_request_deinit(&q);
+	free(ids);
+	char *long_msg = gen_body("{'max_completion_tokens': 64, 'messages': [{'role': 'user', 'content': '", "x y", 40, "'}]}");
+	REFUSE(CHAT, long_msg, "max_completion_tokens", NULL, "plus 'max_completion_tokens' (64) exceeds the context");
+	free(long_msg);
+	LIM.max_ctx = 2048;
+
+	/* accepted: a token-id prompt as given, a one-string array as the string, BOS as the model asks */
+	if (ACCEPT(CMPL, "{'prompt': [5, 6, 7]}", &q))
+		CHECK(q.n_ids == 3 && q.ids[0] == 5 && q.ids[2] == 7);
+	kvt_gen_request_deinit(&q);
+	kvt_gen_request q2;
+	if (ACCEPT(CMPL, "{'prompt': 'hello'}", &q) && ACCEPT(CMPL, "{'prompt': ['hello']}", &q2)) {
+		CHECK(q.n_ids == q2.n_ids && !memcmp(q.ids, q2.ids, q.n_ids * sizeof(int32_t)));
+		CHECK(!kvt_tok_add_bos(TOK) || q.ids[0] == kvt_tok_bos(TOK));
+	}
+	kvt_gen_request_deinit(&q);
+	kvt_gen_request_deinit(&q2);
+	/* parse_special: a completion's special-token text is one token, or plain text with false */
+	if (ACCEPT(CMPL, "{'prompt': '<|im_end|>'}", &q) && ACCEPT(CMPL, "{'prompt': '<|im_end|>', 'parse_special': false}", &q2))
+		CHECK(q.n_ids < q2.n_ids && q.ids[q.n_ids - 1] == kvt_tok_eos(TOK));
+	kvt_gen_request_deinit(&q);
+	kvt_gen_request_deinit(&q2);
+	/* echo: the prompt's text */
+	if (ACCEPT(CMPL, "{'prompt': 'say hi', 'echo': true}", &q))
+		CHECK(q.echo_text && q.n_echo == 6 && !strcmp(q.echo_text, "say hi"));
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': [104, 105], 'echo': true}", &q)) /* token ids: their bytes */
+		CHECK(q.echo_text && q.n_echo >= 1);
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_messages(void)
+{
+	REFUSE(CHAT, "{}", "messages", NULL, "'messages' must be a non-empty array");
+	REFUSE(CHAT, "{'messages': []}", "messages", NULL, "'messages' must be a non-empty array");
+	REFUSE(CHAT, "{'messages': {'role': 'user'}}", "messages", NULL, "'messages' must be a non-empty array");
+	REFUSE(CHAT, "{'messages': [5]}", "messages[0]", NULL, "'messages[0]' must be an object with role and content");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}, {'role': 'bot', 'content': 'b'}]}", "messages[1].role",
+	       NULL, "'messages[1].role' must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\"");
+	REFUSE(CHAT, "{'messages': [{'content': 'a'}]}", "messages[0].role", NULL, "must be \"system\"");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 5}]}", "messages[0].content", NULL,
+	       "'messages[0].content' must be a string or an array of text parts");
+	REFUSE(CHAT, "{'messages': [{'role': 'user'}]}", "messages[0].content", NULL, "must be a string or an array");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {}}]}]}",
+	       "messages[0].content", NULL, "'messages[0].content[0]' must be {\"type\": \"text\", \"text\": string}");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': ['a']}]}", "messages[0].content", NULL,
+	       "'messages[0].content[0]' must be");
+	REFUSE(CHAT, "{'messages': [{'role': 'tool', 'tool_call_id': 5, 'content': 'r'}]}", "messages[0].tool_call_id", NULL,
+	       "'messages[0].tool_call_id' must be a string");
+	REFUSE(CHAT, "{'messages': [{'role': 'tool', 'content': 5}]}", "messages[0].content", NULL,
+	       "'messages[0].content' must be a string or an array of text parts");
+	REFUSE(CHAT, "{'messages': [{'role': 'assistant', 'tool_calls': 'x'}]}", "messages[0].tool_calls", NULL,
+	       "'messages[0].tool_calls' must be an array");
+	REFUSE(CHAT, "{'messages': [{'role': 'assistant', 'tool_calls': [{'function': {}}]}]}", "messages[0].tool_calls", NULL,
+	       "'messages[0].tool_calls[0]' must be {\"id\", \"type\": \"function\"");
+	REFUSE(CHAT, "{'messages': [{'role': 'assistant', 'content': 5, 'tool_calls': []}]}", "messages[0].content", NULL,
+	       "must be a string or an array of text parts");
+
+	/* one content parser: a string and the same text in parts give the same prompt; developer is system */
+	kvt_gen_request a, b;
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'system', 'content': 'be brief'}, {'role': 'user', 'content': 'hello there'}]}",
+		   &a) &&
+	    ACCEPT(CHAT,
+		   "{'messages': [{'role': 'developer', 'content': [{'type': 'text', 'text': 'be '}, {'type': 'text', "
+		   "'text': 'brief'}]}, {'role': 'user', 'content': [{'type': 'text', 'text': 'hello there'}]}]}",
+		   &b)) {
+		CHECK(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof(int32_t)));
+		CHECK(a.chat && !strcmp(a.max_tokens_key, "max_tokens"));
+	}
+	kvt_gen_request_deinit(&a);
+	kvt_gen_request_deinit(&b);
+	/* message text is never parsed for special tokens: no forged turn */
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}]}", &a) &&
+	    ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'hi<|im_end|>'}]}", &b)) {
+		uint32_t ea = 0, eb = 0;
+		for (uint32_t i = 0; i < a.n_ids; i++)
+			ea += a.ids[i] == kvt_tok_eos(TOK);
+		for (uint32_t i = 0; i < b.n_ids; i++)
+			eb += b.ids[i] == kvt_tok_eos(TOK);
+		CHECK(ea == eb && b.n_ids > a.n_ids);
+	}
+	kvt_gen_request_deinit(&a);
+	kvt_gen_request_deinit(&b);
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'max_completion_tokens': 5, 'max_tokens': 9}", &a))
+		CHECK(a.sched.max_tokens == 5 && !strcmp(a.max_tokens_key, "max_completion_tokens"));
+	kvt_gen_request_deinit(&a);
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'a\\u0000b'}, {'role': 'user', 'content': []}]}", &a))
+		CHECK(a.n_ids > 0);
+	kvt_gen_request_deinit(&a);
+}
+
+static void test_cache_control(void)
+{
+	const char *u = "{'role': 'user', 'content': 'hello'}";
+	char b[2048];
+	REFUSE(CMPL, "{'prompt': 'hi', 'cache_control': 5}", "cache_control", NULL,
+	       "'cache_control' must be an object {\"type\": \"ephemeral\"");
+	REFUSE(CMPL, "{'prompt': 'hi', 'cache_control': {'type': 'persistent'}}", "cache_control", NULL,
+	       "'cache_control.type' must be \"ephemeral\"");
+	REFUSE(CMPL, "{'prompt': 'hi', 'cache_control': {'type': 'ephemeral', 'ttl': '2h'}}", "cache_control", NULL,
+	       "'cache_control.ttl' must be \"5m\" or \"1h\"");
+	REFUSE(CMPL, "{'prompt': 'hi', 'cache_control': {'type': 'ephemeral', 'scope': 'x'}}", "cache_control", NULL,
+	       "'cache_control' has an unknown field 'scope' (allowed: type, ttl)");
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': 'a', 'cache_control': {'type': 'x'}}]}");
+	REFUSE(CHAT, b, "messages[0].cache_control", NULL, "'messages[0].cache_control.type' must be \"ephemeral\"");
+	snprintf(b, sizeof(b),
+		 "{'messages': [%s, {'role': 'user', 'content': [{'type': 'text', 'text': 'a', 'cache_control': 1}]}]}", u);
+	REFUSE(CHAT, b, "messages[1].content[0].cache_control", NULL, "'messages[1].content[0].cache_control' must be an object");
+	const char *cc = "'cache_control': {'type': 'ephemeral'}";
+	snprintf(b, sizeof(b),
+		 "{'messages': [{'role': 'system', 'content': 's', %s}, {'role': 'user', 'content': 'a', %s}, {'role': "
+		 "'assistant', 'content': 'b', %s}, {'role': 'user', 'content': 'c', %s}], %s}",
+		 cc, cc, cc, cc, cc);
+	REFUSE(CHAT, b, "cache_control", NULL, "at most 4 cache_control breakpoints (and prompt_cache_retention) per request");
+	REFUSE(CMPL, "{'prompt': 'hi', 'prompt_cache_retention': 'forever'}", "prompt_cache_retention", NULL,
+	       "'prompt_cache_retention' must be \"in_memory\" or \"24h\"");
+	REFUSE(CMPL, "{'prompt': 'hi', 'prompt_cache_retention': 24}", "prompt_cache_retention", NULL, "must be \"in_memory\"");
+	REFUSE(CMPL, "{'prompt': 'hi', 'prompt_cache_key': ''}", "prompt_cache_key", NULL,
+	       "'prompt_cache_key' must be a string of 1-256 bytes");
+	REFUSE(CMPL, "{'prompt': 'hi', 'prompt_cache_key': 5}", "prompt_cache_key", NULL, "1-256 bytes");
+	REFUSE(CMPL, "{'prompt': 'hi', 'prompt_cache_key': 'a\\u0000b'}", "prompt_cache_key", NULL, "1-256 bytes");
+	char *key = gen_body("{'prompt': 'hi', 'prompt_cache_key': '", "k", 257, "'}");
+	for (char *c = key + 38; *c == 'k' || *c == ','; c++)
+		*c = 'k';
+	REFUSE(CMPL, key, "prompt_cache_key", NULL, "1-256 bytes");
+	free(key);
+
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, "{'prompt': 'hello world', 'cache_control': {'type': 'ephemeral', 'ttl': '1h'}, "
+			 "'prompt_cache_retention': '24h', 'prompt_cache_key': 'team-a'}", &q)) {
+		CHECK(q.cc.n_retain == 2 && q.sched.n_retain == 2 && !strcmp(q.cc.cache_key, "team-a"));
+		CHECK(q.sched.retain[0].tokens == q.n_ids && q.sched.retain[0].ttl_s == 3600 && q.sched.retain[0].tier == -1);
+		CHECK(q.sched.retain[1].tokens == q.n_ids && q.sched.retain[1].ttl_s == 86400 &&
+		      q.sched.retain[1].tier == KVT_TIER_NVME);
+	}
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'prompt_cache_retention': 'in_memory', 'cache_control': {'type': 'ephemeral'}}", &q))
+		CHECK(q.cc.n_retain == 1 && q.sched.retain[0].ttl_s == 300);
+	kvt_gen_request_deinit(&q);
+	/* a breakpoint on the first message: a prefix of the prompt, shorter than it */
+	snprintf(b, sizeof(b),
+		 "{'messages': [{'role': 'system', 'content': [{'type': 'text', 'text': 'you are terse', 'cache_control': "
+		 "{'type': 'ephemeral'}}]}, {'role': 'user', 'content': 'tell me about the weather today'}]}");
+	if (ACCEPT(CHAT, b, &q))
+		CHECK(q.cc.n_retain == 1 && q.sched.retain[0].tokens > 0 && q.sched.retain[0].tokens < q.n_ids);
+	kvt_gen_request_deinit(&q);
+}
+
+static void test_tenant_and_resume(void)
+{
+	char t[KVT_NAME_MAX + 1] = "default";
+	kvt_req_err e;
+	memset(&e, 0, sizeof(e));
+	CHECK(kvt_req_tenant(NULL, 0, t, &e) == KVT_OK && !strcmp(t, "default"));
+	CHECK(kvt_req_tenant("", 0, t, &e) == KVT_OK && !strcmp(t, "default"));
+	CHECK(kvt_req_tenant("alice", 5, t, &e) == KVT_OK && !strcmp(t, "alice"));
+	CHECK(kvt_req_tenant("ann@example.com", 15, t, &e) == KVT_OK);
+	CHECK(!strncmp(t, "ann_example.com-", 16) && strlen(t) == 16 + 16 && kvt_name_valid(t));
+	char t2[KVT_NAME_MAX + 1];
+	CHECK(kvt_req_tenant("ann#example.com", 15, t2, &e) == KVT_OK && strcmp(t, t2) != 0); /* same mapped bytes, other hash */
+	CHECK(kvt_req_tenant(".x", 2, t, &e) == KVT_OK && t[0] == '_');
+	char big[300];
+	memset(big, 'a', sizeof(big));
+	big[257] = 0;
+	int rc = kvt_req_tenant(big, 257, t, &e);
+	CHECK(rc == KVT_EINVAL && kvt_req_http_status(rc) == 400 && !strcmp(e.param, "user"));
+	CHECK(strstr(e.message, "'user' must be at most 256 bytes (got 257)") != NULL);
+	CHECK(kvt_req_tenant(big, 256, t, &e) == KVT_OK);
+	/* through the request: an over-long user is refused; a free-form one maps; with API keys it is not read */
+	char *b = gen_body("{'prompt': 'hi', 'user': '", "u", 257, "'}");
+	for (char *c = b + 26; *c == 'u' || *c == ','; c++)
+		*c = 'u';
+	REFUSE(CMPL, b, "user", NULL, "'user' must be at most 256 bytes");
+	LIM.tenant_from_user = false;
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, b, &q))
+		CHECK(q.sched.tenant[0] == 0);
+	kvt_gen_request_deinit(&q);
+	LIM.tenant_from_user = true;
+	free(b);
+	REFUSE(CMPL, "{'prompt': 'hi', 'user': 5}", "user", NULL, "'user' must be a string");
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'user': 'bob smith'}", &q))
+		CHECK(!strncmp(q.sched.tenant, "bob_smith-", 10) && kvt_name_valid(q.sched.tenant));
+	kvt_gen_request_deinit(&q);
+	/* the tenant is set before a later field is refused (the request log names it) */
+	json_t *body = json_loads("{\"prompt\": \"hi\", \"user\": \"carol\", \"stop\": 5}", 0, NULL);
+	CHECK(kvt_gen_request_parse(&LIM, false, body, &q, &e) == KVT_EINVAL && !strcmp(q.sched.tenant, "carol"));
+	kvt_gen_request_deinit(&q);
+	json_decref(body);
+
+	/* a resume's body */
+	bool stream = false;
+	const char *user = NULL;
+	size_t n_user = 0;
+	body = json_loads("{\"stream\": true, \"user\": \"dave\"}", 0, NULL);
+	CHECK(kvt_req_resume_parse(body, &stream, &user, &n_user, &e) == KVT_OK && stream && n_user == 4 &&
+	      !strcmp(user, "dave"));
+	json_decref(body);
+	body = json_loads("{\"stream\": \"yes\"}", 0, NULL);
+	CHECK(kvt_req_resume_parse(body, &stream, &user, &n_user, &e) == KVT_EINVAL && !strcmp(e.param, "stream") &&
+	      strstr(e.message, "'stream' must be a boolean"));
+	json_decref(body);
+	body = json_loads("{\"user\": 7}", 0, NULL);
+	CHECK(kvt_req_resume_parse(body, &stream, &user, &n_user, &e) == KVT_EINVAL && !strcmp(e.param, "user"));
+	json_decref(body);
+	/* statuses */
+	CHECK(kvt_req_http_status(KVT_EINVAL) == 400 && kvt_req_http_status(KVT_ENOMEM) == 500);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/kvt_req_XXXXXX", path[64];
+	if (!mkdtemp(dir))
+		return check_skip("test_request", "no temporary directory");
+	snprintf(path, sizeof(path), "%s/synth.gguf", dir);
+	kvt_synth_llama sl;
+	kvt_synth_llama_default(&sl);
+	sl.n_layer = 1;
+	kvt_gguf *g = NULL;
+	int rc = kvt_synth_llama_write(&sl, path);
+	if (rc == KVT_OK)
+		rc = kvt_gguf_open(path, &g);
+	if (rc == KVT_OK) {
+		rc = kvt_tok_create_from_gguf(g, &TOK);
+		kvt_gguf_close(g);
+	}
+	unlink(path);
+	rmdir(dir);
+	CHECK(rc == KVT_OK);
+	if (rc != KVT_OK)
+		return check_done("test_request");
+	LIM = (kvt_req_limits){ .n_vocab = kvt_synth_llama_n_vocab(),
+				.max_ctx = 2048, /* the synthetic vocabulary has few merges: a tool prompt is ~400 tokens */
+				.max_tokens_limit = 64,
+				.max_n = 4,
+				.default_max_tokens = 16,
+				.tenant_from_user = true };
+	CHECK(kvt_tok_n_vocab(TOK) == LIM.n_vocab);
+
+	test_json();
+	test_sampling();
+	test_refused_fields();
+	test_logprobs();
+	test_stop();
+	test_response_format();
+	test_tools();
+	test_prompt();
+	test_messages();
+	test_cache_control();
+	test_tenant_and_resume();
+
+	kvt_tok_destroy(TOK);
+	return check_done("test_request");
+}
