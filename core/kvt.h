@@ -30,6 +30,7 @@ enum kvt_result {
 	KVT_ENOTFOUND = -7,/* key, tensor, block or file not present */
 	KVT_EUNSUPPORTED = -8, /* well-formed, but a feature we do not handle */
 	KVT_EBUSY = -9,    /* held by another process (a data directory a running daemon holds) */
+	KVT_ESTOPPED = -10,/* stopping (draining): takes no new work */
 };
 
 /* Name of a result code, e.g. "KVT_ECORRUPT". Never NULL. */

@@ -30,6 +30,7 @@ const char *kvt_strerror(int rc)
 	case KVT_ENOTFOUND: return "KVT_ENOTFOUND";
 	case KVT_EUNSUPPORTED: return "KVT_EUNSUPPORTED";
 	case KVT_EBUSY: return "KVT_EBUSY";
+	case KVT_ESTOPPED: return "KVT_ESTOPPED";
 	}
 	return "KVT_E(unknown)";
 }

@@ -382,7 +382,7 @@ int main(void)
 	CHECK(kvt_sched_drain(r.s, 30.0) == 0);
 	sched_result res;
 	CHECK(sched_collect(h, &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH && res.n == 30);
-	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_EIO); /* draining: refused */
+	CHECK(kvt_sched_submit(r.s, &q, &h) == KVT_ESTOPPED); /* draining: refused */
 	rig_close(&r);
 
 	test_device_decode();

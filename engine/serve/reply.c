@@ -207,10 +207,34 @@ static size_t choice_lp_count(const gen_job *j, const gen_choice *c)
 	return !c->lp ? 0 : j->q.chat ? json_array_size(c->lp) : json_array_size(json_object_get(c->lp, "tokens"));
 }
 
-/* A choice that failed (engine error, or cancelled by shutdown and not by us). */
+/*
+ * A choice that failed: an engine error, cancelled by shutdown (not by us), or
+ * a session turn whose row could not be made durable (never acknowledged).
+ */
 static bool choice_failed(const gen_choice *c)
 {
-	return c->ended && !c->stop_hit && (c->finish == KVT_FINISH_ERROR || c->finish == KVT_FINISH_CANCELLED);
+	return c->ended && (c->finish == KVT_FINISH_UNSAVED ||
+			    (!c->stop_hit && (c->finish == KVT_FINISH_ERROR || c->finish == KVT_FINISH_CANCELLED)));
+}
+
+/* How a failed choice is told: HTTP status, error type and code (NULL: none), message. */
+static void choice_failure(const gen_choice *c, unsigned *status, const char **type, const char **code,
+			   const char **msg)
+{
+	switch (c->finish) {
+	case KVT_FINISH_CANCELLED:
+		*status = 503, *type = "server_error", *code = "draining";
+		*msg = "the request was cancelled: the server is shutting down";
+		break;
+	case KVT_FINISH_UNSAVED:
+		*status = 507, *type = "insufficient_storage", *code = "insufficient_storage";
+		*msg = "the reply was generated but the session could not be saved (the server's disk is full or its "
+		       "index failed): the turn is not kept; retry once space returns, or send it without session_id";
+		break;
+	default:
+		*status = 500, *type = "server_error", *code = NULL;
+		*msg = "the engine failed while generating";
+	}
 }
 
 static uint32_t choice_completion_tokens(const gen_choice *c)
@@ -438,10 +462,10 @@ static void sse_emit(gen_job *j)
 	if (job_all_ended(j) && !j->done) {
 		for (uint32_t i = 0; i < j->n; i++)
 			if (choice_failed(&j->ch[i])) {
-				bool shutdown = j->ch[i].finish == KVT_FINISH_CANCELLED;
-				sse_put(j, kvt_srv_error_object("server_error", NULL, shutdown ? "draining" : NULL,
-							shutdown ? "the request was cancelled: the server is shutting down" :
-								   "the engine failed while generating"));
+				unsigned status;
+				const char *type, *code, *msg;
+				choice_failure(&j->ch[i], &status, &type, &code, &msg);
+				sse_put(j, kvt_srv_error_object(type, NULL, code, msg));
 				break;
 			}
 		if (j->q.include_usage)
@@ -529,11 +553,12 @@ enum MHD_Result kvt_srv_gen_continue(conn_req *r)
 		job_update_log(j);
 		ret = MHD_YES;
 		for (uint32_t i = 0; i < j->n && ret == MHD_YES && !r->answered; i++)
-			if (choice_failed(&j->ch[i]))
-				ret = j->ch[i].finish == KVT_FINISH_CANCELLED ?
-					      kvt_srv_reply_error(r, 503, NULL, "draining",
-							  "the request was cancelled: the server is shutting down") :
-					      kvt_srv_reply_error(r, 500, NULL, NULL, "the engine failed while generating");
+			if (choice_failed(&j->ch[i])) {
+				unsigned status;
+				const char *type, *code, *msg;
+				choice_failure(&j->ch[i], &status, &type, &code, &msg);
+				ret = kvt_srv_reply_json(r, status, kvt_srv_error_object(type, NULL, code, msg), status == 503);
+			}
 		if (!r->answered)
 			ret = kvt_srv_reply_json(r, 200, job_result(j), false);
 		break;

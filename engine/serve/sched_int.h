@@ -27,7 +27,7 @@ struct kvt_sched {
 	pthread_mutex_t mu;         /* see the file comment */
 	pthread_cond_t work;        /* queue or cancels for the scheduler */
 	pthread_cond_t idle;        /* a request ended (drain waits on it) */
-	bool stop, draining;        /* stopping; refusing submits (KVT_EIO) */
+	bool stop, draining;        /* stopping; refusing submits (KVT_ESTOPPED) */
 	kvt_sched_handle *q_head, *q_tail; /* the queue (under mu) */
 	uint32_t n_queued, n_running; /* requests waiting, admitted (under mu) */
 	uint32_t t0_committed;      /* T0 blocks committed to the running requests (admission) */

@@ -288,7 +288,7 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	pthread_mutex_lock(&s->mu);
 	int rc = KVT_OK;
 	if (s->draining || s->stop)
-		rc = KVT_EIO;
+		rc = KVT_ESTOPPED;
 	else if (s->n_queued >= s->cfg.max_queue)
 		rc = KVT_EFULL;
 	if (rc) {
@@ -471,11 +471,6 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 		kvt_seq_deinit(&h->seq);
 		h->seq_ready = false;
 	}
-	/* a session turn is acknowledged (ended) only once its row has committed: sched_turn_saved */
-	const bool saving = h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR;
-	if (saving && sched_session_put(s, h->req.tenant, h->req.session_id, h->toks, h->n_toks,
-					h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root, h) != KVT_OK)
-		finish = KVT_FINISH_UNSAVED; /* not even queued: never acknowledged */
 	if (h->req.n_retain && finish != KVT_FINISH_ERROR)
 		retain_prompt(s, h);
 	/* this turn's blocks (and only this request's) become due for write-through */
@@ -484,15 +479,23 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 		KVT_LOGW("sched: a turn's blocks not marked due (out of memory): they persist at the next flush");
 	h->state = H_DONE;
 
+	/*
+	 * A session turn is acknowledged (ended) only once its row has committed
+	 * (sched_turn_saved, on the index's writer thread). NOTE: its usage and
+	 * saving flag are set before the row is queued: the commit may come at once.
+	 */
+	const bool save = h->req.session_id[0] && s->cfg.db && finish != KVT_FINISH_ERROR;
 	pthread_mutex_lock(&s->mu);
 	h->finish = finish;
 	h->usage.completion_tokens = h->n_visible;
 	h->usage.total_s = kvt_now_s() - h->t_submit;
-	if (saving && finish != KVT_FINISH_UNSAVED)
-		h->saving = true;
-	else
+	h->saving = save;
+	if (!save)
 		end_locked(s, h);
 	pthread_mutex_unlock(&s->mu);
+	if (save && sched_session_put(s, h->req.tenant, h->req.session_id, h->toks, h->n_toks,
+				      h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root, h) != KVT_OK)
+		sched_turn_saved(s, h, KVT_EIO); /* not even queued: never acknowledged */
 }
 
 void sched_turn_saved(kvt_sched *s, kvt_sched_handle *h, int rc)

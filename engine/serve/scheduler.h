@@ -194,7 +194,7 @@ uint32_t kvt_sched_max_ctx(const kvt_sched *s); /* prompt + max_tokens must fit 
 /*
  * Queue a request. KVT_EFULL: the queue is full (HTTP 503); KVT_EINVAL
  * (logged): a token id out of range, an empty prompt, prompt + max_tokens
- * over the context, a bad tenant or session id; KVT_EIO: draining (503);
+ * over the context, a bad tenant or session id; KVT_ESTOPPED: draining (503);
  * KVT_ENOMEM.
  */
 int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **out);
@@ -231,7 +231,7 @@ void kvt_sched_cancel(kvt_sched_handle *h);
 void kvt_sched_release(kvt_sched_handle *h);
 
 /*
- * Graceful stop: refuse new submits (KVT_EIO) and wait up to timeout_s for
+ * Graceful stop: refuse new submits (KVT_ESTOPPED) and wait up to timeout_s for
  * the running and queued requests to finish; those left are cancelled.
  * Returns how many were cancelled.
  */

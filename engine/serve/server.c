@@ -381,18 +381,17 @@ bool kvt_srv_in_flight_take(kvt_server *srv)
 }
 
 /*
- * The answer to kvt_sched_submit's failure. NOTE: the scheduler returns
- * KVT_EIO when it is draining (kvt_sched_drain ran: it admits nothing new),
- * never for an I/O error of this request; that is a 503 "draining", as a
- * drain noticed by dispatch is. KVT_EFULL is its queue limit (503
- * "overloaded"), KVT_EINVAL a request it refused (logged there).
+ * The answer to kvt_sched_submit's failure: KVT_ESTOPPED when it is draining
+ * (kvt_sched_drain ran: it admits nothing new), a 503 "draining" as a drain
+ * noticed by dispatch is; KVT_EFULL its queue limit (503 "overloaded");
+ * KVT_EINVAL a request it refused (logged there).
  */
 static enum MHD_Result submit_error(conn_req *r, int rc)
 {
 	switch (rc) {
 	case KVT_EFULL:
 		return kvt_srv_reply_error(r, 503, NULL, "overloaded", "the request queue is full; retry shortly");
-	case KVT_EIO: /* draining */
+	case KVT_ESTOPPED: /* draining */
 		return kvt_srv_reply_error(r, 503, NULL, "draining", "the server is shutting down");
 	case KVT_EINVAL:
 		return kvt_srv_reply_error(r, 400, NULL, NULL, "the engine refused the request (see the server log)");
