@@ -10,8 +10,9 @@
  *               create) picks the reference or the fast path of each op
  *   cpu_ref.c   the reference: plain loops, as readable as llama2.c, the
  *               oracle the parity tests trust; the ops with a single path
- *               (elementwise, kv_store, argmax, sample) are these loops,
- *               split into tasks on the fast path
+ *               are these loops too (rmsnorm, rope, swiglu and add as tasks
+ *               the fast path runs on the worker pool; kv_store, argmax and
+ *               sample on the calling thread)
  *   cpu_fast.c  the fast paths: OpenBLAS GEMMs over widened tiles, the
  *               F16C/AVX2 GEMVs, blocked and split attention, the 8-wide
  *               codecs

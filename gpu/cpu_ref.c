@@ -6,9 +6,10 @@
  * matmul reads every weight through row_elem, one element at a time, in any
  * dtype; attention takes one (query row, head) pair at a time over every
  * visible key; the codecs code one group of a vector at a time. The ops
- * that have one path on this backend (rmsnorm, rope, swiglu, add, kv_store,
- * argmax, sample) are these loops too: the fast path only runs the same
- * tasks on the worker pool (par_run), so both paths give the same bits.
+ * that have one path on this backend are these loops too: rmsnorm, rope,
+ * swiglu and add as tasks that the fast path only runs on the worker pool
+ * (par_run), so both paths give the same bits; kv_store, argmax and sample
+ * on the calling thread, whichever path.
  *
  * Invariant: nothing here allocates; scratch comes from the caller's
  * workspace (attention: attn_job.ws, sample: ws).

@@ -3,17 +3,18 @@
  * and graphs: no kernels, only the runtime calls behind them and the counters
  * (cuda_int.cuh: count_copy, count_launch) that dev.h reports.
  *
- * Copies. copy_h2d/copy_d2h/copy_d2d run on the compute stream and wait for
- * it before returning (the caller may reuse host memory at once); a wait
+ * Copies. copy_h2d and copy_d2h run on the compute stream and wait for it
+ * before returning (the caller may reuse host memory at once); such a wait
  * refuses to run inside a graph capture (no_wait_in_capture) and fails the
- * capture. copy_async and copy_2d_async only enqueue, on the stream given
- * (NULL: the compute stream).
+ * capture. copy_d2d is ordered on the compute stream and does not wait.
+ * copy_async and copy_2d_async only enqueue, on the stream given (NULL: the
+ * compute stream).
  *
  * Graphs. capture_begin..capture_end records the compute stream's work in
  * thread-local mode (other threads go on using their own streams); what the
  * captured ops counted (kernels, copies, bytes) is kept with the graph and
- * added to the counters on every replay, so the counters read the same
- * whether a step ran eagerly or as a graph.
+ * added to the counters on every replay: its kernels as graph_kernels, its
+ * copies and bytes as an eager run's would be.
  */
 #include "cuda_int.cuh"
 
