@@ -3,10 +3,10 @@
  *
  * engine/ and tiers/ call only these functions; nothing above gpu/ knows
  * which backend runs. Two backends implement the ops table in dev_impl.h:
- *   - CPU (dev_cpu.c, cpu_ref.c, cpu_fast.c): plain C, the reference; a fast path (BLAS GEMMs,
- *     SIMD kernels, the backend's own worker threads) sits behind
- *     use_ref = false, and the plain path stays available as the oracle
- *     (use_ref = true).
+ *   - CPU (dev_cpu.c, cpu_ref.c, cpu_fast.c): plain C, the reference; a
+ *     fast path (BLAS GEMMs, SIMD kernels, the backend's own worker threads)
+ *     sits behind use_ref = false, and the plain path stays available as the
+ *     oracle (use_ref = true).
  *   - CUDA (gpu/cuda/, one file per op family): the product.
  *
  * Conventions:
