@@ -29,10 +29,13 @@ set(allow_engine/model tiers index gpu core)
 set(allow_engine/serve engine/model tiers index gpu core)
 set(allow_engine/cli engine/serve engine/model tiers index gpu core)
 
+# A module's files may sit one folder down (gpu/cuda/): they belong to the module.
 # name -> module, for every header of a module
 foreach(m ${mods})
-  file(GLOB hdrs RELATIVE ${KVT_LAYOUT_ROOT}/${m} ${KVT_LAYOUT_ROOT}/${m}/*.h ${KVT_LAYOUT_ROOT}/${m}/*.cuh)
-  foreach(h ${hdrs})
+  file(GLOB hdrs ${KVT_LAYOUT_ROOT}/${m}/*.h ${KVT_LAYOUT_ROOT}/${m}/*.cuh ${KVT_LAYOUT_ROOT}/${m}/*/*.h
+       ${KVT_LAYOUT_ROOT}/${m}/*/*.cuh)
+  foreach(hp ${hdrs})
+    get_filename_component(h ${hp} NAME)
     if(DEFINED owner_${h})
       message(FATAL_ERROR "check_layout: header ${h} is in both ${owner_${h}}/ and ${m}/ (one name, one module)")
     endif()
@@ -43,7 +46,9 @@ endforeach()
 set(n_bad 0)
 foreach(m ${mods})
   file(GLOB srcs ${KVT_LAYOUT_ROOT}/${m}/*.c ${KVT_LAYOUT_ROOT}/${m}/*.h
-       ${KVT_LAYOUT_ROOT}/${m}/*.cu ${KVT_LAYOUT_ROOT}/${m}/*.cuh)
+       ${KVT_LAYOUT_ROOT}/${m}/*.cu ${KVT_LAYOUT_ROOT}/${m}/*.cuh
+       ${KVT_LAYOUT_ROOT}/${m}/*/*.c ${KVT_LAYOUT_ROOT}/${m}/*/*.h
+       ${KVT_LAYOUT_ROOT}/${m}/*/*.cu ${KVT_LAYOUT_ROOT}/${m}/*/*.cuh)
   foreach(src ${srcs})
     file(STRINGS ${src} incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
     get_filename_component(dir ${src} DIRECTORY)
@@ -54,6 +59,12 @@ foreach(m ${mods})
         get_filename_component(abs ${dir}/${inc} REALPATH)
         get_filename_component(absdir ${abs} DIRECTORY)
         file(RELATIVE_PATH target_mod ${KVT_LAYOUT_ROOT} ${absdir})
+        foreach(mm ${mods}) # a module's subfolder is the module
+          string(FIND "${target_mod}/" "${mm}/" at)
+          if(at EQUAL 0)
+            set(target_mod ${mm})
+          endif()
+        endforeach()
       else()
         get_filename_component(name ${inc} NAME)
         if(DEFINED owner_${name})

@@ -220,11 +220,6 @@ void kvt_cpu_pool_destroy(kvt_cpu_pool *p)
 	free(p);
 }
 
-uint32_t kvt_cpu_pool_n_threads(const kvt_cpu_pool *p)
-{
-	return p->n_threads;
-}
-
 uint32_t kvt_cpu_pool_n_active(const kvt_cpu_pool *p)
 {
 	return p->n_active;

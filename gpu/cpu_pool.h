@@ -22,7 +22,6 @@ typedef void (*kvt_cpu_task_fn)(void *ctx, uint32_t task, uint32_t worker);
 /* n_threads counts the caller: n_threads - 1 workers are started. */
 int kvt_cpu_pool_create(uint32_t n_threads, kvt_cpu_pool **out);
 void kvt_cpu_pool_destroy(kvt_cpu_pool *p); /* NULL is a no-op */
-uint32_t kvt_cpu_pool_n_threads(const kvt_cpu_pool *p);
 /*
  * Threads taking part in jobs now (1..n_threads): fewer while other
  * processes hold the cores (adaptive; see cpu_pool.c).

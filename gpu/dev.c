@@ -9,7 +9,22 @@
 #include "kv_codec.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
+
+/*
+ * KVT_DEV_OPS is struct kvt_dev_ops field for field: each op at its index's
+ * offset after `name`, and nothing after the last (every field a pointer).
+ */
+#define KVT_DEV_OP_AT(op)                                                                      \
+	_Static_assert(offsetof(struct kvt_dev_ops, op) ==                                     \
+			       sizeof(const char *) + KVT_DEV_OP_##op * sizeof(void (*)(void)),      \
+		       "struct kvt_dev_ops: field " #op " is not where KVT_DEV_OPS (dev_impl.h) puts it");
+KVT_DEV_OPS(KVT_DEV_OP_AT)
+#undef KVT_DEV_OP_AT
+_Static_assert(offsetof(struct kvt_dev_ops, name) == 0, "struct kvt_dev_ops: name first");
+_Static_assert(sizeof(struct kvt_dev_ops) == sizeof(const char *) + KVT_DEV_N_OPS * sizeof(void (*)(void)),
+	       "struct kvt_dev_ops has a field KVT_DEV_OPS (dev_impl.h) does not list");
 
 #define BAD(op, ...)                                   \
 	do {                                           \

@@ -3,11 +3,11 @@
  *
  * engine/ and tiers/ call only these functions; nothing above gpu/ knows
  * which backend runs. Two backends implement the ops table in dev_impl.h:
- *   - CPU (dev_cpu.c): plain C, the reference; a fast path (BLAS GEMMs,
- *     SIMD kernels, the backend's own worker threads) sits behind
- *     use_ref = false, and the plain path stays available as the oracle
- *     (use_ref = true).
- *   - CUDA (dev_cuda.cu): the product, added by the CUDA backend work.
+ *   - CPU (dev_cpu.c, cpu_ref.c, cpu_fast.c): plain C, the reference; a
+ *     fast path (BLAS GEMMs, SIMD kernels, the backend's own worker threads)
+ *     sits behind use_ref = false, and the plain path stays available as the
+ *     oracle (use_ref = true).
+ *   - CUDA (gpu/cuda/, one file per op family): the product.
  *
  * Conventions:
  *   - Ops take one argument struct, never allocate, and run on caller

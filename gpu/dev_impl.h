@@ -62,6 +62,27 @@ struct kvt_dev_ops {
 			     size_t row_bytes, size_t n_rows, int dir);
 };
 
+/*
+ * Every op of struct kvt_dev_ops, in the struct's order (the `name` field is
+ * not an op). dev.c checks at compile time that this list and the struct
+ * agree field for field (offsets and size), so a field added to the struct
+ * without an entry here fails the build; tests/test_dev_ops_checklist.c
+ * fails while an op listed here has no parity case named for it.
+ */
+#define KVT_DEV_OPS(X)                                                                               \
+	X(destroy) X(supports_dtype) X(alloc) X(free) X(copy_h2d) X(copy_d2h) X(copy_d2d) X(sync)     \
+	X(matmul_workspace) X(matmul) X(rmsnorm) X(rope) X(swiglu) X(add) X(embed) X(kv_store)        \
+	X(attention_workspace) X(attention) X(argmax) X(host_alloc) X(host_free) X(stream_create)     \
+	X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)             \
+	X(stream_wait_event) X(event_sync) X(event_done) X(copy_async) X(kv_pack) X(kv_unpack)        \
+	X(sample_workspace) X(sample) X(capture_begin) X(capture_end) X(graph_launch)                 \
+	X(graph_destroy) X(norm_matmul) X(matmul_swiglu) X(rope_store) X(copy_2d_async)
+
+/* KVT_DEV_OP_<op>: an op's index in KVT_DEV_OPS; KVT_DEV_N_OPS of them. */
+#define KVT_DEV_OP_ENUM(op) KVT_DEV_OP_##op,
+enum kvt_dev_op { KVT_DEV_OPS(KVT_DEV_OP_ENUM) KVT_DEV_N_OPS };
+#undef KVT_DEV_OP_ENUM
+
 /* The common head of every backend's device object. */
 struct kvt_dev {
 	const struct kvt_dev_ops *ops; /* the backend's table */

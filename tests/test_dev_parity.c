@@ -121,7 +121,7 @@ static void test_matmul(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc)
 		fb_free(&bw), fb_free(&bx), fb_free(&by);
 	}
 	/* The fast GEMV for block-quantized weights (M <= 4) rounds x to int16 per
-	 * 32-block (documented in dev_cpu.c): ~1e-10 NMSE; all else is fp32 rounding. */
+	 * 32-block (documented in cpu_fast.c): ~1e-10 NMSE; all else is fp32 rounding. */
 	double e = nmse(out[0], out[1], (size_t)M * N), tol = wdt >= KVT_DTYPE_Q8_0 && M <= 4 ? 1e-8 : 1e-10;
 	CHECKF(e < tol, "matmul M%u K%u N%u %s acc %d: nmse %g", M, K, N, kvt_dtype_name(wdt), acc, e);
 	worst_nmse[wdt] = fmax(worst_nmse[wdt], e);

@@ -732,7 +732,7 @@ static void test_greedy(void)
 }
 
 /*
- * Decode variants (gpu/dev_cuda.cu, decode_choices): the combine fused into
+ * Decode variants (gpu/cuda/cuda_attn.cu, decode_choices): the combine fused into
  * the last CTA of each head, on every decode kernel, and kernel 2/3 staging
  * its split's table entries and scales in shared memory (in rounds of 4
  * blocks, KVT_CUDA_STAGE_BLOCKS, so splits take several), against the CPU

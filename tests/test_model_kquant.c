@@ -7,7 +7,7 @@
  *
  * The two loads multiply the same dequantized values: the kept model's only
  * extra rounding is the fast CPU GEMV's int16 activations (decode, and
- * prefill rows <= 4; dev_cpu.c documents ~1e-9 NMSE per matmul), so logits
+ * prefill rows <= 4; cpu_fast.c documents ~1e-9 NMSE per matmul), so logits
  * must agree within LOGIT_TOL and greedy tokens must be the same unless the
  * widened model's own top two are within LOGIT_TIE. Also:
  *  - the resident weight bytes of a kept Q4_K model (kvt_model_weight_bytes,

@@ -1,6 +1,6 @@
 /*
  * tests/cuemu/include/cuemu.h — the CPU emulator of the CUDA subset that
- * gpu/dev_cuda.cu uses: kernel-side builtins, the launch template and the
+ * the files of gpu/cuda/ use: kernel-side builtins, the launch template and the
  * runtime declarations. Compiled with the host C++ compiler (C++17), x86-64.
  *
  * Design. A launch runs the grid at once on the calling host thread, one
@@ -225,7 +225,7 @@ static inline unsigned long long max(unsigned long long a, unsigned long long b)
 static inline float min(float a, float b) { return fminf(a, b); }
 static inline float max(float a, float b) { return fmaxf(a, b); }
 
-/* ---- runtime API (what dev_cuda.cu uses), C++ linkage in its own namespace ---- */
+/* ---- runtime API (what gpu/cuda/ uses), C++ linkage in its own namespace ---- */
 namespace cuemu_api {
 cudaError_t cudaMalloc(void **p, size_t n);
 template <class T> cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }

@@ -1,0 +1,932 @@
+/*
+ * gpu/cpu_fast.c — the CPU backend's fast paths (use_ref off): what the
+ * daemon runs where no GPU is present.
+ *
+ *   - matmul: GEMMs through OpenBLAS (single-threaded inside a task: the
+ *     backend's own workers, cpu_pool.c, own the cores), with fp16 and
+ *     block-quantized weights widened tile by tile into the workspace; when
+ *     only a few rows multiply them (decode) an F16C GEMV reads fp16 weights
+ *     directly and an int16 GEMV reads quantized ones as stored. Column
+ *     slices are split into tasks on 16-column boundaries.
+ *   - attention on fp16 pools: blocked over KV blocks (prefill: a task per
+ *     row block and KV head) or split across the keys (decode: a task per KV
+ *     head and key range, merged by kvt_cpu_attention_combine), with an
+ *     online softmax. 8-bit pools take the reference's row-by-row kernel.
+ *   - the block codecs 8 values at a time (KVT_HAVE_CODEC8), giving the
+ *     reference's bytes.
+ *
+ * Invariant: results agree with cpu_ref.c within test_dev_parity's
+ * tolerances (the codecs bitwise); the split of work into tasks depends
+ * only on n_threads, never on which thread runs a task, so a run repeats
+ * bit for bit.
+ */
+#include "cpu_int.h"
+
+/* Rows multiplied by an F16C GEMV; more go through widened tiles and sgemm. */
+#define GEMV_MAX_ROWS 4
+/* Weight rows widened to fp32 per sgemm call on the fp16 path. */
+#define F16_TILE_ROWS 256 /* (any non-fp32 dtype) */
+
+static void f16_to_f32_row(const uint16_t *src, float *dst, size_t n)
+{
+	size_t i = 0;
+#ifdef KVT_HAVE_F16C
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+	for (; i < n; i++)
+		dst[i] = kvt_f16_to_f32(src[i]);
+}
+
+#ifdef KVT_HAVE_F16C
+/* Block b of a quantized row as four vectors of 8 floats, in registers. */
+static inline __attribute__((always_inline)) void unpack_block_v(int dtype, const uint8_t *row, size_t b, __m256 w[4])
+{
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	__m128i c[4];
+	__m256 vd, vm;
+
+	if (dtype == KVT_DTYPE_Q8_0) {
+		const uint8_t *blk = row + b * 34;
+		vd = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+		for (int i = 0; i < 4; i++)
+			w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+						     _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)))), vd);
+		return;
+	}
+	const bool q41 = dtype == KVT_DTYPE_Q4_1;
+	const uint8_t *blk = row + b * (q41 ? 20 : 18);
+	__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
+	__m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+	c[0] = lo, c[1] = _mm_srli_si128(lo, 8), c[2] = hi, c[3] = _mm_srli_si128(hi, 8);
+	vd = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+	if (q41) {
+		vm = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 2)));
+		for (int i = 0; i < 4; i++)
+			w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c[i])), vd, vm);
+	} else {
+		const __m256i eight = _mm256_set1_epi32(8);
+		for (int i = 0; i < 4; i++)
+			w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(c[i]), eight)), vd);
+	}
+}
+#endif
+
+#ifndef KVT_HAVE_F16C
+/* Block b of a quantized row as 32 floats. */
+static void unpack_block(int dtype, const uint8_t *row, size_t b, float *out)
+{
+	uint16_t d16, m16 = 0;
+	float d, m = 0;
+	const uint8_t *q;
+	int q8[KVT_QBLOCK];
+
+	if (dtype == KVT_DTYPE_Q8_0) {
+		row += b * 34;
+		memcpy(&d16, row, 2);
+		for (int j = 0; j < KVT_QBLOCK; j++)
+			q8[j] = (int8_t)row[2 + j];
+	} else {
+		row += b * (dtype == KVT_DTYPE_Q4_0 ? 18 : 20);
+		memcpy(&d16, row, 2);
+		if (dtype == KVT_DTYPE_Q4_1)
+			memcpy(&m16, row + 2, 2);
+		q = row + (dtype == KVT_DTYPE_Q4_0 ? 2 : 4);
+		for (int j = 0; j < 16; j++) {
+			q8[j] = q[j] & 15;
+			q8[j + 16] = q[j] >> 4;
+		}
+		if (dtype == KVT_DTYPE_Q4_0)
+			for (int j = 0; j < KVT_QBLOCK; j++)
+				q8[j] -= 8;
+	}
+	d = kvt_f16_to_f32(d16);
+	m = kvt_f16_to_f32(m16);
+	/* NOTE: q * d (+ m only for Q4_1), so a zero keeps its sign as in kvt_cpu_row_elem */
+#ifdef KVT_HAVE_F16C
+	__m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+	for (int j = 0; j < KVT_QBLOCK; j += 8) {
+		__m256 vq = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(q8 + j)));
+		__m256 v = dtype == KVT_DTYPE_Q4_1 ? _mm256_fmadd_ps(vq, vd, vm) : _mm256_mul_ps(vq, vd);
+		_mm256_storeu_ps(out + j, v);
+	}
+#else
+	for (int j = 0; j < KVT_QBLOCK; j++)
+		out[j] = dtype == KVT_DTYPE_Q4_1 ? (float)q8[j] * d + m : (float)q8[j] * d;
+#endif
+}
+
+#endif
+
+#ifndef KVT_HAVE_F16C
+/*
+ * Block b of a Q5_0 row (32 floats) or of a K-quant row (a 256-element
+ * superblock), the same arithmetic as kvt_cpu_row_elem, in plain loops (the AVX2
+ * build has unpack_block_new_v instead).
+ */
+static void unpack_block_new(int dtype, const uint8_t *row, size_t b, float *out)
+{
+	uint16_t d16, m16;
+	int sc, mn;
+
+	if (dtype == KVT_DTYPE_Q5_0) {
+		uint32_t qh;
+		row += b * 22;
+		memcpy(&d16, row, 2);
+		memcpy(&qh, row + 2, 4);
+		const float d = kvt_f16_to_f32(d16);
+		for (int j = 0; j < 16; j++) {
+			out[j] = d * (float)(((row[6 + j] & 15) | (int)((qh >> j) & 1) << 4) - 16);
+			out[j + 16] = d * (float)(((row[6 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16);
+		}
+		return;
+	}
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + b * 210;
+		memcpy(&d16, blk + 208, 2);
+		const float d = kvt_f16_to_f32(d16);
+		for (int half = 0; half < 2; half++) {
+			const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+			const int8_t *scl = (const int8_t *)(blk + 192 + 8 * half);
+			float *o = out + 128 * half;
+			for (int i = 0; i < 4; i++)
+				for (int l = 0; l < 32; l++) {
+					const uint8_t v = ql[l + 32 * (i & 1)];
+					int q = ((i < 2 ? v & 15 : v >> 4) | ((qh[l] >> (2 * i)) & 3) << 4) - 32;
+					o[32 * i + l] = d * (float)scl[2 * i + l / 16] * (float)q;
+				}
+		}
+		return;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *blk = row + b * (q5 ? 176 : 144);
+	const uint8_t *qs = blk + (q5 ? 48 : 16), *qh = blk + 16;
+	memcpy(&d16, blk, 2);
+	memcpy(&m16, blk + 2, 2);
+	const float d = kvt_f16_to_f32(d16), dmin = kvt_f16_to_f32(m16);
+	for (int sub = 0; sub < 8; sub++) {
+		kq_scale_min(sub, blk + 4, &sc, &mn);
+		const float ds = d * (float)sc, ms = dmin * (float)mn;
+		const uint8_t *q = qs + 32 * (sub / 2);
+		for (int l = 0; l < 32; l++) {
+			int v = sub & 1 ? q[l] >> 4 : q[l] & 15;
+			if (q5)
+				v |= ((qh[l] >> sub) & 1) << 4;
+			out[32 * sub + l] = fmaf(ds, (float)v, -ms); /* as kquant_elem */
+		}
+	}
+}
+#endif
+
+static inline bool is_new_quant(int dtype)
+{
+	return dtype >= KVT_DTYPE_Q5_0;
+}
+
+#ifdef KVT_HAVE_F16C
+static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out); /* below, by the GEMV */
+#endif
+
+/* A whole row of n elements of any dtype, widened to fp32. */
+void kvt_cpu_widen_row(int dtype, const void *row, float *dst, size_t n)
+{
+	if (dtype == KVT_DTYPE_F32)
+		memcpy(dst, row, n * sizeof(float));
+	else if (dtype == KVT_DTYPE_F16)
+		f16_to_f32_row(row, dst, n);
+	else if (is_new_quant(dtype)) {
+		const size_t be = kvt_dtype_block_elems(dtype);
+		for (size_t b = 0; b < n / be; b++)
+#ifdef KVT_HAVE_F16C
+			unpack_block_new_v(dtype, row, b, dst + b * be);
+#else
+			unpack_block_new(dtype, row, b, dst + b * be);
+#endif
+	} else
+		for (size_t b = 0; b < n / KVT_QBLOCK; b++) {
+#ifdef KVT_HAVE_F16C
+			__m256 w[4];
+			unpack_block_v(dtype, row, b, w);
+			for (int i = 0; i < 4; i++)
+				_mm256_storeu_ps(dst + b * KVT_QBLOCK + 8 * i, w[i]);
+#else
+			unpack_block(dtype, row, b, dst + b * KVT_QBLOCK);
+#endif
+		}
+}
+
+/*
+ * The quantized GEMV (M <= GEMV_MAX_ROWS rows of x). Converting every weight
+ * to fp32 costs more than reading it, so x is quantized instead — to int16,
+ * one scale per 32-element block — and each block is a pair of integer
+ * multiply-adds (madd_epi16) against the unpacked weights, scaled once:
+ *   sum_j w_j x_j = d * xs * sum_j q_j xq_j + m' * sum_j x_j
+ * with m' = m (Q4_1), -8d (Q4_0) or 0 (Q8_0). int16 keeps x to 1 part in
+ * 65534 of its block's largest value, ~1e-10 NMSE on a dot product, far below
+ * the weights' own rounding (llama.cpp quantizes x to 8 bits here).
+ */
+typedef struct xq16 {
+	int16_t *q;     /* [M][K] quantized x */
+	float *scale;   /* [M][K/32] per-block scale (x = scale * q) */
+	float *sum;     /* [M][K/32] per-block sum of the fp32 x */
+} xq16;
+
+static inline size_t xq16_bytes(uint32_t M, uint32_t K)
+{
+	return (((size_t)M * K * sizeof(int16_t) + 63) & ~(size_t)63) + 2 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float);
+}
+
+static inline void xq16_init(xq16 *xq, void *ws, uint32_t M, uint32_t K)
+{
+	xq->q = ws;
+	xq->scale = (float *)((char *)ws + (((size_t)M * K * sizeof(int16_t) + 63) & ~(size_t)63));
+	xq->sum = xq->scale + (size_t)M * (K / KVT_QBLOCK);
+}
+
+static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t K)
+{
+	const uint32_t nb = K / KVT_QBLOCK;
+	for (uint32_t m = 0; m < M; m++)
+		for (uint32_t b = 0; b < nb; b++) {
+			const float *xb = x + (size_t)m * K + (size_t)b * KVT_QBLOCK;
+			int16_t *qb = xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK;
+			float amax = 0, sum = 0;
+			for (int j = 0; j < KVT_QBLOCK; j++) {
+				amax = fmaxf(amax, fabsf(xb[j]));
+				sum += xb[j];
+			}
+			float sc = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0;
+			for (int j = 0; j < KVT_QBLOCK; j++)
+				qb[j] = (int16_t)lrintf(xb[j] * inv);
+			xq->scale[(size_t)m * nb + b] = sc;
+			xq->sum[(size_t)m * nb + b] = sum;
+		}
+}
+
+#ifdef KVT_HAVE_F16C
+/* 32 bits as 32 bytes: byte j is 0x10 where bit j of bits is set (Q5_0's fifth bits). */
+static inline __m256i fifth_bits(const uint8_t *qh)
+{
+	uint32_t bits;
+	memcpy(&bits, qh, 4); /* NOTE: 2-byte aligned only (22-byte blocks) */
+	const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+						2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+	/* byte j gets byte j / 8 of bits (the shuffle stays in each 128-bit lane,
+	 * and both lanes hold all four bytes), then tests bit j % 8 of it */
+	__m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
+	v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+	return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+static inline __attribute__((always_inline)) void dot_q16(const int dtype, const int M, const uint8_t *row,
+							   const xq16 *xq, size_t K, float *out)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	__m256 acc[GEMV_MAX_ROWS];
+	float mterm[GEMV_MAX_ROWS];
+
+	for (int m = 0; m < M; m++) {
+		acc[m] = _mm256_setzero_ps();
+		mterm[m] = 0;
+	}
+	for (size_t b = 0; b < nb; b++) {
+		__m256i qa, qb;
+		float d, mm;
+		if (dtype == KVT_DTYPE_Q8_0) {
+			const uint8_t *blk = row + b * 34;
+			d = _cvtsh_ss(*(const uint16_t *)blk);
+			mm = 0;
+			qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
+			qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+		} else if (dtype == KVT_DTYPE_Q5_0) {
+			const uint8_t *blk = row + b * 22;
+			__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
+			__m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
+								     _mm_and_si128(raw, low4)),
+						    fifth_bits(blk + 2));
+			d = _cvtsh_ss(*(const uint16_t *)blk);
+			mm = -16.0f * d;
+			qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+			qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+		} else {
+			const bool q41 = dtype == KVT_DTYPE_Q4_1;
+			const uint8_t *blk = row + b * (q41 ? 20 : 18);
+			__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
+			d = _cvtsh_ss(*(const uint16_t *)blk);
+			mm = q41 ? _cvtsh_ss(*(const uint16_t *)(blk + 2)) : -8.0f * d;
+			qa = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+			qb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+		}
+		for (int m = 0; m < M; m++) {
+			const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+			__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+						     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xq->scale[m * nb + b]), acc[m]);
+			mterm[m] += mm * xq->sum[m * nb + b];
+		}
+	}
+	for (int m = 0; m < M; m++) {
+		out[m] = hsum8(acc[m]) + mterm[m];
+	}
+}
+
+/* The 32 levels (0..15, or 0..31 for Q5_K) of Q4_K/Q5_K sub-block sub, as bytes. */
+static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *qs, __m256i qh, bool q5, int sub)
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0f);
+	__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (sub / 2)));
+	__m256i v = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(raw, 4) : raw, low4);
+	if (q5) {
+		const __m256i bit = _mm256_set1_epi8((char)(1 << sub));
+		v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+							 _mm256_set1_epi8(16)));
+	}
+	return v;
+}
+
+/* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32. */
+static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4])
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+	__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
+	__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
+	__m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+	/* 16-bit shifts move bits across bytes, but each byte is masked after */
+	q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+	q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+	for (int i = 0; i < 4; i++)
+		q[i] = _mm256_sub_epi8(q[i], m32);
+}
+
+/* Q5_0 block b's 32 levels (0..31) as bytes. */
+static inline __attribute__((always_inline)) __m256i q50_levels(const uint8_t *blk)
+{
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
+	return _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4)),
+			       fifth_bits(blk + 2));
+}
+
+/*
+ * Block b of a Q5_0 row or superblock b of a K-quant row widened to floats
+ * with AVX2, bit for bit what unpack_block_new (and kvt_cpu_row_elem) give: the same
+ * products, and the Q4_K/Q5_K fma done by one vfmadd.
+ */
+static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out)
+{
+	uint8_t lv[32];
+	if (dtype == KVT_DTYPE_Q5_0) {
+		const uint8_t *blk = row + b * 22;
+		const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk));
+		_mm256_storeu_si256((__m256i *)lv, _mm256_sub_epi8(q50_levels(blk), _mm256_set1_epi8(16)));
+		for (int j = 0; j < 32; j += 8)
+			_mm256_storeu_ps(out + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+									   _mm_loadl_epi64((const __m128i *)(lv + j))))));
+		return;
+	}
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + b * 210;
+		const int8_t *scl = (const int8_t *)(blk + 192);
+		const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+		for (int half = 0; half < 2; half++) {
+			__m256i q[4];
+			q6k_levels(blk, half, q);
+			for (int i = 0; i < 4; i++) {
+				_mm256_storeu_si256((__m256i *)lv, q[i]);
+				for (int j = 0; j < 32; j += 8) {
+					const __m256 ds = _mm256_set1_ps(d * (float)scl[8 * half + 2 * i + j / 16]);
+					_mm256_storeu_ps(out + 128 * half + 32 * i + j,
+							 _mm256_mul_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+										   _mm_loadl_epi64((const __m128i *)(lv + j))))));
+				}
+			}
+		}
+		return;
+	}
+	const bool q5 = dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *blk = row + b * (q5 ? 176 : 144);
+	const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+	const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+	for (int sub = 0; sub < 8; sub++) {
+		int sc, mn;
+		kq_scale_min(sub, blk + 4, &sc, &mn);
+		const __m256 ds = _mm256_set1_ps(d * (float)sc), nms = _mm256_set1_ps(-(dmin * (float)mn));
+		_mm256_storeu_si256((__m256i *)lv, kq45_levels(blk + (q5 ? 48 : 16), qh, q5, sub));
+		for (int j = 0; j < 32; j += 8)
+			_mm256_storeu_ps(out + 32 * sub + j,
+					 _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+								     _mm_loadl_epi64((const __m128i *)(lv + j)))),
+							 nms));
+	}
+}
+
+/*
+ * The same int16 GEMV over K-quant superblocks. x's 32-element blocks line
+ * up with the sub-blocks: a Q4_K/Q5_K sub-block of 32 is one x block,
+ *   sum_j w_j x_j = d sc xs sum_j q_j xq_j - dmin mn sum_j x_j,
+ * and a Q6_K sub-block of 16 is half of one, whose (q - 32) is signed and
+ * needs no min term:
+ *   sum_j w_j x_j = d scale xs sum_j (q_j - 32) xq_j.
+ */
+static inline __attribute__((always_inline)) void dot_qk16(const int dtype, const int M, const uint8_t *row,
+							    const xq16 *xq, size_t K, float *out)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	__m256 acc[GEMV_MAX_ROWS];
+	float mterm[GEMV_MAX_ROWS];
+
+	for (int m = 0; m < M; m++) {
+		acc[m] = _mm256_setzero_ps();
+		mterm[m] = 0;
+	}
+	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
+		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
+		if (dtype == KVT_DTYPE_Q6_K) {
+			const uint8_t *blk = row + sb * 210;
+			const int8_t *scl = (const int8_t *)(blk + 192);
+			const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+			for (int half = 0; half < 2; half++) {
+				__m256i q[4];
+				q6k_levels(blk, half, q);
+				for (int i = 0; i < 4; i++) {
+					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
+					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
+					const float da = d * (float)scl[8 * half + 2 * i], db = d * (float)scl[8 * half + 2 * i + 1];
+					const size_t b = b0 + 4 * (size_t)half + (size_t)i;
+					for (int m = 0; m < M; m++) {
+						const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+						const float xs = xq->scale[m * nb + b];
+						__m256 pa = _mm256_cvtepi32_ps(
+							_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
+						__m256 pb = _mm256_cvtepi32_ps(
+							_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+						acc[m] = _mm256_fmadd_ps(pa, _mm256_set1_ps(da * xs), acc[m]);
+						acc[m] = _mm256_fmadd_ps(pb, _mm256_set1_ps(db * xs), acc[m]);
+					}
+				}
+			}
+			continue;
+		}
+		const bool q5 = dtype == KVT_DTYPE_Q5_K;
+		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+		const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+		const uint8_t *qs = blk + (q5 ? 48 : 16);
+		for (int sub = 0; sub < 8; sub++) {
+			int sc, mn;
+			kq_scale_min(sub, blk + 4, &sc, &mn);
+			__m256i v = kq45_levels(qs, qh, q5, sub);
+			__m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+			__m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+			const float ds = d * (float)sc, ms = dmin * (float)mn;
+			const size_t b = b0 + (size_t)sub;
+			for (int m = 0; m < M; m++) {
+				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ds * xq->scale[m * nb + b]), acc[m]);
+				mterm[m] -= ms * xq->sum[m * nb + b];
+			}
+		}
+	}
+	for (int m = 0; m < M; m++)
+		out[m] = hsum8(acc[m]) + mterm[m];
+}
+
+/* Constant dtype and row count for each instance, so loops unroll into registers. */
+#define DOT_Q16_ROWS(FN, DT)                                               \
+	switch (M) {                                                       \
+	case 1: FN(DT, 1, row, xq, K, out); return;                        \
+	case 2: FN(DT, 2, row, xq, K, out); return;                        \
+	case 3: FN(DT, 3, row, xq, K, out); return;                        \
+	default: FN(DT, GEMV_MAX_ROWS, row, xq, K, out); return;           \
+	}
+
+static void dot_rows_q(int dtype, const uint8_t *row, const xq16 *xq, int M, size_t K, float *out)
+{
+	switch (dtype) {
+	case KVT_DTYPE_Q8_0: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q8_0)
+	case KVT_DTYPE_Q4_0: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q4_0)
+	case KVT_DTYPE_Q4_1: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q4_1)
+	case KVT_DTYPE_Q5_0: DOT_Q16_ROWS(dot_q16, KVT_DTYPE_Q5_0)
+	case KVT_DTYPE_Q4_K: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q4_K)
+	case KVT_DTYPE_Q5_K: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q5_K)
+	default: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q6_K)
+	}
+}
+#undef DOT_Q16_ROWS
+#else
+/* Portable path: unpack each block to floats once, use it for every row of x. */
+static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, size_t K, float *out)
+{
+	float blk[KVT_QK_BLOCK];
+	const size_t be = kvt_dtype_block_elems(dtype);
+	for (int m = 0; m < M; m++)
+		out[m] = 0;
+	for (size_t b = 0; b < K / be; b++) {
+		if (is_new_quant(dtype))
+			unpack_block_new(dtype, row, b, blk);
+		else
+			unpack_block(dtype, row, b, blk);
+		for (int m = 0; m < M; m++)
+			for (size_t j = 0; j < be; j++)
+				out[m] += blk[j] * x[m * K + b * be + j];
+	}
+}
+#endif
+
+size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
+{
+	if (d->use_ref || a->w_dtype == KVT_DTYPE_F32)
+		return 0;
+	if (a->n_rows <= GEMV_MAX_ROWS) {
+#ifdef KVT_HAVE_F16C
+		return is_quantized(a->w_dtype) ? xq16_bytes(a->n_rows, a->n_in) : 0;
+#else
+		return 0;
+#endif
+	}
+	return (size_t)d->n_threads * F16_TILE_ROWS * a->n_in * sizeof(float);
+}
+
+typedef struct matmul_job {
+	const kvt_matmul_args *a; /* the op */
+	uint32_t n_slices;        /* column slices */
+	float *ws;                /* per-worker tiles (M > GEMV_MAX_ROWS) */
+	xq16 xq;                  /* quantized x (quantized GEMV) */
+} matmul_job;
+
+/* y[:, n0:n1], one task's slice of output columns (OpenBLAS single-threaded). */
+static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
+{
+	const kvt_matmul_args *a = j->a;
+	const int M = (int)a->n_rows, K = (int)a->n_in, N = (int)a->n_out;
+	const float beta = a->accumulate ? 1.0f : 0.0f;
+	const size_t row_bytes = kvt_dtype_row_bytes(a->w_dtype, a->n_in);
+	const uint8_t *w = a->w;
+
+	if (a->w_dtype == KVT_DTYPE_F32) {
+		const float *wf = (const float *)a->w + (size_t)n0 * K;
+		if (M == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, K, 1.0f, wf, K, a->x, 1, beta, a->y + n0, 1);
+		else
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n1 - n0, K, 1.0f, a->x, K, wf, K,
+				    beta, a->y + n0, N);
+		return;
+	}
+	if (M <= GEMV_MAX_ROWS) {
+		/* memory-bound: read each weight row once, for every input row */
+		float out[GEMV_MAX_ROWS];
+		for (int n = n0; n < n1; n++) {
+			const uint8_t *row = w + (size_t)n * row_bytes;
+			if (a->w_dtype == KVT_DTYPE_F16)
+				for (int m = 0; m < M; m++)
+					out[m] = dot_f32_f16(a->x + (size_t)m * K, (const uint16_t *)row, K);
+			else
+#ifdef KVT_HAVE_F16C
+				dot_rows_q(a->w_dtype, row, &j->xq, M, K, out);
+#else
+				dot_rows_q(a->w_dtype, row, a->x, M, K, out);
+#endif
+			for (int m = 0; m < M; m++) {
+				float *y = &a->y[(size_t)m * N + n];
+				*y = a->accumulate ? *y + out[m] : out[m];
+			}
+		}
+		return;
+	}
+	/* compute-bound: widen a tile of weight rows to fp32, then one sgemm per tile */
+	for (int t0 = n0; t0 < n1; t0 += F16_TILE_ROWS) {
+		int nt = n1 - t0 < F16_TILE_ROWS ? n1 - t0 : F16_TILE_ROWS;
+		for (int r = 0; r < nt; r++)
+			kvt_cpu_widen_row(a->w_dtype, w + (size_t)(t0 + r) * row_bytes, tile + (size_t)r * K, K);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nt, K, 1.0f, a->x, K, tile, K, beta,
+			    a->y + t0, N);
+	}
+}
+
+static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const matmul_job *j = ctx;
+	const uint32_t N = j->a->n_out;
+	/* slice edges on 16-column boundaries */
+	uint32_t n0 = (uint32_t)((uint64_t)N * t / j->n_slices) & ~15u;
+	uint32_t n1 = t + 1 == j->n_slices ? N : (uint32_t)((uint64_t)N * (t + 1) / j->n_slices) & ~15u;
+	float *tile = j->ws ? j->ws + (size_t)worker * F16_TILE_ROWS * j->a->n_in : NULL;
+	if (n0 < n1)
+		matmul_slice(j, (int)n0, (int)n1, tile);
+}
+
+int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
+{
+	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, 64) };
+#ifdef KVT_HAVE_F16C
+	if (is_quantized(a->w_dtype) && a->n_rows <= GEMV_MAX_ROWS) {
+		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
+		xq16_quantize(&j.xq, a->x, a->n_rows, a->n_in);
+	} else
+#endif
+		j.ws = ws;
+	par_run(d, j.n_slices, matmul_task, &j);
+	return KVT_OK;
+}
+
+#ifdef KVT_HAVE_F16C
+/*
+ * e^x for 8 floats: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6
+ * Taylor polynomial (error < 1.3e-7 relative, about one ulp), times 2^n built
+ * in the exponent bits. Inputs below -87 give 0 (as expf's do, near enough
+ * for softmax weights); the attention kernel only feeds values <= 0.
+ */
+static inline __m256 exp8(__m256 x)
+{
+	const __m256 lo = _mm256_set1_ps(-87.0f);
+	__m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+	x = _mm256_max_ps(x, lo);
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+				   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+	__m256 p = _mm256_set1_ps(1.0f / 720);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Scores of q against 4 consecutive rows of k (row stride hd): 4 independent FMA chains. */
+static inline __m128 dot4_f32(const float *q, const float *k, size_t hd)
+{
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	for (size_t i = 0; i < hd; i += 8) {
+		__m256 qv = _mm256_loadu_ps(q + i);
+		a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i), a0);
+		a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + hd + i), a1);
+		a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * hd + i), a2);
+		a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * hd + i), a3);
+	}
+	__m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+	return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+#endif
+
+/* sc[k] = q . kb[k] * scale for k < n; returns the largest. */
+static float block_scores(const float *q, const float *kb, uint32_t n, size_t hd, float scale, float *sc)
+{
+	uint32_t k = 0;
+	float bmax = -INFINITY;
+#ifdef KVT_HAVE_F16C
+	if (hd % 8 == 0)
+		for (; k + 4 <= n; k += 4)
+			_mm_storeu_ps(sc + k, _mm_mul_ps(dot4_f32(q, kb + (size_t)k * hd, hd), _mm_set1_ps(scale)));
+#endif
+	for (; k < n; k++)
+		sc[k] = dot_f32(q, kb + (size_t)k * hd, hd) * scale;
+	for (k = 0; k < n; k++)
+		bmax = sc[k] > bmax ? sc[k] : bmax;
+	return bmax;
+}
+
+/* sc[k] = exp(sc[k] - m) for k < n; returns their sum. */
+static float block_exp(float *sc, uint32_t n, float m)
+{
+	uint32_t k = 0;
+	float sum = 0;
+#ifdef KVT_HAVE_F16C
+	__m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+	for (; k + 8 <= n; k += 8) {
+		__m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + k), vm));
+		_mm256_storeu_ps(sc + k, e);
+		vs = _mm256_add_ps(vs, e);
+	}
+	float part[8];
+	_mm256_storeu_ps(part, vs);
+	for (int i = 0; i < 8; i++)
+		sum += part[i];
+#endif
+	for (; k < n; k++)
+		sum += sc[k] = expf(sc[k] - m);
+	return sum;
+}
+
+/*
+ * Blocked causal attention, the fast path's kernel. One call covers nr query
+ * rows from r0 and the G query heads h0.. that share one KV head, over the
+ * KV blocks [blk0, blk1). Each KV block is widened to fp32 once and used by
+ * all those queries, with an online softmax (running max and sum per query,
+ * the accumulator rescaled as each block arrives), scores four keys at a time
+ * and a vectorised exp. The result is either final (out) or, for a split of
+ * the keys, the unnormalised partial state (m, l, acc) that
+ * kvt_cpu_attention_combine() merges.
+ */
+static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t h0, uint32_t blk0, uint32_t blk1,
+			  uint32_t worker, float *partial)
+{
+	const kvt_attention_args *a = j->a;
+	const kvt_kv_layout *l = a->kv;
+	const uint32_t hd = l->head_dim, bt = l->block_tokens, G = a->n_heads / l->n_kv_heads, kh = h0 / G;
+	const uint32_t nq = nr * G, n_vis_max = a->pos0 + r0 + nr;
+	float *acc = j->ws + (size_t)worker * j->ws_floats; /* [nq][hd] */
+	float *mx = acc + (size_t)ATTN_ROWS * G * hd;        /* [nq] running max */
+	float *sum = mx + (size_t)ATTN_ROWS * G;             /* [nq] running sum of exp */
+	float *kb = sum + (size_t)ATTN_ROWS * G;             /* [bt][hd] */
+	float *vb = kb + (size_t)bt * hd;                    /* [bt][hd] */
+	float *sc = vb + (size_t)bt * hd;                    /* [bt] */
+
+	memset(acc, 0, (size_t)nq * hd * sizeof(float));
+	for (uint32_t i = 0; i < nq; i++) {
+		mx[i] = -INFINITY;
+		sum[i] = 0;
+	}
+	for (uint32_t blk = blk0; blk < blk1; blk++) {
+		const uint32_t p0 = blk * bt;
+		const uint32_t nk = n_vis_max - p0 < bt ? n_vis_max - p0 : bt;
+		const int32_t slot = a->block_table[blk];
+		/* a head's K (and V) rows for consecutive tokens are contiguous in a block */
+		f16_to_f32_row(kv_row(l, slot, a->layer, 0, kh, 0), kb, (size_t)nk * hd);
+		f16_to_f32_row(kv_row(l, slot, a->layer, 1, kh, 0), vb, (size_t)nk * hd);
+		for (uint32_t r = 0; r < nr; r++) {
+			const uint32_t n_vis = a->pos0 + r0 + r + 1; /* causal: positions 0..pos0+r0+r */
+			const uint32_t first = attn_first_key(a, n_vis - 1);
+			if (n_vis <= p0 || first >= p0 + nk)
+				continue;
+			/* this row's keys in the block: [k0, kmax) */
+			const uint32_t kmax = n_vis - p0 < nk ? n_vis - p0 : nk, k0 = first > p0 ? first - p0 : 0;
+			const float *kr = kb + (size_t)k0 * hd, *vr = vb + (size_t)k0 * hd;
+			const uint32_t n_k = kmax - k0;
+			for (uint32_t g = 0; g < G; g++) {
+				const uint32_t qi = r * G + g;
+				const float *q = a->q + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
+				const float bmax = block_scores(q, kr, n_k, hd, a->scale, sc);
+				const float m_new = bmax > mx[qi] ? bmax : mx[qi];
+				const float c = expf(mx[qi] - m_new); /* 0 for the first block: mx is -inf */
+				float *y = acc + (size_t)qi * hd;
+				sum[qi] = sum[qi] * c + block_exp(sc, n_k, m_new);
+				scale_axpy_f32(y, c, sc[0], vr, hd);
+				for (uint32_t k = 1; k < n_k; k++)
+					scale_axpy_f32(y, 1.0f, sc[k], vr + (size_t)k * hd, hd);
+				mx[qi] = m_new;
+			}
+		}
+	}
+	for (uint32_t qi = 0; qi < nq; qi++) {
+		const uint32_t r = qi / G, g = qi % G;
+		if (partial) {
+			float *st = partial + (size_t)qi * (hd + 2);
+			memcpy(st, acc + (size_t)qi * hd, hd * sizeof(float));
+			st[hd] = mx[qi];
+			st[hd + 1] = sum[qi];
+		} else {
+			float *out = a->out + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
+			const float inv = 1.0f / sum[qi];
+			for (uint32_t i = 0; i < hd; i++)
+				out[i] = acc[(size_t)qi * hd + i] * inv;
+		}
+	}
+}
+
+/* Prefill: task = (row block, KV head); late row blocks see the most keys, so they go first. */
+void kvt_cpu_attention_prefill_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const attn_job *j = ctx;
+	const kvt_attention_args *a = j->a;
+	const uint32_t n_kv = a->kv->n_kv_heads, G = a->n_heads / n_kv, bt = a->kv->block_tokens;
+	const uint32_t rb = j->n_row_blocks - 1 - t / n_kv, r0 = rb * ATTN_ROWS;
+	const uint32_t nr = a->n_rows - r0 < ATTN_ROWS ? a->n_rows - r0 : ATTN_ROWS;
+	attend_blocks(j, r0, nr, (t % n_kv) * G, attn_first_key(a, a->pos0 + r0) / bt, (a->pos0 + r0 + nr + bt - 1) / bt,
+		      worker, NULL);
+}
+
+/*
+ * Decode (one row): task = (KV head, a share of the key blocks), the
+ * flash-decoding split, so a long context keeps every thread busy even with
+ * few KV heads while each K/V row is still read once per token.
+ */
+void kvt_cpu_attention_decode_task(void *ctx, uint32_t t, uint32_t worker)
+{
+	const attn_job *j = ctx;
+	const kvt_attention_args *a = j->a;
+	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
+	const uint32_t kh = t / j->n_splits, sp = t % j->n_splits;
+	const uint32_t lo = attn_first_key(a, a->pos0) / a->kv->block_tokens; /* the window's first block */
+	const uint32_t n_blk = (a->pos0 + 1 + a->kv->block_tokens - 1) / a->kv->block_tokens - lo;
+	const uint32_t b0 = lo + (uint32_t)((uint64_t)n_blk * sp / j->n_splits);
+	const uint32_t b1 = lo + (uint32_t)((uint64_t)n_blk * (sp + 1) / j->n_splits);
+	attend_blocks(j, 0, 1, kh * G, b0, b1, worker, j->partial + (size_t)t * G * (hd + 2));
+}
+
+/* Merge the splits' (acc, m, l) per query head: out = sum acc_i e^(m_i-M) / sum l_i e^(m_i-M). */
+void kvt_cpu_attention_combine(const attn_job *j)
+{
+	const kvt_attention_args *a = j->a;
+	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
+	for (uint32_t h = 0; h < a->n_heads; h++) {
+		const uint32_t kh = h / G, g = h % G;
+		float M = -INFINITY, L = 0, *out = a->out + (size_t)h * hd;
+		for (uint32_t sp = 0; sp < j->n_splits; sp++) {
+			const float *st = j->partial + ((size_t)(kh * j->n_splits + sp) * G + g) * (hd + 2);
+			M = st[hd] > M ? st[hd] : M;
+		}
+		memset(out, 0, hd * sizeof(float));
+		for (uint32_t sp = 0; sp < j->n_splits; sp++) {
+			const float *st = j->partial + ((size_t)(kh * j->n_splits + sp) * G + g) * (hd + 2);
+			if (st[hd + 1] == 0)
+				continue; /* a split with no keys */
+			const float w = expf(st[hd] - M);
+			L += st[hd + 1] * w;
+			for (uint32_t i = 0; i < hd; i++)
+				out[i] += st[i] * w;
+		}
+		for (uint32_t i = 0; i < hd; i++)
+			out[i] /= L;
+	}
+}
+
+#ifdef KVT_HAVE_CODEC8
+/*
+ * The fast path of the codecs, 8 values at a time, giving the reference's
+ * bytes: F16C conversions (round to nearest even, as kvt_f32_to_f16), the
+ * integer conversions in the default rounding mode (nearest even, as rintf),
+ * and FP8 encoding by integer arithmetic on the float's bits: adding
+ * 0x7FFFF plus the kept mantissa's lowest bit rounds the mantissa to 3 bits,
+ * nearest even, with the carry running into the exponent.
+ */
+static inline __m256i fp8_encode8(__m256 v)
+{
+	const __m256i b = _mm256_castps_si256(v);
+	const __m256i ab = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+	const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
+	__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(ab, 20), _mm256_set1_epi32(1));
+	__m256i r = _mm256_add_epi32(ab, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF), lsb));
+	__m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(120 << 3));
+	normal = _mm256_min_epi32(normal, _mm256_set1_epi32(0x7E)); /* saturate at 448 */
+	__m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(ab), _mm256_set1_ps(512.0f)));
+	__m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), ab); /* |v| < 2^-6 */
+	__m256i code = _mm256_or_si256(_mm256_blendv_epi8(normal, sub, is_sub), sign);
+	__m256i is_nan = _mm256_cmpgt_epi32(ab, _mm256_set1_epi32(0x7F800000));
+	return _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), is_nan);
+}
+
+void kvt_cpu_pack_group8(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale)
+{
+	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+	__m256 mx = _mm256_setzero_ps();
+	for (uint32_t i = 0; i < n; i += 8)
+		mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), absm));
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_movehdup_ps(h));
+	float s, inv;
+	kvt_codec_scales(_mm_cvtss_f32(h), codec == KVT_KV_CODEC_FP8 ? KVT_FP8_MAX : KVT_INT8_MAX, &s, &inv);
+	const __m256 vinv = _mm256_set1_ps(inv);
+	for (uint32_t i = 0; i < n; i += 8) {
+		__m256 v = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), vinv);
+		__m256i c = codec == KVT_KV_CODEC_FP8 ? fp8_encode8(v)
+						       : _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(v),
+											   _mm256_set1_epi32(127)),
+									  _mm256_set1_epi32(-127));
+		/* 8 x int32 -> 8 bytes (low byte of each lane) */
+		__m128i lo = _mm256_castsi256_si128(c), hi = _mm256_extracti128_si256(c, 1);
+		__m128i w16 = _mm_packs_epi32(_mm_and_si128(lo, _mm_set1_epi32(0xFF)), _mm_and_si128(hi, _mm_set1_epi32(0xFF)));
+		__m128i w8 = _mm_packus_epi16(w16, w16);
+		_mm_storel_epi64((__m128i *)(codes + i), w8);
+	}
+	*scale = s;
+}
+
+static float fp8_lut[256];
+static pthread_once_t fp8_lut_once = PTHREAD_ONCE_INIT;
+static void fp8_lut_init(void)
+{
+	for (int c = 0; c < 256; c++)
+		fp8_lut[c] = kvt_fp8_e4m3_decode((uint8_t)c);
+}
+
+void kvt_cpu_codec8_init(void)
+{
+	pthread_once(&fp8_lut_once, fp8_lut_init);
+}
+
+void kvt_cpu_unpack_group8(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x)
+{
+	const __m256 vs = _mm256_set1_ps(s);
+	for (uint32_t i = 0; i < n; i += 8) {
+		__m128i c8 = _mm_loadl_epi64((const __m128i *)(codes + i));
+		__m256 c = codec == KVT_KV_CODEC_FP8 ? _mm256_i32gather_ps(fp8_lut, _mm256_cvtepu8_epi32(c8), 4)
+						      : _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c8));
+		_mm_storeu_si128((__m128i *)(x + i),
+				 _mm256_cvtps_ph(_mm256_mul_ps(c, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+	}
+}
+#endif
