@@ -195,7 +195,7 @@ static double attn_time(uint32_t kvh, uint32_t G, uint32_t hd, uint32_t n_ctx, i
 }
 
 /*
- * 1c: the decode-attention variants (gpu/dev_cuda.cu, decode_choices):
+ * 1c: the decode-attention variants (gpu/cuda/cuda_attn.cu, decode_choices):
  * every selectable kernel (1, 2, 3) x combine (its own kernel, or fused
  * into the last CTA of each head) x staging (kernel 2/3: table entries and
  * 8-bit scales in shared memory), a device each (KVT_CUDA_DECODE,

@@ -4,7 +4,7 @@ bench/device_summary.py BENCH_GPU_JSONL [PARITY_TXT ...] [--sweep SWEEP_JSONL] â
 summary: every target of the GPU issue with its measured ratio from
 bench_gpu's JSON lines (met / not met), the fastest decode-attention kernel
 per shape class, the fastest decode variant (kernel x combine x staging) per
-batch x context class and codec with the rows of gpu/dev_cuda.cu's
+batch x context class and codec with the rows of gpu/cuda/cuda_attn.cu's
 decode_choices that the run says to write, and each target that the lines do
 not measure, named as unmeasured. --sweep adds bench_gpu --batch-sweep's lines
 (batch throughput: weight streaming per batch, batch-64 GEMMs against cuBLAS).
@@ -65,7 +65,7 @@ def resume_targets(rows, target):
                None if on_cpu else (r["pipe_vs_max"] <= 1.2 and r["pipe_vs_seq"] < 1.0), note)
 
 
-# gpu/dev_cuda.cu decode_choices: a row per pool kind (fp16, 8-bit) from each of these contexts up
+# gpu/cuda/cuda_attn.cu decode_choices: a row per pool kind (fp16, 8-bit) from each of these contexts up
 CHOICE_FROM = (0, 8192, 32768)
 
 
@@ -133,7 +133,7 @@ def variants_summary(rows, target):
         target("8-bit KV decode speed-up over fp16 at >= 16K (per variant)", None, ">= 1.6", None, "unmeasured")
     # the rows to write: per pool kind and context range, the variant with the least time over its classes
     if var:
-        print("== decode_choices rows this run says to write (gpu/dev_cuda.cu; least total time over the classes "
+        print("== decode_choices rows this run says to write (gpu/cuda/cuda_attn.cu; least total time over the classes "
               "in each range)")
         for q8 in (False, True):
             for i, lo in enumerate(CHOICE_FROM):

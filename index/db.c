@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,6 +198,11 @@ struct kvt_db {
 	uint64_t sj_seq;             /* last journal seq handed out */
 	uint64_t sj_compact_at;      /* rewrite the journal when it grows past this */
 	uint64_t sj_compact_min;     /* ... never below this */
+	char *reserve_path;          /* the reserve file, or NULL (no reserve) */
+	uint64_t reserve_bytes;      /* its size */
+	bool reserve_held;           /* the file holds reserve_bytes (writer after open) */
+	bool reserve_mode;           /* the reserve was given up for lack of space: only session writes commit (writer) */
+	double reserve_retry_t;      /* next try to allocate it again (writer) */
 	bool stop;                   /* close requested */
 	kvt_db_stats stats;          /* counters */
 	int64_t bad_seen[64];        /* rowids of bad session rows already logged (writer thread) */
@@ -808,8 +814,63 @@ static void db_free(kvt_db *db)
 		sqlite3_close(db->sql);
 	free(db->path);
 	free(db->dir);
+	free(db->reserve_path);
 	free(db);
 }
+
+/* ---- the reserve (index.h, "Reserve") ---------------------------------------- */
+
+/* Allocate the reserve file's reserve_bytes; false (the file emptied again) when there is no room. */
+static bool reserve_take(kvt_db *db)
+{
+	int fd = open(db->reserve_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return false;
+	bool ok = posix_fallocate(fd, 0, (off_t)db->reserve_bytes) == 0 && fdatasync(fd) == 0;
+	if (!ok)
+		(void)ftruncate(fd, 0); /* a partial allocation must not keep space the index needs */
+	close(fd);
+	return ok;
+}
+
+/*
+ * Space has returned when the file system has room for the reserve and a
+ * quarter of it more: making it again with less would only fill the disk at
+ * once and give it up again.
+ */
+static bool reserve_room(const kvt_db *db)
+{
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%s", db->reserve_path);
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		*slash = '\0';
+	struct statvfs vs;
+	if (statvfs(slash ? (dir[0] ? dir : "/") : ".", &vs) != 0)
+		return false;
+	return (uint64_t)vs.f_bavail * vs.f_frsize >= db->reserve_bytes + db->reserve_bytes / 4;
+}
+
+/* Give the reserve's space back to the file system; true if there was one to give. */
+static bool reserve_release(kvt_db *db)
+{
+	if (!db->reserve_held)
+		return false;
+	int fd = open(db->reserve_path, O_RDWR | O_CLOEXEC);
+	bool ok = fd >= 0 && ftruncate(fd, 0) == 0;
+	if (fd >= 0)
+		close(fd);
+	if (!ok) {
+		KVT_LOGE("index %s: the reserve %s cannot be given up: %s", db->path, db->reserve_path, strerror(errno));
+		return false;
+	}
+	db->reserve_held = false;
+	db->reserve_mode = true;
+	db->reserve_retry_t = kvt_now_s() + FULL_RETRY_S;
+	return true;
+}
+
+static bool is_session_op(const db_op *op) { return op->kind == OP_PUT_SESSION || op->kind == OP_DEL_SESSION; }
 
 int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 {
@@ -899,6 +960,25 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 	db->sj_compact_min = cfg->journal_compact_bytes ? cfg->journal_compact_bytes : (4u << 20);
 	if (cfg->journal_path && (rc = journal_open(db, cfg->journal_path, exists)) != KVT_OK)
 		goto fail; /* NOTE: the mutex and conditions hold no resources on Linux */
+	if (cfg->reserve_path && cfg->reserve_bytes) {
+		if (!(db->reserve_path = strdup(cfg->reserve_path))) {
+			rc = KVT_ENOMEM;
+			goto fail;
+		}
+		db->reserve_bytes = cfg->reserve_bytes;
+		db->reserve_held = reserve_take(db);
+		if (!db->reserve_held) {
+			/* the disk is already (nearly) full: start as with the reserve in use, retried once a second */
+			KVT_LOGW("index %s: no room for the %llu-byte reserve %s: only session rows commit until it can be "
+				 "made", db->path, (unsigned long long)db->reserve_bytes, db->reserve_path);
+			db->reserve_mode = true;
+			db->reserve_retry_t = kvt_now_s() + FULL_RETRY_S;
+			db->degraded = db->stats.degraded = true; /* the blocks wait: /health says so */
+			db->degraded_t = kvt_now_s();
+		}
+		db->stats.reserve_bytes = db->reserve_held ? db->reserve_bytes : 0;
+		db->stats.reserve_in_use = db->reserve_mode;
+	}
 	if (pthread_create(&db->thread, NULL, writer_main, db) != 0) {
 		KVT_LOGE("index %s: cannot start the writer thread", db->path);
 		pthread_mutex_destroy(&db->mu);
@@ -1042,7 +1122,7 @@ static bool is_transient(kvt_db *db, int rc)
  * n writes; with neither, a probe write (is there space again?). *commit_s
  * gets the COMMIT's seconds.
  */
-static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
+static int run_batch(kvt_db *db, db_op *first, uint32_t n, bool sessions_only, double *commit_s)
 {
 	db->last_sql_rc = SQLITE_OK;
 	db->last_transient = false;
@@ -1051,7 +1131,8 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, double *commit_s)
 		rc = run_write(db, op);
 	db_op *op = first;
 	for (uint32_t i = 0; rc == KVT_OK && i < n; i++, op = op->next)
-		rc = run_write(db, op);
+		if (!sessions_only || is_session_op(op))
+			rc = run_write(db, op);
 	if (rc == KVT_OK && !n && !db->carry)
 		rc = step_simple(db, ST_PROBE, "probe");
 	if (rc == KVT_OK)
@@ -1171,7 +1252,7 @@ static void *writer_main(void *arg)
 				pthread_mutex_unlock(&db->mu);
 				double cs = 0;
 				uint32_t n_carry = carry_count(db);
-				if (!db->failed && run_batch(db, NULL, 0, &cs) == KVT_OK)
+				if (!db->failed && run_batch(db, NULL, 0, false, &cs) == KVT_OK)
 					KVT_LOGI("index %s: %u kept session writes committed at close", db->path, n_carry);
 				else
 					KVT_LOGE("index %s: closing with %u session writes not committed (no space): they are "
@@ -1225,10 +1306,38 @@ static void *writer_main(void *arg)
 		uint64_t first_ticket = first ? first->ticket : 0, last_ticket = last ? last->ticket : 0;
 		pthread_mutex_unlock(&db->mu);
 
+		/* The reserve in use: space may have returned (it can be made again), else only session writes run. */
+		bool restored = false;
+		if (db->reserve_mode && !failed && kvt_now_s() >= db->reserve_retry_t) {
+			db->reserve_retry_t = kvt_now_s() + FULL_RETRY_S;
+			if ((restored = reserve_room(db) && reserve_take(db))) {
+				db->reserve_held = true;
+				db->reserve_mode = false;
+			}
+		}
+		if (restored)
+			KVT_LOGW("index %s: there is space again: the %llu-byte reserve is made again; block rows commit again",
+				 db->path, (unsigned long long)db->reserve_bytes);
+		if (db->reserve_mode && !n && !db->carry) { /* an idle retry: nothing to commit, no probe to make */
+			pthread_mutex_lock(&db->mu);
+			continue;
+		}
 		double commit_s = 0;
-		int rc = failed ? KVT_EIO : run_batch(db, first, n, &commit_s);
+		bool sessions_only = db->reserve_mode;
+		int rc = failed ? KVT_EIO : run_batch(db, first, n, sessions_only, &commit_s);
 		bool transient = rc != KVT_OK && !failed && db->last_transient;
+		bool released = false;
+		if (transient && !sessions_only && (released = reserve_release(db))) {
+			/* the disk is full: the reserve's space is given back, and the session writes run again at once */
+			sessions_only = true;
+			rc = run_batch(db, first, n, true, &commit_s);
+			transient = rc != KVT_OK && db->last_transient;
+		}
 		uint32_t n_carried = carry_count(db);
+		uint32_t n_refused = 0; /* block-row writes refused because the reserve is in use */
+		if (rc == KVT_OK && sessions_only)
+			for (db_op *op = first; op; op = op->next)
+				n_refused += !is_session_op(op);
 
 		if (rc != KVT_OK)
 			rc = transient ? KVT_EFULL : KVT_EIO;
@@ -1237,11 +1346,23 @@ static void *writer_main(void *arg)
 		}
 		if (rc == KVT_OK && db->sj && kvt_sj_bytes(db->sj) > db->sj_compact_at)
 			(void)journal_rewrite(db); /* logged; stats under mu below */
+		/* The refused block-row writes' tickets, as runs (kvt_db_wait reports KVT_EFULL for them). */
+		struct full_range *refused = NULL;
+		uint32_t n_runs = 0;
+		if (n_refused && (refused = malloc(n_refused * sizeof(*refused))))
+			for (db_op *op = first, *prev = NULL; op; prev = op, op = op->next) {
+				if (is_session_op(op))
+					continue;
+				if (n_runs && prev && !is_session_op(prev))
+					refused[n_runs - 1].hi = op->ticket;
+				else
+					refused[n_runs++] = (struct full_range){ op->ticket, op->ticket };
+			}
 		/* Callbacks first, so that when kvt_db_wait returns the write's callback has run. */
 		for (db_op *op = first; op;) {
 			db_op *next = op->next;
 			if (op->done)
-				op->done(op->user, rc);
+				op->done(op->user, rc == KVT_OK && sessions_only && !is_session_op(op) ? KVT_EFULL : rc);
 			if (transient && (op->kind == OP_PUT_SESSION || op->kind == OP_DEL_SESSION))
 				carry_add(db, op); /* the history of a turn already answered: kept, retried */
 			else
@@ -1275,6 +1396,31 @@ static void *writer_main(void *arg)
 			if (db->first_failed == UINT64_MAX)
 				db->first_failed = db->done_ticket + 1; /* this batch and all queued after it */
 			db->stats.n_failed += n + n_carried;
+		} else if (sessions_only) {
+			/* committed on the reserve: the session writes are durable, the block rows wait for space */
+			if (released)
+				KVT_LOGE("index %s: the disk is full: the %llu-byte reserve is given up so that session rows "
+					 "still commit; block rows are refused until space returns", db->path,
+					 (unsigned long long)db->reserve_bytes);
+			if (!db->degraded) {
+				KVT_LOGE("index %s: no space: durability is degraded: session writes commit on the reserve, "
+					 "the blocks stay pending until space returns", db->path);
+				db->degraded = true;
+				db->degraded_t = kvt_now_s();
+				db->n_full_episode = 0;
+			}
+			db->n_full_episode++;
+			for (uint32_t k = 0; refused && k < n_runs; k++)
+				full_range_add(db, refused[k].lo, refused[k].hi);
+			if (n_refused && !refused) /* no memory for the runs: the whole batch's tickets (sessions' too) */
+				full_range_add(db, first_ticket, last_ticket);
+			db->stats.n_failed += n_refused;
+			db->stats.n_reserve_refused += n_refused;
+			if (n + n_carried > n_refused) {
+				db->stats.n_commits++;
+				db->stats.commit_s += commit_s;
+				db->stats.n_writes += n + n_carried - n_refused;
+			}
 		} else {
 			if (db->degraded) {
 				KVT_LOGW("index %s: writes commit again after %llu rolled-back transactions in %.1f s (%u kept "
@@ -1291,6 +1437,9 @@ static void *writer_main(void *arg)
 					db->stats.max_batch_seen = n;
 			}
 		}
+		free(refused);
+		db->stats.reserve_bytes = db->reserve_held ? db->reserve_bytes : 0;
+		db->stats.reserve_in_use = db->reserve_mode;
 		db->stats.degraded = db->degraded;
 		if (db->sj)
 			db->stats.journal_bytes = kvt_sj_bytes(db->sj);

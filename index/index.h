@@ -43,6 +43,7 @@
 #define KVT_DATA_T2_FILE "kvtier.t2"         /* the T2 (NVMe) store */
 #define KVT_DATA_INDEX_FILE "index.sqlite"   /* the SQLite index */
 #define KVT_DATA_SESSIONS_FILE "sessions.journal" /* every session write, beside the T2 file (index/journal.c) */
+#define KVT_DATA_RESERVE_FILE "index.reserve" /* disk space kept for session rows (kvt_db_config.reserve_path) */
 #define KVT_DATA_LOCK_FILE "kvtier.lock"     /* the directory's lock (index/datadir.c) */
 
 /* ------------------------------------------------------------------------ */
@@ -362,6 +363,17 @@ int kvt_btable_check(kvt_btable *bt);
  * fails kvt_db_open with KVT_ECORRUPT and a log line naming the file and
  * suggesting `kvtier rebuild-index`.
  *
+ * Reserve (reserve_path, reserve_bytes): a file of that many bytes,
+ * allocated at open (a warning when the disk has no room for it), that
+ * keeps space for session rows. When a transaction is rolled back for lack
+ * of space, the writer gives the reserve's space back to the file system
+ * and runs the transaction's session writes again at once; from then on,
+ * while the reserve is in use, only session writes commit (block-row writes
+ * fail with KVT_EFULL, their owners retry) and the handle is degraded. Once
+ * a second a writer in that state tries to allocate the reserve again;
+ * when it can, space has returned and every write commits as before. Only
+ * when the reserve itself is used up do session writes fail (KVT_EFULL).
+ *
  * Session journal (journal_path): every session write also goes to a log
  * file of its own (index/journal.c), appended and fdatasync'ed in the same
  * group commit, before the COMMIT; meta.journal_seq names the last record
@@ -399,6 +411,8 @@ typedef struct kvt_db_config {
 				  * file's); NULL = keep the file's, or make a random one (namespace handles) */
 	const char *journal_path; /* the session journal (KVT_DATA_SESSIONS_FILE in the data dir), or NULL: none */
 	uint64_t journal_compact_bytes; /* rewrite the journal when it outgrows twice its live size and this; 0 = 4M */
+	const char *reserve_path; /* the space kept for session rows (KVT_DATA_RESERVE_FILE in the data dir), or NULL */
+	uint64_t reserve_bytes;   /* its size (0: no reserve); see "Reserve" above */
 } kvt_db_config;
 
 /* One block row: the block's identity plus exactly the T2 location fields. */
@@ -450,6 +464,9 @@ typedef struct kvt_db_stats {
 	double journal_rewrite_s;    /* seconds spent rewriting it */
 	uint64_t n_replayed;         /* session writes replayed from the journal at open */
 	double commit_s;         /* seconds spent in COMMIT (fsync) */
+	uint64_t reserve_bytes;  /* the reserve for session rows held now (0: none, or in use) */
+	bool reserve_in_use;     /* the disk is full: the reserve was given up, only session writes commit */
+	uint64_t n_reserve_refused; /* block-row writes refused while the reserve is in use (their owners retry) */
 } kvt_db_stats;
 
 /*

@@ -332,10 +332,13 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 				    "lost_at_start", (json_int_t)st.tiers.n_lost, "skipped_at_start",
 				    (json_int_t)st.tiers.n_skipped, "other_namespace_records",
 				    (json_int_t)st.tiers.n_foreign, "other_namespace_reclaimed", (json_int_t)st.tiers.n_reclaimed);
-	json_t *index = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I}", "degraded", (int)st.index.degraded, "commits",
-				  (json_int_t)st.index.n_commits, "failed_writes", (json_int_t)st.index.n_failed,
+	json_t *index = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I}", "degraded", (int)st.index.degraded,
+				  "commits", (json_int_t)st.index.n_commits, "failed_writes", (json_int_t)st.index.n_failed,
 				  "rolled_back", (json_int_t)st.index.n_full, "kept_session_writes",
-				  (json_int_t)st.index.n_carried, "bad_session_rows", (json_int_t)st.index.n_bad_sessions);
+				  (json_int_t)st.index.n_carried, "bad_session_rows", (json_int_t)st.index.n_bad_sessions,
+				  "reserve_bytes", (json_int_t)st.index.reserve_bytes, "reserve_in_use",
+				  (int)st.index.reserve_in_use, "reserve_refused_block_rows",
+				  (json_int_t)st.index.n_reserve_refused);
 	return kvt_srv_reply_json(r, 200,
 			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine", engine,
 				    "scheduler", stats_sched(&st), "persist", persist, "index", index, "remote", remote,

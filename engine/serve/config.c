@@ -210,6 +210,8 @@ static const key_def keys[] = {
 
 	STR("index", "data_dir", data_dir, "./kvtier-data", "holds the T2 file, the index and the secret"),
 	STR("index", "path", index_path, "", "SQLite index (\"\" = DATA_DIR/index.sqlite)"),
+	SIZE("index", "reserve", index_reserve_bytes, 0, 4294967296.0, "16M",
+	     "disk space kept for session rows when the disk fills (0 = none)"),
 
 	STR("log", "file", log_file, "", "log file (\"\" = stderr); reopened on SIGHUP"),
 	ENUMK("log", "level", log_level, level, "info", "lines above this level are dropped"),

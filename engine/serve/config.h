@@ -136,6 +136,7 @@ typedef struct kvt_config {
 	/* [index] */
 	char data_dir[KVT_CONFIG_PATH_MAX];   /* data_dir (default ./kvtier-data) */
 	char index_path[KVT_CONFIG_PATH_MAX]; /* path ("" = DATA_DIR/index.sqlite) */
+	size_t index_reserve_bytes;           /* reserve (default 16M; 0 = none): disk space kept for session rows */
 
 	/* [log] */
 	char log_file[KVT_CONFIG_PATH_MAX];   /* file ("" = stderr); reopened on SIGHUP */

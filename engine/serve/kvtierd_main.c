@@ -418,7 +418,8 @@ static int bring_up(daemon_t *d, int *exit_code)
 {
 	const kvt_config *c = &d->cfg;
 	char t2_path[KVT_CONFIG_PATH_MAX + 32], db_path[KVT_CONFIG_PATH_MAX + 32], fp_cache[KVT_CONFIG_PATH_MAX + 32],
-		secret_path[KVT_CONFIG_PATH_MAX + 32], sj_path[KVT_CONFIG_PATH_MAX + 32];
+		secret_path[KVT_CONFIG_PATH_MAX + 32], sj_path[KVT_CONFIG_PATH_MAX + 32],
+		reserve_path[KVT_CONFIG_PATH_MAX + 32];
 	uint8_t fp[32], secret[64];
 	size_t secret_n = 0;
 	int rc;
@@ -439,6 +440,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
 	snprintf(fp_cache, sizeof(fp_cache), "%s/fingerprint.cache", c->data_dir);
 	data_path(sj_path, sizeof(sj_path), c->data_dir, "", KVT_DATA_SESSIONS_FILE);
+	data_path(reserve_path, sizeof(reserve_path), c->data_dir, "", KVT_DATA_RESERVE_FILE);
 	const char *mine[] = { c->data_dir, db_path, t2_path, sj_path };
 	warn_open_modes(mine, sizeof(mine) / sizeof(mine[0]));
 	struct stat sb_db, sb_t2;
@@ -548,6 +550,8 @@ static int bring_up(daemon_t *d, int *exit_code)
 	sc.t0_slots = (uint32_t)n_t0;
 	sc.db_path = db_path;
 	sc.journal_path = sj_path;
+	sc.reserve_path = reserve_path;
+	sc.reserve_bytes = c->index_reserve_bytes;
 	sc.t2_path = nvme_bytes ? t2_path : NULL;
 	sc.t2.capacity_bytes = nvme_bytes;
 	sc.t2.queue_depth = c->nvme_queue_depth;

@@ -25,7 +25,11 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 	    (rc = kvt_btable_create(c->block_tokens, c->t0_slots, &s->bt)))
 		goto fail;
 	if (c->db_path) {
-		kvt_db_config dbc = { .path = c->db_path, .create = true, .journal_path = c->journal_path };
+		kvt_db_config dbc = { .path = c->db_path,
+				      .create = true,
+				      .journal_path = c->journal_path,
+				      .reserve_path = c->reserve_path,
+				      .reserve_bytes = c->reserve_bytes };
 		memcpy(dbc.ns.model_fp, c->model_fp, KVT_HASH_BYTES);
 		dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
 		dbc.ns.block_tokens = c->block_tokens;

@@ -36,6 +36,8 @@ typedef struct kvt_stack_config {
 	uint32_t t0_slots;         /* T0 pool size in blocks */
 	const char *db_path;       /* the SQLite index; NULL: none (no sessions, no NVMe tier) */
 	const char *journal_path;  /* the index's session journal; NULL: none */
+	const char *reserve_path;  /* the index's reserve for session rows; NULL: none */
+	uint64_t reserve_bytes;    /* its size (0: none) */
 	const char *t2_path;       /* the NVMe tier's file; NULL: none */
 	kvt_t2_config t2;          /* capacity, queue depth, io mode, compression, reset (path, model_fp,
 				      max_raw_bytes are filled in) */

@@ -636,6 +636,70 @@ def case_diskfull(build, tmp):
                 os.unlink(filler)
 
 
+def case_diskfull_kill(build, tmp):
+    """Issue 28 item 2: on a full disk the session rows commit on the reserve: every acknowledged turn survives a
+    kill -9 during the full spell (and a restart on the still-full disk); once the reserve is used up too, a turn
+    with session_id is refused 507 insufficient_storage (never acknowledged) while one without is served; when
+    space returns, service resumes."""
+    if not can_mount():
+        SKIPS.append("diskfull_kill: needs root to mount a tmpfs")
+        print("skip diskfull_kill: needs root to mount a tmpfs")
+        return
+    with Tmpfs(os.path.join(tmp, "fs"), "40m") as fs:
+        data = os.path.join(fs.path, "data")
+        filler = os.path.join(fs.path, "filler")
+        d = Daemon(build, os.path.join(tmp, "conf"), conf_on(data) + "reserve = 256K\n")
+        d.start()
+        try:
+            msgs, _, _ = converse(d, "dk", USER_TURNS[:1])
+            fill(filler)
+            msgs, _, prev = converse(d, "dk", USER_TURNS[1:3], msgs=msgs)  # acknowledged on the reserve
+            d.stop(signal.SIGKILL)  # during the full spell
+            d.restart()  # on the still-full disk
+            st, lst = http("GET", d.url + "/v1/sessions")
+            got = [x for x in lst.get("data", []) if x["id"] == "dk"]
+            check(got and got[0]["tokens"] == history_tokens(prev),
+                  "after kill -9 in the full spell the session has every acknowledged turn: %s, expected %d tokens"
+                  % (got, history_tokens(prev)))
+            st, h = http("GET", d.url + "/health")
+            check(st == 200 and h.get("status") == "degraded", "health degraded on the full disk: %s %s" % (st, h))
+            # use the reserve up: longer and longer session turns until one is refused
+            refused, n_ok = None, 0
+            for i in range(300):
+                body = {"messages": [{"role": "user", "content": "%d %s" % (i, " ".join(USER_TURNS) * (1 + i % 4))}],
+                        "max_tokens": 1, "temperature": 0, "session_id": "fill%d" % i}
+                st, r = http("POST", d.url + "/v1/chat/completions", body)
+                if st != 200:
+                    refused = (st, r)
+                    break
+                n_ok += 1
+            check(refused is not None and refused[0] == 507 and refused[1]["error"]["code"] == "insufficient_storage"
+                  and refused[1]["error"]["type"] == "insufficient_storage",
+                  "a session turn past the reserve is refused 507 insufficient_storage (after %d served): %s"
+                  % (n_ok, refused))
+            st, r = http("POST", d.url + "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2, "temperature": 0})
+            check(st == 200, "a request without session_id is served on the full disk: %s %s" % (st, r))
+            # space returns: the reserve is made again, the index commits, a session turn is kept
+            os.unlink(filler)
+            wait_for("/health to say ok again",
+                     lambda: (lambda r: r[0] == 200 and r[1].get("status") == "ok")(http("GET", d.url + "/health")),
+                     timeout=30)
+            msgs, _, prev = converse(d, "dk", USER_TURNS[3:4], msgs=msgs)
+            d.stop(signal.SIGKILL)
+            d.restart()
+            st, lst = http("GET", d.url + "/v1/sessions")
+            got = [x for x in lst.get("data", []) if x["id"] == "dk"]
+            check(got and got[0]["tokens"] == history_tokens(prev),
+                  "after space returned and kill -9 the session has its last turn: %s, expected %d tokens"
+                  % (got, history_tokens(prev)))
+            check("reserve is made again" in d._log(), "the reserve's return is logged")
+        finally:
+            d.stop()
+            if os.path.exists(filler):
+                os.unlink(filler)
+
+
 def case_lostindex(build, tmp):
     """Issue 13 item 6: sessions survive a deleted index (rebuild-index) and a deleted WAL (the journal)."""
     d = Daemon(build, tmp, conf_on(tmp, nvme="capacity = 64M\n"))
@@ -835,7 +899,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure,
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
-         "rawfuzz": case_rawfuzz}
+         "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill}
 
 
 def main():
