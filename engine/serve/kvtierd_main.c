@@ -133,12 +133,54 @@ static void warn_open_modes(const char *const *paths, size_t n)
 }
 
 /* The server secret: read it, or create 32 random bytes (0600) on first start. */
+/*
+ * Open a file the daemon reads whole at start (a secret, a key file): it must
+ * be a regular file of at most max_bytes. A device (/dev/zero), a FIFO or a
+ * directory is refused by name, never read (opened without blocking, so a
+ * FIFO with no writer cannot hang the start). what names the config key for
+ * the messages. The fd, or -1 (logged; errno kept for ENOENT).
+ */
+static int open_small_file(const char *path, const char *what, off_t max_bytes, struct stat *sb)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		if (errno != ENOENT)
+			KVT_LOGE("%s %s: %s", what, path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fd, sb) != 0) {
+		KVT_LOGE("%s %s: %s", what, path, strerror(errno));
+		close(fd);
+		errno = EIO;
+		return -1;
+	}
+	if (!S_ISREG(sb->st_mode) || sb->st_size > max_bytes) {
+		if (!S_ISREG(sb->st_mode))
+			KVT_LOGE("%s %s is not a regular file (%s): it must be a file of at most %lld bytes", what, path,
+				 S_ISDIR(sb->st_mode) ? "a directory" : S_ISFIFO(sb->st_mode) ? "a FIFO" :
+				 S_ISCHR(sb->st_mode) || S_ISBLK(sb->st_mode) ? "a device" : "not a file",
+				 (long long)max_bytes);
+		else
+			KVT_LOGE("%s %s is %lld bytes: at most %lld are read", what, path, (long long)sb->st_size,
+				 (long long)max_bytes);
+		close(fd);
+		errno = EINVAL;
+		return -1;
+	}
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0)
+		(void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	return fd;
+}
+
 static int load_secret(const char *path, uint8_t *out, size_t *n)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat sb;
+	int fd = open_small_file(path, "secret file", 64, &sb);
+	if (fd < 0 && errno != ENOENT)
+		return errno == EINVAL ? KVT_EINVAL : KVT_EIO;
 	if (fd >= 0) {
-		struct stat sb;
-		if (fstat(fd, &sb) == 0 && (sb.st_mode & 077)) { /* as ssh refuses a private key others can read */
+		if (sb.st_mode & 077) { /* as ssh refuses a private key others can read */
 			KVT_LOGE("secret file %s is readable by group or others (mode %04o): whoever reads it can aim at "
 				 "any tenant's cache; chmod 600 %s",
 				 path, (unsigned)(sb.st_mode & 07777), path);
@@ -153,10 +195,6 @@ static int load_secret(const char *path, uint8_t *out, size_t *n)
 		}
 		*n = (size_t)r;
 		return KVT_OK;
-	}
-	if (errno != ENOENT) {
-		KVT_LOGE("secret file %s: %s", path, strerror(errno));
-		return KVT_EIO;
 	}
 	if (getrandom(out, 32, 0) != 32) {
 		KVT_LOGE("getrandom: %s", strerror(errno));
@@ -178,13 +216,14 @@ static int load_secret(const char *path, uint8_t *out, size_t *n)
 /* The T3 AUTH password: the first line of path, which only its owner may read. Never logged. */
 static int load_remote_password(const char *path, char *out, size_t cap)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		KVT_LOGE("[tier.remote] password_file %s: %s", path, strerror(errno));
-		return KVT_EIO;
-	}
 	struct stat sb;
-	if (fstat(fd, &sb) == 0 && (sb.st_mode & 077)) {
+	int fd = open_small_file(path, "[tier.remote] password_file", (off_t)cap - 1, &sb);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			KVT_LOGE("[tier.remote] password_file %s: %s", path, strerror(ENOENT));
+		return errno == EINVAL ? KVT_EINVAL : KVT_EIO;
+	}
+	if (sb.st_mode & 077) {
 		KVT_LOGE("[tier.remote] password_file %s is readable by group or others (mode %04o); chmod 600 %s", path,
 			 (unsigned)(sb.st_mode & 07777), path);
 		close(fd);
@@ -275,6 +314,8 @@ typedef struct daemon {
 	size_t n_keys;
 } daemon_t;
 
+#define KVT_KEY_FILE_MAX (1 << 20) /* server.api_key_file: at most this many bytes (some 10,000 keys) */
+
 static int read_key_file(daemon_t *d)
 {
 	const kvt_config *c = &d->cfg;
@@ -286,16 +327,28 @@ static int read_key_file(daemon_t *d)
 	d->n_keys = c->n_api_keys;
 	if (!c->api_key_file[0])
 		return KVT_OK;
-	FILE *f = fopen(c->api_key_file, "r");
+	struct stat sb;
+	int fd = open_small_file(c->api_key_file, "server.api_key_file", KVT_KEY_FILE_MAX, &sb);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			KVT_LOGE("server.api_key_file %s: %s", c->api_key_file, strerror(ENOENT));
+		return errno == EINVAL ? KVT_EINVAL : KVT_EIO;
+	}
+	FILE *f = fdopen(fd, "r");
 	if (!f) {
-		KVT_LOGE("server.api_key_file %s: %s", c->api_key_file, strerror(errno));
-		return KVT_EIO;
+		close(fd);
+		return KVT_ENOMEM;
 	}
 	char line[512];
 	unsigned ln = 0;
 	int rc = KVT_OK;
 	while (fgets(line, sizeof(line), f)) {
 		ln++;
+		if (!strchr(line, '\n') && !feof(f)) {
+			KVT_LOGE("%s:%u: line longer than %zu bytes", c->api_key_file, ln, sizeof(line) - 2);
+			rc = KVT_EINVAL;
+			break;
+		}
 		line[strcspn(line, "\r\n")] = 0;
 		if (!line[0] || line[0] == '#')
 			continue;

@@ -636,6 +636,28 @@ def case_diskfull(build, tmp):
                 os.unlink(filler)
 
 
+def case_keyfiles(build, tmp):
+    """Issue 28 item 6: a key or secret file that is a device, a FIFO or too large is refused at start, by name,
+    at once (before: api_key_file = /dev/zero spun at 50% CPU forever, a FIFO secret hung the start)."""
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo, 0o600)
+    big = os.path.join(tmp, "big.keys")
+    with open(big, "w") as f:
+        f.write(("tenant:%s\n" % ("k" * 100)) * 12000)  # about 1.3 MB
+    os.chmod(big, 0o600)
+    base = ("[server]\nlisten = 127.0.0.1:0\n%s[model]\npath = %s\ndevice = cpu\n[tier.nvme]\ncapacity = 16M\n"
+            "[index]\ndata_dir = %s\n")
+    for what, server, needle in (
+            ("api_key_file = /dev/zero", "api_key_file = /dev/zero\n", "/dev/zero is not a regular file (a device)"),
+            ("api_key_file = a FIFO", "api_key_file = %s\n" % fifo, "is not a regular file (a FIFO)"),
+            ("api_key_file of 1.3 MB", "api_key_file = %s\n" % big, "at most 1048576 are read"),
+            ("secret_file = a FIFO", "secret_file = %s\n" % fifo, "secret file %s is not a regular file (a FIFO)" % fifo)):
+        t = time.time()
+        refused(Daemon(build, os.path.join(tmp, "d%d" % len(what)), base % (server, MODEL, os.path.join(tmp, "data"))),
+                what, needle)
+        check(time.time() - t < 60, "%s: refused within a minute (%.1f s)" % (what, time.time() - t))
+
+
 def case_diskfull_kill(build, tmp):
     """Issue 28 item 2: on a full disk the session rows commit on the reserve: every acknowledged turn survives a
     kill -9 during the full spell (and a restart on the still-full disk); once the reserve is used up too, a turn
@@ -899,7 +921,8 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure,
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
-         "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill}
+         "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
+         "keyfiles": case_keyfiles}
 
 
 def main():
