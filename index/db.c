@@ -485,10 +485,22 @@ static int find_or_add_ns(kvt_db *db, const kvt_db_ns *ns)
 
 static void *writer_main(void *arg);
 
-/* Read meta.owner_id; record set (given) or a random one (make) when asked. */
-static int owner_id(kvt_db *db, const uint8_t *set, bool make)
+/* Record db->owner as meta.owner_id. */
+static int owner_write(kvt_db *db)
 {
-	char buf[2 * KVT_DB_OWNER_BYTES + 8], q[160];
+	char q[160];
+	int o = snprintf(q, sizeof(q), "INSERT OR REPLACE INTO meta(key, value) VALUES('owner_id', '");
+	for (int i = 0; i < KVT_DB_OWNER_BYTES; i++)
+		o += snprintf(q + o, sizeof(q) - (size_t)o, "%02x", db->owner[i]);
+	snprintf(q + o, sizeof(q) - (size_t)o, "')");
+	return exec(db, q, "record owner_id");
+}
+
+/* Read meta.owner_id; record set (given) or a random one (make: *made) when asked. */
+static int owner_id(kvt_db *db, const uint8_t *set, bool make, bool *made)
+{
+	char buf[2 * KVT_DB_OWNER_BYTES + 8];
+	*made = false;
 	int rc = query_text(db, "SELECT value FROM meta WHERE key='owner_id'", buf, sizeof(buf));
 	if (rc)
 		return rc;
@@ -511,12 +523,9 @@ static int owner_id(kvt_db *db, const uint8_t *set, bool make)
 			KVT_LOGE("index %s: cannot read /dev/urandom for the index's owner id", db->path);
 			return KVT_EIO;
 		}
+		*made = true;
 	}
-	int o = snprintf(q, sizeof(q), "INSERT OR REPLACE INTO meta(key, value) VALUES('owner_id', '");
-	for (int i = 0; i < KVT_DB_OWNER_BYTES; i++)
-		o += snprintf(q + o, sizeof(q) - (size_t)o, "%02x", db->owner[i]);
-	snprintf(q + o, sizeof(q) - (size_t)o, "')");
-	return exec(db, q, "record owner_id");
+	return owner_write(db);
 }
 
 /* ---- the session journal (index/journal.c) ------------------------------------ */
@@ -944,7 +953,8 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 		goto fail;
 	if (cfg->ns.block_tokens && (rc = find_or_add_ns(db, &cfg->ns)) != KVT_OK)
 		goto fail;
-	if ((rc = owner_id(db, cfg->owner_id, cfg->ns.block_tokens != 0)) != KVT_OK)
+	bool owner_made = false;
+	if ((rc = owner_id(db, cfg->owner_id, cfg->ns.block_tokens != 0, &owner_made)) != KVT_OK)
 		goto fail;
 	for (int i = 0; i < ST_COUNT; i++) {
 		src = sqlite3_prepare_v3(db->sql, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &db->st[i], NULL);
@@ -960,6 +970,20 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 	db->sj_compact_min = cfg->journal_compact_bytes ? cfg->journal_compact_bytes : (4u << 20);
 	if (cfg->journal_path && (rc = journal_open(db, cfg->journal_path, exists)) != KVT_OK)
 		goto fail; /* NOTE: the mutex and conditions hold no resources on Linux */
+	/*
+	 * An index rebuilt from the session journal at this open (it had no owner
+	 * id, so its first commits were lost: a young index whose WAL went before
+	 * any checkpoint) takes the owner the T2 file beside the journal recorded.
+	 */
+	static const uint8_t zero_owner[KVT_DB_OWNER_BYTES];
+	if (owner_made && db->stats.n_replayed && cfg->adopt_owner &&
+	    memcmp(cfg->adopt_owner, zero_owner, KVT_DB_OWNER_BYTES) != 0) {
+		memcpy(db->owner, cfg->adopt_owner, KVT_DB_OWNER_BYTES);
+		if ((rc = owner_write(db)) != KVT_OK)
+			goto fail;
+		KVT_LOGW("index %s had lost its first commits (no owner id) and was rebuilt from the session journal: it "
+			 "takes the owner id its T2 file recorded", db->path);
+	}
 	if (cfg->reserve_path && cfg->reserve_bytes) {
 		if (!(db->reserve_path = strdup(cfg->reserve_path))) {
 			rc = KVT_ENOMEM;

@@ -411,6 +411,9 @@ typedef struct kvt_db_config {
 				  * file's); NULL = keep the file's, or make a random one (namespace handles) */
 	const char *journal_path; /* the session journal (KVT_DATA_SESSIONS_FILE in the data dir), or NULL: none */
 	uint64_t journal_compact_bytes; /* rewrite the journal when it outgrows twice its live size and this; 0 = 4M */
+	const uint8_t *adopt_owner; /* [KVT_DB_OWNER_BYTES] the T2 file's recorded owner, or NULL: taken as this index's
+				     * when the index is rebuilt from the session journal at this open (it had no owner
+				     * id, and journal records were replayed into it: its first commits were lost) */
 	const char *reserve_path; /* the space kept for session rows (KVT_DATA_RESERVE_FILE in the data dir), or NULL */
 	uint64_t reserve_bytes;   /* its size (0: no reserve); see "Reserve" above */
 } kvt_db_config;

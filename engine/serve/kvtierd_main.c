@@ -49,6 +49,7 @@
 
 static FILE *log_fp;
 static pthread_mutex_t log_fp_mu = PTHREAD_MUTEX_INITIALIZER;
+static char first_error[512]; /* the first error line of the run (the cause; the refused start repeats it) */
 
 static void log_sink(int level, const char *msg, void *user)
 {
@@ -61,6 +62,8 @@ static void log_sink(int level, const char *msg, void *user)
 	gmtime_r(&ts.tv_sec, &tm);
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
 	pthread_mutex_lock(&log_fp_mu);
+	if (level == KVT_LOG_ERROR && !first_error[0])
+		snprintf(first_error, sizeof(first_error), "%s", msg);
 	FILE *f = log_fp ? log_fp : stderr;
 	fprintf(f, "%s.%03ldZ kvtierd %s: %s\n", when, ts.tv_nsec / 1000000, names[level < 0 ? 0 : level > 3 ? 3 : level],
 		msg);
@@ -901,7 +904,11 @@ int main(int argc, char **argv)
 		 kvt_now_s() - tf);
 	return 0;
 out:
-	KVT_LOGE("start-up failed");
+	pthread_mutex_lock(&log_fp_mu);
+	char cause[sizeof(first_error)];
+	snprintf(cause, sizeof(cause), "%s", first_error[0] ? first_error : "see the lines above");
+	pthread_mutex_unlock(&log_fp_mu);
+	KVT_LOGE("start-up failed: %s", cause);
 	tear_down(&d);
 	return code;
 }

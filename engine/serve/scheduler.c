@@ -1248,7 +1248,7 @@ static void *sched_main(void *arg)
 int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 {
 	*out = NULL;
-	const char *bad = !cfg->dev ? "dev" : !cfg->model ? "model" : !cfg->t0 ? "t0" : (cfg->tm && !cfg->bt) ? "bt"
+	const char *bad = !cfg->dev ? "dev" : !cfg->model ? "model" : !cfg->t0 ? "t0"
 		: (!cfg->secret || cfg->secret_bytes < 16 || cfg->secret_bytes > 64) ? "secret (16..64 bytes)"
 		: !cfg->max_running ? "max_running" : !cfg->max_queue ? "max_queue" : !cfg->prefill_chunk ? "prefill_chunk"
 		: !(cfg->head_share >= 0 && cfg->head_share <= 1) ? "head_share (0..1)" : NULL;

@@ -84,7 +84,6 @@ typedef struct kvt_sched_config {
 	const struct kvt_tok *tok; /* borrowed: end-of-generation ids */
 	kvt_t0_pool *t0;           /* borrowed: the pool sequences draw from */
 	kvt_tm *tm;                /* borrowed; NULL: no prefix cache (every prompt is prefilled) */
-	kvt_btable *bt;            /* borrowed; with tm */
 	kvt_db *db;                /* borrowed; NULL: sessions are not kept */
 	uint8_t model_fp[KVT_HASH_BYTES]; /* model fingerprint (chain roots) */
 	uint32_t layout_version;   /* KV layout version (chain roots) */

@@ -4,6 +4,7 @@
 #include "stack.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
 void kvt_stack_config_default(kvt_stack_config *c)
 {
@@ -30,6 +31,12 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 				      .journal_path = c->journal_path,
 				      .reserve_path = c->reserve_path,
 				      .reserve_bytes = c->reserve_bytes };
+		/* the T2 file's owner, for an index that must be rebuilt from the journal (kvt_db_config.adopt_owner) */
+		kvt_t2_info t2i;
+		struct stat sb;
+		if (c->t2_path && c->journal_path && stat(c->t2_path, &sb) == 0 && sb.st_size > 0 &&
+		    kvt_t2_probe(c->t2_path, &t2i) == KVT_OK)
+			dbc.adopt_owner = t2i.owner_id;
 		memcpy(dbc.ns.model_fp, c->model_fp, KVT_HASH_BYTES);
 		dbc.ns.layout_version = KVT_KV_LAYOUT_VERSION;
 		dbc.ns.block_tokens = c->block_tokens;
@@ -72,7 +79,6 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 	sc.tok = c->tok;
 	sc.t0 = s->t0;
 	sc.tm = s->tm;
-	sc.bt = s->bt;
 	sc.db = s->db;
 	memcpy(sc.model_fp, c->model_fp, KVT_HASH_BYTES);
 	sc.layout_version = KVT_KV_LAYOUT_VERSION;

@@ -636,6 +636,49 @@ def case_diskfull(build, tmp):
                 os.unlink(filler)
 
 
+def case_youngwal(build, tmp):
+    """Issue 28 item 4: a young index (never checkpointed) whose WAL is lost or garbage after a kill -9 starts,
+    its owner id taken back from the T2 file (before: "belongs to another index", exit 70), with every
+    acknowledged session from the journal; a refused start's last line says why."""
+    for how in ("deleted", "garbage"):
+        data = os.path.join(tmp, how)
+        d = small_daemon(build, data)
+        d.start()
+        try:
+            _, _, prev = converse(d, "yw", USER_TURNS[:2])
+            time.sleep(1.5)  # the blocks' end-of-turn write-through
+            d.stop(signal.SIGKILL)
+        finally:
+            d.stop()
+        wal = os.path.join(data, "index.sqlite-wal")
+        if not check(os.path.exists(wal) and os.path.getsize(wal) > 0, "%s: a WAL after kill -9" % how):
+            continue
+        if how == "deleted":
+            os.unlink(wal)
+        else:
+            with open(wal, "r+b") as f:
+                f.write(os.urandom(os.path.getsize(wal)))
+        try:
+            d.start(timeout=120)
+        except RuntimeError as e:
+            check(False, "%s WAL on a young index: kvtierd refused to start: %s" % (how, str(e)[-600:]))
+            continue
+        try:
+            st, lst = http("GET", d.url + "/v1/sessions")
+            got = {x["id"]: x["tokens"] for x in lst.get("data", [])} if st == 200 else {}
+            check(got.get("yw") == history_tokens(prev), "%s WAL: the session has its acknowledged turn: %s, "
+                  "expected %d tokens" % (how, got, history_tokens(prev)))
+            check("takes the owner id its T2 file recorded" in d._log(), "%s WAL: the adoption is logged" % how)
+        finally:
+            check(d.stop() == 0, "SIGTERM exits 0")
+    # a refused start (a new data dir on another one's T2 file): the last line carries the cause
+    shared = os.path.join(tmp, "deleted", "kvtier.t2")
+    b = small_daemon(build, os.path.join(tmp, "other"), shared)
+    refused(b, "another data dir's T2 file", "holds data")
+    last = [l for l in b._log().splitlines() if "start-up failed" in l]
+    check(last and "holds data" in last[-1], "the refusal's last line says why: %s" % last[-1:])
+
+
 def case_keyfiles(build, tmp):
     """Issue 28 item 6: a key or secret file that is a device, a FIFO or too large is refused at start, by name,
     at once (before: api_key_file = /dev/zero spun at 50% CPU forever, a FIFO secret hung the start)."""
@@ -922,7 +965,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
-         "keyfiles": case_keyfiles}
+         "keyfiles": case_keyfiles, "youngwal": case_youngwal}
 
 
 def main():
