@@ -88,7 +88,12 @@ static int open_t2(const char *t2_path, const uint8_t *model_fp, const uint8_t *
 			KVT_LOGE("t2 %s: the file holds KV of another model (fingerprint differs from --model)", t2_path);
 			return KVT_EINVAL;
 		}
-	} else if (rc == KVT_ECORRUPT && repair) {
+	} else if ((rc == KVT_ECORRUPT || rc == KVT_EINVAL) && repair) {
+		/*
+		 * No superblock copy verifies (a checksum, or both copies' magic, gone): the record scan
+		 * of the store's open path decides, as for the daemon (a file with record magics is
+		 * salvaged from them; anything else is still refused as not a T2 file).
+		 */
 		if (model_fp)
 			memcpy(cfg.model_fp, model_fp, 32);
 		KVT_LOGI("t2 %s: salvaging: new superblock copies are written from the records", t2_path);
