@@ -30,6 +30,7 @@
 #include "tiers_int.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -2132,30 +2133,28 @@ void kvt_tm_end_turn(kvt_tm *tm)
 
 static int hash_cmp(const void *a, const void *b) { return memcmp(a, b, KVT_HASH_BYTES); }
 
-/* Move the pending entries whose hash is in the sorted set hs[0..n) into the due prefix (tm->mu held). */
-static void pend_due_locked(kvt_tm *tm, const uint8_t (*hs)[KVT_HASH_BYTES], uint32_t n, double now)
+/*
+ * Move the entries of arr[n_due..n) (elements of elem bytes, each starting
+ * with its block hash) whose hash is in the sorted set hs[0..n_hs) into the
+ * due prefix, keeping the order of those it moves; returns the new due count.
+ */
+static uint32_t move_due(void *arr, size_t elem, uint32_t n_due, uint32_t n, const uint8_t (*hs)[KVT_HASH_BYTES],
+			 uint32_t n_hs)
 {
-	for (uint32_t i = tm->n_due; i < tm->n_pend; i++) {
-		if (!bsearch(tm->pend[i].hash, hs, n, KVT_HASH_BYTES, hash_cmp))
+	unsigned char *a = arr, tmp[64];
+	KVT_ASSERT(elem <= sizeof(tmp));
+	for (uint32_t i = n_due; i < n; i++) {
+		if (!bsearch(a + (size_t)i * elem, hs, n_hs, KVT_HASH_BYTES, hash_cmp))
 			continue;
-		tm_pending p = tm->pend[i];
-		tm->pend[i] = tm->pend[tm->n_due];
-		tm->pend[tm->n_due] = p;
-		tm->pend[tm->n_due++].due_t = now;
+		memcpy(tmp, a + (size_t)i * elem, elem);
+		memcpy(a + (size_t)i * elem, a + (size_t)n_due * elem, elem);
+		memcpy(a + (size_t)n_due * elem, tmp, elem);
+		n_due++;
 	}
+	return n_due;
 }
-
-/* As pend_due_locked, for the T3 write queue. */
-static void remote_due_locked(kvt_tm *tm, const uint8_t (*hs)[KVT_HASH_BYTES], uint32_t n)
-{
-	for (uint32_t i = tm->n_rq_due; i < tm->n_rq; i++) {
-		if (!bsearch(tm->rq[i].hash, hs, n, KVT_HASH_BYTES, hash_cmp))
-			continue;
-		tm_remote_q q = tm->rq[i];
-		tm->rq[i] = tm->rq[tm->n_rq_due];
-		tm->rq[tm->n_rq_due++] = q;
-	}
-}
+_Static_assert(offsetof(tm_pending, hash) == 0 && offsetof(tm_remote_q, hash) == 0,
+	       "move_due finds the block hash at the start of each entry");
 
 int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
 {
@@ -2166,13 +2165,17 @@ int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HA
 		return KVT_ENOMEM;
 	memcpy(hs, hashes, (size_t)n * KVT_HASH_BYTES);
 	qsort(hs, n, KVT_HASH_BYTES, hash_cmp);
+	const double now = kvt_now_s();
 	pthread_mutex_lock(&tm->mu);
 	if (tm->cfg.t3) {
-		remote_due_locked(tm, (const uint8_t(*)[KVT_HASH_BYTES])hs, n);
+		tm->n_rq_due = move_due(tm->rq, sizeof(*tm->rq), tm->n_rq_due, tm->n_rq, (const uint8_t(*)[KVT_HASH_BYTES])hs, n);
 		pthread_cond_signal(&tm->cv_remote);
 	}
 	if (tm->cfg.persist == KVT_PERSIST_END_OF_TURN && tm->cfg.t2) {
-		pend_due_locked(tm, (const uint8_t(*)[KVT_HASH_BYTES])hs, n, kvt_now_s());
+		uint32_t was = tm->n_due;
+		tm->n_due = move_due(tm->pend, sizeof(*tm->pend), tm->n_due, tm->n_pend, (const uint8_t(*)[KVT_HASH_BYTES])hs, n);
+		for (uint32_t i = was; i < tm->n_due; i++)
+			tm->pend[i].due_t = now;
 		tm->maint_kick = true;
 		pthread_cond_signal(&tm->cv_maint);
 	}
