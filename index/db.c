@@ -836,8 +836,8 @@ static bool reserve_take(kvt_db *db)
 	if (fd < 0)
 		return false;
 	bool ok = posix_fallocate(fd, 0, (off_t)db->reserve_bytes) == 0 && fdatasync(fd) == 0;
-	if (!ok)
-		(void)ftruncate(fd, 0); /* a partial allocation must not keep space the index needs */
+	if (!ok && ftruncate(fd, 0) != 0) /* a partial allocation must not keep space the index needs */
+		KVT_LOGW("index %s: the reserve %s cannot be emptied again: %s", db->path, db->reserve_path, strerror(errno));
 	close(fd);
 	return ok;
 }
