@@ -203,7 +203,10 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
  * last call (at most cap; the rest come next call) to ids and their count to
  * *n; *finish is KVT_FINISH_NONE while running. Once every token has been
  * returned and the request has ended, *finish says why and *usage (may be
- * NULL) is filled. Returns KVT_OK (possibly with *n == 0 on timeout).
+ * NULL) is filled. A request with a session_id ends only once its session
+ * row has committed to the index (the turn is durable before its client
+ * hears of its end), as KVT_FINISH_UNSAVED if the row could not commit.
+ * Returns KVT_OK (possibly with *n == 0 on timeout).
  */
 int kvt_sched_next(kvt_sched_handle *h, int32_t *ids, uint32_t cap, uint32_t *n, int *finish,
 		   kvt_sched_usage *usage, double timeout_s);
