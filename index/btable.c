@@ -55,6 +55,7 @@ struct bt_entry {
 	uint64_t last_use;                      /* tick */
 	uint64_t hits;                          /* matched lookups + touches */
 	bool dirty;                             /* not durable on NVMe */
+	bool t0_lossy;                          /* the T0 copy came from an 8-bit record */
 	uint8_t retain_floor;                   /* retention: not evicted from this tier or any below it */
 	uint64_t retain_until_us;               /* retention deadline, unix microseconds (0: not retained) */
 	uint32_t n_children;                    /* entries whose parent is this */
@@ -402,6 +403,7 @@ static void snapshot(const kvt_btable *bt, const bt_entry *e, kvt_btable_entry *
 	out->last_use = e->last_use;
 	out->hits = e->hits;
 	out->dirty = e->dirty;
+	out->t0_lossy = e->t0_lossy;
 	out->retain_until_us = e->retain_until_us;
 	out->retain_floor = e->retain_floor;
 	out->n_children = e->n_children;
@@ -466,8 +468,27 @@ int kvt_btable_set_slot(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], int 
 	}
 	pthread_mutex_lock(&bt->mu);
 	bt_entry *e = find(bt, hash);
-	if (e)
+	if (e) {
 		set_present(bt, e, tier, slot);
+		if (tier == KVT_TIER_HBM)
+			e->t0_lossy = false;
+	}
+	pthread_mutex_unlock(&bt->mu);
+	return e ? KVT_OK : KVT_ENOTFOUND;
+}
+
+int kvt_btable_set_t0_unpacked(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], int32_t slot, bool lossy)
+{
+	if (slot < 0) {
+		KVT_LOGE("btable: set_t0_unpacked: slot %d", (int)slot);
+		return KVT_EINVAL;
+	}
+	pthread_mutex_lock(&bt->mu);
+	bt_entry *e = find(bt, hash);
+	if (e) {
+		set_present(bt, e, KVT_TIER_HBM, slot);
+		e->t0_lossy = lossy;
+	}
 	pthread_mutex_unlock(&bt->mu);
 	return e ? KVT_OK : KVT_ENOTFOUND;
 }
@@ -597,6 +618,7 @@ static uint32_t walk_chain(kvt_btable *bt, const uint8_t *hashes, size_t stride,
 		}
 		memcpy(out[m].slot, e->slot, sizeof(out[m].slot));
 		out[m].nvme = e->nvme;
+		out[m].t0_lossy = e->t0_lossy;
 		if (flags & KVT_BT_PIN)
 			pin_locked(bt, e);
 		if (flags & KVT_BT_TOUCH)

@@ -155,6 +155,7 @@ typedef struct kvt_btable_entry {
 	uint64_t last_use;              /* table tick of the last touch (larger = more recent) */
 	uint64_t hits;                  /* lookups that matched this block */
 	bool dirty;                     /* not yet durable on NVMe (no committed index row) */
+	bool t0_lossy;                  /* the T0 copy was unpacked from an 8-bit (FP8/INT8) record, not computed */
 	uint64_t retain_until_us;       /* retention deadline, unix microseconds (0: not retained) */
 	int retain_floor;               /* while retained: never offered by coldest_at for this tier or below */
 	uint32_t n_children;            /* entries whose parent is this one */
@@ -166,6 +167,7 @@ typedef struct kvt_btable_match {
 	uint8_t hash[KVT_HASH_BYTES]; /* block hash (filled for every full block hashed, matched or not) */
 	int32_t slot[KVT_TIER_COUNT]; /* slot per tier at lookup time, -1 when absent */
 	kvt_nvme_loc nvme;            /* valid when slot[KVT_TIER_NVME] >= 0 */
+	bool t0_lossy;                /* the T0 copy (slot[KVT_TIER_HBM] >= 0) came from an 8-bit record */
 } kvt_btable_match;
 
 /* Lookup flags. */
@@ -213,10 +215,13 @@ int kvt_btable_get(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], kvt_btabl
 /*
  * Record that tier (KVT_TIER_HBM or KVT_TIER_HOST) holds the block in slot
  * (>= 0), replacing any previous slot of that tier. Joins that tier's LRU by
- * its last-use tick and updates the parent's per-tier child count.
+ * its last-use tick and updates the parent's per-tier child count. A T0
+ * slot set this way holds computed K/V (t0_lossy false).
  * KVT_ENOTFOUND / KVT_EINVAL (bad tier or slot, logged).
  */
 int kvt_btable_set_slot(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], int tier, int32_t slot);
+/* kvt_btable_set_slot(KVT_TIER_HBM) for a T0 copy unpacked from a record of codec lossy (t0_lossy). */
+int kvt_btable_set_t0_unpacked(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], int32_t slot, bool lossy);
 
 /*
  * Record that the block is durable in T2 at *loc (call once its index row has

@@ -34,7 +34,7 @@ static uint8_t root[32], hashes[N_CHAIN + 2][32];
 static uint16_t *data; /* [N_CHAIN][block elements] */
 static size_t n_el;
 
-static int fx_open(tm_fx *f, bool reset)
+static int fx_open_codec(tm_fx *f, bool reset, int codec)
 {
 	memset(f, 0, sizeof(*f));
 	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
@@ -44,10 +44,12 @@ static int fx_open(tm_fx *f, bool reset)
 	if (kvt_t2_open(&tc, &f->t2) || tm_fx_db_open(db_path, model_fp, BT, &f->db))
 		return 1;
 	kvt_tm_config c;
-	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, KVT_KV_CODEC_F16);
+	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, codec);
 	c.high[KVT_TIER_HBM] = c.high[KVT_TIER_HOST] = c.high[KVT_TIER_NVME] = 1.0f; /* the test drives eviction */
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
 }
+
+static int fx_open(tm_fx *f, bool reset) { return fx_open_codec(f, reset, KVT_KV_CODEC_F16); }
 
 /* The bytes of T0 slot s equal block b's. */
 static bool slot_holds(tm_fx *f, int32_t s, int b)
@@ -76,8 +78,11 @@ static kvt_tm_prefix_req serve_req(uint32_t n)
 				    .refresh = true };
 }
 
-/* Serve the chain through a handle expecting path want; the slots hold the blocks; counts by origin tier. */
-static void serve(tm_fx *f, kvt_tm_prefix_req r, int want, int origin)
+/*
+ * Serve the chain through a handle expecting path want and n_lossy blocks that came through an 8-bit copy;
+ * counts by origin tier; with an f16 T1 (lossy 0 expected everywhere) the slots hold the blocks' exact bytes.
+ */
+static void serve_lossy(tm_fx *f, kvt_tm_prefix_req r, int want, int origin, int codec, uint32_t want_lossy)
 {
 	kvt_tm_prefix *p = NULL;
 	kvt_tm_prefix_counts c;
@@ -98,11 +103,12 @@ static void serve(tm_fx *f, kvt_tm_prefix_req r, int want, int origin)
 	kvt_tm_prefix_get_counts(f->tm, p, &c);
 	CHECK_EQ_INT(c.n_served, N_CHAIN);
 	CHECK_EQ_INT(c.blocks_from[origin], N_CHAIN);
-	const uint64_t packed = kvt_kv_packed_bytes(&shape, KVT_KV_CODEC_F16);
+	CHECK_EQ_INT(c.n_lossy, want_lossy);
+	const uint64_t packed = kvt_kv_packed_bytes(&shape, codec);
 	CHECK_EQ_INT(c.bytes_from[KVT_TIER_HOST], origin == KVT_TIER_HOST ? N_CHAIN * packed : 0);
 	CHECK_EQ_INT(c.bytes_from[KVT_TIER_NVME], 0);
 	for (int b = 0; b < N_CHAIN; b++) {
-		CHECK(slot_holds(f, slots[b], b));
+		CHECK(codec != KVT_KV_CODEC_F16 || slot_holds(f, slots[b], b));
 		CHECK_EQ_INT(pins_of(f, b), 1); /* the handle's */
 	}
 	CHECK_EQ_INT(kvt_tm_prefix_release(f->tm, p), KVT_OK);
@@ -111,6 +117,24 @@ static void serve(tm_fx *f, kvt_tm_prefix_req r, int want, int origin)
 		kvt_t0_unref(f->t0, slots[b]); /* the caller's references */
 	}
 	CHECK(kvt_tm_check(f->tm) == KVT_OK);
+}
+
+static void serve(tm_fx *f, kvt_tm_prefix_req r, int want, int origin)
+{
+	serve_lossy(f, r, want, origin, KVT_KV_CODEC_F16, 0);
+}
+
+/* The engine computes the chain: fresh T0 slots, their bytes, registered. */
+static void compute_chain(tm_fx *f)
+{
+	for (int b = 0; b < N_CHAIN; b++) {
+		int32_t s;
+		CHECK(kvt_t0_alloc(f->t0, &s) == KVT_OK);
+		CHECK(kvt_dev_copy_h2d(f->dev, (char *)kvt_t0_layout(f->t0)->pool + (size_t)s * n_el * 2,
+				       data + (size_t)b * n_el, n_el * 2) == KVT_OK);
+		CHECK(kvt_tm_register(f->tm, hashes[b], b ? hashes[b - 1] : root, toks + b * BT, s) == KVT_OK);
+		kvt_t0_unref(f->t0, s);
+	}
 }
 
 /* Everything unpinned leaves T0 for T1. */
@@ -161,14 +185,7 @@ int main(void)
 	CHECK_EQ_INT(kvt_tm_prefix_release(f.tm, p), KVT_OK);
 
 	/* the engine computes the chain: T0 */
-	for (int b = 0; b < N_CHAIN; b++) {
-		int32_t s;
-		CHECK(kvt_t0_alloc(f.t0, &s) == KVT_OK);
-		CHECK(kvt_dev_copy_h2d(f.dev, (char *)kvt_t0_layout(f.t0)->pool + (size_t)s * n_el * 2,
-				       data + (size_t)b * n_el, n_el * 2) == KVT_OK);
-		CHECK(kvt_tm_register(f.tm, hashes[b], b ? hashes[b - 1] : root, toks + b * BT, s) == KVT_OK);
-		kvt_t0_unref(f.t0, s);
-	}
+	compute_chain(&f);
 	serve(&f, serve_req(N_CHAIN + 2), KVT_TM_PREFIX_READY, KVT_TIER_HBM); /* longer than cached: its prefix */
 
 	/* in T1: the I/O threads, or layer group by layer group */
@@ -212,6 +229,18 @@ int main(void)
 	CHECK(kvt_tm_locate(f.tm, (const uint8_t(*)[32])hashes, toks, N_CHAIN, in, &n) == KVT_OK);
 	CHECK_EQ_INT(in[KVT_TIER_HBM], N_CHAIN);
 	CHECK(kvt_tm_check(f.tm) == KVT_OK);
+	tm_fx_close(&f);
+
+	/*
+	 * An FP8 T1: computed blocks are exact (0 lossy); served from T1 all are lossy, and so they stay once
+	 * unpacked into T0 (a registration of a block already in T0 leaves its copy alone).
+	 */
+	CHECK(fx_open_codec(&f, true, KVT_KV_CODEC_FP8) == 0);
+	compute_chain(&f);
+	serve_lossy(&f, serve_req(N_CHAIN), KVT_TM_PREFIX_READY, KVT_TIER_HBM, KVT_KV_CODEC_FP8, 0);
+	demote_all(&f);
+	serve_lossy(&f, serve_req(N_CHAIN), KVT_TM_PREFIX_ASYNC, KVT_TIER_HOST, KVT_KV_CODEC_FP8, N_CHAIN);
+	serve_lossy(&f, serve_req(N_CHAIN), KVT_TM_PREFIX_READY, KVT_TIER_HBM, KVT_KV_CODEC_FP8, N_CHAIN);
 	tm_fx_close(&f);
 
 	free(data);

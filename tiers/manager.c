@@ -864,7 +864,7 @@ static int promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], i
 		double t_start = kvt_now_s();
 		rc = kvt_t1_mover_unpack(c->mv, 1, &packed, &s);
 		if (rc == KVT_OK)
-			rc = kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HBM, s);
+			rc = kvt_btable_set_t0_unpacked(tm->cfg.bt, h, s, tm->cfg.t1_codec != KVT_KV_CODEC_F16);
 		if (rc != KVT_OK) {
 			kvt_t0_unref(tm->cfg.t0, s);
 			goto done;
@@ -2020,6 +2020,7 @@ kvt_tm_prefix **tm_lay_owner(kvt_tm *tm) { return &tm->lay_owner; }
 size_t tm_packed_bytes(const kvt_tm *tm) { return tm->packed_bytes; }
 kvt_t0_pool *tm_t0(kvt_tm *tm) { return tm->cfg.t0; }
 kvt_btable *tm_bt(kvt_tm *tm) { return tm->cfg.bt; }
+bool tm_lossy(const kvt_tm *tm) { return tm->cfg.t1_codec != KVT_KV_CODEC_F16; }
 
 bool kvt_tm_ticket_done(kvt_tm *tm, kvt_tm_ticket *t, uint32_t *n_done)
 {
@@ -2783,7 +2784,8 @@ int kvt_tm_layered_finish(kvt_tm *tm, kvt_tm_layered *p)
 			continue;
 		/* The manager's own reference, then the table names the slot (the caller keeps its own). */
 		kvt_t0_ref(tm->cfg.t0, p->t0[i]);
-		if (kvt_btable_set_slot(tm->cfg.bt, p->hashes[i], KVT_TIER_HBM, p->t0[i]) != KVT_OK) {
+		if (kvt_btable_set_t0_unpacked(tm->cfg.bt, p->hashes[i], p->t0[i], tm->cfg.t1_codec != KVT_KV_CODEC_F16) !=
+		    KVT_OK) {
 			kvt_t0_unref(tm->cfg.t0, p->t0[i]);
 			continue;
 		}

@@ -555,6 +555,8 @@ typedef struct kvt_tm_prefix_counts {
 	uint64_t bytes_from[KVT_TM_N_TIERS];  /* bytes read for this handle, by source tier: T2 records, T1 slots
 	                                         copied into T0, T3 records */
 	uint32_t n_retained;                  /* SERVE with refresh: leading served blocks that are retained */
+	uint32_t n_lossy;                     /* of the served blocks, those whose K/V came through an 8-bit copy
+	                                         (found in T1/T2/T3 with an FP8/INT8 codec, or in T0 unpacked from one) */
 } kvt_tm_prefix_counts;
 
 /*

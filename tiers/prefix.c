@@ -36,6 +36,7 @@ struct kvt_tm_prefix {
 	uint32_t n;                       /* chain blocks asked for */
 	uint8_t (*hashes)[KVT_HASH_BYTES];/* [n] copies of the chain */
 	uint8_t *origin;                  /* [n] the tier each usable block was found in (KVT_TM_TIER_REMOTE: T3) */
+	bool *lossy;                      /* [n] its K/V comes through an 8-bit copy (see kvt_tm_prefix_counts) */
 	uint32_t n_local;                 /* usable blocks found in the table (the rest of n_usable: T3's) */
 	uint32_t n_pinned;                /* SERVE: leading blocks pinned for the handle */
 	bool refresh;                     /* SERVE: restart retention TTLs at take */
@@ -63,6 +64,7 @@ static void prefix_free(kvt_tm_prefix *p)
 {
 	free(p->hashes);
 	free(p->origin);
+	free(p->lossy);
 	free(p->lay_slots);
 	free(p);
 }
@@ -163,7 +165,8 @@ int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix 
 	kvt_tm_prefix *p = calloc(1, sizeof(*p));
 	kvt_btable_match *mt = r->n ? calloc(r->n, sizeof(*mt)) : NULL;
 	const uint32_t cap = r->n ? r->n : 1;
-	if (!p || (r->n && !mt) || !(p->hashes = malloc((size_t)cap * KVT_HASH_BYTES)) || !(p->origin = calloc(cap, 1))) {
+	if (!p || (r->n && !mt) || !(p->hashes = malloc((size_t)cap * KVT_HASH_BYTES)) || !(p->origin = calloc(cap, 1)) ||
+	    !(p->lossy = calloc(cap, sizeof(bool)))) {
 		free(mt);
 		if (p)
 			prefix_free(p);
@@ -189,6 +192,7 @@ int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix 
 	while (usable < nm && origin_tier(&mt[usable]) >= 0 &&
 	       (!(serve && r->t0_only) || origin_tier(&mt[usable]) == KVT_TIER_HBM)) {
 		p->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
+		p->lossy[usable] = p->origin[usable] == KVT_TIER_HBM ? mt[usable].t0_lossy : tm_lossy(tm);
 		all_in_t0 = all_in_t0 && p->origin[usable] == KVT_TIER_HBM;
 		usable++;
 	}
@@ -208,6 +212,8 @@ int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix 
 	if (r->root && kvt_tm_has_remote(tm) && usable < r->n && (serve ? usable == nm && !r->t0_only : true)) {
 		n_remote = r->n - usable;
 		memset(p->origin + usable, KVT_TM_TIER_REMOTE, n_remote);
+		for (uint32_t i = usable; i < r->n; i++)
+			p->lossy[i] = tm_lossy(tm);
 	}
 	if ((rc = prefix_start(tm, p, r, n_remote, all_in_t0))) {
 		(void)kvt_tm_prefix_release(tm, p);
@@ -228,8 +234,10 @@ static uint32_t count_served(kvt_tm_prefix *p, const int *res, bool efull_ok)
 	uint32_t k = 0;
 	while (k < p->c.n_usable && (res[k] == KVT_OK || (efull_ok && res[k] == KVT_EFULL)))
 		k++;
-	for (uint32_t i = 0; i < k; i++)
+	for (uint32_t i = 0; i < k; i++) {
 		p->c.blocks_from[p->origin[i]]++;
+		p->c.n_lossy += p->lossy[i];
+	}
 	p->c.n_served = k;
 	return k;
 }

@@ -88,6 +88,7 @@ kvt_tm_prefix **tm_lay_owner(kvt_tm *tm);
 size_t tm_packed_bytes(const kvt_tm *tm);
 kvt_t0_pool *tm_t0(kvt_tm *tm);  /* the engine's T0 pool (borrowed by the manager) */
 kvt_btable *tm_bt(kvt_tm *tm);   /* the block table */
+bool tm_lossy(const kvt_tm *tm); /* T1/T2/T3 records are 8-bit (FP8/INT8): what comes up from them is lossy */
 
 /* A row read back at start-up (tiers/recover.c): another namespace's record the manager keeps, or a lost row. */
 typedef struct tm_foreign {

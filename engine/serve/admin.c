@@ -314,10 +314,12 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 				   "round_seconds_buckets", lat, "degraded", (int)r3->degraded);
 	}
 	json_t *engine = json_pack(
-		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I}}", "requests",
+		"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I}}",
+		"requests",
 		(json_int_t)st.requests, "requests_failed", (json_int_t)st.requests_failed, "running",
 		(json_int_t)st.running, "queued", (json_int_t)st.queued, "prompt_tokens", (json_int_t)st.prompt_tokens,
-		"cached_tokens", (json_int_t)st.cached_tokens, "reusable_tokens", (json_int_t)st.reusable_tokens,
+		"cached_tokens", (json_int_t)st.cached_tokens, "lossy_cached_tokens", (json_int_t)st.lossy_cached_tokens,
+		"reusable_tokens", (json_int_t)st.reusable_tokens,
 		"cache_efficiency", ratio((double)st.cached_tokens, (double)st.reusable_tokens), "prefill_tokens_saved",
 		(json_int_t)st.cached_tokens, "completion_tokens", (json_int_t)st.completion_tokens, "ttft_p50_ms",
 		st.ttft_p50_s * 1e3, "ttft_p99_ms", st.ttft_p99_s * 1e3, "prefill_tokens_per_s",

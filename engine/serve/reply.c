@@ -311,6 +311,8 @@ static json_t *usage_json(const gen_job *j)
 	if (kv) { /* Anthropic's names for the tokens written to and read from retained cache */
 		json_object_set_new(kv, "cache_creation_input_tokens", json_integer(u0->cache_creation_tokens));
 		json_object_set_new(kv, "cache_read_input_tokens", json_integer(u0->cache_read_tokens));
+		/* cached tokens whose K/V came through an 8-bit tier copy: not bit-exact (0 with an f16 tier.host) */
+		json_object_set_new(kv, "lossy_cached_tokens", json_integer(u0->lossy_cached_tokens));
 		if (j->q.cc.n_retain)
 			json_object_set_new(
 				kv, "retention",

@@ -404,6 +404,7 @@ static void record_usage_locked(kvt_sched *s, kvt_sched_handle *h)
 	st->cached_tokens += u->cached_tokens;
 	for (int t = 0; t < KVT_TM_N_TIERS; t++)
 		st->cached_by_tier[t] += u->cached_by_tier[t];
+	st->lossy_cached_tokens += u->lossy_cached_tokens;
 	st->completion_tokens += u->completion_tokens;
 	if (h->t_first > 0) {
 		double ttft = u->ttft_s;
@@ -532,6 +533,7 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h)
 		for (int t = 0; t < KVT_TM_N_TIERS; t++)
 			h->usage.cached_by_tier[t] += c.blocks_from[t] * bt;
 		h->usage.cached_tokens = ok * bt;
+		h->usage.lossy_cached_tokens = c.n_lossy * bt;
 		h->usage.cache_read_tokens = c.n_retained * bt;
 		s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
 	}

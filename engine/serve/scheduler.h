@@ -160,6 +160,8 @@ typedef struct kvt_sched_usage {
 	uint32_t completion_tokens;    /* tokens generated */
 	uint32_t cached_tokens;        /* prompt tokens served from the cache (full blocks) */
 	uint32_t cached_by_tier[KVT_TM_N_TIERS]; /* of those, by the tier the block was found in (KVT_TM_TIER_REMOTE: T3) */
+	uint32_t lossy_cached_tokens;  /* of the cached tokens, those whose K/V came through an 8-bit (FP8/INT8) copy
+	                                  (greedy output may then differ from a recompute; 0 with an f16 [tier.host]) */
 	uint32_t cache_read_tokens;    /* of the cached tokens, those of retained blocks (their TTL restarted) */
 	uint32_t cache_creation_tokens;/* prompt tokens newly retained by this request */
 	uint32_t retain_requested_tokens; /* full-block tokens the request asked to retain */
@@ -300,6 +302,7 @@ typedef struct kvt_sched_stats {
 	uint64_t prompt_tokens;        /* prompt tokens of finished requests */
 	uint64_t cached_tokens;        /* of those, served from cache */
 	uint64_t cached_by_tier[KVT_TM_N_TIERS];
+	uint64_t lossy_cached_tokens;  /* of the cached tokens, those from 8-bit copies */
 	uint64_t reusable_tokens;      /* of those, the full blocks of the prompt (the cacheable part) */
 	uint64_t prefill_tokens;       /* tokens prefilled (prompt - cached) */
 	uint64_t completion_tokens;    /* tokens generated */

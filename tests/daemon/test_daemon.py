@@ -164,6 +164,8 @@ def case_kill9(build, tmp):
         check(r["choices"][0]["message"]["content"] == ref["choices"][0]["message"]["content"],
               "after kill -9 the reply differs from the uninterrupted run:\n%r\n%r"
               % (r["choices"][0]["message"]["content"], ref["choices"][0]["message"]["content"]))
+        check(r["usage"]["kvtier"]["lossy_cached_tokens"] == 0,
+              "an f16 host tier serves no lossy tokens: %s" % r["usage"]["kvtier"])
         rc, out, err = kvtier(build, "fsck", "--data-dir", b.data_dir, "--dry-run")
         check(rc == 75 and "kvtierd pid %d" % b.proc.pid in err,
               "fsck beside the live daemon is refused (exit 75, naming it): %d %s" % (rc, err))
@@ -171,6 +173,17 @@ def case_kill9(build, tmp):
         b.stop()
     rc, out, err = kvtier(build, "fsck", "--data-dir", b.data_dir)
     check(rc == 0, "fsck clean after the kill -9 run: %d %s %s" % (rc, out, err))
+    # f16 tiers: the reply served from the cache after the restart is the one with the cache off, bit for bit
+    c = daemon(build, os.path.join(tmp, "c"), extra=f16 + "[cache]\nenabled = false\n")
+    c.start()
+    try:
+        off = chat(c, msgs)
+        check(off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "cache off: nothing cached")
+        check(off["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"],
+              "f16: the reply from NVMe after kill -9 differs from the cache-off one:\n%r\n%r"
+              % (r["choices"][0]["message"]["content"], off["choices"][0]["message"]["content"]))
+    finally:
+        c.stop()
 
 
 def case_sigterm(build, tmp):
