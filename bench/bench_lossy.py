@@ -9,7 +9,7 @@ comes from the 8-bit records (T2 -> T1 -> T0), reported as usage.kvtier.lossy_ca
 A kvtierd with the cache off answers the same turn-2 messages (turn 1 is computed afresh in
 both, so its replies are the same). Printed per codec: the conversations whose turn-2 reply
 equals the cache-off one (greedy agreement), whose first token agrees, the cached and lossy
-tokens. Data dirs (64 MiB NVMe tier) are removed at the end.
+tokens. Data dirs (256 MiB NVMe tier: room for every block) are removed at the end.
 """
 import argparse
 import json
@@ -53,7 +53,7 @@ def chat(d, messages, session, max_tokens):
 def conf(model, data, host_dtype, cache=True):
     return ("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
             "[cache]\nenabled = %s\n[tier.hbm]\ncapacity = 256M\n[tier.host]\ncapacity = 256M\ndtype = %s\n"
-            "[tier.nvme]\ncapacity = 64M\n[index]\ndata_dir = %s\n"
+            "[tier.nvme]\ncapacity = 256M\n[index]\ndata_dir = %s\n"
             % (model, "true" if cache else "false", host_dtype, data))
 
 
