@@ -30,14 +30,15 @@
  *  - locking_mode=EXCLUSIVE: the first access takes the file lock for the
  *    life of the connection; a second process gets "locked" at open.
  *
- * The schema (version 3; no index on parent, see migrations[]):
+ * The schema (version 4; no index on parent, see migrations[]):
  *   meta(key, value)                      schema_version, owner_id (32 hex digits)
  *   namespaces(id, model_fp, layout_version, block_tokens, created)
  *   blocks(id, ns, hash, parent, tokens, off, extent_bytes, stored_bytes,
  *          generation, checksum, compressed, kv_dtype, codec, scale_layout,
  *          raw_bytes, last_use, hit_count, retain_until, retain_ttl,
  *          retain_floor, retain_tenant)                UNIQUE(ns, hash)
- *   sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)
+ *   sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated,
+ *            durable_tokens)
  * 64-bit unsigned values (generation, checksum, last_use, hit_count) are
  * stored as their int64 bit pattern; token ids as int32 little-endian blobs.
  */
@@ -60,7 +61,16 @@
 /* While degraded, an idle writer retries the kept writes (or probes) this often. */
 #define FULL_RETRY_S 1.0
 
-enum op_kind { OP_PUT_BLOCK, OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_RETAIN_BLOCK, OP_PUT_SESSION, OP_DEL_SESSION, OP_READ };
+enum op_kind {
+	OP_PUT_BLOCK,
+	OP_DEL_BLOCK,
+	OP_TOUCH_BLOCK,
+	OP_RETAIN_BLOCK,
+	OP_PUT_SESSION,
+	OP_DEL_SESSION,
+	OP_MARK_SESSION,
+	OP_READ
+};
 
 typedef struct db_op db_op;
 typedef int (*read_fn)(kvt_db *db, void *ctx);
@@ -83,7 +93,8 @@ struct db_op {
 			uint8_t retain_floor;         /* OP_RETAIN_BLOCK: floor tier */
 			char retain_tenant[KVT_NAME_MAX + 1]; /* OP_RETAIN_BLOCK: whose quota it counts against */
 		} blk;                /* OP_DEL_BLOCK, OP_TOUCH_BLOCK, OP_RETAIN_BLOCK */
-		kvt_db_session sess;  /* OP_PUT_SESSION (tokens: heap copy), OP_DEL_SESSION (names) */
+		kvt_db_session sess;  /* OP_PUT_SESSION (tokens: heap copy), OP_DEL_SESSION (names),
+		                         OP_MARK_SESSION (names, last_hash, durable_tokens) */
 		struct {
 			read_fn fn;     /* runs on the writer thread */
 			void *ctx;      /* its argument */
@@ -103,6 +114,7 @@ enum {
 	ST_RETAIN_BLOCK,
 	ST_PUT_SESSION,
 	ST_DEL_SESSION,
+	ST_MARK_SESSION,
 	ST_PROBE,
 	ST_SET_JSEQ,
 	ST_COUNT
@@ -127,11 +139,14 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_TOUCH_BLOCK] = "UPDATE blocks SET last_use=?3, hit_count=?4 WHERE ns=?1 AND hash=?2",
 	[ST_RETAIN_BLOCK] = "UPDATE blocks SET retain_until=?3, retain_ttl=?4, retain_floor=?5, retain_tenant=?6"
 			    " WHERE ns=?1 AND hash=?2",
-	[ST_PUT_SESSION] = "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)"
-			   " VALUES(?1,?2,?3,?4,?5,?6,?7,?7) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
+	[ST_PUT_SESSION] = "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated,"
+			   " durable_tokens) VALUES(?1,?2,?3,?4,?5,?6,?7,?7,?8) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
 			   " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
-			   " updated=excluded.updated",
+			   " updated=excluded.updated, durable_tokens=excluded.durable_tokens",
 	[ST_DEL_SESSION] = "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3",
+	/* a mark names the history it measured (last_hash): a later turn's row is never given an older count */
+	[ST_MARK_SESSION] = "UPDATE sessions SET durable_tokens=max(durable_tokens, ?5)"
+			    " WHERE ns=?1 AND tenant=?2 AND id=?3 AND last_hash=?4 AND n_tokens>=?5",
 	[ST_PROBE] = "INSERT OR REPLACE INTO meta(key, value) VALUES('space_probe', strftime('%s', 'now'))",
 	[ST_SET_JSEQ] = "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', ?1)",
 };
@@ -139,7 +154,8 @@ static const char *const stmt_sql[ST_COUNT] = {
 /*
  * Migrations: step i takes a file from version i to i + 1. Version 1 had the
  * namespaces and blocks; version 2 added the sessions; version 3 the
- * retention of a block (deadline, TTL, floor tier, tenant: tiers/manager.h). NOTE: blocks has no
+ * retention of a block (deadline, TTL, floor tier, tenant: tiers/manager.h);
+ * version 4 how far a session's blocks are durable (durable_tokens). NOTE: blocks has no
  * index on parent on purpose: every put would update a third b-tree at a
  * random key (measured: group-commit inserts ~1.5x slower), and the block
  * table links parents and children in any load order.
@@ -162,6 +178,7 @@ static const char *const migrations[KVT_DB_SCHEMA_VERSION] = {
 	"ALTER TABLE blocks ADD COLUMN retain_ttl INTEGER NOT NULL DEFAULT 0;"
 	"ALTER TABLE blocks ADD COLUMN retain_floor INTEGER NOT NULL DEFAULT 0;"
 	"ALTER TABLE blocks ADD COLUMN retain_tenant TEXT NOT NULL DEFAULT '';",
+	"ALTER TABLE sessions ADD COLUMN durable_tokens INTEGER NOT NULL DEFAULT 0;",
 };
 
 struct kvt_db {
@@ -738,7 +755,7 @@ static int journal_open(kvt_db *db, const char *path, bool db_existed)
 			       "INSERT INTO sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated)"
 			       " VALUES(?1,?2,?3,?4,?5,?6,?7,?7) ON CONFLICT(ns, tenant, id) DO UPDATE SET"
 			       " tokens=excluded.tokens, n_tokens=excluded.n_tokens, last_hash=excluded.last_hash,"
-			       " updated=excluded.updated",
+			       " updated=excluded.updated, durable_tokens=0", /* the journal does not carry it */
 			       -1, &c.put, NULL) != SQLITE_OK ||
 	    sqlite3_prepare_v2(db->sql, "DELETE FROM sessions WHERE ns=?1 AND tenant=?2 AND id=?3", -1, &c.del, NULL) !=
 		    SQLITE_OK) {
@@ -1092,8 +1109,17 @@ static int run_write(kvt_db *db, db_op *op)
 		sqlite3_bind_int64(st, 5, s->n_tokens);
 		sqlite3_bind_blob(st, 6, s->last_hash, KVT_HASH_BYTES, SQLITE_STATIC);
 		sqlite3_bind_int64(st, 7, now_unix());
+		sqlite3_bind_int64(st, 8, s->durable_tokens);
 		break;
 	}
+	case OP_MARK_SESSION:
+		st = db->st[ST_MARK_SESSION];
+		sqlite3_bind_int64(st, 1, db->ns_id);
+		sqlite3_bind_text(st, 2, op->u.sess.tenant, -1, SQLITE_STATIC);
+		sqlite3_bind_text(st, 3, op->u.sess.id, -1, SQLITE_STATIC);
+		sqlite3_bind_blob(st, 4, op->u.sess.last_hash, KVT_HASH_BYTES, SQLITE_STATIC);
+		sqlite3_bind_int64(st, 5, op->u.sess.durable_tokens);
+		break;
 	case OP_DEL_SESSION:
 		st = db->st[ST_DEL_SESSION];
 		sqlite3_bind_int64(st, 1, db->ns_id);
@@ -1618,6 +1644,22 @@ int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done,
 	return enqueue(db, op, ticket);
 }
 
+int kvt_db_mark_session_durable(kvt_db *db, const char *tenant, const char *id,
+				const uint8_t last_hash[KVT_HASH_BYTES], uint32_t durable_tokens, kvt_db_done_fn done,
+				void *user, uint64_t *ticket)
+{
+	if (kvt_name_check("session id", id) || kvt_name_check("tenant", tenant))
+		return KVT_EINVAL;
+	db_op *op = new_op(OP_MARK_SESSION, done, user);
+	if (!op)
+		return KVT_ENOMEM;
+	snprintf(op->u.sess.tenant, sizeof(op->u.sess.tenant), "%s", tenant);
+	snprintf(op->u.sess.id, sizeof(op->u.sess.id), "%s", id);
+	memcpy(op->u.sess.last_hash, last_hash, KVT_HASH_BYTES);
+	op->u.sess.durable_tokens = durable_tokens;
+	return enqueue(db, op, ticket);
+}
+
 int kvt_db_delete_session(kvt_db *db, const char *tenant, const char *id, kvt_db_done_fn done, void *user,
 			  uint64_t *ticket)
 {
@@ -1735,7 +1777,7 @@ struct session_get_ctx {
 
 static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int32_t **tokens_heap)
 {
-	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated[, rowid] */
+	/* columns: tenant, id, tokens, n_tokens, last_hash, created, updated, durable_tokens[, rowid] */
 	int n_bytes = sqlite3_column_bytes(st, 2);
 	uint32_t n = 0;
 	const char *tenant = (const char *)sqlite3_column_text(st, 0);
@@ -1771,6 +1813,9 @@ static int session_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_session *s, int
 	s->n_tokens = n;
 	s->created = sqlite3_column_int64(st, 5);
 	s->updated = sqlite3_column_int64(st, 6);
+	/* a count past the history (a damaged row) promises nothing */
+	const int64_t d = sqlite3_column_int64(st, 7);
+	s->durable_tokens = d > 0 && d <= (int64_t)n ? (uint32_t)d : 0;
 	*tokens_heap = t;
 	return KVT_OK;
 }
@@ -1802,7 +1847,7 @@ static int session_get_fn(kvt_db *db, void *arg)
 	sqlite3_stmt *st = NULL;
 	int32_t *heap = NULL;
 	int rc = sqlite3_prepare_v2(db->sql,
-				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated FROM sessions"
+				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated, durable_tokens FROM sessions"
 				    " WHERE ns=?1 AND tenant=?2 AND id=?3",
 				    -1, &st, NULL);
 	if (rc != SQLITE_OK)
@@ -1854,7 +1899,8 @@ static int session_list_fn(kvt_db *db, void *arg)
 	struct session_list_ctx *c = arg;
 	sqlite3_stmt *st = NULL;
 	int rc = sqlite3_prepare_v2(db->sql,
-				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated, rowid FROM sessions"
+				    "SELECT tenant, id, tokens, n_tokens, last_hash, created, updated, durable_tokens, rowid"
+				    " FROM sessions"
 				    " WHERE ns=?1 AND (?2 IS NULL OR tenant=?2) ORDER BY tenant, id",
 				    -1, &st, NULL);
 	if (rc != SQLITE_OK)
@@ -1868,7 +1914,7 @@ static int session_list_fn(kvt_db *db, void *arg)
 		memset(&s, 0, sizeof(s));
 		rc = session_from_row(db, st, &s, &heap);
 		if (rc == KVT_ECORRUPT) {
-			skip_bad_session(db, sqlite3_column_int64(st, 7));
+			skip_bad_session(db, sqlite3_column_int64(st, 8));
 			continue;
 		}
 		if (rc)

@@ -393,7 +393,7 @@ int kvt_btable_check(kvt_btable *bt);
  * (KVT_EUNSUPPORTED).
  */
 
-#define KVT_DB_SCHEMA_VERSION 3
+#define KVT_DB_SCHEMA_VERSION 4
 
 typedef struct kvt_db kvt_db;
 
@@ -453,6 +453,9 @@ typedef struct kvt_db_session {
 	uint8_t last_hash[KVT_HASH_BYTES]; /* hash of the last full block of the history (or the root) */
 	int64_t created;                /* unix seconds, set on first put (filled by reads) */
 	int64_t updated;                /* unix seconds of the last put (filled by reads) */
+	uint32_t durable_tokens;        /* leading tokens of the history whose blocks were durable in T2 when
+	                                   last put or marked (kvt_db_mark_session_durable); 0: none or unknown
+	                                   (a row replayed from the journal) */
 } kvt_db_session;
 
 /* Called on the writer thread once a write committed (rc KVT_OK) or failed (KVT_EIO). Must not call kvt_db_wait/flush/reads. */
@@ -525,6 +528,16 @@ int kvt_db_retain_block(kvt_db *db, const uint8_t hash[KVT_HASH_BYTES], uint64_t
 			int floor_tier, const char *tenant, kvt_db_done_fn done, void *user, uint64_t *ticket);
 /* Queue an insert-or-update of a session (ids validated: KVT_EINVAL, logged). The tokens are copied. */
 int kvt_db_put_session(kvt_db *db, const kvt_db_session *s, kvt_db_done_fn done, void *user, uint64_t *ticket);
+/*
+ * Queue "the first durable_tokens tokens of session tenant/id's history have
+ * their blocks durable in T2": applied only while the row still holds the
+ * history that ends in last_hash, and never lowers the count (a late mark of
+ * an older turn changes nothing). Not journaled. KVT_EINVAL (bad names,
+ * logged), KVT_ENOMEM, KVT_EIO.
+ */
+int kvt_db_mark_session_durable(kvt_db *db, const char *tenant, const char *id,
+				const uint8_t last_hash[KVT_HASH_BYTES], uint32_t durable_tokens, kvt_db_done_fn done,
+				void *user, uint64_t *ticket);
 /* Queue the deletion of a session. */
 int kvt_db_delete_session(kvt_db *db, const char *tenant, const char *id, kvt_db_done_fn done, void *user,
 			  uint64_t *ticket);

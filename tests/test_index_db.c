@@ -3,7 +3,8 @@
  *
  * Rows and sessions survive close/reopen; tickets and done callbacks report
  * commits; group commit batches; namespaces never mix;
- * migration from schema 1; a newer schema, a second process's lock, missing,
+ * migration from schema 1; a session row's durable count (put, raised
+ * by a mark of the same history only); a newer schema, a second process's lock, missing,
  * truncated, garbage and corrupted files each get their own clear error;
  * one bad session row is skipped by the listing, counted and named.
  */
@@ -297,6 +298,61 @@ static void test_group_commit(void)
 }
 
 /* Schema 1 as it was written: namespaces and blocks, no sessions. */
+/* How far a session's blocks are durable: put with the row, raised by a mark of the same history only. */
+static void test_session_durable(void)
+{
+	kvt_db_config c = cfg_for(g_path, 0x33);
+	kvt_db *db;
+	kvt_db_session s, g;
+	int32_t hist[64];
+	uint8_t other[32];
+
+	for (int i = 0; i < 64; i++)
+		hist[i] = i + 1;
+	memset(&s, 0, sizeof(s));
+	snprintf(s.id, sizeof(s.id), "d-1");
+	snprintf(s.tenant, sizeof(s.tenant), "alice");
+	s.tokens = hist;
+	s.n_tokens = 40;
+	s.durable_tokens = 8;
+	memset(s.last_hash, 0x5A, 32);
+	memset(other, 0x6B, 32);
+	CHECK(kvt_db_open(&c, &db) == KVT_OK);
+	CHECK(kvt_db_put_session(db, &s, NULL, NULL, NULL) == KVT_OK);
+	CHECK(kvt_db_get_session(db, "alice", "d-1", &g) == KVT_OK);
+	CHECK_EQ_INT(g.durable_tokens, 8);
+	kvt_db_session_deinit(&g);
+	/* the blocks landed: the mark raises it */
+	CHECK(kvt_db_mark_session_durable(db, "alice", "d-1", s.last_hash, 36, NULL, NULL, NULL) == KVT_OK);
+	/* a mark never lowers it, one of another history changes nothing, one past the history is ignored */
+	CHECK(kvt_db_mark_session_durable(db, "alice", "d-1", s.last_hash, 12, NULL, NULL, NULL) == KVT_OK);
+	CHECK(kvt_db_mark_session_durable(db, "alice", "d-1", other, 40, NULL, NULL, NULL) == KVT_OK);
+	CHECK(kvt_db_mark_session_durable(db, "alice", "d-1", s.last_hash, 44, NULL, NULL, NULL) == KVT_OK);
+	/* a session that does not exist: nothing happens, the mark still commits */
+	CHECK(kvt_db_mark_session_durable(db, "alice", "none", s.last_hash, 4, on_done, NULL, NULL) == KVT_OK);
+	check_log_capture();
+	CHECK(kvt_db_mark_session_durable(db, "alice", "../x", s.last_hash, 4, NULL, NULL, NULL) == KVT_EINVAL);
+	kvt_log_set_sink(NULL, NULL);
+	CHECK(kvt_db_flush(db) == KVT_OK);
+	kvt_db_close(db);
+	CHECK(kvt_db_open(&c, &db) == KVT_OK);
+	CHECK(kvt_db_get_session(db, "alice", "d-1", &g) == KVT_OK);
+	CHECK_EQ_INT(g.durable_tokens, 36);
+	kvt_db_session_deinit(&g);
+	/* the next turn's row says its own figure, and a late mark of the old turn does not apply to it */
+	s.n_tokens = 64;
+	s.durable_tokens = 32;
+	uint8_t old[32];
+	memcpy(old, s.last_hash, 32);
+	memset(s.last_hash, 0x7C, 32);
+	CHECK(kvt_db_put_session(db, &s, NULL, NULL, NULL) == KVT_OK);
+	CHECK(kvt_db_mark_session_durable(db, "alice", "d-1", old, 40, NULL, NULL, NULL) == KVT_OK);
+	CHECK(kvt_db_get_session(db, "alice", "d-1", &g) == KVT_OK);
+	CHECK_EQ_INT(g.durable_tokens, 32);
+	kvt_db_session_deinit(&g);
+	kvt_db_close(db);
+}
+
 static void test_migration(void)
 {
 	char path[600];
@@ -335,6 +391,7 @@ static void test_migration(void)
 	snprintf(ses.id, sizeof(ses.id), "s");
 	snprintf(ses.tenant, sizeof(ses.tenant), "t");
 	CHECK(kvt_db_put_session(db, &ses, NULL, NULL, NULL) == KVT_OK);
+	CHECK(kvt_db_mark_session_durable(db, "t", "s", ses.last_hash, 0, NULL, NULL, NULL) == KVT_OK);
 	CHECK(kvt_db_flush(db) == KVT_OK);
 	kvt_db_close(db);
 	CHECK(sqlite3_open(path, &s) == SQLITE_OK);
@@ -643,6 +700,7 @@ int main(void)
 	test_rows_and_reopen();
 	test_namespaces();
 	test_sessions();
+	test_session_durable();
 	test_group_commit();
 	test_migration();
 	test_failed_commit();

@@ -22,6 +22,8 @@
  *  - a failed fdatasync: the store turns read-only, flush says KVT_EIO, the
  *    manager reports T2 degraded and keeps serving from T0/T1;
  *  - bad configs are refused with a named error.
+ * A turn's owner is told how far its chain is durable (kvt_tm_end_turn_chain's
+ * done), once, with the rows committed, and at shutdown.
  * And an INT8 record of the old scale layout (one scale per token and head,
  * before INT8 took one per 32 dims) is a logged miss, never decoded.
  */
@@ -655,6 +657,82 @@ static void lru_survives_restart(void)
 	tm_fx_close(&f);
 }
 
+/* kvt_tm_end_turn_chain's done: what it was told, and the rows committed when it was told. */
+typedef struct turn_told {
+	atomic_int n_calls;   /* times called (must end at 1) */
+	atomic_int rc;        /* its rc */
+	atomic_uint n_durable;/* its count */
+	fixture *f;           /* for the row count */
+	atomic_int rows;      /* index rows when it was called */
+} turn_told;
+
+static void on_turn_durable(void *user, int rc, uint32_t n_durable)
+{
+	turn_told *t = user;
+	atomic_store(&t->rc, rc);
+	atomic_store(&t->n_durable, n_durable);
+	atomic_store(&t->rows, (int)db_rows(t->f));
+	atomic_fetch_add(&t->n_calls, 1);
+}
+
+static bool told_within(turn_told *t, double s)
+{
+	double t0 = kvt_now_s();
+	while (!atomic_load(&t->n_calls) && kvt_now_s() - t0 < s)
+		usleep(2000);
+	return atomic_load(&t->n_calls) > 0;
+}
+
+/*
+ * A turn's owner is told how far its chain is durable once none of its
+ * blocks waits for write-through: with the rows committed by then, stopping
+ * at the first block that was never registered; once; at once without
+ * write-through; with KVT_ESTOPPED (and the flushed count) at shutdown.
+ */
+static void turn_durable_told(void)
+{
+	fixture f;
+	turn_told t = { .f = &f };
+	CHECK(fx_open(&f, KVT_KV_CODEC_F16, true, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+	for (int b = 0; b < 4; b++)
+		engine_compute(&f, b);
+	CHECK_EQ_INT(kvt_tm_durable_prefix(f.tm, N_CHAIN, (const uint8_t(*)[32])hashes), 0);
+	CHECK(kvt_tm_end_turn_chain(f.tm, 4, (const uint8_t(*)[32])hashes, on_turn_durable, &t) == KVT_OK);
+	CHECKF(told_within(&t, 60.0), "end of turn: not told within 60 s");
+	usleep(50000);
+	CHECK_EQ_INT(atomic_load(&t.n_calls), 1);
+	CHECK_EQ_INT(atomic_load(&t.rc), KVT_OK);
+	CHECK_EQ_INT(atomic_load(&t.n_durable), 4);
+	CHECK_EQ_INT(atomic_load(&t.rows), 4); /* told only with the rows committed */
+	CHECK_EQ_INT(kvt_tm_durable_prefix(f.tm, N_CHAIN, (const uint8_t(*)[32])hashes), 4);
+
+	/* a chain whose block 5 was never computed: durable as far as block 4 */
+	turn_told t2 = { .f = &f };
+	engine_compute(&f, 4);
+	CHECK(kvt_tm_end_turn_chain(f.tm, N_CHAIN, (const uint8_t(*)[32])hashes, on_turn_durable, &t2) == KVT_OK);
+	CHECKF(told_within(&t2, 60.0), "second turn: not told within 60 s");
+	CHECK_EQ_INT(atomic_load(&t2.n_durable), 5);
+
+	/* shutdown before the maintenance pass: told once, with what the shutdown flush made durable */
+	turn_told t3 = { .f = &f };
+	engine_compute(&f, 5);
+	CHECK(kvt_tm_end_turn_chain(f.tm, N_CHAIN, (const uint8_t(*)[32])hashes, on_turn_durable, &t3) == KVT_OK);
+	tm_fx_close(&f);
+	CHECK_EQ_INT(atomic_load(&t3.n_calls), 1);
+	CHECK(atomic_load(&t3.rc) == KVT_OK || atomic_load(&t3.rc) == KVT_ESTOPPED);
+	CHECK_EQ_INT(atomic_load(&t3.n_durable), N_CHAIN);
+	unlink(db_path);
+
+	/* write-back: nothing is written through at a turn's end, so it is told at once, with what is durable */
+	turn_told t4 = { .f = &f };
+	CHECK(fx_open(&f, KVT_KV_CODEC_F16, true, KVT_PERSIST_WRITE_BACK, 1.0f, 0.5f) == 0);
+	engine_compute(&f, 0);
+	CHECK(kvt_tm_end_turn_chain(f.tm, 1, (const uint8_t(*)[32])hashes, on_turn_durable, &t4) == KVT_OK);
+	CHECK_EQ_INT(atomic_load(&t4.n_calls), 1);
+	CHECK_EQ_INT(atomic_load(&t4.n_durable), 0);
+	tm_fx_close(&f);
+}
+
 int main(void)
 {
 	kvt_dev *probe;
@@ -681,6 +759,8 @@ int main(void)
 	old_int8_layout_is_miss();
 	unlink(db_path);
 	lru_survives_restart();
+	unlink(db_path);
+	turn_durable_told();
 	free(data);
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

@@ -65,6 +65,19 @@ typedef struct tm_remote_q {
 	double retry_t;               /* not before this (a failed write's retry; 0: now) */
 } tm_remote_q;
 
+/* A turn whose durability its owner waits for (kvt_tm_end_turn_chain's done). */
+typedef struct tm_turn_wait {
+	struct tm_turn_wait *next;         /* list link, oldest first */
+	uint32_t n;                        /* blocks in the chain */
+	kvt_tm_durable_fn fn;              /* called once */
+	void *user;                        /* its argument */
+	uint8_t (*chain)[KVT_HASH_BYTES];  /* [n] the chain, in order */
+	uint8_t (*sorted)[KVT_HASH_BYTES]; /* [n] the same, sorted (membership tests) */
+} tm_turn_wait;
+
+/* Turns waited for at most: past it the oldest is answered with what is durable then (a long full-disk spell). */
+#define TM_MAX_TURN_WAITS 1024
+
 typedef struct tm_pending {
 	uint8_t hash[KVT_HASH_BYTES]; /* a registered block not yet known durable */
 	double due_t;                 /* when it became due for write-through (0: not due) */
@@ -88,6 +101,8 @@ struct kvt_tm {
 	tm_pending *pend;              /* [cap_pend] registered, not yet durable; due ones first */
 	uint32_t n_pend, n_due, cap_pend; /* entries, due prefix, capacity */
 	uint64_t flush_req, flush_done;/* flush generations */
+	tm_turn_wait *waits;           /* turns whose owner waits for their blocks, oldest first (tm->mu) */
+	uint32_t n_waits;              /* entries */
 	int persist_err;               /* first persistence failure since the last flush began */
 	bool maint_kick;               /* work for the maintenance thread */
 	bool stop;                     /* threads exit */
@@ -1410,6 +1425,61 @@ out:
 
 static void maintain_locked(kvt_tm *tm, tm_ctx *c);
 
+static int hash_cmp(const void *a, const void *b) { return memcmp(a, b, KVT_HASH_BYTES); }
+
+/* Leading blocks of a chain whose bytes are durable in T2 with their row committed. */
+static uint32_t durable_prefix(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
+{
+	uint32_t i = 0;
+	kvt_btable_entry e;
+	while (i < n && kvt_btable_get(tm->cfg.bt, hashes[i], &e) == KVT_OK && e.slot[KVT_TIER_NVME] >= 0)
+		i++;
+	return i;
+}
+
+/* Does the pending list still hold a block of this turn? (tm->mu) */
+static bool turn_pending(const kvt_tm *tm, const tm_turn_wait *w)
+{
+	for (uint32_t i = 0; i < tm->n_pend; i++)
+		if (bsearch(tm->pend[i].hash, w->sorted, w->n, KVT_HASH_BYTES, hash_cmp))
+			return true;
+	return false;
+}
+
+/*
+ * Answer the turns none of whose blocks waits for write-through any more
+ * (every turn when all: shutdown), and the oldest past TM_MAX_TURN_WAITS,
+ * each with its chain's durable prefix then. The callbacks run here, outside
+ * tm->mu.
+ */
+static void turn_waits_answer(kvt_tm *tm, bool all)
+{
+	tm_turn_wait *done = NULL, **tail = &done;
+	pthread_mutex_lock(&tm->mu);
+	for (tm_turn_wait **pp = &tm->waits; *pp;) {
+		tm_turn_wait *w = *pp;
+		if (all || tm->n_waits > TM_MAX_TURN_WAITS || !turn_pending(tm, w)) {
+			*pp = w->next;
+			tm->n_waits--;
+			w->next = NULL;
+			*tail = w;
+			tail = &w->next;
+		} else {
+			pp = &w->next;
+		}
+	}
+	pthread_mutex_unlock(&tm->mu);
+	while (done) {
+		tm_turn_wait *w = done;
+		done = w->next;
+		w->fn(w->user, all ? KVT_ESTOPPED : KVT_OK,
+		      durable_prefix(tm, w->n, (const uint8_t(*)[KVT_HASH_BYTES])w->chain));
+		free(w->chain);
+		free(w->sorted);
+		free(w);
+	}
+}
+
 static void maintain(kvt_tm *tm, tm_ctx *c)
 {
 	pthread_mutex_lock(&tm->maint_mu);
@@ -1436,6 +1506,7 @@ static void maintain_locked(kvt_tm *tm, tm_ctx *c)
 	/* WRITE_BACK keeps every registered block on the list: drop those no longer dirty now and then. */
 	uint32_t n_pend = tm->n_pend;
 	pthread_mutex_unlock(&tm->mu);
+	turn_waits_answer(tm, false);
 	if (n_pend > 4096) {
 		pthread_mutex_lock(&tm->mu);
 		uint32_t w = tm->n_due;
@@ -1728,6 +1799,7 @@ void kvt_tm_destroy(kvt_tm *tm)
 		pthread_join(tm->maint, NULL);
 	if (tm->rwriter_started)
 		pthread_join(tm->rwriter, NULL); /* it wrote what was due and reachable */
+	turn_waits_answer(tm, true);
 	if (tm->t1) {
 		release_tier(tm, KVT_TIER_HBM);
 		release_tier(tm, KVT_TIER_HOST);
@@ -2132,7 +2204,6 @@ void kvt_tm_end_turn(kvt_tm *tm)
 	pthread_mutex_unlock(&tm->mu);
 }
 
-static int hash_cmp(const void *a, const void *b) { return memcmp(a, b, KVT_HASH_BYTES); }
 
 /*
  * Move the entries of arr[n_due..n) (elements of elem bytes, each starting
@@ -2157,15 +2228,35 @@ static uint32_t move_due(void *arr, size_t elem, uint32_t n_due, uint32_t n, con
 _Static_assert(offsetof(tm_pending, hash) == 0 && offsetof(tm_remote_q, hash) == 0,
 	       "move_due finds the block hash at the start of each entry");
 
-int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
+uint32_t kvt_tm_durable_prefix(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
 {
-	if (!n || (!tm->cfg.t3 && (tm->cfg.persist != KVT_PERSIST_END_OF_TURN || !tm->cfg.t2)))
+	return durable_prefix(tm, n, hashes);
+}
+
+int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], kvt_tm_durable_fn done,
+			  void *user)
+{
+	const bool eot = tm->cfg.persist == KVT_PERSIST_END_OF_TURN && tm->cfg.t2;
+	if (!n || (!tm->cfg.t3 && !eot)) {
+		if (done) /* nothing is written through for it: what is durable now is all it gets */
+			done(user, KVT_OK, durable_prefix(tm, n, hashes));
 		return KVT_OK;
+	}
 	uint8_t(*hs)[KVT_HASH_BYTES] = malloc((size_t)n * KVT_HASH_BYTES);
-	if (!hs)
+	tm_turn_wait *w = done && eot ? calloc(1, sizeof(*w)) : NULL;
+	uint8_t(*chain)[KVT_HASH_BYTES] = w ? malloc((size_t)n * KVT_HASH_BYTES) : NULL;
+	if (!hs || (done && eot && (!w || !chain))) {
+		free(hs);
+		free(w);
+		free(chain);
 		return KVT_ENOMEM;
+	}
 	memcpy(hs, hashes, (size_t)n * KVT_HASH_BYTES);
 	qsort(hs, n, KVT_HASH_BYTES, hash_cmp);
+	if (w) {
+		memcpy(chain, hashes, (size_t)n * KVT_HASH_BYTES);
+		*w = (tm_turn_wait){ .n = n, .fn = done, .user = user, .chain = chain, .sorted = hs };
+	}
 	const double now = kvt_now_s();
 	pthread_mutex_lock(&tm->mu);
 	if (tm->cfg.t3) {
@@ -2180,8 +2271,18 @@ int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HA
 		tm->maint_kick = true;
 		pthread_cond_signal(&tm->cv_maint);
 	}
+	if (w) { /* answered by a maintenance pass once none of its blocks is pending */
+		tm_turn_wait **pp = &tm->waits;
+		while (*pp)
+			pp = &(*pp)->next;
+		*pp = w;
+		tm->n_waits++;
+	}
 	pthread_mutex_unlock(&tm->mu);
-	free(hs);
+	if (!w)
+		free(hs);
+	if (done && !eot) /* T3 only: its blocks never become durable here */
+		done(user, KVT_OK, durable_prefix(tm, n, hashes));
 	return KVT_OK;
 }
 

@@ -380,13 +380,28 @@ int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free);
  */
 void kvt_tm_end_turn(kvt_tm *tm);
 /*
+ * Told how far a turn's chain is durable: its first n_durable blocks have
+ * their bytes in T2 and their rows committed. rc KVT_OK, or KVT_ESTOPPED when
+ * the manager is being destroyed (n_durable is still right). Runs on the
+ * maintenance thread, the destroying thread, or inside kvt_tm_end_turn_chain;
+ * it must not call back into the manager.
+ */
+typedef void (*kvt_tm_durable_fn)(void *user, int rc, uint32_t n_durable);
+/*
  * End of one request's turn: of the blocks registered and not yet durable,
  * those of its chain (hashes[0..n)) become due for write-through (and, with
  * T3 WRITE_THROUGH, for T3); other requests' blocks are left as they are.
- * KVT_OK; KVT_ENOMEM (nothing marked: the blocks still go at flush, eviction
- * or the next end of turn that names them).
+ * done (may be NULL) is called exactly once when the call returns KVT_OK:
+ * after the first maintenance pass that finds none of the chain's blocks
+ * pending any more (END_OF_TURN; a block kept for a full T2 keeps it
+ * waiting, up to TM_MAX_TURN_WAITS turns), else at once, with what is
+ * durable then. KVT_OK; KVT_ENOMEM (nothing marked and done not called: the
+ * blocks still go at flush, eviction or the next end of turn that names them).
  */
-int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
+int kvt_tm_end_turn_chain(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], kvt_tm_durable_fn done,
+			  void *user);
+/* Leading blocks of hashes[0..n) durable in T2 now (bytes written, rows committed). Neither pins nor counts. */
+uint32_t kvt_tm_durable_prefix(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES]);
 
 /*
  * Make every block registered so far durable on T2 (row committed) and wait.

@@ -1133,8 +1133,8 @@ int kvt_cli_sessions(int argc, char **argv)
 		if (r.n && r.body[r.n - 1] != '\n')
 			fputc('\n', stdout);
 	} else {
-		printf("%-32s %-16s %8s %7s %6s %6s %6s %8s  %s\n", "SESSION", "TENANT", "TOKENS", "BLOCKS", "HBM", "HOST",
-		       "NVME", "MISSING", "UPDATED");
+		printf("%-32s %-16s %8s %8s %7s %6s %6s %6s %8s  %s\n", "SESSION", "TENANT", "TOKENS", "DURABLE", "BLOCKS",
+		       "HBM", "HOST", "NVME", "MISSING", "UPDATED");
 		for (size_t i = 0; i < json_array_size(data); i++) {
 			json_t *s = json_array_get(data, i), *in = json_object_get(s, "blocks_in");
 			const char *id = json_string_value(json_object_get(s, "id"));
@@ -1144,9 +1144,9 @@ int kvt_cli_sessions(int argc, char **argv)
 			struct tm tmv;
 			if (upd > 0 && localtime_r(&upd, &tmv))
 				strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tmv);
-			printf("%-32s %-16s %8.0f %7.0f %6.0f %6.0f %6.0f %8.0f  %s\n", id ? id : "?", tenant ? tenant : "?",
-			       num(s, "tokens"), num(s, "blocks"), num(in, "hbm"), num(in, "host"), num(in, "nvme"),
-			       num(s, "blocks_missing"), when);
+			printf("%-32s %-16s %8.0f %8.0f %7.0f %6.0f %6.0f %6.0f %8.0f  %s\n", id ? id : "?",
+			       tenant ? tenant : "?", num(s, "tokens"), num(s, "durable_tokens"), num(s, "blocks"),
+			       num(in, "hbm"), num(in, "host"), num(in, "nvme"), num(s, "blocks_missing"), when);
 		}
 		printf("%zu session%s\n", json_array_size(data), json_array_size(data) == 1 ? "" : "s");
 	}
@@ -1253,6 +1253,10 @@ static void print_report(const json_t *r, const char *id)
 	printf("  restored in all     %10.0f tokens %14s in %.3f s\n", total_tok, b, num(r, "seconds"));
 	if (num(r, "missing_tokens") > 0)
 		printf("  missing             %10.0f tokens (recomputed by the next request)\n", num(r, "missing_tokens"));
+	printf("  durable on NVMe     %10.0f tokens (as the session row says)\n", num(r, "durable_tokens"));
+	if (num(r, "durable_lost_tokens") > 0)
+		printf("  lost since          %10.0f tokens (durable once, now evicted or damaged; recomputed)\n",
+		       num(r, "durable_lost_tokens"));
 	printf("  re-prefill avoided  %10.3f s (%s)\n", num(r, "prefill_seconds_avoided"),
 	       json_is_true(json_object_get(r, "prefill_measured")) ? "measured" : "estimated");
 }

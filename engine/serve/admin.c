@@ -418,10 +418,11 @@ enum MHD_Result kvt_srv_handle_sessions(conn_req *r, kvt_sched *sched)
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "listing the sessions failed (%s)", kvt_strerror(rc));
 	json_t *data = json_array();
 	for (size_t i = 0; i < n; i++)
-		json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I}", "id", si[i].id, "tenant",
+		json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I, s:I}", "id", si[i].id, "tenant",
 						      si[i].tenant, "tokens", (json_int_t)si[i].n_tokens, "blocks",
 						      (json_int_t)si[i].n_blocks, "blocks_in", tiers3(si[i].blocks_in),
-						      "blocks_missing", (json_int_t)si[i].blocks_missing, "updated",
+						      "blocks_missing", (json_int_t)si[i].blocks_missing, "durable_tokens",
+						      (json_int_t)si[i].durable_tokens, "updated",
 						      (json_int_t)(si[i].updated_us / 1000000)));
 	free(si);
 	return kvt_srv_reply_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), false);
@@ -451,12 +452,13 @@ static json_t *resume_json(const kvt_resume_report *rep)
 	json_t *tok = tiers3(rep->tokens_from);
 	if (tok)
 		json_object_set_new(tok, "remote", json_integer((json_int_t)rep->tokens_from[KVT_TM_TIER_REMOTE]));
-	return json_pack("{s:s, s:I, s:I, s:o, s:{s:I, s:I, s:I, s:I}, s:I, s:f, s:f, s:b, s:b}", "id", rep->id,
+	return json_pack("{s:s, s:I, s:I, s:o, s:{s:I, s:I, s:I, s:I}, s:I, s:I, s:I, s:f, s:f, s:b, s:b}", "id", rep->id,
 			 "tokens", (json_int_t)rep->n_tokens, "blocks", (json_int_t)rep->n_blocks, "restored_tokens", tok,
 			 "restored_bytes", "hbm", (json_int_t)rep->bytes_from[KVT_TIER_HBM], "host",
 			 (json_int_t)rep->bytes_from[KVT_TIER_HOST], "nvme", (json_int_t)rep->bytes_from[KVT_TIER_NVME],
 			 "remote", (json_int_t)rep->bytes_from[KVT_TM_TIER_REMOTE], "missing_tokens",
-			 (json_int_t)rep->tokens_missing, "seconds", rep->seconds, "prefill_seconds_avoided", rep->prefill_s,
+			 (json_int_t)rep->tokens_missing, "durable_tokens", (json_int_t)rep->durable_tokens,
+			 "durable_lost_tokens", (json_int_t)rep->durable_lost_tokens, "seconds", rep->seconds, "prefill_seconds_avoided", rep->prefill_s,
 			 "prefill_measured", (int)rep->prefill_measured, "session_from_remote", (int)rep->from_remote);
 }
 

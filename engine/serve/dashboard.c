@@ -87,10 +87,11 @@ json_t *kvt_dashboard_sessions(kvt_sched *s, size_t max)
 		uint64_t in[KVT_TIER_COUNT];
 		for (int t = 0; t < KVT_TIER_COUNT; t++)
 			in[t] = si[i].blocks_in[t];
-		json_array_append_new(out, json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I}", "id", si[i].id, "tenant",
+		json_array_append_new(out, json_pack("{s:s, s:s, s:I, s:I, s:o, s:I, s:I, s:I}", "id", si[i].id, "tenant",
 						     si[i].tenant, "tokens", (json_int_t)si[i].n_tokens, "blocks",
 						     (json_int_t)si[i].n_blocks, "blocks_in", by_tier(in),
-						     "blocks_missing", (json_int_t)si[i].blocks_missing, "updated_us",
+						     "blocks_missing", (json_int_t)si[i].blocks_missing, "durable_tokens",
+						     (json_int_t)si[i].durable_tokens, "updated_us",
 						     (json_int_t)si[i].updated_us));
 	}
 	free(si);

@@ -54,15 +54,21 @@ static inline const char *sched_tenant(const char *t) { return t && t[0] ? t : "
 int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES]);
 
 /*
- * The session row a finished turn leaves (sessions.c): the whole history,
- * and the hash of its last cached block (root when none). Queued to the
- * index and, with T3, to the remote tier. KVT_OK: queued, and
+ * The end of a finished turn (sessions.c): its blocks (chain[0..n_chain),
+ * when the cache is on) become due for write-through, and with a session id
+ * the row it leaves is queued first: the whole history, the hash of its last
+ * cached block (root when none) and how far its blocks are durable now; once
+ * they have landed a mark follows the row (kvt_db_mark_session_durable), so
+ * a resume after a crash knows how much it re-prefills. The row also goes to
+ * T3 when there is one. KVT_OK: queued (or no session), and
  * sched_turn_saved(s, h, rc) follows on the index's writer thread once the
  * row has committed (rc KVT_OK) or failed (KVT_EFULL: no space; KVT_EIO);
- * else the row was not queued (logged) and nothing follows.
+ * else the row was not queued (logged) and nothing follows. Borrows chain
+ * only during the call (h may be gone when it returns).
  */
-int sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
-		      const uint8_t last_hash[KVT_HASH_BYTES], kvt_sched_handle *h);
+int sched_turn_end(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
+		   const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain, const uint8_t root[KVT_HASH_BYTES],
+		   kvt_sched_handle *h);
 /*
  * A finished turn's session row committed (rc KVT_OK) or did not: the turn
  * ends for its client now (scheduler.c), as KVT_FINISH_UNSAVED if it did not.

@@ -22,12 +22,13 @@
  *   4. settles layered prefixes, registers every new full block with the
  *      manager, samples the next token of each sequence that asked for
  *      logits, and ends the requests that are done: the handle released
- *      (unpinned), the session row, the end of that request's turn.
+ *      (unpinned), the session row and the end of that request's turn
+ *      (sched_turn_end, sessions.c).
  *
  * The manager functions this file calls: kvt_tm_prefix_acquire / _ready /
  * _take / _gate / _settle / _get_counts / _release (the cached prefix),
  * kvt_tm_register (a new block), kvt_tm_reserve_t0 (room for a step),
- * kvt_tm_end_turn_chain (a turn ended), kvt_tm_retain (cache control), and
+ * kvt_tm_retain (cache control), and
  * for statistics and shutdown kvt_tm_get_stats, kvt_tm_get_tenants,
  * kvt_tm_flush. It never touches a T0 slot, the block table or the index
  * (cmake/check_layout.cmake fails the build if it does); of the T0 pool it
@@ -474,10 +475,6 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 	}
 	if (h->req.n_retain && finish != KVT_FINISH_ERROR)
 		retain_prompt(s, h);
-	/* this turn's blocks (and only this request's) become due for write-through */
-	if (s->cfg.tm && s->cfg.cache && h->n_hashes &&
-	    kvt_tm_end_turn_chain(s->cfg.tm, h->n_hashes, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes) != KVT_OK)
-		KVT_LOGW("sched: a turn's blocks not marked due (out of memory): they persist at the next flush");
 	h->state = H_DONE;
 
 	/*
@@ -494,8 +491,9 @@ static void finish_request(kvt_sched *s, kvt_sched_handle *h, int finish)
 	if (!save)
 		end_locked(s, h);
 	pthread_mutex_unlock(&s->mu);
-	if (save && sched_session_put(s, h->req.tenant, h->req.session_id, h->toks, h->n_toks,
-				      h->n_hashes ? h->hashes[h->n_hashes - 1] : h->root, h) != KVT_OK)
+	/* this turn's blocks (and only this request's) become due for write-through, after its session row */
+	if (sched_turn_end(s, h->req.tenant, save ? h->req.session_id : NULL, h->toks, h->n_toks,
+			   (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, h->n_hashes, h->root, h) != KVT_OK)
 		sched_turn_saved(s, h, KVT_EIO); /* not even queued: never acknowledged */
 }
 

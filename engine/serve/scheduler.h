@@ -250,6 +250,7 @@ typedef struct kvt_session_info {
 	uint32_t n_blocks;            /* full blocks of the history */
 	uint32_t blocks_in[KVT_TIER_COUNT]; /* of those, resident in each tier now (highest tier counted) */
 	uint32_t blocks_missing;      /* in no tier (would be recomputed) */
+	uint32_t durable_tokens;      /* leading tokens the row says have their blocks durable in T2 (0: none or unknown) */
 	int64_t updated_us;           /* wall clock of the last turn */
 } kvt_session_info;
 
@@ -266,6 +267,9 @@ typedef struct kvt_resume_report {
 	uint64_t bytes_from[KVT_TM_N_TIERS];  /* bytes read from each tier (and T3) */
 	bool from_remote;             /* the session itself came from T3 (not in the local index) */
 	uint32_t tokens_missing;      /* tokens whose blocks are in no tier (will be prefilled) */
+	uint32_t durable_tokens;      /* leading tokens the row says have their blocks durable in T2 */
+	uint32_t durable_lost_tokens; /* of those, tokens past the served prefix: the row's blocks since lost
+	                                 (evicted from T2, damaged), logged; they are prefilled too */
 	double seconds;               /* wall time of the resume */
 	double prefill_s;             /* re-prefill time avoided */
 	bool prefill_measured;        /* prefill_s measured (else estimated from the measured prefill rate) */

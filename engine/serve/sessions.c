@@ -46,16 +46,74 @@ static void on_row_done(void *user, int rc)
 	free(t);
 }
 
-int sched_session_put(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
-		      const uint8_t last_hash[KVT_HASH_BYTES], kvt_sched_handle *h)
+/* A session turn whose blocks are being written through: the row to tell how far they got. */
+typedef struct turn_mark {
+	kvt_db *db;                        /* borrowed: closed after the manager (kvt_stack_close) */
+	char tenant[KVT_NAME_MAX + 1];     /* the row's key */
+	char id[KVT_NAME_MAX + 1];
+	uint8_t last_hash[KVT_HASH_BYTES]; /* the history it measured (the mark applies to that row only) */
+	uint32_t block_tokens;             /* tokens per block */
+} turn_mark;
+
+/* The manager: the turn's blocks are written through as far as n_durable (any thread it names). */
+static void on_blocks_durable(void *user, int rc, uint32_t n_durable)
 {
+	turn_mark *m = user;
+	(void)rc; /* at shutdown (KVT_ESTOPPED) the count is as right, and the index still takes writes */
+	int rm = n_durable ? kvt_db_mark_session_durable(m->db, m->tenant, m->id, m->last_hash,
+							 n_durable * m->block_tokens, NULL, NULL, NULL)
+			   : KVT_OK;
+	if (rm)
+		KVT_LOGW("sched: session \"%s\": how far its blocks are durable not recorded: %s", m->id,
+			 kvt_strerror(rm));
+	free(m);
+}
+
+/* This turn's blocks become due for write-through; with m, the row is told how far they got once they land. */
+static void end_turn(kvt_sched *s, const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain, turn_mark *m)
+{
+	if (kvt_tm_end_turn_chain(s->cfg.tm, n_chain, chain, m ? on_blocks_durable : NULL, m) == KVT_OK)
+		return;
+	KVT_LOGW("sched: a turn's blocks not marked due (out of memory): they persist at the next flush");
+	free(m);
+}
+
+int sched_turn_end(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
+		   const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain, const uint8_t root[KVT_HASH_BYTES],
+		   kvt_sched_handle *h)
+{
+	const bool blocks = s->cfg.tm && s->cfg.cache && n_chain;
+	if (!id) {
+		if (blocks)
+			end_turn(s, chain, n_chain, NULL);
+		return KVT_OK;
+	}
 	kvt_db_session row;
 	memset(&row, 0, sizeof(row));
 	snprintf(row.id, sizeof(row.id), "%s", id);
 	snprintf(row.tenant, sizeof(row.tenant), "%s", sched_tenant(tenant));
 	row.tokens = (int32_t *)toks; /* borrowed: the put copies the history */
 	row.n_tokens = n_toks;
-	memcpy(row.last_hash, last_hash, KVT_HASH_BYTES);
+	memcpy(row.last_hash, n_chain ? chain[n_chain - 1] : root, KVT_HASH_BYTES);
+	/*
+	 * NOTE: once the row is queued its commit may end the turn at once and the
+	 * client may free h, and with it chain: what the end of turn needs is
+	 * copied first.
+	 */
+	uint8_t(*own)[KVT_HASH_BYTES] = blocks ? malloc((size_t)n_chain * KVT_HASH_BYTES) : NULL;
+	turn_mark *m = own ? malloc(sizeof(*m)) : NULL;
+	if (own) {
+		memcpy(own, chain, (size_t)n_chain * KVT_HASH_BYTES);
+		row.durable_tokens = kvt_tm_durable_prefix(s->cfg.tm, n_chain, chain) * s->block_tokens;
+	}
+	if (m) {
+		*m = (turn_mark){ .db = s->cfg.db, .block_tokens = s->block_tokens };
+		snprintf(m->tenant, sizeof(m->tenant), "%s", row.tenant);
+		snprintf(m->id, sizeof(m->id), "%s", row.id);
+		memcpy(m->last_hash, row.last_hash, KVT_HASH_BYTES);
+	}
+	if (blocks && !own) /* no memory for the copy: the blocks go due now, from the caller's chain, unmarked */
+		end_turn(s, chain, n_chain, NULL);
 	turn_save *t = malloc(sizeof(*t));
 	int rc = t ? KVT_OK : KVT_ENOMEM;
 	if (t) {
@@ -68,6 +126,13 @@ int sched_session_put(kvt_sched *s, const char *tenant, const char *id, const in
 	int r3;
 	if (s->cfg.tm && (r3 = kvt_tm_remote_put_session(s->cfg.tm, &row)))
 		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(r3));
+	if (rc) { /* no row to mark */
+		free(m);
+		m = NULL;
+	}
+	if (own) /* after the row was queued: the mark follows it */
+		end_turn(s, (const uint8_t(*)[KVT_HASH_BYTES])own, n_chain, m);
+	free(own);
 	return rc;
 }
 
@@ -188,6 +253,7 @@ int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out,
 			snprintf(info[i].id, sizeof(info[i].id), "%s", l.rows[i].id);
 			snprintf(info[i].tenant, sizeof(info[i].tenant), "%s", l.rows[i].tenant);
 			info[i].updated_us = l.rows[i].updated * 1000000;
+			info[i].durable_tokens = l.rows[i].durable_tokens;
 			rc = locate(s, l.rows[i].tenant, l.rows[i].tokens, l.rows[i].n_tokens, &info[i]);
 		}
 		free(l.rows[i].tokens);
@@ -248,6 +314,7 @@ static int session_get(kvt_sched *s, const char *tenant, const char *id, kvt_db_
 	    kvt_tm_remote_get_session(s->cfg.tm, sched_tenant(tenant), id, row) == KVT_OK) {
 		rc = KVT_OK;
 		*from_remote = true;
+		row->durable_tokens = 0; /* another node's: none of its blocks is known durable here */
 		int rp = kvt_db_put_session(s->cfg.db, row, NULL, NULL, NULL);
 		if (rp)
 			KVT_LOGW("sched: session \"%s\" from T3 not saved here: %s", id, kvt_strerror(rp));
@@ -303,6 +370,13 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 	}
 	const uint32_t n_served = c.n_served;
 	rep->tokens_missing = row.n_tokens - n_served * s->block_tokens;
+	rep->durable_tokens = row.durable_tokens;
+	if (row.durable_tokens > n_served * s->block_tokens) {
+		rep->durable_lost_tokens = row.durable_tokens - n_served * s->block_tokens;
+		KVT_LOGW("sched: session \"%s\": its row says %u tokens durable but %u were found; the %u past them "
+			 "(evicted from T2 or damaged) are prefilled again",
+			 id, row.durable_tokens, n_served * s->block_tokens, rep->durable_lost_tokens);
+	}
 	rep->seconds = kvt_now_s() - t0;
 	pthread_mutex_lock(&s->mu);
 	double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s

@@ -144,19 +144,31 @@ def case_kill9(build, tmp):
     b.start()
     try:
         msgs, _, prev = converse(b, "k9", USER_TURNS[:3])
-        time.sleep(1.5)  # end-of-turn write-through: durable within 1 s
+        full = history_tokens(prev) // BT * BT
+        # the session row says how far its blocks are durable: all of them once the write-through has landed
+        durable, t_end = -1, time.time() + 60
+        while durable != full and time.time() < t_end:
+            st, lst = http("GET", b.url + "/v1/sessions")
+            durable = ([s.get("durable_tokens", -1) for s in lst.get("data", []) if s["id"] == "k9"] or [-1])[0]
+            if durable != full:
+                time.sleep(0.05)
+        check(durable == full, "the session row says %d tokens durable, the turn's blocks hold %d" % (durable, full))
         b.stop(signal.SIGKILL)
         b.restart()
         rc, out, err = kvtier(build, "resume", "k9", "--url", b.url, "--json")
         check(rc == 0, "kvtier resume exit %d: %s" % (rc, err))
         lines = [json.loads(l) for l in out.splitlines() if l.strip()]
         done = [l for l in lines if l.get("event") == "done"]
-        full = history_tokens(prev) // BT * BT
         if check(len(done) == 1, "resume printed a final report: %s" % out):
             rep = done[0]
             restored = sum(rep["restored_tokens"].values())
             check(rep["restored_tokens"]["nvme"] == full and restored == full,
                   "resume after kill -9 restored %s tokens, expected %d from nvme" % (rep["restored_tokens"], full))
+            check(rep.get("durable_tokens") == full and rep.get("durable_lost_tokens") == 0,
+                  "resume after kill -9: the row says %s durable (%s lost), expected %d"
+                  % (rep.get("durable_tokens"), rep.get("durable_lost_tokens"), full))
+        rc, out, err = kvtier(build, "resume", "k9", "--url", b.url)
+        check(rc == 0 and "durable on NVMe" in out and str(full) in out, "kvtier resume says what is durable: %s" % out)
         msgs.append({"role": "user", "content": USER_TURNS[3]})
         r = chat(b, msgs, session="k9")
         check(r["usage"]["prompt_tokens_details"]["cached_tokens"] == full,
