@@ -29,7 +29,6 @@
  */
 #include "dev.h"
 #include "gguf.h"
-#include "gguf_copy.h"
 #include "model.h"
 #include "sampler.h"
 #include "tiers.h"
@@ -88,12 +87,12 @@ static void cpu_model(char *buf, size_t cap)
 		fclose(f);
 }
 
-/* Copy one metadata value into the writer (tests/gguf_copy.h). */
+/* Copy one metadata value into the writer (kvt_gguf_writer_copy_kv). */
 static int copy_kv(kvt_gguf_writer *w, const kvt_gguf_kv *kv)
 {
 	char key[256];
 	snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
-	return gguf_copy_kv(w, key, kv);
+	return kvt_gguf_writer_copy_kv(w, key, kv);
 }
 
 static int requant(const char *in, const char *out)

@@ -11,7 +11,6 @@
  */
 #include "check.h"
 #include "gguf.h"
-#include "gguf_copy.h"
 #include "model.h"
 #include "synth_model.h"
 
@@ -55,7 +54,7 @@ static int copy_kv(kvt_gguf_writer *w, const kvt_gguf_kv *kv, const mutation *mu
 		return KVT_OK;
 	if (mu->set_key && !strcmp(key, mu->set_key))
 		return mu->set_str ? kvt_gguf_writer_add_str(w, key, mu->set_str) : kvt_gguf_writer_add_u32(w, key, mu->set_u32);
-	return gguf_copy_kv(w, key, kv);
+	return kvt_gguf_writer_copy_kv(w, key, kv);
 }
 
 static int write_mutant(const mutation *mu)

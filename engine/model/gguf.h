@@ -208,6 +208,13 @@ int kvt_gguf_writer_add_arr_str(kvt_gguf_writer *w, const char *key, const char 
 int kvt_gguf_writer_add_arr_i32(kvt_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
 int kvt_gguf_writer_add_arr_f32(kvt_gguf_writer *w, const char *key, const float *v, uint64_t n);
 /*
+ * Copy one metadata value of an opened file under key (the caller's C string,
+ * so it can match on it first): the types real models use (u32, i32, u64, f32,
+ * bool, string, arrays of strings, i32 and f32). KVT_OK, the writer's error,
+ * or KVT_EINVAL (logged, naming the key) for a type it does not copy.
+ */
+int kvt_gguf_writer_copy_kv(kvt_gguf_writer *w, const char *key, const kvt_gguf_kv *kv);
+/*
  * Raw metadata of any type: bytes are the value's encoding (for corrupt-file
  * tests). It never changes the writer's own layout alignment, so a bad
  * general.alignment can be written this way.

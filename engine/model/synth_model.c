@@ -294,7 +294,25 @@ static int add_arch_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c)
 	return rc;
 }
 
-static int add_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c, const synth_vocab *v)
+/* The tokenizer.* keys of another file (tok), instead of the synthetic vocabulary. */
+static int copy_tokenizer(kvt_gguf_writer *w, const kvt_gguf *tok)
+{
+	int rc = KVT_OK;
+	for (uint64_t i = 0; i < kvt_gguf_n_kv(tok) && rc == KVT_OK; i++) {
+		const kvt_gguf_kv *kv = kvt_gguf_kv_at(tok, i);
+		char key[256];
+		if (kv->key.len >= sizeof(key))
+			continue;
+		memcpy(key, kv->key.ptr, kv->key.len);
+		key[kv->key.len] = 0;
+		if (!strncmp(key, "tokenizer.", 10))
+			rc = kvt_gguf_writer_copy_kv(w, key, kv);
+	}
+	return rc;
+}
+
+static int add_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c, const synth_vocab *v, const kvt_gguf *tok,
+			uint32_t n_vocab)
 {
 	uint32_t head_dim = head_dim_of(c);
 	uint32_t id_eot = 256 + N_MERGES, id_bos = id_eot + 1, id_eos = id_eot + 2;
@@ -319,10 +337,13 @@ static int add_metadata(kvt_gguf_writer *w, const kvt_synth_llama *c, const synt
 	    (rc = kvt_gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_base != 0.0f ? c->rope_base : 10000.0f)) ||
 	    (rc = kvt_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"),
 					  c->rms_eps != 0.0f ? c->rms_eps : 1e-5f)) ||
-	    (rc = kvt_gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)N_VOCAB)) ||
+	    (rc = kvt_gguf_writer_add_u32(w, KEY("vocab_size"), n_vocab)) ||
 	    (rc = kvt_gguf_writer_add_u32(w, KEY("rope.dimension_count"), head_dim)) ||
-	    (rc = add_arch_metadata(w, c)) ||
-	    (rc = kvt_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false)) ||
+	    (rc = add_arch_metadata(w, c)))
+		return rc;
+	if (tok)
+		return copy_tokenizer(w, tok);
+	if ((rc = kvt_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false)) ||
 	    (rc = kvt_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false)) ||
 	    (rc = kvt_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2")) ||
 	    (rc = kvt_gguf_writer_add_str(w, "tokenizer.ggml.pre", "smollm")) ||
@@ -363,7 +384,7 @@ static int add_rope_freqs(kvt_gguf_writer *w, const kvt_synth_llama *c)
 	return kvt_gguf_writer_add_tensor_f32(w, "rope_freqs.weight", KVT_GGML_F32, 1, ne, f);
 }
 
-static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
+static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c, uint32_t n_vocab)
 {
 	uint32_t head_dim = head_dim_of(c), n_kv = c->n_head_kv * head_dim, n_q = c->n_head * head_dim;
 	uint32_t wt = c->weight_type;
@@ -376,7 +397,7 @@ static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
 	int rc;
 
 	/* token_embd ne = [n_embd, n_vocab]: row t is token t's embedding. */
-	if ((rc = add_weight(w, "token_embd.weight", wt, c->n_embd, N_VOCAB, 0.0f, 1.0f, c->seed)))
+	if ((rc = add_weight(w, "token_embd.weight", wt, c->n_embd, n_vocab, 0.0f, 1.0f, c->seed)))
 		return rc;
 	for (uint32_t l = 0; l < c->n_layer; l++) {
 		/* ggml shape [in, out]: ne[0] is the input width, the fan-in. */
@@ -423,7 +444,7 @@ static int add_tensors(kvt_gguf_writer *w, const kvt_synth_llama *c)
 	if ((rc = add_weight(w, "output_norm.weight", KVT_GGML_F32, c->n_embd, 0, 1.0f, 0.1f, c->seed)))
 		return rc;
 	if (!c->tied_embeddings &&
-	    (rc = add_weight(w, "output.weight", wt, c->n_embd, N_VOCAB, 0.0f, s_embd, c->seed)))
+	    (rc = add_weight(w, "output.weight", wt, c->n_embd, n_vocab, 0.0f, s_embd, c->seed)))
 		return rc;
 	return KVT_OK;
 }
@@ -442,9 +463,26 @@ int kvt_synth_llama_write(const kvt_synth_llama *c, const char *path)
 		return KVT_ENOMEM;
 	}
 	vocab_build(v);
-	if (!(rc = kvt_gguf_writer_create(&w)) && !(rc = add_metadata(w, c, v)) && !(rc = add_tensors(w, c)))
+	kvt_gguf *tok = NULL;
+	uint32_t n_vocab = (uint32_t)N_VOCAB;
+	if (c->tokenizer_from) {
+		const kvt_gguf_kv *toks = NULL;
+		if ((rc = kvt_gguf_open(c->tokenizer_from, &tok)))
+			goto out;
+		if (kvt_gguf_get_arr(tok, "tokenizer.ggml.tokens", KVT_GGUF_STRING, &toks) || !toks->n ||
+		    toks->n > UINT32_MAX) {
+			KVT_LOGE("synth model: %s has no tokenizer.ggml.tokens array to copy", c->tokenizer_from);
+			rc = KVT_EINVAL;
+			goto out;
+		}
+		n_vocab = (uint32_t)toks->n;
+	}
+	if (!(rc = kvt_gguf_writer_create(&w)) && !(rc = add_metadata(w, c, v, tok, n_vocab)) &&
+	    !(rc = add_tensors(w, c, n_vocab)))
 		rc = kvt_gguf_writer_write(w, path);
+out:
 	kvt_gguf_writer_destroy(w);
+	kvt_gguf_close(tok);
 	free(v);
 	return rc;
 }

@@ -46,6 +46,10 @@ typedef struct kvt_synth_llama {
 	uint32_t head_dim;    /* 0: n_embd / n_head; else written as attention.key_length and
 	                         value_length (Q is n_head * head_dim wide) */
 	uint32_t sliding_window; /* gemma3: attention.sliding_window (0: 8) */
+	const char *tokenizer_from; /* NULL: the synthetic vocabulary above; else a GGUF file whose
+	                         tokenizer.* keys (vocabulary, merges, special ids, chat template) are
+	                         copied, the embeddings sized to its vocabulary: a real tokenizer on
+	                         a synthetic model (benchmarks at real shapes) */
 	uint32_t llama3_rope; /* llama, Llama 3 RoPE scaling (factor 8, low 1, high 4, original
 	                         context 32: small, so a short prompt sees all three bands):
 	                         0 none; 1 the rope_freqs.weight tensor llama.cpp's converter
@@ -62,7 +66,8 @@ uint32_t kvt_synth_llama_n_vocab(void);
 /*
  * Write the model to path (created or truncated). KVT_EINVAL for a config
  * that cannot be a valid model (logged, naming the field), KVT_EIO for a
- * write error, KVT_ENOMEM. The whole file is built in memory first (about the
+ * write error, KVT_ENOMEM; with tokenizer_from, that file's open error, or
+ * KVT_EINVAL when it has no tokenizer.ggml.tokens array. The whole file is built in memory first (about the
  * size of the file).
  */
 int kvt_synth_llama_write(const kvt_synth_llama *c, const char *path);

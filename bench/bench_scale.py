@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""bench/bench_scale.py — kvtier at real model shapes on the CPU, against itself with the
+cache off and, when one is given, llama.cpp's llama-server, in one run.
+
+    python3 bench/bench_scale.py [--build build] [--shape llama3.2-1b|llama3-8b]
+        [--type q8_0|q4_k_m] [--threads 2] [--history 2048,8192] [--decode 64]
+        [--llama-server PATH] [--layers N] [--out bench/results/scale-....json]
+
+The model: `BUILD/bench_shape_model` writes a GGUF of the shape (random weights from a
+fixed seed; Q8_0, or Q4_K_M's mix) with the default model's real tokenizer and chat
+template, under a temporary dir removed at the end. The conversation: one long user
+message of deterministic English-like text (about HISTORY tokens), then a short follow-up.
+
+Each engine (kvtier, kvtier with `[cache] enabled = false`, llama-server) is measured as:
+- startup_s: process start to the first healthy `GET /health` (polled every 20 ms);
+- rss_idle: VmRSS, RssAnon, RssFile, VmLck of the process then (MiB);
+- turn1_s: the long first turn, `max_tokens` 1 (its prefill, wall time);
+- cached_s: the follow-up turn (history + reply + a new question), `max_tokens` 1;
+- restart_s: the same follow-up after a SIGTERM and a fresh start (kvtier: the history
+  paged back from NVMe; the others re-prefill), plus the restart's own startup_s;
+- decode_tok_s: (time of a `max_tokens` DECODE+1 reply - time of a 1-token reply) / DECODE
+  on a short prompt sent once before (so both timed replies find the same prompt cache),
+  `ignore_eos` on, so both engines generate exactly DECODE tokens more;
+- rss_after: the process's memory after all of it, with kvtier's own view of its KV (T0/T1
+  bytes held, from /v1/stats) beside it.
+Engines alternate per history length, so a slow spell of the shared machine hits each.
+Ratios (kvtier / peer) are printed per figure. Data dirs use a small NVMe tier and are
+deleted. Not a test: figures go to bench/results and bench/README.md.
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+WORDS = ("time year people way day man thing woman life child world school state family student group country "
+         "problem hand part place case week company system program question work government number night point "
+         "home water room mother area money story fact month lot right study book eye job word business issue side "
+         "kind head house service friend father power hour game line end member law car city community name "
+         "president team minute idea kid body information back parent face others level office door health person "
+         "art war history party result change morning reason research girl guy moment air teacher force education").split()
+
+
+def english(n_words, seed):
+    """Deterministic sentences of common words: text a real tokenizer splits as it would prose."""
+    r = random.Random(seed)
+    out, n = [], 0
+    while n < n_words:
+        k = r.randint(6, 16)
+        s = " ".join(r.choice(WORDS) for _ in range(k))
+        out.append(s[0].upper() + s[1:] + ".")
+        n += k
+    return " ".join(out)
+
+
+def http(method, url, body=None, timeout=3600):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def mem_of(pid):
+    """VmRSS, RssAnon, RssFile, VmLck of a process, MiB."""
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "RssAnon", "RssFile", "VmLck"):
+                out[k] = round(int(v.split()[0]) / 1024, 1)
+    return out
+
+
+class Engine:
+    """One server process: kvtierd (cache on or off) or llama-server."""
+
+    def __init__(self, kind, args, model, work):
+        self.kind, self.args, self.model, self.work = kind, args, model, work
+        self.proc = None
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.log = os.path.join(work, kind + ".log")
+        if kind.startswith("kvtier"):
+            self.data = os.path.join(work, kind + "-data")
+            os.makedirs(self.data, exist_ok=True)
+            self.conf = os.path.join(self.data, "kvtier.conf")
+            with open(self.conf, "w") as f:
+                f.write("[server]\nlisten = 127.0.0.1:%d\n[model]\npath = %s\ndevice = cpu\nthreads = %d\n"
+                        "context = %d\n[tier.nvme]\ncapacity = %s\n[index]\ndata_dir = %s\n%s"
+                        % (self.port, model, args.threads, args.context, args.nvme, self.data,
+                           "[cache]\nenabled = false\n" if kind == "kvtier-nocache" else ""))
+
+    def start(self):
+        if self.kind.startswith("kvtier"):
+            cmd = [os.path.join(self.args.build, "kvtierd"), "-c", self.conf]
+        else:
+            cmd = [self.args.llama_server, "-m", self.model, "--port", str(self.port), "--host", "127.0.0.1",
+                   "-t", str(self.args.threads), "-c", str(self.args.context), "-np", "1", "-nr"]
+        t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        while time.time() - t0 < 900:
+            if self.proc.poll() is not None:
+                raise RuntimeError("%s exited %d; see %s" % (self.kind, self.proc.returncode, self.log))
+            try:
+                if http("GET", self.url + "/health", timeout=2)[0] == 200:
+                    return time.time() - t0
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("%s not healthy in 900 s" % self.kind)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(600)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def chat(self, messages, max_tokens, session=None):
+        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}
+        if session and self.kind == "kvtier":
+            body["session_id"] = session
+        t0 = time.time()
+        st, r = http("POST", self.url + "/v1/chat/completions", body)
+        dt = time.time() - t0
+        if st != 200:
+            raise RuntimeError("%s: chat answered %s: %s" % (self.kind, st, str(r)[:300]))
+        return dt, r
+
+    def kv_held(self):
+        """kvtier's own count of the KV bytes it holds in T0 and T1 (MiB), else None."""
+        if not self.kind.startswith("kvtier"):
+            return None
+        st, s = http("GET", self.url + "/v1/stats")
+        if st != 200:
+            return None
+        return round(sum(t.get("used_bytes", 0) for t in s.get("tiers", []) if t["name"] in ("hbm", "host"))
+                     / 2 ** 20, 1)
+
+
+def measure(e, history_words, n_decode, seed):
+    res = {"engine": e.kind}
+    res["startup_s"] = round(e.start(), 3)
+    res["rss_idle"] = mem_of(e.proc.pid)
+    msgs = [{"role": "user", "content": english(history_words, seed) + "\nSum that up in one line."}]
+    dt, r = e.chat(msgs, 1, session="scale")
+    res["turn1_s"], res["prompt_tokens"] = round(dt, 3), r["usage"]["prompt_tokens"]
+    msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And what is the single most important word in it?"}]
+    dt, r = e.chat(msgs, 1, session="scale")
+    res["cached_s"] = round(dt, 3)
+    res["cached_tokens"] = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    short = [{"role": "user", "content": "Count slowly from one to a hundred."}]
+    e.chat(short, 1)  # once first, so the two timed replies find the same prompt cache (kvtier, llama-server)
+    t1, _ = e.chat(short, 1)
+    tn, r = e.chat(short, n_decode + 1)
+    res["decode_tokens"] = r["usage"]["completion_tokens"]
+    res["decode_tok_s"] = round((res["decode_tokens"] - 1) / max(tn - t1, 1e-9), 2)
+    e.stop()
+    res["restart_startup_s"] = round(e.start(), 3)
+    dt, r = e.chat(msgs, 1, session="scale")
+    res["restart_s"] = round(dt, 3)
+    res["restart_cached_tokens"] = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    res["rss_after"] = mem_of(e.proc.pid)
+    res["kv_held_mib"] = e.kv_held()
+    e.stop()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--shape", default="llama3.2-1b", choices=["llama3.2-1b", "llama3-8b"])
+    ap.add_argument("--type", default="q8_0", choices=["q8_0", "q4_k_m"])
+    ap.add_argument("--layers", type=int, default=0, help="fewer blocks of the same width (a quick run)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--history", default="2048,8192", help="history lengths in tokens, comma-separated")
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--context", type=int, default=12288)
+    ap.add_argument("--nvme", default="2G", help="[tier.nvme] capacity of kvtier's data dirs")
+    ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    args.build = os.path.abspath(args.build)
+    work = tempfile.mkdtemp(prefix="kvt_bench_scale_")
+    model = os.path.join(work, "%s-%s.gguf" % (args.shape, args.type))
+    cmd = [os.path.join(args.build, "bench_shape_model"), args.shape, args.type, args.tokenizer, model]
+    if args.layers:
+        cmd += ["--layers", str(args.layers)]
+    subprocess.run(cmd, check=True)
+    kinds = ["kvtier", "kvtier-nocache"] + (["llama-server"] if args.llama_server else [])
+    rows = []
+    try:
+        for h in [int(x) for x in args.history.split(",")]:
+            words = int(h * 0.8)  # these words run about 1.25 tokens each with the SmolLM2 tokenizer
+            for k in kinds:
+                e = Engine(k, args, model, work)
+                try:
+                    row = measure(e, words, args.decode, seed=h)
+                finally:
+                    e.stop()
+                row["history"] = h
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "shape": args.shape, "type": args.type, "layers": args.layers or "all", "threads": args.threads,
+               "rows": rows, "ratios": []}
+    for h in sorted({r["history"] for r in rows}):
+        by = {r["engine"]: r for r in rows if r["history"] == h}
+        for peer in [k for k in kinds if k != "kvtier"]:
+            a, b = by["kvtier"], by[peer]
+            rat = {"history": h, "vs": peer}
+            for f in ("startup_s", "turn1_s", "cached_s", "restart_s", "decode_tok_s"):
+                rat[f] = round(a[f] / b[f], 3) if b[f] else None
+            rat["rss_after"] = round(a["rss_after"]["VmRSS"] / b["rss_after"]["VmRSS"], 3)
+            summary["ratios"].append(rat)
+            print("history %d, kvtier / %s: %s" % (h, peer, json.dumps(rat)), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
