@@ -9,15 +9,19 @@
  * streaming decoder) must give the input back. A mismatch prints the input and
  * both id lists. It also checks the model's special ids, the chat format with
  * the template stored in the file, that a chat message made of every special
- * token's text encodes to no special id but the template's own markers, and
- * prints encode speed on ~100 KB of text (information, not an assertion).
+ * token's text encodes to no special id but the template's own markers, that
+ * a synthetic model which copies the tokenizer (bench_shape_model's) tokenizes
+ * every reference case the same, and prints encode speed on ~100 KB of text (information, not an assertion).
  */
 #include "check.h"
 #include "gguf.h"
 #include "ref_read.h"
+#include "synth_model.h"
 #include "tokenizer.h"
 
 #include <ctype.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #define MAX_IDS 65536
 
@@ -253,6 +257,55 @@ static void report_speed(const kvt_tok *t)
 	free(ids);
 }
 
+/*
+ * A synthetic model that copies this tokenizer (kvt_synth_llama.tokenizer_from,
+ * what bench_shape_model writes): the same ids on every reference case, the
+ * same chat template, and embeddings of the vocabulary's size.
+ */
+static void check_copied_tokenizer(const char *path, const kvt_gguf *src)
+{
+	char out[] = "/tmp/kvt_tokcopy_XXXXXX";
+	int fd = mkstemp(out);
+	CHECK(fd >= 0);
+	if (fd < 0)
+		return;
+	close(fd);
+	kvt_synth_llama c;
+	kvt_synth_llama_default(&c);
+	c.tokenizer_from = path;
+	CHECK(kvt_synth_llama_write(&c, out) == KVT_OK);
+	kvt_gguf *g = NULL;
+	kvt_tok *t = NULL;
+	const kvt_gguf_kv *toks = NULL;
+	CHECK(kvt_gguf_open(out, &g) == KVT_OK);
+	if (g && kvt_gguf_get_arr(src, "tokenizer.ggml.tokens", KVT_GGUF_STRING, &toks) == KVT_OK) {
+		const kvt_gguf_tensor *e = kvt_gguf_find_tensor(g, "token_embd.weight");
+		CHECK(e && e->ne[1] == toks->n);
+		kvt_gguf_str a, b;
+		CHECK(kvt_gguf_get_str(src, "tokenizer.chat_template", &a) == KVT_OK &&
+		      kvt_gguf_get_str(g, "tokenizer.chat_template", &b) == KVT_OK && a.len == b.len &&
+		      !memcmp(a.ptr, b.ptr, a.len));
+		CHECK(kvt_tok_create_from_gguf(g, &t) == KVT_OK);
+		if (t)
+			check_reference(t);
+	}
+	kvt_tok_destroy(t);
+	kvt_gguf_close(g);
+	unlink(out);
+	/* a file with no vocabulary to copy: a named error */
+	kvt_synth_llama_default(&c);
+	CHECK(kvt_synth_llama_write(&c, out) == KVT_OK);
+	char out2[] = "/tmp/kvt_tokcopy2_XXXXXX";
+	fd = mkstemp(out2);
+	CHECK(fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	c.tokenizer_from = "/nonexistent/model.gguf";
+	CHECK(kvt_synth_llama_write(&c, out2) != KVT_OK);
+	unlink(out);
+	unlink(out2);
+}
+
 int main(void)
 {
 	const char *path = check_default_model();
@@ -270,6 +323,7 @@ int main(void)
 		check_chat(t);
 		check_chat_no_forgery(g, t);
 		report_speed(t);
+		check_copied_tokenizer(path, g);
 	}
 	kvt_tok_destroy(t);
 	kvt_gguf_close(g);
