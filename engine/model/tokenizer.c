@@ -889,6 +889,11 @@ bool kvt_tok_is_eog(const kvt_tok *t, int32_t id)
 	return id >= 0 && (uint32_t)id < t->n_tokens && t->eog[id];
 }
 
+bool kvt_tok_is_control(const kvt_tok *t, int32_t id)
+{
+	return kvt_tok_is_eog(t, id) || kvt_tok_token_type(t, id) == KVT_TOK_CONTROL;
+}
+
 int kvt_tok_token_type(const kvt_tok *t, int32_t id)
 {
 	return id >= 0 && (uint32_t)id < t->n_tokens ? t->types[id] : KVT_TOK_UNDEFINED;

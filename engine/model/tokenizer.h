@@ -102,6 +102,12 @@ int32_t kvt_tok_bos(const kvt_tok *t);
 int32_t kvt_tok_eos(const kvt_tok *t);
 /* True for EOS, EOT and any other end-of-generation control token. */
 bool kvt_tok_is_eog(const kvt_tok *t, int32_t id);
+/*
+ * True for a CONTROL token (after the overrides of kvt_tok_create) or an
+ * end-of-generation one: a marker, not text. Generated text never shows it
+ * (its decoded text would be the marker's name, e.g. "<|im_end|>").
+ */
+bool kvt_tok_is_control(const kvt_tok *t, int32_t id);
 bool kvt_tok_add_bos(const kvt_tok *t);
 /* tokenizer.ggml.add_eos_token (SentencePiece; false for BPE). Prompts for generation never end in EOS. */
 bool kvt_tok_add_eos(const kvt_tok *t);

@@ -25,6 +25,10 @@ One kvtierd on the default model (loopback, ephemeral port, small tiers); every 
               presence penalties reduce repetition, repetition_penalty changes a looping
               output, min_p 1 at temperature 2 is greedy, completions echo
   cache       two identical constrained requests: the second is served from cache
+  ignore_eos  the openai SDK with ignore_eos: json_schema replies (plain and streamed) end
+              with finish_reason "stop" at the grammar's end and validate; a
+              reply without a grammar runs to max_tokens past the end of turn with no control
+              token (<|im_end|>, <|im_start|>) in its content, chat and completions
 
 Usage: test_structured.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip (no model).
 Needs openai, jsonschema and langchain-openai (scripts/test.sh installs them into
@@ -454,8 +458,62 @@ def case_cache(d):
     check(got >= a["usage"]["prompt_tokens"] // BT * BT, "follow-up reuses the constrained turn: %d" % got)
 
 
+MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+
+
+def case_ignore_eos(d):
+    """ignore_eos never writes a control token into content; a grammar's end still ends the choice."""
+    openai, jsonschema = need("openai"), need("jsonschema")
+    if not openai or not jsonschema:
+        return
+    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
+    model = c.models.list().data[0].id
+    for name, prompt, schema in (SCHEMAS[0], SCHEMAS[4]):
+        rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        kw = dict(model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
+                  response_format=rf, extra_body={"ignore_eos": True})
+        r = c.chat.completions.create(**kw)
+        ch = r.choices[0]
+        text = ch.message.content or ""
+        check(ch.finish_reason == "stop" and r.usage.completion_tokens < 200,
+              "ignore_eos %s: the grammar's end stops the choice: finish %s after %d tokens: %r"
+              % (name, ch.finish_reason, r.usage.completion_tokens, text))
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except Exception as e:  # the reply not validating is the bug this case is for
+            check(False, "ignore_eos %s: %s: %r" % (name, e, text))
+        streamed, finish = "", None
+        for chunk in c.chat.completions.create(stream=True, **kw):
+            for cc in chunk.choices:
+                streamed += cc.delta.content or ""
+                finish = cc.finish_reason or finish
+        check(streamed == text and finish == "stop", "ignore_eos %s streamed: %r (finish %s), plain %r"
+              % (name, streamed, finish, text))
+    # without a grammar: exactly max_tokens tokens, and no marker in the text, streamed or not
+    kw = dict(model=model, messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=48,
+              extra_body={"ignore_eos": True})
+    r = c.chat.completions.create(**kw)
+    text = r.choices[0].message.content or ""
+    check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 48,
+          "ignore_eos chat: finish %s, %d tokens" % (r.choices[0].finish_reason, r.usage.completion_tokens))
+    streamed = "".join(cc.delta.content or "" for chunk in c.chat.completions.create(stream=True, **kw)
+                       for cc in chunk.choices)
+    for what, t in (("chat", text), ("chat streamed", streamed)):
+        check(not any(m in t for m in MARKERS), "ignore_eos %s: a control token in content: %r" % (what, t))
+    check(streamed == text, "ignore_eos chat streamed %r vs %r" % (streamed, text))
+    # the model did run past its end of turn (else the case proves nothing): the text goes on after it
+    plain = c.chat.completions.create(model=model, messages=kw["messages"], temperature=0, max_tokens=48)
+    check(plain.choices[0].finish_reason == "stop" and len(text) > len(plain.choices[0].message.content or ""),
+          "ignore_eos ran past the end of turn: %r vs %r" % (text, plain.choices[0].message.content))
+    r = c.completions.create(model=model, prompt="<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
+                             temperature=0, max_tokens=48, extra_body={"ignore_eos": True})
+    t = r.choices[0].text
+    check(not any(m in t for m in MARKERS), "ignore_eos completions: a control token in text: %r" % t)
+
+
 CASES = {"schemas": case_schemas, "refused": case_refused, "tools_sdk": case_tools_sdk, "langchain": case_langchain,
-         "logprobs": case_logprobs, "controls": case_controls, "cache": case_cache}
+         "logprobs": case_logprobs, "controls": case_controls, "cache": case_cache,
+         "ignore_eos": case_ignore_eos}
 
 
 def main():
