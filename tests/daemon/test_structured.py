@@ -6,7 +6,11 @@ One kvtierd on the default model (loopback, ephemeral port, small tiers); every 
   schemas     response_format json_schema for a set of schemas (nested objects, arrays with
               minItems/maxItems, enum, const, anyOf, $defs/$ref, a recursive $ref, pattern,
               optional properties, nullable types), greedy and sampled: 100% of the outputs
-              parse and validate (Python `jsonschema`); json_object always gives a JSON object
+              parse and validate (Python `jsonschema`) and keep to the bounded whitespace
+              (ws_faults); json_object always gives a JSON object
+  json_ws     the openai SDK: the schemas' greedy replies and a json_object one, plain and
+              streamed, keep to the bounded whitespace (no "\n,\n", no break around ":", an
+              indent of at most 4 per level)
   refused     a schema keyword outside the subset is a 400 naming it; bad response_format,
               tools, tool_choice, logit_bias, penalties, min_p, top_logprobs: 400 with param
   tools_sdk   the openai SDK: tool_choice required / named, the call parses and its arguments
@@ -112,6 +116,40 @@ SCHEMAS = [
 ]
 
 
+def ws_faults(text):
+    """The whitespace runs outside strings that the bounded JSON grammar does not allow (docs/http-api.md):
+    after { [ , and before } ] nothing, a space, or a newline and at most 4 indent bytes per level (one less
+    before the closing bracket, 24 at most); after : at most a space; nowhere else."""
+    faults, depth, prev, i = [], 0, None, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            prev, i = '"', i + 1
+            continue
+        if ch in " \t\r\n":
+            j = i
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            gap, nxt = text[i:j], text[j] if j < len(text) else None
+            closing = nxt is not None and nxt in "}]"
+            level = min(depth - 1 if closing else depth, 6)
+            if prev is not None and (prev in "{[," or closing) and nxt is not None:
+                ok = gap == " " or (gap[0] == "\n" and set(gap[1:]) <= set(" \t") and len(gap) - 1 <= 4 * level)
+            else:
+                ok = prev == ":" and gap == " "
+            if not ok:
+                faults.append("%r after %r" % (gap, prev))
+            i = j
+            continue
+        depth += ch in "{["
+        depth -= ch in "}]"
+        prev, i = ch, i + 1
+    return faults
+
+
 def case_schemas(d):
     jsonschema = need("jsonschema")
     if not jsonschema:
@@ -136,6 +174,7 @@ def case_schemas(d):
                 n += 1
             except Exception as e:  # a parse or validation failure is what this test is for
                 check(False, "%s T=%s: %s: %r" % (name, temp, e, text))
+            check(not ws_faults(text), "%s T=%s: unbounded whitespace %s: %r" % (name, temp, ws_faults(text), text))
     print("schemas: %d outputs parsed and validated" % n)
     for temp in (0, 1.0):
         r = chat(d, {"messages": [{"role": "user", "content": "Tell me about cats, as JSON."}], "max_tokens": 60,
@@ -458,6 +497,31 @@ def case_cache(d):
     check(got >= a["usage"]["prompt_tokens"] // BT * BT, "follow-up reuses the constrained turn: %d" % got)
 
 
+def case_json_ws(d):
+    """The openai SDK: structured outputs and json_object keep to the bounded whitespace, streamed too."""
+    openai = need("openai")
+    if not openai:
+        return
+    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
+    model = c.models.list().data[0].id
+    bodies = [(name, prompt, {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
+              for name, prompt, schema in SCHEMAS]
+    bodies.append(("object", "Describe a city as JSON.", {"type": "json_object"}))
+    for name, prompt, rf in bodies:
+        kw = dict(model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=160,
+                  response_format=rf)
+        text = c.chat.completions.create(**kw).choices[0].message.content or ""
+        streamed = "".join(cc.delta.content or "" for chunk in c.chat.completions.create(stream=True, **kw)
+                           for cc in chunk.choices)
+        check(text and not ws_faults(text), "json_ws %s: unbounded whitespace %s: %r" % (name, ws_faults(text), text))
+        check(streamed == text, "json_ws %s: streamed %r vs %r" % (name, streamed, text))
+    # the checker itself: what main's grammar let SmolLM2 write is refused, pretty-printed JSON is not
+    check(ws_faults('{\n  "a"\n:\n1\n,\n"b": [\n\n1]}') and ws_faults('{"a" : 1}') and ws_faults('{"a":  1}')
+          and ws_faults('{\n     "a": 1}') and not ws_faults(json.dumps({"a": [1, {"b": "x y"}]}, indent=4))
+          and not ws_faults(json.dumps({"a": [1, {"b": "x  y"}]})) and not ws_faults('{\n\t"a": [\n\t\t1\n\t]\n}'),
+          "ws_faults tells bounded from unbounded whitespace")
+
+
 MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
 
 
@@ -513,7 +577,7 @@ def case_ignore_eos(d):
 
 CASES = {"schemas": case_schemas, "refused": case_refused, "tools_sdk": case_tools_sdk, "langchain": case_langchain,
          "logprobs": case_logprobs, "controls": case_controls, "cache": case_cache,
-         "ignore_eos": case_ignore_eos}
+         "ignore_eos": case_ignore_eos, "json_ws": case_json_ws}
 
 
 def main():
