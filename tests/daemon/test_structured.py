@@ -238,6 +238,12 @@ def case_refused(d):
     check(http("GET", d.url + "/health")[0] == 200, "healthy after the refusals")
 
 
+def sdk(openai, d):
+    """An openai client on the daemon, and the model it serves."""
+    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
+    return c, c.models.list().data[0].id
+
+
 def validate_args(jsonschema, call, fn):
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, fn["function"]["parameters"])
@@ -248,8 +254,7 @@ def case_tools_sdk(d):
     openai, jsonschema = need("openai"), need("jsonschema")
     if not openai or not jsonschema:
         return
-    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
-    model = c.models.list().data[0].id
+    c, model = sdk(openai, d)
     msgs = [{"role": "system", "content": "You are a weather assistant."},
             {"role": "user", "content": "What is the weather like in Paris today, in celsius?"}]
     # named, then required (no parallel calls): one call that validates
@@ -502,8 +507,7 @@ def case_json_ws(d):
     openai = need("openai")
     if not openai:
         return
-    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
-    model = c.models.list().data[0].id
+    c, model = sdk(openai, d)
     bodies = [(name, prompt, {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
               for name, prompt, schema in SCHEMAS]
     bodies.append(("object", "Describe a city as JSON.", {"type": "json_object"}))
@@ -530,8 +534,7 @@ def case_ignore_eos(d):
     openai, jsonschema = need("openai"), need("jsonschema")
     if not openai or not jsonschema:
         return
-    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
-    model = c.models.list().data[0].id
+    c, model = sdk(openai, d)
     for name, prompt, schema in (SCHEMAS[0], SCHEMAS[4]):
         rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
         kw = dict(model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
