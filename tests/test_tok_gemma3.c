@@ -15,6 +15,14 @@
  *      conversation tokenizes (specials parsed) to the same ids, and
  *      kvt_tok_chat_encode of the same messages gives those ids too;
  *   E: the end-of-generation set is exactly llama.cpp's (EOS 1, <end_of_turn> 106);
+ * one deliberate difference: the image markers <start_of_image>, <end_of_image>
+ * and [multimodal] are USER_DEFINED in the GGUF, which llama.cpp splits out of
+ * text even without special-token parsing; kvtier keeps them text there (a
+ * chat message's text is text), so for a string holding one the
+ * parse_special=false ids are checked to hold no marker and to decode back to
+ * the string instead of against llama.cpp's. check_markers() checks the
+ * markers themselves: one CONTROL token with specials parsed, text without,
+ * and text in a chat message;
  * plus BOS/EOS/add_bos/add_eos as llama.cpp reports them, and it prints the
  * encode speed on ~100 KB of text (information, not an assertion).
  */
@@ -63,6 +71,34 @@ static size_t parse_ids(const char *s, int32_t *ids, size_t cap, const char **en
 	return n > 0 ? (size_t)n : 0;
 }
 
+/* Gemma 3's image markers: USER_DEFINED in the GGUF, CONTROL in kvtier (see the top). */
+static const char *const MARKERS[] = { "<start_of_image>", "<end_of_image>", "[multimodal]" };
+#define N_MARKERS (sizeof(MARKERS) / sizeof(MARKERS[0]))
+
+static bool holds_marker(const unsigned char *in, size_t n)
+{
+	for (size_t i = 0; i < N_MARKERS; i++)
+		if (memmem(in, n, MARKERS[i], strlen(MARKERS[i])))
+			return true;
+	return false;
+}
+
+/* Ids that hold no control token (every marker is one) and decode, whole and streamed, to text[0..n). */
+static bool text_ids(const kvt_tok *t, const int32_t *ids, size_t n_ids, const char *text, size_t n)
+{
+	static unsigned char back[MAX_TEXT];
+	bool ok = true;
+
+	for (size_t i = 0; i < n_ids; i++)
+		ok = ok && kvt_tok_token_type(t, ids[i]) != KVT_TOK_CONTROL;
+	for (int stream = 0; stream <= 1 && ok; stream++) {
+		size_t k = ref_decode(t, ids, n_ids, stream, back, sizeof(back));
+
+		ok = k == n && memcmp(back, text, n) == 0;
+	}
+	return ok;
+}
+
 static void check_string(const kvt_tok *t, const unsigned char *in, size_t n_in, const int32_t *want_sp,
 			 size_t n_sp, const int32_t *want_nsp, size_t n_nsp, unsigned *n_cases, unsigned *n_roundtrip)
 {
@@ -76,6 +112,11 @@ static void check_string(const kvt_tok *t, const unsigned char *in, size_t n_in,
 		int rc = kvt_tok_encode(t, (const char *)in, n_in, sp, got, MAX_IDS, &n_got);
 
 		CHECK(rc == KVT_OK);
+		if (!sp && holds_marker(in, n_in)) { /* the deliberate difference: the marker is text */
+			CHECKF(rc == KVT_OK && text_ids(t, got, n_got, (const char *)in, n_in),
+			       "a marker in \"%.*s\" is not text without parse_special", (int)n_in, (const char *)in);
+			continue;
+		}
 		if (rc != KVT_OK || !same_ids(got, n_got, want, n_want)) {
 			CHECKF(false, "ids differ (parse_special=%d) for \"%.*s\"", sp, (int)n_in, (const char *)in);
 			ref_print_ids("kvtier  ", got, n_got);
@@ -203,6 +244,47 @@ static void check_reference(const kvt_tok *t)
 	       n_chats);
 }
 
+/*
+ * The image markers: with specials parsed each is its one token, CONTROL (so a
+ * grammar never writes it and a reply never shows it); without, and in a chat
+ * message (whose text is always text), they are text that decodes back.
+ */
+static void check_markers(const kvt_tok *t)
+{
+	static int32_t ids[MAX_IDS];
+	int32_t marker_id[N_MARKERS];
+	size_t n_ids = 0;
+
+	for (size_t i = 0; i < N_MARKERS; i++) {
+		const char *m = MARKERS[i];
+
+		CHECK(kvt_tok_encode(t, m, strlen(m), true, ids, MAX_IDS, &n_ids) == KVT_OK);
+		marker_id[i] = n_ids == 1 ? ids[0] : -1;
+		CHECKF(n_ids == 1 && kvt_tok_token_type(t, ids[0]) == KVT_TOK_CONTROL && kvt_tok_is_control(t, ids[0]) &&
+			       !kvt_tok_is_eog(t, ids[0]),
+		       "%s with specials parsed: %zu ids, first of type %d", m, n_ids,
+		       n_ids ? kvt_tok_token_type(t, ids[0]) : -1);
+		CHECK(kvt_tok_encode(t, m, strlen(m), false, ids, MAX_IDS, &n_ids) == KVT_OK);
+		CHECKF(n_ids > 1 && text_ids(t, ids, n_ids, m, strlen(m)), "%s without parse_special: %zu ids", m, n_ids);
+	}
+	static const char content[] = "look <start_of_image> at [multimodal] this<end_of_image>";
+	kvt_chat_msg msg = { .role = "user", .content = content };
+	int32_t *chat = NULL;
+	size_t n_chat = 0;
+
+	CHECK(kvt_tok_chat_encode(t, &msg, 1, true, &chat, &n_chat) == KVT_OK);
+	for (size_t i = 0; i < n_chat; i++)
+		for (size_t k = 0; k < N_MARKERS; k++)
+			CHECKF(chat[i] != marker_id[k], "the chat message's %s became the marker token", MARKERS[k]);
+	/* the message's text, tokenized as text, is in the prompt as it is */
+	CHECK(kvt_tok_encode(t, content, strlen(content), false, ids, MAX_IDS, &n_ids) == KVT_OK);
+	bool found = false;
+	for (size_t i = 0; chat && !found && i + n_ids <= n_chat; i++)
+		found = same_ids(chat + i, n_ids, ids, n_ids);
+	CHECKF(found, "the chat prompt does not hold the message's text tokens");
+	free(chat);
+}
+
 /* Encode speed on ~100 KB of mixed text, with and without special parsing (information, not an assertion). */
 static void report_speed(const kvt_tok *t)
 {
@@ -254,6 +336,7 @@ int main(void)
 		/* No tokenizer.chat_template in this GGUF: auto picks gemma by architecture. */
 		CHECK_EQ_INT(kvt_tok_chat_kind(t), KVT_TOK_CHAT_GEMMA);
 		check_reference(t);
+		check_markers(t);
 		report_speed(t);
 	}
 	kvt_tok_destroy(t);

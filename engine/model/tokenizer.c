@@ -7,7 +7,8 @@
  *      tokenizer_st_partition does: every CONTROL / USER_DEFINED / UNKNOWN
  *      token, longest text first, splits every remaining raw fragment at each
  *      of its occurrences. Without parse_special only USER_DEFINED tokens are
- *      split (CONTROL and UNKNOWN stay text), as in llama.cpp.
+ *      split (CONTROL and UNKNOWN stay text), as in llama.cpp, less the
+ *      modality markers kvtier makes CONTROL (tok_marker_texts).
  *   2. Each raw fragment is decoded the way llama.cpp's unicode_cpts_from_utf8
  *      does it: lenient (overlong forms and surrogates decode), and every byte
  *      that starts no sequence becomes U+FFFD. Strictly valid UTF-8 (the common
@@ -465,6 +466,20 @@ static const char *const tok_eog_texts[] = {
 	"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
 };
 
+/*
+ * Texts that stand for input of another modality: Gemma 3's image markers
+ * (and the audio ones of its family). Their GGUFs store them USER_DEFINED,
+ * which llama.cpp splits out of any text, parse_special or not, so a chat
+ * message holding "<start_of_image>" would carry an image marker. kvtier
+ * makes them CONTROL: without parse_special (every chat message) they are
+ * text, as DESIGN.md §5 wants of message text; with it they are still the
+ * one token. A deliberate difference from llama.cpp (test_tok_gemma3).
+ */
+static const char *const tok_marker_texts[] = {
+	"<start_of_image>", "<end_of_image>", "<image_soft_token>", "[multimodal]",
+	"<start_of_audio>", "<end_of_audio>", "<audio_soft_token>",
+};
+
 static bool tok_is_special_type(int type)
 {
 	return type == KVT_TOK_CONTROL || type == KVT_TOK_USER_DEFINED || type == KVT_TOK_UNKNOWN;
@@ -811,6 +826,12 @@ int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out)
 		t->eog[t->eos_id] = 1;
 	if (t->eot_id >= 0)
 		t->eog[t->eot_id] = 1;
+	for (size_t i = 0; i < sizeof(tok_marker_texts) / sizeof(tok_marker_texts[0]); i++) {
+		int32_t id = tok_find_text(t, tok_marker_texts[i], strlen(tok_marker_texts[i]));
+
+		if (id >= 0 && t->types[id] == KVT_TOK_USER_DEFINED)
+			t->types[id] = KVT_TOK_CONTROL;
+	}
 
 	for (uint32_t b = 0; b < 256; b++) {
 		unsigned char enc[4];
@@ -887,6 +908,11 @@ int32_t kvt_tok_eos(const kvt_tok *t)
 bool kvt_tok_is_eog(const kvt_tok *t, int32_t id)
 {
 	return id >= 0 && (uint32_t)id < t->n_tokens && t->eog[id];
+}
+
+bool kvt_tok_is_control(const kvt_tok *t, int32_t id)
+{
+	return kvt_tok_is_eog(t, id) || kvt_tok_token_type(t, id) == KVT_TOK_CONTROL;
 }
 
 int kvt_tok_token_type(const kvt_tok *t, int32_t id)

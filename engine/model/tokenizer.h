@@ -4,7 +4,9 @@
  *
  * Encoding: special tokens (CONTROL, USER_DEFINED and UNKNOWN token types,
  * longest text first) are split out of the raw text first when parse_special
- * is set (USER_DEFINED ones always, as llama.cpp does); each remaining span is
+ * is set (USER_DEFINED ones always, as llama.cpp does, except the image and
+ * audio markers such as Gemma's <start_of_image>, which kvtier makes CONTROL
+ * so that message text holding them stays text); each remaining span is
  * split by the model's pre-tokenizer regexes (chosen by tokenizer.ggml.pre,
  * run with PCRE2 in UTF + UCP mode, each regex applied to the pieces the
  * previous one produced), each piece is mapped byte -> printable unicode
@@ -85,7 +87,9 @@ typedef struct kvt_tok kvt_tok;
  * has no "left right" form), two tokens with the same text, or a token id out
  * of range; KVT_EINVAL for an empty vocabulary; KVT_ENOMEM. Every failure is
  * logged. Tokens whose text llama.cpp treats as end of generation
- * (<|im_end|>, <|endoftext|>, <|eot_id|>, ...) become CONTROL and EOG.
+ * (<|im_end|>, <|endoftext|>, <|eot_id|>, ...) become CONTROL and EOG; the
+ * USER_DEFINED image and audio markers (<start_of_image>, <end_of_image>,
+ * [multimodal], ...) become CONTROL.
  */
 int kvt_tok_create(const kvt_tok_vocab *v, kvt_tok **out);
 /*
@@ -102,6 +106,12 @@ int32_t kvt_tok_bos(const kvt_tok *t);
 int32_t kvt_tok_eos(const kvt_tok *t);
 /* True for EOS, EOT and any other end-of-generation control token. */
 bool kvt_tok_is_eog(const kvt_tok *t, int32_t id);
+/*
+ * True for a CONTROL token (after the overrides of kvt_tok_create) or an
+ * end-of-generation one: a marker, not text. Generated text never shows it
+ * (its decoded text would be the marker's name, e.g. "<|im_end|>").
+ */
+bool kvt_tok_is_control(const kvt_tok *t, int32_t id);
 bool kvt_tok_add_bos(const kvt_tok *t);
 /* tokenizer.ggml.add_eos_token (SentencePiece; false for BPE). Prompts for generation never end in EOS. */
 bool kvt_tok_add_eos(const kvt_tok *t);
@@ -121,7 +131,8 @@ int kvt_tok_token_type(const kvt_tok *t, int32_t id);
 /*
  * Tokenize len bytes of text. With parse_special, CONTROL/USER_DEFINED token
  * texts found in the input become those tokens; otherwise CONTROL texts are
- * ordinary text (USER_DEFINED ones are still split out, as in llama.cpp).
+ * ordinary text (USER_DEFINED ones are still split out, as in llama.cpp; the
+ * modality markers made CONTROL are not).
  * BOS is never added here (callers decide via kvt_tok_add_bos()).
  * Writes at most cap ids to out; *n_out is always set to the number of ids the
  * full encoding has, and KVT_EFULL is returned when it exceeds cap.

@@ -119,7 +119,12 @@ static void choice_add_text(gen_job *j, gen_choice *c, const char *s, size_t n)
 	}
 }
 
-/* Turn generated ids into text (and their logprobs, lps may be NULL). KVT_OK, or KVT_EINVAL for an id the tokenizer rejects (logged). */
+/*
+ * Turn generated ids into text (and their logprobs, lps may be NULL). A
+ * control or end-of-generation token (ignore_eos lets them through) is
+ * counted and has its logprobs, but adds no text: "<|im_end|>" is a marker,
+ * never content. KVT_OK, or KVT_EINVAL for an id the tokenizer rejects (logged).
+ */
 static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, const kvt_token_lp *lps, uint32_t n)
 {
 	for (uint32_t i = 0; i < n && !c->stop_hit; i++) {
@@ -129,12 +134,14 @@ static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, const kvt_
 			KVT_LOGE("http %s: the engine returned token id %d, not in the vocabulary", j->id, ids[i]);
 			return KVT_EINVAL;
 		}
+		const bool marker = kvt_tok_is_control(j->tok, ids[i]);
 		char small[256];
-		size_t cap = 3 * len + 3, got = 0;
+		size_t cap = marker ? 0 : 3 * len + 3, got = 0;
 		char *buf = cap <= sizeof(small) ? small : malloc(cap);
 		if (!buf)
 			return KVT_ENOMEM;
-		int rc = kvt_tok_stream_push(j->tok, &c->ds, ids[i], buf, cap, &got);
+		/* NOTE: a marker leaves the decoder alone: a character cut by it still joins up after it */
+		int rc = marker ? KVT_OK : kvt_tok_stream_push(j->tok, &c->ds, ids[i], buf, cap, &got);
 		if (rc == KVT_OK) {
 			c->n_tokens++;
 			if (c->lp && lps && j->q.chat)

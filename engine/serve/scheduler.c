@@ -659,10 +659,15 @@ static void register_blocks(kvt_sched *s, kvt_sched_handle *h)
 	}
 }
 
-/* A token was sampled for h: append it; decide whether the request is done. */
+/*
+ * A token was sampled for h: append it; decide whether the request is done.
+ * ignore_eos runs past an end-of-generation token, except under a grammar:
+ * there the token means the grammar ended, and nothing but more of them
+ * could follow.
+ */
 static void take_token(kvt_sched *s, kvt_sched_handle *h, int32_t tok)
 {
-	const bool eog = s->cfg.tok && kvt_tok_is_eog(s->cfg.tok, tok) && !h->req.ignore_eos;
+	const bool eog = s->cfg.tok && kvt_tok_is_eog(s->cfg.tok, tok) && (!h->req.ignore_eos || h->gm);
 	int finish = KVT_FINISH_NONE;
 	double now = kvt_now_s();
 

@@ -146,7 +146,7 @@ typedef struct kvt_sched_req {
 	kvt_grammar *grammar;          /* borrowed: submit takes its own reference; NULL: unconstrained */
 	bool logprobs;                 /* keep each generated token's raw logprobs (kvt_sched_next_lp) */
 	uint32_t top_logprobs;         /* with logprobs: alternatives per token (0..20) */
-	bool ignore_eos;               /* do not stop at end-of-generation tokens */
+	bool ignore_eos;               /* do not stop at end-of-generation tokens (but at a grammar's end) */
 	char tenant[KVT_NAME_MAX + 1]; /* kvt_name_check'ed; "" = "default" */
 	char session_id[KVT_NAME_MAX + 1]; /* "" = no session */
 	bool has_priority;             /* priority given; else the tenant's default */

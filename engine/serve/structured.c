@@ -13,10 +13,18 @@
  * $comment are read and ignored. Any other keyword is refused, naming it.
  *
  * Generated JSON: properties in the schema's order, optional ones may be
- * left out; whitespace between tokens is bounded (a space, or a newline and
- * up to 24 spaces or tabs), digits too (16 before the point), so a model
- * cannot loop forever inside a value the grammar allows. Strings are UTF-8
- * (multi-byte sequences checked) or JSON escapes.
+ * left out; digits are bounded (16 before the point), and so is whitespace,
+ * to what a pretty-printer writes: after "{", "[" and "," nothing, a space,
+ * or a newline and an indent of at most 4 spaces or tabs per level of
+ * nesting; before "}" and "]" the same, one level less; after ":" at most a
+ * space; before ":" and "," nothing. A weak model then cannot spend its
+ * tokens on blank lines and stray breaks ("\n,\n", "\"a\"\n:\n") inside
+ * a value, and compact or indented output (json.dumps with indent 2 or 4, a
+ * tab) stays as it is. The level is known where a rule is made: the
+ * generic rules (value, object, array) exist once per level up to LEVEL_MAX
+ * (indent 24, deeper levels share it), and a $ref target is made once per
+ * level it is used at. Strings are UTF-8 (multi-byte sequences checked) or
+ * JSON escapes.
  */
 #define _GNU_SOURCE /* memmem */
 #include "structured.h"
@@ -49,11 +57,11 @@ static void sbuf_lit(kvt_sbuf *b, const char *s, size_t n)
 
 /* ---- JSON Schema -> grammar ---- */
 
-static const char COMMON_RULES[] =
-	"ws ::= ( \" \" | \"\\n\" [ \\t]{0,24} )?\n"
-	"value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
-	"object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n"
-	"array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n"
+#define LEVEL_MAX 6     /* nesting levels with their own indent bound; deeper ones share the last */
+#define INDENT_STEP 4   /* indent bytes (spaces or tabs) allowed per level */
+
+/* The rules of scalars: strings, numbers (bounded digits), the literals. */
+static const char FIXED_RULES[] =
 	"string ::= \"\\\"\" char* \"\\\"\"\n"
 	"char ::= [^\"\\\\\\x00-\\x1f\\x7f-\\xff] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" hex hex hex hex ) | [\\xc2-\\xdf] cont"
 	" | [\\xe0-\\xef] cont cont | [\\xf0-\\xf4] cont cont cont\n"
@@ -66,8 +74,37 @@ static const char COMMON_RULES[] =
 	"null ::= \"null\"\n"
 	"pchar ::= [\\x20-\\x21\\x23-\\x5b\\x5d-\\x7e]\n";
 
+/*
+ * The rules that do not depend on the schema. Per level L (1..LEVEL_MAX; a
+ * value inside L brackets): wsL, the gap before a member or an item (none,
+ * a space, or a newline and at most INDENT_STEP * L indent bytes); weL, the
+ * gap before the bracket that closes such members (the indent one level
+ * less). Per level L (0..LEVEL_MAX): valueL, objectL, arrayL, any JSON at
+ * that level (an object's members one level in).
+ */
+static void common_rules(kvt_sbuf *b)
+{
+	for (int l = 1; l <= LEVEL_MAX; l++) {
+		kvt_sbuf_printf(b, "ws%d ::= ( \" \" | \"\\n\" [ \\t]{0,%d} )?\n", l, INDENT_STEP * l);
+		kvt_sbuf_printf(b, "we%d ::= ( \" \" | \"\\n\" [ \\t]{0,%d} )?\n", l, INDENT_STEP * (l - 1));
+	}
+	for (int l = 0; l <= LEVEL_MAX; l++) {
+		int m = l < LEVEL_MAX ? l + 1 : LEVEL_MAX;
+		kvt_sbuf_printf(b, "value%d ::= object%d | array%d | string | number | \"true\" | \"false\" | \"null\"\n", l,
+				l, l);
+		kvt_sbuf_printf(b,
+				"object%d ::= \"{\" ( ws%d string \":\" \" \"? value%d ( \",\" ws%d string \":\" \" \"? value%d )* we%d"
+				" | \" \"? ) \"}\"\n",
+				l, m, m, m, m, m);
+		kvt_sbuf_printf(b, "array%d ::= \"[\" ( ws%d value%d ( \",\" ws%d value%d )* we%d | \" \"? ) \"]\"\n", l, m,
+				m, m, m, m);
+	}
+	kvt_sbuf_puts(b, FIXED_RULES);
+}
+
 typedef struct sref {
 	char *ref;           /* the $ref string */
+	int level;           /* the nesting level its rule is for */
 	char name[24];       /* its rule */
 } sref;
 
@@ -79,7 +116,8 @@ typedef struct sctx {
 	uint32_t n_refs, cap_refs;
 	const char *param;
 	kvt_req_err *e;
-	int depth;
+	int depth;               /* schemas open (the nesting limit) */
+	int level;               /* JSON nesting of the value being made: 0 the document, at most LEVEL_MAX */
 } sctx;
 
 static const char *const KNOWN_KEYS[] = {
@@ -91,6 +129,12 @@ static const char *const KNOWN_KEYS[] = {
 static void new_name(sctx *c, char name[24])
 {
 	snprintf(name, 24, "s%u", c->n_rules++);
+}
+
+/* The level of the members or items of a container made at the current level. */
+static int level_in(const sctx *c)
+{
+	return c->level < LEVEL_MAX ? c->level + 1 : LEVEL_MAX;
 }
 
 static int gen(sctx *c, json_t *s, const char *path, char name[24]);
@@ -383,7 +427,10 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 	if (!props || (json_is_object(props) && json_object_size(props) == 0)) {
 		if (req && json_array_size(req))
 			return kvt_req_fail(c->e, c->param, NULL, "'required' at %s names properties, but there are none", path);
-		kvt_sbuf_puts(x, json_is_false(ap) || props ? "\"{\" ws \"}\"" : "object");
+		if (json_is_false(ap) || props)
+			kvt_sbuf_puts(x, "\"{\" \" \"? \"}\"");
+		else
+			kvt_sbuf_printf(x, "object%d", c->level);
 		return KVT_OK;
 	}
 	if (!json_is_object(props))
@@ -399,12 +446,16 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 	}
 	const char *k;
 	json_t *v;
+	const int outer = c->level, m = level_in(c);
 	json_object_foreach(props, k, v)
 	{
 		char sub[256];
 		snprintf(sub, sizeof(sub), "%s/properties/%s", path, k);
 		keys[i] = k;
-		if (gen(c, v, sub, vn[i]))
+		c->level = m;
+		int rc = gen(c, v, sub, vn[i]);
+		c->level = outer;
+		if (rc)
 			goto out;
 		i++;
 	}
@@ -423,17 +474,23 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 			goto out;
 		}
 	}
-	/* R(i, first) ::= [","] member_i ws R(i + 1, false) | R(i + 1, first) when member i is optional */
+	/*
+	 * R(i, first) ::= [","] gap member_i R(i + 1, false) | R(i + 1, first) when member i is optional;
+	 * R(n, false) is the gap before "}", R(n, true) (no member at all) at most a space
+	 */
 	char base[24];
 	new_name(c, base);
 	for (size_t j = n + 1; j-- > 0;) {
 		for (int first = 0; first < 2; first++) {
 			kvt_sbuf_printf(&c->out, "%s-%zu-%d ::= ", base, j, first);
 			if (j == n) {
-				kvt_sbuf_puts(&c->out, "\"\"\n");
+				if (first)
+					kvt_sbuf_puts(&c->out, "\" \"?\n");
+				else
+					kvt_sbuf_printf(&c->out, "we%d\n", m);
 				continue;
 			}
-			kvt_sbuf_puts(&c->out, first ? "" : "\",\" ws ");
+			kvt_sbuf_printf(&c->out, "%sws%d ", first ? "" : "\",\" ", m);
 			json_t *ks = json_string(keys[j]);
 			char *kd = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL;
 			json_decref(ks);
@@ -443,13 +500,13 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 			}
 			sbuf_lit(&c->out, kd, strlen(kd));
 			free(kd);
-			kvt_sbuf_printf(&c->out, " ws \":\" ws %s ws %s-%zu-0", vn[j], base, j + 1);
+			kvt_sbuf_printf(&c->out, " \":\" \" \"? %s %s-%zu-0", vn[j], base, j + 1);
 			if (!required[j])
 				kvt_sbuf_printf(&c->out, " | %s-%zu-%d", base, j + 1, first);
 			kvt_sbuf_puts(&c->out, "\n");
 		}
 	}
-	kvt_sbuf_printf(x, "\"{\" ws %s-0-1 \"}\"", base);
+	kvt_sbuf_printf(x, "\"{\" %s-0-1 \"}\"", base);
 	ret = KVT_OK;
 out:
 	free(vn);
@@ -464,8 +521,10 @@ static int gen_type(sctx *c, json_t *s, const char *type, kvt_sbuf *x, const cha
 		return gen_object(c, s, x, path);
 	if (!strcmp(type, "array")) {
 		json_t *items = json_object_get(s, "items");
-		char item[24] = "value";
+		const int outer = c->level, m = level_in(c);
+		char item[24];
 		long long mn = 0, mx = -1;
+		snprintf(item, sizeof(item), "value%d", m);
 		if (get_count(c, s, "minItems", path, &mn) || get_count(c, s, "maxItems", path, &mx))
 			return KVT_EINVAL;
 		if (mx >= 0 && mx < mn)
@@ -475,19 +534,25 @@ static int gen_type(sctx *c, json_t *s, const char *type, kvt_sbuf *x, const cha
 			snprintf(sub, sizeof(sub), "%s/items", path);
 			if (json_is_array(items))
 				return kvt_req_fail(c->e, c->param, NULL, "'items' at %s: an array of schemas (tuple) is not supported", path);
-			if (gen(c, items, sub, item))
+			c->level = m;
+			int rc = gen(c, items, sub, item);
+			c->level = outer;
+			if (rc)
 				return KVT_EINVAL;
 		}
+		/* "[" gap item ( "," gap item ){...} gap "]", or (none required) "[" " "? "]" */
 		if (mx == 0)
-			kvt_sbuf_puts(x, "\"[\" ws \"]\"");
+			kvt_sbuf_puts(x, "\"[\" \" \"? \"]\"");
 		else if (mn == 0 && mx < 0)
-			kvt_sbuf_printf(x, "\"[\" ws ( %s ws ( \",\" ws %s ws )* )? \"]\"", item, item);
+			kvt_sbuf_printf(x, "\"[\" ( ws%d %s ( \",\" ws%d %s )* we%d | \" \"? ) \"]\"", m, item, m, item, m);
 		else if (mn == 0)
-			kvt_sbuf_printf(x, "\"[\" ws ( %s ws ( \",\" ws %s ws ){0,%lld} )? \"]\"", item, item, mx - 1);
+			kvt_sbuf_printf(x, "\"[\" ( ws%d %s ( \",\" ws%d %s ){0,%lld} we%d | \" \"? ) \"]\"", m, item, m, item,
+					mx - 1, m);
 		else if (mx < 0)
-			kvt_sbuf_printf(x, "\"[\" ws %s ws ( \",\" ws %s ws ){%lld,} \"]\"", item, item, mn - 1);
+			kvt_sbuf_printf(x, "\"[\" ws%d %s ( \",\" ws%d %s ){%lld,} we%d \"]\"", m, item, m, item, mn - 1, m);
 		else
-			kvt_sbuf_printf(x, "\"[\" ws %s ws ( \",\" ws %s ws ){%lld,%lld} \"]\"", item, item, mn - 1, mx - 1);
+			kvt_sbuf_printf(x, "\"[\" ws%d %s ( \",\" ws%d %s ){%lld,%lld} we%d \"]\"", m, item, m, item, mn - 1,
+					mx - 1, m);
 		return KVT_OK;
 	}
 	if (!strcmp(type, "string")) {
@@ -549,7 +614,7 @@ static json_t *resolve(sctx *c, const char *ref)
 static int gen(sctx *c, json_t *s, const char *path, char name[24])
 {
 	if (json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0)) {
-		snprintf(name, 24, "value");
+		snprintf(name, 24, "value%d", c->level);
 		return KVT_OK;
 	}
 	if (!json_is_object(s))
@@ -584,8 +649,9 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 			goto out;
 		}
 		const char *rs = json_string_value(ref);
+		/* one rule per ($ref, level): the indent bound differs by level (recursion stops at LEVEL_MAX) */
 		for (uint32_t i = 0; i < c->n_refs; i++)
-			if (!strcmp(c->refs[i].ref, rs)) {
+			if (c->refs[i].level == c->level && !strcmp(c->refs[i].ref, rs)) {
 				snprintf(name, 24, "%s", c->refs[i].name);
 				goto out;
 			}
@@ -609,6 +675,7 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 			goto out;
 		}
 		sref *me = &c->refs[c->n_refs++];
+		me->level = c->level;
 		new_name(c, me->name);
 		char tname[24], my[24];
 		snprintf(my, sizeof(my), "%s", me->name);
@@ -672,7 +739,7 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 	} else if (json_object_get(s, "items")) {
 		rc = gen_type(c, s, "array", &x, path);
 	} else {
-		kvt_sbuf_puts(&x, "value");
+		kvt_sbuf_printf(&x, "value%d", c->level);
 	}
 	if (!rc) {
 		new_name(c, name);
@@ -698,7 +765,7 @@ static int schema_text(json_t *schema, const char *param, const char *prefix, ch
 	if (gen(c, schema, "#", top))
 		return KVT_EINVAL;
 	kvt_sbuf_printf(&c->out, "root ::= %s\n", top);
-	kvt_sbuf_puts(&c->out, COMMON_RULES);
+	common_rules(&c->out);
 	if (c->out.failed)
 		return kvt_req_fail(e, param, NULL, "out of memory");
 	*text = c->out.p;
@@ -748,8 +815,8 @@ int kvt_oai_response_format(json_t *rf, kvt_grammar **g, kvt_req_err *e)
 		return KVT_OK;
 	if (!strcmp(t, "json_object")) {
 		kvt_sbuf b = { 0 };
-		kvt_sbuf_puts(&b, "root ::= object\n");
-		kvt_sbuf_puts(&b, COMMON_RULES);
+		kvt_sbuf_puts(&b, "root ::= object0\n");
+		common_rules(&b);
 		int rc = b.failed ? kvt_req_fail(e, "response_format", NULL, "out of memory") : compile(b.p, "response_format", g, e);
 		free(b.p);
 		return rc;
@@ -802,6 +869,7 @@ static int tools_grammar(kvt_oai_tools *t, kvt_req_err *e)
 	sctx c = { 0 };
 	c.root = NULL;
 	c.e = e;
+	c.level = 1; /* the arguments are a member of the call's object */
 	int rc = KVT_EINVAL;
 	kvt_sbuf alts = { 0 };
 	size_t i;
@@ -837,7 +905,7 @@ static int tools_grammar(kvt_oai_tools *t, kvt_req_err *e)
 	kvt_sbuf_printf(&c.out, "call ::= \"<tool_call>\\n{\\\"name\\\": \" ( %s ) \"}\\n</tool_call>\"\n", alts.p ? alts.p : "s-empty");
 	/* a named function is one call (OpenAI: the model calls that function); required calls may repeat */
 	kvt_sbuf_puts(&c.out, t->parallel && t->choice == KVT_TOOLS_REQUIRED ? "root ::= call ( \"\\n\" call )*\n" : "root ::= call\n");
-	kvt_sbuf_puts(&c.out, COMMON_RULES);
+	common_rules(&c.out);
 	if (c.out.failed || alts.failed) {
 		kvt_req_fail(e, "tools", NULL, "out of memory");
 		goto out;

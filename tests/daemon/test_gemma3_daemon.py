@@ -15,6 +15,10 @@ layers, weights kept as stored) instead of the default model:
                  resume`: the next turn is served from the persisted blocks
                  (restored from NVMe) and, with fp16 tiers, says what an
                  uninterrupted daemon says
+  text           the openai SDK: Gemma's image markers (<start_of_image>, <end_of_image>,
+                 [multimodal]) in a message are tokenized as text, not as their tokens;
+                 a reply forced (logit_bias) to write <end_of_turn> under ignore_eos, or
+                 <start_of_turn>, runs to max_tokens with no control token in its content
 
 Usage: test_gemma3_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no Gemma 3 GGUF: scripts/fetch_model.sh fetches it).
@@ -50,7 +54,55 @@ def case_model(build, tmp):
         check(d.stop() == 0, "SIGTERM exits 0")
 
 
-CASES = {"model": case_model, "conversation": test_daemon.case_conversation, "kill9": test_daemon.case_kill9}
+GEMMA_MARKERS = ("<end_of_turn>", "<start_of_turn>", "<eos>", "<bos>", "<start_of_image>", "<end_of_image>")
+
+
+def case_text(build, tmp):
+    """Through the openai SDK: image markers in a message are text; ignore_eos writes no marker into content."""
+    try:
+        import openai
+    except ImportError:
+        check(os.environ.get("KVT_TEST_STRICT") != "1", "the openai package is not installed")
+        print("skip: no openai package")
+        return
+    d = test_daemon.daemon(build, tmp)
+    d.start()
+    try:
+        c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
+        model = c.models.list().data[0].id
+
+        def prompt_tokens(content):
+            r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          temperature=0, max_tokens=1)
+            return r.usage.prompt_tokens
+        # "<start_of_image>" as text is several tokens ("<", "start", "_of", ...); as the marker it was one
+        base = prompt_tokens("look at this")
+        for m in ("<start_of_image>", "<end_of_image>", "[multimodal]"):
+            n = prompt_tokens("look at %s this" % m)
+            check(n >= base + 3, "%s in a message is text: %d prompt tokens, %d without it" % (m, n, base))
+        # the 270M base model never ends a turn by itself: logit_bias makes it write <end_of_turn> (106,
+        # end of generation) under ignore_eos, and <start_of_turn> (105, control); neither is content
+        msgs = [{"role": "user", "content": "Say hello."}]
+        for tid, extra in ((106, {"ignore_eos": True}), (105, {})):
+            for stream in (False, True):
+                kw = dict(model=model, messages=msgs, temperature=0, max_tokens=8, logit_bias={str(tid): 100},
+                          extra_body=extra)
+                if stream:
+                    text = "".join(cc.delta.content or "" for chunk in c.chat.completions.create(stream=True, **kw)
+                                   for cc in chunk.choices)
+                else:
+                    r = c.chat.completions.create(**kw)
+                    text = r.choices[0].message.content or ""
+                    check(r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length",
+                          "token %d forced: %d tokens, finish %s" % (tid, r.usage.completion_tokens,
+                                                                    r.choices[0].finish_reason))
+                check(not any(m in text for m in GEMMA_MARKERS),
+                      "token %d forced (%s): a control token in content: %r" % (tid, extra or "plain", text))
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+
+
+CASES = {"model": case_model, "text": case_text, "conversation": test_daemon.case_conversation, "kill9": test_daemon.case_kill9}
 
 
 def main():

@@ -6,7 +6,11 @@ One kvtierd on the default model (loopback, ephemeral port, small tiers); every 
   schemas     response_format json_schema for a set of schemas (nested objects, arrays with
               minItems/maxItems, enum, const, anyOf, $defs/$ref, a recursive $ref, pattern,
               optional properties, nullable types), greedy and sampled: 100% of the outputs
-              parse and validate (Python `jsonschema`); json_object always gives a JSON object
+              parse and validate (Python `jsonschema`) and keep to the bounded whitespace
+              (ws_faults); json_object always gives a JSON object
+  json_ws     the openai SDK: the schemas' greedy replies and a json_object one, plain and
+              streamed, keep to the bounded whitespace (no "\n,\n", no break around ":", an
+              indent of at most 4 per level)
   refused     a schema keyword outside the subset is a 400 naming it; bad response_format,
               tools, tool_choice, logit_bias, penalties, min_p, top_logprobs: 400 with param
   tools_sdk   the openai SDK: tool_choice required / named, the call parses and its arguments
@@ -25,6 +29,10 @@ One kvtierd on the default model (loopback, ephemeral port, small tiers); every 
               presence penalties reduce repetition, repetition_penalty changes a looping
               output, min_p 1 at temperature 2 is greedy, completions echo
   cache       two identical constrained requests: the second is served from cache
+  ignore_eos  the openai SDK with ignore_eos: json_schema replies (plain and streamed) end
+              with finish_reason "stop" at the grammar's end and validate; a
+              reply without a grammar runs to max_tokens past the end of turn with no control
+              token (<|im_end|>, <|im_start|>) in its content, chat and completions
 
 Usage: test_structured.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip (no model).
 Needs openai, jsonschema and langchain-openai (scripts/test.sh installs them into
@@ -108,6 +116,40 @@ SCHEMAS = [
 ]
 
 
+def ws_faults(text):
+    """The whitespace runs outside strings that the bounded JSON grammar does not allow (docs/http-api.md):
+    after { [ , and before } ] nothing, a space, or a newline and at most 4 indent bytes per level (one less
+    before the closing bracket, 24 at most); after : at most a space; nowhere else."""
+    faults, depth, prev, i = [], 0, None, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            prev, i = '"', i + 1
+            continue
+        if ch in " \t\r\n":
+            j = i
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            gap, nxt = text[i:j], text[j] if j < len(text) else None
+            closing = nxt is not None and nxt in "}]"
+            level = min(depth - 1 if closing else depth, 6)
+            if prev is not None and (prev in "{[," or closing) and nxt is not None:
+                ok = gap == " " or (gap[0] == "\n" and set(gap[1:]) <= set(" \t") and len(gap) - 1 <= 4 * level)
+            else:
+                ok = prev == ":" and gap == " "
+            if not ok:
+                faults.append("%r after %r" % (gap, prev))
+            i = j
+            continue
+        depth += ch in "{["
+        depth -= ch in "}]"
+        prev, i = ch, i + 1
+    return faults
+
+
 def case_schemas(d):
     jsonschema = need("jsonschema")
     if not jsonschema:
@@ -132,6 +174,7 @@ def case_schemas(d):
                 n += 1
             except Exception as e:  # a parse or validation failure is what this test is for
                 check(False, "%s T=%s: %s: %r" % (name, temp, e, text))
+            check(not ws_faults(text), "%s T=%s: unbounded whitespace %s: %r" % (name, temp, ws_faults(text), text))
     print("schemas: %d outputs parsed and validated" % n)
     for temp in (0, 1.0):
         r = chat(d, {"messages": [{"role": "user", "content": "Tell me about cats, as JSON."}], "max_tokens": 60,
@@ -195,6 +238,12 @@ def case_refused(d):
     check(http("GET", d.url + "/health")[0] == 200, "healthy after the refusals")
 
 
+def sdk(openai, d):
+    """An openai client on the daemon, and the model it serves."""
+    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
+    return c, c.models.list().data[0].id
+
+
 def validate_args(jsonschema, call, fn):
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, fn["function"]["parameters"])
@@ -205,8 +254,7 @@ def case_tools_sdk(d):
     openai, jsonschema = need("openai"), need("jsonschema")
     if not openai or not jsonschema:
         return
-    c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
-    model = c.models.list().data[0].id
+    c, model = sdk(openai, d)
     msgs = [{"role": "system", "content": "You are a weather assistant."},
             {"role": "user", "content": "What is the weather like in Paris today, in celsius?"}]
     # named, then required (no parallel calls): one call that validates
@@ -454,8 +502,85 @@ def case_cache(d):
     check(got >= a["usage"]["prompt_tokens"] // BT * BT, "follow-up reuses the constrained turn: %d" % got)
 
 
+def case_json_ws(d):
+    """The openai SDK: structured outputs and json_object keep to the bounded whitespace, streamed too."""
+    openai = need("openai")
+    if not openai:
+        return
+    c, model = sdk(openai, d)
+    bodies = [(name, prompt, {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
+              for name, prompt, schema in SCHEMAS]
+    bodies.append(("object", "Describe a city as JSON.", {"type": "json_object"}))
+    for name, prompt, rf in bodies:
+        kw = dict(model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=160,
+                  response_format=rf)
+        text = c.chat.completions.create(**kw).choices[0].message.content or ""
+        streamed = "".join(cc.delta.content or "" for chunk in c.chat.completions.create(stream=True, **kw)
+                           for cc in chunk.choices)
+        check(text and not ws_faults(text), "json_ws %s: unbounded whitespace %s: %r" % (name, ws_faults(text), text))
+        check(streamed == text, "json_ws %s: streamed %r vs %r" % (name, streamed, text))
+    # the checker itself: what main's grammar let SmolLM2 write is refused, pretty-printed JSON is not
+    check(ws_faults('{\n  "a"\n:\n1\n,\n"b": [\n\n1]}') and ws_faults('{"a" : 1}') and ws_faults('{"a":  1}')
+          and ws_faults('{\n     "a": 1}') and not ws_faults(json.dumps({"a": [1, {"b": "x y"}]}, indent=4))
+          and not ws_faults(json.dumps({"a": [1, {"b": "x  y"}]})) and not ws_faults('{\n\t"a": [\n\t\t1\n\t]\n}'),
+          "ws_faults tells bounded from unbounded whitespace")
+
+
+MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+
+
+def case_ignore_eos(d):
+    """ignore_eos never writes a control token into content; a grammar's end still ends the choice."""
+    openai, jsonschema = need("openai"), need("jsonschema")
+    if not openai or not jsonschema:
+        return
+    c, model = sdk(openai, d)
+    for name, prompt, schema in (SCHEMAS[0], SCHEMAS[4]):
+        rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        kw = dict(model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=200,
+                  response_format=rf, extra_body={"ignore_eos": True})
+        r = c.chat.completions.create(**kw)
+        ch = r.choices[0]
+        text = ch.message.content or ""
+        check(ch.finish_reason == "stop" and r.usage.completion_tokens < 200,
+              "ignore_eos %s: the grammar's end stops the choice: finish %s after %d tokens: %r"
+              % (name, ch.finish_reason, r.usage.completion_tokens, text))
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except Exception as e:  # the reply not validating is the bug this case is for
+            check(False, "ignore_eos %s: %s: %r" % (name, e, text))
+        streamed, finish = "", None
+        for chunk in c.chat.completions.create(stream=True, **kw):
+            for cc in chunk.choices:
+                streamed += cc.delta.content or ""
+                finish = cc.finish_reason or finish
+        check(streamed == text and finish == "stop", "ignore_eos %s streamed: %r (finish %s), plain %r"
+              % (name, streamed, finish, text))
+    # without a grammar: exactly max_tokens tokens, and no marker in the text, streamed or not
+    kw = dict(model=model, messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=48,
+              extra_body={"ignore_eos": True})
+    r = c.chat.completions.create(**kw)
+    text = r.choices[0].message.content or ""
+    check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 48,
+          "ignore_eos chat: finish %s, %d tokens" % (r.choices[0].finish_reason, r.usage.completion_tokens))
+    streamed = "".join(cc.delta.content or "" for chunk in c.chat.completions.create(stream=True, **kw)
+                       for cc in chunk.choices)
+    for what, t in (("chat", text), ("chat streamed", streamed)):
+        check(not any(m in t for m in MARKERS), "ignore_eos %s: a control token in content: %r" % (what, t))
+    check(streamed == text, "ignore_eos chat streamed %r vs %r" % (streamed, text))
+    # the model did run past its end of turn (else the case proves nothing): the text goes on after it
+    plain = c.chat.completions.create(model=model, messages=kw["messages"], temperature=0, max_tokens=48)
+    check(plain.choices[0].finish_reason == "stop" and len(text) > len(plain.choices[0].message.content or ""),
+          "ignore_eos ran past the end of turn: %r vs %r" % (text, plain.choices[0].message.content))
+    r = c.completions.create(model=model, prompt="<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n",
+                             temperature=0, max_tokens=48, extra_body={"ignore_eos": True})
+    t = r.choices[0].text
+    check(not any(m in t for m in MARKERS), "ignore_eos completions: a control token in text: %r" % t)
+
+
 CASES = {"schemas": case_schemas, "refused": case_refused, "tools_sdk": case_tools_sdk, "langchain": case_langchain,
-         "logprobs": case_logprobs, "controls": case_controls, "cache": case_cache}
+         "logprobs": case_logprobs, "controls": case_controls, "cache": case_cache,
+         "ignore_eos": case_ignore_eos, "json_ws": case_json_ws}
 
 
 def main():
