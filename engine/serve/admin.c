@@ -229,6 +229,17 @@ enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched)
 	kvt_sbuf_printf(&b, "kvtier_ttft_seconds_sum %.9g\nkvtier_ttft_seconds_count %llu\n", st.ttft_sum_s,
 		    (unsigned long long)cum);
 	metric_sched(&b, &st);
+	metric_head(&b, "kvtier_http_connections_closed_total", "counter",
+		    "Connections the server closed before a request: header deadline passed; address at "
+		    "max_connections_per_ip (address_limit: the longest-waiting idle one made room; address_busy: the new one, "
+		    "all had a request in flight).");
+	kvt_sbuf_printf(&b,
+		    "kvtier_http_connections_closed_total{reason=\"header_deadline\"} %llu\n"
+		    "kvtier_http_connections_closed_total{reason=\"address_limit\"} %llu\n"
+		    "kvtier_http_connections_closed_total{reason=\"address_busy\"} %llu\n",
+		    (unsigned long long)atomic_load(&r->srv->n_header_cuts),
+		    (unsigned long long)atomic_load(&r->srv->n_addr_evictions),
+		    (unsigned long long)atomic_load(&r->srv->n_addr_refusals));
 	if (b.failed) {
 		free(b.p);
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");

@@ -127,7 +127,7 @@ static const key_def keys[] = {
 	  "HOST:PORT to bind (numeric IPv4, or [IPv6]:PORT); port 0 = ephemeral" },
 	U32("server", "threads", server_threads, 1, 1024, "4", "HTTP worker threads; every connection is served by one of them, none is held while a request waits"),
 	U32("server", "max_connections", max_connections, 1, 1000000, "1024", "open connections, all clients together; beyond: closed at once"),
-	U32("server", "max_connections_per_ip", max_connections_per_ip, 0, 1000000, "64", "open connections from one address (0 = no limit); beyond: closed at once"),
+	U32("server", "max_connections_per_ip", max_connections_per_ip, 0, 1000000, "64", "open connections from one address (0 = no limit); at it, its longest-waiting idle one makes room"),
 	DUR("server", "header_timeout", header_timeout_s, 0, 3600, false, "15", "a connection must send a request's headers within this (from accept, or from its last response; 0 = no limit)"),
 	{ "server", "api_keys", V_APIKEYS, OFF(api_keys), OFF(n_api_keys), 0, 0, false, false, NULL, NULL, "",
 	  "\"tenant:key, tenant2:key2\" or one bare key (tenant default); empty = no auth" },

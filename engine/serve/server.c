@@ -18,7 +18,9 @@
  * also resumes the parked connections whose client hung up (they cancel)
  * and shuts down the sockets of connections that sent no complete request
  * within server.header_timeout. Slow clients are further bounded by a global
- * and a per-address connection limit and the idle timeout (MHD options).
+ * connection limit and the idle timeout (MHD options), and by a per-address
+ * limit kept here (addr_make_room): at it, the address's connection that has
+ * waited longest for a request makes room for the new one.
  *
  * Request life: MHD calls on_request once with no body (a conn_req is made;
  * a Content-Length over max_body_bytes is answered 413 at once), then with
@@ -265,6 +267,54 @@ static void track_phase(kvt_server *srv, struct MHD_Connection *con, bool in_hea
 	pthread_mutex_unlock(&srv->mu);
 }
 
+/* The client's address into t (IPv4-mapped IPv6 as IPv4, so a dual-stack listener counts one client once). */
+static void track_addr(struct MHD_Connection *con, conn_track *t)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+	if (sa && sa->sa_family == AF_INET) {
+		memcpy(t->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa && sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+		if (IN6_IS_ADDR_V4MAPPED(a)) {
+			memcpy(t->addr, a->s6_addr + 12, 4);
+		} else {
+			memcpy(t->addr, a->s6_addr, 16);
+			t->v6 = true;
+		}
+	}
+}
+
+/*
+ * Under srv->mu, for a new connection t (not listed yet): when its address
+ * holds server.max_connections_per_ip connections already, shut down the one
+ * of them that has waited longest for a request (in_headers: idle, or still
+ * sending one) — never one with a request in flight — or, when every one has
+ * a request in flight, t itself. An address cannot lock itself out (every
+ * local client is 127.0.0.1, every proxied one the proxy): idle connections
+ * make room for new ones instead of refusing them. Returns 1 when one was
+ * closed to make room, -1 when t was refused, 0 when there was room.
+ */
+static int addr_make_room(kvt_server *srv, conn_track *t)
+{
+	uint32_t n = 0;
+	conn_track *oldest = NULL;
+	for (conn_track *o = srv->tracks; o; o = o->next) {
+		if (o->cut || o->v6 != t->v6 || memcmp(o->addr, t->addr, sizeof(t->addr)))
+			continue;
+		n++;
+		if (o->in_headers && (!oldest || o->t_phase < oldest->t_phase))
+			oldest = o;
+	}
+	if (n < srv->cfg.max_connections_per_ip)
+		return 0;
+	conn_track *c = oldest ? oldest : t;
+	shutdown(c->fd, SHUT_RDWR); /* MHD sees the end and closes the connection */
+	c->cut = true;
+	atomic_fetch_add(oldest ? &srv->n_addr_evictions : &srv->n_addr_refusals, 1);
+	return oldest ? 1 : -1;
+}
+
 /* MHD_OPTION_NOTIFY_CONNECTION: every connection is tracked from accept to close. */
 static void on_connection(void *cls, struct MHD_Connection *con, void **socket_context,
 			  enum MHD_ConnectionNotificationCode code)
@@ -273,17 +323,37 @@ static void on_connection(void *cls, struct MHD_Connection *con, void **socket_c
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		conn_track *t = calloc(1, sizeof(*t));
 		if (!t)
-			return; /* untracked: no header deadline for this one */
+			return; /* untracked: no header deadline and no address count for this one */
 		t->fd = conn_fd(con);
+		track_addr(con, t);
 		t->in_headers = true;
 		t->t_phase = kvt_now_s();
+		int room = 0;
+		bool log = false;
 		pthread_mutex_lock(&srv->mu);
+		if (srv->cfg.max_connections_per_ip && (room = addr_make_room(srv, t)) != 0 &&
+		    t->t_phase - srv->t_addr_log >= 1.0) {
+			srv->t_addr_log = t->t_phase; /* at most one line a second: an attacker reconnects in a loop */
+			log = true;
+		}
 		t->next = srv->tracks;
 		if (srv->tracks)
 			srv->tracks->prev = t;
 		srv->tracks = t;
 		pthread_mutex_unlock(&srv->mu);
 		*socket_context = t;
+		if (log) {
+			char a[INET6_ADDRSTRLEN];
+			if (!inet_ntop(t->v6 ? AF_INET6 : AF_INET, t->addr, a, sizeof(a)))
+				snprintf(a, sizeof(a), "?");
+			KVT_LOGI("http: %s is at server.max_connections_per_ip (%u): %s (%llu closed to make room, %llu refused "
+				 "so far)",
+				 a, srv->cfg.max_connections_per_ip,
+				 room > 0 ? "closed its connection that waited longest for a request" :
+					    "every one has a request in flight: the new one is closed",
+				 (unsigned long long)atomic_load(&srv->n_addr_evictions),
+				 (unsigned long long)atomic_load(&srv->n_addr_refusals));
+		}
 		return;
 	}
 	conn_track *t = *socket_context;
@@ -947,7 +1017,6 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 	srv->mhd = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
 				    srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
 				    (unsigned)cfg->threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-				    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
 				    MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
 				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
 				    on_connection, srv, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, NULL, MHD_OPTION_END);

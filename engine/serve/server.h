@@ -10,10 +10,12 @@
  * waits on a worker. A request waiting for tokens or for a session resume
  * parks its connection (suspended) and the server's pump thread resumes it
  * when the scheduler has news, so a slow or idle client costs a connection
- * slot, not a thread. Slow clients are bounded by a global and a per-IP
- * connection limit (over them a connection is closed at once), a header
- * deadline and an idle timeout. A client that went away is noticed within
- * 0.1 s and its request cancelled.
+ * slot, not a thread. Slow clients are bounded by a global connection limit
+ * (over it a new connection is closed at once), a per-address one (at it, the
+ * address's connection that has waited longest for a request is closed to
+ * make room; one with a request in flight never is), a header deadline and
+ * an idle timeout. A client that went away is noticed within 0.1 s and its
+ * request cancelled.
  */
 #ifndef KVT_SERVER_H
 #define KVT_SERVER_H
@@ -37,7 +39,7 @@ typedef struct kvt_server_config {
 	bool metrics_admin;            /* /metrics needs an admin key (else it is open to all) */
 	uint32_t threads;              /* worker threads serving every connection (default 4) */
 	uint32_t max_connections;      /* open connections, all clients together (default 1024); beyond: closed */
-	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit) */
+	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit); at it, its longest-waiting one without a request in flight is closed */
 	double header_timeout_s;       /* from accept (or the last response) to the end of the next request (headers and body; default 15; 0: none) */
 	uint32_t max_concurrent;       /* requests being generated or queued at once; beyond: 503 + Retry-After (default 32) */
 	size_t max_header_bytes;       /* request line + headers (default 16 KiB) */

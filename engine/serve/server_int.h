@@ -55,8 +55,11 @@ struct kvt_server {
 	pthread_mutex_t mu;                 /* parked, parks_closed, tracks */
 	struct waiter *parked;              /* suspended connections (doubly linked) */
 	bool parks_closed;                  /* stopping: nothing parks any more */
-	struct conn_track *tracks;          /* every open connection (header deadline) */
+	struct conn_track *tracks;          /* every open connection (header deadline, per-address limit) */
 	atomic_ullong n_header_cuts;        /* connections cut at the header deadline */
+	atomic_ullong n_addr_evictions;     /* waiting connections closed to make room for a newer one from their address */
+	atomic_ullong n_addr_refusals;      /* new connections closed: every one of their address's had a request in flight */
+	double t_addr_log;                  /* when the per-address limit was last logged (monotonic; under mu) */
 	atomic_uint n_resume_threads;       /* session resumes running on their threads */
 };
 
@@ -81,12 +84,14 @@ typedef struct waiter {
 	struct waiter *prev, *next;         /* srv->parked links */
 } waiter;
 
-/* One open connection, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION). */
+/* One open connection, for the header deadline and the per-address limit (MHD_OPTION_NOTIFY_CONNECTION). */
 typedef struct conn_track {
-	int fd;                             /* the socket (shutdown at the deadline) */
+	int fd;                             /* the socket (shutdown at the deadline, or to make room) */
+	uint8_t addr[16];                   /* the client's address: IPv4 in bytes 0-3 (an IPv4-mapped IPv6 one too), else IPv6 */
+	bool v6;                            /* addr is an IPv6 address */
 	double t_phase;                     /* when it began waiting for a request (monotonic) */
 	bool in_headers;                    /* between accept / the last response and the end of the next request's body */
-	bool cut;                           /* shut down at the deadline already */
+	bool cut;                           /* shut down already (deadline or limit): no longer counted */
 	struct conn_track *prev, *next;     /* srv->tracks links */
 } conn_track;
 
