@@ -614,6 +614,11 @@ static void test_json_edges(engine *e)
 	CHECKF(strstr(R.body, "\"mail1\""), "the email's tenant lists its session: %s", R.body);
 	CHECK_EQ_INT(http("GET", "/v1/sessions?user=ann_example.com", NULL), 200);
 	CHECKF(!strstr(R.body, "\"mail1\""), "another tenant does not: %s", R.body);
+	/* nor does the literal name that the email's mapping once was, nor its mapped name sent as a user */
+	CHECK_EQ_INT(http("GET", "/v1/sessions?user=ann_example.com-71d4f55f72fa128d", NULL), 200);
+	CHECKF(!strstr(R.body, "\"mail1\""), "a literal name shares the email's tenant: %s", R.body);
+	CHECK_EQ_INT(http("GET", "/v1/sessions?user=_u.ann_example.com-71d4f55f72fa128dfb468a1a3901507c", NULL), 200);
+	CHECKF(!strstr(R.body, "\"mail1\""), "a mapped name sent as a user shares the email's tenant: %s", R.body);
 	char big[400];
 	memset(big, 'u', 257);
 	big[257] = 0;

@@ -11,7 +11,8 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  with fp16 tiers, says what an uninterrupted daemon says
   sigterm        SIGTERM with several sessions, restart: every session resumes
   tenants        two tenants, same prompt: 0 cached tokens across them (by
-                 "user", and by API key)
+                 "user", and by API key); a user mapped from an email and the
+                 literal names its mapping is or once was are three tenants
   openai         the official openai client: completions, chat, streaming
   errors         malformed JSON, oversize body, unknown session, token ids out
                  of range, max_tokens out of range, wrong method, bad key:
@@ -225,6 +226,17 @@ def case_tenants(build, tmp):
         st, b1 = http("POST", d.url + "/v1/completions", dict(body, user="bob"))
         check(a2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "same tenant reuses: %s" % a2["usage"])
         check(b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "other tenant: 0 cached: %s" % b1["usage"])
+        # a mapped name (from a free-form user) and a literal one never meet: neither the name the
+        # email's mapping once was, nor the mapped name itself sent as a user, shares its cache
+        st, m1 = http("POST", d.url + "/v1/completions", dict(body, user="ann@example.com"))
+        st, m2 = http("POST", d.url + "/v1/completions", dict(body, user="ann@example.com"))
+        check(m2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "the email's tenant reuses: %s" % m2["usage"])
+        mapped = re.findall(r"http POST /v1/completions 200 tenant=(\S+)", open(d.log).read())[-1]
+        check(mapped == "_u.ann_example.com-71d4f55f72fa128dfb468a1a3901507c", "the email's tenant: %s" % mapped)
+        for literal in ("ann_example.com-71d4f55f72fa128d", mapped):
+            st, r = http("POST", d.url + "/v1/completions", dict(body, user=literal))
+            check(st == 200 and r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
+                  "user %s shares the cache of ann@example.com: %s" % (literal, r.get("usage")))
     finally:
         d.stop()
     d = daemon(build, os.path.join(tmp, "keys"), server="api_keys = alice:key-a, bob:key-b\n")
