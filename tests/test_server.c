@@ -56,6 +56,7 @@ typedef struct http_resp {
 	char ctype[128];      /* Content-Type */
 	char retry_after[16]; /* Retry-After */
 	char accel[16];       /* X-Accel-Buffering */
+	char rid[160];        /* X-Request-Id */
 } http_resp;
 
 static http_resp R; /* the last response */
@@ -90,6 +91,7 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *u)
 	header_value(p, sz * nm, "content-type:", r->ctype, sizeof(r->ctype));
 	header_value(p, sz * nm, "retry-after:", r->retry_after, sizeof(r->retry_after));
 	header_value(p, sz * nm, "x-accel-buffering:", r->accel, sizeof(r->accel));
+	header_value(p, sz * nm, "x-request-id:", r->rid, sizeof(r->rid));
 	return sz * nm;
 }
 
@@ -148,9 +150,10 @@ static bool is_error(long status, const char *param, const char *code)
 	bool ok = R.status == status && !strncmp(R.ctype, "application/json", 16);
 	json_t *v = body_json(), *e = json_object_get(v, "error");
 	json_t *msg = json_object_get(e, "message"), *type = json_object_get(e, "type");
-	json_t *p = json_object_get(e, "param"), *cd = json_object_get(e, "code");
+	json_t *p = json_object_get(e, "param"), *cd = json_object_get(e, "code"), *rid = json_object_get(e, "request_id");
 	ok = ok && json_is_object(e) && json_is_string(msg) && json_string_length(msg) > 0 && json_is_string(type) &&
 	     p && cd;
+	ok = ok && R.rid[0] && json_is_string(rid) && !strcmp(json_string_value(rid), R.rid); /* the header's id */
 	if (ok && param)
 		ok = json_is_string(p) && !strcmp(json_string_value(p), param);
 	if (ok && code)
@@ -553,6 +556,22 @@ static void test_wire_details(void)
 	CHECK_EQ_INT(http("GET", longer, NULL), 404);
 	CHECK(is_error(404, "model", "model_not_found"));
 	CHECK_EQ_INT(http("POST", "/v1/models/synth-test", "{}"), 405);
+
+	/* X-Request-Id: the client's when sane, else 32 hex digits; error bodies name it (is_error checks) */
+	CHECK_EQ_INT(http_ex("GET", "/health", NULL, 0, "X-Request-Id: abc-123", NULL), 200);
+	CHECKF(!strcmp(R.rid, "abc-123"), "X-Request-Id '%s'", R.rid);
+	CHECK_EQ_INT(http_ex("POST", "/v1/models/synth-test", "{}", 2, "X-Request-Id: e-1", NULL), 405);
+	CHECK(is_error(405, NULL, "method_not_allowed") && !strcmp(R.rid, "e-1"));
+	char big_rid[200] = "X-Request-Id: ";
+	memset(big_rid + 14, 'r', 129);
+	CHECK_EQ_INT(http_ex("GET", "/v1/models", NULL, 0, big_rid, NULL), 200);
+	CHECKF(strlen(R.rid) == 32 && strspn(R.rid, "0123456789abcdef") == 32, "an id of 129 bytes: '%s'", R.rid);
+	CHECK_EQ_INT(http_ex("POST", "/v1/completions", "{}", 2, "Content-Length: 99999999", "X-Request-Id: big"), 413);
+	CHECK(is_error(413, NULL, "request_too_large") && !strcmp(R.rid, "big"));
+	/* no server.cors_origins: OPTIONS is a 405 with no CORS header */
+	CHECK_EQ_INT(http_ex("OPTIONS", "/v1/chat/completions", NULL, 0, "Origin: http://localhost:3000",
+			     "Access-Control-Request-Method: POST"),
+		     405);
 }
 
 /*

@@ -484,6 +484,7 @@ typedef struct resume_job {
 	kvt_sched *sched;                 /* borrowed */
 	char tenant[KVT_NAME_MAX + 1];    /* the caller's tenant */
 	char id[KVT_NAME_MAX + 1];        /* the session */
+	char rid[SRV_RID_MAX + 1];        /* the request's X-Request-Id (for an error line) */
 	bool stream;                      /* NDJSON progress lines (else one JSON report) */
 	atomic_int refs;                  /* the thread + the HTTP side */
 	pthread_mutex_t mu;               /* guards out, out_off, done, rc, rep */
@@ -545,7 +546,7 @@ static void *resume_main(void *arg)
 				json_object_set_new(v, "event", json_string("done"));
 		} else {
 			v = json_pack("{s:s, s:o}", "event", "error", "error",
-				      kvt_srv_error_object(rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
+				      kvt_srv_error_object(rj->rid, rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
 						   rc == KVT_ENOTFOUND ? "not_found" : NULL,
 						   rc == KVT_ENOTFOUND ? "the session is gone" : kvt_strerror(rc)));
 		}
@@ -682,6 +683,7 @@ enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char 
 	kvt_srv_waiter_init(&rj->w, r->con);
 	snprintf(rj->tenant, sizeof(rj->tenant), "%s", r->tenant);
 	snprintf(rj->id, sizeof(rj->id), "%.*s", KVT_NAME_MAX, id);
+	memcpy(rj->rid, r->rid, sizeof(rj->rid));
 	pthread_mutex_init(&rj->mu, NULL);
 	struct MHD_Response *resp = NULL;
 	if (stream && !(resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resume_reader, rj, resume_free))) {
@@ -712,11 +714,7 @@ enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char 
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-	r->status = 200;
-	r->answered = true;
-	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return kvt_srv_queue(r, 200, resp);
 }
 
 /* GET /v1/stats for a tenant key: its own sessions and usage, nothing of the others'. */
@@ -778,9 +776,5 @@ enum MHD_Result kvt_srv_handle_dashboard(conn_req *r)
 				"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
 				"connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'");
 	MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-	r->status = 200;
-	r->answered = true;
-	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return kvt_srv_queue(r, 200, resp);
 }

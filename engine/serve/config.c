@@ -147,6 +147,7 @@ static const key_def keys[] = {
 	DUR("server", "request_timeout", request_timeout_s, 0, 86400, true, "600", "idle connection timeout"),
 	DUR("server", "drain_timeout", drain_timeout_s, 0, 3600, false, "30", "SIGTERM waits this long for in-flight requests"),
 	STR("server", "secret_file", secret_file, "", "server secret for tenant salts (\"\" = DATA_DIR/secret)"),
+	STR("server", "cors_origins", cors_origins, "", "origins a browser may call the API from, comma-separated (\"\" = none)"),
 
 	STR("model", "path", model_path, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "the GGUF model"),
 	ENUMK("model", "device", device, device, "auto", "auto = CUDA when a GPU is present, else CPU"),
@@ -1232,6 +1233,11 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 	}
 	if (c->metrics_admin && !c->n_admin_keys) {
 		set_err(err, cap, where, "[server] metrics = admin needs at least one key in admin_keys");
+		return KVT_EINVAL;
+	}
+	char why[160];
+	if (kvt_server_cors_parse(c->cors_origins, NULL, why, sizeof(why)) != KVT_OK) {
+		set_err(err, cap, where, "[server] cors_origins: %s", why);
 		return KVT_EINVAL;
 	}
 	if (c->max_connections_per_ip > c->max_connections) {

@@ -50,9 +50,30 @@ typedef struct kvt_server_config {
 	double request_timeout_s;      /* idle connection timeout: no byte either way for this long (default 600; 0: none) */
 	const char *model_id;          /* id reported by /v1/models and in responses */
 	const char *kv_dtype;          /* T1/T2 record format for /v1/stats ("f16", "fp8", "int8"); NULL: "f16" */
+	const char *cors_origins;      /* origins allowed cross-origin requests, comma/space separated (kvt_server_cors_parse); NULL or "": none */
 } kvt_server_config;
 
 void kvt_server_config_default(kvt_server_config *c);
+
+#define KVT_SERVER_CORS_MAX 16         /* origins in server.cors_origins */
+#define KVT_SERVER_ORIGIN_MAX 255      /* bytes of one origin */
+
+/* The origins server.cors_origins allows (kvt_server_cors_parse). */
+typedef struct kvt_cors_origins {
+	char origin[KVT_SERVER_CORS_MAX][KVT_SERVER_ORIGIN_MAX + 1]; /* [n]: scheme://host[:port], as configured */
+	uint32_t n;                    /* origins */
+} kvt_cors_origins;
+
+/*
+ * Parse server.cors_origins: origins separated by commas and/or spaces, each
+ * http:// or https:// + a host ([A-Za-z0-9.-], or an [IPv6] literal) +
+ * optionally :port (1-65535), nothing after (no path, no '/'); at most
+ * KVT_SERVER_CORS_MAX of at most KVT_SERVER_ORIGIN_MAX bytes. '*' and "null"
+ * are refused (every site, every sandboxed page: an origin must be named).
+ * out (NULL: only check) gets them. KVT_OK, or KVT_EINVAL with why (cap
+ * bytes) naming the item and what is wrong with it.
+ */
+int kvt_server_cors_parse(const char *list, kvt_cors_origins *out, char *why, size_t why_cap);
 
 typedef struct kvt_server kvt_server;
 

@@ -24,6 +24,9 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  resume count the blocks as missing
   blocksize      cache.block_tokens 16 -> 32 -> 16: every start works, and the
                  16-token session resumes from NVMe at the end
+  frontdoor      X-Request-Id on every response (the client's when sane), in
+                 the access log and in error bodies; CORS for server.cors_origins
+                 only; every /metrics family is documented in docs/http-api.md
 
 Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no model). Needs the `openai` package for the openai case (scripts/test.sh
@@ -364,6 +367,99 @@ def case_exposure(build, tmp):
         check("NO authentication" in d._log(), "allow_unauthenticated warns at start")
     finally:
         check(d.stop() == 0, "exit 0")
+
+
+def metrics_documented():
+    """{family: type} of the /metrics block of docs/http-api.md (a histogram's _bucket line, a summary's _sum
+    line names its family)."""
+    doc = open(os.path.join(ROOT, "docs", "http-api.md")).read()
+    sec = doc[doc.index("## `GET /metrics`"):]
+    block = sec[sec.index("```") + 3:]
+    block = block[:block.index("```")]
+    out = {}
+    for line in block.splitlines():
+        m = re.match(r"(kvtier_\w+)\S*\s.*?\b(counter|gauge|histogram|summary)\b", line)
+        if m:
+            name, kind = m.group(1), m.group(2)
+            for suffix in {"histogram": ("_bucket",), "summary": ("_sum",)}.get(kind, ()):
+                if name.endswith(suffix):
+                    name = name[:-len(suffix)]
+            out[name] = kind
+    return out
+
+
+def raw_request(d, method, path, body=None, headers=None):
+    """(status, headers, body text) of one request: the response headers, which http() does not return."""
+    import http.client
+    c = http.client.HTTPConnection(d.url.split("//")[1], timeout=300)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    hdr = dict(headers or {})
+    if data is not None:
+        hdr.setdefault("Content-Type", "application/json")
+    c.request(method, path, body=data, headers=hdr)
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    return r.status, r.headers, text
+
+
+def case_frontdoor(build, tmp):
+    """X-Request-Id on every response, in the log and in error bodies; CORS for configured origins only;
+    every family /metrics exposes is documented in docs/http-api.md, with its type."""
+    origin = "http://localhost:3000"
+    d = daemon(build, tmp, server="cors_origins = %s, https://chat.example.com\n" % origin)
+    d.start()
+    try:
+        st, text = http("GET", d.url + "/metrics")
+        check(st == 200, "/metrics: %s" % st)
+        exposed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+        documented = metrics_documented()
+        check(len(exposed) > 30, "/metrics exposes %d families" % len(exposed))
+        for name, kind in sorted(exposed.items()):
+            check(documented.get(name) == kind, "/metrics family %s (%s) is documented as %s in docs/http-api.md"
+                  % (name, kind, documented.get(name)))
+        for name in sorted(set(documented) - set(exposed)):  # only T3's are conditional (no [tier.remote] here)
+            check(name.startswith("kvtier_remote_"), "docs/http-api.md lists %s, which /metrics does not expose" % name)
+
+        hexid = re.compile(r"^[0-9a-f]{32}$")
+        st, h, _ = raw_request(d, "GET", "/health")
+        check(st == 200 and hexid.match(h.get("X-Request-Id", "")), "/health: a generated X-Request-Id: %s" % h)
+        chat_body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+        st, h, _ = raw_request(d, "POST", "/v1/chat/completions", chat_body, {"X-Request-Id": "trace-7f3a;span=9"})
+        check(st == 200 and h.get("X-Request-Id") == "trace-7f3a;span=9", "chat echoes the client's id: %s" % h)
+        check(re.search(r"http POST /v1/chat/completions 200 .* id=trace-7f3a;span=9\b", d._log()),
+              "the access log line names the request id")
+        st, h, text = raw_request(d, "POST", "/v1/chat/completions", dict(chat_body, stream=True),
+                                  {"X-Request-Id": "stream-1"})
+        check(st == 200 and h.get("X-Request-Id") == "stream-1" and "[DONE]" in text, "a stream carries it: %s" % h)
+        st, h, text = raw_request(d, "POST", "/v1/completions", b"{not json", {"X-Request-Id": "bad-1"})
+        err = json.loads(text).get("error", {})
+        check(st == 400 and h.get("X-Request-Id") == "bad-1" and err.get("request_id") == "bad-1",
+              "an error names the id in its header and body: %s %s" % (h, text))
+        for insane in ("x" * 129, "two words", 'q"uote'):
+            st, h, text = raw_request(d, "GET", "/v1/nothing", None, {"X-Request-Id": insane})
+            rid = h.get("X-Request-Id", "")
+            check(st == 404 and hexid.match(rid) and json.loads(text)["error"].get("request_id") == rid,
+                  "an id of %r is replaced by a generated one: %s %s" % (insane[:20], h, text))
+
+        pre = {"Origin": origin, "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}
+        st, h, _ = raw_request(d, "OPTIONS", "/v1/chat/completions", None, pre)
+        check(st == 204 and h.get("Access-Control-Allow-Origin") == origin and
+              h.get("Access-Control-Allow-Methods") == "POST" and
+              h.get("Access-Control-Allow-Headers") == pre["Access-Control-Request-Headers"] and h.get("X-Request-Id"),
+              "preflight from an allowed origin: %s %s" % (st, h))
+        st, h, _ = raw_request(d, "OPTIONS", "/v1/chat/completions", None, dict(pre, Origin="http://evil.example"))
+        check(st == 405 and "Access-Control-Allow-Origin" not in h, "preflight from another origin: %s %s" % (st, h))
+        st, h, _ = raw_request(d, "GET", "/v1/models", None, {"Origin": "https://chat.example.com"})
+        check(st == 200 and h.get("Access-Control-Allow-Origin") == "https://chat.example.com" and
+              "X-Request-Id" in h.get("Access-Control-Expose-Headers", "") and "Origin" in h.get("Vary", ""),
+              "a request from an allowed origin: %s" % h)
+        st, h, _ = raw_request(d, "GET", "/v1/models", None, {"Origin": "http://localhost:3001"})
+        check(st == 200 and "Access-Control-Allow-Origin" not in h and "Origin" in h.get("Vary", ""),
+              "a request from another origin: %s" % h)
+    finally:
+        d.stop()
 
 
 def small_daemon(build, data_dir, nvme_path="", block_tokens=16):
@@ -990,7 +1086,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
-         "keyfiles": case_keyfiles, "youngwal": case_youngwal}
+         "keyfiles": case_keyfiles, "youngwal": case_youngwal, "frontdoor": case_frontdoor}
 
 
 def main():
