@@ -750,8 +750,10 @@ static void test_slow_clients(engine *e)
  * loopback listen every client is 127.0.0.1, behind a proxy every client is
  * the proxy). Default limits (64 per address, 15 s header deadline): two
  * streamed chats in flight from 127.0.0.1 whose client does not read yet
- * (a 4 KiB receive buffer, 500 tokens of top-20 logprobs: the streams stay
- * unfinished), then 200 idle connections from 127.0.0.1: a chat request from
+ * (a 4 KiB receive buffer; 16 choices of 480 tokens with top-20 logprobs,
+ * about 9 MB a stream, more than the socket buffers hold at the default
+ * net.ipv4.tcp_wmem maximum of 4 MiB: the streams stay unfinished, each
+ * holding its in-flight count), then 200 idle connections from 127.0.0.1: a chat request from
  * 127.0.0.1 is served within 2 s, the idle connections that were closed are
  * the oldest, the two in flight are never closed and stream to their end,
  * /metrics counts the connections closed. Then a limit of 2 with both held by
@@ -775,7 +777,7 @@ static void test_addr_limit(engine *e)
 			raw_post_from(1, 4096, "/v1/chat/completions", slow) };
 	CHECK(busy[0] >= 0 && busy[1] >= 0);
 	CHECK(wait_in_flight(srv, 2, 10));
-	CHECK(wait_sched_idle(e, 60)); /* generated; the streams wait for their client (11 MB: more than the socket buffers) */
+	CHECK(wait_sched_idle(e, 60)); /* generated; the streams wait for their client */
 	enum { N_IDLE = 200 };
 	int idle[N_IDLE], n_open = 0;
 	for (int i = 0; i < N_IDLE; i++)
@@ -790,7 +792,7 @@ static void test_addr_limit(engine *e)
 	CHECKF(st == 200 && dt < 2.0, "chat from an address at its connection limit: %ld after %.3f s", st, dt);
 	uint32_t in_flight = kvt_server_in_flight(srv);
 	CHECKF(in_flight == 2, "%u requests in flight after the idle storm (the two slow streams must still be: "
-	       "are the socket buffers over 11 MB? see net.ipv4.tcp_wmem)", in_flight);
+	       "do the socket buffers hold 9 MB? see net.ipv4.tcp_wmem)", in_flight);
 	/*
 	 * 203 connections came from the address (2 streams, 200 idle, the chat):
 	 * 139 idle ones made room, the oldest first. (Oldest as the server saw
