@@ -780,8 +780,10 @@ static void test_addr_limit(engine *e)
 	CHECK(wait_sched_idle(e, 60)); /* generated; the streams wait for their client */
 	enum { N_IDLE = 200 };
 	int idle[N_IDLE], n_open = 0;
-	for (int i = 0; i < N_IDLE; i++)
+	for (int i = 0; i < N_IDLE; i++) {
 		n_open += (idle[i] = raw_connect_from(1)) >= 0;
+		sleep_s(0.0005); /* a worker accepts each before the next: the server's order is the client's (mostly) */
+	}
 	CHECK_EQ_INT(n_open, N_IDLE);
 	sleep_s(0.3);
 	double t0 = kvt_now_s();
@@ -795,9 +797,11 @@ static void test_addr_limit(engine *e)
 	       "do the socket buffers hold 9 MB? see net.ipv4.tcp_wmem)", in_flight);
 	/*
 	 * 203 connections came from the address (2 streams, 200 idle, the chat):
-	 * 139 idle ones made room, the oldest first. (Oldest as the server saw
-	 * them: two workers accept, so the order may differ from connect order by
-	 * a few; the first 64 are older than any survivor by far.)
+	 * 139 idle ones made room, the oldest first. Oldest as the server saw
+	 * them: two workers accept, and one held up on a loaded machine may see
+	 * a connection after later ones (a run saw one of the first 64 outlive
+	 * them), so 60 of the first 64 must be gone; a random choice would leave
+	 * about 19 of them open, the newest-first all 64.
 	 */
 	int n_closed = 0, n_first_closed = 0;
 	for (int i = 0; i < N_IDLE; i++)
@@ -807,9 +811,9 @@ static void test_addr_limit(engine *e)
 			close(idle[i]);
 			idle[i] = -1;
 		}
-	printf("  %d of %d idle connections closed to make room\n", n_closed, N_IDLE);
-	CHECKF(n_closed == N_IDLE + 3 - 64 && n_first_closed == 64,
-	       "%d idle connections closed (want %d), %d of the 64 oldest (want all)", n_closed, N_IDLE + 3 - 64,
+	printf("  %d of %d idle connections closed to make room, %d of the 64 oldest\n", n_closed, N_IDLE, n_first_closed);
+	CHECKF(n_closed == N_IDLE + 3 - 64 && n_first_closed >= 60,
+	       "%d idle connections closed (want %d), %d of the 64 oldest (want >= 60)", n_closed, N_IDLE + 3 - 64,
 	       n_first_closed);
 	for (int k = 0; k < 2; k++)
 		CHECKF(read_until(busy[k], "data: [DONE]", 60), "stream %d in flight was cut for a new connection", k);
