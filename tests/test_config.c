@@ -528,6 +528,7 @@ static void test_validate(void)
 		{ "http://", "no host" },
 		{ "http://a_b.example", "a character outside a host name" },
 		{ "http://[::1", "a bad [IPv6] host" },
+		{ "http://[]:80", "a bad [IPv6] host" },
 	};
 	for (size_t i = 0; i < sizeof(bad_cors) / sizeof(bad_cors[0]); i++) {
 		kvt_config_default(&c);

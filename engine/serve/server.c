@@ -1046,9 +1046,10 @@ static const char *origin_problem(const char *o, size_t n)
 		return "not http:// or https://";
 	size_t host = i;
 	if (i < n && o[i] == '[') { /* an IPv6 literal */
-		while (i < n && (isxdigit((unsigned char)o[i]) || o[i] == ':' || o[i] == '[' || o[i] == '.'))
+		size_t a = ++i;
+		while (i < n && (isxdigit((unsigned char)o[i]) || o[i] == ':' || o[i] == '.'))
 			i++;
-		if (i == n || o[i] != ']')
+		if (i == a || i == n || o[i] != ']')
 			return "a bad [IPv6] host";
 		i++;
 	} else {
