@@ -26,7 +26,9 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  16-token session resumes from NVMe at the end
   frontdoor      X-Request-Id on every response (the client's when sane), in
                  the access log and in error bodies; CORS for server.cors_origins
-                 only; every /metrics family is documented in docs/http-api.md
+                 only; every /metrics family is documented in docs/http-api.md;
+                 200 idle connections from 127.0.0.1 do not keep a chat from it
+                 waiting (the default 64 per address)
 
 Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no model). Needs the `openai` package for the openai case (scripts/test.sh
@@ -458,6 +460,25 @@ def case_frontdoor(build, tmp):
         st, h, _ = raw_request(d, "GET", "/v1/models", None, {"Origin": "http://localhost:3001"})
         check(st == 200 and "Access-Control-Allow-Origin" not in h and "Origin" in h.get("Vary", ""),
               "a request from another origin: %s" % h)
+
+        # 200 idle connections from 127.0.0.1 (the default limit is 64 per address): a chat from
+        # 127.0.0.1 is still served within 2 s, the idle ones making room
+        import socket
+        host, port = d.url.split("//")[1].split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        try:
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            try:
+                st, h, _ = raw_request(d, "POST", "/v1/chat/completions", dict(chat_body, max_tokens=1))
+            except OSError as e:
+                st, h = "%s: %s" % (type(e).__name__, e), {}
+            dt = time.monotonic() - t0
+            print("frontdoor: chat with 200 idle connections from 127.0.0.1: %s in %.3f s" % (st, dt))
+            check(st == 200 and dt < 2.0, "a chat from an address with 200 idle connections: %s after %.3f s" % (st, dt))
+        finally:
+            for c in idle:
+                c.close()
     finally:
         d.stop()
 
