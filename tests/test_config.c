@@ -516,6 +516,41 @@ static void test_validate(void)
 		CHECK(sc.n_tenant_priority == 2 && sc.default_priority == 5 && sc.tenant_priority[0].priority == -10 &&
 		      !strcmp(sc.tenant_priority[1].tenant, "batch") && sc.tenant_priority[1].priority == 20);
 	}
+	/* [server] cors_origins: each origin checked, the bad one named */
+	static const struct { const char *text, *needle; } bad_cors[] = {
+		{ "*", "origin \"*\": name each origin" },
+		{ "http://a.example, null", "origin \"null\": name each origin" },
+		{ "localhost:3000", "origin \"localhost:3000\": not http:// or https://" },
+		{ "http://localhost:3000/", "has a path or a trailing '/'" },
+		{ "https://chat.example.com/app", "has a path" },
+		{ "http://localhost:0", "a bad port (1-65535)" },
+		{ "http://localhost:99999", "a bad port" },
+		{ "http://", "no host" },
+		{ "http://a_b.example", "a character outside a host name" },
+		{ "http://[::1", "a bad [IPv6] host" },
+		{ "http://[]:80", "a bad [IPv6] host" },
+	};
+	for (size_t i = 0; i < sizeof(bad_cors) / sizeof(bad_cors[0]); i++) {
+		kvt_config_default(&c);
+		snprintf(c.cors_origins, sizeof(c.cors_origins), "%s", bad_cors[i].text);
+		CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
+		CHECKF(strstr(err, "[server] cors_origins: ") && strstr(err, bad_cors[i].needle), "%s: %s", bad_cors[i].text,
+		       err);
+	}
+	{
+		kvt_cors_origins co;
+		char why[160];
+		CHECK(kvt_server_cors_parse(" http://localhost:3000,https://chat.example.com  http://[::1]:8080,", &co, why,
+					    sizeof(why)) == KVT_OK);
+		CHECK(co.n == 3 && !strcmp(co.origin[0], "http://localhost:3000") &&
+		      !strcmp(co.origin[1], "https://chat.example.com") && !strcmp(co.origin[2], "http://[::1]:8080"));
+		CHECK(kvt_server_cors_parse("", &co, why, sizeof(why)) == KVT_OK && co.n == 0);
+		char many[1024] = "";
+		for (int k = 0; k < 17; k++)
+			snprintf(many + strlen(many), sizeof(many) - strlen(many), "http://h%d.example,", k);
+		CHECK(kvt_server_cors_parse(many, &co, why, sizeof(why)) == KVT_EINVAL);
+		CHECKF(strstr(why, "origin \"http://h16.example\": one too many (at most 16 origins)"), "%s", why);
+	}
 	kvt_config_default(&c);
 	c.default_max_tokens = 5000;
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);

@@ -655,10 +655,30 @@ static void test_tenant_and_resume(void)
 	CHECK(kvt_req_tenant("", 0, t, &e) == KVT_OK && !strcmp(t, "default"));
 	CHECK(kvt_req_tenant("alice", 5, t, &e) == KVT_OK && !strcmp(t, "alice"));
 	CHECK(kvt_req_tenant("ann@example.com", 15, t, &e) == KVT_OK);
-	CHECK(!strncmp(t, "ann_example.com-", 16) && strlen(t) == 16 + 16 && kvt_name_valid(t));
+	CHECKF(!strcmp(t, "_u.ann_example.com-71d4f55f72fa128dfb468a1a3901507c"), "%s", t); /* sha256: 71d4f55f... */
 	char t2[KVT_NAME_MAX + 1];
 	CHECK(kvt_req_tenant("ann#example.com", 15, t2, &e) == KVT_OK && strcmp(t, t2) != 0); /* same mapped bytes, other hash */
-	CHECK(kvt_req_tenant(".x", 2, t, &e) == KVT_OK && t[0] == '_');
+	CHECK(kvt_req_tenant(".x", 2, t, &e) == KVT_OK && !strncmp(t, "_u..x-", 6) && kvt_name_valid(t));
+	/*
+	 * A mapped name and a literal one never meet: a mapped name sent as `user`
+	 * is mapped again (it has the prefix), so it is another tenant; the name
+	 * the old mapping gave ann@example.com is a literal now, another tenant too.
+	 */
+	static const char *const users[] = { "ann@example.com", "bob smith", ".hidden", "_u.x", "a\x01b" };
+	for (size_t i = 0; i < sizeof(users) / sizeof(users[0]); i++) {
+		char m[KVT_NAME_MAX + 1], again[KVT_NAME_MAX + 1];
+		CHECK(kvt_req_tenant(users[i], strlen(users[i]), m, &e) == KVT_OK && kvt_name_valid(m));
+		CHECK(kvt_req_tenant(m, strlen(m), again, &e) == KVT_OK);
+		CHECKF(strcmp(m, again) != 0 && strcmp(m, users[i]) != 0, "user '%s' -> tenant '%s'; '%s' as user -> '%s'",
+		       users[i], m, m, again);
+	}
+	CHECK(kvt_req_tenant("ann_example.com-71d4f55f72fa128d", 32, t2, &e) == KVT_OK &&
+	      !strcmp(t2, "ann_example.com-71d4f55f72fa128d"));
+	CHECK(kvt_req_tenant("ann@example.com", 15, t, &e) == KVT_OK && strcmp(t, t2) != 0);
+	char longest[KVT_REQ_USER_MAX + 1];
+	memset(longest, '@', KVT_REQ_USER_MAX);
+	longest[KVT_REQ_USER_MAX] = 0;
+	CHECK(kvt_req_tenant(longest, KVT_REQ_USER_MAX, t, &e) == KVT_OK && kvt_name_valid(t) && strlen(t) == 3 + 64 + 1 + 32);
 	char big[300];
 	memset(big, 'a', sizeof(big));
 	big[257] = 0;
@@ -680,7 +700,7 @@ static void test_tenant_and_resume(void)
 	free(b);
 	REFUSE(CMPL, "{'prompt': 'hi', 'user': 5}", "user", NULL, "'user' must be a string");
 	if (ACCEPT(CMPL, "{'prompt': 'hi', 'user': 'bob smith'}", &q))
-		CHECK(!strncmp(q.sched.tenant, "bob_smith-", 10) && kvt_name_valid(q.sched.tenant));
+		CHECK(!strncmp(q.sched.tenant, "_u.bob_smith-", 13) && kvt_name_valid(q.sched.tenant));
 	kvt_gen_request_deinit(&q);
 	/* the tenant is set before a later field is refused (the request log names it) */
 	json_t *body = json_loads("{\"prompt\": \"hi\", \"user\": \"carol\", \"stop\": 5}", 0, NULL);

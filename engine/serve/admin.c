@@ -229,6 +229,17 @@ enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched)
 	kvt_sbuf_printf(&b, "kvtier_ttft_seconds_sum %.9g\nkvtier_ttft_seconds_count %llu\n", st.ttft_sum_s,
 		    (unsigned long long)cum);
 	metric_sched(&b, &st);
+	metric_head(&b, "kvtier_http_connections_closed_total", "counter",
+		    "Connections the server closed before a request: header deadline passed; address at "
+		    "max_connections_per_ip (address_limit: the longest-waiting idle one made room; address_busy: the new one, "
+		    "all had a request in flight).");
+	kvt_sbuf_printf(&b,
+		    "kvtier_http_connections_closed_total{reason=\"header_deadline\"} %llu\n"
+		    "kvtier_http_connections_closed_total{reason=\"address_limit\"} %llu\n"
+		    "kvtier_http_connections_closed_total{reason=\"address_busy\"} %llu\n",
+		    (unsigned long long)atomic_load(&r->srv->n_header_cuts),
+		    (unsigned long long)atomic_load(&r->srv->n_addr_evictions),
+		    (unsigned long long)atomic_load(&r->srv->n_addr_refusals));
 	if (b.failed) {
 		free(b.p);
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
@@ -475,6 +486,7 @@ typedef struct resume_job {
 	kvt_sched *sched;                 /* borrowed */
 	char tenant[KVT_NAME_MAX + 1];    /* the caller's tenant */
 	char id[KVT_NAME_MAX + 1];        /* the session */
+	char rid[SRV_RID_MAX + 1];        /* the request's X-Request-Id (for an error line) */
 	bool stream;                      /* NDJSON progress lines (else one JSON report) */
 	atomic_int refs;                  /* the thread + the HTTP side */
 	pthread_mutex_t mu;               /* guards out, out_off, done, rc, rep */
@@ -536,7 +548,7 @@ static void *resume_main(void *arg)
 				json_object_set_new(v, "event", json_string("done"));
 		} else {
 			v = json_pack("{s:s, s:o}", "event", "error", "error",
-				      kvt_srv_error_object(rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
+				      kvt_srv_error_object(rj->rid, rc == KVT_ENOTFOUND ? "invalid_request_error" : "server_error", NULL,
 						   rc == KVT_ENOTFOUND ? "not_found" : NULL,
 						   rc == KVT_ENOTFOUND ? "the session is gone" : kvt_strerror(rc)));
 		}
@@ -673,6 +685,7 @@ enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char 
 	kvt_srv_waiter_init(&rj->w, r->con);
 	snprintf(rj->tenant, sizeof(rj->tenant), "%s", r->tenant);
 	snprintf(rj->id, sizeof(rj->id), "%.*s", KVT_NAME_MAX, id);
+	memcpy(rj->rid, r->rid, sizeof(rj->rid));
 	pthread_mutex_init(&rj->mu, NULL);
 	struct MHD_Response *resp = NULL;
 	if (stream && !(resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, resume_reader, rj, resume_free))) {
@@ -703,11 +716,7 @@ enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char 
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-	r->status = 200;
-	r->answered = true;
-	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return kvt_srv_queue(r, 200, resp);
 }
 
 /* GET /v1/stats for a tenant key: its own sessions and usage, nothing of the others'. */
@@ -769,9 +778,5 @@ enum MHD_Result kvt_srv_handle_dashboard(conn_req *r)
 				"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
 				"connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'");
 	MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-	r->status = 200;
-	r->answered = true;
-	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return kvt_srv_queue(r, 200, resp);
 }

@@ -127,7 +127,7 @@ static const key_def keys[] = {
 	  "HOST:PORT to bind (numeric IPv4, or [IPv6]:PORT); port 0 = ephemeral" },
 	U32("server", "threads", server_threads, 1, 1024, "4", "HTTP worker threads; every connection is served by one of them, none is held while a request waits"),
 	U32("server", "max_connections", max_connections, 1, 1000000, "1024", "open connections, all clients together; beyond: closed at once"),
-	U32("server", "max_connections_per_ip", max_connections_per_ip, 0, 1000000, "64", "open connections from one address (0 = no limit); beyond: closed at once"),
+	U32("server", "max_connections_per_ip", max_connections_per_ip, 0, 1000000, "64", "open connections from one address (0 = no limit); at it, its longest-waiting idle one makes room"),
 	DUR("server", "header_timeout", header_timeout_s, 0, 3600, false, "15", "a connection must send a request's headers within this (from accept, or from its last response; 0 = no limit)"),
 	{ "server", "api_keys", V_APIKEYS, OFF(api_keys), OFF(n_api_keys), 0, 0, false, false, NULL, NULL, "",
 	  "\"tenant:key, tenant2:key2\" or one bare key (tenant default); empty = no auth" },
@@ -147,6 +147,7 @@ static const key_def keys[] = {
 	DUR("server", "request_timeout", request_timeout_s, 0, 86400, true, "600", "idle connection timeout"),
 	DUR("server", "drain_timeout", drain_timeout_s, 0, 3600, false, "30", "SIGTERM waits this long for in-flight requests"),
 	STR("server", "secret_file", secret_file, "", "server secret for tenant salts (\"\" = DATA_DIR/secret)"),
+	STR("server", "cors_origins", cors_origins, "", "origins a browser may call the API from, comma-separated (\"\" = none)"),
 
 	STR("model", "path", model_path, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "the GGUF model"),
 	ENUMK("model", "device", device, device, "auto", "auto = CUDA when a GPU is present, else CPU"),
@@ -1232,6 +1233,11 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 	}
 	if (c->metrics_admin && !c->n_admin_keys) {
 		set_err(err, cap, where, "[server] metrics = admin needs at least one key in admin_keys");
+		return KVT_EINVAL;
+	}
+	char why[160];
+	if (kvt_server_cors_parse(c->cors_origins, NULL, why, sizeof(why)) != KVT_OK) {
+		set_err(err, cap, where, "[server] cors_origins: %s", why);
 		return KVT_EINVAL;
 	}
 	if (c->max_connections_per_ip > c->max_connections) {

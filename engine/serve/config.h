@@ -73,6 +73,7 @@ typedef struct kvt_config {
 	double request_timeout_s;      /* request_timeout (default 600) */
 	double drain_timeout_s;        /* drain_timeout: SIGTERM waits this long for in-flight requests (default 30) */
 	char secret_file[KVT_CONFIG_PATH_MAX]; /* secret_file: server secret for tenant salts ("" = DATA_DIR/secret, created 0600 with 32 random bytes) */
+	char cors_origins[KVT_SERVER_CORS_MAX * (KVT_SERVER_ORIGIN_MAX + 2)]; /* cors_origins: origins allowed cross-origin requests, comma-separated (kvt_server_cors_parse; "" = none) */
 
 	/* [model] */
 	char model_path[KVT_CONFIG_PATH_MAX]; /* path (default models/SmolLM2-135M-Instruct-Q4_1.gguf... see conf) */

@@ -843,6 +843,7 @@ int main(int argc, char **argv)
 	scfg.max_connections = d.cfg.max_connections;
 	scfg.max_connections_per_ip = d.cfg.max_connections_per_ip;
 	scfg.header_timeout_s = d.cfg.header_timeout_s;
+	scfg.cors_origins = d.cfg.cors_origins;
 	scfg.max_concurrent = d.cfg.max_concurrent;
 	scfg.max_header_bytes = d.cfg.max_header_bytes;
 	scfg.max_body_bytes = d.cfg.max_body_bytes;

@@ -474,7 +474,7 @@ static void sse_emit(gen_job *j)
 				unsigned status;
 				const char *type, *code, *msg;
 				choice_failure(&j->ch[i], &status, &type, &code, &msg);
-				sse_put(j, kvt_srv_error_object(type, NULL, code, msg));
+				sse_put(j, kvt_srv_error_object(j->rid, type, NULL, code, msg));
 				break;
 			}
 		if (j->q.include_usage)
@@ -511,7 +511,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		bool progress;
 		int rc = job_poll(j, 0, &progress);
 		if (rc != KVT_OK) {
-			sse_put(j, kvt_srv_error_object("server_error", NULL, NULL, "the engine failed while generating"));
+			sse_put(j, kvt_srv_error_object(j->rid, "server_error", NULL, NULL, "the engine failed while generating"));
 			kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
 			j->done = true;
 			continue;
@@ -566,7 +566,8 @@ enum MHD_Result kvt_srv_gen_continue(conn_req *r)
 				unsigned status;
 				const char *type, *code, *msg;
 				choice_failure(&j->ch[i], &status, &type, &code, &msg);
-				ret = kvt_srv_reply_json(r, status, kvt_srv_error_object(type, NULL, code, msg), status == 503);
+				ret = kvt_srv_reply_json(r, status, kvt_srv_error_object(r->rid, type, NULL, code, msg),
+							 status == 503);
 			}
 		if (!r->answered)
 			ret = kvt_srv_reply_json(r, 200, job_result(j), false);
@@ -587,9 +588,5 @@ enum MHD_Result kvt_srv_gen_stream(conn_req *r, gen_job *j)
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	MHD_add_response_header(resp, "X-Accel-Buffering", "no"); /* a proxy (nginx) must not hold events back */
-	r->status = 200;
-	r->answered = true;
-	enum MHD_Result ret = MHD_queue_response(r->con, 200, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return kvt_srv_queue(r, 200, resp);
 }

@@ -158,21 +158,24 @@ int kvt_req_tenant(const char *user, size_t n_user, char tenant[KVT_NAME_MAX + 1
 		return KVT_OK;
 	if (n_user > KVT_REQ_USER_MAX)
 		return kvt_req_fail(e, "user", NULL, "'user' must be at most %d bytes (got %zu)", KVT_REQ_USER_MAX, n_user);
-	if (n_user == strlen(user) && kvt_name_valid(user)) {
+	const size_t n_pre = sizeof(KVT_REQ_TENANT_MAPPED) - 1;
+	/* NOTE: a literal name never starts with the mapped prefix: a `user` that does is mapped, so the spaces stay apart */
+	if (n_user == strlen(user) && kvt_name_valid(user) && strncmp(user, KVT_REQ_TENANT_MAPPED, n_pre) != 0) {
 		snprintf(tenant, KVT_NAME_MAX + 1, "%s", user);
 		return KVT_OK;
 	}
 	unsigned char md[EVP_MAX_MD_SIZE];
 	unsigned n_md = 0;
-	if (!EVP_Digest(user, n_user, md, &n_md, EVP_sha256(), NULL) || n_md < 8)
+	if (!EVP_Digest(user, n_user, md, &n_md, EVP_sha256(), NULL) || n_md < KVT_REQ_TENANT_HASH_BYTES)
 		return kvt_req_fail(e, "user", NULL, "'user' could not be hashed");
-	size_t n = 0, keep = n_user < 64 ? n_user : 64;
-	for (; n < keep; n++) {
-		unsigned char c = (unsigned char)user[n];
-		tenant[n] = isalnum(c) || c == '-' || c == '_' || (c == '.' && n > 0) ? (char)c : '_';
+	memcpy(tenant, KVT_REQ_TENANT_MAPPED, n_pre);
+	size_t n = n_pre, keep = n_user < 64 ? n_user : 64;
+	for (size_t i = 0; i < keep; i++, n++) {
+		unsigned char c = (unsigned char)user[i];
+		tenant[n] = isalnum(c) || c == '-' || c == '_' || c == '.' ? (char)c : '_';
 	}
 	tenant[n++] = '-';
-	for (int i = 0; i < 8; i++, n += 2)
+	for (int i = 0; i < KVT_REQ_TENANT_HASH_BYTES; i++, n += 2)
 		snprintf(tenant + n, 3, "%02x", md[i]);
 	KVT_DEBUG_ASSERT(kvt_name_valid(tenant));
 	return KVT_OK;

@@ -34,6 +34,8 @@
 
 #define KVT_REQ_MAX_STOPS 4 /* stop strings per request */
 #define KVT_REQ_USER_MAX 256 /* bytes of a request's `user` (OpenAI's limit) */
+#define KVT_REQ_TENANT_MAPPED "_u." /* the prefix of a tenant mapped from `user`; no literal tenant has it */
+#define KVT_REQ_TENANT_HASH_BYTES 16 /* SHA-256 bytes in a mapped tenant (hex: 32 digits) */
 
 /* What a request is checked against (the model's and the configuration's limits). */
 typedef struct kvt_req_limits {
@@ -111,11 +113,15 @@ void kvt_gen_request_deinit(kvt_gen_request *q);
 
 /*
  * The tenant that `user` (n_user bytes, may hold NUL bytes) names when no
- * API keys are configured: a valid name (kvt_name_valid) as it is; any other
- * its [A-Za-z0-9._-] bytes (others as '_', at most 64, a leading '.' as '_')
- * + '-' + 16 hex digits of its SHA-256, so two users never share a tenant by
- * the mapping. An empty or NULL user leaves tenant as it is. KVT_OK;
- * KVT_EINVAL with e (param "user") over KVT_REQ_USER_MAX bytes.
+ * API keys are configured. Two spaces that never meet: a literal name is a
+ * valid name (kvt_name_valid) that does not start with KVT_REQ_TENANT_MAPPED,
+ * taken as it is; every other `user` (an email, text with spaces, or one that
+ * starts with the prefix) is mapped to KVT_REQ_TENANT_MAPPED + its first 64
+ * bytes with those outside [A-Za-z0-9._-] as '_' + '-' + 32 hex digits (128
+ * bits) of its SHA-256. So a literal never equals a mapped name, and two
+ * users share a mapped one only through a SHA-256 collision. An empty or NULL
+ * user leaves tenant as it is. KVT_OK; KVT_EINVAL with e (param "user") over
+ * KVT_REQ_USER_MAX bytes.
  */
 int kvt_req_tenant(const char *user, size_t n_user, char tenant[KVT_NAME_MAX + 1], kvt_req_err *e);
 

@@ -18,17 +18,20 @@
  * also resumes the parked connections whose client hung up (they cancel)
  * and shuts down the sockets of connections that sent no complete request
  * within server.header_timeout. Slow clients are further bounded by a global
- * and a per-address connection limit and the idle timeout (MHD options).
+ * connection limit and the idle timeout (MHD options), and by a per-address
+ * limit kept here (addr_make_room): at it, the address's connection that has
+ * waited longest for a request makes room for the new one.
  *
  * Request life: MHD calls on_request once with no body (a conn_req is made;
  * a Content-Length over max_body_bytes is answered 413 at once), then with
  * each body piece (accumulated up to max_body_bytes, the rest discarded and
  * answered 413), then once more to answer — and again each time a parked
  * connection is resumed (r->job, r->rj). on_completed logs one INFO line
- * (method, path, status, tenant, tokens, ms) and frees the conn_req. Checks
- * run in this order: body size (413), route (404), method (405), API key
- * (401), engine loaded / draining (503), JSON and fields (400), capacity
- * (503 + Retry-After).
+ * (method, path, status, tenant, tokens, ms, request id) and frees the
+ * conn_req. Checks run in this order: body size (413), route (404), CORS
+ * preflight from an allowed origin (204), method (405), API key (401), engine
+ * loaded / draining (503), JSON and fields (400), capacity (503 +
+ * Retry-After).
  *
  * Invariants:
  *  - a connection is suspended only under srv->mu and only while it is on
@@ -37,8 +40,11 @@
  *    nothing park again before it stops MHD;
  *  - every handle submitted is released exactly once (reply.c); the
  *    in-flight count is taken before submit and given back after release;
- *  - every response carries a Content-Type; every error is the JSON error
- *    object with the status of the table in docs/http-api.md.
+ *  - every response goes out through kvt_srv_queue, so it carries the
+ *    request's X-Request-Id (and, for an allowed Origin, the CORS headers);
+ *    every one but the 204 preflight carries a Content-Type; every error is
+ *    the JSON error object, with request_id, and the status of the table in
+ *    docs/http-api.md.
  */
 #define _GNU_SOURCE /* POLLRDHUP, strcasestr */
 #include "server_int.h"
@@ -48,6 +54,7 @@
 #include "tokenizer.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -138,6 +145,26 @@ static int conn_fd(struct MHD_Connection *con)
 {
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
 	return ci ? (int)ci->connect_fd : -1;
+}
+
+/*
+ * The request's id (X-Request-Id) into out: the client's when it is sane —
+ * 1..SRV_RID_MAX bytes of printable ASCII with no space, '"' or '\\', so it
+ * goes into a header, a log line and a JSON string as it is — else 32 random
+ * hex digits.
+ */
+static void request_id_of(struct MHD_Connection *con, char out[SRV_RID_MAX + 1])
+{
+	const char *v = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "X-Request-Id");
+	size_t n = 0;
+	for (; v && v[n] && n <= SRV_RID_MAX; n++)
+		if ((unsigned char)v[n] <= ' ' || (unsigned char)v[n] >= 0x7f || v[n] == '"' || v[n] == '\\')
+			break;
+	if (v && n > 0 && n <= SRV_RID_MAX && !v[n]) {
+		memcpy(out, v, n + 1);
+		return;
+	}
+	random_hex(out, 16);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -265,6 +292,54 @@ static void track_phase(kvt_server *srv, struct MHD_Connection *con, bool in_hea
 	pthread_mutex_unlock(&srv->mu);
 }
 
+/* The client's address into t (IPv4-mapped IPv6 as IPv4, so a dual-stack listener counts one client once). */
+static void track_addr(struct MHD_Connection *con, conn_track *t)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(con, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+	if (sa && sa->sa_family == AF_INET) {
+		memcpy(t->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa && sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+		if (IN6_IS_ADDR_V4MAPPED(a)) {
+			memcpy(t->addr, a->s6_addr + 12, 4);
+		} else {
+			memcpy(t->addr, a->s6_addr, 16);
+			t->v6 = true;
+		}
+	}
+}
+
+/*
+ * Under srv->mu, for a new connection t (not listed yet): when its address
+ * holds server.max_connections_per_ip connections already, shut down the one
+ * of them that has waited longest for a request (in_headers: idle, or still
+ * sending one) — never one with a request in flight — or, when every one has
+ * a request in flight, t itself. An address cannot lock itself out (every
+ * local client is 127.0.0.1, every proxied one the proxy): idle connections
+ * make room for new ones instead of refusing them. Returns 1 when one was
+ * closed to make room, -1 when t was refused, 0 when there was room.
+ */
+static int addr_make_room(kvt_server *srv, conn_track *t)
+{
+	uint32_t n = 0;
+	conn_track *oldest = NULL;
+	for (conn_track *o = srv->tracks; o; o = o->next) {
+		if (o->cut || o->v6 != t->v6 || memcmp(o->addr, t->addr, sizeof(t->addr)))
+			continue;
+		n++;
+		if (o->in_headers && (!oldest || o->t_phase < oldest->t_phase))
+			oldest = o;
+	}
+	if (n < srv->cfg.max_connections_per_ip)
+		return 0;
+	conn_track *c = oldest ? oldest : t;
+	shutdown(c->fd, SHUT_RDWR); /* MHD sees the end and closes the connection */
+	c->cut = true;
+	atomic_fetch_add(oldest ? &srv->n_addr_evictions : &srv->n_addr_refusals, 1);
+	return oldest ? 1 : -1;
+}
+
 /* MHD_OPTION_NOTIFY_CONNECTION: every connection is tracked from accept to close. */
 static void on_connection(void *cls, struct MHD_Connection *con, void **socket_context,
 			  enum MHD_ConnectionNotificationCode code)
@@ -273,17 +348,37 @@ static void on_connection(void *cls, struct MHD_Connection *con, void **socket_c
 	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
 		conn_track *t = calloc(1, sizeof(*t));
 		if (!t)
-			return; /* untracked: no header deadline for this one */
+			return; /* untracked: no header deadline and no address count for this one */
 		t->fd = conn_fd(con);
+		track_addr(con, t);
 		t->in_headers = true;
 		t->t_phase = kvt_now_s();
+		int room = 0;
+		bool log = false;
 		pthread_mutex_lock(&srv->mu);
+		if (srv->cfg.max_connections_per_ip && (room = addr_make_room(srv, t)) != 0 &&
+		    t->t_phase - srv->t_addr_log >= 1.0) {
+			srv->t_addr_log = t->t_phase; /* at most one line a second: an attacker reconnects in a loop */
+			log = true;
+		}
 		t->next = srv->tracks;
 		if (srv->tracks)
 			srv->tracks->prev = t;
 		srv->tracks = t;
 		pthread_mutex_unlock(&srv->mu);
 		*socket_context = t;
+		if (log) {
+			char a[INET6_ADDRSTRLEN];
+			if (!inet_ntop(t->v6 ? AF_INET6 : AF_INET, t->addr, a, sizeof(a)))
+				snprintf(a, sizeof(a), "?");
+			KVT_LOGI("http: %s is at server.max_connections_per_ip (%u): %s (%llu closed to make room, %llu refused "
+				 "so far)",
+				 a, srv->cfg.max_connections_per_ip,
+				 room > 0 ? "closed its connection that waited longest for a request" :
+					    "every one has a request in flight: the new one is closed",
+				 (unsigned long long)atomic_load(&srv->n_addr_evictions),
+				 (unsigned long long)atomic_load(&srv->n_addr_refusals));
+		}
 		return;
 	}
 	conn_track *t = *socket_context;
@@ -305,6 +400,38 @@ static void on_connection(void *cls, struct MHD_Connection *con, void **socket_c
 /* ------------------------------------------------------------------------ */
 /* responses                                                                  */
 
+/* The request's Origin when server.cors_origins allows it, else NULL. */
+static const char *cors_origin(const conn_req *r)
+{
+	const kvt_cors_origins *c = &r->srv->cors;
+	if (!c->n)
+		return NULL;
+	const char *o = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, "Origin");
+	for (uint32_t i = 0; o && i < c->n; i++)
+		if (!strcasecmp(o, c->origin[i]))
+			return o;
+	return NULL;
+}
+
+enum MHD_Result kvt_srv_queue(conn_req *r, unsigned status, struct MHD_Response *resp)
+{
+	MHD_add_response_header(resp, "X-Request-Id", r->rid);
+	if (r->srv->cors.n) {
+		/* the answer depends on the Origin: a cache must not hand one origin's to another */
+		MHD_add_response_header(resp, "Vary", "Origin");
+		const char *o = cors_origin(r);
+		if (o) {
+			MHD_add_response_header(resp, "Access-Control-Allow-Origin", o);
+			MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
+		}
+	}
+	r->status = status;
+	r->answered = true;
+	enum MHD_Result ret = MHD_queue_response(r->con, status, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
 enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctype, char *body, size_t n, bool retry)
 {
 	struct MHD_Response *resp = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
@@ -323,11 +450,7 @@ enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctyp
 								     "GET, HEAD";
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
 	}
-	r->status = status;
-	r->answered = true;
-	enum MHD_Result ret = MHD_queue_response(r->con, status, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return kvt_srv_queue(r, status, resp);
 }
 
 /* Send a JSON value (stolen). */
@@ -336,18 +459,27 @@ enum MHD_Result kvt_srv_reply_json(conn_req *r, unsigned status, json_t *v, bool
 	char *s = v ? json_dumps(v, SRV_JSON_FLAGS) : NULL;
 	json_decref(v);
 	if (!s) {
-		static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-					  "\"param\":null,\"code\":null}}";
-		char *c = strdup(oom);
-		return c ? kvt_srv_reply_buf(r, 500, "application/json", c, strlen(c), false) : MHD_NO;
+		size_t cap = 128 + sizeof(r->rid);
+		char *c = malloc(cap);
+		if (!c)
+			return MHD_NO;
+		/* the id needs no escaping: request_id_of keeps no '"', '\\' or control byte */
+		int n = snprintf(c, cap,
+				 "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+				 "\"code\":null,\"request_id\":\"%s\"}}",
+				 r->rid);
+		return kvt_srv_reply_buf(r, 500, "application/json", c, (size_t)n, false);
 	}
 	return kvt_srv_reply_buf(r, status, "application/json", s, strlen(s), retry);
 }
 
-json_t *kvt_srv_error_object(const char *type, const char *param, const char *code, const char *msg)
+json_t *kvt_srv_error_object(const char *rid, const char *type, const char *param, const char *code, const char *msg)
 {
-	return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type, "param", param, "code",
-			 code);
+	json_t *v = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type, "param", param,
+			      "code", code);
+	if (v && rid)
+		json_object_set_new(json_object_get(v, "error"), "request_id", json_string(rid));
+	return v;
 }
 
 enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *param, const char *code,
@@ -361,7 +493,7 @@ enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *pa
 	kvt_utf8_scrub(msg); /* messages quote the client's bytes (a path, an id): JSON strings must be UTF-8 */
 	const char *type = status == 401 ? "authentication_error" : status == 403 ? "permission_error" :
 			   status >= 500 ? "server_error" : "invalid_request_error";
-	return kvt_srv_reply_json(r, status, kvt_srv_error_object(type, param, code, msg), status == 503);
+	return kvt_srv_reply_json(r, status, kvt_srv_error_object(r->rid, type, param, code, msg), status == 503);
 }
 
 enum MHD_Result kvt_srv_reply_req_error(conn_req *r, unsigned status, const kvt_req_err *e)
@@ -487,6 +619,7 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	j->req = r;
 	j->usage = r->usage;
 	j->created = (int64_t)time(NULL);
+	memcpy(j->rid, r->rid, sizeof(j->rid));
 	kvt_srv_waiter_init(&j->w, r->con);
 	char hex[25];
 	random_hex(hex, 12);
@@ -592,6 +725,42 @@ static const char *route_method(enum route rt)
 	}
 }
 
+/* The methods a route answers (Allow, Access-Control-Allow-Methods). */
+static const char *route_allow(enum route rt)
+{
+	const char *m = route_method(rt);
+	return strcmp(m, "GET") ? m : "GET, HEAD";
+}
+
+/* A header list a preflight asks for (Access-Control-Request-Headers) is echoed when it holds only tokens. */
+static bool header_list_sane(const char *h)
+{
+	size_t n = 0;
+	for (; h[n]; n++)
+		if (!isalnum((unsigned char)h[n]) && !strchr("-_., ", h[n]))
+			return false;
+	return n > 0 && n <= 1024;
+}
+
+/*
+ * OPTIONS from an allowed origin (server.cors_origins): the CORS preflight,
+ * 204 with the route's methods and the headers asked for (a browser sends no
+ * key on a preflight, so none is checked; the request that follows is).
+ */
+static enum MHD_Result reply_preflight(conn_req *r, enum route rt)
+{
+	struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+	if (!resp)
+		return MHD_NO;
+	const char *h = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+	MHD_add_response_header(resp, "Access-Control-Allow-Methods", route_allow(rt));
+	MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+				h && header_list_sane(h) ? h : "Authorization, Content-Type, X-Request-Id");
+	MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+	MHD_add_response_header(resp, "Vary", "Access-Control-Request-Method, Access-Control-Request-Headers");
+	return kvt_srv_queue(r, MHD_HTTP_NO_CONTENT, resp); /* adds Access-Control-Allow-Origin */
+}
+
 /* Constant-time compare of a presented key with a configured one. */
 bool kvt_srv_key_equal(const char *a, size_t na, const char *b)
 {
@@ -634,6 +803,8 @@ static enum MHD_Result dispatch(conn_req *r)
 	enum route rt = route_of(r->path, id, sizeof(id));
 	if (rt == R_NONE)
 		return kvt_srv_reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
+	if (!strcmp(r->method, MHD_HTTP_METHOD_OPTIONS) && cors_origin(r))
+		return reply_preflight(r, rt);
 	const char *want = route_method(rt);
 	bool head_ok = !strcmp(want, "GET") && !strcmp(r->method, "HEAD");
 	if (strcmp(r->method, want) && !head_ok)
@@ -697,6 +868,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
 		snprintf(r->method, sizeof(r->method), "%s", method);
 		snprintf(r->path, sizeof(r->path), "%s", url);
 		snprintf(r->tenant, sizeof(r->tenant), "default");
+		request_id_of(con, r->rid);
 		*con_cls = r;
 		for (char *p = r->path; *p; p++) /* an escaped newline must not forge a log line */
 			if ((unsigned char)*p < 0x20 || *p == 0x7f)
@@ -787,8 +959,8 @@ static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls, 
 		return;
 	*con_cls = NULL;
 	unsigned status = r->status ? r->status : 499; /* nothing sent: the client went away */
-	KVT_LOGI("http %s %s %u tenant=%s tokens=%u+%u ms=%.1f%s", r->method, r->path, status, r->tenant,
-		 atomic_load(&r->n_prompt), atomic_load(&r->n_completion), (kvt_now_s() - r->t0) * 1e3,
+	KVT_LOGI("http %s %s %u tenant=%s tokens=%u+%u ms=%.1f id=%s%s", r->method, r->path, status, r->tenant,
+		 atomic_load(&r->n_prompt), atomic_load(&r->n_completion), (kvt_now_s() - r->t0) * 1e3, r->rid,
 		 toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
 	track_phase(r->srv, con, true); /* a keep-alive connection now waits for its next request's headers */
 	if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && wants_close(con)) {
@@ -862,6 +1034,69 @@ static void server_free_keys(kvt_server *srv)
 	free(srv->usage);
 }
 
+/* What is wrong with one origin of server.cors_origins (n bytes at o), or NULL. */
+static const char *origin_problem(const char *o, size_t n)
+{
+	if ((n == 1 && o[0] == '*') || (n == 4 && !strncasecmp(o, "null", 4)))
+		return "name each origin ('*' and null are not accepted)";
+	if (n > KVT_SERVER_ORIGIN_MAX)
+		return "longer than 255 bytes";
+	size_t i = n >= 7 && !strncasecmp(o, "http://", 7) ? 7 : n >= 8 && !strncasecmp(o, "https://", 8) ? 8 : 0;
+	if (!i)
+		return "not http:// or https://";
+	size_t host = i;
+	if (i < n && o[i] == '[') { /* an IPv6 literal */
+		size_t a = ++i;
+		while (i < n && (isxdigit((unsigned char)o[i]) || o[i] == ':' || o[i] == '.'))
+			i++;
+		if (i == a || i == n || o[i] != ']')
+			return "a bad [IPv6] host";
+		i++;
+	} else {
+		while (i < n && (isalnum((unsigned char)o[i]) || o[i] == '.' || o[i] == '-'))
+			i++;
+	}
+	if (i == host)
+		return "no host";
+	if (i < n && o[i] == ':') {
+		unsigned long port = 0;
+		size_t d = ++i;
+		while (i < n && isdigit((unsigned char)o[i]) && i - d < 6)
+			port = port * 10 + (unsigned long)(o[i++] - '0');
+		if (i == d || port == 0 || port > 65535)
+			return "a bad port (1-65535)";
+	}
+	if (i < n)
+		return o[i] == '/' ? "has a path or a trailing '/' (an origin is scheme://host[:port])" :
+				     "a character outside a host name";
+	return NULL;
+}
+
+int kvt_server_cors_parse(const char *list, kvt_cors_origins *out, char *why, size_t why_cap)
+{
+	kvt_cors_origins tmp;
+	kvt_cors_origins *c = out ? out : &tmp;
+	c->n = 0;
+	for (const char *p = list ? list : ""; *p;) {
+		while (*p == ',' || *p == ' ' || *p == '\t')
+			p++;
+		size_t n = strcspn(p, ", \t");
+		if (!n)
+			break;
+		const char *bad = origin_problem(p, n);
+		if (!bad && c->n == KVT_SERVER_CORS_MAX)
+			bad = "one too many (at most 16 origins)";
+		if (bad) {
+			snprintf(why, why_cap, "origin \"%.*s\": %s", (int)(n < 64 ? n : 64), p, bad);
+			return KVT_EINVAL;
+		}
+		memcpy(c->origin[c->n], p, n);
+		c->origin[c->n++][n] = 0;
+		p += n;
+	}
+	return KVT_OK;
+}
+
 int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 {
 	if (!cfg || !out || !cfg->host) {
@@ -915,6 +1150,13 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 	srv->cfg.model_id = srv->model_id;
 	snprintf(srv->kv_dtype, sizeof(srv->kv_dtype), "%s", cfg->kv_dtype && *cfg->kv_dtype ? cfg->kv_dtype : "f16");
 	srv->cfg.kv_dtype = srv->kv_dtype;
+	char why[160];
+	if (kvt_server_cors_parse(cfg->cors_origins, &srv->cors, why, sizeof(why)) != KVT_OK) {
+		KVT_LOGE("http: server.cors_origins: %s", why);
+		free(srv);
+		return KVT_EINVAL;
+	}
+	srv->cfg.cors_origins = NULL; /* not kept: srv->cors holds them */
 	srv->cfg.host = NULL; /* not kept */
 	if (server_keys(srv, cfg) != KVT_OK) {
 		server_free_keys(srv);
@@ -947,7 +1189,6 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 	srv->mhd = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
 				    srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
 				    (unsigned)cfg->threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-				    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
 				    MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
 				    MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
 				    on_connection, srv, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, NULL, MHD_OPTION_END);

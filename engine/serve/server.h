@@ -10,10 +10,12 @@
  * waits on a worker. A request waiting for tokens or for a session resume
  * parks its connection (suspended) and the server's pump thread resumes it
  * when the scheduler has news, so a slow or idle client costs a connection
- * slot, not a thread. Slow clients are bounded by a global and a per-IP
- * connection limit (over them a connection is closed at once), a header
- * deadline and an idle timeout. A client that went away is noticed within
- * 0.1 s and its request cancelled.
+ * slot, not a thread. Slow clients are bounded by a global connection limit
+ * (over it a new connection is closed at once), a per-address one (at it, the
+ * address's connection that has waited longest for a request is closed to
+ * make room; one with a request in flight never is), a header deadline and
+ * an idle timeout. A client that went away is noticed within 0.1 s and its
+ * request cancelled.
  */
 #ifndef KVT_SERVER_H
 #define KVT_SERVER_H
@@ -37,7 +39,7 @@ typedef struct kvt_server_config {
 	bool metrics_admin;            /* /metrics needs an admin key (else it is open to all) */
 	uint32_t threads;              /* worker threads serving every connection (default 4) */
 	uint32_t max_connections;      /* open connections, all clients together (default 1024); beyond: closed */
-	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit) */
+	uint32_t max_connections_per_ip; /* open connections from one address (default 64; 0: no limit); at it, its longest-waiting one without a request in flight is closed */
 	double header_timeout_s;       /* from accept (or the last response) to the end of the next request (headers and body; default 15; 0: none) */
 	uint32_t max_concurrent;       /* requests being generated or queued at once; beyond: 503 + Retry-After (default 32) */
 	size_t max_header_bytes;       /* request line + headers (default 16 KiB) */
@@ -48,9 +50,30 @@ typedef struct kvt_server_config {
 	double request_timeout_s;      /* idle connection timeout: no byte either way for this long (default 600; 0: none) */
 	const char *model_id;          /* id reported by /v1/models and in responses */
 	const char *kv_dtype;          /* T1/T2 record format for /v1/stats ("f16", "fp8", "int8"); NULL: "f16" */
+	const char *cors_origins;      /* origins allowed cross-origin requests, comma/space separated (kvt_server_cors_parse); NULL or "": none */
 } kvt_server_config;
 
 void kvt_server_config_default(kvt_server_config *c);
+
+#define KVT_SERVER_CORS_MAX 16         /* origins in server.cors_origins */
+#define KVT_SERVER_ORIGIN_MAX 255      /* bytes of one origin */
+
+/* The origins server.cors_origins allows (kvt_server_cors_parse). */
+typedef struct kvt_cors_origins {
+	char origin[KVT_SERVER_CORS_MAX][KVT_SERVER_ORIGIN_MAX + 1]; /* [n]: scheme://host[:port], as configured */
+	uint32_t n;                    /* origins */
+} kvt_cors_origins;
+
+/*
+ * Parse server.cors_origins: origins separated by commas and/or spaces, each
+ * http:// or https:// + a host ([A-Za-z0-9.-], or an [IPv6] literal) +
+ * optionally :port (1-65535), nothing after (no path, no '/'); at most
+ * KVT_SERVER_CORS_MAX of at most KVT_SERVER_ORIGIN_MAX bytes. '*' and "null"
+ * are refused (every site, every sandboxed page: an origin must be named).
+ * out (NULL: only check) gets them. KVT_OK, or KVT_EINVAL with why (cap
+ * bytes) naming the item and what is wrong with it.
+ */
+int kvt_server_cors_parse(const char *list, kvt_cors_origins *out, char *why, size_t why_cap);
 
 typedef struct kvt_server kvt_server;
 

@@ -29,6 +29,7 @@
 #define SRV_IDS_CAP 64          /* token ids fetched per kvt_sched_next */
 #define SRV_PATH_MAX 256        /* path kept for the log line */
 #define SRV_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(10))
+#define SRV_RID_MAX 128         /* bytes of an X-Request-Id taken from the client */
 
 struct kvt_server {
 	struct MHD_Daemon *mhd;             /* the listener and its worker pool */
@@ -39,6 +40,7 @@ struct kvt_server {
 	uint32_t *key_usage;                /* [n_keys + n_admin_keys]: each key's index in usage */
 	char model_id[256];                 /* cfg.model_id copy */
 	char kv_dtype[16];                  /* cfg.kv_dtype copy ("f16" when none) */
+	kvt_cors_origins cors;              /* cfg.cors_origins parsed (cfg.cors_origins itself is not kept) */
 	_Atomic(kvt_sched *) sched;         /* NULL until set_engine */
 	_Atomic(const kvt_tok *) tok;       /* with sched */
 	atomic_bool draining;               /* kvt_server_drain called */
@@ -55,8 +57,11 @@ struct kvt_server {
 	pthread_mutex_t mu;                 /* parked, parks_closed, tracks */
 	struct waiter *parked;              /* suspended connections (doubly linked) */
 	bool parks_closed;                  /* stopping: nothing parks any more */
-	struct conn_track *tracks;          /* every open connection (header deadline) */
+	struct conn_track *tracks;          /* every open connection (header deadline, per-address limit) */
 	atomic_ullong n_header_cuts;        /* connections cut at the header deadline */
+	atomic_ullong n_addr_evictions;     /* waiting connections closed to make room for a newer one from their address */
+	atomic_ullong n_addr_refusals;      /* new connections closed: every one of their address's had a request in flight */
+	double t_addr_log;                  /* when the per-address limit was last logged (monotonic; under mu) */
 	atomic_uint n_resume_threads;       /* session resumes running on their threads */
 };
 
@@ -81,12 +86,14 @@ typedef struct waiter {
 	struct waiter *prev, *next;         /* srv->parked links */
 } waiter;
 
-/* One open connection, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION). */
+/* One open connection, for the header deadline and the per-address limit (MHD_OPTION_NOTIFY_CONNECTION). */
 typedef struct conn_track {
-	int fd;                             /* the socket (shutdown at the deadline) */
+	int fd;                             /* the socket (shutdown at the deadline, or to make room) */
+	uint8_t addr[16];                   /* the client's address: IPv4 in bytes 0-3 (an IPv4-mapped IPv6 one too), else IPv6 */
+	bool v6;                            /* addr is an IPv6 address */
 	double t_phase;                     /* when it began waiting for a request (monotonic) */
 	bool in_headers;                    /* between accept / the last response and the end of the next request's body */
-	bool cut;                           /* shut down at the deadline already */
+	bool cut;                           /* shut down already (deadline or limit): no longer counted */
 	struct conn_track *prev, *next;     /* srv->tracks links */
 } conn_track;
 
@@ -101,6 +108,7 @@ typedef struct conn_req {
 	bool bad_path;                      /* the path holds a control byte (%00..%1F, %7F): answered 400 */
 	bool answered;                      /* a response was queued already */
 	double t0;                          /* monotonic start */
+	char rid[SRV_RID_MAX + 1];          /* X-Request-Id: the client's when sane (request_id_of), else generated */
 	unsigned status;                    /* status sent, for the log */
 	char tenant[KVT_NAME_MAX + 1];      /* tenant, once known */
 	atomic_uint n_prompt, n_completion; /* tokens, for the log (a stream updates them) */
@@ -136,6 +144,7 @@ typedef struct gen_job {
 	conn_req *req;              /* the HTTP request (for its log counters); only used while it lives */
 	kvt_gen_request q;          /* the parsed request (owned): chat, stream, stops, tools, echo, cache control */
 	char id[48];                /* "cmpl-..." / "chatcmpl-..." */
+	char rid[SRV_RID_MAX + 1];  /* the request's X-Request-Id (for an error object in the stream) */
 	int64_t created;            /* unix seconds */
 	uint32_t n;                 /* choices submitted (q.n once all are) */
 	gen_choice *ch;             /* [q.n] */
@@ -170,12 +179,18 @@ void kvt_srv_waiter_init(waiter *w, struct MHD_Connection *con);
 bool kvt_srv_park(kvt_server *srv, waiter *w, uint64_t seen);
 /* Did the peer hang up? (poll for POLLRDHUP/POLLHUP/POLLERR; never reads) */
 bool kvt_srv_peer_gone(int fd);
+/*
+ * Queue resp (the caller's reference is dropped) with what every response
+ * carries: X-Request-Id, and for an allowed Origin (server.cors_origins) the
+ * CORS headers. Marks r answered with status.
+ */
+enum MHD_Result kvt_srv_queue(conn_req *r, unsigned status, struct MHD_Response *resp);
 /* Queue a response of body (malloc'd, taken), with Retry-After: 1 when retry. */
 enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctype, char *body, size_t n, bool retry);
 /* Queue a JSON response (v taken; NULL: a 500 "out of memory"). */
 enum MHD_Result kvt_srv_reply_json(conn_req *r, unsigned status, json_t *v, bool retry);
-/* The error object {"error": {message, type, param, code}} (param, code may be NULL). */
-json_t *kvt_srv_error_object(const char *type, const char *param, const char *code, const char *msg);
+/* The error object {"error": {message, type, param, code, request_id}} (param, code may be NULL; rid NULL: no request_id). */
+json_t *kvt_srv_error_object(const char *rid, const char *type, const char *param, const char *code, const char *msg);
 /* Queue an error with the status's type (401, 403, 5xx, else invalid_request_error); 503 adds Retry-After. */
 enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *param, const char *code, const char *fmt,
 				    ...) __attribute__((format(printf, 5, 6)));

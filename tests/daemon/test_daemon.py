@@ -11,7 +11,8 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  with fp16 tiers, says what an uninterrupted daemon says
   sigterm        SIGTERM with several sessions, restart: every session resumes
   tenants        two tenants, same prompt: 0 cached tokens across them (by
-                 "user", and by API key)
+                 "user", and by API key); a user mapped from an email and the
+                 literal names its mapping is or once was are three tenants
   openai         the official openai client: completions, chat, streaming
   errors         malformed JSON, oversize body, unknown session, token ids out
                  of range, max_tokens out of range, wrong method, bad key:
@@ -23,6 +24,11 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  resume count the blocks as missing
   blocksize      cache.block_tokens 16 -> 32 -> 16: every start works, and the
                  16-token session resumes from NVMe at the end
+  frontdoor      X-Request-Id on every response (the client's when sane), in
+                 the access log and in error bodies; CORS for server.cors_origins
+                 only; every /metrics family is documented in docs/http-api.md;
+                 200 idle connections from 127.0.0.1 do not keep a chat from it
+                 waiting (the default 64 per address)
 
 Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no model). Needs the `openai` package for the openai case (scripts/test.sh
@@ -237,6 +243,17 @@ def case_tenants(build, tmp):
         st, b1 = http("POST", d.url + "/v1/completions", dict(body, user="bob"))
         check(a2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "same tenant reuses: %s" % a2["usage"])
         check(b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "other tenant: 0 cached: %s" % b1["usage"])
+        # a mapped name (from a free-form user) and a literal one never meet: neither the name the
+        # email's mapping once was, nor the mapped name itself sent as a user, shares its cache
+        st, m1 = http("POST", d.url + "/v1/completions", dict(body, user="ann@example.com"))
+        st, m2 = http("POST", d.url + "/v1/completions", dict(body, user="ann@example.com"))
+        check(m2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "the email's tenant reuses: %s" % m2["usage"])
+        mapped = re.findall(r"http POST /v1/completions 200 tenant=(\S+)", open(d.log).read())[-1]
+        check(mapped == "_u.ann_example.com-71d4f55f72fa128dfb468a1a3901507c", "the email's tenant: %s" % mapped)
+        for literal in ("ann_example.com-71d4f55f72fa128d", mapped):
+            st, r = http("POST", d.url + "/v1/completions", dict(body, user=literal))
+            check(st == 200 and r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
+                  "user %s shares the cache of ann@example.com: %s" % (literal, r.get("usage")))
     finally:
         d.stop()
     d = daemon(build, os.path.join(tmp, "keys"), server="api_keys = alice:key-a, bob:key-b\n")
@@ -364,6 +381,118 @@ def case_exposure(build, tmp):
         check("NO authentication" in d._log(), "allow_unauthenticated warns at start")
     finally:
         check(d.stop() == 0, "exit 0")
+
+
+def metrics_documented():
+    """{family: type} of the /metrics block of docs/http-api.md (a histogram's _bucket line, a summary's _sum
+    line names its family)."""
+    doc = open(os.path.join(ROOT, "docs", "http-api.md")).read()
+    sec = doc[doc.index("## `GET /metrics`"):]
+    block = sec[sec.index("```") + 3:]
+    block = block[:block.index("```")]
+    out = {}
+    for line in block.splitlines():
+        m = re.match(r"(kvtier_\w+)\S*\s.*?\b(counter|gauge|histogram|summary)\b", line)
+        if m:
+            name, kind = m.group(1), m.group(2)
+            for suffix in {"histogram": ("_bucket",), "summary": ("_sum",)}.get(kind, ()):
+                if name.endswith(suffix):
+                    name = name[:-len(suffix)]
+            out[name] = kind
+    return out
+
+
+def raw_request(d, method, path, body=None, headers=None):
+    """(status, headers, body text) of one request: the response headers, which http() does not return."""
+    import http.client
+    c = http.client.HTTPConnection(d.url.split("//")[1], timeout=300)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    hdr = dict(headers or {})
+    if data is not None:
+        hdr.setdefault("Content-Type", "application/json")
+    c.request(method, path, body=data, headers=hdr)
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    return r.status, r.headers, text
+
+
+def case_frontdoor(build, tmp):
+    """X-Request-Id on every response, in the log and in error bodies; CORS for configured origins only;
+    every family /metrics exposes is documented in docs/http-api.md, with its type."""
+    origin = "http://localhost:3000"
+    d = daemon(build, tmp, server="cors_origins = %s, https://chat.example.com\n" % origin)
+    d.start()
+    try:
+        st, text = http("GET", d.url + "/metrics")
+        check(st == 200, "/metrics: %s" % st)
+        exposed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+        documented = metrics_documented()
+        check(len(exposed) > 30, "/metrics exposes %d families" % len(exposed))
+        for name, kind in sorted(exposed.items()):
+            check(documented.get(name) == kind, "/metrics family %s (%s) is documented as %s in docs/http-api.md"
+                  % (name, kind, documented.get(name)))
+        for name in sorted(set(documented) - set(exposed)):  # only T3's are conditional (no [tier.remote] here)
+            check(name.startswith("kvtier_remote_"), "docs/http-api.md lists %s, which /metrics does not expose" % name)
+
+        hexid = re.compile(r"^[0-9a-f]{32}$")
+        st, h, _ = raw_request(d, "GET", "/health")
+        check(st == 200 and hexid.match(h.get("X-Request-Id", "")), "/health: a generated X-Request-Id: %s" % h)
+        chat_body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+        st, h, _ = raw_request(d, "POST", "/v1/chat/completions", chat_body, {"X-Request-Id": "trace-7f3a;span=9"})
+        check(st == 200 and h.get("X-Request-Id") == "trace-7f3a;span=9", "chat echoes the client's id: %s" % h)
+        check(re.search(r"http POST /v1/chat/completions 200 .* id=trace-7f3a;span=9\b", d._log()),
+              "the access log line names the request id")
+        st, h, text = raw_request(d, "POST", "/v1/chat/completions", dict(chat_body, stream=True),
+                                  {"X-Request-Id": "stream-1"})
+        check(st == 200 and h.get("X-Request-Id") == "stream-1" and "[DONE]" in text, "a stream carries it: %s" % h)
+        st, h, text = raw_request(d, "POST", "/v1/completions", b"{not json", {"X-Request-Id": "bad-1"})
+        err = json.loads(text).get("error", {})
+        check(st == 400 and h.get("X-Request-Id") == "bad-1" and err.get("request_id") == "bad-1",
+              "an error names the id in its header and body: %s %s" % (h, text))
+        for insane in ("x" * 129, "two words", 'q"uote'):
+            st, h, text = raw_request(d, "GET", "/v1/nothing", None, {"X-Request-Id": insane})
+            rid = h.get("X-Request-Id", "")
+            check(st == 404 and hexid.match(rid) and json.loads(text)["error"].get("request_id") == rid,
+                  "an id of %r is replaced by a generated one: %s %s" % (insane[:20], h, text))
+
+        pre = {"Origin": origin, "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}
+        st, h, _ = raw_request(d, "OPTIONS", "/v1/chat/completions", None, pre)
+        check(st == 204 and h.get("Access-Control-Allow-Origin") == origin and
+              h.get("Access-Control-Allow-Methods") == "POST" and
+              h.get("Access-Control-Allow-Headers") == pre["Access-Control-Request-Headers"] and h.get("X-Request-Id"),
+              "preflight from an allowed origin: %s %s" % (st, h))
+        st, h, _ = raw_request(d, "OPTIONS", "/v1/chat/completions", None, dict(pre, Origin="http://evil.example"))
+        check(st == 405 and "Access-Control-Allow-Origin" not in h, "preflight from another origin: %s %s" % (st, h))
+        st, h, _ = raw_request(d, "GET", "/v1/models", None, {"Origin": "https://chat.example.com"})
+        check(st == 200 and h.get("Access-Control-Allow-Origin") == "https://chat.example.com" and
+              "X-Request-Id" in h.get("Access-Control-Expose-Headers", "") and "Origin" in h.get("Vary", ""),
+              "a request from an allowed origin: %s" % h)
+        st, h, _ = raw_request(d, "GET", "/v1/models", None, {"Origin": "http://localhost:3001"})
+        check(st == 200 and "Access-Control-Allow-Origin" not in h and "Origin" in h.get("Vary", ""),
+              "a request from another origin: %s" % h)
+
+        # 200 idle connections from 127.0.0.1 (the default limit is 64 per address): a chat from
+        # 127.0.0.1 is still served within 2 s, the idle ones making room
+        import socket
+        host, port = d.url.split("//")[1].split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        try:
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            try:
+                st, h, _ = raw_request(d, "POST", "/v1/chat/completions", dict(chat_body, max_tokens=1))
+            except OSError as e:
+                st, h = "%s: %s" % (type(e).__name__, e), {}
+            dt = time.monotonic() - t0
+            print("frontdoor: chat with 200 idle connections from 127.0.0.1: %s in %.3f s" % (st, dt))
+            check(st == 200 and dt < 2.0, "a chat from an address with 200 idle connections: %s after %.3f s" % (st, dt))
+        finally:
+            for c in idle:
+                c.close()
+    finally:
+        d.stop()
 
 
 def small_daemon(build, data_dir, nvme_path="", block_tokens=16):
@@ -990,7 +1119,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
-         "keyfiles": case_keyfiles, "youngwal": case_youngwal}
+         "keyfiles": case_keyfiles, "youngwal": case_youngwal, "frontdoor": case_frontdoor}
 
 
 def main():
