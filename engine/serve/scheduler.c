@@ -289,8 +289,8 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	int rc = KVT_OK;
 	if (s->draining || s->stop)
 		rc = KVT_ESTOPPED;
-	else if (s->n_queued >= s->cfg.max_queue)
-		rc = KVT_EFULL;
+	else if (s->n_queued >= s->cfg.max_queue + (s->n_running < s->cfg.max_running ? s->cfg.max_running - s->n_running : 0))
+		rc = KVT_EFULL; /* max_queue waiting beyond the batch's free places (0: none waits) */
 	if (rc) {
 		pthread_mutex_unlock(&s->mu);
 		pthread_cond_destroy(&h->cv);
@@ -1252,7 +1252,7 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 	*out = NULL;
 	const char *bad = !cfg->dev ? "dev" : !cfg->model ? "model" : !cfg->t0 ? "t0"
 		: (!cfg->secret || cfg->secret_bytes < 16 || cfg->secret_bytes > 64) ? "secret (16..64 bytes)"
-		: !cfg->max_running ? "max_running" : !cfg->max_queue ? "max_queue" : !cfg->prefill_chunk ? "prefill_chunk"
+		: !cfg->max_running ? "max_running" : !cfg->prefill_chunk ? "prefill_chunk"
 		: !(cfg->head_share >= 0 && cfg->head_share <= 1) ? "head_share (0..1)" : NULL;
 	if (bad) {
 		KVT_LOGE("sched: bad config: %s", bad);
