@@ -213,6 +213,18 @@ static void handle_free(kvt_sched_handle *h)
 	free(h);
 }
 
+/*
+ * Places of max_running not held by a live request (under mu). A request
+ * that has ended holds none, though prune has not yet taken it off the
+ * running list: a client that sends its next request on the last one's end
+ * finds its place free (with max_queue = 0 it would be refused otherwise).
+ */
+static uint32_t free_places(const kvt_sched *s)
+{
+	uint32_t live = s->n_running - s->n_ended;
+	return live < s->cfg.max_running ? s->cfg.max_running - live : 0;
+}
+
 int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **out)
 {
 	*out = NULL;
@@ -289,7 +301,7 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	int rc = KVT_OK;
 	if (s->draining || s->stop)
 		rc = KVT_ESTOPPED;
-	else if (s->n_queued >= s->cfg.max_queue + (s->n_running < s->cfg.max_running ? s->cfg.max_running - s->n_running : 0))
+	else if (s->n_queued >= s->cfg.max_queue + free_places(s))
 		rc = KVT_EFULL; /* max_queue waiting beyond the batch's free places (0: none waits) */
 	if (rc) {
 		pthread_mutex_unlock(&s->mu);
@@ -455,6 +467,7 @@ static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
 static void end_locked(kvt_sched *s, kvt_sched_handle *h)
 {
 	h->ended = true;
+	s->n_ended++; /* h is on the running list until prune */
 	record_usage_locked(s, h);
 	pthread_cond_broadcast(&h->cv);
 	if (s->progress)
@@ -1093,6 +1106,7 @@ static bool prune(kvt_sched *s)
 		pthread_mutex_lock(&s->mu);
 		h->unlinked = true;
 		s->n_running--;
+		s->n_ended -= h->ended; /* every pruned handle has ended (finish_request, sched_turn_saved) */
 		s->t0_committed -= h->committed;
 		s->admit_hold = false; /* blocks came free: a preempted request may try again */
 		bool gone = h->client_gone;
