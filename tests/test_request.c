@@ -600,6 +600,9 @@ static void test_prompt(void)
 		CHECK(start >= 0 && q.n_ids == 1 && q.ids[0] == start && q.sched.n_prompt == 1 && q.echo_text);
 	}
 	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': null, 'cache_control': {'type': 'ephemeral'}, 'max_tokens': 3}", &q))
+		CHECK(q.n_ids == 1 && q.sched.max_tokens == 3);
+	kvt_gen_request_deinit(&q);
 	REFUSE(CMPL, "{'prompt': 5}", "prompt", NULL, "'prompt' must be a string or an array of token ids");
 	REFUSE(CMPL, "{'prompt': []}", "prompt", NULL, "'prompt' is empty");
 	REFUSE(CMPL, "{'prompt': ['a', 'b']}", "prompt", NULL, "'prompt' as an array of strings must have exactly one element");

@@ -235,9 +235,9 @@ static int keys_unspell(json_t *v)
 		return KVT_OK;
 	/* NOTE: json_object_update and json_deep_copy take keys as C strings (jansson 2.14): rebuilt by hand */
 	struct {
-		char *key;
-		size_t n;
-		json_t *v;
+		char *key; /* the key spelled back, malloc'd */
+		size_t n;  /* its bytes */
+		json_t *v; /* its value (a reference, handed to v again) */
 	} *ent = calloc(n, sizeof(*ent));
 	int rc = ent ? KVT_OK : KVT_ENOMEM;
 	json_object_keylen_foreach(v, key, key_len, x)
@@ -826,7 +826,7 @@ int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t
 		return kvt_req_fail(e, field, "context_length_exceeded",
 				    "the prompt is too long: %u tokens, and the model's context is %u tokens (the prompt "
 				    "must leave room for at least one generated token); shorten the %s",
-				    q->n_ids, lim->max_ctx, q->chat ? "messages" : "prompt");
+				    q->n_ids, lim->max_ctx, field);
 	if ((uint64_t)q->n_ids + q->sched.max_tokens > lim->max_ctx) {
 		if (q->max_tokens_set)
 			return kvt_req_fail(e, q->max_tokens_key, NULL,
