@@ -3,7 +3,7 @@
 #  1. dependencies and the default model (the model tests need it);
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test, the daemon's end-to-end tests among them (a venv with
-#     the openai client, jsonschema and langchain-openai in .venv-test);
+#     the openai client, jsonschema, langchain-openai and litellm in .venv-test);
 #  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests
 #     (the fuzz label includes the libFuzzer targets, built with clang, each
 #     run for KVT_FUZZ_SECONDS: 30 s);
@@ -26,6 +26,8 @@ jobs=$(nproc)
 .venv-test/bin/python -c 'import openai' 2>/dev/null || .venv-test/bin/pip install -q openai
 .venv-test/bin/python -c 'import jsonschema, langchain_openai' 2>/dev/null ||
 	.venv-test/bin/pip install -q jsonschema langchain-openai
+# test_daemon's compat case checks that litellm maps kvtier's context overflow as it maps OpenAI's.
+.venv-test/bin/python -c 'import litellm' 2>/dev/null || .venv-test/bin/pip install -q litellm
 export KVT_TEST_STRICT=1
 
 cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON \

@@ -208,7 +208,8 @@ static void test_errors(void)
 	EXPECT_ERR("[server]\nmax_queue = 99999999999999999999999\n", 2, "not a whole number");
 	EXPECT_ERR("[cache]\nblock_tokens = 0\n", 2, "[cache] block_tokens = 0: out of range", "allowed: 1 .. 256");
 	EXPECT_ERR("[cache]\nblock_tokens = 257\n", 2, "out of range", "allowed: 1 .. 256");
-	EXPECT_ERR("[tier.nvme]\ncapacity = 8X\n", 2, "[tier.nvme] capacity = \"8X\": not a size", "K/M/G/T");
+	EXPECT_ERR("[tier.nvme]\ncapacity = 8X\n", 2, "[tier.nvme] capacity = \"8X\": not a size", "K/M/G/T/P");
+	EXPECT_ERR("[tier.nvme]\ncapacity = 2P\n", 2, "[tier.nvme] capacity = 2P: out of range", "0 .. 1P");
 	EXPECT_ERR("[tier.nvme]\ncapacity = 99999999T\n", 2, "out of range");
 	EXPECT_ERR("[server]\nmax_body_bytes = 12\n", 2, "[server] max_body_bytes = 12: out of range", "bytes 1K .. 1G");
 	EXPECT_ERR("[tier.hbm]\nhigh_watermark = 1.5\n", 2, "[tier.hbm] high_watermark = 1.5: out of range",
@@ -390,7 +391,7 @@ static void test_values(void)
 	static const struct { const char *s; uint64_t v; } sizes[] = {
 		{ "0", 0 }, { "4096", 4096 }, { "1K", 1024 }, { "1k", 1024 }, { "64M", 64ull << 20 },
 		{ "2G", 2ull << 30 }, { "3T", 3ull << 40 }, { "1.5G", 3ull << 29 }, { "10MiB", 10ull << 20 },
-		{ "10MB", 10ull << 20 }, { "512B", 512 },
+		{ "10MB", 10ull << 20 }, { "512B", 512 }, { "1P", 1ull << 50 }, { "0.5p", 1ull << 49 }, { "1PiB", 1ull << 50 },
 	};
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		err[0] = '\0';
@@ -399,7 +400,7 @@ static void test_values(void)
 		       (unsigned long long)c.nvme.capacity_bytes, err);
 	}
 	static const char *const bad_sizes[] = { "", "K", "1.3K", "-1", "1KK", "1 G", "0x10", "1e3", "18446744073709551616",
-						  "17179869184T" };
+						  "17179869184T", "16384P", "1PP", "1E" };
 	for (size_t i = 0; i < sizeof(bad_sizes) / sizeof(bad_sizes[0]); i++) {
 		err[0] = '\0';
 		uint64_t before = c.nvme.capacity_bytes;

@@ -13,6 +13,12 @@
  *    messages, the context, cache control, user, session_id — is checked for
  *    its status (kvt_req_http_status), param, code and a message substring,
  *    by calling the real parser: a refusal that stops being refused fails;
+ *  - object keys holding \u0000 load with their own bytes (order and
+ *    duplicates as any key), and count where kvtier reads a key (logit_bias,
+ *    cache_control, schema keywords and property names);
+ *  - the context: a prompt with no room for one token is
+ *    context_length_exceeded on its field, a max_tokens that does not fit is
+ *    refused on max_tokens, a default one is cut to fit;
  *  - the order of the checks (which fault of two is reported);
  *  - accepted requests carry what was asked into the scheduler's request
  *    (sampling, seed, n, stop, logprobs, priority, session, tenant, grammar,
@@ -25,6 +31,7 @@
  */
 #include "check.h"
 #include "gguf.h"
+#include "grammar.h"
 #include "request.h"
 #include "synth_model.h"
 #include "tokenizer.h"
@@ -125,6 +132,93 @@ static void test_json(void)
 	kvt_gen_request_deinit(&q);
 }
 
+/* A body (with ' for ") loaded as kvt_req_body_load does; NULL when refused. */
+static json_t *load(const char *raw)
+{
+	char *b = fix(raw);
+	json_t *v = NULL;
+	kvt_req_err e;
+	if (kvt_req_body_load(b, strlen(b), &v, &e) != KVT_OK)
+		v = NULL;
+	free(b);
+	return v;
+}
+
+/* Object keys may hold \u0000 (JSON and OpenAI's schema allow it; jansson's reader alone refuses it). */
+static void test_nul_keys(void)
+{
+	/* each key keeps its own bytes: NUL, U+FFFF (the re-spelling's escape, raw or escaped), '\\u0000' as text */
+	json_t *v = load("{'a\\u0000': 1, 'a\\u0000\\u0000': 2, 'a\\uffff': 3, 'a\\uffff0': 4, '\\uFFFF1': 5, "
+			 "'\xef\xbf\xbf" "0': 6, 'b\\\\u0000': 7, 'a': 8, 'v': 'x\\u0000\\uffff', 'o': [{'\\u0000': 9}]}");
+	CHECK(v != NULL);
+	if (v) {
+		CHECK_EQ_INT(json_object_size(v), 10);
+		static const struct {
+			const char *k;
+			size_t n;
+			int want;
+		} keys[] = { { "a\0", 2, 1 },		 { "a\0\0", 3, 2 }, { "a\xef\xbf\xbf", 4, 3 }, { "a\xef\xbf\xbf" "0", 5, 4 },
+			     { "\xef\xbf\xbf" "1", 4, 5 }, { "\xef\xbf\xbf" "0", 4, 6 }, { "b\\u0000", 7, 7 }, { "a", 1, 8 } };
+		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+			CHECKF(json_integer_value(json_object_getn(v, keys[i].k, keys[i].n)) == keys[i].want, "key %zu", i);
+		json_t *s = json_object_get(v, "v"); /* values are never re-spelled */
+		CHECK(json_string_length(s) == 5 && !memcmp(json_string_value(s), "x\0\xef\xbf\xbf", 5));
+		json_t *o = json_array_get(json_object_get(v, "o"), 0);
+		CHECK(json_integer_value(json_object_getn(o, "\0", 1)) == 9);
+		/* the keys' order is kept */
+		const char *k;
+		size_t n, i = 0;
+		json_t *x;
+		json_object_keylen_foreach(v, k, n, x)
+		{
+			if (i < sizeof(keys) / sizeof(keys[0]))
+				CHECKF(n == keys[i].n && !memcmp(k, keys[i].k, n), "order: key %zu", i);
+			i++;
+		}
+	}
+	json_decref(v);
+	/* duplicates are still refused, malformed bodies still malformed */
+	REFUSE(CMPL, "{'prompt': 'hi', 'm': {'a\\u0000': 1, 'a\\u0000': 2}}", NULL, "invalid_json", "duplicate");
+	REFUSE(CMPL, "{'prompt': 'hi', 'a\\u0000': ", NULL, "invalid_json", "malformed JSON body");
+	/* a field name holding NUL is not that field: ignored, as other extra fields */
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'max_tokens\\u0000': 1000, 'metadata': {'k\\u0000': 'v'}, "
+			 "'n': 2, 'x': 123456789012345678901234567890}", &q))
+		CHECK(q.sched.max_tokens == LIM.default_max_tokens && q.n == 2);
+	kvt_gen_request_deinit(&q);
+	/* where kvtier reads a key, NUL counts: not a token id, not a cache_control field, not a schema keyword */
+	REFUSE(CMPL, "{'prompt': 'hi', 'logit_bias': {'5\\u0000': 1}}", "logit_bias", NULL, "is not a token id");
+	REFUSE(CMPL, "{'prompt': 'hi', 'cache_control': {'type': 'ephemeral', 'ttl\\u0000': '1h'}}", "cache_control", NULL,
+	       "has an unknown field 'ttl'");
+	const char *rf = "{'prompt': 'hi', 'response_format': {'type': 'json_schema', 'json_schema': {'name': 'x', "
+			 "'schema': %s}}}";
+	char b[512];
+	snprintf(b, sizeof(b), rf, "{'type': 'object', 'type\\u0000': 'string'}");
+	REFUSE(CMPL, b, "response_format.json_schema.schema", NULL, "schema keyword 'type\\u0000...' (at #) is not supported");
+	snprintf(b, sizeof(b), rf, "{'$defs': {'a': {'type': 'string'}}, '$ref': '#/$defs/a\\u0000b'}");
+	REFUSE(CMPL, b, "response_format.json_schema.schema", NULL, "'$ref' at # holds U+0000");
+	/* a property name holding NUL is generated with it (and required by its whole name) */
+	snprintf(b, sizeof(b), rf,
+		 "{'type': 'object', 'properties': {'a\\u0000b': {'type': 'integer'}, 'a': {'type': 'integer'}}, "
+		 "'required': ['a\\u0000b'], 'additionalProperties': false}");
+	if (ACCEPT(CMPL, b, &q) && q.sched.grammar) {
+		static const struct {
+			const char *doc;
+			bool ok;
+		} docs[] = { { "{\"a\\u0000b\": 1}", true }, { "{\"a\\u0000b\": 1, \"a\": 2}", true },
+			     { "{\"a\": 2}", false },		  { "{\"a\": 2, \"a\\u0000b\": 1}", false } };
+		for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+			kvt_gmatch *m = NULL;
+			CHECK(kvt_gmatch_create(q.sched.grammar, NULL, &m) == KVT_OK);
+			bool ok = m && kvt_gmatch_feed(m, docs[i].doc, strlen(docs[i].doc)) && kvt_gmatch_can_end(m);
+			CHECKF(ok == docs[i].ok, "the schema with a NUL property name %s %s", ok ? "takes" : "refuses",
+			       docs[i].doc);
+			kvt_gmatch_destroy(m);
+		}
+	}
+	kvt_gen_request_deinit(&q);
+}
+
 static void test_sampling(void)
 {
 	REFUSE(CMPL, "{'prompt': 'hi', 'model': 5}", "model", NULL, "'model' must be a string");
@@ -137,8 +231,8 @@ static void test_sampling(void)
 	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': 'x'}", "temperature", NULL, "'temperature' must be a number");
 	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': 2.5}", "temperature", NULL, "'temperature' must be in [0, 2]");
 	REFUSE(CMPL, "{'prompt': 'hi', 'temperature': -0.1}", "temperature", NULL, "in [0, 2]");
-	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': 0}", "top_p", NULL, "'top_p' must be in (0, 1]");
-	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': 1.5}", "top_p", NULL, "'top_p' must be in (0, 1]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': -0.01}", "top_p", NULL, "'top_p' must be in [0, 1]");
+	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': 1.5}", "top_p", NULL, "'top_p' must be in [0, 1]");
 	REFUSE(CMPL, "{'prompt': 'hi', 'top_p': true}", "top_p", NULL, "'top_p' must be a number");
 	REFUSE(CMPL, "{'prompt': 'hi', 'top_k': -1}", "top_k", NULL, "'top_k' must be in [0, ");
 	char b[1024];
@@ -215,6 +309,10 @@ static void test_sampling(void)
 		CHECK(q.sched.sample.bias[1].id == 7 && q.sched.sample.bias[1].bias == 2.5f);
 	}
 	kvt_gen_request_deinit(&q);
+	/* top_p 0 (OpenAI's range is [0, 1]): only the most likely token is kept, so greedy, whatever the temperature */
+	if (ACCEPT(CMPL, "{'prompt': 'hi', 'top_p': 0, 'temperature': 1.5}", &q))
+		CHECK(q.sched.sample.temp == 0.0f && q.sched.sample.top_p == 1.0f);
+	kvt_gen_request_deinit(&q);
 	/* null counts as absent */
 	if (ACCEPT(CMPL,
 		   "{'prompt': 'hi', 'max_tokens': null, 'temperature': null, 'n': null, 'stop': null, 'seed': null, "
@@ -242,8 +340,25 @@ static void test_refused_fields(void)
 	       NULL, "'prediction' is not supported");
 	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'web_search_options': {}}", "web_search_options",
 	       NULL, "'web_search_options' is not supported");
-	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'reasoning_effort': 'low'}", "reasoning_effort",
-	       NULL, "'reasoning_effort' is not supported");
+	/* reasoning_effort: OpenAI's values are accepted (the model has no reasoning mode), others refused */
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'reasoning_effort': 'maximal'}", "reasoning_effort",
+	       NULL, "'reasoning_effort' must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'reasoning_effort': 1}", "reasoning_effort", NULL,
+	       "the model has no reasoning mode");
+	REFUSE(CMPL, "{'prompt': 'hi', 'reasoning_effort': ''}", "reasoning_effort", NULL, "must be \"none\"");
+	REFUSE(CMPL, "{'prompt': 'hi', 'reasoning_effort': 'none\\u0000'}", "reasoning_effort", NULL, "must be \"none\"");
+	static const char *const efforts[] = { "none", "minimal", "low", "medium", "high", "xhigh" };
+	for (size_t i = 0; i < sizeof(efforts) / sizeof(efforts[0]); i++) {
+		char b[256];
+		kvt_gen_request q, q0;
+		snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': 'hi'}], 'reasoning_effort': '%s'}", efforts[i]);
+		if (ACCEPT(CHAT, b, &q) && ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}]}", &q0))
+			CHECKF(q.n_ids == q0.n_ids && !memcmp(q.ids, q0.ids, q.n_ids * sizeof(int32_t)) &&
+				       q.sched.max_tokens == q0.sched.max_tokens && q.sched.grammar == NULL,
+			       "reasoning_effort %s changes the request", efforts[i]);
+		kvt_gen_request_deinit(&q);
+		kvt_gen_request_deinit(&q0);
+	}
 	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'hi'}], 'verbosity': 'low'}", "verbosity", NULL,
 	       "'verbosity' is not supported");
 	REFUSE(CMPL, "{'prompt': 'hi', 'modalities': ['text', 'audio']}", "modalities", NULL,
@@ -478,7 +593,16 @@ static void test_tools(void)
 static void test_prompt(void)
 {
 	REFUSE(CMPL, "{}", "prompt", NULL, "'prompt' is required");
-	REFUSE(CMPL, "{'prompt': null}", "prompt", NULL, "'prompt' is required");
+	/* null is OpenAI's default prompt: a new document (the BOS token, or EOS where the model has no BOS) */
+	kvt_gen_request q;
+	if (ACCEPT(CMPL, "{'prompt': null, 'echo': true}", &q)) {
+		int32_t start = kvt_tok_bos(TOK) >= 0 ? kvt_tok_bos(TOK) : kvt_tok_eos(TOK);
+		CHECK(start >= 0 && q.n_ids == 1 && q.ids[0] == start && q.sched.n_prompt == 1 && q.echo_text);
+	}
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': null, 'cache_control': {'type': 'ephemeral'}, 'max_tokens': 3}", &q))
+		CHECK(q.n_ids == 1 && q.sched.max_tokens == 3);
+	kvt_gen_request_deinit(&q);
 	REFUSE(CMPL, "{'prompt': 5}", "prompt", NULL, "'prompt' must be a string or an array of token ids");
 	REFUSE(CMPL, "{'prompt': []}", "prompt", NULL, "'prompt' is empty");
 	REFUSE(CMPL, "{'prompt': ['a', 'b']}", "prompt", NULL, "'prompt' as an array of strings must have exactly one element");
@@ -488,19 +612,49 @@ static void test_prompt(void)
 	snprintf(b, sizeof(b), "{'prompt': [%u]}", LIM.n_vocab);
 	REFUSE(CMPL, b, "prompt", NULL, "is not a token id (the vocabulary has");
 	REFUSE(CMPL, "{'prompt': '', 'parse_special': true}", "prompt", NULL, "the prompt is empty");
-	/* the context: prompt + max_tokens must fit max_ctx (128 for these) */
+	/*
+	 * The context (128 for these). A prompt that leaves no room for one token
+	 * is OpenAI's context_length_exceeded on the prompt's field; one that fits
+	 * with too large a max_tokens is refused on max_tokens; an absent max_tokens
+	 * is cut to what the context leaves.
+	 */
 	LIM.max_ctx = 128;
 	char *ids = gen_body("{'max_tokens': 64, 'prompt': [", "1", 65, "]}");
-	REFUSE(CMPL, ids, "max_tokens", NULL, "the prompt (65 tokens) plus 'max_tokens' (64) exceeds the context (128 tokens)");
+	REFUSE(CMPL, ids, "max_tokens", NULL,
+	       "the prompt (65 tokens) plus 'max_tokens' (64) exceeds the context (128 tokens): 'max_tokens' may be at most 63");
 	free(ids);
 	ids = gen_body("{'max_tokens': 64, 'prompt': [", "1", 64, "]}");
-	kvt_gen_request q;
 	if (ACCEPT(CMPL, ids, &q)) /* exactly the context */
 		CHECK(q.n_ids == 64 && q.ids[63] == 1);
 	kvt_gen_request_deinit(&q);
 	free(ids);
-	char *long_msg = gen_body("{'max_completion_tokens': 64, 'messages': [{'role': 'user', 'content': '", "x y", 40, "'}]}");
+	ids = gen_body("{'max_tokens': 1, 'prompt': [", "1", 128, "]}");
+	REFUSE(CMPL, ids, "prompt", "context_length_exceeded",
+	       "the prompt is too long: 128 tokens, and the model's context is 128 tokens");
+	free(ids);
+	ids = gen_body("{'prompt': [", "1", 500, "]}");
+	REFUSE(CMPL, ids, "prompt", "context_length_exceeded", "500 tokens, and the model's context is 128 tokens");
+	free(ids);
+	ids = gen_body("{'max_tokens': 1, 'prompt': [", "1", 127, "]}");
+	if (ACCEPT(CMPL, ids, &q)) /* one token left: fits */
+		CHECK(q.n_ids == 127 && q.sched.max_tokens == 1);
+	kvt_gen_request_deinit(&q);
+	free(ids);
+	ids = gen_body("{'prompt': [", "1", 120, "]}");
+	if (ACCEPT(CMPL, ids, &q)) /* no max_tokens: the default (16), cut to the 8 tokens left */
+		CHECK(q.n_ids == 120 && !q.max_tokens_set && q.sched.max_tokens == 8);
+	kvt_gen_request_deinit(&q);
+	free(ids);
+	ids = gen_body("{'prompt': [", "1", 100, "]}");
+	if (ACCEPT(CMPL, ids, &q)) /* the default fits: as it is */
+		CHECK(q.sched.max_tokens == LIM.default_max_tokens);
+	kvt_gen_request_deinit(&q);
+	free(ids);
+	char *long_msg = gen_body("{'max_completion_tokens': 64, 'messages': [{'role': 'user', 'content': '", "x y", 20, "'}]}");
 	REFUSE(CHAT, long_msg, "max_completion_tokens", NULL, "plus 'max_completion_tokens' (64) exceeds the context");
+	free(long_msg);
+	long_msg = gen_body("{'max_completion_tokens': 1, 'messages': [{'role': 'user', 'content': '", "x y", 40, "'}]}");
+	REFUSE(CHAT, long_msg, "messages", "context_length_exceeded", "the prompt is too long: ");
 	free(long_msg);
 	LIM.max_ctx = 2048;
 
@@ -758,6 +912,7 @@ int main(void)
 	CHECK(kvt_tok_n_vocab(TOK) == LIM.n_vocab);
 
 	test_json();
+	test_nul_keys();
 	test_sampling();
 	test_refused_fields();
 	test_logprobs();

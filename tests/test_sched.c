@@ -42,6 +42,7 @@
 
 static char dir[256], model_path[300], t2_path[300], db_path[300];
 static bool device_decode = true; /* rig_open's c.sched.device_decode */
+static uint32_t max_queue = 64;    /* rig_open's c.sched.max_queue */
 
 typedef struct rig {
 	kvt_dev *dev;
@@ -66,6 +67,7 @@ static int rig_open(rig *r, bool reset, uint32_t max_running)
 	c.sched.max_running = max_running;
 	c.sched.prefill_chunk = 48;
 	c.sched.device_decode = device_decode;
+	c.sched.max_queue = max_queue;
 	if (kvt_stack_open(&c, &r->st))
 		return 1;
 	r->t0 = r->st.t0;
@@ -297,6 +299,57 @@ static void on_progress(void *user, uint32_t done, uint32_t total)
 	CHECK(done <= total);
 	*last = done;
 }
+/*
+ * max_queue bounds the requests waiting beyond the places max_running has
+ * free ([server] max_queue): 0 takes a request only into a free place, and
+ * the place of a request that ended takes one again as soon as its client
+ * has the end.
+ */
+static void test_queue_limit(void)
+{
+	for (uint32_t mq = 0; mq < 2; mq++) {
+		rig r;
+		max_queue = mq;
+		CHECKF(rig_open(&r, true, 2) == KVT_OK, "max_queue %u: the scheduler starts", mq);
+		max_queue = 64;
+		if (!r.s) {
+			rig_close(&r);
+			continue;
+		}
+		int32_t p[40];
+		sched_make_prompt(p, 40, 31);
+		kvt_sched_req q;
+		req_init(&q, p, 40, 300, "queue", NULL);
+		kvt_sched_handle *h[3] = { 0 }, *extra = NULL;
+		sched_result res;
+		for (uint32_t i = 0; i < 2 + mq; i++)
+			CHECKF(kvt_sched_submit(r.s, &q, &h[i]) == KVT_OK, "max_queue %u: request %u taken", mq, i);
+		int rc = kvt_sched_submit(r.s, &q, &extra);
+		CHECKF(rc == KVT_EFULL, "max_queue %u: request %u refused (rc %d)", mq, 2 + mq, rc);
+		if (rc == KVT_OK) {
+			kvt_sched_cancel(extra);
+			CHECK(sched_collect(extra, &res) == KVT_OK);
+		}
+		if (h[0]) {
+			kvt_sched_cancel(h[0]);
+			CHECK(sched_collect(h[0], &res) == KVT_OK);
+		}
+		/* at once: the client has the end, so the place is free (before the scheduler prunes the handle) */
+		rc = kvt_sched_submit(r.s, &q, &extra);
+		CHECKF(rc == KVT_OK, "max_queue %u: the place of a request that ended takes one at once (rc %d)", mq, rc);
+		if (rc == KVT_OK) {
+			kvt_sched_cancel(extra);
+			CHECK(sched_collect(extra, &res) == KVT_OK);
+		}
+		for (uint32_t i = 1; i < 2 + mq; i++) {
+			if (!h[i])
+				continue;
+			kvt_sched_cancel(h[i]);
+			CHECK(sched_collect(h[i], &res) == KVT_OK);
+		}
+		rig_close(&r);
+	}
+}
 
 int main(void)
 {
@@ -386,6 +439,7 @@ int main(void)
 	rig_close(&r);
 
 	test_device_decode();
+	test_queue_limit();
 
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

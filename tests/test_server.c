@@ -548,6 +548,12 @@ static void test_wire_details(void)
 	v = body_json();
 	CHECK(!strcmp(json_string_value(json_object_get(v, "id")) ?: "", "synth-test"));
 	CHECK(!strcmp(json_string_value(json_object_get(v, "object")) ?: "", "model"));
+	CHECKF(json_integer_value(json_object_get(v, "max_model_len")) == 512, "max_model_len (the context): %s", R.body);
+	json_decref(v);
+	CHECK_EQ_INT(http("GET", "/v1/models", NULL), 200);
+	v = body_json();
+	CHECKF(json_integer_value(json_object_get(json_array_get(json_object_get(v, "data"), 0), "max_model_len")) == 512,
+	       "/v1/models reports the context: %s", R.body);
 	json_decref(v);
 	CHECK_EQ_INT(http("GET", "/v1/models/other", NULL), 404);
 	CHECK(is_error(404, "model", "model_not_found"));
@@ -1199,7 +1205,7 @@ static void test_bad_inputs(engine *e)
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"5\"}", "max_tokens" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", "temperature" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": 2.5}", "temperature" },
-		{ "/v1/completions", "{\"prompt\": \"hi\", \"top_p\": 0}", "top_p" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"top_p\": -0.5}", "top_p" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"top_k\": -1}", "top_k" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"n\": 5}", "n" },
 		{ "/v1/completions", "{\"prompt\": \"hi\", \"n\": 0}", "n" },
@@ -1231,6 +1237,19 @@ static void test_bad_inputs(engine *e)
 						   "{\"prompt\": \"x\", \"max_tokens\": 2}") == 200,
 		       "good request after case %zu: %ld %s", i, R.status, R.body);
 	}
+	/* a prompt over the context: OpenAI's context_length_exceeded, on the prompt's field */
+	char over[4096];
+	size_t n_over = (size_t)snprintf(over, sizeof(over), "{\"max_tokens\": 1, \"prompt\": [1");
+	for (int i = 0; i < 600; i++)
+		n_over += (size_t)snprintf(over + n_over, sizeof(over) - n_over, ", 1");
+	snprintf(over + n_over, sizeof(over) - n_over, "]}");
+	http("POST", "/v1/completions", over);
+	CHECKF(is_error(400, "prompt", "context_length_exceeded") && strstr(R.body, "601 tokens") &&
+		       strstr(R.body, "context is 512 tokens"),
+	       "%s", R.body);
+	/* an object key may hold NUL: accepted (a field so named is no field kvtier reads) */
+	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2, \"a\\u0000b\": {\"\\u0000\": 1}}"),
+		     200);
 	/* a long-enough prompt is fine right at the context limit */
 	CHECK_EQ_INT(http("POST", "/v1/completions", "{\"prompt\": [1], \"max_tokens\": 511, \"ignore_eos\": true}"), 200);
 	json_t *v = body_json();

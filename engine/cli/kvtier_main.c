@@ -83,6 +83,7 @@ static bool parse_bytes(const char *opt, const char *s, uint64_t *out)
 		case 'M': case 'm': mul = 1ull << 20; break;
 		case 'G': case 'g': mul = 1ull << 30; break;
 		case 'T': case 't': mul = 1ull << 40; break;
+		case 'P': case 'p': mul = 1ull << 50; break;
 		default: mul = 0;
 		}
 		end++;

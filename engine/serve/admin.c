@@ -64,10 +64,17 @@ enum MHD_Result kvt_srv_handle_health(conn_req *r)
 	return kvt_srv_reply_json(r, 200, json_pack("{s:s, s:o}", "status", "degraded", "degraded", what), false);
 }
 
-static json_t *model_json(const kvt_server *srv)
+/*
+ * The model object: OpenAI's fields, and vLLM's max_model_len (the context a
+ * prompt and its reply share), which clients read to size their prompts.
+ * Served only once the engine is set (the router answers 503 before).
+ */
+static json_t *model_json(kvt_server *srv)
 {
-	return json_pack("{s:s, s:s, s:I, s:s}", "id", srv->model_id, "object", "model", "created",
-			 (json_int_t)srv->created, "owned_by", "kvtier");
+	kvt_sched *sched = atomic_load(&srv->sched);
+	return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", srv->model_id, "object", "model", "created",
+			 (json_int_t)srv->created, "owned_by", "kvtier", "max_model_len",
+			 (json_int_t)(sched ? kvt_sched_max_ctx(sched) : 0));
 }
 
 enum MHD_Result kvt_srv_handle_models(conn_req *r)

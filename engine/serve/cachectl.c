@@ -29,10 +29,11 @@ static int parse_one(json_t *cc, const char *param, double *ttl_s, kvt_req_err *
 			return kvt_req_fail(e, param, NULL, "'%s.ttl' must be \"5m\" or \"1h\"", param);
 	}
 	const char *key;
+	size_t key_len;
 	json_t *v;
-	json_object_foreach(cc, key, v)
+	json_object_keylen_foreach(cc, key, key_len, v)
 	{
-		if (strcmp(key, "type") && strcmp(key, "ttl"))
+		if (key_len != strlen(key) || (strcmp(key, "type") && strcmp(key, "ttl"))) /* a NUL in the key: neither */
 			return kvt_req_fail(e, param, NULL, "'%s' has an unknown field '%.64s' (allowed: type, ttl)", param, key);
 	}
 	return KVT_OK;

@@ -46,7 +46,7 @@
 
 enum vtype {
 	V_U32,      /* unsigned integer in [min, max] */
-	V_SIZE,     /* bytes, K/M/G/T suffix, in [min, max]; stored as size_t */
+	V_SIZE,     /* bytes, K/M/G/T/P suffix, in [min, max]; stored as size_t */
 	V_TIERCAP,  /* kvt_tier_config capacity: bytes, or "auto" when allow_auto */
 	V_FRACTION, /* float in [min, max] (min_open: > min) */
 	V_DURATION, /* double seconds, s/ms suffix, in [min, max] */
@@ -359,7 +359,7 @@ static bool parse_quotas(const char *s, kvt_quota_list *out, char *why, size_t w
 	return true;
 }
 
-/* "64M", "2G", "16384", "1.5G" (a fraction times a suffix), optional B/iB. *overflow tells a too-big number. */
+/* "64M", "2G", "1P", "16384", "1.5G" (a fraction times a suffix), optional B/iB. *overflow tells a too-big number. */
 static bool parse_size(const char *s, uint64_t *out, bool *overflow)
 {
 	*overflow = false;
@@ -379,6 +379,7 @@ static bool parse_size(const char *s, uint64_t *out, bool *overflow)
 	case 'M': case 'm': mul = 1ull << 20; suf++; break;
 	case 'G': case 'g': mul = 1ull << 30; suf++; break;
 	case 'T': case 't': mul = 1ull << 40; suf++; break;
+	case 'P': case 'p': mul = 1ull << 50; suf++; break;
 	default: return false;
 	}
 	if (*suf && strcmp(suf, "B") != 0 && (mul == 1 || strcmp(suf, "iB") != 0))
@@ -651,7 +652,7 @@ static int apply_key(kvt_config *c, const key_def *k, const char *value, const c
 		char lo[48], hi[48];
 		fmt_bytes((uint64_t)k->min, lo, sizeof(lo));
 		fmt_bytes((uint64_t)k->max, hi, sizeof(hi));
-		snprintf(range, sizeof(range), "%sbytes %s .. %s, with an optional K/M/G/T suffix (powers of 1024)",
+		snprintf(range, sizeof(range), "%sbytes %s .. %s, with an optional K/M/G/T/P suffix (powers of 1024)",
 			 k->allow_auto ? "\"auto\", or " : "", lo, hi);
 		if (k->type == V_TIERCAP && strcasecmp(value, "auto") == 0) {
 			if (!k->allow_auto) {

@@ -9,13 +9,17 @@
  * the field. The checks run in the order the HTTP layer has always run them,
  * so which fault of a body with several is reported does not change.
  *
+ * Object keys may hold U+0000 (kvt_req_body_load re-spells them for
+ * jansson's reader and back): code here that reads a key's text reads it by
+ * length.
+ *
  * Invariants:
  *  - nothing here touches a connection, the scheduler, the clock or a random
  *    source: the same body and limits give the same request or refusal;
  *  - in chat, only the template's own markers are special tokens: message
  *    text is tokenized as text (kvt_tok_chat_encode);
- *  - every prompt token is in [0, n_vocab), and prompt + max_tokens fits the
- *    context, before KVT_OK.
+ *  - every prompt token is in [0, n_vocab), the prompt leaves room for one
+ *    token, and prompt + max_tokens fits the context, before KVT_OK.
  */
 #include "request.h"
 
@@ -134,13 +138,168 @@ static int get_str(json_t *o, const char *key, const char **out, size_t *n_out, 
 	return KVT_OK;
 }
 
+/*
+ * Keys holding U+0000. JSON allows them, and so does OpenAI's schema, but
+ * jansson's parser refuses them (its hashtable takes a key by length; its
+ * reader does not). A body it refuses for that alone is read again with
+ * every object key re-spelled one to one: U+0000 as KEY_ESC '0', KEY_ESC
+ * itself as KEY_ESC '1'. KEY_ESC is U+FFFF, a noncharacter. The spelling is
+ * prefix-free, so two keys stay two (duplicates are still caught) and each
+ * spells back (keys_unspell) to its own bytes. Values are never touched.
+ */
+#define KEY_ESC "\xef\xbf\xbf" /* U+FFFF in UTF-8 */
+
+static int hex4(const char *p)
+{
+	int v = 0;
+	for (int i = 0; i < 4; i++) {
+		int c = (unsigned char)p[i], d = isdigit(c) ? c - '0' : isxdigit(c) ? (tolower(c) - 'a' + 10) : -1;
+		if (d < 0)
+			return -1;
+		v = v << 4 | d;
+	}
+	return v;
+}
+
+static bool has_esc(const char *key, size_t n)
+{
+	for (size_t i = 0; i + 3 <= n; i++)
+		if (!memcmp(key + i, KEY_ESC, 3))
+			return true;
+	return false;
+}
+
+/* body (n bytes) with its object keys re-spelled (above) into b. */
+static void keys_respell(const char *p, size_t n, kvt_sbuf *b)
+{
+	size_t i = 0;
+	while (i < n) {
+		if (p[i] != '"') {
+			kvt_sbuf_add(b, p + i++, 1);
+			continue;
+		}
+		size_t s = i++;
+		while (i < n && p[i] != '"')
+			i += p[i] == '\\' ? 2 : 1;
+		size_t e = i < n ? i + 1 : n, j = e; /* e: past the closing quote */
+		while (j < n && (p[j] == ' ' || p[j] == '\t' || p[j] == '\r' || p[j] == '\n'))
+			j++;
+		if (j >= n || p[j] != ':') { /* a value: as it is */
+			kvt_sbuf_add(b, p + s, e - s);
+			i = e;
+			continue;
+		}
+		for (size_t k = s; k < e;) {
+			int u = p[k] == '\\' && k + 6 <= e && p[k + 1] == 'u' ? hex4(p + k + 2) : -1;
+			if (u == 0 || u == 0xffff) {
+				kvt_sbuf_add(b, u ? KEY_ESC "1" : KEY_ESC "0", 4);
+				k += 6;
+			} else if (k + 3 <= e && !memcmp(p + k, KEY_ESC, 3)) {
+				kvt_sbuf_add(b, KEY_ESC "1", 4);
+				k += 3;
+			} else {
+				size_t step = p[k] == '\\' && k + 2 <= e ? 2 : 1;
+				kvt_sbuf_add(b, p + k, step);
+				k += step;
+			}
+		}
+		i = e;
+	}
+}
+
+/* Every object key under v spelled back (keys_respell's inverse), in place, the keys' order kept. */
+static int keys_unspell(json_t *v)
+{
+	size_t k;
+	json_t *x;
+	if (json_is_array(v)) {
+		json_array_foreach(v, k, x)
+		{
+			if (keys_unspell(x))
+				return KVT_ENOMEM;
+		}
+		return KVT_OK;
+	}
+	if (!json_is_object(v))
+		return KVT_OK;
+	const char *key;
+	size_t key_len, n = json_object_size(v), i = 0;
+	bool spelled = false;
+	json_object_keylen_foreach(v, key, key_len, x)
+	{
+		if (keys_unspell(x))
+			return KVT_ENOMEM;
+		spelled = spelled || has_esc(key, key_len);
+	}
+	if (!spelled)
+		return KVT_OK;
+	/* NOTE: json_object_update and json_deep_copy take keys as C strings (jansson 2.14): rebuilt by hand */
+	struct {
+		char *key; /* the key spelled back, malloc'd */
+		size_t n;  /* its bytes */
+		json_t *v; /* its value (a reference, handed to v again) */
+	} *ent = calloc(n, sizeof(*ent));
+	int rc = ent ? KVT_OK : KVT_ENOMEM;
+	json_object_keylen_foreach(v, key, key_len, x)
+	{
+		if (rc || !(ent[i].key = malloc(key_len + 1))) {
+			rc = KVT_ENOMEM;
+			break;
+		}
+		size_t m = 0;
+		for (size_t j = 0; j < key_len; j++) {
+			bool esc = j + 4 <= key_len && !memcmp(key + j, KEY_ESC, 3);
+			ent[i].key[m++] = esc ? (key[j + 3] == '0' ? '\0' : (char)0xef) : key[j];
+			if (esc && key[j + 3] != '0') {
+				memcpy(ent[i].key + m, KEY_ESC + 1, 2);
+				m += 2;
+			}
+			j += esc ? 3 : 0;
+		}
+		ent[i].n = m;
+		ent[i++].v = json_incref(x);
+	}
+	if (rc == KVT_OK) {
+		json_object_clear(v);
+		for (size_t j = 0; j < i && rc == KVT_OK; j++) {
+			rc = json_object_setn_new_nocheck(v, ent[j].key, ent[j].n, ent[j].v) ? KVT_ENOMEM : KVT_OK;
+			ent[j].v = NULL;
+		}
+	}
+	for (size_t j = 0; ent && j < n; j++) {
+		free(ent[j].key);
+		json_decref(ent[j].v);
+	}
+	free(ent);
+	return rc;
+}
+
+/* json_loadb with kvtier's flags; an integer beyond 64 bits makes it read every integer as a real. */
+static json_t *body_parse(const char *p, size_t n, json_error_t *jerr)
+{
+	const size_t flags = JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL;
+	json_t *v = json_loadb(p, n, flags, jerr);
+	if (!v && json_error_code(jerr) == json_error_numeric_overflow)
+		v = json_loadb(p, n, flags | JSON_DECODE_INT_AS_REAL, jerr);
+	return v;
+}
+
 int kvt_req_body_load(const char *body, size_t n, json_t **out, kvt_req_err *e)
 {
 	json_error_t jerr;
-	const size_t flags = JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL;
-	json_t *v = json_loadb(body ? body : "", n, flags, &jerr);
-	if (!v && json_error_code(&jerr) == json_error_numeric_overflow)
-		v = json_loadb(body ? body : "", n, flags | JSON_DECODE_INT_AS_REAL, &jerr);
+	body = body ? body : "";
+	json_t *v = body_parse(body, n, &jerr);
+	if (!v && json_error_code(&jerr) == json_error_null_byte_in_key) {
+		kvt_sbuf b = { 0 };
+		kvt_sbuf_add(&b, "", 0);
+		keys_respell(body, n, &b);
+		v = b.failed ? NULL : body_parse(b.p, b.n, &jerr);
+		free(b.p);
+		if (b.failed || (v && keys_unspell(v))) {
+			json_decref(v);
+			return KVT_ENOMEM;
+		}
+	}
 	if (!v)
 		return kvt_req_fail(e, NULL, "invalid_json", "malformed JSON body: %s (line %d, column %d)", jerr.text,
 				    jerr.line, jerr.column);
@@ -213,12 +372,13 @@ static int parse_bias(const kvt_req_limits *lim, json_t *v, kvt_sampler_params *
 	if (json_object_size(v) > KVT_SAMPLER_MAX_BIAS)
 		return kvt_req_fail(e, "logit_bias", NULL, "'logit_bias' may hold at most %d entries", KVT_SAMPLER_MAX_BIAS);
 	const char *key;
+	size_t key_len;
 	json_t *bv;
-	json_object_foreach(v, key, bv)
+	json_object_keylen_foreach(v, key, key_len, bv)
 	{
 		char *end = NULL;
 		long long id = strtoll(key, &end, 10);
-		if (!key[0] || *end || id < 0 || id >= (long long)lim->n_vocab)
+		if (!key[0] || *end || end != key + key_len || id < 0 || id >= (long long)lim->n_vocab)
 			return kvt_req_fail(e, "logit_bias", NULL, "'logit_bias' key '%.40s' is not a token id in [0, %u)", key,
 					    lim->n_vocab);
 		if (!json_is_number(bv) || !(json_number_value(bv) >= -100 && json_number_value(bv) <= 100))
@@ -234,8 +394,7 @@ static int parse_refused(bool chat, json_t *body, kvt_req_err *e)
 	long long best_of = 1;
 	if (!chat && get_int(body, "best_of", 1, 1, &best_of, e))
 		return KVT_EINVAL;
-	static const char *const refused[] = { "suffix", "audio", "prediction", "web_search_options", "reasoning_effort",
-					       "verbosity" };
+	static const char *const refused[] = { "suffix", "audio", "prediction", "web_search_options", "verbosity" };
 	json_t *v;
 	for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++)
 		if ((v = json_object_get(body, refused[k])) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
@@ -245,6 +404,26 @@ static int parse_refused(bool chat, json_t *body, kvt_req_err *e)
 	      !strcmp(json_string_value(json_array_get(v, 0)), "text")))
 		return kvt_req_fail(e, "modalities", NULL, "'modalities' other than [\"text\"] is not supported");
 	return KVT_OK;
+}
+
+/*
+ * reasoning_effort: OpenAI's values are accepted. No model kvtier serves
+ * reasons as kvtier lays its chat out (no template it renders has a thinking
+ * turn), so "none" and "minimal" are what the model does anyway, and the
+ * others change nothing (docs/http-api.md). Any other value is refused.
+ */
+static int parse_reasoning(json_t *body, kvt_req_err *e)
+{
+	static const char *const efforts[] = { "none", "minimal", "low", "medium", "high", "xhigh" };
+	json_t *v = json_object_get(body, "reasoning_effort");
+	if (!v || json_is_null(v))
+		return KVT_OK;
+	for (size_t k = 0; json_is_string(v) && k < sizeof(efforts) / sizeof(efforts[0]); k++)
+		if (!strcmp(json_string_value(v), efforts[k]) && json_string_length(v) == strlen(efforts[k]))
+			return KVT_OK;
+	return kvt_req_fail(e, "reasoning_effort", NULL,
+			    "'reasoning_effort' must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\" "
+			    "(the model has no reasoning mode: each means what it does without one)");
 }
 
 /* stop: a string or an array of at most KVT_REQ_MAX_STOPS strings; empty ones are ignored. */
@@ -290,6 +469,7 @@ int kvt_gen_request_parse(const kvt_req_limits *lim, bool chat, json_t *body, kv
 	int rc;
 
 	q->max_tokens_key = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+	q->max_tokens_set = present(body, q->max_tokens_key);
 	if (get_str(body, "model", &model, NULL, e) || get_str(body, "user", &user, &n_user, e) ||
 	    get_int(body, q->max_tokens_key, 1, lim->max_tokens_limit, &max_tokens, e) ||
 	    get_num(body, "temperature", &temp, e) || get_num(body, "top_p", &top_p, e) ||
@@ -328,13 +508,17 @@ int kvt_gen_request_parse(const kvt_req_limits *lim, bool chat, json_t *body, kv
 	}
 	if ((v = json_object_get(body, "logit_bias")) && !json_is_null(v) && parse_bias(lim, v, &s->sample, e))
 		return KVT_EINVAL;
-	if (parse_refused(chat, body, e) ||
+	if (parse_refused(chat, body, e) || parse_reasoning(body, e) ||
 	    kvt_oai_response_format(json_object_get(body, "response_format"), &s->grammar, e))
 		return KVT_EINVAL;
 	if (!(temp >= 0 && temp <= 2))
 		return kvt_req_fail(e, "temperature", NULL, "'temperature' must be in [0, 2]");
-	if (!(top_p > 0 && top_p <= 1))
-		return kvt_req_fail(e, "top_p", NULL, "'top_p' must be in (0, 1]");
+	if (!(top_p >= 0 && top_p <= 1))
+		return kvt_req_fail(e, "top_p", NULL, "'top_p' must be in [0, 1]");
+	if (top_p == 0) { /* the smallest set reaching probability 0 is the most likely token: greedy */
+		temp = 0;
+		top_p = 1;
+	}
 	if ((v = json_object_get(body, "stream_options")) && !json_is_null(v)) {
 		if (!json_is_object(v))
 			return kvt_req_fail(e, "stream_options", NULL, "'stream_options' must be an object");
@@ -532,12 +716,26 @@ out:
 	return ret;
 }
 
-/* The prompt ids of a completion request: a string (or an array of one), or an array of token ids. */
+/*
+ * The prompt ids of a completion request: a string (or an array of one), or
+ * an array of token ids. null is OpenAI's default prompt, the document
+ * separator: generation starts as at the start of a new document, so the
+ * prompt is the model's BOS token (its EOS where it has none).
+ */
 static int completion_prompt(const kvt_tok *tok, uint32_t n_vocab, json_t *prompt, bool parse_special, int32_t **ids,
 			     uint32_t *n, kvt_req_err *e)
 {
-	if (!prompt || json_is_null(prompt))
-		return kvt_req_fail(e, "prompt", NULL, "'prompt' is required");
+	if (!prompt)
+		return kvt_req_fail(e, "prompt", NULL, "'prompt' is required (null: a new document)");
+	if (json_is_null(prompt)) {
+		int32_t start = kvt_tok_bos(tok) >= 0 ? kvt_tok_bos(tok) : kvt_tok_eos(tok);
+		if (start < 0 || !(*ids = malloc(sizeof(**ids))))
+			return kvt_req_fail(e, "prompt", NULL, start < 0 ? "'prompt': null needs a BOS or EOS token, and this "
+							       "model has neither" : "out of memory");
+		**ids = start;
+		*n = 1;
+		return KVT_OK;
+	}
 	if (json_is_array(prompt) && json_array_size(prompt) == 1 && json_is_string(json_array_get(prompt, 0)))
 		prompt = json_array_get(prompt, 0);
 	if (json_is_string(prompt)) {
@@ -626,10 +824,21 @@ int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t
 		if (q->ids[i] < 0 || (uint32_t)q->ids[i] >= lim->n_vocab) /* a tokenizer bigger than the model */
 			return kvt_req_fail(e, field, NULL, "the prompt has token id %d, outside the model's vocabulary (%u)",
 					    q->ids[i], lim->n_vocab);
-	if ((uint64_t)q->n_ids + (uint64_t)q->sched.max_tokens > lim->max_ctx)
-		return kvt_req_fail(e, q->max_tokens_key, NULL,
-				    "the prompt (%u tokens) plus '%s' (%u) exceeds the context (%u tokens)", q->n_ids,
-				    q->max_tokens_key, q->sched.max_tokens, lim->max_ctx);
+	/* the prompt must leave room for one token (OpenAI's context_length_exceeded); then max_tokens must fit */
+	if (q->n_ids >= lim->max_ctx)
+		return kvt_req_fail(e, field, "context_length_exceeded",
+				    "the prompt is too long: %u tokens, and the model's context is %u tokens (the prompt "
+				    "must leave room for at least one generated token); shorten the %s",
+				    q->n_ids, lim->max_ctx, field);
+	if ((uint64_t)q->n_ids + q->sched.max_tokens > lim->max_ctx) {
+		if (q->max_tokens_set)
+			return kvt_req_fail(e, q->max_tokens_key, NULL,
+					    "the prompt (%u tokens) plus '%s' (%u) exceeds the context (%u tokens): "
+					    "'%s' may be at most %u for this prompt",
+					    q->n_ids, q->max_tokens_key, q->sched.max_tokens, lim->max_ctx,
+					    q->max_tokens_key, lim->max_ctx - q->n_ids);
+		q->sched.max_tokens = lim->max_ctx - q->n_ids; /* the default: what the context leaves */
+	}
 	if (q->echo && (rc = echo_text(tok, json_object_get(body, "prompt"), q)) != KVT_OK)
 		return rc;
 	if (kvt_cachectl_parse(tok, body, q->chat, q->ids, q->n_ids, &q->cc, e))

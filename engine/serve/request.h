@@ -14,8 +14,12 @@
  *      limits (vocabulary, context, configured maxima) come in a struct.
  *   2. kvt_gen_request_prompt: the prompt — chat messages through the chat
  *      template (only the template's markers are special tokens), or a
- *      completion's string / token-id prompt — then the context check, the
- *      echo text and the cache-control breakpoints (which need the tokens).
+ *      completion's string / token-id prompt (null: a new document) — then
+ *      the context check (a prompt that leaves no room for one token is code
+ *      "context_length_exceeded" on the prompt's field; one that leaves too
+ *      little for the max_tokens it gave is refused on max_tokens; a default
+ *      max_tokens is cut to fit), the echo text and the cache-control
+ *      breakpoints (which need the tokens).
  *
  * Errors: KVT_OK; KVT_EINVAL with the error record filled (a 400 naming the
  * field: kvt_req_http_status); KVT_ENOMEM where the old handler answered
@@ -56,6 +60,8 @@ typedef struct kvt_gen_request {
 	bool parse_special;                 /* completions: a string prompt's special-token text is parsed (default true) */
 	bool echo;                          /* completions: echo */
 	const char *max_tokens_key;         /* "max_tokens", or "max_completion_tokens" when a chat body has it (static) */
+	bool max_tokens_set;                /* the body gave max_tokens_key; else the default, cut (step 2) to what
+	                                       the context leaves after the prompt */
 	uint32_t n;                         /* choices, 1..max_n; choice i samples with sched.sample.seed + i */
 	kvt_sched_req sched;                /* the scheduler request of choice 0: prompt points into ids; grammar an owned
 	                                       reference; tenant "" unless `user` named one; session_id and retain are
@@ -74,13 +80,15 @@ typedef struct kvt_gen_request {
 } kvt_gen_request;
 
 /*
- * The request body as a JSON object. Strings may hold \u0000 (OpenAI's
- * schema allows it). An integer beyond 64 bits (in a field kvtier ignores,
- * such as metadata) makes the whole body parse again with every integer read
- * as a real: the fields kvtier reads take whole reals, and only a seed
- * beyond 2^53 then loses precision. KVT_OK with *out (the caller's
- * reference); KVT_EINVAL with e (code "invalid_json") for malformed JSON or
- * a body that is not an object.
+ * The request body as a JSON object. Strings and object keys may hold
+ * \u0000 (OpenAI's schema allows both; a key's bytes are read by length,
+ * json_object_keylen_foreach: json_object_foreach's key stops at the NUL).
+ * An integer beyond 64 bits (in a field kvtier ignores, such as metadata)
+ * makes the whole body parse again with every integer read as a real: the
+ * fields kvtier reads take whole reals, and only a seed beyond 2^53 then
+ * loses precision. KVT_OK with *out (the caller's reference); KVT_EINVAL
+ * with e (code "invalid_json") for malformed JSON or a body that is not an
+ * object; KVT_ENOMEM.
  */
 int kvt_req_body_load(const char *body, size_t n, json_t **out, kvt_req_err *e);
 

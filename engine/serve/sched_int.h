@@ -30,6 +30,8 @@ struct kvt_sched {
 	bool stop, draining;        /* stopping; refusing submits (KVT_ESTOPPED) */
 	kvt_sched_handle *q_head, *q_tail; /* the queue (under mu) */
 	uint32_t n_queued, n_running; /* requests waiting, admitted (under mu) */
+	uint32_t n_ended;           /* of n_running, ended (their clients have the end) and not yet pruned: their
+	                               places count as free to submit (under mu) */
 	uint32_t t0_committed;      /* T0 blocks committed to the running requests (admission) */
 	bool admit_hold;            /* a preemption happened: admit nothing until a request ends (no thrashing) */
 	uint64_t n_admitted;        /* admissions so far (seq_no), scheduler thread */

@@ -214,6 +214,18 @@ static void handle_free(kvt_sched_handle *h)
 	free(h);
 }
 
+/*
+ * Places of max_running not held by a live request (under mu). A request
+ * that has ended holds none, though prune has not yet taken it off the
+ * running list: a client that sends its next request on the last one's end
+ * finds its place free (with max_queue = 0 it would be refused otherwise).
+ */
+static uint32_t free_places(const kvt_sched *s)
+{
+	uint32_t live = s->n_running - s->n_ended;
+	return live < s->cfg.max_running ? s->cfg.max_running - live : 0;
+}
+
 int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **out)
 {
 	*out = NULL;
@@ -290,8 +302,8 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	int rc = KVT_OK;
 	if (s->draining || s->stop)
 		rc = KVT_ESTOPPED;
-	else if (s->n_queued >= s->cfg.max_queue)
-		rc = KVT_EFULL;
+	else if (s->n_queued >= s->cfg.max_queue + free_places(s))
+		rc = KVT_EFULL; /* max_queue waiting beyond the batch's free places (0: none waits) */
 	if (rc) {
 		pthread_mutex_unlock(&s->mu);
 		pthread_cond_destroy(&h->cv);
@@ -456,6 +468,7 @@ static void retain_prompt(kvt_sched *s, kvt_sched_handle *h)
 static void end_locked(kvt_sched *s, kvt_sched_handle *h)
 {
 	h->ended = true;
+	s->n_ended++; /* h is on the running list until prune */
 	record_usage_locked(s, h);
 	pthread_cond_broadcast(&h->cv);
 	if (s->progress)
@@ -1096,6 +1109,7 @@ static bool prune(kvt_sched *s)
 		pthread_mutex_lock(&s->mu);
 		h->unlinked = true;
 		s->n_running--;
+		s->n_ended -= h->ended; /* every pruned handle has ended (finish_request, sched_turn_saved) */
 		s->t0_committed -= h->committed;
 		s->admit_hold = false; /* blocks came free: a preempted request may try again */
 		bool gone = h->client_gone;
@@ -1255,7 +1269,7 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 	*out = NULL;
 	const char *bad = !cfg->dev ? "dev" : !cfg->model ? "model" : !cfg->t0 ? "t0"
 		: (!cfg->secret || cfg->secret_bytes < 16 || cfg->secret_bytes > 64) ? "secret (16..64 bytes)"
-		: !cfg->max_running ? "max_running" : !cfg->max_queue ? "max_queue" : !cfg->prefill_chunk ? "prefill_chunk"
+		: !cfg->max_running ? "max_running" : !cfg->prefill_chunk ? "prefill_chunk"
 		: !(cfg->head_share >= 0 && cfg->head_share <= 1) ? "head_share (0..1)" : NULL;
 	if (bad) {
 		KVT_LOGE("sched: bad config: %s", bad);

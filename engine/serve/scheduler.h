@@ -90,7 +90,8 @@ typedef struct kvt_sched_config {
 	const uint8_t *secret;     /* server secret for tenant salts (>= 16 bytes; copied) */
 	size_t secret_bytes;
 	uint32_t max_running;      /* sequences decoding at once (default 16) */
-	uint32_t max_queue;        /* requests waiting; beyond it submit says KVT_EFULL (default 64) */
+	uint32_t max_queue;        /* requests waiting beyond the free places of max_running; more: submit says
+	                              KVT_EFULL (default 64; 0: a request is taken only into a free place) */
 	uint32_t prefill_chunk;    /* prompt tokens run per scheduler step (default 256) */
 	bool cache;                /* reuse cached prefixes (default true; false: benchmark baseline) */
 	int policy;                /* enum kvt_sched_policy (default FAIR) */
@@ -193,7 +194,8 @@ uint32_t kvt_sched_n_vocab(const kvt_sched *s);
 uint32_t kvt_sched_max_ctx(const kvt_sched *s); /* prompt + max_tokens must fit */
 
 /*
- * Queue a request. KVT_EFULL: the queue is full (HTTP 503); KVT_EINVAL
+ * Queue a request. KVT_EFULL: the queue is full (HTTP 503): max_queue
+ * requests wait beyond the places max_running has free; KVT_EINVAL
  * (logged): a token id out of range, an empty prompt, prompt + max_tokens
  * over the context, a bad tenant or session id; KVT_ESTOPPED: draining (503);
  * KVT_ENOMEM.

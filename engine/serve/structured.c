@@ -439,19 +439,22 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 	char (*vn)[24] = calloc(n, 24);
 	bool *required = calloc(n, 1);
 	const char **keys = calloc(n, sizeof(char *));
+	size_t *key_lens = calloc(n, sizeof(size_t)); /* a property name may hold NUL bytes */
 	int ret = KVT_EINVAL;
-	if (!vn || !required || !keys) {
+	if (!vn || !required || !keys || !key_lens) {
 		kvt_req_fail(c->e, c->param, NULL, "out of memory");
 		goto out;
 	}
 	const char *k;
+	size_t k_len;
 	json_t *v;
 	const int outer = c->level, m = level_in(c);
-	json_object_foreach(props, k, v)
+	json_object_keylen_foreach(props, k, k_len, v)
 	{
 		char sub[256];
 		snprintf(sub, sizeof(sub), "%s/properties/%s", path, k);
 		keys[i] = k;
+		key_lens[i] = k_len;
 		c->level = m;
 		int rc = gen(c, v, sub, vn[i]);
 		c->level = outer;
@@ -465,7 +468,7 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 	{
 		bool found = false;
 		for (size_t j = 0; j < n && json_is_string(rv); j++)
-			if (!strcmp(keys[j], json_string_value(rv)))
+			if (key_lens[j] == json_string_length(rv) && !memcmp(keys[j], json_string_value(rv), key_lens[j]))
 				required[j] = found = true;
 		if (!found) {
 			kvt_req_fail(c->e, c->param, NULL, "'required' at %s names %s%s%s, which is not in 'properties'", path,
@@ -491,7 +494,7 @@ static int gen_object(sctx *c, json_t *s, kvt_sbuf *x, const char *path)
 				continue;
 			}
 			kvt_sbuf_printf(&c->out, "%sws%d ", first ? "" : "\",\" ", m);
-			json_t *ks = json_string(keys[j]);
+			json_t *ks = json_stringn(keys[j], key_lens[j]);
 			char *kd = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL;
 			json_decref(ks);
 			if (!kd) {
@@ -512,6 +515,7 @@ out:
 	free(vn);
 	free(required);
 	free(keys);
+	free(key_lens);
 	return ret;
 }
 
@@ -624,19 +628,20 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 		return kvt_req_fail(c->e, c->param, NULL, "the schema at %s nests deeper than 64", path);
 	}
 	const char *k;
+	size_t k_len;
 	json_t *v;
-	json_object_foreach(s, k, v)
+	json_object_keylen_foreach(s, k, k_len, v)
 	{
 		bool known = false;
 		for (size_t i = 0; i < sizeof(KNOWN_KEYS) / sizeof(KNOWN_KEYS[0]) && !known; i++)
-			known = !strcmp(k, KNOWN_KEYS[i]);
+			known = k_len == strlen(KNOWN_KEYS[i]) && !strcmp(k, KNOWN_KEYS[i]);
 		if (!known) {
 			c->depth--;
 			return kvt_req_fail(c->e, c->param, NULL,
-				     "schema keyword '%s' (at %s) is not supported; supported: type, properties, required, "
+				     "schema keyword '%s%s' (at %s) is not supported; supported: type, properties, required, "
 				     "additionalProperties, enum, const, anyOf, $defs, $ref, items, minItems, maxItems, "
 				     "minLength, maxLength, pattern",
-				     k, path);
+				     k, k_len != strlen(k) ? "\\u0000..." : "", path);
 		}
 	}
 	kvt_sbuf x = { 0 };
@@ -649,6 +654,11 @@ static int gen(sctx *c, json_t *s, const char *path, char name[24])
 			goto out;
 		}
 		const char *rs = json_string_value(ref);
+		if (strlen(rs) != json_string_length(ref)) {
+			rc = kvt_req_fail(c->e, c->param, NULL, "'$ref' at %s holds U+0000, which kvtier's pointers do not follow",
+					  path);
+			goto out;
+		}
 		/* one rule per ($ref, level): the indent bound differs by level (recursion stops at LEVEL_MAX) */
 		for (uint32_t i = 0; i < c->n_refs; i++)
 			if (c->refs[i].level == c->level && !strcmp(c->refs[i].ref, rs)) {

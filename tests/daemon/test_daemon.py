@@ -14,6 +14,15 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  "user", and by API key); a user mapped from an email and the
                  literal names its mapping is or once was are three tenants
   openai         the official openai client: completions, chat, streaming
+  compat         what OpenAI accepts and how it refuses, through the openai client
+                 and litellm: a prompt over the context is 400
+                 context_length_exceeded (litellm: ContextWindowExceededError),
+                 a max_tokens that does not fit is refused on max_tokens (not that
+                 error); a NUL in an object key, top_p 0 (greedy), prompt null;
+                 reasoning_effort as other tools send it (none, xhigh); /v1/models
+                 reports max_model_len
+  noqueue        [server] max_queue = 0 starts, serves, and refuses a request
+                 beyond max_running with 503 overloaded until a place is free
   errors         malformed JSON, oversize body, unknown session, token ids out
                  of range, max_tokens out of range, wrong method, bad key:
                  4xx error objects, and the daemon keeps serving
@@ -31,8 +40,9 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  waiting (the default 64 per address)
 
 Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
-(no model). Needs the `openai` package for the openai case (scripts/test.sh
-installs it into .venv-test; KVT_TEST_STRICT=1 makes its absence a failure).
+(no model). Needs the `openai` package for the openai and compat cases and
+`litellm` for compat (scripts/test.sh installs them into .venv-test;
+KVT_TEST_STRICT=1 makes their absence a failure).
 """
 import json
 import re
@@ -42,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvtierd_proc import SKIPS, Daemon, check, http, run_cases  # noqa: E402
@@ -310,6 +321,151 @@ def case_openai(build, tmp):
         check("Paris" in "".join(ch.choices[0].text for ch in chunks if ch.choices), "streamed completion")
     finally:
         d.stop()
+
+
+def optional_module(name, case):
+    """The module, or None (a failure under KVT_TEST_STRICT=1, else a note) when it is not installed."""
+    try:
+        return __import__(name)
+    except ImportError:
+        if os.environ.get("KVT_TEST_STRICT") == "1":
+            check(False, "the %s package is not installed" % name)
+        else:
+            print("skip part of the %s case: no %s package" % (case, name))
+        return None
+
+
+def case_compat(build, tmp):
+    openai = optional_module("openai", "compat")
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no network: litellm's bundled model map
+    litellm = optional_module("litellm", "compat")
+    if litellm is not None:
+        litellm.suppress_debug_info = True
+    if openai is None:
+        return
+    d = daemon(build, tmp)
+    d.start()
+    try:
+        c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0)
+        model = c.models.list().data[0]
+        check((model.model_extra or {}).get("max_model_len") == 2048, "models.list: max_model_len %s" % model)
+        st, r = http("GET", d.url + "/v1/models/" + model.id)
+        check(st == 200 and r.get("max_model_len") == 2048, "/v1/models/{id}: %s %s" % (st, r))
+        long_text = "word " * 3000
+        q = [{"role": "user", "content": "What is the capital of France?"}]
+
+        # a prompt over the context: OpenAI's error, on the prompt's field
+        def refusal(fn, **kw):
+            try:
+                fn(**kw)
+            except openai.BadRequestError as e:
+                return e
+            check(False, "%s: accepted" % sorted(kw))
+            return None
+        e = refusal(c.chat.completions.create, model=model.id, max_tokens=4,
+                    messages=[{"role": "user", "content": long_text}])
+        if e is not None:
+            check(e.status_code == 400 and e.code == "context_length_exceeded" and e.param == "messages",
+                  "chat over the context: %s %s %s" % (e.status_code, e.code, e.param))
+            n = re.search(r"(\d+) tokens, and the model's context is 2048 tokens", e.message)
+            check(n and int(n.group(1)) > 2048, "the message names the prompt's tokens and the context: %s" % e.message)
+        e = refusal(c.completions.create, model=model.id, max_tokens=4, prompt=long_text)
+        if e is not None:
+            check(e.code == "context_length_exceeded" and e.param == "prompt", "completion over the context: %s" % e)
+        # the prompt fits, max_tokens does not: refused on max_tokens, not a context-length error
+        e = refusal(c.chat.completions.create, model=model.id, max_tokens=2040, messages=q)
+        if e is not None:
+            check(e.param == "max_tokens" and e.code is None and "may be at most" in e.message,
+                  "max_tokens over what the context leaves: %s %s %s" % (e.code, e.param, e.message))
+        if litellm is not None:
+            kw = dict(model="openai/" + model.id, api_base=d.url + "/v1", api_key="unused", num_retries=0)
+            try:
+                litellm.completion(messages=[{"role": "user", "content": long_text}], max_tokens=4, **kw)
+                check(False, "litellm: the prompt over the context was accepted")
+            except litellm.ContextWindowExceededError:
+                pass
+            except Exception as x:  # noqa: BLE001 (what litellm raised instead is the failure)
+                check(False, "litellm: a prompt over the context is %s, not ContextWindowExceededError: %s"
+                      % (type(x).__name__, x))
+            try:
+                litellm.completion(messages=q, max_tokens=2040, **kw)
+                check(False, "litellm: max_tokens over the context was accepted")
+            except litellm.ContextWindowExceededError as x:
+                check(False, "litellm: a max_tokens that does not fit is a ContextWindowExceededError: %s" % x)
+            except litellm.BadRequestError:
+                pass
+            r = litellm.completion(messages=q, max_tokens=8, temperature=0, **kw)
+            check(r.choices[0].message.content, "litellm: a plain chat: %s" % r)
+
+        # schema-valid requests OpenAI accepts (each part fails on its own: an exception is that part's failure)
+        def accepted(what, fn, **kw):
+            try:
+                return fn(**kw)
+            except openai.APIError as x:
+                check(False, "%s: refused: %s" % (what, x))
+                return None
+        greedy = c.chat.completions.create(model=model.id, messages=q, max_tokens=12, temperature=0)
+        want = greedy.choices[0].message.content
+        r = accepted("top_p 0", c.chat.completions.create, model=model.id, messages=q, max_tokens=12,
+                     temperature=1.0, top_p=0, seed=7)
+        check(r is None or r.choices[0].message.content == want,
+              "top_p 0 is greedy: %r vs %r" % (r and r.choices[0].message.content, want))
+        r = accepted("NUL in object keys", c.chat.completions.create, model=model.id, messages=q, max_tokens=12,
+                     temperature=0, metadata={"note\u0000": "x"}, extra_body={"x\u0000y": {"\u0000": 1}})
+        check(r is None or r.choices[0].message.content == want, "NUL in object keys: %s" % r)
+        r = accepted("prompt null", c.completions.create, model=model.id, prompt=None, max_tokens=6, temperature=0)
+        check(r is None or (r.usage.prompt_tokens == 1 and r.usage.completion_tokens >= 1 and r.choices[0].text),
+              "prompt null: a new document: %s" % r)
+
+        # reasoning_effort as other tools send it: the model has no reasoning mode, the reply is the same
+        for effort in ("none", "minimal", "low", "medium", "high", "xhigh"):
+            r = accepted("reasoning_effort " + effort, c.chat.completions.create, model=model.id, messages=q,
+                         max_tokens=12, temperature=0, reasoning_effort=effort)
+            check(r is None or r.choices[0].message.content == want,
+                  "reasoning_effort %s: %r" % (effort, r and r.choices[0].message.content))
+        chunks = accepted("streamed, reasoning_effort none", lambda **kw: list(c.chat.completions.create(**kw)),
+                          model=model.id, messages=q, max_tokens=12, temperature=0, stream=True,
+                          stream_options={"include_usage": True}, extra_body={"reasoning_effort": "none"})
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks or [] if ch.choices)
+        check(chunks is None or text == want, "streamed with reasoning_effort none: %r" % text)
+        e = refusal(c.chat.completions.create, model=model.id, messages=q, max_tokens=2,
+                    extra_body={"reasoning_effort": "maximum"})
+        if e is not None:
+            check(e.param == "reasoning_effort" and "no reasoning mode" in e.message, "reasoning_effort maximum: %s" % e)
+    finally:
+        check(d.stop() == 0, "exit 0 after the compat cases")
+
+
+def case_noqueue(build, tmp):
+    d = Daemon(build, tmp,
+               "[server]\nlisten = 127.0.0.1:0\nmax_queue = 0\n[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
+               "[cache]\nmax_running = 1\n[tier.hbm]\ncapacity = 64M\n[tier.host]\ncapacity = 64M\n"
+               "[tier.nvme]\ncapacity = 64M\n[index]\ndata_dir = @DATA@\n" % MODEL)
+    d.start()  # refused before max_queue = 0 meant anything: "sched: bad config: max_queue"
+    try:
+        small = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+        st, r = http("POST", d.url + "/v1/completions", small)
+        check(st == 200, "max_queue = 0 serves: %s %s" % (st, r))
+        # one long request holds the only place (its first token is out, so it runs) ...
+        body = json.dumps({"prompt": "Count to one thousand:", "max_tokens": 400, "ignore_eos": True,
+                           "temperature": 0, "stream": True}).encode()
+        req = urllib.request.Request(d.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as stream:
+            check(stream.readline().startswith(b"data: "), "the long request streams")
+            # ... so another is refused at once, with 503 overloaded and Retry-After
+            st, r = http("POST", d.url + "/v1/completions", small)
+            check(st == 503 and r.get("error", {}).get("code") == "overloaded",
+                  "beyond max_running with no queue: %s %s" % (st, r))
+        # the long one hung up: its place is free again
+        deadline = time.time() + 30
+        st = 0
+        while time.time() < deadline and st != 200:
+            st, r = http("POST", d.url + "/v1/completions", small)
+            if st != 200:
+                time.sleep(0.2)
+        check(st == 200, "a freed place serves again: %s %s" % (st, r))
+    finally:
+        check(d.stop() == 0, "exit 0 with max_queue = 0")
 
 
 def case_errors(build, tmp):
@@ -1115,7 +1271,8 @@ def case_rawfuzz(build, tmp):
 
 
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
-         "tenants": case_tenants, "openai": case_openai, "errors": case_errors, "exposure": case_exposure,
+         "tenants": case_tenants, "openai": case_openai, "compat": case_compat, "noqueue": case_noqueue,
+         "errors": case_errors, "exposure": case_exposure,
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,

@@ -219,7 +219,7 @@ def case_refused(d):
            ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, "messages[0].tool_calls"),
            ({"messages": [{"role": "tool", "content": 5, "tool_call_id": "a"}]}, "messages[0].content"),
            ({"audio": {"voice": "x"}}, "audio"), ({"modalities": ["text", "audio"]}, "modalities"),
-           ({"reasoning_effort": "high"}, "reasoning_effort"),
+           ({"reasoning_effort": "maximum"}, "reasoning_effort"),
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
                "type": "string", "pattern": "(" * 40 + "a" + ")" * 40}}}}, "response_format.json_schema.schema"),
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
