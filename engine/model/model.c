@@ -73,7 +73,9 @@ struct kvt_model {
 	kvt_model_config cfg;     /* effective config */
 	const kvt_arch *arch;     /* the architecture's traits (static) */
 	float *rope_factors;      /* [n_rot / 2] RoPE angle divisors, device (NULL: none) */
-	size_t weight_bytes;      /* device bytes of weights */
+	size_t weight_bytes;      /* device bytes of weights (mapped ones included) */
+	size_t mapped_bytes;      /* of which point into the GGUF's mapping (cfg.map_weights) */
+	const uint8_t *map_lo, *map_hi; /* the span of the weights that point into the mapping (not freed) */
 	wmat tok_embd;            /* [n_vocab][n_embd] */
 	wmat output;              /* [n_vocab][n_embd]; the same pointer as tok_embd when tied */
 	float *output_norm;       /* [n_embd], device */
@@ -368,13 +370,37 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			h[i] = kvt_f32_to_f16(tmp[i]);
 		}
 	}
-	rc = kvt_dev_alloc(m->dev, bytes, out);
-	if (rc)
-		return rc;
+	/* the stored bytes are the backend's, bit for bit: kept as stored, or fp16/fp32 held as such
+	 * (an fp16 value widened and narrowed again is the same bits) */
+	const bool as_stored = dtype == keep || (t->type == KVT_GGML_F16 && dtype == KVT_DTYPE_F16) ||
+			       (t->type == KVT_GGML_F32 && dtype == KVT_DTYPE_F32);
 	m->weight_bytes += bytes;
 	if (out_dtype)
 		*out_dtype = dtype;
+	if (as_stored && m->cfg.map_weights && kvt_dev_host_is_device(m->dev) && bytes == t->n_bytes &&
+	    (uintptr_t)t->data % 16 == 0) {
+		/* NOTE: the GGUF's mapping is read-only; no op writes its weights */
+		const uint8_t *p = t->data;
+		*out = (void *)(uintptr_t)p;
+		m->mapped_bytes += bytes;
+		if (!m->map_lo || p < m->map_lo)
+			m->map_lo = p;
+		if (p + bytes > m->map_hi)
+			m->map_hi = p + bytes;
+		return KVT_OK;
+	}
+	rc = kvt_dev_alloc(m->dev, bytes, out);
+	if (rc)
+		return rc;
 	return kvt_dev_copy_h2d(m->dev, *out, dtype == keep ? t->data : (const void *)tmp, bytes);
+}
+
+/* Free a weight unless it points into the GGUF's mapping. */
+static void free_weight(kvt_model *m, void *p)
+{
+	if (!p || ((const uint8_t *)p >= m->map_lo && (const uint8_t *)p < m->map_hi))
+		return;
+	kvt_dev_free(m->dev, p);
 }
 
 /*
@@ -598,14 +624,17 @@ void kvt_model_destroy(kvt_model *m)
 					 L->w_up.p, L->w_down.p, L->bq, L->bk, L->bv, L->q_norm, L->k_norm,
 					 L->post_attn_norm, L->post_ffn_norm };
 			for (size_t j = 0; j < sizeof(ptrs) / sizeof(*ptrs); j++)
-				kvt_dev_free(d, ptrs[j]);
+				free_weight(m, ptrs[j]);
 		}
 		free(m->layers);
 	}
 	if (m->output.p != m->tok_embd.p)
-		kvt_dev_free(d, m->output.p);
-	void *bufs[] = { m->tok_embd.p, m->output_norm, m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
-			 m->up, m->logits, m->ids, m->pos, m->ws, m->sub, m->rope_factors };
+		free_weight(m, m->output.p);
+	free_weight(m, m->tok_embd.p);
+	free_weight(m, m->output_norm);
+	free_weight(m, m->rope_factors);
+	void *bufs[] = { m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
+			 m->up, m->logits, m->ids, m->pos, m->ws, m->sub };
 	for (size_t j = 0; j < sizeof(bufs) / sizeof(*bufs); j++)
 		kvt_dev_free(d, bufs[j]);
 	decode_free(m);
@@ -629,6 +658,7 @@ uint32_t kvt_model_max_batch(const kvt_model *m)
 
 uint32_t kvt_model_max_ctx(const kvt_model *m) { return m->cfg.max_ctx; }
 size_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
+size_t kvt_model_mapped_bytes(const kvt_model *m) { return m->mapped_bytes; }
 
 void kvt_model_kv_shape(const kvt_model *m, uint32_t block_tokens, kvt_kv_layout *out)
 {
