@@ -314,6 +314,9 @@ static int stored_dtype(uint32_t ggml_type)
  * Check a tensor's shape and values and upload it. A matrix (out_dtype set)
  * keeps its stored block-quantized form when the config allows and the
  * backend multiplies it directly; everything else is dequantized to dtype.
+ * Where the stored bytes are what the backend gets, the values are checked
+ * from them (kvt_gguf_tensor_check_finite) and, with cfg.map_weights on a
+ * backend whose device memory is host memory, the weight points at them.
  */
 static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
 		       int dtype, float *tmp, void **out, int *out_dtype)
@@ -333,10 +336,6 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			 (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
 		return KVT_ECORRUPT;
 	}
-	/* dequantize even when the stored form is kept: it checks every value */
-	rc = kvt_gguf_tensor_to_f32(g, t, tmp);
-	if (rc)
-		return rc;
 	size_t n = (size_t)t->n_elems;
 	int keep = stored_dtype(t->type);
 	uint32_t be = 1, bb;
@@ -352,13 +351,29 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			!m->cfg.keep_quantized ? "quantized weights not kept" : keep < 0 ? "no kernels for the type"
 										   : "the backend has no kernels for it");
 	size_t bytes = kvt_dtype_row_bytes(dtype, n);
-	for (size_t i = 0; i < n; i++) {
-		if (!isfinite(tmp[i])) {
-			KVT_LOGE("%s: %s: element %zu is not finite", path, name, i);
-			return KVT_ECORRUPT;
+	/* the stored bytes are the backend's, bit for bit: kept as stored, or fp16/fp32 held as such
+	 * (an fp16 value widened and narrowed again is the same bits) */
+	const bool as_stored = dtype == keep || (t->type == KVT_GGML_F16 && dtype == KVT_DTYPE_F16) ||
+			       (t->type == KVT_GGML_F32 && dtype == KVT_DTYPE_F32);
+	uint64_t bad = 0;
+	if (as_stored) {
+		/* every value checked from its scales, nothing dequantized (the load reads each byte once) */
+		rc = kvt_gguf_tensor_check_finite(g, t, &bad);
+		if (rc == KVT_ECORRUPT)
+			KVT_LOGE("%s: %s: element %llu is not finite", path, name, (unsigned long long)bad);
+		if (rc)
+			return rc;
+	} else {
+		if ((rc = kvt_gguf_tensor_to_f32(g, t, tmp)))
+			return rc;
+		for (size_t i = 0; i < n; i++) {
+			if (!isfinite(tmp[i])) {
+				KVT_LOGE("%s: %s: element %zu is not finite", path, name, i);
+				return KVT_ECORRUPT;
+			}
 		}
 	}
-	if (dtype == KVT_DTYPE_F16 && dtype != keep) {
+	if (dtype == KVT_DTYPE_F16 && !as_stored) {
 		/* narrow in place: the fp16 values fill the front half of tmp */
 		uint16_t *h = (uint16_t *)tmp;
 		for (size_t i = 0; i < n; i++) {
@@ -370,10 +385,6 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			h[i] = kvt_f32_to_f16(tmp[i]);
 		}
 	}
-	/* the stored bytes are the backend's, bit for bit: kept as stored, or fp16/fp32 held as such
-	 * (an fp16 value widened and narrowed again is the same bits) */
-	const bool as_stored = dtype == keep || (t->type == KVT_GGML_F16 && dtype == KVT_DTYPE_F16) ||
-			       (t->type == KVT_GGML_F32 && dtype == KVT_DTYPE_F32);
 	m->weight_bytes += bytes;
 	if (out_dtype)
 		*out_dtype = dtype;
@@ -392,7 +403,7 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 	rc = kvt_dev_alloc(m->dev, bytes, out);
 	if (rc)
 		return rc;
-	return kvt_dev_copy_h2d(m->dev, *out, dtype == keep ? t->data : (const void *)tmp, bytes);
+	return kvt_dev_copy_h2d(m->dev, *out, as_stored ? t->data : (const void *)tmp, bytes);
 }
 
 /* Free a weight unless it points into the GGUF's mapping. */
