@@ -118,6 +118,7 @@ void kvt_model_config_default(kvt_model_config *c)
 	c->max_batch = 512;
 	c->max_ctx = 0;
 	c->no_graphs = false;
+	c->map_weights = false;
 }
 
 static int get_u32_key(const kvt_gguf *g, const char *arch, const char *suffix, bool required,
