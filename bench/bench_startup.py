@@ -31,6 +31,8 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1048576.0
+sys.path.insert(0, os.path.join(ROOT, "tests", "daemon"))
+from kvtierd_proc import proc_status  # noqa: E402
 
 
 def http(method, url, body=None, timeout=600):
@@ -38,15 +40,6 @@ def http(method, url, body=None, timeout=600):
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read() or b"null")
-
-
-def proc_mem(pid):
-    out = {}
-    for line in open("/proc/%d/status" % pid):
-        k = line.split(":")[0]
-        if k in ("VmRSS", "RssAnon", "RssFile", "VmLck"):
-            out[k] = int(line.split()[1]) * 1024
-    return out
 
 
 def gen_time(build, model, threads):
@@ -86,7 +79,7 @@ def daemon_round(build, model, data_dir, threads, n_requests):
             time.sleep(0.01)
         t_health = time.monotonic() - t0
         time.sleep(1.0)
-        idle = proc_mem(p.pid)
+        idle = proc_status(p.pid)
         words = "the quick brown fox jumps over the lazy dog while a cat sleeps on a warm mat ".split()
         for i in range(n_requests):
             text = " ".join(words[(i + k) % len(words)] for k in range(260))
@@ -96,7 +89,7 @@ def daemon_round(build, model, data_dir, threads, n_requests):
             msgs += [r["choices"][0]["message"], {"role": "user", "content": "and then?"}]
             http("POST", url + "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 8,
                                                         "temperature": 0})
-        busy = proc_mem(p.pid)
+        busy = proc_status(p.pid)
         st = http("GET", url + "/v1/stats")
         tiers = {t["name"]: t for t in st["tiers"]}
         kv = tiers["hbm"]["used_bytes"] + tiers["host"]["used_bytes"]

@@ -15,14 +15,13 @@
 
 Usage: test_startup.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip (no model).
 """
-import json
 import os
 import re
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvtierd_proc import Daemon, check, http, run_cases  # noqa: E402
+from kvtierd_proc import Daemon, check, http, proc_status, run_cases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -128,15 +127,6 @@ def case_rate(build, tmp):
         check("device cpu (1 thread," in open(rate_file).read(), "the 1-thread daemon did not keep its rate")
     finally:
         d1.stop()
-
-
-def proc_status(pid):
-    out = {}
-    for line in open("/proc/%d/status" % pid):
-        k = line.split(":")[0]
-        if k in ("VmRSS", "RssAnon", "RssFile", "VmLck"):
-            out[k] = int(line.split()[1]) * 1024
-    return out
 
 
 def case_memory(build, tmp):
