@@ -47,7 +47,8 @@
  * codec, with the 8-bit speed-up over fp16 per variant ("decode_variant",
  * "decode_8bit_ratio" lines; bench/device_summary.py picks the fastest). `bench_gpu DIR --attention` stops after it: the quick
  * loop while tuning a kernel on a GPU whose time is short. `bench_gpu --synth
- * PATH` only writes the small synthetic model bench/gpu_daemon_smoke.py serves;
+ * PATH` only writes the small synthetic model bench/gpu_daemon_smoke.py serves,
+ * `bench_gpu --synth-1b PATH [q8_0|f16]` the Llama-1B-shaped one of bench/bench_startup.py;
  * `bench_gpu DIR --variants` runs the copy and the decode variants only.
  *
  * Times are host wall-clock over many back-to-back launches ending in one
@@ -1225,6 +1226,27 @@ int main(int argc, char **argv)
 		c.weight_type = 1; /* F16 */
 		c.tied_embeddings = false; /* tied random embeddings make greedy decoding repeat one token */
 		c.seed = 7;
+		return kvt_synth_llama_write(&c, argv[2]) ? 1 : 0;
+	}
+	if ((argc == 3 || argc == 4) && strcmp(argv[1], "--synth-1b") == 0) {
+		/* The Llama-3.2-1B shape (16 layers, 2048 wide, 32/8 heads, 8192 ff; the synthetic
+		 * vocabulary) bench/bench_startup.py serves, in q8_0 (default) or f16. */
+		kvt_synth_llama c;
+		kvt_synth_llama_default(&c);
+		c.n_layer = 16;
+		c.n_embd = 2048;
+		c.n_head = 32;
+		c.n_head_kv = 8;
+		c.n_ff = 8192;
+		c.n_ctx = 4096;
+		c.rope_base = 500000.0f;
+		c.tied_embeddings = false;
+		const char *type = argc == 4 ? argv[3] : "q8_0";
+		if (strcmp(type, "q8_0") && strcmp(type, "f16")) {
+			fprintf(stderr, "bench_gpu --synth-1b: type '%s' is not q8_0 or f16\n", type);
+			return 2;
+		}
+		c.weight_type = strcmp(type, "f16") ? KVT_GGML_Q8_0 : KVT_GGML_F16;
 		return kvt_synth_llama_write(&c, argv[2]) ? 1 : 0;
 	}
 	if (argc > 2 && strcmp(argv[2], "--resume-ttft") == 0)

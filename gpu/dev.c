@@ -70,6 +70,7 @@ void kvt_dev_destroy(kvt_dev *d)
 int kvt_dev_kind(const kvt_dev *d) { return d->kind; }
 const char *kvt_dev_name(const kvt_dev *d) { return d->name; }
 int kvt_dev_n_threads(const kvt_dev *d) { return d->n_threads; }
+bool kvt_dev_host_is_device(const kvt_dev *d) { return d->kind == KVT_DEV_CPU; }
 
 uint32_t kvt_dtype_block_elems(int dtype)
 {

@@ -129,6 +129,14 @@ int kvt_dev_n_threads(const kvt_dev *d);
 /* Whether matmul and embed take weights of this dtype on this backend. */
 bool kvt_dev_supports_dtype(const kvt_dev *d, int dtype);
 
+/*
+ * Whether device memory is host memory (the CPU backend): a host buffer that
+ * outlives its use may then be passed to an op as a device buffer directly,
+ * without kvt_dev_alloc and a copy (the model's weights, read from the
+ * GGUF's mapping).
+ */
+bool kvt_dev_host_is_device(const kvt_dev *d);
+
 /* Device memory. KVT_ENOMEM (logged with the size) when it cannot be had. */
 int kvt_dev_alloc(kvt_dev *d, size_t n_bytes, void **out);
 void kvt_dev_free(kvt_dev *d, void *p); /* NULL is a no-op */

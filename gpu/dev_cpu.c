@@ -20,8 +20,6 @@
  */
 #include "cpu_int.h"
 
-#include <sys/mman.h>
-
 static void cpu_destroy(kvt_dev *d)
 {
 	kvt_cpu_pool_destroy(((cpu_dev *)d)->pool);
@@ -29,7 +27,7 @@ static void cpu_destroy(kvt_dev *d)
 }
 
 /* n bytes (rounded up to align, a power of two) aligned to align; what names them in the error. */
-static int alloc_aligned(size_t align, size_t n, const char *what, void **out, size_t *rounded_out)
+static int alloc_aligned(size_t align, size_t n, const char *what, void **out)
 {
 	size_t rounded = (n + align - 1) & ~(align - 1);
 	void *p = rounded >= n ? aligned_alloc(align, rounded) : NULL;
@@ -39,14 +37,12 @@ static int alloc_aligned(size_t align, size_t n, const char *what, void **out, s
 		return KVT_ENOMEM;
 	}
 	*out = p;
-	if (rounded_out)
-		*rounded_out = rounded;
 	return KVT_OK;
 }
 
 static int cpu_alloc(kvt_dev *d, size_t n, void **out)
 {
-	return alloc_aligned(64, n, "", out, NULL);
+	return alloc_aligned(64, n, "", out);
 }
 
 static void cpu_free(kvt_dev *d, void *p)
@@ -200,18 +196,19 @@ struct kvt_event {
 	int unused;
 };
 
+/*
+ * "Pinned" host memory is ordinary memory here: nothing copies it by DMA, so
+ * it is not locked, and its pages are taken as the slots are first written
+ * (an empty host tier costs address space, not RAM).
+ */
 static int cpu_host_alloc(kvt_dev *d, size_t n, void **out)
 {
-	size_t rounded;
-	int rc = alloc_aligned(4096, n, " of host memory", out, &rounded);
-	if (rc == KVT_OK)
-		(void)mlock(*out, rounded); /* best effort: RLIMIT_MEMLOCK is often small */
-	return rc;
+	return alloc_aligned(4096, n, " of host memory", out);
 }
 
 static void cpu_host_free(kvt_dev *d, void *p)
 {
-	free(p); /* freeing unlocks */
+	free(p);
 }
 
 static int cpu_stream_create(kvt_dev *d, kvt_stream **out)

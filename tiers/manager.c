@@ -2400,6 +2400,7 @@ void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 		kvt_t2_stats s;
 		kvt_t2_get_stats(tm->cfg.t2, &s);
 		t2->capacity_bytes = s.capacity_bytes;
+		t2->capacity_blocks = s.slot_bytes ? s.capacity_bytes / s.slot_bytes : 0; /* uncompressed records */
 		t2->used_bytes = s.used_bytes;
 		t2->used_blocks = s.n_records;
 		t2->compression_ratio = s.bytes_written ? (double)s.n_writes * tm->block_bytes / (double)s.bytes_written : 0;

@@ -191,7 +191,7 @@ void kvt_tm_config_default(kvt_tm_config *c);
 typedef struct kvt_tm_tier_stats {
 	uint64_t capacity_bytes;  /* T0/T1: slots x slot bytes; T2: record space of the file */
 	uint64_t used_bytes;      /* slots in use x slot bytes; T2: bytes in used extents */
-	uint64_t capacity_blocks; /* T0/T1: slots; T2: 0 (variable-size records) */
+	uint64_t capacity_blocks; /* T0/T1: slots; T2: uncompressed records the file holds (compressed ones take less) */
 	uint64_t used_blocks;     /* slots in use; T2: records */
 	uint64_t hits;            /* blocks asked for (promote/prefetch) found first in this tier */
 	uint64_t misses;          /* blocks asked for that this tier did not hold */

@@ -1182,6 +1182,7 @@ void kvt_t2_get_stats(kvt_t2_store *s, kvt_t2_stats *st)
 	memset(st, 0, sizeof(*st));
 	st->capacity_bytes = s->file_bytes - (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES;
 	st->used_bytes = (s->alloc.n_used - s->n_sb) * KVT_T2_UNIT_BYTES;
+	st->slot_bytes = s->slot_bytes;
 	st->n_records = s->alloc.n_extents;
 	st->n_reads = s->n_reads;
 	st->n_writes = s->n_writes;

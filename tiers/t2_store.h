@@ -366,6 +366,7 @@ int kvt_t2_scan(kvt_t2_store *s, int (*fn)(void *ctx, const kvt_t2_block_meta *m
 typedef struct kvt_t2_stats {
 	uint64_t capacity_bytes;    /* bytes available to records (file size minus the superblock) */
 	uint64_t used_bytes;        /* bytes in used extents (quarantined included) */
+	uint64_t slot_bytes;        /* the extent of the largest (an uncompressed) record */
 	uint64_t n_records;         /* extents in use */
 	uint64_t n_reads;           /* records read (verified or not) */
 	uint64_t n_writes;          /* records written durably */

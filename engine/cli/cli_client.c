@@ -616,6 +616,23 @@ static int render_stats(json_t *j, const char *source)
 		printf("  %-24s %.1f tokens/s (prefill %.1f tokens/s)\n", "decode", num(eng, "decode_tokens_per_s"),
 		       num(eng, "prefill_tokens_per_s"));
 	}
+	json_t *mem = json_object_get(j, "memory");
+	if (json_is_object(mem)) {
+		char rss[48], an[48], fi[48], lk[48], w[48], wm[48], kv[48], ot[48];
+		fmt_bytes(num(mem, "rss_bytes"), rss, sizeof(rss));
+		fmt_bytes(num(mem, "rss_anon_bytes"), an, sizeof(an));
+		fmt_bytes(num(mem, "rss_file_bytes"), fi, sizeof(fi));
+		fmt_bytes(num(mem, "locked_bytes"), lk, sizeof(lk));
+		fmt_bytes(num(mem, "weight_bytes"), w, sizeof(w));
+		fmt_bytes(num(mem, "weight_mapped_bytes"), wm, sizeof(wm));
+		fmt_bytes(num(mem, "kv_held_bytes"), kv, sizeof(kv));
+		const double other = num(mem, "other_bytes");
+		fmt_bytes(other < 0 ? -other : other, ot, sizeof(ot));
+		printf("\n  memory\n");
+		printf("  %-24s %s (anonymous %s, file %s, locked %s)\n", "RSS", rss, an, fi, lk);
+		printf("  %-24s weights %s (%s mapped from the file) + KV held in hbm and host %s, %s%s beyond\n",
+		       "RSS for", w, wm, kv, other < 0 ? "-" : "", ot);
+	}
 	json_t *sc = json_object_get(j, "scheduler");
 	if (json_is_object(sc)) {
 		json_t *pre = json_object_get(sc, "preemptions");

@@ -204,12 +204,11 @@ static int cmd_generate(int argc, char **argv)
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = weights;
 	mc.keep_quantized = keep_quantized;
+	mc.map_weights = true; /* g stays open until the model is destroyed (out:) */
 	double tl = kvt_now_s();
 	if ((rc = kvt_model_load(dev, g, &mc, &m)))
 		goto out;
 	tl = kvt_now_s() - tl;
-	kvt_gguf_close(g);
-	g = NULL;
 
 	if (chat) {
 		kvt_chat_msg msg = { .role = "user", .content = prompt };

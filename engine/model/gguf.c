@@ -1030,6 +1030,49 @@ double kvt_gguf_arr_f64(const kvt_gguf_kv *kv, uint64_t i)
 	return gguf_type_is_signed(kv->arr_type) ? (double)x.v.i64 : (double)x.v.u64;
 }
 
+int kvt_gguf_tensor_check_finite(const kvt_gguf *g, const kvt_gguf_tensor *t, uint64_t *bad_elem)
+{
+	/* the byte offsets of a block's fp16 scales (d, and m / dmin where the type has one) */
+	uint32_t off[2], n_off = 1;
+	switch (t->type) {
+	case KVT_GGML_F32:
+	case KVT_GGML_F16:
+	case KVT_GGML_BF16: off[0] = 0; break;
+	case KVT_GGML_Q8_0:
+	case KVT_GGML_Q4_0:
+	case KVT_GGML_Q5_0: off[0] = 0; break;
+	case KVT_GGML_Q4_1:
+	case KVT_GGML_Q4_K:
+	case KVT_GGML_Q5_K: off[0] = 0, off[1] = 2, n_off = 2; break;
+	case KVT_GGML_Q6_K: off[0] = 208; break; /* ql[128], qh[64], scales[16], then d */
+	default: return KVT_EUNSUPPORTED;
+	}
+	KVT_ASSERT(t >= g->tensors && t < g->tensors + g->n_tensors);
+	const kvt_ggml_traits *ti = kvt_ggml_traits_of(t->type);
+	const uint8_t *p = t->data;
+	const uint64_t n_blocks = t->n_elems / ti->block_elems;
+	for (uint64_t b = 0; b < n_blocks; b++, p += ti->block_bytes) {
+		bool bad = false;
+		if (t->type == KVT_GGML_F32) {
+			uint32_t u;
+			memcpy(&u, p, 4);
+			bad = (u & 0x7f800000u) == 0x7f800000u;
+		} else {
+			for (uint32_t k = 0; k < n_off; k++) {
+				uint16_t h;
+				memcpy(&h, p + off[k], 2);
+				/* an all-ones exponent is Inf or NaN: fp16's is 5 bits, bf16's 8 */
+				bad |= t->type == KVT_GGML_BF16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u;
+			}
+		}
+		if (bad) {
+			*bad_elem = b * ti->block_elems;
+			return KVT_ECORRUPT;
+		}
+	}
+	return KVT_OK;
+}
+
 int kvt_gguf_tensor_to_f32(const kvt_gguf *g, const kvt_gguf_tensor *t, float *dst)
 {
 	char n[NAME_SHOW_MAX + 8];

@@ -177,6 +177,15 @@ bool kvt_ggml_type_supported(uint32_t type);
  */
 int kvt_gguf_tensor_to_f32(const kvt_gguf *g, const kvt_gguf_tensor *t, float *dst);
 /*
+ * Whether every value of t is finite, read from the stored bytes without
+ * dequantizing: each element of F32, F16 and BF16, the fp16 scales of every
+ * block of Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K (a block's values are
+ * finite exactly when its scales are). KVT_OK; KVT_ECORRUPT with *bad_elem the
+ * first element that is not finite (of a block type: the first of its block),
+ * not logged; KVT_EUNSUPPORTED for another type.
+ */
+int kvt_gguf_tensor_check_finite(const kvt_gguf *g, const kvt_gguf_tensor *t, uint64_t *bad_elem);
+/*
  * Dequantize n elements (a multiple of the type's block) from raw blocks.
  * KVT_EUNSUPPORTED for a type kvt_ggml_type_supported() rejects, KVT_EINVAL
  * for a partial block; both logged. Runs OpenMP threads over large inputs.

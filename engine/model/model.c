@@ -73,7 +73,9 @@ struct kvt_model {
 	kvt_model_config cfg;     /* effective config */
 	const kvt_arch *arch;     /* the architecture's traits (static) */
 	float *rope_factors;      /* [n_rot / 2] RoPE angle divisors, device (NULL: none) */
-	size_t weight_bytes;      /* device bytes of weights */
+	size_t weight_bytes;      /* device bytes of weights (mapped ones included) */
+	size_t mapped_bytes;      /* of which point into the GGUF's mapping (cfg.map_weights) */
+	const uint8_t *map_lo, *map_hi; /* the span of the weights that point into the mapping (not freed) */
 	wmat tok_embd;            /* [n_vocab][n_embd] */
 	wmat output;              /* [n_vocab][n_embd]; the same pointer as tok_embd when tied */
 	float *output_norm;       /* [n_embd], device */
@@ -116,6 +118,7 @@ void kvt_model_config_default(kvt_model_config *c)
 	c->max_batch = 512;
 	c->max_ctx = 0;
 	c->no_graphs = false;
+	c->map_weights = false;
 }
 
 static int get_u32_key(const kvt_gguf *g, const char *arch, const char *suffix, bool required,
@@ -312,6 +315,9 @@ static int stored_dtype(uint32_t ggml_type)
  * Check a tensor's shape and values and upload it. A matrix (out_dtype set)
  * keeps its stored block-quantized form when the config allows and the
  * backend multiplies it directly; everything else is dequantized to dtype.
+ * Where the stored bytes are what the backend gets, the values are checked
+ * from them (kvt_gguf_tensor_check_finite) and, with cfg.map_weights on a
+ * backend whose device memory is host memory, the weight points at them.
  */
 static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
 		       int dtype, float *tmp, void **out, int *out_dtype)
@@ -331,10 +337,6 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			 (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
 		return KVT_ECORRUPT;
 	}
-	/* dequantize even when the stored form is kept: it checks every value */
-	rc = kvt_gguf_tensor_to_f32(g, t, tmp);
-	if (rc)
-		return rc;
 	size_t n = (size_t)t->n_elems;
 	int keep = stored_dtype(t->type);
 	uint32_t be = 1, bb;
@@ -350,13 +352,29 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			!m->cfg.keep_quantized ? "quantized weights not kept" : keep < 0 ? "no kernels for the type"
 										   : "the backend has no kernels for it");
 	size_t bytes = kvt_dtype_row_bytes(dtype, n);
-	for (size_t i = 0; i < n; i++) {
-		if (!isfinite(tmp[i])) {
-			KVT_LOGE("%s: %s: element %zu is not finite", path, name, i);
-			return KVT_ECORRUPT;
+	/* the stored bytes are the backend's, bit for bit: kept as stored, or fp16/fp32 held as such
+	 * (an fp16 value widened and narrowed again is the same bits) */
+	const bool as_stored = dtype == keep || (t->type == KVT_GGML_F16 && dtype == KVT_DTYPE_F16) ||
+			       (t->type == KVT_GGML_F32 && dtype == KVT_DTYPE_F32);
+	uint64_t bad = 0;
+	if (as_stored) {
+		/* every value checked from its scales, nothing dequantized (the load reads each byte once) */
+		rc = kvt_gguf_tensor_check_finite(g, t, &bad);
+		if (rc == KVT_ECORRUPT)
+			KVT_LOGE("%s: %s: element %llu is not finite", path, name, (unsigned long long)bad);
+		if (rc)
+			return rc;
+	} else {
+		if ((rc = kvt_gguf_tensor_to_f32(g, t, tmp)))
+			return rc;
+		for (size_t i = 0; i < n; i++) {
+			if (!isfinite(tmp[i])) {
+				KVT_LOGE("%s: %s: element %zu is not finite", path, name, i);
+				return KVT_ECORRUPT;
+			}
 		}
 	}
-	if (dtype == KVT_DTYPE_F16 && dtype != keep) {
+	if (dtype == KVT_DTYPE_F16 && !as_stored) {
 		/* narrow in place: the fp16 values fill the front half of tmp */
 		uint16_t *h = (uint16_t *)tmp;
 		for (size_t i = 0; i < n; i++) {
@@ -368,13 +386,33 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 			h[i] = kvt_f32_to_f16(tmp[i]);
 		}
 	}
-	rc = kvt_dev_alloc(m->dev, bytes, out);
-	if (rc)
-		return rc;
 	m->weight_bytes += bytes;
 	if (out_dtype)
 		*out_dtype = dtype;
-	return kvt_dev_copy_h2d(m->dev, *out, dtype == keep ? t->data : (const void *)tmp, bytes);
+	if (as_stored && m->cfg.map_weights && kvt_dev_host_is_device(m->dev) && bytes == t->n_bytes &&
+	    (uintptr_t)t->data % 16 == 0) {
+		/* NOTE: the GGUF's mapping is read-only; no op writes its weights */
+		const uint8_t *p = t->data;
+		*out = (void *)(uintptr_t)p;
+		m->mapped_bytes += bytes;
+		if (!m->map_lo || p < m->map_lo)
+			m->map_lo = p;
+		if (p + bytes > m->map_hi)
+			m->map_hi = p + bytes;
+		return KVT_OK;
+	}
+	rc = kvt_dev_alloc(m->dev, bytes, out);
+	if (rc)
+		return rc;
+	return kvt_dev_copy_h2d(m->dev, *out, as_stored ? t->data : (const void *)tmp, bytes);
+}
+
+/* Free a weight unless it points into the GGUF's mapping. */
+static void free_weight(kvt_model *m, void *p)
+{
+	if (!p || ((const uint8_t *)p >= m->map_lo && (const uint8_t *)p < m->map_hi))
+		return;
+	kvt_dev_free(m->dev, p);
 }
 
 /*
@@ -598,14 +636,17 @@ void kvt_model_destroy(kvt_model *m)
 					 L->w_up.p, L->w_down.p, L->bq, L->bk, L->bv, L->q_norm, L->k_norm,
 					 L->post_attn_norm, L->post_ffn_norm };
 			for (size_t j = 0; j < sizeof(ptrs) / sizeof(*ptrs); j++)
-				kvt_dev_free(d, ptrs[j]);
+				free_weight(m, ptrs[j]);
 		}
 		free(m->layers);
 	}
 	if (m->output.p != m->tok_embd.p)
-		kvt_dev_free(d, m->output.p);
-	void *bufs[] = { m->tok_embd.p, m->output_norm, m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
-			 m->up, m->logits, m->ids, m->pos, m->ws, m->sub, m->rope_factors };
+		free_weight(m, m->output.p);
+	free_weight(m, m->tok_embd.p);
+	free_weight(m, m->output_norm);
+	free_weight(m, m->rope_factors);
+	void *bufs[] = { m->x, m->h, m->q, m->k, m->v, m->att, m->gate,
+			 m->up, m->logits, m->ids, m->pos, m->ws, m->sub };
 	for (size_t j = 0; j < sizeof(bufs) / sizeof(*bufs); j++)
 		kvt_dev_free(d, bufs[j]);
 	decode_free(m);
@@ -629,6 +670,7 @@ uint32_t kvt_model_max_batch(const kvt_model *m)
 
 uint32_t kvt_model_max_ctx(const kvt_model *m) { return m->cfg.max_ctx; }
 size_t kvt_model_weight_bytes(const kvt_model *m) { return m->weight_bytes; }
+size_t kvt_model_mapped_bytes(const kvt_model *m) { return m->mapped_bytes; }
 
 void kvt_model_kv_shape(const kvt_model *m, uint32_t block_tokens, kvt_kv_layout *out)
 {

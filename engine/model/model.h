@@ -79,6 +79,9 @@ typedef struct kvt_model_config {
 	uint32_t max_batch;  /* tokens per forward chunk (prefill is split into chunks of this) */
 	uint32_t max_ctx;    /* longest sequence (0: the trained context) */
 	bool no_graphs;      /* kvt_model_decode issues its ops one by one even where the backend has graphs */
+	bool map_weights;    /* where device memory is host memory (kvt_dev_host_is_device), a weight the backend
+	                        takes in its stored form points into the GGUF's mapping instead of being copied:
+	                        the GGUF must then stay open until the model is destroyed (default false) */
 } kvt_model_config;
 
 /* fp16 weights (quantized ones kept as stored), batch 512, trained context. */
@@ -87,7 +90,8 @@ void kvt_model_config_default(kvt_model_config *c);
 typedef struct kvt_model kvt_model;
 
 /*
- * Load from an open GGUF (borrowed; may be closed after this returns) onto d
+ * Load from an open GGUF (borrowed; may be closed after this returns unless
+ * cfg->map_weights, then it must outlive the model) onto d
  * (borrowed; must outlive the model). KVT_EUNSUPPORTED for an architecture
  * that arch.h does not describe, or a tensor type, KVT_ECORRUPT for missing or misshapen
  * tensors and bad hyperparameters (logged, naming the key or tensor),
@@ -102,6 +106,8 @@ uint32_t kvt_model_max_ctx(const kvt_model *m);
 uint32_t kvt_model_max_batch(const kvt_model *m); /* rows per forward call */
 /* Bytes of weights held on the device. */
 size_t kvt_model_weight_bytes(const kvt_model *m);
+/* Of those, the bytes that point into the GGUF's mapping (cfg.map_weights; 0 otherwise). */
+size_t kvt_model_mapped_bytes(const kvt_model *m);
 /* The KV block shape this model needs (pool and n_slots left 0). */
 void kvt_model_kv_shape(const kvt_model *m, uint32_t block_tokens, kvt_kv_layout *out);
 

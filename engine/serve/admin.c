@@ -279,6 +279,32 @@ static json_t *stats_sched(const kvt_sched_stats *st)
 			 "tokens_recomputed", (json_int_t)st->resume_recomputed_tokens, "ttft_by_priority", by_prio);
 }
 
+/*
+ * The process's memory (/proc/self/status: VmRSS and its anonymous and file
+ * parts, VmLck) against what it is for: the weights and the KV held in T0 and
+ * T1. other_bytes is the rest (buffers, code, allocator slack), negative where
+ * weight pages were never read in.
+ */
+static json_t *stats_memory(const kvt_sched_stats *st)
+{
+	static const char *const keys[] = { "VmRSS:", "RssAnon:", "RssFile:", "VmLck:" };
+	uint64_t kb[4] = { 0 };
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	while (f && fgets(line, sizeof(line), f))
+		for (int i = 0; i < 4; i++)
+			if (!strncmp(line, keys[i], strlen(keys[i])))
+				kb[i] = strtoull(line + strlen(keys[i]), NULL, 10);
+	if (f)
+		fclose(f);
+	const uint64_t kv = st->tiers.tier[KVT_TIER_HBM].used_bytes + st->tiers.tier[KVT_TIER_HOST].used_bytes;
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "rss_bytes", (json_int_t)(kb[0] * 1024),
+			 "rss_anon_bytes", (json_int_t)(kb[1] * 1024), "rss_file_bytes", (json_int_t)(kb[2] * 1024),
+			 "locked_bytes", (json_int_t)(kb[3] * 1024), "weight_bytes", (json_int_t)st->weight_bytes,
+			 "weight_mapped_bytes", (json_int_t)st->weight_mapped_bytes, "kv_held_bytes", (json_int_t)kv,
+			 "other_bytes", (json_int_t)(kb[0] * 1024) - (json_int_t)st->weight_bytes - (json_int_t)kv);
+}
+
 enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 {
 	kvt_server *srv = r->srv;
@@ -360,8 +386,9 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 				  (int)st.index.reserve_in_use, "reserve_refused_block_rows",
 				  (json_int_t)st.index.n_reserve_refused);
 	return kvt_srv_reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine", engine,
-				    "scheduler", stats_sched(&st), "persist", persist, "index", index, "remote", remote,
+			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine",
+				    engine, "scheduler", stats_sched(&st), "memory", stats_memory(&st), "persist", persist,
+				    "index", index, "remote", remote,
 				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",
 				    srv->model_id, "retention", kvt_dashboard_retention(sched, &st, NULL), "sessions_table",
 				    kvt_dashboard_sessions(sched, 100)),

@@ -307,7 +307,7 @@ static int exposure_check(const kvt_config *c, size_t n_keys, const char *path)
 typedef struct daemon {
 	kvt_config cfg;
 	kvt_server *srv;
-	kvt_gguf *g;
+	kvt_gguf *g;          /* the model file, mapped: open while the model lives (its weights point into it) */
 	kvt_tok *tok;
 	kvt_dev *dev;
 	kvt_model *model;
@@ -475,7 +475,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	const kvt_config *c = &d->cfg;
 	char t2_path[KVT_CONFIG_PATH_MAX + 32], db_path[KVT_CONFIG_PATH_MAX + 32], fp_cache[KVT_CONFIG_PATH_MAX + 32],
 		secret_path[KVT_CONFIG_PATH_MAX + 32], sj_path[KVT_CONFIG_PATH_MAX + 32],
-		reserve_path[KVT_CONFIG_PATH_MAX + 32];
+		reserve_path[KVT_CONFIG_PATH_MAX + 32], rate_path[KVT_CONFIG_PATH_MAX + 32];
 	uint8_t fp[32], secret[64];
 	size_t secret_n = 0;
 	int rc;
@@ -495,6 +495,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	data_path(db_path, sizeof(db_path), c->data_dir, c->index_path, "index.sqlite");
 	data_path(secret_path, sizeof(secret_path), c->data_dir, c->secret_file, "secret");
 	snprintf(fp_cache, sizeof(fp_cache), "%s/fingerprint.cache", c->data_dir);
+	snprintf(rate_path, sizeof(rate_path), "%s/prefill.rate", c->data_dir);
 	data_path(sj_path, sizeof(sj_path), c->data_dir, "", KVT_DATA_SESSIONS_FILE);
 	data_path(reserve_path, sizeof(reserve_path), c->data_dir, "", KVT_DATA_RESERVE_FILE);
 	const char *mine[] = { c->data_dir, db_path, t2_path, sj_path };
@@ -554,15 +555,15 @@ static int bring_up(daemon_t *d, int *exit_code)
 	kvt_model_config_default(&mc);
 	mc.max_ctx = c->max_ctx;
 	mc.max_batch = c->max_batch;
+	mc.map_weights = true; /* d->g stays open until tear_down, after the model */
 	double tl = kvt_now_s();
 	if ((rc = kvt_model_load(d->dev, d->g, &mc, &d->model))) {
 		*exit_code = EX_DATAERR;
 		return rc;
 	}
-	kvt_gguf_close(d->g);
-	d->g = NULL;
-	KVT_LOGI("model loaded on %s in %.2f s (%.0f MiB of weights, context %u)", kvt_dev_name(d->dev), kvt_now_s() - tl,
-		 kvt_model_weight_bytes(d->model) / 1048576.0, kvt_model_max_ctx(d->model));
+	KVT_LOGI("model loaded on %s in %.2f s (%.0f MiB of weights, %.0f MiB of them mapped from the file, context %u)",
+		 kvt_dev_name(d->dev), kvt_now_s() - tl, kvt_model_weight_bytes(d->model) / 1048576.0,
+		 kvt_model_mapped_bytes(d->model) / 1048576.0, kvt_model_max_ctx(d->model));
 
 	/* T0 */
 	const uint32_t bt = c->block_tokens, max_ctx = kvt_model_max_ctx(d->model);
@@ -570,10 +571,20 @@ static int bring_up(daemon_t *d, int *exit_code)
 	kvt_model_kv_shape(d->model, bt, &shape);
 	const size_t block_bytes = kvt_kv_block_bytes(&shape);
 	uint64_t hbm = c->hbm.capacity_bytes;
-	if (c->hbm.capacity_auto || !hbm)
-		hbm = kvt_dev_kind(d->dev) == KVT_DEV_CUDA ? (4ull << 30) : (1ull << 30);
-	uint64_t n_t0 = hbm / block_bytes;
 	const uint64_t min_t0 = (max_ctx + bt - 1) / bt + 2;
+	if ((c->hbm.capacity_auto || !hbm) && kvt_dev_kind(d->dev) == KVT_DEV_CUDA) {
+		hbm = 4ull << 30;
+	} else if (c->hbm.capacity_auto || !hbm) {
+		/* T0 and T1 are both host RAM here: T0 holds what the running batch needs (one full
+		 * context, and a prefill chunk for each running request); older KV waits in T1 */
+		const uint64_t n_run = c->max_running < kvt_model_max_batch(d->model) ? c->max_running
+										 : kvt_model_max_batch(d->model);
+		hbm = (min_t0 + (n_run * c->prefill_chunk + bt - 1) / bt) * block_bytes;
+		KVT_LOGI("tier.hbm capacity auto on %s: %.0f MiB, the KV of one %u-token context and a %u-token prefill "
+			 "chunk for each of %llu running requests",
+			 kvt_dev_name(d->dev), hbm / 1048576.0, max_ctx, c->prefill_chunk, (unsigned long long)n_run);
+	}
+	uint64_t n_t0 = hbm / block_bytes;
 	if (n_t0 < min_t0) {
 		KVT_LOGE("tier.hbm capacity %llu bytes holds %llu blocks of %zu bytes; one full-context sequence needs "
 			 "%llu: raise tier.hbm capacity to at least %llu or lower model.context",
@@ -652,6 +663,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 		 sc.sched.n_tenant_priority, sc.sched.default_priority);
 	sc.sched.retain_tier = c->retain_tier;
 	sc.sched.device_decode = c->device_decode;
+	sc.sched.rate_path = rate_path; /* the scheduler copies it */
 	/* auto: layered where the copy runs beside the compute (a GPU); the CPU backend has nothing to overlap */
 	const bool layered = c->host_promotion == KVT_CONFIG_PROMOTION_LAYERED ||
 			     (c->host_promotion == KVT_CONFIG_PROMOTION_AUTO && kvt_dev_kind(d->dev) == KVT_DEV_CUDA);
@@ -693,9 +705,11 @@ static int bring_up(daemon_t *d, int *exit_code)
 	kvt_tm_stats ts = { 0 };
 	if (d->st.tm)
 		kvt_tm_get_stats(d->st.tm, &ts);
-	KVT_LOGI("tiers: hbm %llu blocks (f16), host %u blocks (%s), nvme %s, remote %s; %llu durable blocks recovered, "
-		 "%llu lost, %llu bad rows skipped; ready in %.3f s",
-		 (unsigned long long)n_t0, sc.tm.t1_slots, kvt_kv_codec_name(c->host_dtype), sc.t2_path ? t2_path : "off",
+	/* what each pool reserves; on the CPU backend its pages are taken as its slots are first written */
+	KVT_LOGI("tiers: hbm %llu blocks (f16, %.0f MiB), host %u blocks (%s, %.0f MiB), nvme %s, remote %s; %llu durable "
+		 "blocks recovered, %llu lost, %llu bad rows skipped; ready in %.3f s",
+		 (unsigned long long)n_t0, n_t0 * (double)block_bytes / 1048576.0, sc.tm.t1_slots,
+		 kvt_kv_codec_name(c->host_dtype), sc.tm.t1_slots * (double)packed / 1048576.0, sc.t2_path ? t2_path : "off",
 		 d->st.t3 ? c->remote_seeds : "off",
 		 (unsigned long long)d->st.n_recovered, (unsigned long long)ts.n_lost,
 		 (unsigned long long)ts.n_skipped, kvt_now_s() - tr);

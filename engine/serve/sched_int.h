@@ -38,7 +38,10 @@ struct kvt_sched {
 	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
 	float *logits;              /* [max_running][n_vocab] */
 	kvt_vocab_trie *trie;       /* the vocabulary's token bytes, for grammars (NULL without cfg.tok) */
-	double calib_rate;          /* prefill tokens/s measured at start-up */
+	double calib_rate;          /* prefill tokens/s: kept from an earlier run, then this run's (0: none yet) */
+	char rate_path[4096];       /* where the rate is kept between runs ("": nowhere) */
+	kvt_prefill_rate_key rate_key; /* what the kept rate must be for (rate_path set) */
+	bool rate_saved;            /* this run's measured rate replaced calib_rate (under mu) */
 	kvt_sched_progress_fn progress; /* called (under mu) when a handle has news; NULL: none */
 	void *progress_user;        /* its argument */
 	/* counters, under mu */

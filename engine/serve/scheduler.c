@@ -845,6 +845,41 @@ static bool device_step(const kvt_sched *s, const entry *ents, uint32_t n_ent, u
 	return picks > 0; /* finishing rows alone need no logits at all */
 }
 
+/*
+ * The prefill rate a resume reports the avoided prefill time from: the one
+ * kept for this model, CPU and device (cfg.rate_path), until this run has
+ * measured its own. Nothing is measured at start-up: that cost a forward pass
+ * before the daemon was ready.
+ */
+static void rate_load(kvt_sched *s)
+{
+	double rate;
+	if (!s->rate_path[0])
+		return;
+	kvt_prefill_rate_key_init(&s->rate_key, s->cfg.dev, s->cfg.model_fp);
+	if (kvt_prefill_rate_load(s->rate_path, &s->rate_key, &rate) == KVT_OK) {
+		s->calib_rate = rate;
+		KVT_LOGI("sched: prefill rate %.0f tokens/s (kept in %s)", rate, s->rate_path);
+	}
+}
+
+/* Once per run, when 0.5 s of prefill is measured: its rate replaces the kept one (scheduler thread). */
+static void rate_note(kvt_sched *s)
+{
+	pthread_mutex_lock(&s->mu);
+	const bool due = !s->rate_saved && s->st.prefill_s > 0.5 && s->st.prefill_tokens;
+	const double rate = due ? s->st.prefill_tokens / s->st.prefill_s : 0;
+	if (due) {
+		s->rate_saved = true;
+		s->calib_rate = rate;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (!due || !s->rate_path[0])
+		return;
+	if (kvt_prefill_rate_save(s->rate_path, &s->rate_key, rate) == KVT_OK)
+		KVT_LOGI("sched: prefill rate measured: %.0f tokens/s (kept in %s)", rate, s->rate_path);
+}
+
 static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 {
 	uint32_t n_ent = 0, n_rows = 0, need = 0, n_cand = 0;
@@ -1045,6 +1080,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	s->st.prefill_s += dt * n_prefill / n_rows;
 	s->st.decode_s += dt * (n_rows - n_prefill) / n_rows;
 	pthread_mutex_unlock(&s->mu);
+	if (n_prefill)
+		rate_note(s);
 
 	uint32_t li = 0;
 	for (uint32_t i = 0; i < n_ent; i++) {
@@ -1119,37 +1156,6 @@ static bool prune(kvt_sched *s)
 			handle_free(h);
 	}
 	return any;
-}
-
-/* Measure the prefill rate once (resume reports the prefill time it avoided from it). */
-static void calibrate(kvt_sched *s)
-{
-	uint32_t n = s->max_batch < 128 ? s->max_batch : 128;
-	if (n + 1 > s->max_ctx)
-		n = s->max_ctx - 1;
-	if (!n)
-		return;
-	kvt_seq q;
-	int32_t *ids = malloc(n * sizeof(int32_t));
-	if (!ids || kvt_seq_init(&q, s->cfg.dev, s->cfg.t0, n)) {
-		free(ids);
-		return;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		ids[i] = (int32_t)((i * 7919u + 13u) % s->n_vocab);
-	double t0 = kvt_now_s();
-	int rc = kvt_model_forward(s->cfg.model, &q, ids, n, s->logits, 1);
-	if (rc == KVT_OK) {
-		double rate = n / (kvt_now_s() - t0);
-		pthread_mutex_lock(&s->mu);
-		s->calib_rate = rate;
-		pthread_mutex_unlock(&s->mu);
-		KVT_LOGI("sched: prefill rate measured at start: %.0f tokens/s (%u tokens)", rate, n);
-	} else {
-		KVT_LOGW("sched: prefill rate not measured: %s", kvt_strerror(rc));
-	}
-	kvt_seq_deinit(&q);
-	free(ids);
 }
 
 static void *sched_main(void *arg)
@@ -1297,7 +1303,12 @@ int kvt_sched_create(const kvt_sched_config *cfg, kvt_sched **out)
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->work, NULL);
 	pthread_cond_init(&s->idle, NULL);
-	calibrate(s); /* before the thread: the model is still ours alone */
+	if (cfg->rate_path && snprintf(s->rate_path, sizeof(s->rate_path), "%s", cfg->rate_path) >= (int)sizeof(s->rate_path)) {
+		KVT_LOGW("sched: prefill rate path too long: not kept between runs");
+		s->rate_path[0] = '\0';
+	}
+	s->cfg.rate_path = NULL; /* s->rate_path holds it */
+	rate_load(s);
 	if (pthread_create(&s->thread, NULL, sched_main, s)) {
 		KVT_LOGE("sched: cannot start the scheduler thread");
 		pthread_mutex_destroy(&s->mu);
@@ -1376,6 +1387,8 @@ void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st)
 	sched_sessions_stats(s, &n_sessions, &index);
 	pthread_mutex_lock(&s->mu);
 	*st = s->st;
+	st->weight_bytes = kvt_model_weight_bytes(s->cfg.model);
+	st->weight_mapped_bytes = kvt_model_mapped_bytes(s->cfg.model);
 	st->running = s->n_running;
 	st->queued = s->n_queued;
 	uint32_t k = s->n_ttft < TTFT_RING ? (uint32_t)s->n_ttft : TTFT_RING;

@@ -110,9 +110,35 @@ typedef struct kvt_sched_config {
 	uint32_t layer_groups;     /* a cached prefix all in T0/T1 comes up layer group by layer group in this many
 	                              groups, its prefill waiting per layer on the device (kvt_tm_promote_layered);
 	                              0 (default): the sequential promotion (I/O threads, then prefill) */
+	const char *rate_path;     /* the prefill rate kept between runs (kvt_prefill_rate_*; copied): read at create,
+	                              written once this run has measured 0.5 s of prefill; NULL (default): none, and
+	                              the rate comes from this run's prefills alone */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
+
+/*
+ * The prefill rate kept between runs (prefill_rate.c): one small text file
+ * keyed by the model fingerprint, the CPU's model string and the device's
+ * description (backend and threads), so a start need not measure it.
+ */
+typedef struct kvt_prefill_rate_key {
+	char model[2 * KVT_HASH_BYTES + 1]; /* the model fingerprint, hex */
+	char cpu[256];                      /* /proc/cpuinfo's model name ("?" without one) */
+	char device[96];                    /* kvt_dev_name(): backend, threads */
+} kvt_prefill_rate_key;
+
+/* The key of model_fp run on d (reads /proc/cpuinfo). */
+void kvt_prefill_rate_key_init(kvt_prefill_rate_key *k, const kvt_dev *d, const uint8_t model_fp[KVT_HASH_BYTES]);
+/*
+ * The rate path holds for k: KVT_OK and *rate_out; KVT_ENOTFOUND when there
+ * is no file or it is another key's (logged at info); KVT_ECORRUPT when it is
+ * not a file this writes (logged as a warning). Never fatal: the caller
+ * measures the rate instead.
+ */
+int kvt_prefill_rate_load(const char *path, const kvt_prefill_rate_key *k, double *rate_out);
+/* Write rate for k to path (a temporary file renamed over it). KVT_OK, or KVT_EIO/KVT_EINVAL (logged). */
+int kvt_prefill_rate_save(const char *path, const kvt_prefill_rate_key *k, double rate);
 /*
  * Parse "tenant:prio, tenant2:prio2, *:prio" (prio KVT_PRIORITY_MIN..MAX;
  * "*" sets default_priority) into c->tenant_priority / default_priority.
@@ -336,6 +362,8 @@ typedef struct kvt_sched_stats {
 	bool have_index;               /* db present */
 	kvt_db_stats index;            /* the index's counters: degraded, rolled back, bad session rows (zero without db) */
 	uint64_t layered_promotions;   /* cached prefixes brought up from T1 layer group by layer group (layer_groups) */
+	uint64_t weight_bytes;         /* the model's weights (kvt_model_weight_bytes) */
+	uint64_t weight_mapped_bytes;  /* of which point into the model file's mapping (kvt_model_mapped_bytes) */
 } kvt_sched_stats;
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);

@@ -5,7 +5,8 @@ data_dir) to DATA_DIR/kvtier.conf, starts BUILD/kvtierd on it, logging to
 DATA_DIR/kvtierd.log, and waits for /health; the port is the one the log says it
 listens on (listen = 127.0.0.1:0 picks an ephemeral one). http() is a JSON client
 that returns (status, body) for errors too; check() records failed checks in FAILS.
-run_cases() is the main() of a suite whose cases each get a fresh data dir.
+run_cases() is the main() of a suite whose cases each get a fresh data dir;
+proc_status() reads a process's memory figures.
 """
 import json
 import os
@@ -49,6 +50,16 @@ def http(method, url, body=None, headers=None, raw=None, timeout=900):
             return e.code, json.loads(text)
         except ValueError:
             return e.code, text
+
+
+def proc_status(pid):
+    """A process's memory from /proc/PID/status, bytes: VmRSS, RssAnon, RssFile, VmLck."""
+    out = {}
+    for line in open("/proc/%d/status" % pid):
+        k = line.split(":")[0]
+        if k in ("VmRSS", "RssAnon", "RssFile", "VmLck"):
+            out[k] = int(line.split()[1]) * 1024
+    return out
 
 
 class Daemon:
