@@ -31,5 +31,12 @@ uint32_t kvt_cpu_pool_n_active(const kvt_cpu_pool *p);
 void kvt_cpu_pool_set_adaptive(kvt_cpu_pool *p, bool on);
 /* Run tasks 0..n_tasks-1 and wait for all. One caller at a time. */
 void kvt_cpu_pool_run(kvt_cpu_pool *p, uint32_t n_tasks, kvt_cpu_task_fn fn, void *ctx);
+/*
+ * Tests: count one job of the adaptive thread count as kvt_cpu_pool_run
+ * does, with the times it would measure if it is a sampled one (wall and
+ * one-thread estimate, seconds; woke: it had to wake a sleeping worker), and
+ * run no tasks. Caller's thread, never beside kvt_cpu_pool_run.
+ */
+void kvt_cpu_pool_feed(kvt_cpu_pool *p, double wall_s, double one_s, bool woke);
 
 #endif

@@ -12,7 +12,11 @@
  *    and a CPU device created with threads = 0 starts 1 thread;
  *  - the pool runs every task of every job exactly once while its active
  *    count changes, and with two threads confined to one CPU (the worker
- *    can only take the caller's core) it comes down to one active thread.
+ *    can only take the caller's core) it comes down to one active thread;
+ *  - its decisions, from measurements fed in (no timing): jobs that had to
+ *    wake a sleeping worker do not take a quiet pool down to one thread, one
+ *    slow epoch does not either but two running do, and a minority of very
+ *    slow jobs (a busy core) does.
  */
 #define _GNU_SOURCE
 #include "check.h"
@@ -196,6 +200,61 @@ static void test_pool(void)
 	CHECK(sched_setaffinity(0, sizeof(set), &set) == 0);
 }
 
+/*
+ * The adaptive count's decisions, from measurements fed in (kvt_cpu_pool_feed,
+ * no timing here). Sampled jobs are every 16th; an epoch is 256 jobs. Fed
+ * `epochs` epochs of jobs whose sampled ones take wall_us against a
+ * one-thread 32 us, every `every`-th sample instead taking odd_us (woke: it
+ * had to wake a sleeping worker), returns the share of jobs that ran with one
+ * thread active.
+ */
+static double feed(kvt_cpu_pool *p, int epochs, double wall_us, int every, double odd_us, bool woke)
+{
+	uint32_t at1 = 0, sample = 0;
+	for (int j = 0; j < epochs * 256; j++) {
+		bool odd = every && ((j + 1) % 16 == 0) && (++sample % every == 0); /* a sampled job */
+		at1 += kvt_cpu_pool_n_active(p) == 1;
+		kvt_cpu_pool_feed(p, (odd ? odd_us : wall_us) * 1e-6, 32e-6, odd && woke);
+	}
+	return (double)at1 / (epochs * 256);
+}
+
+static void test_pool_decisions(void)
+{
+	kvt_cpu_pool *p = NULL;
+	/*
+	 * A quiet machine: every job 1.6x faster on two threads, but one sampled job
+	 * in four pays for waking a sleeping worker (500 us, a decode step's first
+	 * job after the sampler ran alone). Those say nothing about sharing the
+	 * cores: the pool keeps both threads but for its probes (one epoch in 16 at
+	 * first). Counting them (the old estimate) put it on one thread at once.
+	 */
+	CHECK(kvt_cpu_pool_create(2, &p) == KVT_OK);
+	double s1 = feed(p, 64, 20, 4, 500, true);
+	CHECKF(s1 < 0.15, "quiet machine, wake-ups: %.0f%% of jobs on one thread", 100 * s1);
+	kvt_cpu_pool_destroy(p);
+	/* one slow epoch (a neighbour's burst) is not enough; two running are */
+	CHECK(kvt_cpu_pool_create(2, &p) == KVT_OK);
+	feed(p, 1, 20, 0, 0, false);
+	feed(p, 1, 64, 0, 0, false);
+	CHECK_EQ_INT(kvt_cpu_pool_n_active(p), 2);
+	feed(p, 1, 20, 0, 0, false);
+	CHECK_EQ_INT(kvt_cpu_pool_n_active(p), 2);
+	feed(p, 2, 64, 0, 0, false);
+	CHECK_EQ_INT(kvt_cpu_pool_n_active(p), 1);
+	kvt_cpu_pool_destroy(p);
+	/*
+	 * A busy core: most jobs fast, one in four very slow (the worker waited for
+	 * its core; it was not asleep). The time goes to the slow ones, so the
+	 * pool comes down (a median of per-job speed-ups would say 1.6x and stay).
+	 */
+	CHECK(kvt_cpu_pool_create(2, &p) == KVT_OK);
+	double s2 = feed(p, 8, 20, 4, 400, false);
+	CHECK_EQ_INT(kvt_cpu_pool_n_active(p), 1);
+	CHECKF(s2 > 0.5, "busy core: only %.0f%% of jobs on one thread", 100 * s2);
+	kvt_cpu_pool_destroy(p);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "/tmp/kvt_test_cpu_budget_XXXXXX");
@@ -203,6 +262,7 @@ int main(void)
 	test_quota_files();
 	test_real_budget();
 	test_pool();
+	test_pool_decisions();
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
