@@ -106,7 +106,7 @@ typedef struct kvt_config {
 	bool admit_longest;            /* admission = prompt|longest (default prompt) */
 	char priorities[1024];         /* priorities = "tenant:prio, ..., *:prio" (default "") */
 
-	/* [tier.hbm] capacity = bytes of T0 blocks (auto: GPU 40% of free memory; CPU 1G) */
+	/* [tier.hbm] capacity = bytes of T0 blocks (auto: GPU 4G; CPU the running batch's KV, kvtierd_main.c) */
 	kvt_tier_config hbm;
 	/* [tier.host] capacity (auto: 2G), watermarks, dtype = f16|fp8|int8 (default fp8) */
 	kvt_tier_config host;
