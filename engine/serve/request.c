@@ -251,7 +251,7 @@ static int keys_unspell(json_t *v)
 			bool esc = j + 4 <= key_len && !memcmp(key + j, KEY_ESC, 3);
 			ent[i].key[m++] = esc ? (key[j + 3] == '0' ? '\0' : (char)0xef) : key[j];
 			if (esc && key[j + 3] != '0') {
-				memcpy(ent[i].key + m, KEY_ESC + 1, 2);
+				memcpy(ent[i].key + m, &KEY_ESC[1], 2); /* the rest of U+FFFF after its first byte */
 				m += 2;
 			}
 			j += esc ? 3 : 0;
