@@ -597,6 +597,11 @@ def case_frontdoor(build, tmp):
         chat_body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
         st, h, _ = raw_request(d, "POST", "/v1/chat/completions", chat_body, {"X-Request-Id": "trace-7f3a;span=9"})
         check(st == 200 and h.get("X-Request-Id") == "trace-7f3a;span=9", "chat echoes the client's id: %s" % h)
+        # the access line is written when the request completes, which may be just after the reply arrives
+        t_end = time.time() + 10
+        while not re.search(r"http POST /v1/chat/completions 200 .* id=trace-7f3a;span=9\b", d._log()) \
+                and time.time() < t_end:
+            time.sleep(0.05)
         check(re.search(r"http POST /v1/chat/completions 200 .* id=trace-7f3a;span=9\b", d._log()),
               "the access log line names the request id")
         st, h, text = raw_request(d, "POST", "/v1/chat/completions", dict(chat_body, stream=True),
