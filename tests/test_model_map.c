@@ -160,6 +160,12 @@ static void check_poke(kvt_dev *dev, const char *path, const char *name, uint32_
 	free(buf);
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KVT_TEST_SANITIZED 1
+#else
+#define KVT_TEST_SANITIZED 0
+#endif
+
 static void check_model(kvt_dev *dev, const char *path, const char *label, uint32_t n_vocab)
 {
 	const size_t n = (size_t)(N_STEPS + 1) * n_vocab;
@@ -176,8 +182,9 @@ static void check_model(kvt_dev *dev, const char *path, const char *label, uint3
 	CHECKF(wa == wb && wa > 0, "%s: weight bytes %zu copied, %zu mapped", label, wa, wb);
 	CHECKF(ma == 0, "%s: a copied load maps %zu bytes", label, ma);
 	CHECKF(mb >= wb / 10 * 9, "%s: %zu of %zu weight bytes mapped", label, mb, wb);
-	/* the measure itself, where the weights are large enough not to fit in freed heap */
-	CHECKF(wa < (32u << 20) || ga >= (int64_t)(wa / 2), "%s: the copy took %lld anonymous bytes for %zu of weights",
+	/* the measure itself, where the weights are large enough not to fit in freed heap (not under a
+	 * sanitizer: its allocator's pages and quarantine do not follow the copy; CI's ASan run saw 116 of 246 MB) */
+	CHECKF(KVT_TEST_SANITIZED || wa < (32u << 20) || ga >= (int64_t)(wa / 2), "%s: the copy took %lld anonymous bytes for %zu of weights",
 	       label, (long long)ga, wa);
 	CHECKF(gb < (int64_t)(mb / 10) + (1 << 20), "%s: the mapped load took %lld anonymous bytes (%zu mapped)", label,
 	       (long long)gb, mb);
