@@ -182,11 +182,12 @@ static void check_model(kvt_dev *dev, const char *path, const char *label, uint3
 	CHECKF(wa == wb && wa > 0, "%s: weight bytes %zu copied, %zu mapped", label, wa, wb);
 	CHECKF(ma == 0, "%s: a copied load maps %zu bytes", label, ma);
 	CHECKF(mb >= wb / 10 * 9, "%s: %zu of %zu weight bytes mapped", label, mb, wb);
-	/* the measure itself, where the weights are large enough not to fit in freed heap (not under a
-	 * sanitizer: its allocator's pages and quarantine do not follow the copy; CI's ASan run saw 116 of 246 MB) */
+	/* the measure itself, where the weights are large enough not to fit in freed heap; not under a
+	 * sanitizer, whose allocator and shadow memory do not follow the loads (CI's ASan run: the copy
+	 * showed 116 of 246 MB; TSan: a mapped load 3-11 MB) */
 	CHECKF(KVT_TEST_SANITIZED || wa < (32u << 20) || ga >= (int64_t)(wa / 2), "%s: the copy took %lld anonymous bytes for %zu of weights",
 	       label, (long long)ga, wa);
-	CHECKF(gb < (int64_t)(mb / 10) + (1 << 20), "%s: the mapped load took %lld anonymous bytes (%zu mapped)", label,
+	CHECKF(KVT_TEST_SANITIZED || gb < (int64_t)(mb / 10) + (1 << 20), "%s: the mapped load took %lld anonymous bytes (%zu mapped)", label,
 	       (long long)gb, mb);
 	CHECKF(!memcmp(a, b, n * sizeof(float)), "%s: logits differ between the copied and the mapped load", label);
 out:

@@ -704,8 +704,10 @@ static void test_slow_clients(engine *e)
 			close(fds[i]);
 			fds[i] = -1;
 		}
-	CHECKF(n_refused == 6 && n_oldest == 6,
-	       "%d of 70 connections from one address closed at once, %d of them among the 6 oldest (limit 64: want 6, 6)",
+	/* "oldest" is the server's accept order, and two workers accept in parallel: under load one of the
+	 * six may be accepted after a later one (seen once in a TSan run); a random choice would hit ~0.5 */
+	CHECKF(n_refused == 6 && n_oldest >= 5,
+	       "%d of 70 connections from one address closed at once, %d of them among the 6 oldest (limit 64: want 6, >= 5)",
 	       n_refused, n_oldest);
 
 	/* the other clients are served while the 64 are held */
