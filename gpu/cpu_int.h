@@ -223,6 +223,7 @@ void kvt_cpu_pack_vec(pack_group_fn pack, int codec, const uint16_t *x, uint32_t
 void kvt_cpu_unpack_vec(unpack_group_fn unpack, int codec, const uint8_t *codes, const uint8_t *scales, uint32_t hd,
 			uint16_t *x);
 int kvt_cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
+int kvt_cpu_kv_load(kvt_dev *d, const kvt_kv_load_args *a);
 void kvt_cpu_attention_task(void *ctx, uint32_t w, uint32_t worker); /* ctx: attn_job; (row, head) w */
 int kvt_cpu_argmax(kvt_dev *d, const kvt_argmax_args *a);
 size_t kvt_cpu_sample_workspace(const kvt_dev *d, const kvt_sample_args *a);

@@ -300,6 +300,23 @@ static void kv_store_q(const kvt_kv_layout *l, int32_t slot, uint32_t layer, uin
 	kvt_cpu_pack_vec(kvt_cpu_pack_group, l->codec, h16, hd, base + vi * hd, base + n_vec * hd + vi * ng * 4);
 }
 
+int kvt_cpu_kv_load(kvt_dev *d, const kvt_kv_load_args *a)
+{
+	(void)d;
+	const kvt_kv_layout *l = a->kv;
+	const uint32_t hd = l->head_dim;
+	for (uint32_t m = 0; m < a->n_rows; m++) {
+		uint32_t pos = a->pos0 + m;
+		int32_t slot = a->block_table[pos / l->block_tokens];
+		for (uint32_t h = 0; h < l->n_kv_heads; h++) {
+			const size_t dst = ((size_t)m * l->n_kv_heads + h) * hd;
+			kv_vec(l, slot, a->layer, 0, h, pos % l->block_tokens, a->k + dst);
+			kv_vec(l, slot, a->layer, 1, h, pos % l->block_tokens, a->v + dst);
+		}
+	}
+	return KVT_OK;
+}
+
 int kvt_cpu_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 {
 	kvt_kv_store_args at_pos;

@@ -318,6 +318,16 @@ int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 	return d->ops->kv_store(d, a);
 }
 
+int kvt_dev_kv_load(kvt_dev *d, const kvt_kv_load_args *a)
+{
+	int rc = check_kv("kv_load", a->kv, a->layer, a->block_table);
+	if (rc)
+		return rc;
+	if (!a->n_rows || !a->k || !a->v)
+		BAD("kv_load", "bad arguments");
+	return d->ops->kv_load(d, a);
+}
+
 size_t kvt_dev_attention_workspace_bytes(const kvt_dev *d, const kvt_attention_args *a)
 {
 	return d->ops->attention_workspace(d, a);

@@ -417,6 +417,25 @@ typedef struct kvt_kv_store_args {
 int kvt_dev_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
 
 /*
+ * The inverse of kv_store: read K and V of n_rows stored tokens at positions
+ * pos0.. of one layer out of the blocks, as fp32 rows (an 8-bit pool's codes
+ * times their scales; an fp16 pool's values exactly, so a kv_store of what
+ * kv_load read writes the same bytes back into an fp16 pool). Chunk reuse
+ * (engine/model: kvt_model_kv_move) moves a span's K/V between sequences
+ * with it, re-rotating K by the position delta in between.
+ */
+typedef struct kvt_kv_load_args {
+	const kvt_kv_layout *kv;    /* borrowed */
+	uint32_t layer;             /* layer index */
+	const int32_t *block_table; /* slots covering positions 0..pos0+n_rows-1, device */
+	uint32_t pos0;              /* position of the first row */
+	uint32_t n_rows;            /* tokens */
+	float *k;                   /* [n_rows][n_kv_heads][head_dim] out, device */
+	float *v;                   /* same shape */
+} kvt_kv_load_args;
+int kvt_dev_kv_load(kvt_dev *d, const kvt_kv_load_args *a);
+
+/*
  * Causal GQA attention over paged KV. Query row m sits at position pos0 + m
  * and attends to positions 0..pos0+m of the sequence (their K/V already
  * stored); with a sliding window W, only to positions pos0+m-W+1..pos0+m

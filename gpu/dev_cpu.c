@@ -307,6 +307,7 @@ static const struct kvt_dev_ops cpu_ops = {
 	.add = cpu_add,
 	.embed = cpu_embed,
 	.kv_store = kvt_cpu_kv_store,
+	.kv_load = kvt_cpu_kv_load,
 	.attention_workspace = cpu_attention_workspace,
 	.attention = cpu_attention,
 	.argmax = kvt_cpu_argmax,

@@ -60,6 +60,7 @@ struct kvt_dev_ops {
 	/* (optional) strided copy on s (kvt_dev_copy_2d_async); NULL: dev.c issues one copy_async per row */
 	int (*copy_2d_async)(kvt_dev *d, kvt_stream *s, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
 			     size_t row_bytes, size_t n_rows, int dir);
+	int (*kv_load)(kvt_dev *d, const kvt_kv_load_args *a); /* blocks -> K/V rows (fp32), kv_store's inverse */
 };
 
 /*
@@ -76,7 +77,7 @@ struct kvt_dev_ops {
 	X(stream_destroy) X(stream_sync) X(event_create) X(event_destroy) X(event_record)             \
 	X(stream_wait_event) X(event_sync) X(event_done) X(copy_async) X(kv_pack) X(kv_unpack)        \
 	X(sample_workspace) X(sample) X(capture_begin) X(capture_end) X(graph_launch)                 \
-	X(graph_destroy) X(norm_matmul) X(matmul_swiglu) X(rope_store) X(copy_2d_async)
+	X(graph_destroy) X(norm_matmul) X(matmul_swiglu) X(rope_store) X(copy_2d_async) X(kv_load)
 
 /* KVT_DEV_OP_<op>: an op's index in KVT_DEV_OPS; KVT_DEV_N_OPS of them. */
 #define KVT_DEV_OP_ENUM(op) KVT_DEV_OP_##op,

@@ -220,6 +220,56 @@ int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *
 				  const kvt_model_gate *gates);
 
 /*
+ * Chunk reuse (reuse at any position; docs/http-api.md, "Chunk reuse").
+ *
+ * kvt_model_kv_move copies the K/V of n stored tokens at positions
+ * src_pos.. of src into dst at dst_pos.., every layer, and rotates each K by
+ * delta positions on the way with the forward pass's own RoPE (each layer's
+ * base, NEOX or adjacent pairs, Llama 3 / linear scaling factors: a rotation
+ * by a then by b is one by a + b, so K stored at chunk-relative positions
+ * (delta = -start when extracted) lands where a prefill at the new position
+ * would have put it (delta = +new start), up to the K/V dtype's rounding).
+ * dst gets the blocks it needs to cover dst_pos + n; neither sequence's
+ * n_tokens changes (the caller sets it). src and dst may be the same
+ * sequence only with disjoint ranges. KVT_EFULL when the pool has no free
+ * block, KVT_EINVAL for a range outside src's tokens or dst's capacity.
+ */
+int kvt_model_kv_move(kvt_model *m, const kvt_seq *src, uint32_t src_pos, kvt_seq *dst, uint32_t dst_pos, uint32_t n,
+		      int32_t delta);
+
+/*
+ * How kvt_model_forward_blend restores the attention across placed chunks
+ * (CacheBlend's selective recompute): every row runs through layers
+ * 0..check_layer, which overwrite the placed K/V there; at check_layer each
+ * placed row's deviation (the squared difference between the K/V it had and
+ * the K/V just computed, relative to the computed ones' norm) ranks it, and
+ * only the rows not placed plus the fraction `recompute` of the placed rows
+ * that deviate most (per forward chunk of max_batch rows, rounded up) run on
+ * through the later layers, their K/V overwriting the placed ones there.
+ * recompute = 1 runs every row through every layer: a plain prefill.
+ */
+typedef struct kvt_blend_params {
+	float recompute;      /* fraction of the placed rows recomputed past check_layer, 0..1 */
+	uint32_t check_layer; /* the layer whose deviation ranks the rows (>= 1: layer 0's K/V do not see the context) */
+} kvt_blend_params;
+
+typedef struct kvt_blend_result {
+	uint32_t n_placed;     /* rows that had placed K/V */
+	uint32_t n_recomputed; /* of those, rows run through every layer */
+} kvt_blend_result;
+
+/*
+ * Append n tokens to s as kvt_model_forward does, where placed[i] != 0 says
+ * that row i (position s->n_tokens + i) already has K/V in every layer
+ * (kvt_model_kv_move put it there) and may skip the layers past
+ * bp->check_layer. The last row is always computed; h_logits (n_logits 0 or
+ * 1) receives its logits. *out (may be NULL) gets the counts. Errors as
+ * kvt_model_forward's; KVT_EINVAL for a bad bp.
+ */
+int kvt_model_forward_blend(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, const uint8_t *placed,
+			    const kvt_blend_params *bp, float *h_logits, uint32_t n_logits, kvt_blend_result *out);
+
+/*
  * A Llama-shaped model with random weights made on the device, for
  * benchmarks at real sizes (an 8B model's 16 GB of fp16 need no GGUF file).
  * hp gives n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,

@@ -144,6 +144,8 @@ void kvt_sched_config_default(kvt_sched_config *c)
 	c->preempt = KVT_PREEMPT_SWAP;
 	c->retain_tier = KVT_TIER_HOST;
 	c->device_decode = true;
+	c->chunk_recompute = 0.15f;
+	c->chunk_share = 0.5f;
 }
 
 const char *kvt_finish_name(int finish)

@@ -113,6 +113,10 @@ typedef struct kvt_sched_config {
 	const char *rate_path;     /* the prefill rate kept between runs (kvt_prefill_rate_*; copied): read at create,
 	                              written once this run has measured 0.5 s of prefill; NULL (default): none, and
 	                              the rate comes from this run's prefills alone */
+	float chunk_recompute;     /* chunk reuse: the fraction of a found chunk's tokens recomputed past the check
+	                              layers, 0..1 (default 0.15; a request's chunk_recompute overrides it) */
+	float chunk_share;         /* chunk reuse: the share of each tier's blocks chunk blocks may hold before
+	                              eviction takes them first, 0..1 (default 0.5) */
 } kvt_sched_config;
 
 void kvt_sched_config_default(kvt_sched_config *c);
@@ -165,6 +169,18 @@ typedef struct kvt_sched_retain {
 	int tier;                      /* floor tier (enum kvt_tier); -1: the config's (kvt_sched_config.retain_tier) */
 } kvt_sched_retain;
 
+/*
+ * A span of the prompt marked for reuse at any position (a document, a tool
+ * output: docs/http-api.md, "Chunk reuse"): its KV is stored and found by its
+ * own tokens (the tenant's chunk root), not by the chain before it, and
+ * blended in where it lands (the scheduler's file comment).
+ */
+#define KVT_SCHED_MAX_CHUNKS 16 /* marked spans per request */
+typedef struct kvt_sched_chunk {
+	uint32_t start;                /* first token of the span in the prompt */
+	uint32_t n;                    /* its tokens (>= 1; only its full blocks are cached) */
+} kvt_sched_chunk;
+
 typedef struct kvt_sched_req {
 	const int32_t *prompt;         /* [n_prompt] token ids (copied by submit) */
 	uint32_t n_prompt;             /* >= 1 */
@@ -180,6 +196,10 @@ typedef struct kvt_sched_req {
 	int priority;                  /* KVT_PRIORITY_MIN..MAX, lower first */
 	kvt_sched_retain retain[KVT_SCHED_MAX_RETAIN]; /* prefixes to keep (cache-control breakpoints) */
 	uint32_t n_retain;             /* entries of retain[] (0: none) */
+	kvt_sched_chunk chunks[KVT_SCHED_MAX_CHUNKS]; /* spans for chunk reuse, in prompt order, disjoint */
+	uint32_t n_chunks;             /* entries of chunks[] (0: none) */
+	float chunk_recompute;         /* fraction of a reused chunk's tokens recomputed, 0..1; < 0: the
+	                                  scheduler's default (kvt_sched_config.chunk_recompute) */
 } kvt_sched_req;
 
 typedef struct kvt_sched_usage {
@@ -200,6 +220,11 @@ typedef struct kvt_sched_usage {
 	uint32_t ttft_steps;           /* scheduler steps from submit to the first token */
 	uint64_t first_step;           /* the scheduler's step count at the first token */
 	uint32_t preemptions;          /* times it was preempted and resumed */
+	uint32_t chunk_tokens;         /* prompt tokens in marked spans (kvt_sched_req.chunks) */
+	uint32_t chunk_reused_tokens;  /* of those, tokens whose cached chunk K/V was used as found (blended in,
+	                                  not recomputed past the check layers); never counted in cached_tokens */
+	uint32_t chunk_recomputed_tokens; /* of those, tokens of found chunks recomputed to restore cross-chunk
+	                                  attention (the recompute fraction) */
 } kvt_sched_usage;
 
 typedef struct kvt_sched kvt_sched;
