@@ -813,6 +813,124 @@ static int sublayer_out(kvt_model *m, uint32_t M, uint32_t n_in, wmat w, const f
 }
 
 /*
+ * One forward run: n consecutive rows of the batch appended to (or, in a
+ * blend, recomputed in) sequence s at positions pos0..pos0+n-1. K/V storing
+ * and attention run per run on its own rows; the matmuls see all rows.
+ */
+typedef struct fwd_run {
+	kvt_seq *s;     /* the sequence the rows belong to */
+	uint32_t pos0;  /* position of the run's first row */
+	uint32_t n;     /* rows */
+} fwd_run;
+
+/* Copy M rows' positions (host pos[]) to the device's m->pos. */
+static int upload_pos(kvt_model *m, const int32_t *pos, uint32_t M)
+{
+	return kvt_dev_copy_h2d(m->dev, m->pos, pos, M * sizeof(int32_t));
+}
+
+/*
+ * Layer l over the M rows of m->x, in n_run runs (rows consecutive in run
+ * order; d_pos: [M] the rows' positions on the device).
+ */
+static int layer_step(kvt_model *m, uint32_t l, uint32_t n_run, const fwd_run *runs, uint32_t M, const int32_t *d_pos)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const uint32_t E = hp->n_embd, KVD = hp->n_head_kv * hp->head_dim;
+	const kvt_arch *ar = m->arch;
+	const uint32_t QD = hp->n_head * hp->head_dim;
+	const layer_w *L = &m->layers[l];
+	const bool local = kvt_model_layer_is_local(hp, l);
+	int rc;
+
+	if (m->n_gates && (rc = gate_wait(m, l)))
+		return rc;
+	kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
+	const float freq_base = local ? hp->rope_base_swa : hp->rope_base;
+	kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
+			     .freq_base = freq_base, .pos = d_pos, .x = m->q,
+			     .neox = ar->rope_neox, .freq_factors = local ? NULL : m->rope_factors };
+	kvt_rope_args rk = rq;
+	rk.n_heads = hp->n_head_kv;
+	rk.x = m->k;
+	/* the norm fused into each input GEMM */
+	if ((rc = norm_mm(m, M, E, QD, L->wq, L->attn_norm, m->q)) ||
+	    (rc = norm_mm(m, M, E, KVD, L->wk, L->attn_norm, m->k)) ||
+	    (rc = norm_mm(m, M, E, KVD, L->wv, L->attn_norm, m->v)))
+		return rc;
+	if (ar->qkv_bias) {
+		kvt_add_args bq = { .n = (uint64_t)M * QD, .x = L->bq, .y = m->q, .n_x = QD };
+		kvt_add_args bk = { .n = (uint64_t)M * KVD, .x = L->bk, .y = m->k, .n_x = KVD };
+		kvt_add_args bv = { .n = (uint64_t)M * KVD, .x = L->bv, .y = m->v, .n_x = KVD };
+		if ((rc = kvt_dev_add(m->dev, &bq)) || (rc = kvt_dev_add(m->dev, &bk)) || (rc = kvt_dev_add(m->dev, &bv)))
+			return rc;
+	}
+	if (ar->qk_norm) { /* each head is a row of head_dim */
+		kvt_rmsnorm_args nq = { .n_rows = M * hp->n_head, .n_dim = hp->head_dim, .eps = hp->rms_eps,
+					.w = L->q_norm, .x = m->q, .y = m->q };
+		kvt_rmsnorm_args nk = nq;
+		nk.n_rows = M * hp->n_head_kv;
+		nk.w = L->k_norm;
+		nk.x = nk.y = m->k;
+		if ((rc = kvt_dev_rmsnorm(m->dev, &nq)) || (rc = kvt_dev_rmsnorm(m->dev, &nk)))
+			return rc;
+	}
+	/* RoPE fused with the K/V store (per run, below) where it is the plain Llama rotation */
+	const bool fused_rope = !ar->rope_neox && !rq.freq_factors;
+	if (!fused_rope && ((rc = kvt_dev_rope(m->dev, &rq)) || (rc = kvt_dev_rope(m->dev, &rk))))
+		return rc;
+	for (uint32_t i = 0, r0 = 0; i < n_run; r0 += runs[i].n, i++) {
+		const kvt_seq *s = runs[i].s;
+		const kvt_kv_layout *kv = kvt_t0_layout(s->pool);
+		kvt_kv_store_args st = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = runs[i].pos0,
+					 .n_rows = runs[i].n, .k = m->k + (size_t)r0 * KVD, .v = m->v + (size_t)r0 * KVD };
+		kvt_attention_args at = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = runs[i].pos0,
+					  .n_rows = runs[i].n, .n_heads = hp->n_head, .scale = hp->attn_scale,
+					  .q = m->q + (size_t)r0 * QD, .out = m->att + (size_t)r0 * QD,
+					  .window = local ? hp->n_swa : 0 };
+		if (m->dec_issue)
+			decode_seq_args(m, i, &st, &at);
+		if (fused_rope) {
+			kvt_rope_store_args rs = { .st = st, .n_heads = hp->n_head, .n_rot = hp->n_rot,
+						   .freq_base = freq_base, .pos = d_pos + r0,
+						   .q = m->q + (size_t)r0 * QD, .k = m->k + (size_t)r0 * KVD };
+			rc = kvt_dev_rope_store(m->dev, &rs);
+		} else {
+			rc = kvt_dev_kv_store(m->dev, &st);
+		}
+		if (rc || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
+			return rc;
+	}
+	if ((rc = sublayer_out(m, M, QD, L->wo, m->att, L->post_attn_norm)))
+		return rc;
+	rn.w = L->ffn_norm;
+	kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate,
+			       .act = ar->act };
+	/* norm, both input GEMMs and SwiGLU in one op where the two matrices share a dtype (SiLU only) */
+	kvt_matmul_swiglu_args fs = { .n_rows = M, .n_in = E, .n_out = hp->n_ff, .w_dtype = L->w_gate.dtype,
+				      .w_gate = L->w_gate.p, .w_up = L->w_up.p, .x = m->x, .y = m->gate,
+				      .norm_w = L->ffn_norm, .eps = hp->rms_eps };
+	if (L->w_gate.dtype == L->w_up.dtype && sw.act == KVT_ACT_SILU)
+		rc = kvt_dev_matmul_swiglu(m->dev, &fs, m->ws);
+	else if (!(rc = kvt_dev_rmsnorm(m->dev, &rn)) && !(rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) &&
+		 !(rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)))
+		rc = kvt_dev_swiglu(m->dev, &sw);
+	if (rc || (rc = sublayer_out(m, M, hp->n_ff, L->w_down, m->gate, L->post_ffn_norm)))
+		return rc;
+	return KVT_OK;
+}
+
+/* Embed M rows (ids, on the device) into m->x. */
+static int embed_rows(kvt_model *m, const int32_t *ids, uint32_t M)
+{
+	const uint32_t E = m->hp.n_embd;
+	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = m->hp.n_vocab, .table_dtype = m->tok_embd.dtype,
+			      .table = m->tok_embd.p, .ids = ids, .y = m->x, .trusted_ids = m->dec_issue,
+			      .scale = m->arch->embd_scale ? sqrtf((float)E) : 1.0f };
+	return kvt_dev_embed(m->dev, &ea);
+}
+
+/*
  * Embed M rows and run every layer over them. The rows are n_seq runs of
  * consecutive tokens, run i of n[i] tokens appended to seqs[i] (which holds
  * the blocks for them); the matmuls see all M rows at once, K/V storing and
@@ -822,117 +940,43 @@ static int run_layers(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, const 
 		      uint32_t M)
 {
 	const kvt_model_hparams *hp = &m->hp;
-	const uint32_t E = hp->n_embd, KVD = hp->n_head_kv * hp->head_dim;
 	int32_t pos[512];
+	fwd_run runs[KVT_DECODE_MAX_SEQ];
+	fwd_run *rp = n_seq <= KVT_DECODE_MAX_SEQ ? runs : malloc(n_seq * sizeof(*rp));
 	int rc;
 
 	KVT_ASSERT(M <= m->cfg.max_batch);
+	if (!rp)
+		return KVT_ENOMEM;
 	int32_t *ids = m->ids, *d_pos = m->pos;
 	if (m->dec_issue)
 		decode_rows(m, &ids, &d_pos); /* ids and positions are on the device already */
 	else if ((rc = kvt_dev_copy_h2d(m->dev, m->ids, tokens, M * sizeof(int32_t))))
-		return rc;
-	for (uint32_t i = 0, r = 0, done = 0; i < n_seq && !m->dec_issue; i++) {
-		for (uint32_t j = 0; j < n[i]; j++) {
+		goto out;
+	for (uint32_t i = 0, r = 0, done = 0; i < n_seq; i++) {
+		rp[i] = (fwd_run){ .s = seqs[i], .pos0 = seqs[i]->n_tokens, .n = n[i] };
+		for (uint32_t j = 0; j < n[i] && !m->dec_issue; j++) {
 			pos[r++] = (int32_t)(seqs[i]->n_tokens + j);
 			if (r == 512 || (i == n_seq - 1 && j == n[i] - 1)) {
 				if ((rc = kvt_dev_copy_h2d(m->dev, m->pos + done, pos, r * sizeof(int32_t))))
-					return rc;
+					goto out;
 				done += r;
 				r = 0;
 			}
 		}
 	}
-	const kvt_arch *ar = m->arch;
-	const uint32_t QD = hp->n_head * hp->head_dim;
-	kvt_embed_args ea = { .n_rows = M, .n_dim = E, .n_vocab = hp->n_vocab, .table_dtype = m->tok_embd.dtype,
-			      .table = m->tok_embd.p, .ids = ids, .y = m->x, .trusted_ids = m->dec_issue,
-			      .scale = ar->embd_scale ? sqrtf((float)E) : 1.0f };
-	if ((rc = kvt_dev_embed(m->dev, &ea)))
-		return rc;
-
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		const layer_w *L = &m->layers[l];
-		const bool local = kvt_model_layer_is_local(hp, l);
-		if (m->n_gates && (rc = gate_wait(m, l)))
-			return rc;
-		kvt_rmsnorm_args rn = { .n_rows = M, .n_dim = E, .eps = hp->rms_eps, .w = L->attn_norm, .x = m->x, .y = m->h };
-		const float freq_base = local ? hp->rope_base_swa : hp->rope_base;
-		kvt_rope_args rq = { .n_rows = M, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
-				     .freq_base = freq_base, .pos = d_pos, .x = m->q,
-				     .neox = ar->rope_neox, .freq_factors = local ? NULL : m->rope_factors };
-		kvt_rope_args rk = rq;
-		rk.n_heads = hp->n_head_kv;
-		rk.x = m->k;
-		/* the norm fused into each input GEMM */
-		if ((rc = norm_mm(m, M, E, QD, L->wq, L->attn_norm, m->q)) ||
-		    (rc = norm_mm(m, M, E, KVD, L->wk, L->attn_norm, m->k)) ||
-		    (rc = norm_mm(m, M, E, KVD, L->wv, L->attn_norm, m->v)))
-			return rc;
-		if (ar->qkv_bias) {
-			kvt_add_args bq = { .n = (uint64_t)M * QD, .x = L->bq, .y = m->q, .n_x = QD };
-			kvt_add_args bk = { .n = (uint64_t)M * KVD, .x = L->bk, .y = m->k, .n_x = KVD };
-			kvt_add_args bv = { .n = (uint64_t)M * KVD, .x = L->bv, .y = m->v, .n_x = KVD };
-			if ((rc = kvt_dev_add(m->dev, &bq)) || (rc = kvt_dev_add(m->dev, &bk)) || (rc = kvt_dev_add(m->dev, &bv)))
-				return rc;
-		}
-		if (ar->qk_norm) { /* each head is a row of head_dim */
-			kvt_rmsnorm_args nq = { .n_rows = M * hp->n_head, .n_dim = hp->head_dim, .eps = hp->rms_eps,
-						.w = L->q_norm, .x = m->q, .y = m->q };
-			kvt_rmsnorm_args nk = nq;
-			nk.n_rows = M * hp->n_head_kv;
-			nk.w = L->k_norm;
-			nk.x = nk.y = m->k;
-			if ((rc = kvt_dev_rmsnorm(m->dev, &nq)) || (rc = kvt_dev_rmsnorm(m->dev, &nk)))
-				return rc;
-		}
-		/* RoPE fused with the K/V store (per sequence, below) where it is the plain Llama rotation */
-		const bool fused_rope = !ar->rope_neox && !rq.freq_factors;
-		if (!fused_rope && ((rc = kvt_dev_rope(m->dev, &rq)) || (rc = kvt_dev_rope(m->dev, &rk))))
-			return rc;
-		for (uint32_t i = 0, r0 = 0; i < n_seq; r0 += n[i], i++) {
-			const kvt_seq *s = seqs[i];
-			const kvt_kv_layout *kv = kvt_t0_layout(s->pool);
-			kvt_kv_store_args st = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
-						 .n_rows = n[i], .k = m->k + (size_t)r0 * KVD, .v = m->v + (size_t)r0 * KVD };
-			kvt_attention_args at = { .kv = kv, .layer = l, .block_table = s->d_blocks, .pos0 = s->n_tokens,
-						  .n_rows = n[i], .n_heads = hp->n_head, .scale = hp->attn_scale,
-						  .q = m->q + (size_t)r0 * QD, .out = m->att + (size_t)r0 * QD,
-						  .window = local ? hp->n_swa : 0 };
-			if (m->dec_issue)
-				decode_seq_args(m, i, &st, &at);
-			if (fused_rope) {
-				kvt_rope_store_args rs = { .st = st, .n_heads = hp->n_head, .n_rot = hp->n_rot,
-							   .freq_base = freq_base, .pos = d_pos + r0,
-							   .q = m->q + (size_t)r0 * QD, .k = m->k + (size_t)r0 * KVD };
-				rc = kvt_dev_rope_store(m->dev, &rs);
-			} else {
-				rc = kvt_dev_kv_store(m->dev, &st);
-			}
-			if (rc || (rc = kvt_dev_attention(m->dev, &at, m->ws)))
-				return rc;
-		}
-		if ((rc = sublayer_out(m, M, QD, L->wo, m->att, L->post_attn_norm)))
-			return rc;
-		rn.w = L->ffn_norm;
-		kvt_swiglu_args sw = { .n = (uint64_t)M * hp->n_ff, .gate = m->gate, .up = m->up, .y = m->gate,
-				       .act = ar->act };
-		/* norm, both input GEMMs and SwiGLU in one op where the two matrices share a dtype (SiLU only) */
-		kvt_matmul_swiglu_args fs = { .n_rows = M, .n_in = E, .n_out = hp->n_ff, .w_dtype = L->w_gate.dtype,
-					      .w_gate = L->w_gate.p, .w_up = L->w_up.p, .x = m->x, .y = m->gate,
-					      .norm_w = L->ffn_norm, .eps = hp->rms_eps };
-		if (L->w_gate.dtype == L->w_up.dtype && sw.act == KVT_ACT_SILU)
-			rc = kvt_dev_matmul_swiglu(m->dev, &fs, m->ws);
-		else if (!(rc = kvt_dev_rmsnorm(m->dev, &rn)) && !(rc = mm(m, M, E, hp->n_ff, L->w_gate, m->h, m->gate, false)) &&
-			 !(rc = mm(m, M, E, hp->n_ff, L->w_up, m->h, m->up, false)))
-			rc = kvt_dev_swiglu(m->dev, &sw);
-		if (rc || (rc = sublayer_out(m, M, hp->n_ff, L->w_down, m->gate, L->post_ffn_norm)))
-			return rc;
-	}
+	if ((rc = embed_rows(m, ids, M)))
+		goto out;
+	for (uint32_t l = 0; l < hp->n_layer; l++)
+		if ((rc = layer_step(m, l, n_seq, rp, M, d_pos)))
+			goto out;
 	m->n_gates = 0; /* the waits are issued; later chunks are ordered after them */
 	for (uint32_t i = 0; i < n_seq && !m->dec_issue; i++) /* a decode step counts its tokens once it ran */
 		seqs[i]->n_tokens += n[i];
-	return KVT_OK;
+out:
+	if (rp != runs)
+		free(rp);
+	return rc;
 }
 
 /* Logits of c rows of the residual stream starting at x (contiguous) into h_logits. */
@@ -1048,6 +1092,222 @@ int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t 
 			return rc;
 	}
 	return KVT_OK;
+}
+
+/* ---- chunk reuse: moving K/V between positions, blended prefill ---- */
+
+int kvt_model_kv_move(kvt_model *m, const kvt_seq *src, uint32_t src_pos, kvt_seq *dst, uint32_t dst_pos, uint32_t n,
+		      int32_t delta)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const uint32_t B = m->cfg.max_batch;
+	int32_t pos[512];
+	int rc;
+
+	if (!n || (uint64_t)src_pos + n > src->n_tokens || (uint64_t)dst_pos + n > m->cfg.max_ctx ||
+	    (src == dst && src_pos < dst_pos + n && dst_pos < src_pos + n)) {
+		KVT_LOGE("model: kv move of %u tokens from %u (of %u) to %u (context %u)", n, src_pos, src->n_tokens,
+			 dst_pos, m->cfg.max_ctx);
+		return KVT_EINVAL;
+	}
+	if ((rc = seq_reserve(dst, dst_pos + n)))
+		return rc;
+	/* every row turns by the same delta: one position array, filled once */
+	for (uint32_t done = 0, c = B < n ? B : n; done < c; done += 512) {
+		uint32_t r = c - done < 512 ? c - done : 512;
+		for (uint32_t j = 0; j < r; j++)
+			pos[j] = delta;
+		if ((rc = kvt_dev_copy_h2d(m->dev, m->pos + done, pos, r * sizeof(int32_t))))
+			return rc;
+	}
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const bool local = kvt_model_layer_is_local(hp, l);
+		for (uint32_t done = 0; done < n; done += B) {
+			const uint32_t c = n - done < B ? n - done : B;
+			kvt_kv_load_args ld = { .kv = kvt_t0_layout(src->pool), .layer = l, .block_table = src->d_blocks,
+						.pos0 = src_pos + done, .n_rows = c, .k = m->k, .v = m->v };
+			kvt_rope_args rk = { .n_rows = c, .n_heads = hp->n_head_kv, .head_dim = hp->head_dim,
+					     .n_rot = hp->n_rot, .freq_base = local ? hp->rope_base_swa : hp->rope_base,
+					     .pos = m->pos, .x = m->k, .neox = m->arch->rope_neox,
+					     .freq_factors = local ? NULL : m->rope_factors };
+			kvt_kv_store_args st = { .kv = kvt_t0_layout(dst->pool), .layer = l, .block_table = dst->d_blocks,
+						 .pos0 = dst_pos + done, .n_rows = c, .k = m->k, .v = m->v };
+			if ((rc = kvt_dev_kv_load(m->dev, &ld)) || (delta && (rc = kvt_dev_rope(m->dev, &rk))) ||
+			    (rc = kvt_dev_kv_store(m->dev, &st)))
+				return rc;
+		}
+	}
+	return kvt_dev_sync(m->dev);
+}
+
+/* K and V of rows [r0, r0 + c) of a blend chunk (positions pos0 + r0..) at layer l, to host k/v ([c][KVD] each). */
+static int blend_read_kv(kvt_model *m, kvt_seq *s, uint32_t l, uint32_t pos0, uint32_t c, float *k, float *v)
+{
+	const size_t KVD = (size_t)m->hp.n_head_kv * m->hp.head_dim;
+	kvt_kv_load_args ld = { .kv = kvt_t0_layout(s->pool), .layer = l, .block_table = s->d_blocks, .pos0 = pos0,
+				.n_rows = c, .k = m->k, .v = m->v };
+	int rc;
+	if ((rc = kvt_dev_kv_load(m->dev, &ld)) || (rc = kvt_dev_copy_d2h(m->dev, k, m->k, c * KVD * sizeof(float))) ||
+	    (rc = kvt_dev_copy_d2h(m->dev, v, m->v, c * KVD * sizeof(float))))
+		return rc;
+	return KVT_OK;
+}
+
+typedef struct blend_rank {
+	float dev;     /* the row's deviation at the check layer */
+	uint32_t row;  /* its row in the chunk */
+} blend_rank;
+
+static int cmp_rank(const void *a, const void *b)
+{
+	const blend_rank *x = a, *y = b;
+	if (x->dev != y->dev)
+		return x->dev < y->dev ? 1 : -1; /* largest deviation first */
+	return x->row < y->row ? -1 : x->row > y->row; /* ties: earlier rows first (deterministic) */
+}
+
+/*
+ * One chunk of a blend: M rows at positions s->n_tokens.., placed[] of them
+ * with K/V already there. sel (host, [M]) receives which rows ran through
+ * every layer. Scratch: host buffers of 4 * M * KVD floats and M ranks.
+ */
+static int blend_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t M, const uint8_t *placed,
+		       const kvt_blend_params *bp, bool force_last, float *host, blend_rank *rank, uint8_t *sel,
+		       int32_t *pos, fwd_run *runs, uint32_t *n_sel_out)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const size_t E = hp->n_embd, KVD = (size_t)hp->n_head_kv * hp->head_dim;
+	const uint32_t pos0 = s->n_tokens;
+	uint32_t n_placed = 0, n_run, S;
+	int rc;
+
+	for (uint32_t i = 0; i < M; i++) {
+		n_placed += placed[i] != 0;
+		pos[i] = (int32_t)(pos0 + i);
+	}
+	if ((rc = kvt_dev_copy_h2d(m->dev, m->ids, tokens, M * sizeof(int32_t))) || (rc = upload_pos(m, pos, M)) ||
+	    (rc = embed_rows(m, m->ids, M)))
+		return rc;
+	fwd_run all = { .s = s, .pos0 = pos0, .n = M };
+	const uint32_t check = bp->check_layer < hp->n_layer ? bp->check_layer : hp->n_layer - 1;
+	for (uint32_t l = 0; l <= check; l++) {
+		/* the placed K/V of the check layer, before this layer's store overwrites them */
+		if (l == check && n_placed && (rc = blend_read_kv(m, s, l, pos0, M, host, host + M * KVD)))
+			return rc;
+		if ((rc = layer_step(m, l, 1, &all, M, m->pos)))
+			return rc;
+	}
+	/* rank the placed rows by how far the context moved their K/V */
+	uint32_t n_rank = 0;
+	if (n_placed) {
+		float *pk = host, *pv = host + M * KVD, *fk = host + 2 * M * KVD, *fv = host + 3 * M * KVD;
+		if ((rc = blend_read_kv(m, s, check, pos0, M, fk, fv)))
+			return rc;
+		for (uint32_t i = 0; i < M; i++) {
+			if (!placed[i])
+				continue;
+			double dk = 0, dv = 0, nk = 1e-12, nv = 1e-12;
+			for (size_t j = i * KVD; j < (i + 1) * KVD; j++) {
+				dk += (double)(fk[j] - pk[j]) * (fk[j] - pk[j]);
+				dv += (double)(fv[j] - pv[j]) * (fv[j] - pv[j]);
+				nk += (double)fk[j] * fk[j];
+				nv += (double)fv[j] * fv[j];
+			}
+			rank[n_rank++] = (blend_rank){ .dev = (float)(dk / nk + dv / nv), .row = i };
+		}
+		qsort(rank, n_rank, sizeof(*rank), cmp_rank);
+	}
+	const uint32_t n_keep = (uint32_t)ceilf(bp->recompute * (float)n_placed - 1e-4f);
+	for (uint32_t i = 0; i < M; i++)
+		sel[i] = !placed[i] || (force_last && i == M - 1);
+	for (uint32_t i = 0; i < n_keep && i < n_rank; i++)
+		sel[rank[i].row] = 1;
+	/* the selected rows' residual streams, packed to the front of x (through att, which is free between layers) */
+	S = n_run = 0;
+	for (uint32_t i = 0; i < M;) {
+		if (!sel[i]) {
+			i++;
+			continue;
+		}
+		uint32_t j = i;
+		while (j < M && sel[j])
+			j++;
+		if ((rc = kvt_dev_copy_d2d(m->dev, m->att + (size_t)S * E, m->x + (size_t)i * E, (j - i) * E * sizeof(float))))
+			return rc;
+		runs[n_run++] = (fwd_run){ .s = s, .pos0 = pos0 + i, .n = j - i };
+		for (uint32_t r = i; r < j; r++)
+			pos[S++] = (int32_t)(pos0 + r);
+		i = j;
+	}
+	*n_sel_out = check + 1 < hp->n_layer ? S : M; /* rows of x the last layer left (packed, or all) */
+	if (S && check + 1 < hp->n_layer) {
+		if ((rc = kvt_dev_copy_d2d(m->dev, m->x, m->att, (size_t)S * E * sizeof(float))) ||
+		    (rc = upload_pos(m, pos, S)))
+			return rc;
+		for (uint32_t l = check + 1; l < hp->n_layer; l++)
+			if ((rc = layer_step(m, l, n_run, runs, S, m->pos)))
+				return rc;
+	}
+	s->n_tokens += M;
+	return KVT_OK;
+}
+
+int kvt_model_forward_blend(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, const uint8_t *placed,
+			    const kvt_blend_params *bp, float *h_logits, uint32_t n_logits, kvt_blend_result *out)
+{
+	const uint32_t B = m->cfg.max_batch, E = m->hp.n_embd;
+	const size_t KVD = (size_t)m->hp.n_head_kv * m->hp.head_dim;
+	kvt_blend_result res = { 0 };
+	int rc;
+
+	if (!bp || !(bp->recompute >= 0.0f && bp->recompute <= 1.0f) || bp->check_layer < 1 || n == 0 || n_logits > 1 ||
+	    (n_logits && !h_logits) || !placed) {
+		KVT_LOGE("model: blend of %u tokens: bad parameters (recompute %g, check layer %u, %u logit rows)", n,
+			 bp ? bp->recompute : -1.0f, bp ? bp->check_layer : 0, n_logits);
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
+			return KVT_EINVAL;
+		}
+	}
+	if ((uint64_t)s->n_tokens + n > m->cfg.max_ctx) {
+		KVT_LOGE("model: %u + %u tokens exceed the context of %u", s->n_tokens, n, m->cfg.max_ctx);
+		return KVT_EFULL;
+	}
+	if ((rc = seq_reserve(s, s->n_tokens + n)))
+		return rc;
+	const uint32_t C = n < B ? n : B;
+	float *host = malloc(4 * (size_t)C * KVD * sizeof(float));
+	blend_rank *rank = malloc(C * sizeof(*rank));
+	uint8_t *sel = malloc(C);
+	int32_t *pos = malloc(C * sizeof(int32_t));
+	fwd_run *runs = malloc(C * sizeof(*runs));
+	rc = host && rank && sel && pos && runs ? KVT_OK : KVT_ENOMEM;
+	uint32_t S = 0;
+	for (uint32_t done = 0; rc == KVT_OK && done < n; done += B) {
+		const uint32_t c = n - done < B ? n - done : B;
+		const bool last = done + c == n;
+		rc = blend_chunk(m, s, tokens + done, c, placed + done, bp, last, host, rank, sel, pos, runs, &S);
+		for (uint32_t i = 0; rc == KVT_OK && i < c; i++) {
+			res.n_placed += placed[done + i] != 0;
+			res.n_recomputed += placed[done + i] && sel[i];
+		}
+	}
+	/* the last row is the last of the packed rows (always selected) */
+	if (rc == KVT_OK && n_logits)
+		rc = logits_rows(m, m->x + (size_t)(S - 1) * E, 1, h_logits);
+	if (rc == KVT_OK)
+		rc = kvt_dev_sync(m->dev);
+	free(host);
+	free(rank);
+	free(sel);
+	free(pos);
+	free(runs);
+	if (rc == KVT_OK && out)
+		*out = res;
+	return rc;
 }
 
 /* ---- decode steps on the device (kvt_model_decode) ---- */
