@@ -1096,7 +1096,7 @@ int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t 
 
 /* ---- chunk reuse: moving K/V between positions, blended prefill ---- */
 
-int kvt_model_kv_move(kvt_model *m, const kvt_seq *src, uint32_t src_pos, kvt_seq *dst, uint32_t dst_pos, uint32_t n,
+int kvt_model_kv_move(kvt_model *m, kvt_seq *src, uint32_t src_pos, kvt_seq *dst, uint32_t dst_pos, uint32_t n,
 		      int32_t delta)
 {
 	const kvt_model_hparams *hp = &m->hp;
@@ -1110,7 +1110,7 @@ int kvt_model_kv_move(kvt_model *m, const kvt_seq *src, uint32_t src_pos, kvt_se
 			 dst_pos, m->cfg.max_ctx);
 		return KVT_EINVAL;
 	}
-	if ((rc = seq_reserve(dst, dst_pos + n)))
+	if ((rc = seq_reserve(src, src->n_tokens)) || (rc = seq_reserve(dst, dst_pos + n)))
 		return rc;
 	/* every row turns by the same delta: one position array, filled once */
 	for (uint32_t done = 0, c = B < n ? B : n; done < c; done += 512) {

@@ -229,12 +229,13 @@ int kvt_model_forward_batch_gated(kvt_model *m, uint32_t n_seq, kvt_seq *const *
  * by a then by b is one by a + b, so K stored at chunk-relative positions
  * (delta = -start when extracted) lands where a prefill at the new position
  * would have put it (delta = +new start), up to the K/V dtype's rounding).
- * dst gets the blocks it needs to cover dst_pos + n; neither sequence's
- * n_tokens changes (the caller sets it). src and dst may be the same
+ * dst gets the blocks it needs to cover dst_pos + n (and src's device table
+ * is brought in step with its host one); neither sequence's n_tokens
+ * changes (the caller sets it). src and dst may be the same
  * sequence only with disjoint ranges. KVT_EFULL when the pool has no free
  * block, KVT_EINVAL for a range outside src's tokens or dst's capacity.
  */
-int kvt_model_kv_move(kvt_model *m, const kvt_seq *src, uint32_t src_pos, kvt_seq *dst, uint32_t dst_pos, uint32_t n,
+int kvt_model_kv_move(kvt_model *m, kvt_seq *src, uint32_t src_pos, kvt_seq *dst, uint32_t dst_pos, uint32_t n,
 		      int32_t delta);
 
 /*

@@ -59,6 +59,13 @@ static inline const char *sched_tenant(const char *t) { return t && t[0] ? t : "
 int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES]);
 
 /*
+ * The tenant's chunk root: the parent of the first block of every span marked
+ * for chunk reuse, one step from the chain root over a token run no prompt
+ * can hold (negative ids), so a chunk chain never meets a prefix chain.
+ */
+int sched_chunk_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES]);
+
+/*
  * The end of a finished turn (sessions.c): its blocks (chain[0..n_chain),
  * when the cache is on) become due for write-through, and with a session id
  * the row it leaves is queued first: the whole history, the hash of its last

@@ -73,6 +73,36 @@ const double kvt_ttft_bucket_le[KVT_TTFT_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 
 enum h_state { H_QUEUED, H_PROMOTE, H_PREFILL, H_DECODE, H_FINISHING, H_DONE };
 
 /*
+ * Chunk reuse. A marked span (kvt_sched_req.chunks) is named by its own
+ * tokens: its full blocks form a chain under the tenant's chunk root
+ * (sched_chunk_root), whatever precedes it. Admission looks each span up
+ * (a SERVE handle, waited for at once); once the exact prefix is taken, the
+ * blocks found are moved into the request's sequence at the span's position
+ * (kvt_model_kv_move: their K was stored at chunk-relative positions, and
+ * is turned by the span's start), and the handle is let go. The prompt is
+ * prefilled as usual up to the first placed span; from there to the
+ * prompt's last token kvt_model_forward_blend runs alone (the rows placed
+ * are recomputed past the check layer only in the fraction asked for); the
+ * last token runs in the batch as usual. Blocks from the first placed span
+ * on are not registered under the chain: their K/V are not a plain
+ * prefill's, and an exact prefix hit must be exact. A span not found is
+ * stored once its positions are computed: its K/V moved to chunk-relative
+ * positions (turned by -start) into fresh blocks, registered under the
+ * chunk chain. A preempted request resumes without chunk reuse.
+ */
+#define NO_BLEND UINT32_MAX
+#define BLEND_CHECK_LAYER 1u
+
+typedef struct sched_chunk {
+	uint32_t start, n;                 /* the span in the prompt */
+	uint32_t n_blocks;                 /* its full blocks */
+	uint8_t (*hashes)[KVT_HASH_BYTES]; /* [n_blocks] their chain under the chunk root */
+	kvt_tm_prefix *pfx;                /* the lookup, until placed (NULL: none) */
+	uint32_t n_found;                  /* leading blocks found and placed */
+	bool stored;                       /* the blocks not found were stored (or need not be) */
+} sched_chunk;
+
+/*
  * A preempted request keeps its handle, tokens and sampler; only its
  * sequence (T0 references) and pins go. n_fill is how many tokens its KV
  * must hold before it samples again: the prompt at first; after a
@@ -126,6 +156,9 @@ struct kvt_sched_handle {
 	uint32_t yielded;           /* FAIR: others' rows run while this was the head prompt */
 	uint32_t committed;         /* T0 blocks committed at admission (t0_committed) */
 	uint64_t seq_no;            /* admission order (latest = largest) */
+	sched_chunk *chunks;        /* [req.n_chunks] the marked spans' chunk chains (NULL: none, or preempted) */
+	uint32_t blend_at;          /* the prompt position where the blended prefill starts (NO_BLEND: none) */
+	uint32_t reg_limit;         /* blocks that may be registered under the chain: those before blend_at */
 };
 
 
@@ -201,6 +234,18 @@ static int tenant_priority(const kvt_sched *s, const char *tenant)
 
 /* ---- handles ---- */
 
+/* Let go of the chunk lookups and chains (the handles' pins and T0 references). */
+static void chunks_free(kvt_sched_handle *h)
+{
+	for (uint32_t i = 0; h->chunks && i < h->req.n_chunks; i++) {
+		kvt_tm_prefix_release(h->s->cfg.tm, h->chunks[i].pfx);
+		free(h->chunks[i].hashes);
+	}
+	free(h->chunks);
+	h->chunks = NULL;
+	h->blend_at = NO_BLEND;
+}
+
 static void handle_free(kvt_sched_handle *h)
 {
 	if (h->sampler_ready)
@@ -211,6 +256,7 @@ static void handle_free(kvt_sched_handle *h)
 	if (h->seq_ready)
 		kvt_seq_deinit(&h->seq);
 	pthread_cond_destroy(&h->cv);
+	chunks_free(h);
 	free(h->hashes);
 	free(h->toks);
 	free(h);
@@ -271,6 +317,20 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 		KVT_LOGE("sched: %u top logprobs asked; at most %d", r->top_logprobs, KVT_MAX_TOP_LOGPROBS);
 		return KVT_EINVAL;
 	}
+	if (r->n_chunks > KVT_SCHED_MAX_CHUNKS || !(r->chunk_recompute <= 1.0f)) {
+		KVT_LOGE("sched: %u chunk spans (at most %d), recompute %g (at most 1)", r->n_chunks, KVT_SCHED_MAX_CHUNKS,
+			 r->chunk_recompute);
+		return KVT_EINVAL;
+	}
+	for (uint32_t i = 0, end = 0; i < r->n_chunks; i++) {
+		const kvt_sched_chunk *c = &r->chunks[i];
+		if (!c->n || c->start < end || (uint64_t)c->start + c->n > r->n_prompt) {
+			KVT_LOGE("sched: chunk span %u (%u tokens at %u) is empty, overlaps the one before or leaves the prompt "
+				 "of %u", i, c->n, c->start, r->n_prompt);
+			return KVT_EINVAL;
+		}
+		end = c->start + c->n;
+	}
 
 	kvt_sched_handle *h = calloc(1, sizeof(*h));
 	if (!h)
@@ -296,6 +356,8 @@ int kvt_sched_submit(kvt_sched *s, const kvt_sched_req *r, kvt_sched_handle **ou
 	h->state = H_QUEUED;
 	h->t_submit = h->t_wait = kvt_now_s();
 	h->n_fill = r->n_prompt;
+	h->blend_at = NO_BLEND;
+	h->reg_limit = UINT32_MAX;
 	h->prio = r->has_priority ? r->priority : tenant_priority(s, r->tenant);
 	h->usage.priority = h->prio;
 	pthread_cond_init(&h->cv, NULL);
@@ -524,6 +586,215 @@ void sched_turn_saved(kvt_sched *s, kvt_sched_handle *h, int rc)
 }
 
 /*
+ * Look the marked spans up (admission, not for a preempted request): each
+ * span's full blocks hashed under the chunk root, a SERVE handle acquired
+ * and waited for at once (NOTE: a span found in T2 is read while the other
+ * sequences wait; the spans are short next to a conversation's history).
+ * A failure leaves the span unmarked (logged): it is prefilled as text.
+ */
+static void chunks_lookup(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t bt = s->block_tokens;
+	uint8_t croot[KVT_HASH_BYTES];
+	if (!h->req.n_chunks || !s->cfg.tm || !s->cfg.cache || h->preempted)
+		return;
+	if (sched_chunk_root(s, h->req.tenant, croot) || !(h->chunks = calloc(h->req.n_chunks, sizeof(*h->chunks)))) {
+		KVT_LOGW("sched: chunk reuse skipped for a request (no chunk root or no memory)");
+		return;
+	}
+	uint32_t span_tokens = 0;
+	for (uint32_t i = 0; i < h->req.n_chunks; i++) {
+		sched_chunk *c = &h->chunks[i];
+		c->start = h->req.chunks[i].start;
+		c->n = h->req.chunks[i].n;
+		c->n_blocks = c->n / bt;
+		span_tokens += c->n;
+		uint32_t got = 0;
+		if (!c->n_blocks || !(c->hashes = malloc((size_t)c->n_blocks * KVT_HASH_BYTES)) ||
+		    kvt_hash_chain(croot, h->toks + c->start, c->n_blocks * bt, bt, c->hashes, c->n_blocks, &got) ||
+		    got != c->n_blocks) {
+			c->n_blocks = 0;
+			c->stored = true;
+			continue;
+		}
+		const kvt_tm_prefix_req pr = { .use = KVT_TM_PREFIX_SERVE,
+					       .hashes = (const uint8_t(*)[KVT_HASH_BYTES])c->hashes,
+					       .tokens = h->toks + c->start,
+					       .n = c->n_blocks,
+					       .root = croot,
+					       .refresh = true };
+		if (kvt_tm_prefix_acquire(s->cfg.tm, &pr, &c->pfx) == KVT_OK)
+			kvt_tm_prefix_wait(s->cfg.tm, c->pfx, NULL, NULL);
+		else
+			c->pfx = NULL;
+	}
+	pthread_mutex_lock(&s->mu);
+	h->usage.chunk_tokens = span_tokens;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * The exact prefix is in the sequence (its first n_tokens): move each span's
+ * found blocks to the span's place, turned by its start, and let the lookups
+ * go. A span that starts inside the exact prefix is left to it. The first
+ * span placed is where the blend starts.
+ */
+static void chunks_place(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t bt = s->block_tokens;
+	uint64_t found = 0, looked = 0, by_tier[KVT_TM_N_TIERS] = { 0 }, bytes[KVT_TM_N_TIERS] = { 0 };
+	for (uint32_t i = 0; h->chunks && i < h->req.n_chunks; i++) {
+		sched_chunk *c = &h->chunks[i];
+		if (!c->pfx)
+			continue;
+		if (c->start < h->seq.n_tokens) { /* the exact prefix covers (some of) it: nothing to reuse or store */
+			c->stored = true;
+			kvt_tm_prefix_release(s->cfg.tm, c->pfx);
+			c->pfx = NULL;
+			continue;
+		}
+		looked += (uint64_t)c->n_blocks * bt;
+		kvt_tm_prefix_counts pc;
+		kvt_seq cs;
+		uint32_t k = 0;
+		if (kvt_seq_init(&cs, s->cfg.dev, s->cfg.t0, c->n_blocks * bt) == KVT_OK) {
+			k = kvt_tm_prefix_take(s->cfg.tm, c->pfx, cs.blocks);
+			cs.n_blocks = k;
+			cs.n_tokens = k * bt;
+			cs.n_synced = 0; /* kvt_model_kv_move brings the device table in step */
+			int rc = k ? kvt_model_kv_move(s->cfg.model, &cs, 0, &h->seq, c->start, k * bt, (int32_t)c->start)
+				   : KVT_OK;
+			if (k && rc != KVT_OK) {
+				KVT_LOGW("sched: a found chunk of %u blocks could not be placed (%s): prefilled as text", k,
+					 kvt_strerror(rc));
+				k = 0;
+			}
+			kvt_seq_deinit(&cs);
+		}
+		kvt_tm_prefix_get_counts(s->cfg.tm, c->pfx, &pc);
+		for (int t = 0; t < KVT_TM_N_TIERS; t++) {
+			by_tier[t] += (uint64_t)pc.blocks_from[t] * bt;
+			bytes[t] += pc.bytes_from[t];
+		}
+		kvt_tm_prefix_release(s->cfg.tm, c->pfx);
+		c->pfx = NULL;
+		c->n_found = k;
+		found += (uint64_t)k * bt;
+		if (k && h->blend_at == NO_BLEND)
+			h->blend_at = c->start;
+	}
+	if (h->blend_at != NO_BLEND)
+		h->reg_limit = h->blend_at / bt;
+	pthread_mutex_lock(&s->mu);
+	s->st.chunk_lookup_tokens += looked;
+	s->st.chunk_hit_tokens += found;
+	for (int t = 0; t < KVT_TM_N_TIERS; t++) {
+		s->st.chunk_hits_by_tier[t] += by_tier[t];
+		s->st.chunk_bytes_from[t] += bytes[t];
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+/*
+ * Store the blocks of the spans not found once the sequence holds their
+ * K/V: moved to chunk-relative positions into fresh blocks (turned by
+ * -start) and registered under the chunk chain; the manager keeps them like
+ * any block (its own T0 reference; T1, T2, T3 as they cool).
+ */
+static void chunks_store(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t bt = s->block_tokens;
+	uint8_t croot[KVT_HASH_BYTES];
+	uint64_t stored = 0;
+	for (uint32_t i = 0; h->chunks && i < h->req.n_chunks; i++) {
+		sched_chunk *c = &h->chunks[i];
+		if (c->stored || c->pfx || c->start + c->n_blocks * bt > h->seq.n_tokens)
+			continue;
+		c->stored = true;
+		const uint32_t from = c->n_found, n = c->n_blocks - from;
+		kvt_seq cs;
+		if (!n || sched_chunk_root(s, h->req.tenant, croot) ||
+		    kvt_seq_init(&cs, s->cfg.dev, s->cfg.t0, c->n_blocks * bt) != KVT_OK)
+			continue;
+		/* the blocks not found sit at chunk-relative positions from * bt on; cs holds them from its block `from` */
+		cs.n_tokens = 0;
+		int rc = kvt_model_kv_move(s->cfg.model, &h->seq, c->start + from * bt, &cs, from * bt, n * bt,
+					   -(int32_t)c->start);
+		if (rc == KVT_OK)
+			for (uint32_t j = from; j < c->n_blocks; j++) {
+				const uint8_t *parent = j ? c->hashes[j - 1] : croot;
+				if ((rc = kvt_tm_register(s->cfg.tm, c->hashes[j], parent, h->toks + c->start + j * bt,
+							  cs.blocks[j])))
+					break;
+				stored += bt;
+			}
+		if (rc)
+			KVT_LOGW("sched: a chunk's blocks were not stored: %s", kvt_strerror(rc));
+		kvt_seq_deinit(&cs);
+	}
+	if (stored) {
+		pthread_mutex_lock(&s->mu);
+		s->st.chunk_stored_tokens += stored;
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
+/*
+ * The blend (see above): the prompt from blend_at to its last token but one,
+ * placed rows marked, through kvt_model_forward_blend, alone. The last
+ * prompt token then runs in the batch and samples as usual. A failure (no
+ * room in T0) falls back to the plain prefill from blend_at: the rows it
+ * computes overwrite whatever was placed.
+ */
+static void run_blend(kvt_sched *s, kvt_sched_handle *h)
+{
+	const uint32_t from = h->blend_at, to = h->n_fill - 1, bt = s->block_tokens;
+	h->blend_at = NO_BLEND;
+	if (to <= from) {
+		h->reg_limit = UINT32_MAX;
+		return;
+	}
+	uint8_t *placed = calloc(to - from, 1);
+	if (!placed)
+		return;
+	for (uint32_t i = 0; i < h->req.n_chunks; i++) {
+		const sched_chunk *c = &h->chunks[i];
+		for (uint32_t p = c->start; c->n_found && p < c->start + c->n_found * bt && p < to; p++)
+			if (p >= from)
+				placed[p - from] = 1;
+	}
+	const float r = h->req.chunk_recompute >= 0 ? h->req.chunk_recompute : s->cfg.chunk_recompute;
+	const kvt_blend_params bp = { .recompute = r, .check_layer = BLEND_CHECK_LAYER };
+	kvt_blend_result res = { 0 };
+	const uint32_t need = (to + bt - 1) / bt;
+	if (need > h->seq.n_blocks && s->cfg.tm)
+		kvt_tm_reserve_t0(s->cfg.tm, need - h->seq.n_blocks);
+	double t0 = kvt_now_s();
+	int rc = kvt_model_forward_blend(s->cfg.model, &h->seq, h->toks + from, to - from, placed, &bp, NULL, 0, &res);
+	double dt = kvt_now_s() - t0;
+	free(placed);
+	if (rc != KVT_OK) {
+		KVT_LOGW("sched: a blended prefill of %u tokens failed (%s): prefilling them plainly", to - from,
+			 kvt_strerror(rc));
+		h->reg_limit = UINT32_MAX;
+		return;
+	}
+	KVT_LOGD("sched: blend: %u tokens from %u, %u placed, %u of them recomputed (r %.2f), %.1f ms", to - from, from,
+		 res.n_placed, res.n_recomputed, r, dt * 1e3);
+	pthread_mutex_lock(&s->mu);
+	h->usage.chunk_reused_tokens += res.n_placed - res.n_recomputed;
+	h->usage.chunk_recomputed_tokens += res.n_recomputed;
+	s->st.chunk_reused_tokens += res.n_placed - res.n_recomputed;
+	s->st.chunk_recomputed_tokens += res.n_recomputed;
+	s->st.chunk_blends++;
+	s->st.prefill_tokens += to - from;
+	s->st.prefill_s += dt;
+	s->st.steps++;
+	pthread_mutex_unlock(&s->mu);
+	chunks_store(s, h);
+}
+
+/*
  * The cached prefix has come up: the blocks up to the first failure become
  * the start of the sequence (their slots straight into it, with the
  * references the handle hands over); the rest are recomputed.
@@ -553,6 +824,7 @@ static void take_prefix(kvt_sched *s, kvt_sched_handle *h)
 	s->st.layered_promotions += c.path == KVT_TM_PREFIX_LAYERED;
 	pthread_mutex_unlock(&s->mu);
 	h->state = H_PREFILL;
+	chunks_place(s, h);
 }
 
 /* Hash toks' full blocks up to n (each block once: a chain continues from the last one hashed). */
@@ -631,9 +903,11 @@ static void admit(kvt_sched *s, kvt_sched_handle *h)
 			goto fail;
 		kvt_tm_prefix_get_counts(s->cfg.tm, h->pfx, &c);
 	}
+	chunks_lookup(s, h);
 	if (c.path == KVT_TM_PREFIX_NONE) { /* nothing cached: everything is prefilled */
 		kvt_tm_prefix_release(s->cfg.tm, h->pfx);
 		h->pfx = NULL;
+		chunks_place(s, h);
 		if (h->preempted) {
 			pthread_mutex_lock(&s->mu);
 			s->st.resume_recomputed_tokens += h->n_fill;
@@ -660,7 +934,7 @@ fail:
 static void register_blocks(kvt_sched *s, kvt_sched_handle *h)
 {
 	const uint32_t bt = s->block_tokens;
-	while ((h->n_hashes + 1) * bt <= h->seq.n_tokens) {
+	while ((h->n_hashes + 1) * bt <= h->seq.n_tokens && h->n_hashes < h->reg_limit) {
 		uint32_t i = h->n_hashes;
 		const uint8_t *parent = i ? h->hashes[i - 1] : h->root;
 		if (hash_blocks(s, h, i + 1))
@@ -706,6 +980,12 @@ static void take_token(kvt_sched *s, kvt_sched_handle *h, int32_t tok)
 	pthread_mutex_unlock(&s->mu);
 	/* Done: one more step stores the last token's K/V, so the whole turn is cached. */
 	h->state = finish ? H_FINISHING : H_DECODE;
+}
+
+/* Where h's plain prefill stops for now: the blend's start, or the end of the fill. */
+static uint32_t prefill_stop(const kvt_sched_handle *h)
+{
+	return h->blend_at != NO_BLEND && h->seq.n_tokens < h->blend_at ? h->blend_at : h->n_fill;
 }
 
 /* One batch entry. */
@@ -779,6 +1059,8 @@ static void preempt(kvt_sched *s, kvt_sched_handle *h)
 	}
 	kvt_tm_prefix_release(s->cfg.tm, h->pfx); /* its pins go; the blocks stay cached */
 	h->pfx = NULL;
+	chunks_free(h); /* it resumes with a plain prefill: every block it computes then is exact */
+	h->reg_limit = UINT32_MAX;
 	kvt_seq_deinit(&h->seq);
 	h->seq_ready = false;
 	if (h->state == H_DECODE) {
@@ -894,6 +1176,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		/* a resumed sequence whose fill is done decodes again (its next row is its last token) */
 		if (h->state == H_PREFILL && h->resume_decode && h->seq.n_tokens >= h->n_fill)
 			h->state = H_DECODE;
+		if (h->state == H_PREFILL && h->blend_at == h->seq.n_tokens)
+			run_blend(s, h);
 	}
 
 	/* decoding and finishing sequences: one row each */
@@ -913,7 +1197,7 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 		cands[n_cand++] = (cand){ .h = h,
 					  .aged = h->passed >= s->cfg.aging_steps,
 					  .prio = effective_priority(s, h, now),
-					  .left = h->n_fill - h->seq.n_tokens };
+					  .left = prefill_stop(h) - h->seq.n_tokens };
 	}
 	const bool fair = s->cfg.policy == KVT_SCHED_FAIR;
 	uint32_t budget = s->cfg.prefill_chunk;
@@ -985,7 +1269,8 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 			continue;
 		}
 		h->passed = 0;
-		ents[n_ent++] = (entry){ .h = h, .n = c, .logits = c == left && !h->resume_decode };
+		ents[n_ent++] = (entry){ .h = h, .n = c,
+					 .logits = c == left && prefill_stop(h) == h->n_fill && !h->resume_decode };
 		memcpy(rows + n_rows, h->toks + h->seq.n_tokens, (size_t)c * sizeof(int32_t));
 		n_rows += c;
 		budget -= c;
@@ -1094,6 +1379,7 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 			continue;
 		}
 		register_blocks(s, h);
+		chunks_store(s, h);
 		if (h->state == H_FINISHING) {
 			finish_request(s, h, h->finish);
 			continue;

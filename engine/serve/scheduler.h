@@ -389,6 +389,15 @@ typedef struct kvt_sched_stats {
 	uint64_t layered_promotions;   /* cached prefixes brought up from T1 layer group by layer group (layer_groups) */
 	uint64_t weight_bytes;         /* the model's weights (kvt_model_weight_bytes) */
 	uint64_t weight_mapped_bytes;  /* of which point into the model file's mapping (kvt_model_mapped_bytes) */
+	/* chunk reuse (kvt_sched_req.chunks): full-block tokens of marked spans */
+	uint64_t chunk_lookup_tokens;  /* looked up (spans outside the exact cached prefix) */
+	uint64_t chunk_hit_tokens;     /* of those, found in some tier (a hit) */
+	uint64_t chunk_stored_tokens;  /* stored as new chunk blocks (a miss computed, then kept) */
+	uint64_t chunk_reused_tokens;  /* found and blended in as found (not recomputed) */
+	uint64_t chunk_recomputed_tokens; /* found and recomputed (the recompute fraction) */
+	uint64_t chunk_hits_by_tier[KVT_TM_N_TIERS]; /* found tokens by the tier each block was found in */
+	uint64_t chunk_bytes_from[KVT_TM_N_TIERS];   /* bytes read for chunk lookups, by source tier */
+	uint64_t chunk_blends;         /* prefills that blended chunks in */
 } kvt_sched_stats;
 
 void kvt_sched_get_stats(kvt_sched *s, kvt_sched_stats *st);

@@ -31,6 +31,14 @@ int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYT
 	return kvt_hash_root(s->cfg.model_fp, s->cfg.layout_version, s->block_tokens, salt, root);
 }
 
+int sched_chunk_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
+{
+	static const int32_t marker[2] = { -0x6b767463 /* "kvtc" */, -1 };
+	uint8_t r[KVT_HASH_BYTES];
+	int rc = sched_chain_root(s, tenant, r);
+	return rc ? rc : kvt_hash_block(r, marker, 2, root);
+}
+
 typedef struct turn_save {
 	kvt_sched *s;         /* the scheduler */
 	kvt_sched_handle *h;  /* the turn (alive until sched_turn_saved: the scheduler keeps it while saving) */
