@@ -30,6 +30,7 @@
 
 #include "cachectl.h"
 #include "scheduler.h"
+#include "server.h"
 #include "serve_int.h"
 #include "structured.h"
 #include "tokenizer.h"
@@ -48,6 +49,9 @@ typedef struct kvt_req_limits {
 	uint32_t max_tokens_limit;   /* largest max_tokens (server.max_tokens_limit) */
 	uint32_t max_n;              /* largest n (server.max_n) */
 	uint32_t default_max_tokens; /* max_tokens when absent */
+	int chunk_reuse;             /* enum kvt_chunk_reuse ([cache] chunk_reuse): which chat spans are chunks
+	                                (0, off: none; markers are still checked) */
+	uint32_t chunk_min_tokens;   /* a span with fewer tokens is ordinary text ([cache] chunk_min_tokens; 0: none is) */
 	bool tenant_from_user;       /* no API keys: `user` names the tenant (kvt_req_tenant) */
 } kvt_req_limits;
 
