@@ -887,10 +887,10 @@ static void test_chunks(void)
 	kvt_gen_request_deinit(&q);
 	/* a part whose text merges with the one before it: found less its merged token, or ordinary text */
 	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': 'Kv'}, "
-		 "{'type': 'text', 'text': 'tier%s', %s}]}]}", DOC_B + 6, MARK);
+		 "{'type': 'text', 'text': 'tier%s', %s}]}]}", &DOC_B[6], MARK);
 	if (ACCEPT(CHAT, b, &q) && q.sched.n_chunks) {
 		char t[256];
-		snprintf(t, sizeof(t), "tier%s", DOC_B + 6);
+		snprintf(t, sizeof(t), "tier%s", &DOC_B[6]);
 		span_is_at(__LINE__, &q, 0, t, false);
 	}
 	kvt_gen_request_deinit(&q);
