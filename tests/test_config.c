@@ -92,6 +92,9 @@ static void test_defaults(void)
 	CHECK(c.end_turn_s == 1.0 && c.cache_enabled);
 	CHECK_EQ_INT(c.max_running, 16);
 	CHECK_EQ_INT(c.prefill_chunk, 256);
+	CHECK_EQ_INT(c.chunk_reuse, KVT_CHUNK_REUSE_MARKED);
+	CHECK_EQ_INT(c.chunk_min_tokens, 64);
+	CHECK(c.chunk_recompute == 0.15f && c.chunk_share == 0.5f);
 	CHECK(c.hbm.capacity_auto && c.hbm.capacity_bytes == 0 && c.hbm.high == 0.90f && c.hbm.low == 0.75f);
 	CHECK(c.host.capacity_auto && c.host.high == 0.90f && c.host.low == 0.80f);
 	CHECK_EQ_INT(c.host_dtype, KVT_KV_CODEC_FP8);
@@ -105,6 +108,12 @@ static void test_defaults(void)
 	CHECK(tm.high[KVT_TIER_NVME] == c.nvme.high && tm.low[KVT_TIER_NVME] == c.nvme.low);
 	CHECK(tm.t1_codec == c.host_dtype && tm.persist == c.persist && tm.end_turn_s == c.end_turn_s);
 	CHECK(tm.n_io_threads == c.io_threads);
+	kvt_sched_config sc;
+	kvt_sched_config_default(&sc);
+	CHECK(sc.chunk_recompute == c.chunk_recompute && sc.chunk_share == c.chunk_share);
+	kvt_server_config srv;
+	kvt_server_config_default(&srv);
+	CHECK(srv.chunk_reuse == c.chunk_reuse && srv.chunk_min_tokens == c.chunk_min_tokens);
 	CHECK(c.nvme_path[0] == '\0' && c.nvme_queue_depth == 32 && !c.nvme_compression);
 	CHECK_EQ_INT(c.nvme_io, KVT_T2_IO_AUTO);
 	CHECK_EQ_INT(c.io_threads, 2);
@@ -254,6 +263,18 @@ static void test_errors(void)
 	EXPECT_ERR("[tenants]\nretain_quota = \"alice:1M, alice:2M\"\n", 2, "given twice");
 	EXPECT_ERR("[tenants]\nretain_quota = \"alice:1M,\"\n", 2, "ends with a comma");
 	EXPECT_ERR("[cache]\nretain_tier = ssd\n", 2, "[cache] retain_tier", "hbm|host|nvme");
+	/* chunk reuse */
+	EXPECT_ERR("[cache]\nchunk_reuse = all\n", 2, "[cache] chunk_reuse = \"all\": unknown value",
+		   "allowed: off|marked|tools");
+	EXPECT_ERR("[cache]\nchunk_min_tokens = 0\n", 2, "[cache] chunk_min_tokens = 0: out of range", "allowed: 1 .. 65536");
+	EXPECT_ERR("[cache]\nchunk_min_tokens = 65537\n", 2, "out of range", "allowed: 1 .. 65536");
+	EXPECT_ERR("[cache]\nchunk_min_tokens = many\n", 2, "not a whole number", "allowed: 1 .. 65536");
+	EXPECT_ERR("[cache]\nchunk_recompute = 1.5\n", 2, "[cache] chunk_recompute = 1.5: out of range", "allowed: 0 .. 1");
+	EXPECT_ERR("[cache]\nchunk_recompute = -0.1\n", 2, "out of range", "allowed: 0 .. 1");
+	EXPECT_ERR("[cache]\nchunk_recompute = 15%\n", 2, "[cache] chunk_recompute = \"15%\": not a fraction",
+		   "allowed: 0 .. 1");
+	EXPECT_ERR("[cache]\nchunk_share = 2\n", 2, "[cache] chunk_share = 2: out of range", "allowed: 0 .. 1");
+	EXPECT_ERR("[cache]\nchunk_share = half\n", 2, "not a fraction", "allowed: 0 .. 1");
 	/* strings */
 	{
 		char text[8400];
@@ -425,6 +446,22 @@ static void test_values(void)
 	/* request_timeout excludes 0 */
 	err[0] = '\0';
 	CHECK_EQ_INT(kvt_config_set(&c, "server", "request_timeout", "0", err, sizeof(err)), KVT_EINVAL);
+	{
+		kvt_config c2;
+		int rc2 = load_text("[cache]\nchunk_reuse = tools\nchunk_min_tokens = 1\nchunk_recompute = 1\n"
+				    "chunk_share = 0\n", &c2, err, sizeof(err));
+		CHECKF(rc2 == KVT_OK, "%s", err);
+		CHECK(c2.chunk_reuse == KVT_CHUNK_REUSE_TOOLS && c2.chunk_min_tokens == 1 && c2.chunk_recompute == 1.0f &&
+		      c2.chunk_share == 0.0f);
+		rc2 = load_text("[cache]\nchunk_reuse = off\nchunk_min_tokens = 65536\nchunk_recompute = 0\n", &c2, err,
+				sizeof(err));
+		CHECKF(rc2 == KVT_OK, "%s", err);
+		CHECK(c2.chunk_reuse == KVT_CHUNK_REUSE_OFF && c2.chunk_min_tokens == 65536 && c2.chunk_recompute == 0.0f);
+		CHECK_EQ_INT(kvt_config_set(&c2, "cache", "chunk_reuse", "marked", err, sizeof(err)), KVT_OK);
+		CHECK_EQ_INT(c2.chunk_reuse, KVT_CHUNK_REUSE_MARKED);
+		CHECK_EQ_INT(kvt_config_set(&c2, "cache", "chunk_share", "1.01", err, sizeof(err)), KVT_EINVAL);
+		CHECK(c2.chunk_share == 0.5f);
+	}
 	{
 		kvt_config c2;
 		int rc2 = load_text("[cache]\nretain_tier = nvme\n[tenants]\nretain_quota = \"alice : 64M, *:1G\"\n"

@@ -24,6 +24,10 @@
  *    (sampling, seed, n, stop, logprobs, priority, session, tenant, grammar,
  *    tools, cache-control breakpoints, echo), null counts as absent, and the
  *    two content shapes (string, text parts) give the same prompt;
+ *  - chunk reuse: the spans of marked messages and content parts (and of
+ *    tool messages under chunk_reuse = tools) are the marked text's own
+ *    tokens in the prompt, in prompt order; chunk_min_tokens, off, the
+ *    16-span limit, bad marks and the top-level kvtier.chunk_recompute;
  *  - the tenant mapping of `user`, a resume's body.
  *
  * The HTTP side of the same refusals (status lines, the error object's type,
@@ -800,6 +804,257 @@ static void test_cache_control(void)
 	kvt_gen_request_deinit(&q);
 }
 
+/* ------------------------------------------------------------------------ */
+/* chunk reuse: the marks, the spans they give, the top-level kvtier object   */
+
+#define DOC_A "The quick brown fox jumps over the lazy dog near the river bank, twice a day."
+#define DOC_B "Kvtier keeps the attention keys and values of every conversation it served."
+#define DOC_C "{\"city\": \"Paris\", \"temperature\": 21, \"sky\": \"clear\", \"wind\": \"light\"}"
+#define MARK "'kvtier': {'reuse': 'anywhere'}"
+
+/* The tokens of text alone, as text (a span's own tokenization): *n of them, malloc'd. */
+static int32_t *text_ids(const char *text, uint32_t *n)
+{
+	size_t cap = strlen(text) + 8, got = 0;
+	int32_t *r = malloc(cap * sizeof(*r));
+	CHECK(r && kvt_tok_encode(TOK, text, strlen(text), false, r, cap, &got) == KVT_OK);
+	*n = (uint32_t)got;
+	return r;
+}
+
+/*
+ * Span i of q holds text: ids[start..start+n) are text's own tokens, whole
+ * (exact) or less a first and/or last token merged at a boundary.
+ */
+static void span_is_at(int line, const kvt_gen_request *q, uint32_t i, const char *text, bool exact)
+{
+	CHECKF(i < q->sched.n_chunks, "line %d: span %u of %u", line, i, q->sched.n_chunks);
+	if (i >= q->sched.n_chunks)
+		return;
+	uint32_t m, start = q->sched.chunks[i].start, n = q->sched.chunks[i].n;
+	int32_t *r = text_ids(text, &m);
+	CHECKF(start + n <= q->n_ids && n >= 1, "line %d: span %u [%u, +%u) of %u ids", line, i, start, n, q->n_ids);
+	bool same = false;
+	for (uint32_t a = 0; a < 2 && !same; a++)
+		for (uint32_t b = 0; b < 2 && !same; b++)
+			same = (!exact || (a == 0 && b == 0)) && m >= a + b && n == m - a - b && start + n <= q->n_ids &&
+			       !memcmp(q->ids + start, r + a, n * sizeof(*r));
+	CHECKF(same, "line %d: span %u [%u, +%u) is not the %u tokens of \"%.40s...\"", line, i, start, n, m, text);
+	free(r);
+}
+#define SPAN_IS(q, i, text) span_is_at(__LINE__, q, i, text, true)
+
+static void test_chunks(void)
+{
+	kvt_req_limits saved = LIM;
+	char b[8192];
+	uint32_t n_a;
+	free(text_ids(DOC_A, &n_a));
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_MARKED;
+	LIM.chunk_min_tokens = 8;
+	CHECK(n_a >= 16);
+	kvt_gen_request q;
+
+	/* a message marked whole: its content's tokens; kvtier.chunk_recompute absent: -1 (the server's default) */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'system', 'content': 'be brief'}, {'role': 'user', 'content': '%s', "
+		 "%s}, {'role': 'user', 'content': 'and so?'}]}", DOC_A, MARK);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_A);
+		CHECK(q.sched.chunk_recompute < 0);
+	}
+	kvt_gen_request_deinit(&q);
+	/* a content part marked: that part's text alone */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': 'Read this:\\n'}, "
+		 "{'type': 'text', 'text': '%s', %s}, {'type': 'text', 'text': '\\nThanks.'}]}]}", DOC_B, MARK);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_B);
+	}
+	kvt_gen_request_deinit(&q);
+	/* several, in prompt order and disjoint; the same text twice is two spans */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': '%s', %s}, {'role': 'assistant', 'content': 'ok'}, "
+		 "{'role': 'user', 'content': [{'type': 'text', 'text': 'now: '}, {'type': 'text', 'text': '%s', %s}]}, "
+		 "{'role': 'user', 'content': '%s', %s}]}", DOC_A, MARK, DOC_B, MARK, DOC_A, MARK);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 3);
+		SPAN_IS(&q, 0, DOC_A);
+		SPAN_IS(&q, 1, DOC_B);
+		SPAN_IS(&q, 2, DOC_A);
+		for (uint32_t i = 1; i < q.sched.n_chunks; i++)
+			CHECK(q.sched.chunks[i].start >= q.sched.chunks[i - 1].start + q.sched.chunks[i - 1].n);
+	}
+	kvt_gen_request_deinit(&q);
+	/* a part whose text merges with the one before it: found less its merged token, or ordinary text */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': 'Kv'}, "
+		 "{'type': 'text', 'text': 'tier%s', %s}]}]}", &DOC_B[6], MARK);
+	if (ACCEPT(CHAT, b, &q) && q.sched.n_chunks) {
+		char t[256];
+		snprintf(t, sizeof(t), "tier%s", &DOC_B[6]);
+		span_is_at(__LINE__, &q, 0, t, false);
+	}
+	kvt_gen_request_deinit(&q);
+	/* the system message with the tools' description appended: the content alone */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'system', 'content': '%s', %s}, {'role': 'user', 'content': 'hi'}], "
+		 "'tools': [{'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object'}}}]}", DOC_A, MARK);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_A);
+	}
+	kvt_gen_request_deinit(&q);
+	/* empty content, "reuse": "prefix", null, {}: no span */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': '', %s}, {'role': 'user', 'content': '%s', "
+		 "'kvtier': {'reuse': 'prefix'}}, {'role': 'user', 'content': '%s', 'kvtier': null}, {'role': 'user', "
+		 "'content': [{'type': 'text', 'text': '%s', 'kvtier': {'reuse': null}}], 'kvtier': {}}]}", MARK, DOC_A, DOC_A,
+		 DOC_B);
+	if (ACCEPT(CHAT, b, &q))
+		CHECK_EQ_INT(q.sched.n_chunks, 0);
+	kvt_gen_request_deinit(&q);
+
+	/* chunk_min_tokens: a shorter span is ordinary text */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': '%s', %s}]}", DOC_A, MARK);
+	LIM.chunk_min_tokens = n_a + 1;
+	if (ACCEPT(CHAT, b, &q))
+		CHECK_EQ_INT(q.sched.n_chunks, 0);
+	kvt_gen_request_deinit(&q);
+	LIM.chunk_min_tokens = n_a;
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_A);
+	}
+	kvt_gen_request_deinit(&q);
+	LIM.chunk_min_tokens = 8;
+
+	/* chunk_reuse = off: no spans, the marks still checked */
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_OFF;
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': '%s', %s}]}", DOC_A, MARK);
+	if (ACCEPT(CHAT, b, &q))
+		CHECK_EQ_INT(q.sched.n_chunks, 0);
+	kvt_gen_request_deinit(&q);
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a', 'kvtier': {'reuse': 'always'}}]}",
+	       "messages[0].kvtier.reuse", NULL, "must be \"anywhere\"");
+
+	/* chunk_reuse = tools: every tool message's content too (not one marked "prefix", nor one with a part marked) */
+	const char *calls = "{'role': 'user', 'content': 'weather?'}, {'role': 'assistant', 'tool_calls': [{'id': 'c1', "
+			    "'type': 'function', 'function': {'name': 'get', 'arguments': '{}'}}]}";
+	snprintf(b, sizeof(b), "{'messages': [%s, {'role': 'tool', 'tool_call_id': 'c1', 'content': '%s'}]}", calls,
+		 "{\\\"city\\\": \\\"Paris\\\", \\\"temperature\\\": 21, \\\"sky\\\": \\\"clear\\\", \\\"wind\\\": \\\"light\\\"}");
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_MARKED;
+	if (ACCEPT(CHAT, b, &q))
+		CHECK_EQ_INT(q.sched.n_chunks, 0);
+	kvt_gen_request_deinit(&q);
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_TOOLS;
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_C);
+	}
+	kvt_gen_request_deinit(&q);
+	snprintf(b, sizeof(b), "{'messages': [%s, {'role': 'tool', 'content': '%s', 'kvtier': {'reuse': 'prefix'}}]}", calls,
+		 DOC_A);
+	if (ACCEPT(CHAT, b, &q))
+		CHECK_EQ_INT(q.sched.n_chunks, 0);
+	kvt_gen_request_deinit(&q);
+	snprintf(b, sizeof(b), "{'messages': [%s, {'role': 'tool', 'content': [{'type': 'text', 'text': 'result: '}, "
+		 "{'type': 'text', 'text': '%s', %s}]}]}", calls, DOC_B, MARK);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_B);
+	}
+	kvt_gen_request_deinit(&q);
+	/* marked mode: a tool message marked whole is its content (inside the template's tool_response wrapper) */
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_MARKED;
+	snprintf(b, sizeof(b), "{'messages': [%s, {'role': 'tool', 'content': '%s', %s}]}", calls, DOC_A, MARK);
+	if (ACCEPT(CHAT, b, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, 1);
+		SPAN_IS(&q, 0, DOC_A);
+	}
+	kvt_gen_request_deinit(&q);
+
+	/* more than 16 marks: 400 on the 17th; more tool messages than that under tools: the latest 16 kept */
+	char *many = gen_body("{'messages': [", "{'role': 'user', 'content': 'document number %d of the shelf', "
+			      "'kvtier': {'reuse': 'anywhere'}}", KVT_SCHED_MAX_CHUNKS + 1, "]}");
+	REFUSE(CHAT, many, "messages[16].kvtier", NULL, "at most 16 chunk marks");
+	free(many);
+	many = gen_body("{'messages': [{'role': 'user', 'content': [", "{'type': 'text', 'text': 'part %d. ', "
+			"'kvtier': {'reuse': 'anywhere'}}", KVT_SCHED_MAX_CHUNKS + 1, "]}]}");
+	REFUSE(CHAT, many, "messages[0].content[16].kvtier", NULL, "at most 16 chunk marks");
+	free(many);
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_TOOLS;
+	many = gen_body("{'messages': [", "{'role': 'tool', 'content': 'tool result number %d: the sky is clear'}",
+			KVT_SCHED_MAX_CHUNKS + 4, "]}");
+	if (ACCEPT(CHAT, many, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, KVT_SCHED_MAX_CHUNKS);
+		SPAN_IS(&q, 0, "tool result number 4: the sky is clear");
+		SPAN_IS(&q, KVT_SCHED_MAX_CHUNKS - 1, "tool result number 19: the sky is clear");
+	}
+	kvt_gen_request_deinit(&q);
+	free(many);
+	/* ... and a marked message is kept before them */
+	snprintf(b, sizeof(b), "{'messages': [{'role': 'user', 'content': '%s', %s}, ", DOC_A, MARK);
+	many = gen_body(b, "{'role': 'tool', 'content': 'tool result number %d: the sky is clear'}",
+			KVT_SCHED_MAX_CHUNKS + 4, "]}");
+	if (ACCEPT(CHAT, many, &q)) {
+		CHECK_EQ_INT(q.sched.n_chunks, KVT_SCHED_MAX_CHUNKS);
+		SPAN_IS(&q, 0, DOC_A);
+		SPAN_IS(&q, 1, "tool result number 5: the sky is clear");
+	}
+	kvt_gen_request_deinit(&q);
+	free(many);
+	LIM.chunk_reuse = KVT_CHUNK_REUSE_MARKED;
+
+	/* bad marks: 400 naming the field */
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a', 'kvtier': 5}]}", "messages[0].kvtier", NULL,
+	       "'messages[0].kvtier' must be an object {\"reuse\": \"anywhere\" | \"prefix\"}");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}, {'role': 'user', 'content': 'b', 'kvtier': "
+	       "{'reuse': 'everywhere'}}]}", "messages[1].kvtier.reuse", NULL,
+	       "'messages[1].kvtier.reuse' must be \"anywhere\"");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a', 'kvtier': {'reuse': true}}]}",
+	       "messages[0].kvtier.reuse", NULL, "must be \"anywhere\"");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a', 'kvtier': {'reuse': 'anywhere', 'ttl': 5}}]}",
+	       "messages[0].kvtier", NULL, "'messages[0].kvtier' has an unknown field 'ttl' (allowed: reuse)");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a', 'kvtier': {'reuse\\u0000': 'anywhere'}}]}",
+	       "messages[0].kvtier", NULL, "has an unknown field 'reuse'");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': 'a'}, {'type': 'text', 'text': "
+	       "'b', 'kvtier': {'reuse': 'Anywhere'}}]}]}", "messages[0].content[1].kvtier.reuse", NULL,
+	       "must be \"anywhere\"");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': 'a', 'kvtier': []}]}]}",
+	       "messages[0].content[0].kvtier", NULL, "must be an object");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': 'a', " MARK "}], " MARK "}]}",
+	       "messages[0].content[0].kvtier", NULL, "marks a part of a message marked as a whole ('messages[0].kvtier')");
+
+	/* the top-level kvtier object: chunk_recompute overrides the server's default */
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}], 'kvtier': {'chunk_recompute': 0.3}}", &q))
+		CHECK(q.sched.chunk_recompute == 0.3f);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}], 'kvtier': {'chunk_recompute': 1}}", &q))
+		CHECK(q.sched.chunk_recompute == 1.0f);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'a', 'kvtier': {'chunk_recompute': 0}}", &q))
+		CHECK(q.sched.chunk_recompute == 0.0f && q.sched.n_chunks == 0);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'a', 'kvtier': {'chunk_recompute': null, 'reuse': null}}", &q))
+		CHECK(q.sched.chunk_recompute < 0);
+	kvt_gen_request_deinit(&q);
+	if (ACCEPT(CMPL, "{'prompt': 'a', 'kvtier': null}", &q))
+		CHECK(q.sched.chunk_recompute < 0);
+	kvt_gen_request_deinit(&q);
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}], 'kvtier': {'chunk_recompute': 1.5}}",
+	       "kvtier.chunk_recompute", NULL, "'kvtier.chunk_recompute' must be a number in [0, 1]");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}], 'kvtier': {'chunk_recompute': -0.01}}",
+	       "kvtier.chunk_recompute", NULL, "must be a number in [0, 1]");
+	REFUSE(CMPL, "{'prompt': 'a', 'kvtier': {'chunk_recompute': '0.2'}}", "kvtier.chunk_recompute", NULL,
+	       "must be a number in [0, 1]");
+	REFUSE(CMPL, "{'prompt': 'a', 'kvtier': 'fast'}", "kvtier", NULL, "'kvtier' must be an object");
+	REFUSE(CMPL, "{'prompt': 'a', 'kvtier': {'recompute': 0.2}}", "kvtier", NULL,
+	       "'kvtier' has an unknown field 'recompute' (allowed: chunk_recompute)");
+	REFUSE(CMPL, "{'prompt': 'a', 'kvtier': {'reuse': 'anywhere'}}", "kvtier.reuse", NULL,
+	       "chunk marks are for chat messages");
+	REFUSE(CHAT, "{'messages': [{'role': 'user', 'content': 'a'}], 'kvtier': {'reuse': 'anywhere'}}", "kvtier.reuse",
+	       NULL, "goes on a chat message ('messages[i].kvtier') or a content part");
+
+	LIM = saved;
+}
+
 static void test_tenant_and_resume(void)
 {
 	char t[KVT_NAME_MAX + 1] = "default";
@@ -908,6 +1163,8 @@ int main(void)
 				.max_tokens_limit = 64,
 				.max_n = 4,
 				.default_max_tokens = 16,
+				.chunk_reuse = KVT_CHUNK_REUSE_MARKED,
+				.chunk_min_tokens = 64,
 				.tenant_from_user = true };
 	CHECK(kvt_tok_n_vocab(TOK) == LIM.n_vocab);
 
@@ -922,6 +1179,7 @@ int main(void)
 	test_prompt();
 	test_messages();
 	test_cache_control();
+	test_chunks();
 	test_tenant_and_resume();
 
 	kvt_tok_destroy(TOK);

@@ -1058,6 +1058,10 @@ static void test_completions(engine *e, kvt_server *srv)
 	CHECK(json_is_integer(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
 	json_t *kv = json_object_get(u, "kvtier");
 	CHECK(json_is_object(json_object_get(kv, "cached_tokens_by_tier")) && json_is_number(json_object_get(kv, "ttft_ms")));
+	/* chunk reuse's counts, apart from cached_tokens: none without marks */
+	CHECK(json_is_integer(json_object_get(kv, "chunk_tokens")) && json_integer_value(json_object_get(kv, "chunk_tokens")) == 0);
+	CHECK(json_is_integer(json_object_get(kv, "chunk_reused_tokens")) &&
+	      json_is_integer(json_object_get(kv, "chunk_recomputed_tokens")));
 	json_decref(v);
 
 	/* greedy is deterministic; the same prompt as token ids gives the same text */
@@ -1087,6 +1091,8 @@ static void test_completions(engine *e, kvt_server *srv)
 		 prompt);
 	CHECK_EQ_INT(http("POST", "/v1/completions", body), 200);
 	CHECK(!strcmp(R.ctype, "text/event-stream"));
+	CHECK(strstr(R.body, "\"chunk_tokens\"") && strstr(R.body, "\"chunk_reused_tokens\"") &&
+	      strstr(R.body, "\"chunk_recomputed_tokens\"")); /* the usage chunk's usage.kvtier */
 	sse s;
 	sse_parse(&s, false);
 	CHECK(!s.bad && s.done_last && s.usage && s.usage_completion == 24);
@@ -1168,6 +1174,18 @@ static void test_completions(engine *e, kvt_server *srv)
 	sse_parse(&s, true);
 	CHECK(!s.bad && s.done_last && s.role_first[0] && !strcmp(s.finish[0], "length"));
 	CHECKF(c1 && !strcmp(s.text[0], c1), "chat streamed '%s' vs '%s'", s.text[0], c1 ? c1 : "");
+	/* a content part marked for chunk reuse, a per-request recompute fraction: accepted, counted apart */
+	CHECK_EQ_INT(http("POST", "/v1/chat/completions",
+			  "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"read: \"}, "
+			  "{\"type\": \"text\", \"text\": \"a document of some length, long enough to be a chunk\", "
+			  "\"kvtier\": {\"reuse\": \"anywhere\"}}]}], \"kvtier\": {\"chunk_recompute\": 0.5}, "
+			  "\"max_tokens\": 2}"),
+		     200);
+	v = body_json();
+	kv = json_object_get(json_object_get(v, "usage"), "kvtier");
+	CHECKF(json_is_integer(json_object_get(kv, "chunk_tokens")) && json_is_integer(json_object_get(kv, "chunk_reused_tokens")),
+	       "%s", R.body);
+	json_decref(v);
 
 	free(t1);
 	free(t2);
@@ -1225,6 +1243,10 @@ static void test_bad_inputs(engine *e)
 		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}]}]}",
 		  "messages[0].content" },
 		{ "/v1/chat/completions", "{\"messages\": [\"hi\"]}", "messages[0]" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"kvtier\": {\"reuse\": 1}}]}",
+		  "messages[0].kvtier.reuse" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"kvtier\": {\"chunk_recompute\": 2}}", "kvtier.chunk_recompute" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"kvtier\": {\"reuse\": \"anywhere\"}}", "kvtier.reuse" },
 		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}",
 		  "max_completion_tokens" },
 	};

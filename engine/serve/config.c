@@ -106,6 +106,8 @@ static const char *const chat_names[] = { "auto", "chatml", "gemma", "mistral", 
 static const int chat_values[] = { KVT_TOK_CHAT_AUTO, KVT_TOK_CHAT_CHATML, KVT_TOK_CHAT_GEMMA, KVT_TOK_CHAT_MISTRAL,
 				   KVT_TOK_CHAT_LLAMA3 };
 static const int comp_values[] = { 0, 1 };
+static const char *const chunk_names[] = { "off", "marked", "tools", NULL };
+static const int chunk_values[] = { KVT_CHUNK_REUSE_OFF, KVT_CHUNK_REUSE_MARKED, KVT_CHUNK_REUSE_TOOLS };
 
 #define OFF(f) offsetof(kvt_config, f)
 #define U32(s, n, f, lo, hi, d, doc) { s, n, V_U32, OFF(f), 0, lo, hi, false, false, NULL, NULL, d, doc }
@@ -166,6 +168,13 @@ static const key_def keys[] = {
 	U32("cache", "max_running", max_running, 1, 1024, "16", "sequences per decode batch"),
 	U32("cache", "prefill_chunk", prefill_chunk, 1, 65536, "256", "prompt tokens per scheduler step"),
 	ENUMK("cache", "retain_tier", retain_tier, tier, "host", "floor tier of cache_control retention (kept there or above until the TTL)"),
+	ENUMK("cache", "chunk_reuse", chunk_reuse, chunk, "marked",
+	      "chat spans reused at any position: off, marked (kvtier.reuse anywhere), tools (also every role tool message's content)"),
+	U32("cache", "chunk_min_tokens", chunk_min_tokens, 1, 65536, "64", "a marked span with fewer tokens is ordinary text"),
+	{ "cache", "chunk_recompute", V_FRACTION, OFF(chunk_recompute), 0, 0, 1, false, false, NULL, NULL, "0.15",
+	  "fraction of a reused chunk's tokens recomputed past the check layer (a request's kvtier.chunk_recompute overrides it)" },
+	{ "cache", "chunk_share", V_FRACTION, OFF(chunk_share), 0, 0, 1, false, false, NULL, NULL, "0.5",
+	  "share of each tier's blocks chunk blocks may hold before eviction takes them first" },
 
 #define QUOTA(n, f, doc) { "tenants", n, V_QUOTAS, OFF(f), 0, 0, 0, false, false, NULL, NULL, "", doc }
 	QUOTA("retain_quota", retain_quota, "retained bytes per tenant, all tiers: \"tenant:SIZE, *:SIZE\" (\"\" = no limit)"),

@@ -92,6 +92,10 @@ typedef struct kvt_config {
 	uint32_t max_running;          /* max_running: sequences per decode batch (default 16) */
 	uint32_t prefill_chunk;        /* prefill_chunk (default 256) */
 	int retain_tier;               /* retain_tier = hbm|host|nvme: floor of cache_control retention (default host) */
+	int chunk_reuse;               /* chunk_reuse = off|marked|tools (enum kvt_chunk_reuse; default marked) */
+	uint32_t chunk_min_tokens;     /* chunk_min_tokens: a marked span with fewer tokens is ordinary text (default 64) */
+	float chunk_recompute;         /* chunk_recompute: fraction of a reused chunk's tokens recomputed (default 0.15) */
+	float chunk_share;             /* chunk_share: share of each tier's blocks chunk blocks may hold (default 0.5) */
 
 	/* [tenants] retention quotas, "tenant:SIZE, ..., *:SIZE" (tiers/manager.h, "Retention") */
 	kvt_quota_list retain_quota;   /* retain_quota: retained bytes in all tiers */

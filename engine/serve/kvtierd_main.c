@@ -662,6 +662,8 @@ static int bring_up(daemon_t *d, int *exit_code)
 		 sc.sched.preempt == KVT_PREEMPT_SWAP ? "swap" : "recompute", c->admit_longest ? "longest" : "prompt",
 		 sc.sched.n_tenant_priority, sc.sched.default_priority);
 	sc.sched.retain_tier = c->retain_tier;
+	sc.sched.chunk_recompute = c->chunk_recompute;
+	sc.sched.chunk_share = c->chunk_share;
 	sc.sched.device_decode = c->device_decode;
 	sc.sched.rate_path = rate_path; /* the scheduler copies it */
 	/* auto: layered where the copy runs beside the compute (a GPU); the CPU backend has nothing to overlap */
@@ -864,6 +866,8 @@ int main(int argc, char **argv)
 	scfg.max_tokens_limit = d.cfg.max_tokens_limit;
 	scfg.max_n = d.cfg.max_n;
 	scfg.default_max_tokens = d.cfg.default_max_tokens;
+	scfg.chunk_reuse = d.cfg.chunk_reuse;
+	scfg.chunk_min_tokens = d.cfg.chunk_min_tokens;
 	scfg.request_timeout_s = d.cfg.request_timeout_s;
 	scfg.model_id = basename_of(d.cfg.model_path);
 	scfg.kv_dtype = kvt_kv_codec_name(d.cfg.host_dtype);

@@ -320,6 +320,10 @@ static json_t *usage_json(const gen_job *j)
 		json_object_set_new(kv, "cache_read_input_tokens", json_integer(u0->cache_read_tokens));
 		/* cached tokens whose K/V came through an 8-bit tier copy: not bit-exact (0 with an f16 tier.host) */
 		json_object_set_new(kv, "lossy_cached_tokens", json_integer(u0->lossy_cached_tokens));
+		/* chunk reuse: blended K/V computed in another context, never counted in cached_tokens */
+		json_object_set_new(kv, "chunk_tokens", json_integer(u0->chunk_tokens));
+		json_object_set_new(kv, "chunk_reused_tokens", json_integer(u0->chunk_reused_tokens));
+		json_object_set_new(kv, "chunk_recomputed_tokens", json_integer(u0->chunk_recomputed_tokens));
 		if (j->q.cc.n_retain)
 			json_object_set_new(
 				kv, "retention",

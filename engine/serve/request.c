@@ -2,7 +2,8 @@
  * engine/serve/request.c — a generation request's JSON body into the
  * scheduler's request (request.h): field getters, the sampling and
  * output-control fields, the refused fields, the prompt (chat template or
- * completion prompt), the context check, the echo text, cache control.
+ * completion prompt), the context check, the echo text, cache control, the
+ * chunk spans.
  *
  * Design. Each getter reads one field: KVT_OK with *out set (left alone when
  * the field is absent or null), or KVT_EINVAL with the error record naming
@@ -19,7 +20,10 @@
  *  - in chat, only the template's own markers are special tokens: message
  *    text is tokenized as text (kvt_tok_chat_encode);
  *  - every prompt token is in [0, n_vocab), the prompt leaves room for one
- *    token, and prompt + max_tokens fits the context, before KVT_OK.
+ *    token, and prompt + max_tokens fits the context, before KVT_OK;
+ *  - chunk spans lie inside the prompt, in order, disjoint, at most
+ *    KVT_SCHED_MAX_CHUNKS, and each is its marked text's own tokens (less at
+ *    most a boundary token at either end, merged with its neighbour).
  */
 #include "request.h"
 
@@ -454,6 +458,54 @@ static int parse_stop(json_t *v, kvt_gen_request *q, kvt_req_err *e)
 	return KVT_OK;
 }
 
+/*
+ * The top-level "kvtier" object, kvtier's own options (docs/http-api.md,
+ * "Chunk reuse"): chunk_recompute (0..1) overrides [cache] chunk_recompute
+ * for this request (else s->chunk_recompute is -1, the server's default).
+ * A chunk mark ("reuse") belongs on a chat message or a content part, never
+ * here; completions have no messages, so none at all.
+ */
+static int parse_kvtier(bool chat, json_t *body, kvt_sched_req *s, kvt_req_err *e)
+{
+	s->chunk_recompute = -1;
+	json_t *o = json_object_get(body, "kvtier");
+	if (!o || json_is_null(o))
+		return KVT_OK;
+	if (!json_is_object(o))
+		return kvt_req_fail(e, "kvtier", NULL, "'kvtier' must be an object {\"chunk_recompute\": number}");
+	const char *key;
+	size_t key_len;
+	json_t *v;
+	json_object_keylen_foreach(o, key, key_len, v)
+	{
+		bool plain = key_len == strlen(key); /* a NUL in the key: no field of kvtier's */
+		if (plain && !strcmp(key, "chunk_recompute")) {
+			if (json_is_null(v))
+				continue;
+			if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1))
+				return kvt_req_fail(e, "kvtier.chunk_recompute", NULL,
+						    "'kvtier.chunk_recompute' must be a number in [0, 1] (the fraction of a "
+						    "reused chunk's tokens recomputed)");
+			s->chunk_recompute = (float)json_number_value(v);
+		} else if (plain && !strcmp(key, "reuse")) {
+			if (json_is_null(v))
+				continue;
+			if (chat)
+				return kvt_req_fail(e, "kvtier.reuse", NULL,
+						    "'kvtier.reuse' goes on a chat message ('messages[i].kvtier') or a content "
+						    "part ('messages[i].content[k].kvtier'), not at the top of the body");
+			return kvt_req_fail(e, "kvtier.reuse", NULL,
+					    "'kvtier.reuse': chunk marks are for chat messages (/v1/chat/completions: "
+					    "'messages[i].kvtier' or 'messages[i].content[k].kvtier'); a completion's "
+					    "prompt has none");
+		} else {
+			return kvt_req_fail(e, "kvtier", NULL, "'kvtier' has an unknown field '%.64s' (allowed: chunk_recompute)",
+					    key);
+		}
+	}
+	return KVT_OK;
+}
+
 int kvt_gen_request_parse(const kvt_req_limits *lim, bool chat, json_t *body, kvt_gen_request *q, kvt_req_err *e)
 {
 	memset(q, 0, sizeof(*q));
@@ -542,6 +594,8 @@ int kvt_gen_request_parse(const kvt_req_limits *lim, bool chat, json_t *body, kv
 		s->grammar = kvt_grammar_ref(q->tools.g);
 	if ((v = json_object_get(body, "stop")) && !json_is_null(v) && (rc = parse_stop(v, q, e)) != KVT_OK)
 		return rc;
+	if (parse_kvtier(chat, body, s, e))
+		return KVT_EINVAL;
 
 	q->n = (uint32_t)n;
 	s->max_tokens = (uint32_t)max_tokens;
@@ -593,9 +647,8 @@ static int with_bos(const kvt_tok *tok, int32_t *ids, size_t n, int32_t **out, u
 	return KVT_OK;
 }
 
-/* Tokenize text into a malloc'd array, BOS first when the model asks. */
-static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse_special, int32_t **out,
-		    uint32_t *n_out)
+/* Tokenize text into a malloc'd array (*n_out ids; room for one more), no BOS. */
+static int encode(const kvt_tok *tok, const char *text, size_t len, bool parse_special, int32_t **out, size_t *n_out)
 {
 	size_t cap = len + 8, n = 0;
 	for (int attempt = 0; attempt < 2; attempt++) {
@@ -603,14 +656,27 @@ static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse
 		if (!ids)
 			return KVT_ENOMEM;
 		int rc = kvt_tok_encode(tok, text, len, parse_special, ids, cap, &n);
-		if (rc == KVT_OK)
-			return with_bos(tok, ids, n, out, n_out);
+		if (rc == KVT_OK) {
+			*out = ids;
+			*n_out = n;
+			return KVT_OK;
+		}
 		free(ids);
 		if (rc != KVT_EFULL)
 			return rc;
 		cap = n;
 	}
 	return KVT_EFULL;
+}
+
+/* Tokenize text into a malloc'd array, BOS first when the model asks. */
+static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse_special, int32_t **out,
+		    uint32_t *n_out)
+{
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int rc = encode(tok, text, len, parse_special, &ids, &n);
+	return rc == KVT_OK ? with_bos(tok, ids, n, out, n_out) : rc;
 }
 
 /*
@@ -803,6 +869,278 @@ static int echo_text(const kvt_tok *tok, json_t *pr, kvt_gen_request *q)
 	return KVT_OK;
 }
 
+/*
+ * Chunk reuse (docs/http-api.md, "Chunk reuse"): the spans of a chat prompt
+ * whose KV is stored by their own tokens and blended in wherever they land.
+ *
+ * A span is the token run of its text inside the templated prompt: the text
+ * (a message's whole content, or one content part's text) is tokenized alone,
+ * as text, and that run is looked for in the prompt's ids from the end of the
+ * span before it. The template and the text around it can merge across the
+ * span's first or last token, so the run is tried whole, then without its
+ * first token, without its last, without both. The search is linear
+ * (Knuth-Morris-Pratt): a prompt cannot make it quadratic. A run found
+ * earlier than its message (the same text quoted before) is the same tokens,
+ * so as good a chunk. A span not found, or shorter than chunk_min_tokens,
+ * is ordinary text.
+ */
+typedef struct chunk_cand {
+	size_t msg;         /* index in messages */
+	long part;          /* content part; -1: the whole content */
+	bool marked;        /* marked "reuse": "anywhere" (else a tool message under chunk_reuse = tools) */
+} chunk_cand;
+
+/* A span found, with where it came from (chunk_cand.marked). */
+typedef struct chunk_span {
+	kvt_sched_chunk c;  /* tokens of the prompt */
+	bool marked;        /* an explicit mark (kept first when there are too many) */
+} chunk_span;
+
+/*
+ * One "kvtier" mark of a message or content part (param names it). KVT_OK
+ * with *anywhere ("reuse": "anywhere") and *prefix ("reuse": "prefix": the
+ * default, not a chunk; under chunk_reuse = tools it leaves a tool message
+ * out) set; both false for an absent or empty mark. KVT_EINVAL with e.
+ */
+static int chunk_mark(json_t *o, const char *param, bool *anywhere, bool *prefix, kvt_req_err *e)
+{
+	*anywhere = *prefix = false;
+	json_t *kv = json_object_get(o, "kvtier");
+	if (!kv || json_is_null(kv))
+		return KVT_OK;
+	if (!json_is_object(kv))
+		return kvt_req_fail(e, param, NULL, "'%s' must be an object {\"reuse\": \"anywhere\" | \"prefix\"}", param);
+	const char *key;
+	size_t key_len;
+	json_t *v;
+	json_object_keylen_foreach(kv, key, key_len, v)
+	{
+		if (key_len != strlen(key) || strcmp(key, "reuse"))
+			return kvt_req_fail(e, param, NULL, "'%s' has an unknown field '%.64s' (allowed: reuse)", param, key);
+		if (json_is_null(v))
+			continue;
+		const char *r = json_is_string(v) && json_string_length(v) == strlen(json_string_value(v))
+					? json_string_value(v)
+					: "";
+		*anywhere = !strcmp(r, "anywhere");
+		*prefix = !strcmp(r, "prefix");
+		if (!*anywhere && !*prefix) {
+			char p[112];
+			snprintf(p, sizeof(p), "%s.reuse", param);
+			return kvt_req_fail(e, p, NULL, "'%s' must be \"anywhere\" (a chunk, reused at any position) or "
+					    "\"prefix\" (the default)", p);
+		}
+	}
+	return KVT_OK;
+}
+
+/* One candidate more (param: its mark, for the refusal past KVT_SCHED_MAX_CHUNKS marks). */
+static int cand_add(chunk_cand **c, size_t *n, size_t *cap, size_t *n_marked, chunk_cand x, const char *param,
+		    kvt_req_err *e)
+{
+	if (x.marked && ++*n_marked > KVT_SCHED_MAX_CHUNKS)
+		return kvt_req_fail(e, param, NULL, "at most %d chunk marks (\"kvtier\": {\"reuse\": \"anywhere\"}) per request",
+				    KVT_SCHED_MAX_CHUNKS);
+	if (*n == *cap) {
+		size_t nc = *cap ? 2 * *cap : 8;
+		chunk_cand *p = realloc(*c, nc * sizeof(*p));
+		if (!p)
+			return KVT_ENOMEM;
+		*c = p;
+		*cap = nc;
+	}
+	(*c)[(*n)++] = x;
+	return KVT_OK;
+}
+
+/*
+ * The marks of every message and content part (already a valid chat body)
+ * into *out (malloc'd, *n_out of them, in prompt order), with the tool
+ * messages chunk_reuse = tools adds (not one with a part marked, nor one
+ * marked "prefix"). Marks are checked whatever the mode. KVT_OK; KVT_EINVAL
+ * with e (a bad mark, a part marked inside a message marked whole, more than
+ * KVT_SCHED_MAX_CHUNKS marks); KVT_ENOMEM.
+ */
+static int chunk_cands(const kvt_req_limits *lim, json_t *msgs, chunk_cand **out, size_t *n_out, kvt_req_err *e)
+{
+	size_t n = 0, cap = 0, n_marked = 0;
+	chunk_cand *c = NULL;
+	char param[96];
+	int rc = KVT_OK;
+	for (size_t i = 0; i < json_array_size(msgs) && rc == KVT_OK; i++) {
+		json_t *m = json_array_get(msgs, i), *content = json_object_get(m, "content");
+		bool whole, prefix, any_part = false;
+		snprintf(param, sizeof(param), "messages[%zu].kvtier", i);
+		if ((rc = chunk_mark(m, param, &whole, &prefix, e)) != KVT_OK)
+			break;
+		/* a message marked whole has no part marked, so its parts' candidates and its own never mix */
+		for (size_t k = 0; json_is_array(content) && k < json_array_size(content) && rc == KVT_OK; k++) {
+			bool part, part_prefix;
+			snprintf(param, sizeof(param), "messages[%zu].content[%zu].kvtier", i, k);
+			if ((rc = chunk_mark(json_array_get(content, k), param, &part, &part_prefix, e)) != KVT_OK)
+				break;
+			if (part && whole)
+				rc = kvt_req_fail(e, param, NULL, "'%s' marks a part of a message marked as a whole "
+						  "('messages[%zu].kvtier')", param, i);
+			else if (part)
+				rc = cand_add(&c, &n, &cap, &n_marked, (chunk_cand){ i, (long)k, true }, param, e);
+			any_part = any_part || part;
+		}
+		if (rc != KVT_OK)
+			break;
+		const char *role = json_string_value(json_object_get(m, "role"));
+		bool tool = lim->chunk_reuse == KVT_CHUNK_REUSE_TOOLS && role && !strcmp(role, "tool") && !prefix && !any_part;
+		snprintf(param, sizeof(param), "messages[%zu].kvtier", i);
+		if (whole || tool)
+			rc = cand_add(&c, &n, &cap, &n_marked, (chunk_cand){ i, -1, whole }, param, e);
+	}
+	if (rc != KVT_OK) {
+		free(c);
+		return rc;
+	}
+	*out = c;
+	*n_out = n;
+	return KVT_OK;
+}
+
+/*
+ * The first run r[0..m) in ids[from..n) (Knuth-Morris-Pratt; fail: [m]
+ * scratch): true with *at. Each id of ids read takes one from *budget; at 0
+ * the search gives up (false).
+ */
+static bool run_find(const int32_t *ids, uint32_t n, uint32_t from, const int32_t *r, uint32_t m, uint32_t *fail,
+		     uint64_t *budget, uint32_t *at)
+{
+	if (m == 0 || from > n || n - from < m)
+		return false;
+	fail[0] = 0; /* fail[i]: the longest proper prefix of r[0..i] that is also its suffix */
+	for (uint32_t i = 1, k = 0; i < m; i++) {
+		while (k && r[i] != r[k])
+			k = fail[k - 1];
+		if (r[i] == r[k])
+			k++;
+		fail[i] = k;
+	}
+	for (uint32_t i = from, k = 0; i < n; i++) {
+		if (*budget == 0)
+			return false;
+		--*budget;
+		while (k && ids[i] != r[k])
+			k = fail[k - 1];
+		if (ids[i] == r[k] && ++k == m) {
+			*at = i + 1 - m;
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * The tokens of one candidate's text in ids[from..n_ids): KVT_OK with *found,
+ * and *out (the run found, whole or less its first and/or last token: see
+ * above) when it is; KVT_ENOMEM. budget: as run_find's.
+ */
+static int chunk_find(const kvt_tok *tok, json_t *msgs, const chunk_cand *cd, const int32_t *ids, uint32_t n_ids,
+		      uint32_t from, uint64_t *budget, kvt_sched_chunk *out, bool *found)
+{
+	json_t *content = json_object_get(json_array_get(msgs, cd->msg), "content");
+	kvt_sbuf b = { 0 };
+	kvt_sbuf_add(&b, "", 0);
+	if (cd->part >= 0) {
+		json_t *t = json_object_get(json_array_get(content, (size_t)cd->part), "text");
+		kvt_sbuf_add(&b, json_string_value(t), json_string_length(t));
+	} else if (content && !json_is_null(content)) {
+		kvt_req_err ignored; /* the prompt builder read the same content */
+		kvt_req_content(&b, content, "", &ignored);
+	}
+	int32_t *r = NULL;
+	uint32_t *fail = NULL;
+	size_t m = 0;
+	int rc = b.failed ? KVT_ENOMEM : encode(tok, b.p, b.n, false, &r, &m);
+	free(b.p);
+	*found = false;
+	if (rc == KVT_OK && m > 0 && m <= n_ids && !(fail = malloc(m * sizeof(*fail))))
+		rc = KVT_ENOMEM;
+	static const uint32_t cut[4][2] = { { 0, 0 }, { 1, 0 }, { 0, 1 }, { 1, 1 } }; /* tokens off the front, the back */
+	for (int v = 0; rc == KVT_OK && fail && v < 4 && !*found; v++) {
+		uint32_t at, len = (uint32_t)m - cut[v][0] - cut[v][1];
+		if (m > cut[v][0] + cut[v][1] && run_find(ids, n_ids, from, r + cut[v][0], len, fail, budget, &at)) {
+			*out = (kvt_sched_chunk){ .start = at, .n = len };
+			*found = true;
+		}
+	}
+	free(fail);
+	free(r);
+	return rc == KVT_ENOMEM ? KVT_ENOMEM : KVT_OK; /* text that does not tokenize: not found */
+}
+
+/*
+ * Step 2's chunk spans into q->sched.chunks (chat; prompt ids built): the
+ * candidates found, at least chunk_min_tokens long, in prompt order. Past
+ * KVT_SCHED_MAX_CHUNKS (only the tool messages chunk_reuse = tools adds can
+ * take it there) the earliest added ones are ordinary text: a conversation's
+ * older tool results are the likeliest to be in its cached prefix already.
+ *
+ * NOTE: a candidate found costs the ids from the span before it to its end;
+ * one not found costs four scans to the prompt's end, and chunk_reuse = tools
+ * may have a candidate for every few tokens. So all the searches together
+ * read at most CHUNK_SEARCH_PASSES times the prompt; the candidates left when
+ * that runs out are ordinary text.
+ */
+#define CHUNK_SEARCH_PASSES 16
+static int chunk_spans(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, kvt_gen_request *q,
+		       kvt_req_err *e)
+{
+	json_t *msgs = json_object_get(body, "messages");
+	chunk_cand *cands = NULL;
+	size_t n_cands = 0;
+	int rc = chunk_cands(lim, msgs, &cands, &n_cands, e);
+	if (rc != KVT_OK)
+		return rc;
+	chunk_span *sp = lim->chunk_reuse != KVT_CHUNK_REUSE_OFF && n_cands ? malloc(n_cands * sizeof(*sp)) : NULL;
+	size_t n_sp = 0;
+	uint32_t from = 0;
+	uint64_t budget = (uint64_t)CHUNK_SEARCH_PASSES * q->n_ids;
+	if (lim->chunk_reuse != KVT_CHUNK_REUSE_OFF && n_cands && !sp)
+		rc = KVT_ENOMEM;
+	for (size_t i = 0; sp && i < n_cands && rc == KVT_OK; i++) {
+		kvt_sched_chunk c;
+		bool found;
+		if ((rc = chunk_find(tok, msgs, &cands[i], q->ids, q->n_ids, from, &budget, &c, &found)) != KVT_OK)
+			break;
+		if (!found) {
+			if (cands[i].part >= 0)
+				KVT_LOGD("request: messages[%zu].content[%ld]: its tokens are not one run of the prompt; "
+					 "ordinary text, not a chunk", cands[i].msg, cands[i].part);
+			else
+				KVT_LOGD("request: messages[%zu]: its tokens are not one run of the prompt; ordinary text, "
+					 "not a chunk", cands[i].msg);
+			continue;
+		}
+		from = c.start + c.n;
+		if (c.n < lim->chunk_min_tokens)
+			continue;
+		sp[n_sp++] = (chunk_span){ .c = c, .marked = cands[i].marked };
+	}
+	free(cands);
+	if (rc != KVT_OK) {
+		free(sp);
+		return rc;
+	}
+	/* NOTE: at most KVT_SCHED_MAX_CHUNKS spans are marked (chunk_cands), so the ones dropped are all added ones */
+	size_t drop = n_sp > KVT_SCHED_MAX_CHUNKS ? n_sp - KVT_SCHED_MAX_CHUNKS : 0;
+	q->sched.n_chunks = 0;
+	for (size_t i = 0; i < n_sp; i++) {
+		if (!sp[i].marked && drop) {
+			drop--;
+			continue;
+		}
+		q->sched.chunks[q->sched.n_chunks++] = sp[i].c;
+	}
+	free(sp);
+	return KVT_OK;
+}
+
 int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, kvt_gen_request *q,
 			   kvt_req_err *e)
 {
@@ -843,6 +1181,8 @@ int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t
 		return rc;
 	if (kvt_cachectl_parse(tok, body, q->chat, q->ids, q->n_ids, &q->cc, e))
 		return KVT_EINVAL;
+	if (q->chat && (rc = chunk_spans(lim, tok, body, q, e)) != KVT_OK)
+		return rc;
 	q->sched.prompt = q->ids;
 	q->sched.n_prompt = q->n_ids;
 	memcpy(q->sched.retain, q->cc.retain, sizeof(q->sched.retain));

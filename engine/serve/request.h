@@ -10,16 +10,17 @@
  *
  *   1. kvt_gen_request_parse: every field but the prompt — sampling, n, stop,
  *      logprobs, seed, session_id / user / priority, stream options,
- *      response_format, tools (chat), the refused fields. JSON only: the
- *      limits (vocabulary, context, configured maxima) come in a struct.
+ *      response_format, tools (chat), the refused fields, the top-level
+ *      "kvtier" object (chunk_recompute). JSON only: the limits (vocabulary,
+ *      context, configured maxima) come in a struct.
  *   2. kvt_gen_request_prompt: the prompt — chat messages through the chat
  *      template (only the template's markers are special tokens), or a
  *      completion's string / token-id prompt (null: a new document) — then
  *      the context check (a prompt that leaves no room for one token is code
  *      "context_length_exceeded" on the prompt's field; one that leaves too
  *      little for the max_tokens it gave is refused on max_tokens; a default
- *      max_tokens is cut to fit), the echo text and the cache-control
- *      breakpoints (which need the tokens).
+ *      max_tokens is cut to fit), the echo text, the cache-control
+ *      breakpoints and the chat's chunk spans (which need the tokens).
  *
  * Errors: KVT_OK; KVT_EINVAL with the error record filled (a 400 naming the
  * field: kvt_req_http_status); KVT_ENOMEM where the old handler answered
@@ -30,6 +31,7 @@
 
 #include "cachectl.h"
 #include "scheduler.h"
+#include "server.h"
 #include "serve_int.h"
 #include "structured.h"
 #include "tokenizer.h"
@@ -48,6 +50,9 @@ typedef struct kvt_req_limits {
 	uint32_t max_tokens_limit;   /* largest max_tokens (server.max_tokens_limit) */
 	uint32_t max_n;              /* largest n (server.max_n) */
 	uint32_t default_max_tokens; /* max_tokens when absent */
+	int chunk_reuse;             /* enum kvt_chunk_reuse ([cache] chunk_reuse): which chat spans are chunks
+	                                (0, off: none; markers are still checked) */
+	uint32_t chunk_min_tokens;   /* a span with fewer tokens is ordinary text ([cache] chunk_min_tokens; 0: none is) */
 	bool tenant_from_user;       /* no API keys: `user` names the tenant (kvt_req_tenant) */
 } kvt_req_limits;
 
@@ -102,9 +107,21 @@ int kvt_gen_request_parse(const kvt_req_limits *lim, bool chat, json_t *body, kv
 
 /*
  * Step 2: the prompt of body (the same body as step 1, which succeeded) with
- * tok (borrowed), then the context check, the echo text and the cache
- * control. Sets q->ids, n_ids, sched.prompt, sched.n_prompt, echo_text,
- * cc and sched.retain. KVT_OK; KVT_EINVAL with e; KVT_ENOMEM.
+ * tok (borrowed), then the context check, the echo text, the cache control
+ * and (chat) the chunk spans. Sets q->ids, n_ids, sched.prompt,
+ * sched.n_prompt, echo_text, cc, sched.retain and sched.chunks / n_chunks.
+ * KVT_OK; KVT_EINVAL with e; KVT_ENOMEM.
+ *
+ * Chunk spans (docs/http-api.md, "Chunk reuse"): a message or a content
+ * part marked "kvtier": {"reuse": "anywhere"} ("prefix", null or {}: not
+ * marked; any other mark a 400 naming it), and under chunk_reuse = tools the
+ * content of every role "tool" message not marked "prefix" and with no part
+ * marked. Each span is its text's own tokens found in the prompt (a span
+ * not found, or shorter than lim->chunk_min_tokens, is ordinary text); in
+ * prompt order, disjoint. More than KVT_SCHED_MAX_CHUNKS marks is a 400 on
+ * the first one over, whatever the mode; tool messages past the limit are
+ * ordinary text, the earliest first. chunk_reuse = off: the marks are
+ * checked, and no span is made.
  */
 int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, kvt_gen_request *q,
 			   kvt_req_err *e);
@@ -135,7 +152,8 @@ int kvt_req_tenant(const char *user, size_t n_user, char tenant[KVT_NAME_MAX + 1
 
 /*
  * A chat message's "content" appended to b: a string (copied by length: it
- * may hold NUL bytes), or an array of {"type": "text", "text": string} parts,
+ * may hold NUL bytes), or an array of {"type": "text", "text": string} parts
+ * (other fields, such as cache_control and kvtier, are read elsewhere),
  * concatenated. KVT_OK; KVT_EINVAL with e (param as given) for another
  * shape. An allocation failure shows in b->failed.
  */

@@ -86,6 +86,8 @@ void kvt_server_config_default(kvt_server_config *c)
 	c->max_tokens_limit = 4096;
 	c->max_n = 4;
 	c->default_max_tokens = 256;
+	c->chunk_reuse = KVT_CHUNK_REUSE_MARKED;
+	c->chunk_min_tokens = 64;
 	c->request_timeout_s = 600;
 	c->model_id = "kvtier";
 }
@@ -595,6 +597,8 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 				     .max_tokens_limit = cfg->max_tokens_limit,
 				     .max_n = cfg->max_n,
 				     .default_max_tokens = cfg->default_max_tokens,
+				     .chunk_reuse = cfg->chunk_reuse,
+				     .chunk_min_tokens = cfg->chunk_min_tokens,
 				     .tenant_from_user = !kvt_srv_auth_on(srv) };
 	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
 	gen_job *j = calloc(1, sizeof(*j));
@@ -1052,6 +1056,10 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out)
 	    !cfg->max_n || !cfg->default_max_tokens || cfg->default_max_tokens > cfg->max_tokens_limit) {
 		KVT_LOGE("http: max_connections, max_concurrent, max_header_bytes, max_tokens_limit, max_n and "
 			 "default_max_tokens must be > 0, default_max_tokens <= max_tokens_limit");
+		return KVT_EINVAL;
+	}
+	if (cfg->chunk_reuse < KVT_CHUNK_REUSE_OFF || cfg->chunk_reuse > KVT_CHUNK_REUSE_TOOLS) {
+		KVT_LOGE("http: chunk_reuse %d is not off, marked or tools", cfg->chunk_reuse);
 		return KVT_EINVAL;
 	}
 	for (size_t i = 0; i < cfg->n_keys + cfg->n_admin_keys; i++) {

@@ -29,6 +29,13 @@ typedef struct kvt_api_key {
 	char key[256];                 /* the bearer token */
 } kvt_api_key;
 
+/* [cache] chunk_reuse: which spans of a chat prompt are reused at any position (docs/http-api.md, "Chunk reuse"). */
+enum kvt_chunk_reuse {
+	KVT_CHUNK_REUSE_OFF = 0,    /* markers are checked, then ignored: no spans */
+	KVT_CHUNK_REUSE_MARKED = 1, /* the spans marked "kvtier": {"reuse": "anywhere"} (the config's default) */
+	KVT_CHUNK_REUSE_TOOLS = 2,  /* those, plus the content of every role "tool" message */
+};
+
 typedef struct kvt_server_config {
 	const char *host;              /* listen address, e.g. "127.0.0.1" (numeric IPv4 or IPv6) */
 	uint16_t port;                 /* 0: an ephemeral port (read it with kvt_server_port) */
@@ -47,6 +54,8 @@ typedef struct kvt_server_config {
 	uint32_t max_tokens_limit;     /* largest max_tokens accepted (default 4096) */
 	uint32_t max_n;                /* largest n accepted (default 4) */
 	uint32_t default_max_tokens;   /* max_tokens when absent (default 256) */
+	int chunk_reuse;               /* enum kvt_chunk_reuse: chat spans for chunk reuse (default marked) */
+	uint32_t chunk_min_tokens;     /* a span with fewer tokens is ordinary text (default 64; 0: none is) */
 	double request_timeout_s;      /* idle connection timeout: no byte either way for this long (default 600; 0: none) */
 	const char *model_id;          /* id reported by /v1/models and in responses */
 	const char *kv_dtype;          /* T1/T2 record format for /v1/stats ("f16", "fp8", "int8"); NULL: "f16" */
