@@ -38,6 +38,11 @@ loopback port with a temporary data dir and talks to it over HTTP:
                  only; every /metrics family is documented in docs/http-api.md;
                  200 idle connections from 127.0.0.1 do not keep a chat from it
                  waiting (the default 64 per address)
+  chunks         chunk reuse: two documents marked {"kvtier": {"reuse": "anywhere"}}
+                 sent in one order, then the other: the second reuses their
+                 chunk blocks (chunk_reused_tokens > 0, never in cached_tokens);
+                 at kvtier.chunk_recompute 1 the reply is a plain prefill's;
+                 after a SIGTERM and a restart the chunks are found again (NVMe)
 
 Usage: test_daemon.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no model). Needs the `openai` package for the openai and compat cases and
@@ -1275,13 +1280,76 @@ def case_rawfuzz(build, tmp):
             check(d.stop() == 0, "exit 0 after the raw requests")
 
 
+CHUNK_DOCS = [
+    "Document one. The lighthouse on Gray Point was built in 1871 from granite blocks quarried two miles inland "
+    "and hauled to the cliff on oxen-drawn sledges. Its lamp burned whale oil until 1890, then kerosene, and was "
+    "finally electrified in 1934. The keeper's log records that in the winter of 1888 the tower was struck by "
+    "lightning three times in one night without damage to the lens, which had been made in Paris.\n\n",
+    "Document two. The river town of Millbrook grew around a paper mill that opened in 1902. At its peak the mill "
+    "employed four hundred workers and shipped rolls of newsprint by barge to the coast every week. A fire in 1957 "
+    "destroyed the east wing, and the mill closed for good in 1971, after which the building became a museum of "
+    "local history with a working water wheel.\n\n",
+]
+
+
+def chunk_chat(d, order, question, marked=True, recompute=None, system="Answer from the documents, briefly."):
+    mark = {"kvtier": {"reuse": "anywhere"}} if marked else {}
+    parts = [dict({"type": "text", "text": CHUNK_DOCS[i]}, **mark) for i in order]
+    parts.append({"type": "text", "text": question})
+    body = {"messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": parts}], "max_tokens": 24, "temperature": 0}
+    if recompute is not None:
+        body["kvtier"] = {"chunk_recompute": recompute}
+    st, r = http("POST", d.url + "/v1/chat/completions", body)
+    if not check(st == 200, "chunk chat: status %s: %s" % (st, r)):
+        raise RuntimeError("chat failed")
+    return r["choices"][0]["message"]["content"], r["usage"]
+
+
+def case_chunks(build, tmp):
+    d = daemon(build, tmp)
+    d.start()
+    try:
+        _, u1 = chunk_chat(d, [0, 1], "Question: when was the lighthouse electrified?")
+        k1 = u1["kvtier"]
+        check(k1["chunk_tokens"] > 2 * 64 and k1["chunk_reused_tokens"] == 0,
+              "first order: %d chunk tokens, %d reused" % (k1["chunk_tokens"], k1["chunk_reused_tokens"]))
+        q = "Question: what did the mill ship by barge?"
+        _, u2 = chunk_chat(d, [1, 0], q)
+        k2 = u2["kvtier"]
+        check(k2["chunk_reused_tokens"] > 0 and k2["chunk_recomputed_tokens"] > 0,
+              "second order: %d reused, %d recomputed" % (k2["chunk_reused_tokens"], k2["chunk_recomputed_tokens"]))
+        check(u2["prompt_tokens_details"]["cached_tokens"] < 64,
+              "chunk reuse is not cached_tokens: %d" % u2["prompt_tokens_details"]["cached_tokens"])
+        text_r1, u3 = chunk_chat(d, [1, 0], q, recompute=1)
+        check(u3["kvtier"]["chunk_reused_tokens"] == 0 and u3["kvtier"]["chunk_recomputed_tokens"] ==
+              k2["chunk_reused_tokens"] + k2["chunk_recomputed_tokens"],
+              "at recompute 1 every placed token is recomputed: %s" % u3["kvtier"])
+        text_plain, u4 = chunk_chat(d, [1, 0], q, marked=False)
+        check(u4["kvtier"]["chunk_tokens"] == 0, "no marks, no chunk tokens")
+        check(text_r1 == text_plain, "recompute 1 gives the plain prefill's reply: %r vs %r" % (text_r1, text_plain))
+        st, m = http("GET", d.url + "/metrics")
+        check(st == 200, "metrics")
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+    d.restart()
+    try:
+        # another system prompt: no exact prefix covers the documents (both orders were cached whole above)
+        _, u5 = chunk_chat(d, [1, 0], "Question: who made the lens?", system="Use the documents to answer.")
+        check(u5["kvtier"]["chunk_reused_tokens"] > 0,
+              "after a restart the chunks are found again: %s" % u5["kvtier"])
+    finally:
+        d.stop()
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
          "tenants": case_tenants, "openai": case_openai, "compat": case_compat, "noqueue": case_noqueue,
          "errors": case_errors, "exposure": case_exposure,
          "t2owner": case_t2owner, "blocksize": case_blocksize, "badrow": case_badrow,
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
-         "keyfiles": case_keyfiles, "youngwal": case_youngwal, "frontdoor": case_frontdoor}
+         "keyfiles": case_keyfiles, "youngwal": case_youngwal, "frontdoor": case_frontdoor,
+         "chunks": case_chunks}
 
 
 def main():
