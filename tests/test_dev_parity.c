@@ -503,8 +503,9 @@ static void test_kv_load(int codec, uint32_t n_kv, uint32_t hd, uint32_t bt, uin
 			st.kv = &l2, st.k = ld.k, st.v = ld.v;
 			CHECK(kvt_dev_kv_store(devs[i], &st) == KVT_OK);
 			kvt_dev_copy_d2h(devs[i], again, l2.pool, pool_bytes);
-			CHECKF(!memcmp(again, pools[i], pool_bytes), "kv_store(kv_load) kv%u hd%u bt%u pos0 %u rows %u on %s: "
-			       "pool bytes differ", n_kv, hd, bt, pos0, n_rows, kvt_dev_name(devs[i]));
+			CHECKF(!memcmp(again, pools[i], pool_bytes),
+			       "kv_store(kv_load) kv%u hd%u bt%u pos0 %u rows %u on %s: pool bytes differ", n_kv, hd, bt,
+			       pos0, n_rows, kvt_dev_name(devs[i]));
 			CHECK(fb_fences_ok(&bp2));
 			fb_free(&bp2);
 			free(again);
@@ -521,7 +522,8 @@ static void test_kv_load(int codec, uint32_t n_kv, uint32_t hd, uint32_t bt, uin
 		kvt_log_set_sink(NULL, NULL);
 		fb_free(&bp), fb_free(&bt_), fb_free(&bk), fb_free(&bv), fb_free(&bok), fb_free(&bov);
 	}
-	CHECKF(!memcmp(pools[0], pools[1], pool_bytes), "kv_store bytes %s kv%u hd%u", kvt_kv_codec_name(codec), n_kv, hd);
+	CHECKF(!memcmp(pools[0], pools[1], pool_bytes), "kv_store bytes %s kv%u hd%u", kvt_kv_codec_name(codec), n_kv,
+	       hd);
 	CHECKF(!memcmp(o[0][0], o[1][0], kvn * 4) && !memcmp(o[0][1], o[1][1], kvn * 4),
 	       "kv_load %s kv%u hd%u bt%u pos0 %u rows %u: paths differ", kvt_kv_codec_name(codec), n_kv, hd, bt, pos0,
 	       n_rows);
@@ -552,14 +554,14 @@ static void test_kv_load(int codec, uint32_t n_kv, uint32_t hd, uint32_t bt, uin
 						amax = fmaxf(amax, fabsf(kvt_f16_to_f32(kvt_f32_to_f16(x[i]))));
 					for (uint32_t i = g * gd; i < (g + 1) * gd; i++) {
 						const uint8_t c = blk[vi * hd + i];
-						float want = (codec == KVT_KV_CODEC_FP8 ? fp8_value(c) : (float)(int8_t)c) * sc;
+						const bool fp8 = codec == KVT_KV_CODEC_FP8;
+						const float want = (fp8 ? fp8_value(c) : (float)(int8_t)c) * sc;
 						bad_exact += memcmp(&want, &got[i], 4) != 0;
 						/* of the fp16-rounded input: INT8 half a step of amax / 127; FP8 half
 						 * a step of 3 mantissa bits (a 16th), or of a subnormal's 2^-9 */
-						const float x16 = kvt_f16_to_f32(kvt_f32_to_f16(x[i])), err = fabsf(got[i] - x16);
-						const float tol = codec == KVT_KV_CODEC_FP8 ? fabsf(x16) / 16 + amax / 448 / 1024
-											    : amax / 127 / 2;
-						bad_bound += err > tol * 1.0001f;
+						const float x16 = kvt_f16_to_f32(kvt_f32_to_f16(x[i]));
+						const float tol = fp8 ? fabsf(x16) / 16 + amax / 448 / 1024 : amax / 127 / 2;
+						bad_bound += fabsf(got[i] - x16) > tol * 1.0001f;
 					}
 				}
 			}

@@ -609,8 +609,8 @@ static void test_kv_load(void)
 		       kvt_kv_codec_name(codec));
 		for (int whole = 0; whole < 2; whole++) {
 			const uint32_t from = whole ? 0 : pos0, n = whole ? n_ctx : R;
-			kvt_kv_load_args ld = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = from, .n_rows = n,
-						.k = ok.c, .v = ov.c };
+			kvt_kv_load_args ld = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = from,
+						.n_rows = n, .k = ok.c, .v = ov.c };
 			CHECK(kvt_dev_kv_load(cpu, &ld) == KVT_OK);
 			ld.kv = &p.lg, ld.block_table = p.bt.g, ld.k = ok.g, ld.v = ov.g;
 			CHECK(kvt_dev_kv_load(gpu, &ld) == KVT_OK);
@@ -626,15 +626,16 @@ static void test_kv_load(void)
 			       kvt_kv_codec_name(codec), hd, H, n_ctx, bt, L, from, n,
 			       same ? "an output left unwritten" : "not bit-identical to the CPU");
 			if (codec == KVT_KV_CODEC_F16) { /* store it back on the GPU: the pool does not change */
-				kvt_kv_store_args back = { .kv = &p.lg, .layer = layer, .block_table = p.bt.g, .pos0 = from,
-							   .n_rows = n, .k = ok.g, .v = ov.g };
+				kvt_kv_store_args back = { .kv = &p.lg, .layer = layer, .block_table = p.bt.g,
+							   .pos0 = from, .n_rows = n, .k = ok.g, .v = ov.g };
 				CHECK(kvt_dev_kv_store(gpu, &back) == KVT_OK);
-				CHECKF(cmp_bytes(p.lc.pool, p.lg.pool, pool_bytes), "kv_store(kv_load) hd%u kvh%u ctx%u bt%u "
-				       "from %u: the pool changed", hd, H, n_ctx, bt, from);
+				CHECKF(cmp_bytes(p.lc.pool, p.lg.pool, pool_bytes),
+				       "kv_store(kv_load) hd%u kvh%u ctx%u bt%u from %u: the pool changed", hd, H, n_ctx, bt,
+				       from);
 			}
 		}
-		printf("kv_load %s pool hd%u kvh%u ctx%u bt%u layers %u: bit-identical\n", kvt_kv_codec_name(codec), hd, H,
-		       n_ctx, bt, L);
+		printf("kv_load %s pool hd%u kvh%u ctx%u bt%u layers %u: bit-identical\n", kvt_kv_codec_name(codec), hd,
+		       H, n_ctx, bt, L);
 		both_free(&bk);
 		both_free(&bv);
 		both_free(&ok);
