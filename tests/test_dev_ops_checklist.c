@@ -76,6 +76,7 @@ static const op_cases cases[] = {
 	{ "matmul_swiglu", "kvt_dev_matmul_swiglu", { "test_gpu_graph.c:test_fused" } },
 	{ "rope_store", "kvt_dev_rope_store", { "test_gpu_graph.c:test_fused" } },
 	{ "copy_2d_async", "kvt_dev_copy_2d_async", { "test_manager_layered.c:test_copy_2d" } },
+	{ "kv_load", "kvt_dev_kv_load", { "test_gpu_parity.c:test_kv_load", "test_dev_parity.c:test_kv_load" } },
 };
 #define N_ROWS (sizeof cases / sizeof cases[0])
 

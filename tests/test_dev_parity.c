@@ -432,6 +432,148 @@ static void test_attention(uint32_t n_kv, uint32_t group, uint32_t hd, uint32_t 
 	free(k), free(v), free(q), free(table), free(perm);
 }
 
+/* An FP8 E4M3 ("FN") code as dev.h defines it, decoded here on its own: 4
+ * exponent bits (bias 7), 3 mantissa bits, subnormals m * 2^-9. */
+static float fp8_value(uint8_t c)
+{
+	const int e = (c >> 3) & 15, m = c & 7;
+	const float v = e ? ldexpf(1.0f + (float)m / 8, e - 7) : ldexpf((float)m, -9);
+	return c & 0x80 ? -v : v;
+}
+
+/*
+ * kv_load, kv_store's inverse: n_rows tokens of random K/V stored at pos0 (not
+ * block-aligned, so the first and last blocks are partial) in one layer of a
+ * pool paged through a shuffled block table, then loaded back on both paths
+ * into fenced rows. The paths must agree bitwise. An fp16 pool gives back the
+ * inputs rounded to fp16, bit for bit, and a kv_store of what was loaded, into
+ * a second pool, writes the same bytes as the first store. An 8-bit pool gives
+ * each code times its group's scale, read here from the pool bytes as dev.h
+ * lays them out, exactly, and within the codec's rounding of the inputs.
+ */
+static void test_kv_load(int codec, uint32_t n_kv, uint32_t hd, uint32_t bt, uint32_t pos0, uint32_t n_rows)
+{
+	const uint32_t L = 2, layer = 1, n_ctx = pos0 + n_rows;
+	const uint32_t n_blocks = (n_ctx + bt - 1) / bt, n_slots = n_blocks + 2;
+	int32_t *table = malloc(n_slots * 4);
+	for (uint32_t i = 0; i < n_slots; i++)
+		table[i] = (int32_t)i;
+	for (uint32_t i = n_slots - 1; i > 0; i--) { /* the table: a shuffled slice of the slots */
+		uint32_t j = (uint32_t)(check_rng_u64(&rng) % (i + 1));
+		int32_t t = table[i];
+		table[i] = table[j];
+		table[j] = t;
+	}
+	const size_t kvn = (size_t)n_rows * n_kv * hd;
+	float *k = malloc(kvn * 4), *v = malloc(kvn * 4), *o[2][2];
+	fill_f32(k, kvn, 2.0f);
+	fill_f32(v, kvn, 3.0f);
+	k[0] = 0.0f; /* a zero, and for 8-bit pools a vector with a group of zeros (both scales 0) */
+	if (codec != KVT_KV_CODEC_F16)
+		memset(v + kvn - hd, 0, kvt_kv_group_dims(codec, hd) * 4);
+	kvt_kv_layout lay = { .n_layers = L, .n_kv_heads = n_kv, .head_dim = hd, .block_tokens = bt,
+			      .n_slots = n_slots, .codec = codec };
+	const size_t pool_bytes = kvt_kv_block_bytes(&lay) * n_slots;
+	unsigned char *pools[2];
+	kvt_dev *devs[2] = { ref, dut };
+	for (int i = 0; i < 2; i++) {
+		fbuf bp, bp2, bt_, bk, bv, bok, bov;
+		kvt_kv_layout l = lay, l2 = lay;
+		l.pool = fb_alloc(&bp, devs[i], pool_bytes);
+		int32_t *dtab = upload(&bt_, devs[i], table, n_blocks * 4);
+		float *dk = upload(&bk, devs[i], k, kvn * 4), *dv = upload(&bv, devs[i], v, kvn * 4);
+		kvt_kv_store_args st = { .kv = &l, .layer = layer, .block_table = dtab, .pos0 = pos0, .n_rows = n_rows,
+					 .k = dk, .v = dv };
+		CHECK(kvt_dev_kv_store(devs[i], &st) == KVT_OK);
+		kvt_kv_load_args ld = { .kv = &l, .layer = layer, .block_table = dtab, .pos0 = pos0, .n_rows = n_rows };
+		ld.k = fb_alloc(&bok, devs[i], kvn * 4);
+		ld.v = fb_alloc(&bov, devs[i], kvn * 4);
+		CHECK(kvt_dev_kv_load(devs[i], &ld) == KVT_OK);
+		for (int j = 0; j < 2; j++)
+			o[i][j] = malloc(kvn * 4);
+		kvt_dev_copy_d2h(devs[i], o[i][0], ld.k, kvn * 4);
+		kvt_dev_copy_d2h(devs[i], o[i][1], ld.v, kvn * 4);
+		pools[i] = malloc(pool_bytes);
+		kvt_dev_copy_d2h(devs[i], pools[i], l.pool, pool_bytes);
+		CHECKF(fb_fences_ok(&bp) && fb_fences_ok(&bok) && fb_fences_ok(&bov), "kv_load %s fences on %s",
+		       kvt_kv_codec_name(codec), kvt_dev_name(devs[i]));
+		if (codec == KVT_KV_CODEC_F16) { /* store what was loaded into a second pool: the same bytes */
+			unsigned char *again = malloc(pool_bytes);
+			l2.pool = fb_alloc(&bp2, devs[i], pool_bytes);
+			st.kv = &l2, st.k = ld.k, st.v = ld.v;
+			CHECK(kvt_dev_kv_store(devs[i], &st) == KVT_OK);
+			kvt_dev_copy_d2h(devs[i], again, l2.pool, pool_bytes);
+			CHECKF(!memcmp(again, pools[i], pool_bytes),
+			       "kv_store(kv_load) kv%u hd%u bt%u pos0 %u rows %u on %s: pool bytes differ", n_kv, hd, bt,
+			       pos0, n_rows, kvt_dev_name(devs[i]));
+			CHECK(fb_fences_ok(&bp2));
+			fb_free(&bp2);
+			free(again);
+		}
+		/* no rows, and a layer past the pool's, are refused, each with one error line */
+		kvt_kv_load_args bad = ld;
+		bad.n_rows = 0;
+		check_log_capture();
+		CHECK(kvt_dev_kv_load(devs[i], &bad) == KVT_EINVAL);
+		bad = ld;
+		bad.layer = L;
+		CHECK(kvt_dev_kv_load(devs[i], &bad) == KVT_EINVAL);
+		CHECK(check_log_n_errors == 2 && strstr(check_log_text, "dev.kv_load: layer 2 of 2") != NULL);
+		kvt_log_set_sink(NULL, NULL);
+		fb_free(&bp), fb_free(&bt_), fb_free(&bk), fb_free(&bv), fb_free(&bok), fb_free(&bov);
+	}
+	CHECKF(!memcmp(pools[0], pools[1], pool_bytes), "kv_store bytes %s kv%u hd%u", kvt_kv_codec_name(codec), n_kv,
+	       hd);
+	CHECKF(!memcmp(o[0][0], o[1][0], kvn * 4) && !memcmp(o[0][1], o[1][1], kvn * 4),
+	       "kv_load %s kv%u hd%u bt%u pos0 %u rows %u: paths differ", kvt_kv_codec_name(codec), n_kv, hd, bt, pos0,
+	       n_rows);
+
+	/* against the inputs (fp16: exact) and the pool's bytes (8-bit: exact) */
+	const uint32_t gd = kvt_kv_group_dims(codec, hd), ng = gd ? hd / gd : 0;
+	const size_t n_vec = (size_t)L * 2 * n_kv * bt, blk_bytes = kvt_kv_block_bytes(&lay);
+	int bad_exact = 0, bad_bound = 0;
+	for (uint32_t m = 0; m < n_rows; m++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t h = 0; h < n_kv; h++) {
+				const size_t row = ((size_t)m * n_kv + h) * hd;
+				const float *x = (kv ? v : k) + row, *got = o[0][kv] + row;
+				if (codec == KVT_KV_CODEC_F16) {
+					for (uint32_t i = 0; i < hd; i++) {
+						float want = kvt_f16_to_f32(kvt_f32_to_f16(x[i]));
+						bad_exact += memcmp(&want, &got[i], 4) != 0;
+					}
+					continue;
+				}
+				const uint32_t pos = pos0 + m, t = pos % bt;
+				const uint8_t *blk = pools[0] + (size_t)table[pos / bt] * blk_bytes;
+				const size_t vi = (((size_t)layer * 2 + kv) * n_kv + h) * bt + t;
+				for (uint32_t g = 0; g < ng; g++) {
+					float sc, amax = 0;
+					memcpy(&sc, blk + n_vec * hd + (vi * ng + g) * 4, 4);
+					for (uint32_t i = g * gd; i < (g + 1) * gd; i++)
+						amax = fmaxf(amax, fabsf(kvt_f16_to_f32(kvt_f32_to_f16(x[i]))));
+					for (uint32_t i = g * gd; i < (g + 1) * gd; i++) {
+						const uint8_t c = blk[vi * hd + i];
+						const bool fp8 = codec == KVT_KV_CODEC_FP8;
+						const float want = (fp8 ? fp8_value(c) : (float)(int8_t)c) * sc;
+						bad_exact += memcmp(&want, &got[i], 4) != 0;
+						/* of the fp16-rounded input: INT8 half a step of amax / 127; FP8 half
+						 * a step of 3 mantissa bits (a 16th), or of a subnormal's 2^-9 */
+						const float x16 = kvt_f16_to_f32(kvt_f32_to_f16(x[i]));
+						const float tol = fp8 ? fabsf(x16) / 16 + amax / 448 / 1024 : amax / 127 / 2;
+						bad_bound += fabsf(got[i] - x16) > tol * 1.0001f;
+					}
+				}
+			}
+	CHECKF(bad_exact == 0, "kv_load %s kv%u hd%u bt%u pos0 %u rows %u: %d values not exact",
+	       kvt_kv_codec_name(codec), n_kv, hd, bt, pos0, n_rows, bad_exact);
+	CHECKF(bad_bound == 0, "kv_load %s kv%u hd%u: %d values outside the codec's rounding", kvt_kv_codec_name(codec),
+	       n_kv, hd, bad_bound);
+	for (int i = 0; i < 2; i++)
+		free(o[i][0]), free(o[i][1]), free(pools[i]);
+	free(k), free(v), free(table);
+}
+
 static void test_argmax(void)
 {
 	const uint32_t R = 3, C = 1000;
@@ -681,6 +823,15 @@ int main(void)
 	attn_window = 512;
 	test_attention(3, 3, 64, 16, 200, 100); /* a window wider than the context */
 	attn_window = 0;
+	/* codec, n_kv, head_dim, block_tokens, pos0, rows */
+	for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+		test_kv_load(codec, 1, 64, 16, 0, 1);    /* one token */
+		test_kv_load(codec, 3, 64, 16, 5, 21);   /* pos0 mid-block, partial blocks at both ends */
+		test_kv_load(codec, 2, 128, 8, 37, 9);   /* small blocks, a block boundary crossed */
+		test_kv_load(codec, 2, 40, 16, 3, 30);   /* INT8: one group (40 is not a multiple of 32) */
+		test_kv_load(codec, 1, 96, 15, 17, 40);  /* INT8: three groups; blocks of 15 tokens */
+		test_kv_load(codec, 4, 256, 16, 250, 7); /* Gemma 3's head_dim */
+	}
 	test_argmax();
 
 	kvt_dev_destroy(ref);

@@ -6,9 +6,9 @@
  *
  * Tolerances, as normalised mean squared error NMSE = sum (gpu - cpu)^2 /
  * sum cpu^2 over the output:
- *   - copies, embedding, kv_store, the block codecs: bitwise (NMSE 0 and
- *     every byte equal; INT8 with its scale per 32 dims, and one per vector
- *     where head_dim is not a multiple of 32);
+ *   - copies, embedding, kv_store, kv_load, the block codecs: bitwise (NMSE
+ *     0 and every byte equal; INT8 with its scale per 32 dims, and one per
+ *     vector where head_dim is not a multiple of 32);
  *   - matmul with fp16 weights and <= 8 rows (fp32 activations): 1e-10;
  *     more rows (activations rounded to fp16 for the tensor cores): 1e-5;
  *     fp32 weights (cublasSgemm, no TF32): 1e-10;
@@ -571,6 +571,82 @@ static void test_attention(void)
 	}
 }
 
+/*
+ * kv_load, kv_store's inverse, on every codec: new rows stored at a pos0 that
+ * is not block-aligned, then loaded back twice, the stored rows alone and the
+ * whole context from position 0 (kv_open's random pool contents, so every code
+ * value is decoded), into outputs poisoned with NaN on both. Bitwise: an fp16
+ * pool's halves widen exactly and an 8-bit pool's codes times their scales are
+ * one fp32 multiply on both. On an fp16 pool, storing what was loaded leaves
+ * the pool as it was.
+ */
+static void test_kv_load(void)
+{
+	/* {head_dim, kv heads, context, stored rows, block tokens, layers} */
+	static const uint32_t cases[][6] = {
+		{ 64, 1, 1, 1, 16, 2 },   { 64, 3, 57, 21, 16, 2 }, { 128, 2, 203, 9, 8, 2 },  { 40, 2, 70, 5, 16, 2 },
+		{ 96, 2, 50, 13, 16, 2 }, { 256, 2, 90, 30, 24, 2 }, { 64, 3, 100, 1, 15, 3 },
+	};
+	for (size_t cc = 0; cc < KVT_KV_CODEC_COUNT * sizeof cases / sizeof cases[0]; cc++) {
+		const size_t ci = cc % (sizeof cases / sizeof cases[0]);
+		const int codec = (int)(cc / (sizeof cases / sizeof cases[0]));
+		const uint32_t hd = cases[ci][0], H = cases[ci][1], n_ctx = cases[ci][2], R = cases[ci][3];
+		const uint32_t bt = cases[ci][4], L = cases[ci][5], layer = L - 1, pos0 = n_ctx - R;
+		kvpair p;
+		kv_open(&p, L, H, hd, bt, n_ctx, codec);
+		const size_t pool_bytes = kvt_kv_block_bytes(&p.lc) * p.lc.n_slots, kvn = (size_t)n_ctx * H * hd;
+		float *k = rand_f32((size_t)R * H * hd, 2.0f), *v = rand_f32((size_t)R * H * hd, 2.0f);
+		float *poison = malloc(kvn * 4);
+		memset(poison, 0xff, kvn * 4); /* NaN: an output left unwritten fails */
+		buf2 bk = both(k, (size_t)R * H * hd * 4), bv = both(v, (size_t)R * H * hd * 4);
+		buf2 ok = both(poison, kvn * 4), ov = both(poison, kvn * 4);
+		kvt_kv_store_args st = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = pos0, .n_rows = R,
+					 .k = bk.c, .v = bv.c };
+		CHECK(kvt_dev_kv_store(cpu, &st) == KVT_OK);
+		st.kv = &p.lg, st.block_table = p.bt.g, st.k = bk.g, st.v = bv.g;
+		CHECK(kvt_dev_kv_store(gpu, &st) == KVT_OK);
+		CHECKF(cmp_bytes(p.lc.pool, p.lg.pool, pool_bytes), "kv_load case %zu %s: kv_store pools differ", ci,
+		       kvt_kv_codec_name(codec));
+		for (int whole = 0; whole < 2; whole++) {
+			const uint32_t from = whole ? 0 : pos0, n = whole ? n_ctx : R;
+			kvt_kv_load_args ld = { .kv = &p.lc, .layer = layer, .block_table = p.bt.c, .pos0 = from,
+						.n_rows = n, .k = ok.c, .v = ov.c };
+			CHECK(kvt_dev_kv_load(cpu, &ld) == KVT_OK);
+			ld.kv = &p.lg, ld.block_table = p.bt.g, ld.k = ok.g, ld.v = ov.g;
+			CHECK(kvt_dev_kv_load(gpu, &ld) == KVT_OK);
+			/* all kvn floats: past n rows both still hold the poison */
+			const bool same = cmp_bytes(ok.c, ok.g, kvn * 4) && cmp_bytes(ov.c, ov.g, kvn * 4);
+			float *hk = malloc(kvn * 4);
+			down(gpu, hk, ok.g, kvn * 4);
+			bool written = true;
+			for (size_t i = 0; i < (size_t)n * H * hd; i++)
+				written = written && !isnan(hk[i]);
+			free(hk);
+			CHECKF(same && written, "kv_load %s hd%u kvh%u ctx%u bt%u layers %u from %u rows %u: %s",
+			       kvt_kv_codec_name(codec), hd, H, n_ctx, bt, L, from, n,
+			       same ? "an output left unwritten" : "not bit-identical to the CPU");
+			if (codec == KVT_KV_CODEC_F16) { /* store it back on the GPU: the pool does not change */
+				kvt_kv_store_args back = { .kv = &p.lg, .layer = layer, .block_table = p.bt.g,
+							   .pos0 = from, .n_rows = n, .k = ok.g, .v = ov.g };
+				CHECK(kvt_dev_kv_store(gpu, &back) == KVT_OK);
+				CHECKF(cmp_bytes(p.lc.pool, p.lg.pool, pool_bytes),
+				       "kv_store(kv_load) hd%u kvh%u ctx%u bt%u from %u: the pool changed", hd, H, n_ctx, bt,
+				       from);
+			}
+		}
+		printf("kv_load %s pool hd%u kvh%u ctx%u bt%u layers %u: bit-identical\n", kvt_kv_codec_name(codec), hd,
+		       H, n_ctx, bt, L);
+		both_free(&bk);
+		both_free(&bv);
+		both_free(&ok);
+		both_free(&ov);
+		free(k);
+		free(v);
+		free(poison);
+		kv_close(&p);
+	}
+}
+
 static void test_codecs(void)
 {
 	static const uint32_t hds[] = { 64, 128, 96, 40 }; /* vectorised kernels; generic ones (INT8: 3 groups, 1 group) */
@@ -889,6 +965,7 @@ int main(void)
 	test_rows();
 	test_rope_embed();
 	test_attention();
+	test_kv_load();
 	test_decode_variants();
 	test_codecs();
 	test_sample();

@@ -9,7 +9,8 @@
  *   cuda_matmul.cu  GEMM (cuBLAS), GEMV (fp16 and kept quantized weights),
  *                   the fused RMSNorm+GEMV and gate+up+SwiGLU GEMVs
  *   cuda_rows.cu    RMSNorm, RoPE, SwiGLU, add, embedding
- *   cuda_kv.cu      K/V stores into the paged pool, fused RoPE + store
+ *   cuda_kv.cu      K/V stores into the paged pool and loads out of it,
+ *                   fused RoPE + store
  *   cuda_attn.cu    paged attention: prefill, the decode kernels, combines,
  *                   decode_choices
  *   cuda_codec.cu   block codecs: pack/unpack between T0 and FP8/INT8
@@ -458,6 +459,7 @@ int kvt_cuda_embed(kvt_dev *d, const kvt_embed_args *a);
 
 /* cuda_kv.cu */
 int kvt_cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a);
+int kvt_cuda_kv_load(kvt_dev *d, const kvt_kv_load_args *a);
 int kvt_cuda_rope_store(kvt_dev *d, const kvt_rope_store_args *a);
 
 /* cuda_attn.cu */

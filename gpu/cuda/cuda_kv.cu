@@ -1,12 +1,16 @@
 /*
- * gpu/cuda/cuda_kv.cu — writing K and V into the paged T0 pool on the CUDA
- * backend: kv_store (fp16 pools, and 8-bit pools in the packed format of
- * dev.h, quantized as kv_pack does) and rope_store, RoPE and the fp16 store
- * in one kernel. Positions come from the host or, under a graph, from
- * device memory (pos0_of); the layout helpers are cuda_int.cuh's.
+ * gpu/cuda/cuda_kv.cu — K and V between fp32 rows and the paged T0 pool on
+ * the CUDA backend: kv_store (fp16 pools, and 8-bit pools in the packed
+ * format of dev.h, quantized as kv_pack does), its inverse kv_load (fp16
+ * values widened exactly; 8-bit codes times their group's scale, the one fp32
+ * multiply of the CPU reference's kv_vec, so both give the same bits) and
+ * rope_store, RoPE and the fp16 store in one kernel. Positions come from the
+ * host or, under a graph, from device memory (pos0_of); the layout helpers
+ * are cuda_int.cuh's.
  *
  * Grids: kv_store (rows, KV heads), 64 threads (8-bit: one warp for K, one
- * for V); rope_store (rows, query heads + KV heads), 64 threads.
+ * for V); kv_load (rows, KV heads), 64 threads striding the head's dims of K
+ * and V; rope_store (rows, query heads + KV heads), 64 threads.
  */
 #include "cuda_int.cuh"
 
@@ -62,6 +66,42 @@ int kvt_cuda_kv_store(kvt_dev *d, const kvt_kv_store_args *a)
 	else
 		kv_store_kernel<<<dim3(a->n_rows, a->kv->n_kv_heads), 64, 0, C(d)->stream>>>(*a->kv, *a);
 	return LAUNCHED("kv_store");
+}
+
+/*
+ * kv_store's inverse, one CTA per (row, KV head): thread i reads dims i,
+ * i + 64, ... of the token's K and V vectors. An fp16 pool's halves widen
+ * exactly; an 8-bit pool's code is decoded and multiplied by the fp32 scale
+ * of its group (no rounding to fp16, as kv_vec in cpu_ref.c).
+ */
+__global__ void kv_load_kernel(kvt_kv_layout l, kvt_kv_load_args a)
+{
+	const uint32_t m = blockIdx.x, h = blockIdx.y, pos = a.pos0 + m, t = pos % l.block_tokens, D = l.head_dim;
+	const int32_t slot = a.block_table[pos / l.block_tokens];
+	const size_t dst = ((size_t)m * l.n_kv_heads + h) * D;
+	if (l.codec == KVT_KV_CODEC_F16) {
+		const __half *pool = (const __half *)l.pool;
+		const size_t ko = kv_off(l, slot, a.layer, 0, h, t), vo = kv_off(l, slot, a.layer, 1, h, t);
+		for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+			a.k[dst + i] = __half2float(pool[ko + i]);
+			a.v[dst + i] = __half2float(pool[vo + i]);
+		}
+		return;
+	}
+	const uint8_t *base = q_block(l, slot);
+	const size_t ki = q_vi(l, a.layer, 0, h, t), vi = q_vi(l, a.layer, 1, h, t);
+	for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+		const float ks = *(const float *)(base + q_scale_off(l, ki, i));
+		const float vs = *(const float *)(base + q_scale_off(l, vi, i));
+		a.k[dst + i] = q_decode(l.codec, base[ki * D + i]) * ks;
+		a.v[dst + i] = q_decode(l.codec, base[vi * D + i]) * vs;
+	}
+}
+
+int kvt_cuda_kv_load(kvt_dev *d, const kvt_kv_load_args *a)
+{
+	kv_load_kernel<<<dim3(a->n_rows, a->kv->n_kv_heads), 64, 0, C(d)->stream>>>(*a->kv, *a);
+	return LAUNCHED("kv_load");
 }
 
 /*

@@ -56,6 +56,7 @@ static const struct kvt_dev_ops cuda_ops = {
 	.matmul_swiglu = kvt_cuda_matmul_swiglu,
 	.rope_store = kvt_cuda_rope_store,
 	.copy_2d_async = kvt_cuda_copy_2d_async,
+	.kv_load = kvt_cuda_kv_load,
 };
 
 extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
