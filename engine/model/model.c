@@ -920,6 +920,43 @@ static int layer_step(kvt_model *m, uint32_t l, uint32_t n_run, const fwd_run *r
 	return KVT_OK;
 }
 
+/*
+ * Only the K/V of layer l for the M rows of m->x (one run): norm, the K and V
+ * projections, bias, K norm, RoPE, store. A blend's check layer computes
+ * them for every row (its deviations), and the layer's attention and FFN only
+ * for the rows that go on. m->x is left as it was.
+ */
+static int layer_kv(kvt_model *m, uint32_t l, const fwd_run *run, uint32_t M, const int32_t *d_pos)
+{
+	const kvt_model_hparams *hp = &m->hp;
+	const uint32_t E = hp->n_embd, KVD = hp->n_head_kv * hp->head_dim;
+	const layer_w *L = &m->layers[l];
+	const bool local = kvt_model_layer_is_local(hp, l);
+	int rc;
+	if ((rc = norm_mm(m, M, E, KVD, L->wk, L->attn_norm, m->k)) || (rc = norm_mm(m, M, E, KVD, L->wv, L->attn_norm, m->v)))
+		return rc;
+	if (m->arch->qkv_bias) {
+		kvt_add_args bk = { .n = (uint64_t)M * KVD, .x = L->bk, .y = m->k, .n_x = KVD };
+		kvt_add_args bv = { .n = (uint64_t)M * KVD, .x = L->bv, .y = m->v, .n_x = KVD };
+		if ((rc = kvt_dev_add(m->dev, &bk)) || (rc = kvt_dev_add(m->dev, &bv)))
+			return rc;
+	}
+	if (m->arch->qk_norm) {
+		kvt_rmsnorm_args nk = { .n_rows = M * hp->n_head_kv, .n_dim = hp->head_dim, .eps = hp->rms_eps,
+					.w = L->k_norm, .x = m->k, .y = m->k };
+		if ((rc = kvt_dev_rmsnorm(m->dev, &nk)))
+			return rc;
+	}
+	kvt_rope_args rk = { .n_rows = M, .n_heads = hp->n_head_kv, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
+			     .freq_base = local ? hp->rope_base_swa : hp->rope_base, .pos = d_pos, .x = m->k,
+			     .neox = m->arch->rope_neox, .freq_factors = local ? NULL : m->rope_factors };
+	kvt_kv_store_args st = { .kv = kvt_t0_layout(run->s->pool), .layer = l, .block_table = run->s->d_blocks,
+				 .pos0 = run->pos0, .n_rows = M, .k = m->k, .v = m->v };
+	if ((rc = kvt_dev_rope(m->dev, &rk)) || (rc = kvt_dev_kv_store(m->dev, &st)))
+		return rc;
+	return KVT_OK;
+}
+
 /* Embed M rows (ids, on the device) into m->x. */
 static int embed_rows(kvt_model *m, const int32_t *ids, uint32_t M)
 {
@@ -1166,19 +1203,27 @@ static int cmp_rank(const void *a, const void *b)
 	return x->row < y->row ? -1 : x->row > y->row; /* ties: earlier rows first (deterministic) */
 }
 
-/*
- * One chunk of a blend: M rows at positions s->n_tokens.., placed[] of them
- * with K/V already there. sel (host, [M]) receives which rows ran through
- * every layer. Scratch: host buffers of 4 * M * KVD floats and M ranks.
- */
-static int blend_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t M, const uint8_t *placed,
-		       const kvt_blend_params *bp, bool force_last, float *host, blend_rank *rank, uint8_t *sel,
-		       int32_t *pos, fwd_run *runs, uint32_t *n_sel_out)
+/* Rows of a forward chunk of M rows, c_placed of them placed, that run past the check layer. */
+static uint32_t blend_keep(float recompute, uint32_t c_placed)
 {
-	const kvt_model_hparams *hp = &m->hp;
-	const size_t E = hp->n_embd, KVD = (size_t)hp->n_head_kv * hp->head_dim;
-	const uint32_t pos0 = s->n_tokens;
-	uint32_t n_placed = 0, n_run, S;
+	return (uint32_t)ceilf(recompute * (float)c_placed - 1e-4f);
+}
+
+/*
+ * Phase A of one forward chunk: M rows at positions pos0.., placed[] of them
+ * with K/V there, through layers 0..check-1, and the K/V of layer check
+ * (layer_kv); then the rows that go on (not
+ * placed, the fraction of the placed ones that deviate most, the blend's
+ * last row) appended to xs (device, [*n_xs][n_embd]) and their positions to
+ * xpos (host). sel (host, [M]) says which. Scratch: host of 4 * M * KVD
+ * floats, rank of M entries, pos of M.
+ */
+static int blend_phase_a(kvt_model *m, kvt_seq *s, uint32_t pos0, const int32_t *tokens, uint32_t M,
+			 const uint8_t *placed, const kvt_blend_params *bp, uint32_t check, bool force_last, float *host,
+			 blend_rank *rank, int32_t *pos, uint8_t *sel, float *xs, int32_t *xpos, uint32_t *n_xs)
+{
+	const size_t E = m->hp.n_embd, KVD = (size_t)m->hp.n_head_kv * m->hp.head_dim;
+	uint32_t n_placed = 0;
 	int rc;
 
 	for (uint32_t i = 0; i < M; i++) {
@@ -1189,15 +1234,15 @@ static int blend_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t
 	    (rc = embed_rows(m, m->ids, M)))
 		return rc;
 	fwd_run all = { .s = s, .pos0 = pos0, .n = M };
-	const uint32_t check = bp->check_layer < hp->n_layer ? bp->check_layer : hp->n_layer - 1;
-	for (uint32_t l = 0; l <= check; l++) {
-		/* the placed K/V of the check layer, before this layer's store overwrites them */
-		if (l == check && n_placed && (rc = blend_read_kv(m, s, l, pos0, M, host, host + M * KVD)))
-			return rc;
+	for (uint32_t l = 0; l < check; l++)
 		if ((rc = layer_step(m, l, 1, &all, M, m->pos)))
 			return rc;
-	}
-	/* rank the placed rows by how far the context moved their K/V */
+	/* the check layer: the placed K/V read, then this prompt's K/V of every row stored over them */
+	if (n_placed && (rc = blend_read_kv(m, s, check, pos0, M, host, host + M * KVD)))
+		return rc;
+	if ((rc = layer_kv(m, check, &all, M, m->pos)))
+		return rc;
+	/* rank the placed rows by how far this prompt's context moved their K/V at the check layer */
 	uint32_t n_rank = 0;
 	if (n_placed) {
 		float *pk = host, *pv = host + M * KVD, *fk = host + 2 * M * KVD, *fv = host + 3 * M * KVD;
@@ -1217,13 +1262,12 @@ static int blend_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t
 		}
 		qsort(rank, n_rank, sizeof(*rank), cmp_rank);
 	}
-	const uint32_t n_keep = (uint32_t)ceilf(bp->recompute * (float)n_placed - 1e-4f);
+	const uint32_t n_keep = blend_keep(bp->recompute, n_placed);
 	for (uint32_t i = 0; i < M; i++)
 		sel[i] = !placed[i] || (force_last && i == M - 1);
 	for (uint32_t i = 0; i < n_keep && i < n_rank; i++)
 		sel[rank[i].row] = 1;
-	/* the selected rows' residual streams, packed to the front of x (through att, which is free between layers) */
-	S = n_run = 0;
+	/* the selected rows' residual streams, appended to xs run by run */
 	for (uint32_t i = 0; i < M;) {
 		if (!sel[i]) {
 			i++;
@@ -1232,31 +1276,21 @@ static int blend_chunk(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t
 		uint32_t j = i;
 		while (j < M && sel[j])
 			j++;
-		if ((rc = kvt_dev_copy_d2d(m->dev, m->att + (size_t)S * E, m->x + (size_t)i * E, (j - i) * E * sizeof(float))))
+		if ((rc = kvt_dev_copy_d2d(m->dev, xs + (size_t)*n_xs * E, m->x + (size_t)i * E, (j - i) * E * sizeof(float))))
 			return rc;
-		runs[n_run++] = (fwd_run){ .s = s, .pos0 = pos0 + i, .n = j - i };
 		for (uint32_t r = i; r < j; r++)
-			pos[S++] = (int32_t)(pos0 + r);
+			xpos[(*n_xs)++] = (int32_t)(pos0 + r);
 		i = j;
 	}
-	*n_sel_out = check + 1 < hp->n_layer ? S : M; /* rows of x the last layer left (packed, or all) */
-	if (S && check + 1 < hp->n_layer) {
-		if ((rc = kvt_dev_copy_d2d(m->dev, m->x, m->att, (size_t)S * E * sizeof(float))) ||
-		    (rc = upload_pos(m, pos, S)))
-			return rc;
-		for (uint32_t l = check + 1; l < hp->n_layer; l++)
-			if ((rc = layer_step(m, l, n_run, runs, S, m->pos)))
-				return rc;
-	}
-	s->n_tokens += M;
 	return KVT_OK;
 }
 
 int kvt_model_forward_blend(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, const uint8_t *placed,
 			    const kvt_blend_params *bp, float *h_logits, uint32_t n_logits, kvt_blend_result *out)
 {
-	const uint32_t B = m->cfg.max_batch, E = m->hp.n_embd;
-	const size_t KVD = (size_t)m->hp.n_head_kv * m->hp.head_dim;
+	const kvt_model_hparams *hp = &m->hp;
+	const uint32_t B = m->cfg.max_batch, E = hp->n_embd;
+	const size_t KVD = (size_t)hp->n_head_kv * hp->head_dim;
 	kvt_blend_result res = { 0 };
 	int rc;
 
@@ -1267,8 +1301,8 @@ int kvt_model_forward_blend(kvt_model *m, kvt_seq *s, const int32_t *tokens, uin
 		return KVT_EINVAL;
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
-			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab) {
+			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, hp->n_vocab);
 			return KVT_EINVAL;
 		}
 	}
@@ -1278,32 +1312,76 @@ int kvt_model_forward_blend(kvt_model *m, kvt_seq *s, const int32_t *tokens, uin
 	}
 	if ((rc = seq_reserve(s, s->n_tokens + n)))
 		return rc;
+	/*
+	 * Two phases, so the later layers' matmuls see full chunks of rows (a
+	 * quantized weight widened once serves max_batch rows, as in a plain
+	 * prefill): A runs each forward chunk through layers 0..check-1 and the
+	 * K/V of layer check, and keeps the rows that go on (their residual
+	 * streams entering layer check, packed into xs); B runs those, max_batch
+	 * at a time in position order, through layers check..n_layer-1. A later
+	 * chunk's phase A needs only earlier chunks' K/V of its layers, which A
+	 * wrote; B's rows attend to the placed K/V (and, at layer check, this
+	 * prompt's K/V of every row) and to the rows B ran before them.
+	 */
+	const uint32_t check = bp->check_layer < hp->n_layer ? bp->check_layer : hp->n_layer - 1;
+	uint32_t cap_xs = 0;
+	for (uint32_t done = 0; done < n; done += B) {
+		const uint32_t c = n - done < B ? n - done : B;
+		uint32_t np = 0;
+		for (uint32_t i = done; i < done + c; i++)
+			np += placed[i] != 0;
+		cap_xs += c - np + blend_keep(bp->recompute, np) + 1;
+	}
+	cap_xs = cap_xs < n ? cap_xs : n;
 	const uint32_t C = n < B ? n : B;
-	float *host = malloc(4 * (size_t)C * KVD * sizeof(float));
+	float *host = malloc(4 * (size_t)C * KVD * sizeof(float)), *xs = NULL;
 	blend_rank *rank = malloc(C * sizeof(*rank));
 	uint8_t *sel = malloc(C);
-	int32_t *pos = malloc(C * sizeof(int32_t));
+	int32_t *pos = malloc(C * sizeof(int32_t)), *xpos = malloc(cap_xs * sizeof(int32_t));
 	fwd_run *runs = malloc(C * sizeof(*runs));
-	rc = host && rank && sel && pos && runs ? KVT_OK : KVT_ENOMEM;
-	uint32_t S = 0;
+	rc = host && rank && sel && pos && xpos && runs ? KVT_OK : KVT_ENOMEM;
+	if (rc == KVT_OK)
+		rc = kvt_dev_alloc(m->dev, (size_t)cap_xs * E * sizeof(float), (void **)&xs);
+	uint32_t n_xs = 0, last_rows = 0;
 	for (uint32_t done = 0; rc == KVT_OK && done < n; done += B) {
 		const uint32_t c = n - done < B ? n - done : B;
-		const bool last = done + c == n;
-		rc = blend_chunk(m, s, tokens + done, c, placed + done, bp, last, host, rank, sel, pos, runs, &S);
+		rc = blend_phase_a(m, s, s->n_tokens + done, tokens + done, c, placed + done, bp, check, done + c == n, host,
+				   rank, pos, sel, xs, xpos, &n_xs);
 		for (uint32_t i = 0; rc == KVT_OK && i < c; i++) {
 			res.n_placed += placed[done + i] != 0;
 			res.n_recomputed += placed[done + i] && sel[i];
 		}
 	}
-	/* the last row is the last of the packed rows (always selected) */
+	for (uint32_t g = 0; rc == KVT_OK && g < n_xs; g += B) {
+		const uint32_t S = n_xs - g < B ? n_xs - g : B;
+		uint32_t n_run = 0;
+		for (uint32_t i = 0; i < S;) {
+			uint32_t j = i + 1;
+			while (j < S && xpos[g + j] == xpos[g + j - 1] + 1)
+				j++;
+			runs[n_run++] = (fwd_run){ .s = s, .pos0 = (uint32_t)xpos[g + i], .n = j - i };
+			i = j;
+		}
+		if ((rc = kvt_dev_copy_d2d(m->dev, m->x, xs + (size_t)g * E, (size_t)S * E * sizeof(float))) ||
+		    (rc = upload_pos(m, xpos + g, S)))
+			break;
+		for (uint32_t l = check; rc == KVT_OK && l < hp->n_layer; l++)
+			rc = layer_step(m, l, n_run, runs, S, m->pos);
+		last_rows = S;
+	}
+	/* the blend's last row is the last row phase B left in x (always selected) */
 	if (rc == KVT_OK && n_logits)
-		rc = logits_rows(m, m->x + (size_t)(S - 1) * E, 1, h_logits);
+		rc = logits_rows(m, m->x + (size_t)(last_rows - 1) * E, 1, h_logits);
 	if (rc == KVT_OK)
 		rc = kvt_dev_sync(m->dev);
+	if (rc == KVT_OK)
+		s->n_tokens += n;
+	kvt_dev_free(m->dev, xs);
 	free(host);
 	free(rank);
 	free(sel);
 	free(pos);
+	free(xpos);
 	free(runs);
 	if (rc == KVT_OK && out)
 		*out = res;

@@ -241,12 +241,15 @@ int kvt_model_kv_move(kvt_model *m, kvt_seq *src, uint32_t src_pos, kvt_seq *dst
 /*
  * How kvt_model_forward_blend restores the attention across placed chunks
  * (CacheBlend's selective recompute): every row runs through layers
- * 0..check_layer, which overwrite the placed K/V there; at check_layer each
- * placed row's deviation (the squared difference between the K/V it had and
- * the K/V just computed, relative to the computed ones' norm) ranks it, and
- * only the rows not placed plus the fraction `recompute` of the placed rows
- * that deviate most (per forward chunk of max_batch rows, rounded up) run on
- * through the later layers, their K/V overwriting the placed ones there.
+ * 0..check_layer-1, and gets this prompt's K/V of layer check_layer, both
+ * overwriting the placed K/V there; at check_layer each placed row's
+ * deviation (the squared difference between the K/V it had and the K/V just
+ * computed, relative to the computed ones' norm, K and V added) ranks it,
+ * and only the rows not placed plus the fraction `recompute` of the placed
+ * rows that deviate most (per forward chunk of max_batch rows, rounded up)
+ * run through layers check_layer.. (attention, FFN), their K/V overwriting
+ * the placed ones there. Those rows run max_batch at a time, so the matmuls
+ * of the later layers see full chunks as a plain prefill's do.
  * recompute = 1 runs every row through every layer: a plain prefill.
  */
 typedef struct kvt_blend_params {
