@@ -730,6 +730,9 @@ static void chunks_store(kvt_sched *s, kvt_sched_handle *h)
 			}
 		if (rc)
 			KVT_LOGW("sched: a chunk's blocks were not stored: %s", kvt_strerror(rc));
+		/* no turn's chain names them: they become due for write-through (T2, T3) now, as a turn's blocks do */
+		else if (kvt_tm_end_turn_chain(s->cfg.tm, n, (const uint8_t(*)[KVT_HASH_BYTES])c->hashes + from, NULL, NULL))
+			KVT_LOGW("sched: a chunk's blocks go to NVMe only when evicted (no memory to mark them due)");
 		kvt_seq_deinit(&cs);
 	}
 	if (stored) {

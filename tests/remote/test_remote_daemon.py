@@ -10,6 +10,10 @@ server secret, [tier.remote] on the cluster), then:
               says what turn 2 says on A
   tenants     the same conversation as another tenant on B: 0 cached tokens,
               0 from remote
+  chunks      two documents marked for chunk reuse sent on A; on B, in the
+              other order, their chunk blocks come from T3 (B never saw them);
+              another pair's chunk records damaged in Redis: B counts them
+              corrupt, reuses nothing and answers as A's plain prefill does
   corrupt     values of a conversation's blocks damaged in Redis by the test:
               B detects them (counted corrupt), recomputes, and answers as A
   resume      A killed (-9) after a conversation; `kvtier resume` on B restores
@@ -123,6 +127,61 @@ def conversation(topic):
              "its history, and why people care about it." % topic}]
 
 
+DOCS = [
+    "The lighthouse on Gray Point was built in 1871 from granite blocks quarried two miles inland and hauled "
+    "to the cliff on oxen-drawn sledges. Its lamp burned whale oil until 1890, then kerosene, and was finally "
+    "electrified in 1934. The keeper's log records that in the winter of 1888 the tower was struck by lightning "
+    "three times in one night.\n\n",
+    "The river town of Millbrook grew around a paper mill that opened in 1902. At its peak the mill employed "
+    "four hundred workers and shipped rolls of newsprint by barge to the coast every week. A fire in 1957 "
+    "destroyed the east wing, and the mill closed for good in 1971.\n\n",
+    "The orchard on Hollow Lane was planted in 1820 with forty apple trees brought by cart from the valley. "
+    "Every autumn the family pressed cider in a wooden press that still stands in the barn, and in 1903 a late "
+    "frost killed every blossom, so that no apples were picked that year at all.\n\n",
+    "The night train from Ashford to the coast ran for sixty years on a single track through the hills. It "
+    "carried mail, milk churns and a few passengers, stopped at nine small stations, and was replaced by a bus "
+    "service in 1966 after the viaduct at Lowmoor was found to be unsafe.\n\n",
+]
+
+
+def chunk_chat(d, docs, question, marked=True):
+    mark = {"kvtier": {"reuse": "anywhere"}} if marked else {}
+    parts = [dict({"type": "text", "text": t}, **mark) for t in docs] + [{"type": "text", "text": question}]
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 16, "temperature": 0}
+    st, r = http("POST", d.url + "/v1/chat/completions", body)
+    check(st == 200, "chunk chat on %s: %s %s" % (d.data_dir, st, r))
+    return r
+
+
+def chunks_case(cl, a, b):
+    r = chunk_chat(a, [DOCS[0], DOCS[1]], "Question: when was the lighthouse electrified?")
+    check(r["usage"]["kvtier"]["chunk_tokens"] > 128, "A: marked spans: %s" % r["usage"]["kvtier"])
+    drain(a)
+    rb = chunk_chat(b, [DOCS[1], DOCS[0]], "Question: what did the mill ship?")
+    check(rb["usage"]["kvtier"]["chunk_reused_tokens"] > 0,
+          "B reuses A's chunks from T3: %s" % rb["usage"]["kvtier"])
+    # another pair, its records damaged in Redis before B asks
+    before = block_keys(cl)
+    chunk_chat(a, [DOCS[2], DOCS[3]], "Question: when was the orchard planted?")
+    drain(a)
+    new = block_keys(cl) - before
+    check(len(new) >= 4, "A wrote the second pair's blocks to T3: %d keys" % len(new))
+    for k in new:
+        port = [p for p in cl.procs if redis_cluster.cli(p, "EXISTS", k) == "1"]
+        if port:
+            redis_cluster.cli(port[0], "SETRANGE", k, "5000", "X")
+    c0 = (stats(b).get("remote") or {}).get("corrupt", 0)
+    q = "Question: why did the night train stop running?"
+    rbc = chunk_chat(b, [DOCS[3], DOCS[2]], q)
+    c1 = (stats(b).get("remote") or {}).get("corrupt", 0)
+    check(c1 > c0, "B counted the damaged chunk records corrupt: %d -> %d" % (c0, c1))
+    check(rbc["usage"]["kvtier"]["chunk_reused_tokens"] == 0 and
+          rbc["usage"]["kvtier"]["chunk_recomputed_tokens"] == 0,
+          "nothing reused from damaged records: %s" % rbc["usage"]["kvtier"])
+    rap = chunk_chat(a, [DOCS[3], DOCS[2]], q, marked=False)
+    check(reply(rap) == reply(rbc), "B's reply is a plain prefill's:\nA %r\nB %r" % (reply(rap), reply(rbc)))
+
+
 class Front:
     """The load balancer's address, where chat() wants a node."""
     def __init__(self, url):
@@ -231,6 +290,11 @@ def main():
         check(cached(ro) == 0 and by_tier(ro)["remote"] == 0,
               "another tenant got %d cached tokens (%s)" % (cached(ro), by_tier(ro)))
         print("tenants: %.1f s" % (time.time() - t), flush=True)
+
+        # chunks: A's chunk blocks reach B through T3, and damaged ones are refused there
+        t = time.time()
+        chunks_case(cl, a, b)
+        print("chunks: %.1f s" % (time.time() - t), flush=True)
 
         # corrupt: damage the values of a new conversation's blocks; B detects, recomputes, answers as A
         t = time.time()
