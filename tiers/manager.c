@@ -1268,7 +1268,8 @@ static void remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo)
 					 meta[j].n_tokens, kvt_kv_codec_name(tm->cfg.t1_codec), tm->packed_bytes);
 			break;
 		}
-		/* Enter it (a concurrent registration may have been first: then ours is a spare copy). */
+		/* Enter it (a concurrent registration may have been first: then ours is a spare copy). NOTE: a T3
+		 * record does not say whether its block is a chunk block: a new entry is a prefix block. */
 		if (busy_wait(tm, h) != KVT_OK)
 			break;
 		bool created = false, ok = false;
