@@ -641,11 +641,13 @@ static int render_stats(json_t *j, const char *source)
 			fmt_bytes(num(rb, "host"), bh, sizeof(bh));
 			fmt_bytes(num(rb, "nvme"), bn, sizeof(bn));
 			fmt_bytes(num(rb, "remote"), br, sizeof(br));
-			printf("  %-24s %.0f hit, %.0f missed tokens of %.0f looked up (hbm %.0f, host %.0f, nvme %.0f, remote "
-			       "%.0f); %.0f reused, %.0f recomputed; %.0f stored; %.0f blends; read host %s, nvme %s, remote %s\n",
+			printf("  %-24s %.0f hit, %.0f missed of %.0f tokens looked up; %.0f reused, %.0f recomputed, %.0f "
+			       "stored; %.0f blends\n",
 			       "chunk reuse", num(ch, "hit_tokens"), num(ch, "miss_tokens"), num(ch, "lookup_tokens"),
-			       num(hb, "hbm"), num(hb, "host"), num(hb, "nvme"), num(hb, "remote"), num(ch, "reused_tokens"),
-			       num(ch, "recomputed_tokens"), num(ch, "stored_tokens"), num(ch, "blends"), bh, bn, br);
+			       num(ch, "reused_tokens"), num(ch, "recomputed_tokens"), num(ch, "stored_tokens"),
+			       num(ch, "blends"));
+			printf("  %-24s hbm %.0f, host %.0f, nvme %.0f, remote %.0f tokens; read host %s, nvme %s, remote %s\n",
+			       "  hits by tier", num(hb, "hbm"), num(hb, "host"), num(hb, "nvme"), num(hb, "remote"), bh, bn, br);
 		}
 		printf("  %-24s %.0f\n", "completion tokens", num(eng, "completion_tokens"));
 		printf("  %-24s %.1f ms / %.1f ms\n", "TTFT p50 / p99", num(eng, "ttft_p50_ms"), num(eng, "ttft_p99_ms"));
