@@ -21,6 +21,10 @@
  *    prefix block out, as plain LRU would: the baseline the share guards.
  * Each case prints the counts it measured, checks the manager's and the
  * table's invariants after every pass, and that evictions by kind add up.
+ *  - T2: behind the same T1, a T2 file of 256 KiB (about 60 records, and
+ *    the index, in a temp dir) takes what T1 evicts; 12 conversations, then
+ *    a flood of 60 documents: after every pass that evicted from T2, chunk
+ *    records hold at most half of what T2 keeps.
  *  - restart: with a T2 file and the index (2 MB, a temp dir), the blocks
  *    persisted come back from kvt_tm_recover with their kinds (the index
  *    row's kind, schema 5), counted per kind in T2.
@@ -184,26 +188,75 @@ static void flood(float share, int resident, int n_flood, flood_result *r)
 }
 
 /* A T2 file and the index in the temp dir (reset: made anew), and a manager over them; 0, or 1 on failure. */
-static int fx_open_t2(tm_fx *f, bool reset)
+static int fx_open_t2(tm_fx *f, bool reset, uint64_t capacity_bytes)
 {
 	memset(f, 0, sizeof(*f));
 	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
 		return 1;
-	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = 2u << 20, .io_mode = KVT_T2_IO_AUTO, .reset = reset,
+	kvt_t2_config tc = { .path = t2_path, .capacity_bytes = capacity_bytes, .io_mode = KVT_T2_IO_AUTO, .reset = reset,
 			     .buffered_ok = true };
 	memcpy(tc.model_fp, model_fp, 32);
+	tc.max_raw_bytes = (uint32_t)kvt_kv_packed_bytes(&shape, KVT_KV_CODEC_F16); /* sizes capacity_blocks */
 	if (kvt_t2_open(&tc, &f->t2) || tm_fx_db_open(db_path, model_fp, BT, &f->db))
 		return 1;
 	kvt_tm_config c;
 	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, KVT_KV_CODEC_F16);
+	c.high[KVT_TIER_HOST] = 0.9f;
+	c.low[KVT_TIER_HOST] = 0.75f;
+	c.batch_blocks = 4;
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
+}
+
+static void t2_flood(void)
+{
+	tm_fx f;
+	kvt_tm_stats st;
+	uint32_t n_passes = 0, n_bad = 0;
+	uint64_t min_prefix = UINT64_MAX, last[KVT_BLOCK_KIND_COUNT] = { 0 };
+	CHECK(fx_open_t2(&f, true, 256u << 10) == 0);
+	for (int c = 0; c < 12; c++) {
+		add_chain(f.tm, f.t0, KVT_BLOCK_PREFIX, c);
+		kvt_tm_maintain(f.tm);
+	}
+	for (int c = 0; c < 60; c++) {
+		add_chain(f.tm, f.t0, KVT_BLOCK_CHUNK, c);
+		kvt_tm_get_stats(f.tm, &st);
+		uint64_t ev0 = st.tier[KVT_TIER_NVME].n_evictions;
+		kvt_tm_maintain(f.tm);
+		CHECK(kvt_tm_check(f.tm) == KVT_OK);
+		kvt_tm_get_stats(f.tm, &st);
+		const kvt_tm_tier_stats *t2 = &st.tier[KVT_TIER_NVME];
+		uint64_t p = t2->n_blocks_by_kind[KVT_BLOCK_PREFIX], ch = t2->n_blocks_by_kind[KVT_BLOCK_CHUNK];
+		CHECK(t2->used_blocks == p + ch); /* the records are the table's (one namespace) */
+		CHECK(t2->n_evictions_by_kind[KVT_BLOCK_PREFIX] + t2->n_evictions_by_kind[KVT_BLOCK_CHUNK] ==
+		      t2->n_evictions);
+		if (t2->n_evictions == ev0)
+			continue;
+		n_passes++;
+		last[KVT_BLOCK_PREFIX] = p;
+		last[KVT_BLOCK_CHUNK] = ch;
+		if (p < min_prefix)
+			min_prefix = p;
+		n_bad += ch > (p + ch) / 2;
+	}
+	const kvt_tm_tier_stats *t2 = &st.tier[KVT_TIER_NVME];
+	printf("T2 of %llu records: 12 prefix chains, then 60 chunk chains: %u passes evicted from T2; after the last "
+	       "%llu prefix + %llu chunk records (fewest prefix %llu); T2 evicted %llu prefix, %llu chunk blocks\n",
+	       (unsigned long long)t2->capacity_blocks, n_passes, (unsigned long long)last[KVT_BLOCK_PREFIX],
+	       (unsigned long long)last[KVT_BLOCK_CHUNK], (unsigned long long)min_prefix,
+	       (unsigned long long)t2->n_evictions_by_kind[KVT_BLOCK_PREFIX],
+	       (unsigned long long)t2->n_evictions_by_kind[KVT_BLOCK_CHUNK]);
+	CHECK(n_passes >= 5);
+	CHECK_EQ_INT(n_bad, 0);
+	CHECK(last[KVT_BLOCK_PREFIX] >= last[KVT_BLOCK_CHUNK] && last[KVT_BLOCK_CHUNK] > 0);
+	tm_fx_close(&f);
 }
 
 static void restart(void)
 {
 	tm_fx f;
 	uint64_t n = 0;
-	CHECK(fx_open_t2(&f, true) == 0);
+	CHECK(fx_open_t2(&f, true, 2u << 20) == 0);
 	for (int c = 0; c < 3; c++)
 		add_chain(f.tm, f.t0, KVT_BLOCK_PREFIX, c);
 	for (int c = 0; c < 2; c++)
@@ -215,7 +268,7 @@ static void restart(void)
 	      st.tier[KVT_TIER_NVME].n_blocks_by_kind[KVT_BLOCK_CHUNK] == 2 * CH_LEN);
 	tm_fx_close(&f);
 
-	CHECK(fx_open_t2(&f, false) == 0);
+	CHECK(fx_open_t2(&f, false, 2u << 20) == 0);
 	CHECK(kvt_tm_recover(f.tm, &n) == KVT_OK);
 	CHECK_EQ_INT(n, 5 * CH_LEN);
 	kvt_tm_get_stats(f.tm, &st);
@@ -278,6 +331,9 @@ int main(void)
 		return 1;
 	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
 	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
+	t2_flood();
+	unlink(t2_path);
+	unlink(db_path);
 	restart();
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
