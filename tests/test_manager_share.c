@@ -27,9 +27,12 @@
  *    records hold at most half of what T2 keeps.
  *  - restart: with a T2 file and the index (2 MB, a temp dir), the blocks
  *    persisted come back from kvt_tm_recover with their kinds (the index
- *    row's kind, schema 5), counted per kind in T2.
+ *    row's kind, schema 5), counted per kind in T2; and again after the
+ *    index is rebuilt from the T2 records alone (kvt_index_rebuild: the
+ *    record's flags, KVT_T2_FLAG_CHUNK).
  */
 #include "check.h"
+#include "cli_index.h"
 #include "test_dev.h"
 #include "tm_fixture.h"
 #include "manager.h"
@@ -252,10 +255,30 @@ static void t2_flood(void)
 	tm_fx_close(&f);
 }
 
+/* Recover the index into a fresh manager: every block back, of its kind. */
+static void recover_kinds(const char *what)
+{
+	tm_fx f;
+	kvt_tm_stats st;
+	uint64_t n = 0;
+	CHECK(fx_open_t2(&f, false, 2u << 20) == 0);
+	CHECK(kvt_tm_recover(f.tm, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 5 * CH_LEN);
+	kvt_tm_get_stats(f.tm, &st);
+	const uint64_t *by_kind = st.tier[KVT_TIER_NVME].n_blocks_by_kind;
+	printf("%s: %llu blocks recovered, %llu prefix + %llu chunk blocks in T2\n", what, (unsigned long long)n,
+	       (unsigned long long)by_kind[KVT_BLOCK_PREFIX], (unsigned long long)by_kind[KVT_BLOCK_CHUNK]);
+	CHECK(by_kind[KVT_BLOCK_PREFIX] == 3 * CH_LEN && by_kind[KVT_BLOCK_CHUNK] == 2 * CH_LEN);
+	kvt_btable_entry e;
+	CHECK(kvt_btable_get(f.bt, hashes[KVT_BLOCK_CHUNK][1][CH_LEN - 1], &e) == KVT_OK && e.kind == KVT_BLOCK_CHUNK);
+	CHECK(kvt_btable_get(f.bt, hashes[KVT_BLOCK_PREFIX][2][0], &e) == KVT_OK && e.kind == KVT_BLOCK_PREFIX);
+	CHECK(kvt_btable_check(f.bt) == KVT_OK);
+	tm_fx_close(&f);
+}
+
 static void restart(void)
 {
 	tm_fx f;
-	uint64_t n = 0;
 	CHECK(fx_open_t2(&f, true, 2u << 20) == 0);
 	for (int c = 0; c < 3; c++)
 		add_chain(f.tm, f.t0, KVT_BLOCK_PREFIX, c);
@@ -267,20 +290,12 @@ static void restart(void)
 	CHECK(st.tier[KVT_TIER_NVME].n_blocks_by_kind[KVT_BLOCK_PREFIX] == 3 * CH_LEN &&
 	      st.tier[KVT_TIER_NVME].n_blocks_by_kind[KVT_BLOCK_CHUNK] == 2 * CH_LEN);
 	tm_fx_close(&f);
-
-	CHECK(fx_open_t2(&f, false, 2u << 20) == 0);
-	CHECK(kvt_tm_recover(f.tm, &n) == KVT_OK);
-	CHECK_EQ_INT(n, 5 * CH_LEN);
-	kvt_tm_get_stats(f.tm, &st);
-	const uint64_t *by_kind = st.tier[KVT_TIER_NVME].n_blocks_by_kind;
-	printf("restart: %llu blocks recovered, %llu prefix + %llu chunk blocks in T2\n", (unsigned long long)n,
-	       (unsigned long long)by_kind[KVT_BLOCK_PREFIX], (unsigned long long)by_kind[KVT_BLOCK_CHUNK]);
-	CHECK(by_kind[KVT_BLOCK_PREFIX] == 3 * CH_LEN && by_kind[KVT_BLOCK_CHUNK] == 2 * CH_LEN);
-	kvt_btable_entry e;
-	CHECK(kvt_btable_get(f.bt, hashes[KVT_BLOCK_CHUNK][1][CH_LEN - 1], &e) == KVT_OK && e.kind == KVT_BLOCK_CHUNK);
-	CHECK(kvt_btable_get(f.bt, hashes[KVT_BLOCK_PREFIX][2][0], &e) == KVT_OK && e.kind == KVT_BLOCK_PREFIX);
-	CHECK(kvt_btable_check(f.bt) == KVT_OK);
-	tm_fx_close(&f);
+	recover_kinds("restart");
+	/* the index lost: rebuilt from the records, the kinds come from their flags */
+	kvt_rebuild_stats rs;
+	CHECK(kvt_index_rebuild(dir, model_fp, &rs) == KVT_OK);
+	CHECK_EQ_INT(rs.n_rows, 5 * CH_LEN);
+	recover_kinds("rebuild-index, then restart");
 }
 
 int main(void)

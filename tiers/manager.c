@@ -422,6 +422,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		m->codec = (uint8_t)tm->cfg.t1_codec;
 		m->scale_layout = scale_layout_of(tm->cfg.t1_codec);
 		m->raw_bytes = (uint32_t)tm->packed_bytes;
+		m->flags = e[i].kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0; /* rebuild-index and T3 keep the kind */
 		req[n_w].meta = m;
 		req[n_w].payload = src;
 		widx[n_w++] = i;
@@ -1052,6 +1053,7 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 		m->codec = (uint8_t)tm->cfg.t1_codec;
 		m->scale_layout = scale_layout_of(tm->cfg.t1_codec);
 		m->raw_bytes = (uint32_t)tm->packed_bytes;
+		m->flags = e->kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0;
 		pay[n_w] = dst;
 		idx[n_w++] = i;
 	}
@@ -1268,12 +1270,14 @@ static void remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo)
 					 meta[j].n_tokens, kvt_kv_codec_name(tm->cfg.t1_codec), tm->packed_bytes);
 			break;
 		}
-		/* Enter it (a concurrent registration may have been first: then ours is a spare copy). NOTE: a T3
-		 * record does not say whether its block is a chunk block: a new entry is a prefix block. */
+		/* Enter it (a concurrent registration may have been first: then ours is a spare copy), of the
+		 * kind its record says, before it enters a tier. */
 		if (busy_wait(tm, h) != KVT_OK)
 			break;
 		bool created = false, ok = false;
+		const int kind = meta[j].flags & KVT_T2_FLAG_CHUNK ? KVT_BLOCK_CHUNK : KVT_BLOCK_PREFIX;
 		if (kvt_btable_insert(tm->cfg.bt, h, parent, meta[j].tokens, &created) == KVT_OK &&
+		    (!created || kvt_btable_set_kind(tm->cfg.bt, h, kind) == KVT_OK) &&
 		    kvt_btable_get(tm->cfg.bt, h, e) == KVT_OK) {
 			ok = e->slot[KVT_TIER_HBM] >= 0 || e->slot[KVT_TIER_HOST] >= 0 || e->slot[KVT_TIER_NVME] >= 0;
 			if (!ok) {

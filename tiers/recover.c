@@ -13,9 +13,10 @@
  *    committed before a crash.
  *  - The block table: this namespace's rows, least recently used first (the
  *    table's LRU order), present in T2 only, clean; their kind (prefix or
- *    chunk: the row's, schema 5) and their retention. NOTE: an index rebuilt
- *    from the T2 records alone (`kvtier rebuild-index`) has every block as a
- *    prefix block: the records do not carry the kind.
+ *    chunk: the row's, schema 5) and their retention. (An index rebuilt from
+ *    the T2 records, `kvtier rebuild-index`, takes the kind from each
+ *    record's flags; a record written before they carried it, or a row
+ *    migrated from schema 4, is a prefix block's.)
  *  - The other namespaces' records (kept, never served, reclaimed first).
  * Rows are trusted lazily: each T2 read verifies its record; fsck verifies
  * them all.

@@ -11,9 +11,9 @@
  * it renames it aside, builds the new one under a temporary name and renames
  * it into place, so an interrupted rebuild leaves either no index (run it
  * again) or a complete one. What only the index knew is lost: sessions'
- * durable counts, retention, and the kind of a block (every rebuilt row is a
- * prefix block; a chunk block counts against the prefix share until it is
- * evicted and stored again).
+ * durable counts and retention. A block's kind comes from its record's
+ * flags (KVT_T2_FLAG_CHUNK); a record written before records carried it is
+ * taken as a prefix block's.
  *
  * Both refuse a data directory a running daemon holds: they take the
  * directory's lock (kvt_datadir_lock_take, the one kvtierd holds for its
@@ -283,9 +283,8 @@ int kvt_index_rebuild_at(const kvt_data_paths *dp, const uint8_t *model_fp, kvt_
 			row.scale_layout = m->scale_layout;
 			row.raw_bytes = m->raw_bytes;
 			row.last_use = kvt_wall_us();
-			/* NOTE: a record does not say whether its block was a chunk block: every rebuilt row is a
-			 * prefix one (kind 0), so the chunk share of a tier counts these blocks as prefixes */
-			row.kind = KVT_BLOCK_PREFIX;
+			/* the record's flag; a record written before it had one is a prefix block's */
+			row.kind = m->flags & KVT_T2_FLAG_CHUNK ? KVT_BLOCK_CHUNK : KVT_BLOCK_PREFIX;
 			if ((rc = kvt_db_put_block(db, &row, NULL, NULL, NULL)) != KVT_OK)
 				break;
 			st->n_rows++;
