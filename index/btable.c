@@ -18,11 +18,18 @@
  *    removed, so the pointer stays valid. p->n_children counts entries
  *    pointing at p and p->n_children_in[t] those of them present in tier t.
  *  - Per tier t, an entry present in t (slot[t] >= 0) is on exactly one of
- *    leaf[t] (n_children_in[t] == 0) or inner[t] (otherwise); an absent entry
- *    is on neither. Each list is ordered by last_use, strictly increasing from
- *    the cold end to the hot end. Ticks are unique: every touch and insert
- *    takes a new one.
- *  - Counters (n_entries, n_in_tier, n_pinned, n_dirty) match the entries.
+ *    leaf[t][kind] (n_children_in[t] == 0) or inner[t][kind] (otherwise),
+ *    kind being the entry's own (enum kvt_block_kind); an absent entry is on
+ *    none. Each list is ordered by last_use, strictly increasing from the
+ *    cold end to the hot end. Ticks are unique: every touch and insert takes
+ *    a new one.
+ *  - Counters (n_entries, n_in_tier, n_in_tier_kind, n_pinned, n_dirty)
+ *    match the entries; n_in_tier[t] is the sum of n_in_tier_kind[t][k].
+ *
+ * Kinds: the lists are split by kind so that a query for one kind's coldest
+ * leaves (kvt_btable_coldest_kind) costs what an unrestricted one does; the
+ * unrestricted query merges the kinds' leaf lists by tick, so it returns
+ * exactly the order one list would.
  *
  * Cost: touch moves an entry to the hot end, O(1). An entry joining a list
  * (entering a tier, or a parent whose last child in the tier left) is placed
@@ -47,6 +54,7 @@ struct bt_entry {
 	bt_entry *lru_prev[KVT_TIER_COUNT];     /* toward the cold end of this tier's list */
 	bt_entry *lru_next[KVT_TIER_COUNT];     /* toward the hot end */
 	uint8_t on_list[KVT_TIER_COUNT];        /* LIST_NONE / LIST_LEAF / LIST_INNER per tier */
+	uint8_t kind;                           /* enum kvt_block_kind: which lists of each tier it is on */
 	uint8_t hash[KVT_HASH_BYTES];           /* key */
 	uint8_t parent_hash[KVT_HASH_BYTES];    /* parent's hash or the chain root */
 	int32_t slot[KVT_TIER_COUNT];           /* -1 absent; NVMe: 0 when present */
@@ -78,9 +86,9 @@ struct kvt_btable {
 	bt_entry **orphans;              /* [n_buckets] chains of parentless entries, by parent hash */
 	uint64_t n_buckets;              /* power of two */
 	uint64_t tick;                   /* last tick handed out */
-	bt_list leaf[KVT_TIER_COUNT];    /* present, no child present in the tier */
-	bt_list inner[KVT_TIER_COUNT];   /* present, some child present in the tier */
-	kvt_btable_stats st;             /* counters (n_entries, n_in_tier, ...) */
+	bt_list leaf[KVT_TIER_COUNT][KVT_BLOCK_KIND_COUNT];  /* present, no child present in the tier; by kind */
+	bt_list inner[KVT_TIER_COUNT][KVT_BLOCK_KIND_COUNT]; /* present, some child present in the tier; by kind */
+	kvt_btable_stats st;             /* counters (n_entries, n_in_tier, n_in_tier_kind, ...) */
 };
 
 static uint64_t key_of(const uint8_t h[KVT_HASH_BYTES])
@@ -98,9 +106,9 @@ static bt_entry *find(const kvt_btable *bt, const uint8_t h[KVT_HASH_BYTES])
 	return e;
 }
 
-static bt_list *list_of(kvt_btable *bt, int tier, int which)
+static bt_list *list_of(kvt_btable *bt, int tier, int which, int kind)
 {
-	return which == LIST_LEAF ? &bt->leaf[tier] : &bt->inner[tier];
+	return which == LIST_LEAF ? &bt->leaf[tier][kind] : &bt->inner[tier][kind];
 }
 
 static void list_unlink(kvt_btable *bt, bt_entry *e, int t)
@@ -108,7 +116,7 @@ static void list_unlink(kvt_btable *bt, bt_entry *e, int t)
 	bt_list *l;
 	if (e->on_list[t] == LIST_NONE)
 		return;
-	l = list_of(bt, t, e->on_list[t]);
+	l = list_of(bt, t, e->on_list[t], e->kind);
 	if (e->lru_prev[t])
 		e->lru_prev[t]->lru_next[t] = e->lru_next[t];
 	else
@@ -141,7 +149,7 @@ static void list_link_between(bt_list *l, bt_entry *e, int t, bt_entry *a, bt_en
 /* Place e on list `which` of tier t by its tick, walking from both ends. */
 static void list_insert_ordered(kvt_btable *bt, bt_entry *e, int t, int which)
 {
-	bt_list *l = list_of(bt, t, which);
+	bt_list *l = list_of(bt, t, which, e->kind);
 	bt_entry *h = l->hot, *c = l->cold;
 
 	for (;;) {
@@ -187,7 +195,7 @@ static void touch_locked(kvt_btable *bt, bt_entry *e)
 		int w = e->on_list[t];
 		if (w == LIST_NONE)
 			continue;
-		bt_list *l = list_of(bt, t, w);
+		bt_list *l = list_of(bt, t, w, e->kind);
 		if (l->hot == e)
 			continue;
 		list_unlink(bt, e, t);
@@ -406,6 +414,7 @@ static void snapshot(const kvt_btable *bt, const bt_entry *e, kvt_btable_entry *
 	out->t0_lossy = e->t0_lossy;
 	out->retain_until_us = e->retain_until_us;
 	out->retain_floor = e->retain_floor;
+	out->kind = e->kind;
 	out->n_children = e->n_children;
 	memcpy(out->n_children_in, e->n_children_in, sizeof(out->n_children_in));
 }
@@ -439,6 +448,7 @@ static void set_present(kvt_btable *bt, bt_entry *e, int t, int32_t slot)
 	if (was)
 		return;
 	bt->st.n_in_tier[t]++;
+	bt->st.n_in_tier_kind[t][e->kind]++;
 	refile(bt, e, t);
 	if (e->parent) {
 		e->parent->n_children_in[t]++;
@@ -452,6 +462,7 @@ static void set_absent(kvt_btable *bt, bt_entry *e, int t)
 		return;
 	e->slot[t] = -1;
 	bt->st.n_in_tier[t]--;
+	bt->st.n_in_tier_kind[t][e->kind]--;
 	refile(bt, e, t);
 	if (e->parent) {
 		KVT_ASSERT(e->parent->n_children_in[t] > 0);
@@ -536,6 +547,31 @@ int kvt_btable_set_dirty(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], boo
 	bt_entry *e = find(bt, hash);
 	if (e)
 		set_dirty_locked(bt, e, dirty);
+	pthread_mutex_unlock(&bt->mu);
+	return e ? KVT_OK : KVT_ENOTFOUND;
+}
+
+int kvt_btable_set_kind(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], int kind)
+{
+	if (kind < 0 || kind >= KVT_BLOCK_KIND_COUNT) {
+		KVT_LOGE("btable: set_kind: no block kind %d", kind);
+		return KVT_EINVAL;
+	}
+	pthread_mutex_lock(&bt->mu);
+	bt_entry *e = find(bt, hash);
+	if (e && e->kind != kind) {
+		/* Off the old kind's lists, then onto the new kind's by tick: the tiers it is in keep it. */
+		for (int t = 0; t < KVT_TIER_COUNT; t++) {
+			list_unlink(bt, e, t);
+			if (e->slot[t] >= 0) {
+				bt->st.n_in_tier_kind[t][e->kind]--;
+				bt->st.n_in_tier_kind[t][kind]++;
+			}
+		}
+		e->kind = (uint8_t)kind;
+		for (int t = 0; t < KVT_TIER_COUNT; t++)
+			refile(bt, e, t);
+	}
 	pthread_mutex_unlock(&bt->mu);
 	return e ? KVT_OK : KVT_ENOTFOUND;
 }
@@ -662,16 +698,28 @@ static bool retained_in(const bt_entry *e, int tier, uint64_t now_us)
 	return e->retain_until_us > now_us && tier >= e->retain_floor;
 }
 
-int kvt_btable_coldest_at(kvt_btable *bt, int tier, uint64_t now_us, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES],
-			  uint32_t *n_out)
+int kvt_btable_coldest_kind(kvt_btable *bt, int tier, int kind, uint64_t now_us, uint32_t cap,
+			    uint8_t (*out)[KVT_HASH_BYTES], uint32_t *n_out)
 {
 	uint32_t n = 0;
-	if (tier < 0 || tier >= KVT_TIER_COUNT) {
-		KVT_LOGE("btable: coldest: no tier %d", tier);
+	if (tier < 0 || tier >= KVT_TIER_COUNT || kind < KVT_BLOCK_ANY || kind >= KVT_BLOCK_KIND_COUNT) {
+		KVT_LOGE("btable: coldest: no tier %d or no block kind %d", tier, kind);
 		return KVT_EINVAL;
 	}
 	pthread_mutex_lock(&bt->mu);
-	for (bt_entry *e = bt->leaf[tier].cold; e && n < cap; e = e->lru_next[tier]) {
+	/* One cursor per kind asked for; each step takes the colder head (ticks are unique). */
+	bt_entry *cur[KVT_BLOCK_KIND_COUNT];
+	for (int k = 0; k < KVT_BLOCK_KIND_COUNT; k++)
+		cur[k] = kind == KVT_BLOCK_ANY || kind == k ? bt->leaf[tier][k].cold : NULL;
+	while (n < cap) {
+		int k = -1;
+		for (int j = 0; j < KVT_BLOCK_KIND_COUNT; j++)
+			if (cur[j] && (k < 0 || cur[j]->last_use < cur[k]->last_use))
+				k = j;
+		if (k < 0)
+			break;
+		bt_entry *e = cur[k];
+		cur[k] = e->lru_next[tier];
 		if (e->pins || retained_in(e, tier, now_us))
 			continue;
 		memcpy(out[n++], e->hash, KVT_HASH_BYTES);
@@ -679,6 +727,12 @@ int kvt_btable_coldest_at(kvt_btable *bt, int tier, uint64_t now_us, uint32_t ca
 	pthread_mutex_unlock(&bt->mu);
 	*n_out = n;
 	return KVT_OK;
+}
+
+int kvt_btable_coldest_at(kvt_btable *bt, int tier, uint64_t now_us, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES],
+			  uint32_t *n_out)
+{
+	return kvt_btable_coldest_kind(bt, tier, KVT_BLOCK_ANY, now_us, cap, out, n_out);
 }
 
 int kvt_btable_coldest(kvt_btable *bt, int tier, uint32_t cap, uint8_t (*out)[KVT_HASH_BYTES], uint32_t *n_out)
@@ -755,7 +809,7 @@ int kvt_btable_check(kvt_btable *bt)
 {
 	kvt_btable_stats c = { 0 };
 	uint64_t n_orphans = 0, n_orphan_links = 0;
-	uint64_t on_lists[KVT_TIER_COUNT][3] = { { 0 } };
+	uint64_t on_lists[KVT_TIER_COUNT][3][KVT_BLOCK_KIND_COUNT] = { { { 0 } } };
 	char hex[2 * KVT_HASH_BYTES + 1];
 	int rc = KVT_OK;
 
@@ -783,12 +837,14 @@ int kvt_btable_check(kvt_btable *bt)
 				n_orphans++;
 			}
 			FAIL_IF(e->last_use > bt->tick, "btable check: %s: tick from the future", hex);
+			FAIL_IF(e->kind >= KVT_BLOCK_KIND_COUNT, "btable check: %s: block kind %u", hex, e->kind);
 			c.n_entries++;
 			c.n_pinned += e->pins > 0;
 			c.n_dirty += e->dirty;
 			for (int t = 0; t < KVT_TIER_COUNT; t++) {
 				c.n_in_tier[t] += e->slot[t] >= 0;
-				on_lists[t][e->on_list[t]]++;
+				c.n_in_tier_kind[t][e->kind] += e->slot[t] >= 0;
+				on_lists[t][e->on_list[t]][e->kind]++;
 			}
 		}
 	}
@@ -831,22 +887,28 @@ int kvt_btable_check(kvt_btable *bt)
 	/* pass 3: the lists themselves */
 	for (int t = 0; t < KVT_TIER_COUNT; t++) {
 		for (int w = LIST_LEAF; w <= LIST_INNER; w++) {
-			bt_list *l = list_of(bt, t, w);
-			uint64_t n = 0;
-			bt_entry *prev = NULL;
-			for (bt_entry *e = l->cold; e; prev = e, e = e->lru_next[t]) {
-				kvt_hash_hex(e->hash, hex);
-				FAIL_IF(e->on_list[t] != w, "btable check: %s on tier %d list %d but tagged %d", hex, t, w,
-					e->on_list[t]);
-				FAIL_IF(e->lru_prev[t] != prev, "btable check: %s: broken back link in tier %d", hex, t);
-				FAIL_IF(prev && prev->last_use >= e->last_use,
-					"btable check: %s: tier %d list not in tick order", hex, t);
-				FAIL_IF(++n > l->n, "btable check: tier %d list %d longer than its count", t, w);
+			for (int k = 0; k < KVT_BLOCK_KIND_COUNT; k++) {
+				bt_list *l = list_of(bt, t, w, k);
+				uint64_t n = 0;
+				bt_entry *prev = NULL;
+				for (bt_entry *e = l->cold; e; prev = e, e = e->lru_next[t]) {
+					kvt_hash_hex(e->hash, hex);
+					FAIL_IF(e->on_list[t] != w || e->kind != k,
+						"btable check: %s on tier %d list %d of kind %d but tagged list %d kind %u", hex,
+						t, w, k, e->on_list[t], e->kind);
+					FAIL_IF(e->lru_prev[t] != prev, "btable check: %s: broken back link in tier %d", hex, t);
+					FAIL_IF(prev && prev->last_use >= e->last_use,
+						"btable check: %s: tier %d list not in tick order", hex, t);
+					FAIL_IF(++n > l->n, "btable check: tier %d list %d kind %d longer than its count", t, w,
+						k);
+				}
+				FAIL_IF(l->hot != prev, "btable check: tier %d list %d kind %d: hot end is not the last entry",
+					t, w, k);
+				FAIL_IF(n != l->n || n != on_lists[t][w][k],
+					"btable check: tier %d list %d kind %d: %llu linked, count %llu, %llu tagged", t, w, k,
+					(unsigned long long)n, (unsigned long long)l->n,
+					(unsigned long long)on_lists[t][w][k]);
 			}
-			FAIL_IF(l->hot != prev, "btable check: tier %d list %d: hot end is not the last entry", t, w);
-			FAIL_IF(n != l->n || n != on_lists[t][w],
-				"btable check: tier %d list %d: %llu linked, count %llu, %llu tagged", t, w,
-				(unsigned long long)n, (unsigned long long)l->n, (unsigned long long)on_lists[t][w]);
 		}
 	}
 	FAIL_IF(c.n_entries != bt->st.n_entries || c.n_pinned != bt->st.n_pinned || c.n_dirty != bt->st.n_dirty,
@@ -854,9 +916,14 @@ int kvt_btable_check(kvt_btable *bt)
 		(unsigned long long)c.n_entries, (unsigned long long)bt->st.n_entries,
 		(unsigned long long)c.n_pinned, (unsigned long long)bt->st.n_pinned, (unsigned long long)c.n_dirty,
 		(unsigned long long)bt->st.n_dirty);
-	for (int t = 0; t < KVT_TIER_COUNT; t++)
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
 		FAIL_IF(c.n_in_tier[t] != bt->st.n_in_tier[t], "btable check: tier %d count %llu, counted %llu", t,
 			(unsigned long long)bt->st.n_in_tier[t], (unsigned long long)c.n_in_tier[t]);
+		for (int k = 0; k < KVT_BLOCK_KIND_COUNT; k++)
+			FAIL_IF(c.n_in_tier_kind[t][k] != bt->st.n_in_tier_kind[t][k],
+				"btable check: tier %d kind %d count %llu, counted %llu", t, k,
+				(unsigned long long)bt->st.n_in_tier_kind[t][k], (unsigned long long)c.n_in_tier_kind[t][k]);
+	}
 out:
 	pthread_mutex_unlock(&bt->mu);
 	return rc;

@@ -30,13 +30,13 @@
  *  - locking_mode=EXCLUSIVE: the first access takes the file lock for the
  *    life of the connection; a second process gets "locked" at open.
  *
- * The schema (version 4; no index on parent, see migrations[]):
+ * The schema (version 5; no index on parent, see migrations[]):
  *   meta(key, value)                      schema_version, owner_id (32 hex digits)
  *   namespaces(id, model_fp, layout_version, block_tokens, created)
  *   blocks(id, ns, hash, parent, tokens, off, extent_bytes, stored_bytes,
  *          generation, checksum, compressed, kv_dtype, codec, scale_layout,
  *          raw_bytes, last_use, hit_count, retain_until, retain_ttl,
- *          retain_floor, retain_tenant)                UNIQUE(ns, hash)
+ *          retain_floor, retain_tenant, kind)          UNIQUE(ns, hash)
  *   sessions(ns, tenant, id, tokens, n_tokens, last_hash, created, updated,
  *            durable_tokens)
  * 64-bit unsigned values (generation, checksum, last_use, hit_count) are
@@ -126,15 +126,15 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_ROLLBACK] = "ROLLBACK",
 	[ST_PUT_BLOCK] = "INSERT INTO blocks(ns, hash, parent, tokens, off, extent_bytes, stored_bytes, generation,"
 			 " checksum, compressed, kv_dtype, codec, scale_layout, raw_bytes, last_use, hit_count,"
-			 " retain_until, retain_ttl, retain_floor, retain_tenant)"
-			 " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"
+			 " retain_until, retain_ttl, retain_floor, retain_tenant, kind)"
+			 " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)"
 			 " ON CONFLICT(ns, hash) DO UPDATE SET parent=excluded.parent, tokens=excluded.tokens,"
 			 " off=excluded.off, extent_bytes=excluded.extent_bytes, stored_bytes=excluded.stored_bytes,"
 			 " generation=excluded.generation, checksum=excluded.checksum, compressed=excluded.compressed,"
 			 " kv_dtype=excluded.kv_dtype, codec=excluded.codec, scale_layout=excluded.scale_layout,"
 			 " raw_bytes=excluded.raw_bytes, last_use=excluded.last_use, hit_count=excluded.hit_count,"
 			 " retain_until=excluded.retain_until, retain_ttl=excluded.retain_ttl,"
-			 " retain_floor=excluded.retain_floor, retain_tenant=excluded.retain_tenant",
+			 " retain_floor=excluded.retain_floor, retain_tenant=excluded.retain_tenant, kind=excluded.kind",
 	[ST_DEL_BLOCK] = "DELETE FROM blocks WHERE ns=?1 AND hash=?2",
 	[ST_TOUCH_BLOCK] = "UPDATE blocks SET last_use=?3, hit_count=?4 WHERE ns=?1 AND hash=?2",
 	[ST_RETAIN_BLOCK] = "UPDATE blocks SET retain_until=?3, retain_ttl=?4, retain_floor=?5, retain_tenant=?6"
@@ -155,7 +155,8 @@ static const char *const stmt_sql[ST_COUNT] = {
  * Migrations: step i takes a file from version i to i + 1. Version 1 had the
  * namespaces and blocks; version 2 added the sessions; version 3 the
  * retention of a block (deadline, TTL, floor tier, tenant: tiers/manager.h);
- * version 4 how far a session's blocks are durable (durable_tokens). NOTE: blocks has no
+ * version 4 how far a session's blocks are durable (durable_tokens); version 5 the kind of
+ * a block (enum kvt_block_kind: 0 prefix, every row written before; 1 chunk). NOTE: blocks has no
  * index on parent on purpose: every put would update a third b-tree at a
  * random key (measured: group-commit inserts ~1.5x slower), and the block
  * table links parents and children in any load order.
@@ -179,6 +180,7 @@ static const char *const migrations[KVT_DB_SCHEMA_VERSION] = {
 	"ALTER TABLE blocks ADD COLUMN retain_floor INTEGER NOT NULL DEFAULT 0;"
 	"ALTER TABLE blocks ADD COLUMN retain_tenant TEXT NOT NULL DEFAULT '';",
 	"ALTER TABLE sessions ADD COLUMN durable_tokens INTEGER NOT NULL DEFAULT 0;",
+	"ALTER TABLE blocks ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;",
 };
 
 struct kvt_db {
@@ -1076,6 +1078,7 @@ static int run_write(kvt_db *db, db_op *op)
 		sqlite3_bind_int64(st, 18, (int64_t)r->retain_ttl_us);
 		sqlite3_bind_int(st, 19, r->retain_floor);
 		sqlite3_bind_text(st, 20, r->retain_tenant, -1, SQLITE_STATIC);
+		sqlite3_bind_int(st, 21, r->kind);
 		break;
 	}
 	case OP_DEL_BLOCK:
@@ -1562,6 +1565,10 @@ int kvt_db_put_block(kvt_db *db, const kvt_db_block_row *row, kvt_db_done_fn don
 		KVT_LOGE("index %s: block row with %u tokens (1..%u)", db->path, row->n_tokens, KVT_BLOCK_MAX_TOKENS);
 		return KVT_EINVAL;
 	}
+	if (row->kind >= KVT_BLOCK_KIND_COUNT) {
+		KVT_LOGE("index %s: block row of kind %u (0 prefix, 1 chunk)", db->path, row->kind);
+		return KVT_EINVAL;
+	}
 	db_op *op = new_op(OP_PUT_BLOCK, done, user);
 	if (!op)
 		return KVT_ENOMEM;
@@ -1945,7 +1952,7 @@ struct block_walk_ctx {
 #define BLOCK_COLS                                                                                     \
 	"b.ns, b.hash, b.parent, b.tokens, b.off, b.extent_bytes, b.stored_bytes, b.generation, b.checksum, " \
 	"b.compressed, b.kv_dtype, b.codec, b.scale_layout, b.raw_bytes, b.last_use, b.hit_count, b.id, "       \
-	"b.retain_until, b.retain_ttl, b.retain_floor, b.retain_tenant"
+	"b.retain_until, b.retain_ttl, b.retain_floor, b.retain_tenant, b.kind"
 
 static int block_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_block_row *r)
 {
@@ -1988,6 +1995,8 @@ static int block_from_row(kvt_db *db, sqlite3_stmt *st, kvt_db_block_row *r)
 	snprintf(r->retain_tenant, sizeof(r->retain_tenant), "%s", ten && kvt_name_valid((const char *)ten) ? (const char *)ten : "");
 	if (!r->retain_tenant[0] || floor != r->retain_floor)
 		r->retain_until_us = 0; /* a retention we cannot account for is dropped, never guessed */
+	int kind = sqlite3_column_int(st, 21);
+	r->kind = (uint8_t)(kind > 0 && kind < KVT_BLOCK_KIND_COUNT ? kind : KVT_BLOCK_PREFIX); /* unknown: a prefix */
 	return KVT_OK;
 }
 

@@ -119,6 +119,15 @@ void kvt_hash_hex(const uint8_t h[KVT_HASH_BYTES], char out[2 * KVT_HASH_BYTES +
  * tick, so kvt_btable_coldest takes leaves from the cold end in O(N + pinned
  * leaves skipped).
  *
+ * Kinds: every entry has a kind (enum kvt_block_kind): a prefix block (a
+ * block of a conversation's chain, the default) or a chunk block (a block
+ * of a document span, named under a tenant's chunk root; DESIGN.md §2). The
+ * table keeps, per tier, exact counts of the present entries of each kind
+ * (kvt_btable_stats.n_in_tier_kind) and can offer one kind's coldest leaves
+ * (kvt_btable_coldest_kind), so the tiering manager can hold each kind to
+ * its share of a tier. A kind is set with kvt_btable_set_kind, at or after
+ * insertion; the index row keeps it (kvt_db_block_row.kind).
+ *
  * Thread rules: one mutex; every call is safe from any thread. Nothing here
  * does I/O; the lookup hashes outside the lock.
  */
@@ -128,6 +137,14 @@ enum kvt_tier {
 	KVT_TIER_HOST = 1, /* T1, pinned host pool slot */
 	KVT_TIER_NVME = 2, /* T2, a record in the NVMe store (see kvt_nvme_loc) */
 	KVT_TIER_COUNT
+};
+
+/* What a block is for; its own accounting in every tier. */
+enum kvt_block_kind {
+	KVT_BLOCK_ANY = -1,   /* queries only (kvt_btable_coldest_kind): every kind */
+	KVT_BLOCK_PREFIX = 0, /* a block of a prefix chain (a conversation); the default */
+	KVT_BLOCK_CHUNK = 1,  /* a block of a document span, stored under a chunk root (chunk reuse) */
+	KVT_BLOCK_KIND_COUNT
 };
 
 /* Where a block's record lives in the T2 store: the same fields as kvt_t2_loc. */
@@ -158,6 +175,7 @@ typedef struct kvt_btable_entry {
 	bool t0_lossy;                  /* the T0 copy was unpacked from an 8-bit (FP8/INT8) record, not computed */
 	uint64_t retain_until_us;       /* retention deadline, unix microseconds (0: not retained) */
 	int retain_floor;               /* while retained: never offered by coldest_at for this tier or below */
+	int kind;                       /* enum kvt_block_kind */
 	uint32_t n_children;            /* entries whose parent is this one */
 	uint32_t n_children_in[KVT_TIER_COUNT]; /* of those, how many are present in each tier */
 } kvt_btable_entry;
@@ -179,6 +197,7 @@ enum {
 typedef struct kvt_btable_stats {
 	uint64_t n_entries;                 /* entries in the table */
 	uint64_t n_in_tier[KVT_TIER_COUNT]; /* entries present per tier */
+	uint64_t n_in_tier_kind[KVT_TIER_COUNT][KVT_BLOCK_KIND_COUNT]; /* of those, by kind (sums to n_in_tier) */
 	uint64_t n_pinned;                  /* entries with pins > 0 */
 	uint64_t n_dirty;                   /* entries with dirty set */
 	uint64_t n_lookups;                 /* kvt_btable_lookup calls */
@@ -196,8 +215,8 @@ void kvt_btable_destroy(kvt_btable *bt); /* NULL is a no-op */
 uint32_t kvt_btable_block_tokens(const kvt_btable *bt);
 
 /*
- * Insert a block (present in no tier, unpinned, dirty, last_use = a new
- * tick). parent: its parent hash (the chain root for the first block); if
+ * Insert a block (present in no tier, unpinned, dirty, kind
+ * KVT_BLOCK_PREFIX, last_use = a new tick). parent: its parent hash (the chain root for the first block); if
  * that hash is an entry, the new entry becomes its child, and entries already
  * in the table whose parent hash is this block's hash become the new entry's
  * children (any insertion order gives the same links). tokens: block_tokens
@@ -241,6 +260,15 @@ int kvt_btable_clear_slot(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], in
 
 /* Set or clear the dirty flag explicitly. KVT_ENOTFOUND. */
 int kvt_btable_set_dirty(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], bool dirty);
+
+/*
+ * Set the entry's kind (KVT_BLOCK_PREFIX or KVT_BLOCK_CHUNK): at insertion
+ * (before the entry enters a tier), or later, when it moves to the new kind's
+ * lists in every tier it is in (by its tick: its LRU position is kept) and
+ * the per-kind counts follow. The same kind again changes nothing.
+ * KVT_ENOTFOUND, KVT_EINVAL (no such kind, logged).
+ */
+int kvt_btable_set_kind(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], int kind);
 
 /*
  * Pin / unpin one entry (a holder count). Each successful pin gets exactly one
@@ -297,6 +325,17 @@ int kvt_btable_coldest(kvt_btable *bt, int tier, uint32_t cap, uint8_t (*out)[KV
  */
 int kvt_btable_coldest_at(kvt_btable *bt, int tier, uint64_t now_us, uint32_t cap,
 			  uint8_t (*out)[KVT_HASH_BYTES], uint32_t *n_out);
+/*
+ * kvt_btable_coldest_at restricted to one kind (KVT_BLOCK_PREFIX or
+ * KVT_BLOCK_CHUNK): that kind's unpinned, unretained leaves, coldest first,
+ * in O(cap + skipped) whatever the other kind holds. KVT_BLOCK_ANY is
+ * kvt_btable_coldest_at. NOTE: "leaf" is tier-wide: a block whose child of
+ * the other kind is present in the tier is not offered (chains do not mix
+ * kinds in practice: a chunk chain starts at a chunk root). KVT_EINVAL
+ * (bad tier or kind, logged).
+ */
+int kvt_btable_coldest_kind(kvt_btable *bt, int tier, int kind, uint64_t now_us, uint32_t cap,
+			    uint8_t (*out)[KVT_HASH_BYTES], uint32_t *n_out);
 
 /*
  * Retain a block until until_us (unix microseconds; 0 = release) against
@@ -393,7 +432,7 @@ int kvt_btable_check(kvt_btable *bt);
  * (KVT_EUNSUPPORTED).
  */
 
-#define KVT_DB_SCHEMA_VERSION 4
+#define KVT_DB_SCHEMA_VERSION 5
 
 typedef struct kvt_db kvt_db;
 
@@ -440,6 +479,7 @@ typedef struct kvt_db_block_row {
 	uint64_t retain_ttl_us;         /* the TTL a hit restarts */
 	uint8_t retain_floor;           /* enum kvt_tier: retained in this tier and below */
 	char retain_tenant[KVT_NAME_MAX + 1]; /* the tenant whose quota it counts against ("" with no retention) */
+	uint8_t kind;                   /* enum kvt_block_kind (schema 5; rows written before read as KVT_BLOCK_PREFIX) */
 	int64_t ns_id;                  /* namespace id (filled by reads; ignored by put) */
 	bool this_ns;                   /* row belongs to the handle's namespace (filled by reads) */
 } kvt_db_block_row;
@@ -505,7 +545,8 @@ void kvt_db_owner_id(const kvt_db *db, uint8_t out[KVT_DB_OWNER_BYTES]);
  * Queue "block row->hash is durable at row->loc" (insert or replace the row of
  * this namespace). Its bytes must already be durable in T2. done/user may be
  * NULL; ticket may be NULL. KVT_EIO if the handle has failed, KVT_ENOMEM,
- * KVT_EINVAL (n_tokens out of range, logged).
+ * KVT_EINVAL (n_tokens or kind out of range, logged). The row keeps the
+ * block's kind; kvt_tm_recover gives it back to the table.
  */
 int kvt_db_put_block(kvt_db *db, const kvt_db_block_row *row, kvt_db_done_fn done, void *user,
 		     uint64_t *ticket);

@@ -8,8 +8,8 @@
  *  - bad arguments exit EX_USAGE, a bad configuration EX_CONFIG (FILE:LINE);
  *  - `stats --offline` on a real data directory (a T2 file and an index
  *    built here with the T2 and index APIs) reports the rows, bytes and
- *    sessions the index holds, as JSON with the /v1/stats top-level keys and
- *    as a table; a missing index is EX_NOINPUT, a locked one EX_IOERR.
+ *    sessions the index holds (chunk blocks apart), as JSON with the
+ *    /v1/stats top-level keys and as a table; a missing index is EX_NOINPUT, a locked one EX_IOERR.
  *
  * Talking to a live daemon is covered by the daemon's end-to-end tests.
  */
@@ -171,6 +171,7 @@ static void put_rows(kvt_db *db, int n, int first, uint8_t codec)
 		r.codec = codec;
 		r.raw_bytes = 9000;
 		r.last_use = 1;
+		r.kind = first + i == 1 ? KVT_BLOCK_CHUNK : KVT_BLOCK_PREFIX; /* one of model A's rows is a chunk block */
 		CHECK_EQ_INT(kvt_db_put_block(db, &r, NULL, NULL, NULL), KVT_OK);
 	}
 }
@@ -256,6 +257,8 @@ static void test_offline(void)
 		CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(tiers, 1), "used_bytes")), 0);
 		CHECK(!strcmp(json_string_value(json_object_get(nvme, "name")), "nvme"));
 		CHECK_EQ_INT(json_integer_value(json_object_get(nvme, "blocks")), 3);           /* model A's rows */
+		CHECK_EQ_INT(json_integer_value(json_object_get(nvme, "chunk_blocks")), 1);
+		CHECK_EQ_INT(json_integer_value(json_object_get(nvme, "prefix_blocks")), 2);
 		CHECK_EQ_INT(json_integer_value(json_object_get(nvme, "used_bytes")), 5 * 8192); /* every extent */
 		CHECK_EQ_INT(json_integer_value(json_object_get(nvme, "capacity_bytes")), st.st_size);
 		CHECK(fabs(json_number_value(json_object_get(nvme, "compression_ratio")) - 2.0) < 1e-9);
@@ -295,7 +298,7 @@ static void test_offline(void)
 	if (getenv("KVT_TEST_VERBOSE"))
 		printf("%s", out);
 	CHECKF(strstr(out, "offline") && strstr(out, "nvme") && strstr(out, "sessions: 2") && strstr(out, "fp8") &&
-		       strstr(out, "40.00 KiB") && strstr(out, "another model"),
+		       strstr(out, "40.00 KiB") && strstr(out, "another model") && strstr(out, "1 of 3 (33%)"),
 	       "stdout: %s", out);
 
 	/* the index held by another process (a running daemon): EX_IOERR naming the remedy */

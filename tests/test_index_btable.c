@@ -2,9 +2,12 @@
  * tests/test_index_btable.c — the in-memory block table.
  *
  * Fixed cases (prefix lookup, collisions, namespaces and tenants giving 0
- * hits, pins, leaves-first eviction order, remove rules), then a seeded random
- * walk checked against a brute-force model of `coldest` and the invariant
- * walker after every step, then several threads at once (TSan).
+ * hits, pins, leaves-first eviction order, remove rules, block kinds: per-tier
+ * per-kind counts through insert, slot changes, kind changes and removal,
+ * kind-restricted coldest with pins and retention), then a seeded random
+ * walk checked against a brute-force model of `coldest` (any kind and each
+ * kind) and the invariant walker after every step, then several threads at
+ * once (TSan).
  */
 /* ctest-labels: unit */
 #include "check.h"
@@ -274,6 +277,127 @@ static void test_coldest(void)
 	kvt_btable_destroy(t);
 }
 
+/* ---- block kinds --------------------------------------------------------------- */
+
+static void kind_counts(kvt_btable *t, int tier, uint64_t *n_prefix, uint64_t *n_chunk)
+{
+	kvt_btable_stats st;
+	kvt_btable_get_stats(t, &st);
+	*n_prefix = st.n_in_tier_kind[tier][KVT_BLOCK_PREFIX];
+	*n_chunk = st.n_in_tier_kind[tier][KVT_BLOCK_CHUNK];
+	CHECK(st.n_in_tier[tier] == *n_prefix + *n_chunk);
+}
+
+#define CHECK_KINDS(t, tier, np, nc)                                                                       \
+	do {                                                                                               \
+		uint64_t p_, c_;                                                                           \
+		kind_counts(t, tier, &p_, &c_);                                                            \
+		CHECKF(p_ == (np) && c_ == (nc), "tier %d: %llu prefix, %llu chunk blocks; want %d, %d", tier, \
+		       (unsigned long long)p_, (unsigned long long)c_, (int)(np), (int)(nc));              \
+		CHECK(kvt_btable_check(t) == KVT_OK);                                                      \
+	} while (0)
+
+static void test_kinds(void)
+{
+	kvt_btable *t;
+	uint8_t root[32], croot[32], a[4][32], b[4][32], out[8][32];
+	int32_t toks[4 * BT];
+	uint32_t n;
+	kvt_btable_entry e;
+
+	for (int i = 0; i < 4 * BT; i++)
+		toks[i] = 7 + i;
+	root_for(root, 1, BT, 0, 0);
+	root_for(croot, 1, BT, 0x5a, 0); /* the same tokens under another root: a chunk chain */
+	CHECK(kvt_btable_create(BT, 0, &t) == KVT_OK);
+	insert_chain(t, root, toks, 4 * BT, a);
+	insert_chain(t, croot, toks, 4 * BT, b);
+	CHECK(kvt_btable_get(t, b[0], &e) == KVT_OK && e.kind == KVT_BLOCK_PREFIX); /* the default */
+	/* at insertion: in no tier yet, so no count moves */
+	for (int i = 0; i < 4; i++)
+		CHECK(kvt_btable_set_kind(t, b[i], KVT_BLOCK_CHUNK) == KVT_OK);
+	CHECK(kvt_btable_get(t, b[3], &e) == KVT_OK && e.kind == KVT_BLOCK_CHUNK);
+	CHECK_KINDS(t, KVT_TIER_HOST, 0, 0);
+	for (int i = 0; i < 4; i++) {
+		CHECK(kvt_btable_set_slot(t, a[i], KVT_TIER_HOST, i) == KVT_OK);
+		CHECK(kvt_btable_set_slot(t, b[i], KVT_TIER_HOST, 4 + i) == KVT_OK);
+	}
+	CHECK_KINDS(t, KVT_TIER_HOST, 4, 4);
+	CHECK_KINDS(t, KVT_TIER_HBM, 0, 0);
+	/* a slot change within the tier counts nothing twice */
+	CHECK(kvt_btable_set_slot(t, b[1], KVT_TIER_HOST, 40) == KVT_OK);
+	CHECK_KINDS(t, KVT_TIER_HOST, 4, 4);
+
+	/* each kind's coldest leaf; any kind: both, in tick order (chain a was inserted first) */
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_CHUNK, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK(n == 1 && !memcmp(out[0], b[3], 32));
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_PREFIX, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK(n == 1 && !memcmp(out[0], a[3], 32));
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_ANY, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK(n == 2 && !memcmp(out[0], a[3], 32) && !memcmp(out[1], b[3], 32));
+	CHECK(kvt_btable_touch(t, a[3]) == KVT_OK);
+	CHECK(kvt_btable_coldest_at(t, KVT_TIER_HOST, 0, 8, out, &n) == KVT_OK);
+	CHECK(n == 2 && !memcmp(out[0], b[3], 32) && !memcmp(out[1], a[3], 32));
+
+	/* a kind change of a present block moves it and its count, keeping its LRU place */
+	CHECK(kvt_btable_set_kind(t, a[3], KVT_BLOCK_CHUNK) == KVT_OK);
+	CHECK_KINDS(t, KVT_TIER_HOST, 3, 5);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_CHUNK, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK(n == 2 && !memcmp(out[0], b[3], 32) && !memcmp(out[1], a[3], 32));
+	/* leaves are tier-wide: a[2] has its child a[3] present, so no prefix block is a leaf now */
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_PREFIX, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 0);
+	CHECK(kvt_btable_set_kind(t, a[3], KVT_BLOCK_CHUNK) == KVT_OK); /* the same kind again: nothing moves */
+	CHECK_KINDS(t, KVT_TIER_HOST, 3, 5);
+	CHECK(kvt_btable_set_kind(t, a[3], KVT_BLOCK_PREFIX) == KVT_OK);
+	CHECK_KINDS(t, KVT_TIER_HOST, 4, 4);
+
+	/* leaving a tier: the chunk's parent becomes the chunk leaf */
+	CHECK(kvt_btable_clear_slot(t, b[3], KVT_TIER_HOST, NULL, NULL) == KVT_OK);
+	CHECK_KINDS(t, KVT_TIER_HOST, 4, 3);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_CHUNK, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK(n == 1 && !memcmp(out[0], b[2], 32));
+	/* T2 counts apart from T1 */
+	kvt_nvme_loc loc = { .off = 4096, .extent_bytes = 4096 };
+	for (int i = 0; i < 3; i++) {
+		loc.off = 4096u * (uint64_t)(i + 1);
+		CHECK(kvt_btable_set_nvme(t, b[i], &loc) == KVT_OK);
+	}
+	CHECK_KINDS(t, KVT_TIER_NVME, 0, 3);
+	CHECK_KINDS(t, KVT_TIER_HOST, 4, 3);
+
+	/* retention and pins hold for a kind-restricted query */
+	CHECK(kvt_btable_set_retain(t, b[2], 1000, KVT_TIER_HOST) == KVT_OK);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_CHUNK, 999, 8, out, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 0);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_NVME, KVT_BLOCK_CHUNK, 999, 8, out, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 0); /* retained in T1 and every tier below */
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_CHUNK, 1000, 8, out, &n) == KVT_OK);
+	CHECK(n == 1 && !memcmp(out[0], b[2], 32)); /* the deadline passed */
+	CHECK(kvt_btable_pin(t, a[3]) == KVT_OK);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_PREFIX, UINT64_MAX, 8, out, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 0);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, KVT_BLOCK_ANY, 999, 8, out, &n) == KVT_OK);
+	CHECK_EQ_INT(n, 0);
+	CHECK(kvt_btable_unpin(t, a[3]) == KVT_OK);
+
+	/* bad arguments */
+	CHECK(kvt_btable_set_kind(t, a[0], KVT_BLOCK_KIND_COUNT) == KVT_EINVAL);
+	CHECK(kvt_btable_set_kind(t, a[0], KVT_BLOCK_ANY) == KVT_EINVAL);
+	CHECK(kvt_btable_set_kind(t, root, KVT_BLOCK_CHUNK) == KVT_ENOTFOUND);
+	CHECK(kvt_btable_coldest_kind(t, KVT_TIER_HOST, 7, 0, 8, out, &n) == KVT_EINVAL);
+
+	/* removal: a chunk block leaves its tiers, then the table; the counts follow */
+	for (int i = 3; i >= 0; i--) {
+		CHECK(kvt_btable_clear_slot(t, b[i], KVT_TIER_HOST, NULL, NULL) == KVT_OK);
+		CHECK(kvt_btable_clear_slot(t, b[i], KVT_TIER_NVME, NULL, NULL) == KVT_OK);
+		CHECK(kvt_btable_remove(t, b[i]) == KVT_OK);
+	}
+	CHECK_KINDS(t, KVT_TIER_HOST, 4, 0);
+	CHECK_KINDS(t, KVT_TIER_NVME, 0, 0);
+	kvt_btable_destroy(t);
+}
+
 /* ---- random walk against a brute-force model of coldest ----------------------- */
 
 #define NR_CHAINS 6
@@ -316,7 +440,7 @@ static void test_random(void)
 		int i = c * NR_BLOCKS + b;
 		int tier = (int)(check_rng_u64(&r) % KVT_TIER_COUNT);
 		uint8_t *par = b ? h[i - 1] : root;
-		switch (check_rng_u64(&r) % 9) {
+		switch (check_rng_u64(&r) % 10) {
 		case 0: /* insert the chain prefix up to b, parents first */
 			for (int k = 0; k <= b; k++)
 				CHECK(kvt_btable_insert(t, h[c * NR_BLOCKS + k], k ? h[c * NR_BLOCKS + k - 1] : root,
@@ -371,13 +495,17 @@ static void test_random(void)
 			CHECK_EQ_INT(nm, want);
 			break;
 		}
+		case 9: /* a kind, at any time: counts and lists follow */
+			kvt_btable_set_kind(t, h[i], (int)(check_rng_u64(&r) % KVT_BLOCK_KIND_COUNT));
+			break;
 		}
 		(void)par;
 		if (kvt_btable_check(t) != KVT_OK)
 			bad_check++;
-		/* brute force coldest for a random tier */
-		int tt = step % KVT_TIER_COUNT;
+		/* brute force coldest for a random tier, of any kind or one kind, and the kind counts */
+		int tt = step % KVT_TIER_COUNT, qk = (step / KVT_TIER_COUNT) % 3 - 1;
 		struct cand cands[NR_CHAINS * NR_BLOCKS];
+		uint64_t n_kind[KVT_BLOCK_KIND_COUNT] = { 0 };
 		int nc = 0;
 		for (int k = 0; k < n_all; k++) {
 			kvt_btable_entry e;
@@ -386,14 +514,23 @@ static void test_random(void)
 				dup = memcmp(h[j], h[k], 32) == 0; /* shared prefix blocks */
 			if (dup || kvt_btable_get(t, h[k], &e) != KVT_OK)
 				continue;
-			if (e.slot[tt] >= 0 && e.pins == 0 && e.n_children_in[tt] == 0)
+			n_kind[e.kind] += e.slot[tt] >= 0;
+			if (e.slot[tt] >= 0 && e.pins == 0 && e.n_children_in[tt] == 0 && (qk < 0 || e.kind == qk))
 				cands[nc++] = (struct cand){ e.last_use, k };
 		}
+		kvt_btable_stats ks;
+		kvt_btable_get_stats(t, &ks);
+		if (ks.n_in_tier_kind[tt][KVT_BLOCK_PREFIX] != n_kind[KVT_BLOCK_PREFIX] ||
+		    ks.n_in_tier_kind[tt][KVT_BLOCK_CHUNK] != n_kind[KVT_BLOCK_CHUNK])
+			bad_cold++;
 		qsort(cands, (size_t)nc, sizeof(*cands), cmp_cand);
 		uint8_t out[NR_CHAINS * NR_BLOCKS][32];
 		uint32_t n_out = 0;
 		uint32_t want = (uint32_t)(check_rng_u64(&r) % 8);
-		CHECK(kvt_btable_coldest(t, tt, want, out, &n_out) == KVT_OK);
+		if (qk < 0 && step % 2)
+			CHECK(kvt_btable_coldest(t, tt, want, out, &n_out) == KVT_OK);
+		else
+			CHECK(kvt_btable_coldest_kind(t, tt, qk, UINT64_MAX, want, out, &n_out) == KVT_OK);
 		if (n_out != (uint32_t)(nc < (int)want ? nc : (int)want)) {
 			bad_cold++;
 		} else {
@@ -489,6 +626,7 @@ int main(void)
 	test_out_of_order();
 	test_collision();
 	test_coldest();
+	test_kinds();
 	test_random();
 	test_threads();
 	return check_done("test_index_btable");

@@ -3,7 +3,8 @@
  *
  * Rows and sessions survive close/reopen; tickets and done callbacks report
  * commits; group commit batches; namespaces never mix;
- * migration from schema 1; a session row's durable count (put, raised
+ * migration from schema 1; migration from schema 4 to 5 (a block row's kind:
+ * old rows prefix, a chunk row keeps its kind across reopen); a session row's durable count (put, raised
  * by a mark of the same history only); a newer schema, a second process's lock, missing,
  * truncated, garbage and corrupted files each get their own clear error;
  * one bad session row is skipped by the listing, counted and named.
@@ -409,6 +410,91 @@ static void test_migration(void)
 	kvt_log_set_sink(NULL, NULL);
 }
 
+/* A schema-4 file (as kvtier wrote it before block kinds) opens, migrates to 5, and its rows are prefix blocks. */
+static void test_migration_kind(void)
+{
+	char path[600];
+	sqlite3 *s;
+	snprintf(path, sizeof(path), "%s/v4.sqlite", g_dir);
+	CHECK(sqlite3_open(path, &s) == SQLITE_OK);
+	const char *v4 =
+		"CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
+		"CREATE TABLE namespaces(id INTEGER PRIMARY KEY, model_fp BLOB NOT NULL,"
+		" layout_version INTEGER NOT NULL, block_tokens INTEGER NOT NULL, created INTEGER NOT NULL,"
+		" UNIQUE(model_fp, layout_version, block_tokens));"
+		"CREATE TABLE blocks(id INTEGER PRIMARY KEY, ns INTEGER NOT NULL REFERENCES namespaces(id),"
+		" hash BLOB NOT NULL, parent BLOB NOT NULL, tokens BLOB NOT NULL, off INTEGER NOT NULL,"
+		" extent_bytes INTEGER NOT NULL, stored_bytes INTEGER NOT NULL, generation INTEGER NOT NULL,"
+		" checksum INTEGER NOT NULL, compressed INTEGER NOT NULL, kv_dtype INTEGER NOT NULL,"
+		" codec INTEGER NOT NULL, scale_layout INTEGER NOT NULL, raw_bytes INTEGER NOT NULL,"
+		" last_use INTEGER NOT NULL, hit_count INTEGER NOT NULL, UNIQUE(ns, hash));"
+		"CREATE TABLE sessions(ns INTEGER NOT NULL REFERENCES namespaces(id), tenant TEXT NOT NULL,"
+		" id TEXT NOT NULL, tokens BLOB NOT NULL, n_tokens INTEGER NOT NULL, last_hash BLOB NOT NULL,"
+		" created INTEGER NOT NULL, updated INTEGER NOT NULL, PRIMARY KEY(ns, tenant, id));"
+		"ALTER TABLE blocks ADD COLUMN retain_until INTEGER NOT NULL DEFAULT 0;"
+		"ALTER TABLE blocks ADD COLUMN retain_ttl INTEGER NOT NULL DEFAULT 0;"
+		"ALTER TABLE blocks ADD COLUMN retain_floor INTEGER NOT NULL DEFAULT 0;"
+		"ALTER TABLE blocks ADD COLUMN retain_tenant TEXT NOT NULL DEFAULT '';"
+		"ALTER TABLE sessions ADD COLUMN durable_tokens INTEGER NOT NULL DEFAULT 0;"
+		"INSERT INTO meta VALUES('schema_version', 4);"
+		"INSERT INTO namespaces VALUES(1, zeroblob(32), 1, 4, 0);"
+		"INSERT INTO blocks VALUES(1, 1, zeroblob(32), randomblob(32), x'01000000020000000300000004000000',"
+		" 4096, 8192, 100, 7, 8, 0, 0, 0, 0, 4096, 1, 0, 0, 0, 0, '');";
+	CHECK(sqlite3_exec(s, v4, NULL, NULL, NULL) == SQLITE_OK);
+	sqlite3_close(s);
+
+	kvt_db_config c = cfg_for(path, 0x00); /* zeroblob fingerprint: namespace 1 */
+	c.ns.layout_version = 1;
+	kvt_db *db;
+	check_log_capture();
+	CHECK(kvt_db_open(&c, &db) == KVT_OK);
+	CHECK(strstr(check_log_text, "migrated schema 4 -> 5") != NULL);
+	kvt_log_set_sink(NULL, NULL);
+	static struct collect col;
+	col.n = 0;
+	CHECK(kvt_db_for_each_block(db, 0, collect_fn, &col) == KVT_OK);
+	CHECK(col.n == 1 && col.rows[0].tokens[3] == 4 && col.rows[0].kind == KVT_BLOCK_PREFIX);
+	/* a chunk row, and a prefix row beside it */
+	kvt_db_block_row r;
+	make_row(&r, 5, NULL);
+	r.kind = KVT_BLOCK_CHUNK;
+	CHECK(kvt_db_put_block(db, &r, NULL, NULL, NULL) == KVT_OK);
+	make_row(&r, 6, NULL);
+	CHECK(kvt_db_put_block(db, &r, NULL, NULL, NULL) == KVT_OK);
+	r.kind = KVT_BLOCK_KIND_COUNT;
+	CHECK(kvt_db_put_block(db, &r, NULL, NULL, NULL) == KVT_EINVAL);
+	CHECK(kvt_db_flush(db) == KVT_OK);
+	kvt_db_close(db);
+
+	CHECK(kvt_db_open(&c, &db) == KVT_OK);
+	col.n = 0;
+	CHECK(kvt_db_for_each_block(db, 0, collect_fn, &col) == KVT_OK);
+	CHECK_EQ_INT(col.n, 3);
+	int n_chunk = 0, n_prefix = 0;
+	for (int k = 0; k < col.n && k < 64; k++) {
+		const kvt_db_block_row *g = &col.rows[k];
+		n_chunk += g->kind == KVT_BLOCK_CHUNK;
+		n_prefix += g->kind == KVT_BLOCK_PREFIX;
+		if (g->hash[0] == 6) /* make_row(5): the chunk row */
+			CHECKF(g->kind == KVT_BLOCK_CHUNK, "the chunk row came back as kind %u", g->kind);
+	}
+	CHECK(n_chunk == 1 && n_prefix == 2);
+	/* a row put again with another kind takes it (the upsert carries the kind) */
+	make_row(&r, 5, NULL);
+	CHECK(kvt_db_put_block(db, &r, NULL, NULL, NULL) == KVT_OK);
+	col.n = 0;
+	CHECK(kvt_db_for_each_block(db, 0, collect_fn, &col) == KVT_OK);
+	for (int k = 0; k < col.n && k < 64; k++)
+		CHECK(col.rows[k].kind == KVT_BLOCK_PREFIX);
+	kvt_db_close(db);
+	CHECK(sqlite3_open(path, &s) == SQLITE_OK);
+	sqlite3_stmt *st;
+	CHECK(sqlite3_prepare_v2(s, "SELECT value FROM meta WHERE key='schema_version'", -1, &st, NULL) == SQLITE_OK);
+	CHECK(sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0) == 5);
+	sqlite3_finalize(st);
+	sqlite3_close(s);
+}
+
 /*
  * Holding the writer thread inside a read callback lets the test queue several
  * writes that the writer then takes as one transaction (deterministically).
@@ -703,6 +789,7 @@ int main(void)
 	test_session_durable();
 	test_group_commit();
 	test_migration();
+	test_migration_kind();
 	test_failed_commit();
 	test_bad_files();
 	test_bad_session_row();

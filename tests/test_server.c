@@ -1365,7 +1365,14 @@ static void test_sessions_stats(engine *e)
 				       "\nkvtier_requests_running ", "\nkvtier_requests_queued ", "\nkvtier_prompt_tokens_total ",
 				       "\nkvtier_completion_tokens_total ", "\nkvtier_prefix_cache_queries_tokens_total ",
 				       "\nkvtier_prefix_cache_hits_tokens_total ", "kvtier_cached_tokens_total{tier=\"hbm\"}",
-				       "# TYPE kvtier_ttft_seconds histogram", "\nkvtier_ttft_seconds_sum " };
+				       "# TYPE kvtier_ttft_seconds histogram", "\nkvtier_ttft_seconds_sum ",
+				       "kvtier_tier_chunk_blocks{tier=\"host\"} ", "kvtier_tier_prefix_blocks{tier=\"nvme\"} ",
+				       "kvtier_evictions_total{tier=\"hbm\",kind=\"chunk\"} ", "\nkvtier_chunk_share 0.5\n",
+				       "\nkvtier_chunk_lookup_tokens_total ", "\nkvtier_chunk_hits_tokens_total ",
+				       "kvtier_chunk_hits_by_tier_tokens_total{tier=\"host\"} ",
+				       "kvtier_chunk_bytes_read_total{tier=\"nvme\"} ", "\nkvtier_chunk_stored_tokens_total ",
+				       "\nkvtier_chunk_reused_tokens_total ", "\nkvtier_chunk_recomputed_tokens_total ",
+				       "\nkvtier_chunk_blends_total " };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		CHECKF(strstr(R.body, names[i]), "metrics lack %s", names[i]);
 	const char *inf = strstr(R.body, "kvtier_ttft_seconds_bucket{le=\"+Inf\"} ");
@@ -1397,6 +1404,17 @@ static void test_sessions_stats(engine *e)
 	CHECK(!strcmp(json_string_value(json_object_get(json_array_get(tiers, 0), "name")) ?: "", "hbm"));
 	CHECK(!strcmp(json_string_value(json_object_get(json_array_get(tiers, 2), "name")) ?: "", "nvme"));
 	CHECK(json_is_number(json_object_get(json_array_get(tiers, 1), "hit_rate")));
+	for (int t = 0; t < 3; t++) { /* the chunk share: blocks and evictions by kind */
+		json_t *x = json_array_get(tiers, (size_t)t), *ek = json_object_get(x, "evictions_by_kind");
+		CHECK(json_is_integer(json_object_get(x, "chunk_blocks")) && json_is_integer(json_object_get(x, "prefix_blocks")));
+		CHECK(json_integer_value(json_object_get(ek, "prefix")) + json_integer_value(json_object_get(ek, "chunk")) ==
+		      json_integer_value(json_object_get(x, "evictions")));
+	}
+	json_t *ch = json_object_get(v, "chunks");
+	CHECK(json_is_object(ch) && json_is_object(json_object_get(ch, "hit_tokens_by_tier")) &&
+	      json_is_object(json_object_get(ch, "bytes_read_by_tier")) && json_is_integer(json_object_get(ch, "blends")));
+	CHECK(json_integer_value(json_object_get(ch, "lookup_tokens")) ==
+	      json_integer_value(json_object_get(ch, "hit_tokens")) + json_integer_value(json_object_get(ch, "miss_tokens")));
 	CHECK(json_integer_value(json_object_get(eng, "requests")) > 10);
 	CHECK(json_integer_value(json_object_get(eng, "completion_tokens")) > 100);
 	CHECK(json_is_object(json_object_get(eng, "cached_tokens_by_tier")));

@@ -3,7 +3,8 @@
  * tests/test_t2_record.c — the T2 record parser (t2_record.c) on untrusted
  * bytes, without a disk: one handcrafted corrupt record per failure category
  * (each rejected with its own reason), the checksum recomputed here from the
- * format documented in t2_store.h (so the documentation is checked too), and
+ * format documented in t2_store.h (so the documentation is checked too), the
+ * header flags (a chunk block's) written, read back and under the checksum, and
  * a seeded mutation run: random byte changes anywhere in random records are
  * always rejected; with the checksum re-sealed over the mutated bytes (so the
  * deeper checks and LZ4_decompress_safe see hostile input) nothing crashes or
@@ -25,6 +26,10 @@ static uint64_t get64(const uint8_t *p)
 	for (int i = 7; i >= 0; i--)
 		v = v << 8 | p[i];
 	return v;
+}
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)get64(p) & 0xffffffffu; /* NOTE: reads 8 bytes: never at the record's last 4 */
 }
 static void put64(uint8_t *p, uint64_t v)
 {
@@ -184,6 +189,22 @@ int main(void)
 	CHECKF(n_rejected == n_plain, "%d of %d mutated records rejected", n_rejected, n_plain);
 	printf("test_t2_record: %d mutated records all rejected; %d re-sealed mutants accepted as valid records\n",
 	       n_plain, n_resealed_ok);
+
+	/* the header flags (offset 12): written as given, read back; a record without them reads as 0 */
+	make(&r, 0, 5000, payload, &m, rec, &loc, scratch);
+	kvt_t2_block_meta got;
+	CHECK(kvt_t2_record_verify(rec, loc.extent_bytes, OFF, &loc, FP, m.hash, &got, NULL, 0, NULL, NULL, &why) ==
+	      KVT_OK && got.flags == 0 && get32(rec + 12) == 0);
+	m.flags = KVT_T2_FLAG_CHUNK;
+	kvt_t2_sized sz = { .stored_bytes = loc.stored_bytes, .extent_bytes = loc.extent_bytes, .comp = 0 };
+	kvt_t2_record_seal(&m, FP, &sz, OFF, 43, rec, &loc);
+	CHECK_EQ_INT(get32(rec + 12), KVT_T2_FLAG_CHUNK);
+	CHECK(doc_checksum(rec, loc.extent_bytes, OFF, 43) == loc.checksum); /* the flags are under the checksum */
+	CHECK(kvt_t2_record_verify(rec, loc.extent_bytes, OFF, &loc, FP, m.hash, &got, NULL, 0, NULL, NULL, &why) ==
+	      KVT_OK && got.flags == KVT_T2_FLAG_CHUNK);
+	rec[12] ^= 2; /* a flag changed after the seal */
+	CHECK_EQ_INT(kvt_t2_record_verify(rec, loc.extent_bytes, OFF, &loc, FP, m.hash, &got, NULL, 0, NULL, NULL, &why),
+		     KVT_ECORRUPT);
 
 	/* the header peek used by scan: sane headers only */
 	make(&r, 0, 5000, payload, &m, rec, &loc, scratch);

@@ -238,7 +238,7 @@ static int wait_compute(kvt_tm *tm, tm_ctx *c)
  * If the block is then in no tier, it leaves the table when it can (a parent
  * of live children stays as metadata).
  */
-static bool leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped)
+static bool leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped, int *kind)
 {
 	kvt_btable_entry e;
 	int32_t old = -1;
@@ -249,6 +249,7 @@ static bool leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bo
 	if (kvt_btable_get(tm->cfg.bt, h, &e) == KVT_OK && e.pins == 0 && e.slot[tier] >= 0 &&
 	    kvt_btable_clear_slot(tm->cfg.bt, h, tier, &old, NULL) == KVT_OK) {
 		left = true;
+		*kind = e.kind;
 		if (tier == KVT_TIER_HBM)
 			kvt_t0_unref(tm->cfg.t0, old);
 		else if (tier == KVT_TIER_HOST)
@@ -267,36 +268,89 @@ static bool leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bo
 	return left;
 }
 
-static void count_leave(kvt_tm *tm, int tier, bool dropped)
+static void count_leave(kvt_tm *tm, int tier, bool dropped, int kind)
 {
 	pthread_mutex_lock(&tm->mu);
 	tm->st.tier[tier].n_evictions++;
+	tm->st.tier[tier].n_evictions_by_kind[kind]++;
 	tm->st.tier[tier].n_dropped += dropped;
 	pthread_mutex_unlock(&tm->mu);
 }
 
 /*
- * Coldest unpinned leaves of tier that are not busy: acquire up to want of
- * them. *saw_busy (may be NULL) is set when a candidate was skipped because
- * another thread is moving it.
+ * The kind share (manager.h, "Chunk share"): of want blocks about to leave
+ * tier, how many should be chunk blocks (the rest are prefix blocks) so that
+ * of the blocks the table keeps there, chunks hold at most chunk_share and
+ * prefixes at most the rest. With c chunks and p prefixes present and
+ * left = c + p - want staying, that is c - floor(share * left), within
+ * [0, want]: zero while chunks are within their share (the prefixes are
+ * over theirs: they go), all of want while chunks exceed it by want or more.
+ * Either kind then keeps at least its share of what stays.
+ */
+static uint32_t chunk_victims(kvt_tm *tm, int tier, uint32_t want)
+{
+	kvt_btable_stats s;
+	kvt_btable_get_stats(tm->cfg.bt, &s);
+	uint64_t c = s.n_in_tier_kind[tier][KVT_BLOCK_CHUNK], p = s.n_in_tier_kind[tier][KVT_BLOCK_PREFIX];
+	uint64_t left = c + p > want ? c + p - want : 0;
+	uint64_t keep = (uint64_t)((double)tm->cfg.chunk_share * (double)left); /* >= 0: truncation is floor */
+	uint64_t v = c > keep ? c - keep : 0;
+	return v < want ? (uint32_t)v : want;
+}
+
+static bool picked(uint8_t (*out)[KVT_HASH_BYTES], uint32_t n, const uint8_t h[KVT_HASH_BYTES])
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (!memcmp(out[i], h, KVT_HASH_BYTES))
+			return true;
+	return false;
+}
+
+/*
+ * Acquire up to want eviction victims of tier that are not busy: the coldest
+ * unpinned, unretained leaves of each kind, as many of each as the kind share
+ * says (chunk_victims), the kind over its share first. A kind that yields no
+ * victim at all (none present, or all pinned, retained or busy) leaves its
+ * part to the coldest of any kind; one that yields fewer than its part is not
+ * made up: the caller's next call (its parents may be leaves by then)
+ * recounts. *saw_busy (may be NULL) is set when a candidate was skipped
+ * because another thread is moving it.
  */
 static uint32_t pick_victims(kvt_tm *tm, int tier, uint32_t want, uint8_t (*out)[KVT_HASH_BYTES], bool *saw_busy)
 {
-	uint32_t n_busy, n_cand = 0, n = 0;
+	uint32_t n_busy, n = 0, quota[KVT_BLOCK_KIND_COUNT];
 	pthread_mutex_lock(&tm->mu);
 	n_busy = tm->n_busy;
 	pthread_mutex_unlock(&tm->mu);
-	uint32_t cap = want + n_busy + 8;
+	uint32_t cap = want + n_busy + 8; /* our own picks reappear in the last pass: cap covers them (n <= want) */
 	uint8_t (*cand)[KVT_HASH_BYTES] = malloc(cap * sizeof(*cand));
 	if (!cand)
 		return 0;
-	if (kvt_btable_coldest_at(tm->cfg.bt, tier, tm_retain_now(tm->rt), cap, cand, &n_cand) == KVT_OK)
-		for (uint32_t i = 0; i < n_cand && n < want; i++) {
-			if (busy_try(tm, cand[i]))
-				memcpy(out[n++], cand[i], KVT_HASH_BYTES);
-			else if (saw_busy)
-				*saw_busy = true;
-		}
+	quota[KVT_BLOCK_CHUNK] = chunk_victims(tm, tier, want);
+	quota[KVT_BLOCK_PREFIX] = want - quota[KVT_BLOCK_CHUNK];
+	const int first = quota[KVT_BLOCK_CHUNK] ? KVT_BLOCK_CHUNK : KVT_BLOCK_PREFIX;
+	const int order[3] = { first, KVT_BLOCK_CHUNK + KVT_BLOCK_PREFIX - first, KVT_BLOCK_ANY };
+	const uint64_t now = tm_retain_now(tm->rt);
+	uint32_t open = 0; /* the parts of kinds that yielded no victim: any kind's coldest take them */
+	for (int pass = 0; pass < 3 && n < want; pass++) {
+		const int kind = order[pass];
+		uint32_t goal = n + (kind == KVT_BLOCK_ANY ? open : quota[kind]), n_cand = 0, n_before = n;
+		if (goal > want)
+			goal = want;
+		if (goal <= n)
+			continue;
+		if (kvt_btable_coldest_kind(tm->cfg.bt, tier, kind, now, cap, cand, &n_cand) == KVT_OK)
+			for (uint32_t i = 0; i < n_cand && n < goal; i++) {
+				if (picked(out, n, cand[i]))
+					continue;
+				if (busy_try(tm, cand[i]))
+					memcpy(out[n++], cand[i], KVT_HASH_BYTES);
+				else if (saw_busy)
+					*saw_busy = true;
+			}
+		if (kind != KVT_BLOCK_ANY && n == n_before)
+			open += quota[kind];
+	}
 	free(cand);
 	return n;
 }
@@ -368,6 +422,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		m->codec = (uint8_t)tm->cfg.t1_codec;
 		m->scale_layout = scale_layout_of(tm->cfg.t1_codec);
 		m->raw_bytes = (uint32_t)tm->packed_bytes;
+		m->flags = e[i].kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0; /* rebuild-index and T3 keep the kind */
 		req[n_w].meta = m;
 		req[n_w].payload = src;
 		widx[n_w++] = i;
@@ -407,6 +462,7 @@ static int persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT
 		row.raw_bytes = meta[k].raw_bytes;
 		row.last_use = kvt_wall_us();
 		row.hit_count = b->hits;
+		row.kind = (uint8_t)b->kind;
 		int prc = tm_retain_put_row(tm->rt, tm->cfg.db, &row, &tick[k]);
 		if (prc != KVT_OK) {
 			/* No row will point at the extent: it can go back at once. */
@@ -495,8 +551,9 @@ static uint32_t leave_all(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], 
 	uint32_t n_left = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		bool dropped;
-		if (leave_tier(tm, h[i], tier, &dropped)) {
-			count_leave(tm, tier, dropped);
+		int kind = KVT_BLOCK_PREFIX;
+		if (leave_tier(tm, h[i], tier, &dropped, &kind)) {
+			count_leave(tm, tier, dropped, kind);
 			n_left++;
 		}
 		busy_release(tm, h[i]);
@@ -540,7 +597,7 @@ static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTE
 			KVT_LOGW("tm: deleting an index row failed (%s): its T2 extent stays allocated until a restart",
 				 kvt_strerror(rc));
 		}
-		count_leave(tm, KVT_TIER_NVME, dropped);
+		count_leave(tm, KVT_TIER_NVME, dropped, e.kind);
 		n_gone++;
 	}
 	return n_gone;
@@ -996,6 +1053,7 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 		m->codec = (uint8_t)tm->cfg.t1_codec;
 		m->scale_layout = scale_layout_of(tm->cfg.t1_codec);
 		m->raw_bytes = (uint32_t)tm->packed_bytes;
+		m->flags = e->kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0;
 		pay[n_w] = dst;
 		idx[n_w++] = i;
 	}
@@ -1212,11 +1270,14 @@ static void remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo)
 					 meta[j].n_tokens, kvt_kv_codec_name(tm->cfg.t1_codec), tm->packed_bytes);
 			break;
 		}
-		/* Enter it (a concurrent registration may have been first: then ours is a spare copy). */
+		/* Enter it (a concurrent registration may have been first: then ours is a spare copy), of the
+		 * kind its record says, before it enters a tier. */
 		if (busy_wait(tm, h) != KVT_OK)
 			break;
 		bool created = false, ok = false;
+		const int kind = meta[j].flags & KVT_T2_FLAG_CHUNK ? KVT_BLOCK_CHUNK : KVT_BLOCK_PREFIX;
 		if (kvt_btable_insert(tm->cfg.bt, h, parent, meta[j].tokens, &created) == KVT_OK &&
+		    (!created || kvt_btable_set_kind(tm->cfg.bt, h, kind) == KVT_OK) &&
 		    kvt_btable_get(tm->cfg.bt, h, e) == KVT_OK) {
 			ok = e->slot[KVT_TIER_HBM] >= 0 || e->slot[KVT_TIER_HOST] >= 0 || e->slot[KVT_TIER_NVME] >= 0;
 			if (!ok) {
@@ -1595,6 +1656,7 @@ void kvt_tm_config_default(kvt_tm_config *c)
 	c->n_io_threads = 2;
 	c->batch_blocks = 16;
 	c->poll_s = 0.02;
+	c->chunk_share = 0.5f;
 }
 
 static int ctx_init(kvt_tm *tm, tm_ctx *c)
@@ -1649,6 +1711,10 @@ static int check_config(const kvt_tm_config *c)
 	}
 	if (c->batch_blocks < 1 || c->batch_blocks > 1024) {
 		KVT_LOGE("tm config: batch_blocks %u (1..1024)", c->batch_blocks);
+		return KVT_EINVAL;
+	}
+	if (!(c->chunk_share >= 0 && c->chunk_share <= 1)) {
+		KVT_LOGE("tm config: chunk_share %g (need 0..1)", c->chunk_share);
 		return KVT_EINVAL;
 	}
 	if (!(c->end_turn_s > 0) || !(c->poll_s > 0) || c->poll_s > 10) {
@@ -1766,7 +1832,8 @@ static void release_tier(kvt_tm *tm, int tier)
 		uint32_t n_left = 0;
 		for (uint32_t i = 0; i < n; i++) {
 			bool dropped;
-			n_left += leave_tier(tm, h[i], tier, &dropped);
+			int kind;
+			n_left += leave_tier(tm, h[i], tier, &dropped, &kind);
 		}
 		if (!n_left)
 			break;
@@ -1861,9 +1928,19 @@ int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks)
 int kvt_tm_register(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES],
 		    const int32_t *tokens, int32_t t0_slot)
 {
+	return kvt_tm_register_kind(tm, hash, parent, tokens, t0_slot, KVT_BLOCK_PREFIX);
+}
+
+int kvt_tm_register_kind(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES],
+			 const int32_t *tokens, int32_t t0_slot, int kind)
+{
 	bool created;
 	kvt_btable_entry e;
 
+	if (kind < 0 || kind >= KVT_BLOCK_KIND_COUNT) {
+		KVT_LOGE("tm register: block kind %d (0 prefix, 1 chunk)", kind);
+		return KVT_EINVAL;
+	}
 	if (t0_slot < 0 || (uint32_t)t0_slot >= kvt_t0_n_slots(tm->cfg.t0) || kvt_t0_refcount(tm->cfg.t0, t0_slot) == 0) {
 		KVT_LOGE("tm register: T0 slot %d is not a slot in use", t0_slot);
 		return KVT_EINVAL;
@@ -1873,6 +1950,10 @@ int kvt_tm_register(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_
 	if (rc)
 		return rc;
 	rc = kvt_btable_insert(tm->cfg.bt, hash, parent, tokens, &created);
+	/* The kind before the T0 slot: the block is counted in its kind's share from the start. A known block
+	 * takes the kind it is registered with (one that came from T3, or a rebuilt index, came as a prefix). */
+	if (rc == KVT_OK)
+		rc = kvt_btable_set_kind(tm->cfg.bt, hash, kind);
 	if (rc) {
 		busy_release(tm, hash);
 		return rc;
@@ -2412,6 +2493,12 @@ void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 		st->t2_read_only = s.read_only;
 	}
 	tm_retain_stats(tm->rt, &st->retain, NULL, 0, &st->retain.n_tenants);
+	kvt_btable_stats bs;
+	kvt_btable_get_stats(tm->cfg.bt, &bs);
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		for (int k = 0; k < KVT_BLOCK_KIND_COUNT; k++)
+			st->tier[t].n_blocks_by_kind[k] = bs.n_in_tier_kind[t][k];
+	st->chunk_share = tm->cfg.chunk_share;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -26,6 +26,20 @@
  * lower tier to go to (T2 absent, full or read-only) is dropped: the cache
  * loses it, it is recomputed when needed.
  *
+ * Chunk share. A block is a prefix block (a conversation's chain) or a
+ * chunk block (a document span stored under a chunk root, registered with
+ * kvt_tm_register_kind), and the table counts each kind per tier
+ * (index.h, "Kinds"). When a tier must make room, the victims are split
+ * so that of the blocks the tier keeps, chunk blocks hold at most
+ * cfg.chunk_share and prefix blocks at most the rest: while chunks hold
+ * more than their share, the coldest chunk blocks go first; while prefixes
+ * hold more than theirs, the coldest prefix blocks; either kind within its
+ * share keeps it, so a flood of new documents cannot push the
+ * conversations out, nor the reverse. A kind with too few candidates
+ * (pinned, retained, not leaves) is made up from the coldest of any kind.
+ * Retention and pins hold as before. The share counts the blocks the table
+ * has in the tier (T0: the manager's; T2: this namespace's records).
+ *
  * Pins. A pinned block is never demoted and its slots are never reused: the
  * eviction path re-reads the pin count and clears the slot in one critical
  * section that kvt_tm_pin and kvt_tm_lookup(KVT_BT_PIN) also take. Pin through
@@ -135,6 +149,8 @@ typedef struct kvt_tm_config {
 	                                                      group's copies; non-zero fails them as a failed copy
 	                                                      would (NULL: never) */
 	void *layered_fault_user; /* its argument */
+	float chunk_share;       /* the most of each tier's blocks chunk blocks keep when the tier makes room, 0..1;
+	                            prefix blocks keep the rest (default 0.5; see "Chunk share") */
 } kvt_tm_config;
 
 /* A tenant's retention quota; 0 = no limit. */
@@ -203,6 +219,9 @@ typedef struct kvt_tm_tier_stats {
 	double demotion_s;        /* wall seconds spent on them */
 	uint64_t n_evictions;     /* blocks that left this tier to make room (demoted or dropped) */
 	uint64_t n_dropped;       /* of those, blocks that left every tier (lost from the cache) */
+	uint64_t n_evictions_by_kind[KVT_BLOCK_KIND_COUNT]; /* n_evictions by the block's kind (enum kvt_block_kind) */
+	uint64_t n_blocks_by_kind[KVT_BLOCK_KIND_COUNT];    /* blocks the table has present in the tier now, by kind
+	                                                       (local tiers only; see "Chunk share") */
 	double compression_ratio; /* fp16 bytes / bytes held (T1: codec; T2: codec and LZ4) */
 	uint64_t n_corrupt;       /* records that failed verification (T2) */
 	bool degraded;            /* T2: full, read-only, or its index rolling back for lack of space: not persisting */
@@ -223,6 +242,7 @@ typedef struct kvt_tm_stats {
 	uint64_t n_turn_late;     /* END_OF_TURN blocks made durable later than end_turn_s after their turn ended */
 	double max_turn_s;        /* longest end of turn -> durable (row committed) seen, seconds */
 	kvt_tm_retain_stats retain; /* retention (see "Retention" above) */
+	float chunk_share;        /* cfg.chunk_share */
 	/* T3 (when cfg.t3): hits/misses are blocks looked up there; n_promotions/promotion_bytes/promotion_s
 	 * the blocks brought in from it; n_demotions the blocks written to it */
 	bool has_remote;          /* a remote tier is configured */
@@ -286,6 +306,15 @@ int kvt_tm_recover(kvt_tm *tm, uint64_t *n_blocks);
  */
 int kvt_tm_register(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES],
 		    const int32_t *tokens, int32_t t0_slot);
+/*
+ * kvt_tm_register of a block of kind (enum kvt_block_kind; kvt_tm_register
+ * is KVT_BLOCK_PREFIX): the kind is set before the block enters T0, so it
+ * counts in its kind's share from the start, and goes into the block's index
+ * row. A block the table knows takes the kind it is registered with.
+ * KVT_EINVAL (no such kind, logged), and kvt_tm_register's errors.
+ */
+int kvt_tm_register_kind(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES],
+			 const int32_t *tokens, int32_t t0_slot, int kind);
 
 /* Pin / unpin (kvt_btable_pin semantics, atomic against eviction). KVT_ENOTFOUND. */
 int kvt_tm_pin(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES]);

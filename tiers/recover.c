@@ -12,7 +12,11 @@
  *    the extents of blocks whose bytes were written but whose row never
  *    committed before a crash.
  *  - The block table: this namespace's rows, least recently used first (the
- *    table's LRU order), present in T2 only, clean; and their retention.
+ *    table's LRU order), present in T2 only, clean; their kind (prefix or
+ *    chunk: the row's, schema 5) and their retention. (An index rebuilt from
+ *    the T2 records, `kvtier rebuild-index`, takes the kind from each
+ *    record's flags; a record written before they carried it, or a row
+ *    migrated from schema 4, is a prefix block's.)
  *  - The other namespaces' records (kept, never served, reclaimed first).
  * Rows are trusted lazily: each T2 read verifies its record; fsck verifies
  * them all.
@@ -143,6 +147,8 @@ static int recover_insert(void *arg, const kvt_db_block_row *row)
 		skip_row(r, row, "its hash is in the table with other token ids");
 		return 0;
 	}
+	if (rc == KVT_OK && created) /* before it enters T2: it joins its own kind's lists and counts */
+		rc = kvt_btable_set_kind(r->bt, row->hash, row->kind);
 	if (rc == KVT_OK)
 		rc = kvt_btable_set_nvme(r->bt, row->hash, &row->loc);
 	if (rc == KVT_OK && row->retain_until_us)

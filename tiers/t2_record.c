@@ -133,6 +133,7 @@ void kvt_t2_record_seal(const kvt_t2_block_meta *meta, const uint8_t model_fp[32
 	memcpy(rec + H_MAGIC, KVT_T2_REC_MAGIC, 8);
 	put16(rec + H_VERSION, KVT_T2_FORMAT_VERSION);
 	put16(rec + H_HDR_BYTES, KVT_T2_HEADER_BYTES);
+	put32(rec + H_FLAGS, meta->flags);
 	memcpy(rec + H_MODEL, model_fp, 32);
 	memcpy(rec + H_HASH, meta->hash, 32);
 	memcpy(rec + H_PARENT, meta->parent, 32);
@@ -252,6 +253,7 @@ static int verify_impl(const uint8_t *rec, size_t n, bool unpadded, uint64_t lim
 		meta_out->codec = rec[H_CODEC];
 		meta_out->scale_layout = rec[H_SCALE];
 		meta_out->raw_bytes = raw;
+		meta_out->flags = get32(rec + H_FLAGS); /* unknown bits too: the caller tests the ones it knows */
 	}
 	if (loc_out) {
 		loc_out->off = off;

@@ -56,7 +56,10 @@
  *     0   8  magic "KVT2REC\0"
  *     8   2  format version (1)
  *    10   2  header bytes (1280 in version 1, required so by version-1 readers)
- *    12   4  flags (0; reserved)
+ *    12   4  flags (kvt_t2_block_meta.flags: bit 0 KVT_T2_FLAG_CHUNK; the
+ *            other bits 0; readers ignore what they do not know, so a record
+ *            with a flag verifies under a reader older than the flag, and
+ *            one written before it reads as flags 0)
  *    16  32  model fingerprint
  *    48  32  block hash (chained SHA-256, from the index module)
  *    80  32  parent hash
@@ -209,6 +212,9 @@ typedef struct kvt_t2_config {
 } kvt_t2_config;
 
 /* What a record carries besides lengths and checksum (all of it is in the on-disk header). */
+/* kvt_t2_block_meta.flags */
+#define KVT_T2_FLAG_CHUNK 1u /* the block is a chunk block (index.h, enum kvt_block_kind), not a prefix block */
+
 typedef struct kvt_t2_block_meta {
 	uint8_t hash[32];                    /* chained SHA-256 block hash */
 	uint8_t parent[32];                  /* parent block's hash (zeros for the first block) */
@@ -218,6 +224,7 @@ typedef struct kvt_t2_block_meta {
 	uint8_t codec;                       /* opaque to T2: the T1 record codec (fp16/fp8/int8) */
 	uint8_t scale_layout;                /* opaque to T2 */
 	uint32_t raw_bytes;                  /* payload bytes (before compression) */
+	uint32_t flags;                      /* header flags: KVT_T2_FLAG_CHUNK or 0 (opaque to T2) */
 } kvt_t2_block_meta;
 
 /*

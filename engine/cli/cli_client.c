@@ -430,6 +430,20 @@ static void c_evict(const json_t *t, char *o, size_t n)
 {
 	snprintf(o, n, "%.0f (+%.0f dropped)", num(t, "evictions"), num(t, "dropped"));
 }
+static void c_chunks(const json_t *t, char *o, size_t n)
+{
+	double c = num(t, "chunk_blocks"), all = c + num(t, "prefix_blocks");
+	if (!json_object_get(t, "chunk_blocks")) {
+		snprintf(o, n, "-");
+		return;
+	}
+	snprintf(o, n, "%.0f of %.0f (%.0f%%)", c, all, all > 0 ? 100 * c / all : 0.0);
+}
+static void c_evict_kind(const json_t *t, char *o, size_t n)
+{
+	json_t *k = json_object_get(t, "evictions_by_kind");
+	snprintf(o, n, "%.0f / %.0f", num(k, "prefix"), num(k, "chunk"));
+}
 static void c_comp(const json_t *t, char *o, size_t n)
 {
 	double r = num(t, "compression_ratio");
@@ -540,6 +554,16 @@ static int render_stats(json_t *j, const char *source)
 		tier_row("demotions", t, c_dem);
 		tier_row("  rate", t, c_dem_rate);
 		tier_row("evictions", t, c_evict);
+		tier_row("  prefix / chunk", t, c_evict_kind);
+	}
+	json_t *ch = json_object_get(j, "chunks");
+	if ((t[0] && json_object_get(t[0], "chunk_blocks")) || (t[2] && json_object_get(t[2], "chunk_blocks"))) {
+		char label[40];
+		if (json_is_object(ch))
+			snprintf(label, sizeof(label), "chunks (share %.0f%%)", 100 * num(ch, "share"));
+		else
+			snprintf(label, sizeof(label), "chunks");
+		tier_row(label, t, c_chunks);
 	}
 	json_t *ret = json_object_get(j, "retention");
 	json_t *rt_tiers = json_object_get(ret, "tiers");
@@ -611,6 +635,20 @@ static int render_stats(json_t *j, const char *source)
 		printf("  %-24s %.1f%% (cached / reusable %.0f)\n", "cache efficiency", 100 * num(eng, "cache_efficiency"),
 		       num(eng, "reusable_tokens"));
 		printf("  %-24s %.0f\n", "prefill tokens saved", num(eng, "prefill_tokens_saved"));
+		if (json_is_object(ch)) {
+			json_t *hb = json_object_get(ch, "hit_tokens_by_tier"), *rb = json_object_get(ch, "bytes_read_by_tier");
+			char bh[48], bn[48], br[48];
+			fmt_bytes(num(rb, "host"), bh, sizeof(bh));
+			fmt_bytes(num(rb, "nvme"), bn, sizeof(bn));
+			fmt_bytes(num(rb, "remote"), br, sizeof(br));
+			printf("  %-24s %.0f hit, %.0f missed of %.0f tokens looked up; %.0f reused, %.0f recomputed, %.0f "
+			       "stored; %.0f blends\n",
+			       "chunk reuse", num(ch, "hit_tokens"), num(ch, "miss_tokens"), num(ch, "lookup_tokens"),
+			       num(ch, "reused_tokens"), num(ch, "recomputed_tokens"), num(ch, "stored_tokens"),
+			       num(ch, "blends"));
+			printf("  %-24s hbm %.0f, host %.0f, nvme %.0f, remote %.0f tokens; read host %s, nvme %s, remote %s\n",
+			       "  hits by tier", num(hb, "hbm"), num(hb, "host"), num(hb, "nvme"), num(hb, "remote"), bh, bn, br);
+		}
 		printf("  %-24s %.0f\n", "completion tokens", num(eng, "completion_tokens"));
 		printf("  %-24s %.1f ms / %.1f ms\n", "TTFT p50 / p99", num(eng, "ttft_p50_ms"), num(eng, "ttft_p99_ms"));
 		printf("  %-24s %.1f tokens/s (prefill %.1f tokens/s)\n", "decode", num(eng, "decode_tokens_per_s"),
@@ -725,6 +763,7 @@ typedef struct ns_acc {
 	uint64_t extent_bytes;  /* T2 bytes reserved */
 	uint64_t stored_bytes;  /* T2 payload bytes stored */
 	uint64_t raw_bytes;     /* payload bytes before compression */
+	uint64_t chunk_blocks;  /* of the rows, chunk blocks (kind 1; the rest are prefix blocks) */
 	int codec;              /* the rows' codec (-1 none yet, -2 mixed) */
 	int64_t sessions;       /* sessions, -1 unknown */
 	bool this_model;        /* the namespace belongs to the T2 file's model */
@@ -768,6 +807,7 @@ static int offline_row(void *arg, const kvt_db_block_row *row)
 		a->sessions = -1;
 	}
 	a->blocks++;
+	a->chunk_blocks += row->kind == KVT_BLOCK_CHUNK;
 	a->extent_bytes += row->loc.extent_bytes;
 	a->stored_bytes += row->loc.stored_bytes;
 	a->raw_bytes += row->raw_bytes;
@@ -928,7 +968,7 @@ static int offline_report(const char *dir, json_t **out)
 		db = NULL;
 	}
 
-	uint64_t blocks = 0, used = 0, stored = 0, raw = 0;
+	uint64_t blocks = 0, used = 0, stored = 0, raw = 0, chunks = 0;
 	int64_t sessions = 0;
 	int codec = -1;
 	json_t *nss = json_array();
@@ -936,6 +976,7 @@ static int offline_report(const char *dir, json_t **out)
 		const ns_acc *a = &oc.v[i];
 		if (a->this_model) {
 			blocks += a->blocks;
+			chunks += a->chunk_blocks;
 			stored += a->stored_bytes;
 			raw += a->raw_bytes;
 			codec = codec == -1 ? a->codec : codec == a->codec ? codec : -2;
@@ -955,6 +996,7 @@ static int offline_report(const char *dir, json_t **out)
 	if (!have_fp) { /* no T2 file to name the model: count every namespace's rows */
 		for (size_t i = 0; i < oc.n; i++) {
 			blocks += oc.v[i].blocks;
+			chunks += oc.v[i].chunk_blocks;
 			stored += oc.v[i].stored_bytes;
 			raw += oc.v[i].raw_bytes;
 		}
@@ -963,6 +1005,8 @@ static int offline_report(const char *dir, json_t **out)
 	json_object_set_new(nvme, "capacity_bytes", json_integer((json_int_t)t2_size));
 	json_object_set_new(nvme, "used_bytes", json_integer((json_int_t)used));
 	json_object_set_new(nvme, "blocks", json_integer((json_int_t)blocks));
+	json_object_set_new(nvme, "chunk_blocks", json_integer((json_int_t)chunks));
+	json_object_set_new(nvme, "prefix_blocks", json_integer((json_int_t)(blocks - chunks)));
 	json_object_set_new(nvme, "compression_ratio", json_real(stored ? (double)raw / (double)stored : 1.0));
 	json_t *eng = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:f, s:f, s:f,"
 				" s:{s:I, s:I, s:I}}",

@@ -10,7 +10,10 @@
  * a row (the newest generation of each hash). It never deletes the old index:
  * it renames it aside, builds the new one under a temporary name and renames
  * it into place, so an interrupted rebuild leaves either no index (run it
- * again) or a complete one.
+ * again) or a complete one. What only the index knew is lost: sessions'
+ * durable counts and retention. A block's kind comes from its record's
+ * flags (KVT_T2_FLAG_CHUNK); a record written before records carried it is
+ * taken as a prefix block's.
  *
  * Both refuse a data directory a running daemon holds: they take the
  * directory's lock (kvt_datadir_lock_take, the one kvtierd holds for its
@@ -280,6 +283,8 @@ int kvt_index_rebuild_at(const kvt_data_paths *dp, const uint8_t *model_fp, kvt_
 			row.scale_layout = m->scale_layout;
 			row.raw_bytes = m->raw_bytes;
 			row.last_use = kvt_wall_us();
+			/* the record's flag; a record written before it had one is a prefix block's */
+			row.kind = m->flags & KVT_T2_FLAG_CHUNK ? KVT_BLOCK_CHUNK : KVT_BLOCK_PREFIX;
 			if ((rc = kvt_db_put_block(db, &row, NULL, NULL, NULL)) != KVT_OK)
 				break;
 			st->n_rows++;

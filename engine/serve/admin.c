@@ -111,6 +111,50 @@ static void metric_one(kvt_sbuf *b, const char *name, const char *type, const ch
 	kvt_sbuf_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
+static const char *const kind_name[KVT_BLOCK_KIND_COUNT] = { "prefix", "chunk" };
+
+/* The chunk share (manager.h, "Chunk share"): chunk blocks per local tier, evictions by kind, the share. */
+static void metric_kinds(kvt_sbuf *b, const kvt_tm_stats *ts)
+{
+	metric_head(b, "kvtier_tier_chunk_blocks", "gauge",
+		    "Chunk blocks (document spans, chunk reuse) present in the tier; the rest of its blocks are prefix blocks.");
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		kvt_sbuf_printf(b, "kvtier_tier_chunk_blocks{tier=\"%s\"} %llu\n", tier_name[t],
+			    (unsigned long long)ts->tier[t].n_blocks_by_kind[KVT_BLOCK_CHUNK]);
+	metric_head(b, "kvtier_tier_prefix_blocks", "gauge", "Prefix blocks (conversations' chains) present in the tier.");
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		kvt_sbuf_printf(b, "kvtier_tier_prefix_blocks{tier=\"%s\"} %llu\n", tier_name[t],
+			    (unsigned long long)ts->tier[t].n_blocks_by_kind[KVT_BLOCK_PREFIX]);
+	metric_head(b, "kvtier_evictions_total", "counter", "Blocks that left the tier to make room, by block kind.");
+	for (int t = 0; t < KVT_TIER_COUNT; t++)
+		for (int k = 0; k < KVT_BLOCK_KIND_COUNT; k++)
+			kvt_sbuf_printf(b, "kvtier_evictions_total{tier=\"%s\",kind=\"%s\"} %llu\n", tier_name[t],
+				    kind_name[k], (unsigned long long)ts->tier[t].n_evictions_by_kind[k]);
+	metric_head(b, "kvtier_chunk_share", "gauge", "The most of each tier's blocks chunk blocks keep when it makes room.");
+	kvt_sbuf_printf(b, "kvtier_chunk_share %g\n", (double)ts->chunk_share);
+}
+
+/* The scheduler's chunk reuse counters (full-block tokens of marked spans). */
+static void metric_chunks(kvt_sbuf *b, const kvt_sched_stats *st)
+{
+	metric_one(b, "kvtier_chunk_lookup_tokens_total", "counter",
+		   "Tokens of marked document spans looked up as chunks (outside the exact cached prefix).",
+		   st->chunk_lookup_tokens);
+	metric_one(b, "kvtier_chunk_hits_tokens_total", "counter", "Of those, tokens found cached (a chunk hit).",
+		   st->chunk_hit_tokens);
+	metric_tiers(b, "kvtier_chunk_hits_by_tier_tokens_total", "counter",
+		     "Chunk tokens found, by the tier each block was found in.", st->chunk_hits_by_tier);
+	metric_tiers(b, "kvtier_chunk_bytes_read_total", "counter", "Bytes read for chunk lookups, by source tier.",
+		     st->chunk_bytes_from);
+	metric_one(b, "kvtier_chunk_stored_tokens_total", "counter", "Chunk tokens not found, computed and stored.",
+		   st->chunk_stored_tokens);
+	metric_one(b, "kvtier_chunk_reused_tokens_total", "counter", "Found chunk tokens blended in as found.",
+		   st->chunk_reused_tokens);
+	metric_one(b, "kvtier_chunk_recomputed_tokens_total", "counter",
+		   "Found chunk tokens recomputed (the recompute fraction).", st->chunk_recomputed_tokens);
+	metric_one(b, "kvtier_chunk_blends_total", "counter", "Prefills that blended found chunks in.", st->chunk_blends);
+}
+
 /* The scheduler's queue, preemptions and TTFT by priority. */
 static void metric_sched(kvt_sbuf *b, const kvt_sched_stats *st)
 {
@@ -180,6 +224,8 @@ enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched)
 	TIERS(degraded);
 	metric_tiers(&b, "kvtier_tier_degraded", "gauge", "1 when the tier is full or read-only.", v);
 #undef TIERS
+	metric_kinds(&b, &st.tiers);
+	metric_chunks(&b, &st);
 	metric_one(&b, "kvtier_index_degraded", "gauge",
 		   "1 while index transactions roll back for lack of space (their writes are kept and retried).",
 		   st.index.degraded);
@@ -279,6 +325,26 @@ static json_t *stats_sched(const kvt_sched_stats *st)
 			 "tokens_recomputed", (json_int_t)st->resume_recomputed_tokens, "ttft_by_priority", by_prio);
 }
 
+/* Per-tier figures {hbm, host, nvme, remote} of a KVT_TM_N_TIERS array. */
+static json_t *by_tier(const uint64_t *v)
+{
+	return json_pack("{s:I, s:I, s:I, s:I}", "hbm", (json_int_t)v[KVT_TIER_HBM], "host", (json_int_t)v[KVT_TIER_HOST],
+			 "nvme", (json_int_t)v[KVT_TIER_NVME], "remote", (json_int_t)v[KVT_TM_TIER_REMOTE]);
+}
+
+/* Chunk reuse (/v1/stats "chunks"): the scheduler's counters, in full-block tokens of marked spans, and the share. */
+static json_t *stats_chunks(const kvt_sched_stats *st)
+{
+	return json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o}", "share",
+			 st->have_tiers ? (double)st->tiers.chunk_share : 0.0, "lookup_tokens",
+			 (json_int_t)st->chunk_lookup_tokens, "hit_tokens", (json_int_t)st->chunk_hit_tokens,
+			 "miss_tokens", (json_int_t)(st->chunk_lookup_tokens - st->chunk_hit_tokens), "stored_tokens",
+			 (json_int_t)st->chunk_stored_tokens, "reused_tokens", (json_int_t)st->chunk_reused_tokens,
+			 "recomputed_tokens", (json_int_t)st->chunk_recomputed_tokens, "blends",
+			 (json_int_t)st->chunk_blends, "hit_tokens_by_tier", by_tier(st->chunk_hits_by_tier),
+			 "bytes_read_by_tier", by_tier(st->chunk_bytes_from));
+}
+
 /*
  * The process's memory (/proc/self/status: VmRSS and its anonymous and file
  * parts, VmLck) against what it is for: the weights and the KV held in T0 and
@@ -314,23 +380,28 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 	const char *rec_dtype = srv->kv_dtype;
 	for (int t = 0; t < KVT_TIER_COUNT; t++) {
 		const kvt_tm_tier_stats *ts = &st.tiers.tier[t];
-		json_array_append_new(
-			tiers,
-			json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:s,"
-				  " s:I, s:b}",
-				  "name", tier_name[t], "capacity_bytes", (json_int_t)ts->capacity_bytes, "used_bytes",
-				  (json_int_t)ts->used_bytes, "capacity_blocks", (json_int_t)ts->capacity_blocks,
-				  "blocks", (json_int_t)ts->used_blocks, "hits", (json_int_t)ts->hits, "misses",
-				  (json_int_t)ts->misses, "hit_rate", ratio((double)ts->hits, (double)(ts->hits + ts->misses)),
-				  "promotions", (json_int_t)ts->n_promotions, "promotion_bytes",
-				  (json_int_t)ts->promotion_bytes, "promotion_mb_s",
-				  ratio((double)ts->promotion_bytes / 1e6, ts->promotion_s), "demotions",
-				  (json_int_t)ts->n_demotions, "demotion_bytes", (json_int_t)ts->demotion_bytes,
-				  "demotion_mb_s", ratio((double)ts->demotion_bytes / 1e6, ts->demotion_s), "evictions",
-				  (json_int_t)ts->n_evictions, "dropped", (json_int_t)ts->n_dropped, "compression_ratio",
-				  st.have_tiers ? ts->compression_ratio : 1.0, "dtype",
-				  t == KVT_TIER_HBM ? "f16" : rec_dtype, "corrupt", (json_int_t)ts->n_corrupt, "degraded",
-				  (int)ts->degraded));
+		json_t *tier = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:I, s:I, s:f, s:s,"
+					 " s:I, s:b}",
+					 "name", tier_name[t], "capacity_bytes", (json_int_t)ts->capacity_bytes, "used_bytes",
+					 (json_int_t)ts->used_bytes, "capacity_blocks", (json_int_t)ts->capacity_blocks,
+					 "blocks", (json_int_t)ts->used_blocks, "hits", (json_int_t)ts->hits, "misses",
+					 (json_int_t)ts->misses, "hit_rate", ratio((double)ts->hits, (double)(ts->hits + ts->misses)),
+					 "promotions", (json_int_t)ts->n_promotions, "promotion_bytes",
+					 (json_int_t)ts->promotion_bytes, "promotion_mb_s",
+					 ratio((double)ts->promotion_bytes / 1e6, ts->promotion_s), "demotions",
+					 (json_int_t)ts->n_demotions, "demotion_bytes", (json_int_t)ts->demotion_bytes,
+					 "demotion_mb_s", ratio((double)ts->demotion_bytes / 1e6, ts->demotion_s), "evictions",
+					 (json_int_t)ts->n_evictions, "dropped", (json_int_t)ts->n_dropped, "compression_ratio",
+					 st.have_tiers ? ts->compression_ratio : 1.0, "dtype",
+					 t == KVT_TIER_HBM ? "f16" : rec_dtype, "corrupt", (json_int_t)ts->n_corrupt, "degraded",
+					 (int)ts->degraded);
+		/* the chunk share (manager.h): the table's blocks in the tier by kind, evictions by kind */
+		json_object_set_new(tier, "chunk_blocks", json_integer((json_int_t)ts->n_blocks_by_kind[KVT_BLOCK_CHUNK]));
+		json_object_set_new(tier, "prefix_blocks", json_integer((json_int_t)ts->n_blocks_by_kind[KVT_BLOCK_PREFIX]));
+		json_object_set_new(tier, "evictions_by_kind",
+				    json_pack("{s:I, s:I}", "prefix", (json_int_t)ts->n_evictions_by_kind[KVT_BLOCK_PREFIX],
+					      "chunk", (json_int_t)ts->n_evictions_by_kind[KVT_BLOCK_CHUNK]));
+		json_array_append_new(tiers, tier);
 	}
 	json_t *remote = json_null();
 	if (st.tiers.has_remote) {
@@ -386,9 +457,9 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 				  (int)st.index.reserve_in_use, "reserve_refused_block_rows",
 				  (json_int_t)st.index.n_reserve_refused);
 	return kvt_srv_reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers, "engine",
-				    engine, "scheduler", stats_sched(&st), "memory", stats_memory(&st), "persist", persist,
-				    "index", index, "remote", remote,
+			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers,
+				    "engine", engine, "scheduler", stats_sched(&st), "memory", stats_memory(&st), "persist",
+				    persist, "index", index, "remote", remote, "chunks", stats_chunks(&st),
 				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",
 				    srv->model_id, "retention", kvt_dashboard_retention(sched, &st, NULL), "sessions_table",
 				    kvt_dashboard_sessions(sched, 100)),

@@ -698,8 +698,10 @@ static void chunks_place(kvt_sched *s, kvt_sched_handle *h)
 /*
  * Store the blocks of the spans not found once the sequence holds their
  * K/V: moved to chunk-relative positions into fresh blocks (turned by
- * -start) and registered under the chunk chain; the manager keeps them like
- * any block (its own T0 reference; T1, T2, T3 as they cool).
+ * -start) and registered under the chunk chain as chunk blocks; the manager
+ * keeps them like any block (its own T0 reference; T1, T2, T3 as they cool),
+ * within the chunk share of each tier (kvt_sched_config.chunk_share;
+ * manager.h, "Chunk share").
  */
 static void chunks_store(kvt_sched *s, kvt_sched_handle *h)
 {
@@ -723,8 +725,8 @@ static void chunks_store(kvt_sched *s, kvt_sched_handle *h)
 		if (rc == KVT_OK)
 			for (uint32_t j = from; j < c->n_blocks; j++) {
 				const uint8_t *parent = j ? c->hashes[j - 1] : croot;
-				if ((rc = kvt_tm_register(s->cfg.tm, c->hashes[j], parent, h->toks + c->start + j * bt,
-							  cs.blocks[j])))
+				if ((rc = kvt_tm_register_kind(s->cfg.tm, c->hashes[j], parent, h->toks + c->start + j * bt,
+							       cs.blocks[j], KVT_BLOCK_CHUNK)))
 					break;
 				stored += bt;
 			}

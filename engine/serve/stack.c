@@ -58,6 +58,7 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 		goto fail;
 	if (c->tm.t1_slots) {
 		kvt_tm_config tm = c->tm;
+		tm.chunk_share = c->sched.chunk_share; /* the scheduler's knob: the manager applies it */
 		tm.t3 = s->t3;
 		tm.dev = c->dev;
 		tm.t0 = s->t0;
