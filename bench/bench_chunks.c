@@ -4,6 +4,8 @@
  * reuse rate under a stream of new documents. CPU backend.
  *
  *   bench_chunks quality --model M --set SET.json [--prompts N] [--threads T] [--json OUT]
+ *                        [--check L] [--sink N] [--isolated 1] [--r R]   (the rule: check layer, chunk-start
+ *                        rows, chunks computed alone instead of in their first context; one r)
  *   bench_chunks speed   --model M --set SET.json [--rounds R] [--threads T] [--json OUT]
  *   bench_chunks steady  --model M --set SET.json [--requests N] [--threads T] [--json OUT]
  *
@@ -229,6 +231,10 @@ static double median(double *v, uint32_t n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+static uint32_t g_check = 1, g_sink = 0; /* --check, --sink: the blend's check layer and chunk-start rows */
+static float g_only_r = -1; /* --r: run this fraction only */
+static bool g_isolated; /* --isolated 1: each chunk computed alone (positions 0..), not in its first context */
+
 static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_t threads, FILE *jo)
 {
 	eng e;
@@ -255,7 +261,8 @@ static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_
 		ratio[r] = malloc(256 * sizeof(double));
 	if (n_prompts > st->n_prompts)
 		n_prompts = st->n_prompts;
-	printf("quality: %s (%s, %u layers), %u prompts, %u threads\n", model, hp->arch, hp->n_layer, n_prompts, threads);
+	printf("quality: %s (%s, %u layers), %u prompts, %u threads, check layer %u, %u chunk-start rows\n", model, hp->arch,
+	       hp->n_layer, n_prompts, threads, g_check, g_sink);
 	for (uint32_t pi = 0; pi < n_prompts; pi++) {
 		const uint32_t k = st->pr[pi].k;
 		toks q = enc(e.tok, st->pr[pi].q, false), wq = enc(e.tok, st->pr[pi].wq, false);
@@ -269,7 +276,15 @@ static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_
 		bool need = false;
 		for (uint32_t i = 0; i < k; i++)
 			need = need || !have[st->pr[pi].warm[i]];
-		if (need) {
+		for (uint32_t i = 0; g_isolated && i < k; i++) {
+			uint32_t d = st->pr[pi].warm[i], nf = docs[d]->n / BT * BT;
+			if (have[d] || !nf)
+				continue;
+			if (kvt_seq_init(&chunk[d], e.dev, pool, nf) || kvt_model_forward(e.m, &chunk[d], docs[d]->p, nf, NULL, 0))
+				die("chunk alone");
+			have[d] = true;
+		}
+		if (need && !g_isolated) {
 			if (kvt_model_forward(e.m, &s, W.ids, W.n, NULL, 0))
 				die("warm prefill");
 			for (uint32_t i = 0; i < k; i++) {
@@ -304,7 +319,10 @@ static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_
 		}
 		t_full_sum += t_full;
 		uint8_t *placed = calloc(P.n, 1);
+		bool counted = false;
 		for (int r = 0; r < N_R; r++) {
+			if (g_only_r >= 0 && fabsf(R_LIST[r] - g_only_r) > 1e-6f)
+				continue;
 			kvt_seq_reset(&s);
 			t0 = now_s();
 			if (kvt_model_forward(e.m, &s, P.ids, P.n_head, NULL, 0))
@@ -320,7 +338,7 @@ static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_
 				memset(placed + P.start[i] - P.n_head, 1, chunk[d].n_tokens);
 				n_pl += chunk[d].n_tokens;
 			}
-			kvt_blend_params bp = { .recompute = R_LIST[r], .check_layer = 1 };
+			kvt_blend_params bp = { .recompute = R_LIST[r], .check_layer = g_check, .n_sink = g_sink };
 			kvt_blend_result res;
 			if (kvt_model_forward_blend(e.m, &s, P.ids + P.n_head, P.n - P.n_head, placed, &bp, logits, 1, &res))
 				die("blend");
@@ -328,8 +346,10 @@ static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_
 			t_blend_sum[r] += t_blend;
 			ratio[r][pi] = t_blend / t_full;
 			recomputed[r] += res.n_recomputed;
-			if (r == 0)
+			if (!counted) { /* the same placement at every r */
 				placed_total += n_pl;
+				counted = true;
+			}
 			bool all = true;
 			double kl = 0;
 			for (uint32_t t = 0; t < n_ans; t++) {
@@ -368,6 +388,8 @@ static int quality(const char *model, const set *st, uint32_t n_prompts, uint32_
 		fprintf(jo, "{\"bench\": \"chunks quality\", \"model\": \"%s\", \"prompts\": %u, \"threads\": %u, \"rows\": [",
 			model, n_done, threads);
 	for (int r = 0; r < N_R; r++) {
+		if (g_only_r >= 0 && fabsf(R_LIST[r] - g_only_r) > 1e-6f)
+			continue;
 		double med = median(ratio[r], n_done);
 		printf("| %.2f | %u/%u (%.0f%%) | %u/%u (%.0f%%) | %.4f | %.1f%% | %.3fx |\n", R_LIST[r], agree[r], n_done,
 		       100.0 * agree[r] / n_done, top1[r], n_done, 100.0 * top1[r] / n_done, kl_sum[r] / n_done,
@@ -594,6 +616,14 @@ int main(int argc, char **argv)
 			setp = argv[i + 1];
 		else if (!strcmp(argv[i], "--json"))
 			json = argv[i + 1];
+		else if (!strcmp(argv[i], "--check"))
+			g_check = (uint32_t)atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--sink"))
+			g_sink = (uint32_t)atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--isolated"))
+			g_isolated = atoi(argv[i + 1]) != 0;
+		else if (!strcmp(argv[i], "--r"))
+			g_only_r = (float)atof(argv[i + 1]);
 		else if (!strcmp(argv[i], "--threads"))
 			threads = (uint32_t)atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--prompts") || !strcmp(argv[i], "--rounds") || !strcmp(argv[i], "--requests"))

@@ -14,8 +14,9 @@
  *    rounding; a wrong pairing, base or direction is off by O(1));
  *  - a blend at recompute 1 gives the logits of a plain prefill bitwise
  *    (the same rows through the same kernels), whatever was placed;
- *  - a blend at recompute 0 / 0.5 recomputes no / half (rounded up) of the
- *    placed rows, always runs the rows not placed and the last row, and its
+ *  - a blend at recompute 0 / 0.5 / 0.15 recomputes no / half / 15% (rounded
+ *    up) of the placed rows (with chunk-start rows asked for, still 15%),
+ *    always runs the rows not placed and the last row, and its
  *    logits are finite; a placement taken from the same context (what a
  *    plain prefill stored) gives the plain logits at any recompute;
  *  - bad parameters are refused and leave the sequence as it was.
@@ -188,12 +189,13 @@ static void test_blend(rig *r, const char *what, uint32_t max_batch)
 	CHECK(kvt_model_forward(r->m, &plain, tail, N, lp, 1) == KVT_OK);
 	CHECK(kvt_model_forward(r->m, &ch, tail + C0, NC, NULL, 0) == KVT_OK);
 
-	const float fractions[] = { 1.0f, 0.0f, 0.5f, 0.15f };
+	const float fractions[] = { 1.0f, 0.0f, 0.5f, 0.15f, 0.15f };
 	for (size_t f = 0; f < sizeof(fractions) / sizeof(fractions[0]); f++) {
+		const uint32_t sink = f == 4 ? 3 : 0; /* the last: a chunk's first rows taken first, within the fraction */
 		kvt_seq_reset(&s);
 		CHECK(kvt_model_forward(r->m, &s, pre, P, NULL, 0) == KVT_OK);
 		CHECK(kvt_model_kv_move(r->m, &ch, 0, &s, P + C0, NC, (int32_t)(P + C0)) == KVT_OK);
-		kvt_blend_params bp = { .recompute = fractions[f], .check_layer = 1 };
+		kvt_blend_params bp = { .recompute = fractions[f], .check_layer = 1, .n_sink = sink };
 		CHECK(kvt_model_forward_blend(r->m, &s, tail, N, placed, &bp, lb, 1, &res) == KVT_OK);
 		CHECK(s.n_tokens == P + N && res.n_placed == NC);
 		bool finite = true;

@@ -1263,10 +1263,22 @@ static int blend_phase_a(kvt_model *m, kvt_seq *s, uint32_t pos0, const int32_t 
 		qsort(rank, n_rank, sizeof(*rank), cmp_rank);
 	}
 	const uint32_t n_keep = blend_keep(bp->recompute, n_placed);
-	for (uint32_t i = 0; i < M; i++)
+	uint32_t n_kept = 0;
+	for (uint32_t i = 0, run = 0; i < M; i++) {
+		run = placed[i] ? (i && placed[i - 1] ? run + 1 : 0) : 0;
 		sel[i] = !placed[i] || (force_last && i == M - 1);
-	for (uint32_t i = 0; i < n_keep && i < n_rank; i++)
-		sel[rank[i].row] = 1;
+		/* a chunk's first rows (the start of a run of placed rows; a run cut by the chunk boundary at row 0 is
+		 * not a start), within the fraction */
+		if (placed[i] && run < bp->n_sink && n_kept < n_keep && (run < i || (i == run && pos0 == s->n_tokens))) {
+			sel[i] = 1;
+			n_kept++;
+		}
+	}
+	for (uint32_t i = 0; n_kept < n_keep && i < n_rank; i++)
+		if (!sel[rank[i].row]) {
+			sel[rank[i].row] = 1;
+			n_kept++;
+		}
 	/* the selected rows' residual streams, appended to xs run by run */
 	for (uint32_t i = 0; i < M;) {
 		if (!sel[i]) {

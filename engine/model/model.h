@@ -255,6 +255,8 @@ int kvt_model_kv_move(kvt_model *m, kvt_seq *src, uint32_t src_pos, kvt_seq *dst
 typedef struct kvt_blend_params {
 	float recompute;      /* fraction of the placed rows recomputed past check_layer, 0..1 */
 	uint32_t check_layer; /* the layer whose deviation ranks the rows (>= 1: layer 0's K/V do not see the context) */
+	uint32_t n_sink;      /* also recompute the first n_sink rows of every run of placed rows (a chunk's start,
+	                         whose K/V saw the other context's text right before it), counted in the fraction */
 } kvt_blend_params;
 
 typedef struct kvt_blend_result {
