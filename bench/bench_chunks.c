@@ -538,14 +538,24 @@ static int steady(const char *model, const set *st, uint32_t n_req, uint32_t thr
 	rig r;
 	/* small tiers: T0 holds ~3 requests' blocks, T1 ~ 8 documents */
 	rig_open(&r, model, threads, 400, 160);
-	toks head, tail, instr = enc(r.e.tok, st->instruction, false), *docs[MAX_DOCS];
+	toks head, tail, instr = enc(r.e.tok, st->instruction, false);
 	template_parts(r.e.tok, &head, &tail);
-	uint32_t n_docs = 0;
-	for (uint32_t d = 0; d < st->n_docs; d++) { /* documents cut to 200 tokens: many of them fit a request */
-		toks t = enc(r.e.tok, st->doc[d], false);
+	/*
+	 * n_req * 2 new documents: the set's texts cut to 200 tokens, each behind a
+	 * line of its own ("[Entry k]"), so no two share a chunk block however often
+	 * a text comes round.
+	 */
+	const uint32_t n_docs = n_req * 2 + 4;
+	toks **docs = malloc(n_docs * sizeof(*docs));
+	for (uint32_t d = 0; d < n_docs; d++) {
+		const char *text = st->doc[d % st->n_docs];
+		char *buf = malloc(strlen(text) + 32);
+		sprintf(buf, "[Entry %u]\n%s", d, text);
+		toks t = enc(r.e.tok, buf, false);
+		free(buf);
 		t.n = t.n > 200 ? 200 : t.n;
-		docs[n_docs] = malloc(sizeof(toks));
-		*docs[n_docs++] = t;
+		docs[d] = malloc(sizeof(toks));
+		*docs[d] = t;
 	}
 	toks q = enc(r.e.tok, "Question: Which document is the longest?", false);
 	uint32_t next_new = 0, hist[64], n_hist = 0;
@@ -567,7 +577,7 @@ static int steady(const char *model, const set *st, uint32_t n_req, uint32_t thr
 		}
 		uint32_t n_seen = k;
 		while (k < 4)
-			order[k++] = next_new++ % n_docs;
+			order[k++] = next_new++;
 		for (uint32_t j = 0; j < 4; j++)
 			hist[n_hist++ % 64] = order[j];
 		kvt_sched_req req;
@@ -585,13 +595,21 @@ static int steady(const char *model, const set *st, uint32_t n_req, uint32_t thr
 		if ((i + 1) % 10 == 0) {
 			kvt_sched_stats ss;
 			kvt_sched_get_stats(r.st.sched, &ss);
-			printf("  requests %3u-%3u: reuse rate %.1f%% of the seen documents' tokens (chunk tokens stored so far "
-			       "%llu)\n",
+			const kvt_tm_tier_stats *t0 = &ss.tiers.tier[KVT_TIER_HBM], *t1 = &ss.tiers.tier[KVT_TIER_HOST];
+			printf("  requests %3u-%3u: reuse rate %.1f%% of the seen documents' tokens; chunk tokens stored so far "
+			       "%llu; T0 %llu chunk + %llu prefix blocks, T1 %llu + %llu, chunk evictions T0 %llu T1 %llu\n",
 			       i - 8, i + 1, 100.0 * found_tok / (seen_tok ? seen_tok : 1),
-			       (unsigned long long)ss.chunk_stored_tokens);
+			       (unsigned long long)ss.chunk_stored_tokens,
+			       (unsigned long long)t0->n_blocks_by_kind[KVT_BLOCK_CHUNK],
+			       (unsigned long long)t0->n_blocks_by_kind[KVT_BLOCK_PREFIX],
+			       (unsigned long long)t1->n_blocks_by_kind[KVT_BLOCK_CHUNK],
+			       (unsigned long long)t1->n_blocks_by_kind[KVT_BLOCK_PREFIX],
+			       (unsigned long long)t0->n_evictions_by_kind[KVT_BLOCK_CHUNK],
+			       (unsigned long long)t1->n_evictions_by_kind[KVT_BLOCK_CHUNK]);
 			if (jo)
-				fprintf(jo, "%s{\"requests\": %u, \"reuse_rate\": %.4f}", i >= 10 ? ", " : "", i + 1,
-					(double)found_tok / (seen_tok ? seen_tok : 1));
+				fprintf(jo, "%s{\"requests\": %u, \"reuse_rate\": %.4f, \"stored_tokens\": %llu}", i >= 10 ? ", " : "",
+					i + 1, (double)found_tok / (seen_tok ? seen_tok : 1),
+					(unsigned long long)ss.chunk_stored_tokens);
 			seen_tok = found_tok = 0;
 			fflush(stdout);
 		}
