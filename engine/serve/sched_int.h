@@ -35,6 +35,7 @@ struct kvt_sched {
 	uint32_t t0_committed;      /* T0 blocks committed to the running requests (admission) */
 	bool admit_hold;            /* a preemption happened: admit nothing until a request ends (no thrashing) */
 	uint64_t n_admitted;        /* admissions so far (seq_no), scheduler thread */
+	uint32_t efull_retries;     /* steps in a row whose forward found T0 short (retried; scheduler thread) */
 	kvt_sched_handle *running;  /* scheduler thread's list (n_running mirrors its length) */
 	float *logits;              /* [max_running][n_vocab] */
 	kvt_vocab_trie *trie;       /* the vocabulary's token bytes, for grammars (NULL without cfg.tok) */

@@ -1358,6 +1358,19 @@ static bool step(kvt_sched *s, entry *ents, int32_t *rows, cand *cands)
 	}
 	KVT_LOGD("sched: step: %u rows (%u decode, %u prefill) in %u sequences, %.1f ms%s", n_rows, n_rows - n_prefill,
 		 n_prefill, n_ent, dt * 1e3, on_device ? " (on the device)" : "");
+	/*
+	 * NOTE: the I/O threads take T0 slots for promotions in flight, so the
+	 * free count read above can be gone by the time the forward reserves:
+	 * it then holds no new token of any sequence (model.h), and the next
+	 * step makes room again (evicting, else preempting). Only a pool that
+	 * stays short fails the batch.
+	 */
+	if (rc == KVT_EFULL && !on_device && s->efull_retries < 3) {
+		s->efull_retries++;
+		KVT_LOGW("sched: T0 ran out during a step of %u rows (a promotion took the room): running it again", n_rows);
+		return true;
+	}
+	s->efull_retries = 0;
 	if (rc) {
 		KVT_LOGE("sched: a batch of %u rows failed: %s", n_rows, kvt_strerror(rc));
 		for (uint32_t i = 0; i < n_ent; i++)
