@@ -279,56 +279,89 @@ static inline __m256i fifth_bits(const uint8_t *qh)
 	return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* Block b of a Q8_0 / Q5_0 / Q4_0 / Q4_1 row: its 32 levels as two halves of int16, its scale and offset term. */
+static inline __attribute__((always_inline)) void q16_block(const int dtype, const uint8_t *row, size_t b, __m256i *qa,
+							      __m256i *qb, float *d, float *mm)
+{
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	if (dtype == KVT_DTYPE_Q8_0) {
+		const uint8_t *blk = row + b * 34;
+		*d = _cvtsh_ss(*(const uint16_t *)blk);
+		*mm = 0;
+		*qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
+		*qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+	} else if (dtype == KVT_DTYPE_Q5_0) {
+		const uint8_t *blk = row + b * 22;
+		__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
+		__m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
+							     _mm_and_si128(raw, low4)),
+					    fifth_bits(blk + 2));
+		*d = _cvtsh_ss(*(const uint16_t *)blk);
+		*mm = -16.0f * *d;
+		*qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+		*qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+	} else {
+		const bool q41 = dtype == KVT_DTYPE_Q4_1;
+		const uint8_t *blk = row + b * (q41 ? 20 : 18);
+		__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
+		*d = _cvtsh_ss(*(const uint16_t *)blk);
+		*mm = q41 ? _cvtsh_ss(*(const uint16_t *)(blk + 2)) : -8.0f * *d;
+		*qa = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+		*qb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+	}
+}
+
+/*
+ * NOTE: two accumulators per row (even and odd blocks): one FMA chain per row
+ * would make each block wait for the last one's FMA (4 cycles), which is what
+ * bounded a Q8_0 decode. Q8_0 has no offset term (m' = 0): it is skipped.
+ */
 static inline __attribute__((always_inline)) void dot_q16(const int dtype, const int M, const uint8_t *row,
 							   const xq16 *xq, size_t K, float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
-	const __m128i low4 = _mm_set1_epi8(0x0f);
-	__m256 acc[GEMV_MAX_ROWS];
+	const bool offset = dtype != KVT_DTYPE_Q8_0;
+	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS];
 	float mterm[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++) {
-		acc[m] = _mm256_setzero_ps();
+		acc[m] = acc2[m] = _mm256_setzero_ps();
 		mterm[m] = 0;
 	}
-	for (size_t b = 0; b < nb; b++) {
+	size_t b = 0;
+	for (; b + 1 < nb; b += 2) {
+		__m256i qa, qb, qa1, qb1;
+		float d, mm, d1, mm1;
+		q16_block(dtype, row, b, &qa, &qb, &d, &mm);
+		q16_block(dtype, row, b + 1, &qa1, &qb1, &d1, &mm1);
+		for (int m = 0; m < M; m++) {
+			const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+			__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+						     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+			__m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(qa1, _mm256_loadu_si256((const __m256i *)(xb + 32))),
+						      _mm256_madd_epi16(qb1, _mm256_loadu_si256((const __m256i *)(xb + 48))));
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xq->scale[m * nb + b]), acc[m]);
+			acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * xq->scale[m * nb + b + 1]),
+						  acc2[m]);
+			if (offset)
+				mterm[m] += mm * xq->sum[m * nb + b] + mm1 * xq->sum[m * nb + b + 1];
+		}
+	}
+	for (; b < nb; b++) {
 		__m256i qa, qb;
 		float d, mm;
-		if (dtype == KVT_DTYPE_Q8_0) {
-			const uint8_t *blk = row + b * 34;
-			d = _cvtsh_ss(*(const uint16_t *)blk);
-			mm = 0;
-			qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
-			qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
-		} else if (dtype == KVT_DTYPE_Q5_0) {
-			const uint8_t *blk = row + b * 22;
-			__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
-			__m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
-								     _mm_and_si128(raw, low4)),
-						    fifth_bits(blk + 2));
-			d = _cvtsh_ss(*(const uint16_t *)blk);
-			mm = -16.0f * d;
-			qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
-			qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
-		} else {
-			const bool q41 = dtype == KVT_DTYPE_Q4_1;
-			const uint8_t *blk = row + b * (q41 ? 20 : 18);
-			__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
-			d = _cvtsh_ss(*(const uint16_t *)blk);
-			mm = q41 ? _cvtsh_ss(*(const uint16_t *)(blk + 2)) : -8.0f * d;
-			qa = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
-			qb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-		}
+		q16_block(dtype, row, b, &qa, &qb, &d, &mm);
 		for (int m = 0; m < M; m++) {
 			const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 			__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
 						     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
 			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xq->scale[m * nb + b]), acc[m]);
-			mterm[m] += mm * xq->sum[m * nb + b];
+			if (offset)
+				mterm[m] += mm * xq->sum[m * nb + b];
 		}
 	}
 	for (int m = 0; m < M; m++) {
-		out[m] = hsum8(acc[m]) + mterm[m];
+		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + mterm[m];
 	}
 }
 
