@@ -1098,14 +1098,9 @@ int kvt_model_forward_batch(kvt_model *m, uint32_t n_seq, kvt_seq *const *seqs, 
 	return kvt_dev_sync(m->dev);
 }
 
-int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, float *h_logits, uint32_t n_logits)
+/* n tokens to append to s: ids in the vocabulary, room in the context, blocks held for them (else as before). */
+static int append_check(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n)
 {
-	int rc;
-
-	if (n == 0 || n_logits > n || (n_logits && !h_logits)) {
-		KVT_LOGE("model: forward of %u tokens asked for %u logit rows", n, n_logits);
-		return KVT_EINVAL;
-	}
 	for (uint32_t i = 0; i < n; i++) {
 		if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
 			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, m->hp.n_vocab);
@@ -1116,7 +1111,18 @@ int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t 
 		KVT_LOGE("model: %u + %u tokens exceed the context of %u", s->n_tokens, n, m->cfg.max_ctx);
 		return KVT_EFULL;
 	}
-	if ((rc = seq_reserve(s, s->n_tokens + n)))
+	return seq_reserve(s, s->n_tokens + n);
+}
+
+int kvt_model_forward(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, float *h_logits, uint32_t n_logits)
+{
+	int rc;
+
+	if (n == 0 || n_logits > n || (n_logits && !h_logits)) {
+		KVT_LOGE("model: forward of %u tokens asked for %u logit rows", n, n_logits);
+		return KVT_EINVAL;
+	}
+	if ((rc = append_check(m, s, tokens, n)))
 		return rc;
 	for (uint32_t done = 0; done < n; done += m->cfg.max_batch) {
 		uint32_t c = n - done < m->cfg.max_batch ? n - done : m->cfg.max_batch;
@@ -1312,17 +1318,7 @@ int kvt_model_forward_blend(kvt_model *m, kvt_seq *s, const int32_t *tokens, uin
 			 bp ? bp->recompute : -1.0f, bp ? bp->check_layer : 0, n_logits);
 		return KVT_EINVAL;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab) {
-			KVT_LOGE("model: token id %d at %u is outside the vocabulary (%u)", tokens[i], i, hp->n_vocab);
-			return KVT_EINVAL;
-		}
-	}
-	if ((uint64_t)s->n_tokens + n > m->cfg.max_ctx) {
-		KVT_LOGE("model: %u + %u tokens exceed the context of %u", s->n_tokens, n, m->cfg.max_ctx);
-		return KVT_EFULL;
-	}
-	if ((rc = seq_reserve(s, s->n_tokens + n)))
+	if ((rc = append_check(m, s, tokens, n)))
 		return rc;
 	/*
 	 * Two phases, so the later layers' matmuls see full chunks of rows (a
