@@ -20,6 +20,8 @@
  */
 #include "cpu_int.h"
 
+#include <sys/mman.h>
+
 static void cpu_destroy(kvt_dev *d)
 {
 	kvt_cpu_pool_destroy(((cpu_dev *)d)->pool);
@@ -40,8 +42,22 @@ static int alloc_aligned(size_t align, size_t n, const char *what, void **out)
 	return KVT_OK;
 }
 
+/*
+ * Device memory. Buffers of 4 MiB and more (the weights, the KV pools) are
+ * 2 MiB aligned and asked to be backed by huge pages: a decode streams every
+ * weight once per token, and with 4 KiB pages the walks and the prefetcher
+ * stopping at each page cost a 1B-shaped Q8_0 decode a fifth of its speed.
+ * (Where THP is off, or "never", madvise fails and nothing changes.)
+ */
 static int cpu_alloc(kvt_dev *d, size_t n, void **out)
 {
+	const size_t huge = (size_t)2 << 20;
+	if (n >= 2 * huge) {
+		int rc = alloc_aligned(huge, n, "", out);
+		if (rc == KVT_OK)
+			(void)madvise(*out, (n + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+		return rc;
+	}
 	return alloc_aligned(64, n, "", out);
 }
 

@@ -773,6 +773,8 @@ int kvt_gguf_open(const char *path, kvt_gguf **out)
 			kvt_gguf_close(g);
 			return KVT_EIO;
 		}
+		/* weights kept as stored are read from here on the CPU (see cpu_alloc on huge pages); a hint only */
+		(void)madvise(m, (size_t)g->size, MADV_HUGEPAGE);
 		g->map = m;
 		g->owns_map = true;
 	}
