@@ -505,13 +505,10 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 							    const xq16 *xq, size_t K, float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
-	__m256 acc[GEMV_MAX_ROWS];
-	float mterm[GEMV_MAX_ROWS];
+	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS]; /* mvec: the Q4_K/Q5_K min terms, per sub-block lane */
 
-	for (int m = 0; m < M; m++) {
-		acc[m] = _mm256_setzero_ps();
-		mterm[m] = 0;
-	}
+	for (int m = 0; m < M; m++)
+		acc[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
 		if (dtype == KVT_DTYPE_Q6_K) {
@@ -549,25 +546,42 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		const uint8_t *qs = blk + (q5 ? 48 : 16);
 		for (int l = 0; l < (q5 ? 176 : 144); l += 64)
 			prefetch_ahead(blk + l);
+		/*
+		 * The 8 sub-block scales times d times x's block scales, and the
+		 * min terms, as vectors once a superblock: per sub-block only a
+		 * lane is broadcast (the scalar unpack, converts and multiplies
+		 * per sub-block were a third of a Q4_K decode's instructions).
+		 * The products are the scalar ones, (d sc) xs, so acc is unchanged.
+		 */
+		uint32_t u[3];
+		memcpy(u, blk + 4, sizeof u);
+		const __m128i sm = _mm_setr_epi32(
+			(int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
+			(int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+		const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
+						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+		__m256 dsx[GEMV_MAX_ROWS];
+		for (int m = 0; m < M; m++) {
+			dsx[m] = _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0));
+			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
+		}
 		for (int sub = 0; sub < 8; sub++) {
-			int sc, mn;
-			kq_scale_min(sub, blk + 4, &sc, &mn);
 			__m256i v = kq45_levels(qs, qh, q5, sub);
 			__m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
 			__m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
-			const float ds = d * (float)sc, ms = dmin * (float)mn;
+			const __m256i lane = _mm256_set1_epi32(sub);
 			const size_t b = b0 + (size_t)sub;
 			for (int m = 0; m < M; m++) {
 				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
 							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ds * xq->scale[m * nb + b]), acc[m]);
-				mterm[m] -= ms * xq->sum[m * nb + b];
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(dsx[m], lane), acc[m]);
 			}
 		}
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(acc[m]) + mterm[m];
+		out[m] = hsum8(acc[m]) + hsum8(mvec[m]);
 }
 
 /* Constant dtype and row count for each instance, so loops unroll into registers. */
