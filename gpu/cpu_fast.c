@@ -353,49 +353,75 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 {
 	const size_t nb = K / KVT_QBLOCK;
 	const bool offset = dtype != KVT_DTYPE_Q8_0;
-	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS];
-	float mterm[GEMV_MAX_ROWS];
+	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
+	const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), lo16 = _mm256_set1_epi32(0xffff);
+	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
-	for (int m = 0; m < M; m++) {
-		acc[m] = acc2[m] = _mm256_setzero_ps();
-		mterm[m] = 0;
-	}
-	size_t b = 0;
-	for (; b + 1 < nb; b += 2) {
-		__m256i qa, qb, qa1, qb1;
-		float d, mm, d1, mm1;
-		prefetch_ahead(row + b * (dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18));
-		q16_block(dtype, row, b, &qa, &qb, &d, &mm);
-		q16_block(dtype, row, b + 1, &qa1, &qb1, &d1, &mm1);
+	for (int m = 0; m < M; m++)
+		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
+	/*
+	 * Eight blocks at a time: their d (and Q4_1's m) gathered, times x's
+	 * block scales, in one vector; each block then broadcasts its lane.
+	 * The products are the scalar ones (d xs), so acc is as before; the
+	 * offset terms m' sum_j x_j accumulate per lane.
+	 */
+	for (size_t b0 = 0; b0 < nb; b0 += 8) {
+		const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
+		const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lanes);
+		/* bytes 0-3 of each block: d, then Q4_1's m (a block holds at least 18 bytes) */
+		const __m256i dm = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + b0 * bs),
+							       _mm256_mullo_epi32(lanes, _mm256_set1_epi32((int)bs)), live, 1);
+		const __m256i dl = _mm256_and_si256(dm, lo16);
+		const __m256 dv = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(dl), _mm256_extracti128_si256(dl, 1)));
+		__m256 mv = _mm256_setzero_ps();
+		if (dtype == KVT_DTYPE_Q4_1) {
+			const __m256i mh = _mm256_srli_epi32(dm, 16);
+			mv = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1)));
+		} else if (dtype == KVT_DTYPE_Q5_0)
+			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
+		else if (dtype == KVT_DTYPE_Q4_0)
+			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+		__m256 sv[GEMV_MAX_ROWS];
 		for (int m = 0; m < M; m++) {
-			const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-			__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
-						     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-			__m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(qa1, _mm256_loadu_si256((const __m256i *)(xb + 32))),
-						      _mm256_madd_epi16(qb1, _mm256_loadu_si256((const __m256i *)(xb + 48))));
-			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xq->scale[m * nb + b]), acc[m]);
-			acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * xq->scale[m * nb + b + 1]),
-						  acc2[m]);
+			sv[m] = _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live));
 			if (offset)
-				mterm[m] += mm * xq->sum[m * nb + b] + mm1 * xq->sum[m * nb + b + 1];
+				mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
+		}
+		int j = 0;
+		for (; j + 1 < g; j += 2) {
+			__m256i qa, qb, qa1, qb1;
+			float d, mm, d1, mm1;
+			const size_t b = b0 + (size_t)j;
+			prefetch_ahead(row + b * bs);
+			q16_block(dtype, row, b, &qa, &qb, &d, &mm);
+			q16_block(dtype, row, b + 1, &qa1, &qb1, &d1, &mm1);
+			const __m256i l0 = _mm256_set1_epi32(j), l1 = _mm256_set1_epi32(j + 1);
+			for (int m = 0; m < M; m++) {
+				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				__m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(qa1, _mm256_loadu_si256((const __m256i *)(xb + 32))),
+							      _mm256_madd_epi16(qb1, _mm256_loadu_si256((const __m256i *)(xb + 48))));
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[m], l0), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(sv[m], l1), acc2[m]);
+			}
+		}
+		for (; j < g; j++) {
+			__m256i qa, qb;
+			float d, mm;
+			const size_t b = b0 + (size_t)j;
+			q16_block(dtype, row, b, &qa, &qb, &d, &mm);
+			const __m256i l0 = _mm256_set1_epi32(j);
+			for (int m = 0; m < M; m++) {
+				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[m], l0), acc[m]);
+			}
 		}
 	}
-	for (; b < nb; b++) {
-		__m256i qa, qb;
-		float d, mm;
-		q16_block(dtype, row, b, &qa, &qb, &d, &mm);
-		for (int m = 0; m < M; m++) {
-			const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-			__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
-						     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xq->scale[m * nb + b]), acc[m]);
-			if (offset)
-				mterm[m] += mm * xq->sum[m * nb + b];
-		}
-	}
-	for (int m = 0; m < M; m++) {
-		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + mterm[m];
-	}
+	for (int m = 0; m < M; m++)
+		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + (offset ? hsum8(mvec[m]) : 0.0f);
 }
 
 /* The 32 levels (0..15, or 0..31 for Q5_K) of Q4_K/Q5_K sub-block sub, as bytes. */
