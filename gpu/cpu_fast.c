@@ -53,10 +53,11 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
 #define TILE_MIN_ROWS 256
 #define TILE_MAX_ROWS 4096
 
-static size_t tile_rows(size_t n_in)
+static size_t tile_rows(const kvt_matmul_args *a)
 {
-	size_t r = TILE_BYTES / (n_in * sizeof(float)) & ~(size_t)15;
-	return r < TILE_MIN_ROWS ? TILE_MIN_ROWS : r > TILE_MAX_ROWS ? TILE_MAX_ROWS : r;
+	size_t r = TILE_BYTES / (a->n_in * sizeof(float)) & ~(size_t)15;
+	r = r < TILE_MIN_ROWS ? TILE_MIN_ROWS : r > TILE_MAX_ROWS ? TILE_MAX_ROWS : r;
+	return r < a->n_out ? r : a->n_out;
 }
 
 static void f16_to_f32_row(const uint16_t *src, float *dst, size_t n)
@@ -311,36 +312,32 @@ static inline __m256i fifth_bits(const uint8_t *qh)
 	return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* Block b of a Q8_0 / Q5_0 / Q4_0 / Q4_1 row: its 32 levels as two halves of int16, its scale and offset term. */
-static inline __attribute__((always_inline)) void q16_block(const int dtype, const uint8_t *row, size_t b, __m256i *qa,
-							      __m256i *qb, float *d, float *mm)
+/* A Q8_0 / Q5_0 / Q4_0 / Q4_1 block's 32 levels as two halves of int16 (its scales: dot_q16). */
+static inline __attribute__((always_inline)) void q16_block(const int dtype, const uint8_t *blk, __m256i *qa, __m256i *qb)
 {
 	const __m128i low4 = _mm_set1_epi8(0x0f);
 	if (dtype == KVT_DTYPE_Q8_0) {
-		const uint8_t *blk = row + b * 34;
-		*d = _cvtsh_ss(*(const uint16_t *)blk);
-		*mm = 0;
 		*qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
 		*qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
 	} else if (dtype == KVT_DTYPE_Q5_0) {
-		const uint8_t *blk = row + b * 22;
 		__m128i raw = _mm_loadu_si128((const __m128i *)(blk + 6));
 		__m256i q = _mm256_or_si256(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
 							     _mm_and_si128(raw, low4)),
 					    fifth_bits(blk + 2));
-		*d = _cvtsh_ss(*(const uint16_t *)blk);
-		*mm = -16.0f * *d;
 		*qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
 		*qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
 	} else {
-		const bool q41 = dtype == KVT_DTYPE_Q4_1;
-		const uint8_t *blk = row + b * (q41 ? 20 : 18);
-		__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (q41 ? 4 : 2)));
-		*d = _cvtsh_ss(*(const uint16_t *)blk);
-		*mm = q41 ? _cvtsh_ss(*(const uint16_t *)(blk + 2)) : -8.0f * *d;
+		__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dtype == KVT_DTYPE_Q4_1 ? 4 : 2)));
 		*qa = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
 		*qb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
 	}
+}
+
+/* One 32-element block: sum_j q_j xq_j as 8 int32 lanes (q in two int16 halves, xb x's quantized block). */
+static inline __attribute__((always_inline)) __m256i madd_block16(__m256i qa, __m256i qb, const int16_t *xb)
+{
+	return _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
+				_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
 }
 
 /*
@@ -390,32 +387,26 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 		int j = 0;
 		for (; j + 1 < g; j += 2) {
 			__m256i qa, qb, qa1, qb1;
-			float d, mm, d1, mm1;
 			const size_t b = b0 + (size_t)j;
-			prefetch_ahead(row + b * bs);
-			q16_block(dtype, row, b, &qa, &qb, &d, &mm);
-			q16_block(dtype, row, b + 1, &qa1, &qb1, &d1, &mm1);
+			const uint8_t *blk = row + b * bs;
+			prefetch_ahead(blk);
+			q16_block(dtype, blk, &qa, &qb);
+			q16_block(dtype, blk + bs, &qa1, &qb1);
 			const __m256i l0 = _mm256_set1_epi32(j), l1 = _mm256_set1_epi32(j + 1);
 			for (int m = 0; m < M; m++) {
 				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
-							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-				__m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(qa1, _mm256_loadu_si256((const __m256i *)(xb + 32))),
-							      _mm256_madd_epi16(qb1, _mm256_loadu_si256((const __m256i *)(xb + 48))));
+				__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
 				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[m], l0), acc[m]);
 				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(sv[m], l1), acc2[m]);
 			}
 		}
 		for (; j < g; j++) {
 			__m256i qa, qb;
-			float d, mm;
 			const size_t b = b0 + (size_t)j;
-			q16_block(dtype, row, b, &qa, &qb, &d, &mm);
+			q16_block(dtype, row + b * bs, &qa, &qb);
 			const __m256i l0 = _mm256_set1_epi32(j);
 			for (int m = 0; m < M; m++) {
-				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
-							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				__m256i p = madd_block16(qa, qb, xq->q + (size_t)m * K + b * KVT_QBLOCK);
 				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[m], l0), acc[m]);
 			}
 		}
@@ -599,9 +590,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 			const __m256i lane = _mm256_set1_epi32(sub);
 			const size_t b = b0 + (size_t)sub;
 			for (int m = 0; m < M; m++) {
-				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-				__m256i p = _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)),
-							     _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				__m256i p = madd_block16(qa, qb, xq->q + (size_t)m * K + b * KVT_QBLOCK);
 				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(dsx[m], lane), acc[m]);
 			}
 		}
@@ -663,8 +652,7 @@ size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 		return 0;
 #endif
 	}
-	size_t rows = tile_rows(a->n_in) < a->n_out ? tile_rows(a->n_in) : a->n_out;
-	return (size_t)d->n_threads * rows * a->n_in * sizeof(float);
+	return (size_t)d->n_threads * tile_rows(a) * a->n_in * sizeof(float);
 }
 
 typedef struct matmul_job {
@@ -715,7 +703,7 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 		return;
 	}
 	/* compute-bound: widen a tile of weight rows to fp32, then one sgemm per tile */
-	const int tr = (int)tile_rows((size_t)K);
+	const int tr = (int)j->tile_rows;
 	for (int t0 = n0; t0 < n1; t0 += tr) {
 		int nt = n1 - t0 < tr ? n1 - t0 : tr;
 		for (int r = 0; r < nt; r++)
@@ -741,7 +729,7 @@ int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
 	/* a GEMM slice of fewer than 128 columns would repack x for little work */
 	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, a->n_rows <= GEMV_MAX_ROWS ? 64 : 128) };
-	j.tile_rows = tile_rows(a->n_in) < a->n_out ? tile_rows(a->n_in) : a->n_out;
+	j.tile_rows = tile_rows(a);
 #ifdef KVT_HAVE_F16C
 	if (is_quantized(a->w_dtype) && a->n_rows <= GEMV_MAX_ROWS) {
 		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
