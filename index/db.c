@@ -260,6 +260,8 @@ static int fail(kvt_db *db, int rc, const char *what)
 	return sql_fail(db->path, db->dir, db->sql, rc, what);
 }
 
+static int writer_fail(kvt_db *db, int rc, const char *what);
+
 /*
  * One step of a loop over a statement's rows: true with a row; false at the
  * end (*rc = KVT_OK) or on an error (*rc = fail()'s code, logged naming what).
@@ -612,8 +614,7 @@ static int journal_batch(kvt_db *db, db_op *first, uint32_t n)
 	sqlite3_reset(st);
 	if (rc == SQLITE_DONE)
 		return KVT_OK;
-	db->last_sql_rc = rc;
-	return fail(db, rc, "journal_seq");
+	return writer_fail(db, rc, "journal_seq");
 }
 
 /* Writer (or open): append one put per decodable session row of every namespace to tmp. */
@@ -1049,6 +1050,38 @@ void kvt_db_owner_id(const kvt_db *db, uint8_t out[KVT_DB_OWNER_BYTES])
 
 /* ---- the writer thread ------------------------------------------------------- */
 
+/*
+ * A rolled-back transaction that may succeed later: the file system had no
+ * space (SQLITE_FULL is SQLite's ENOSPC on a write) or the quota ran out.
+ * Both happen while writing the WAL, before its fsync. NOTE: a failed fsync
+ * (SQLITE_IOERR_FSYNC) is never transient: what the kernel dropped is gone,
+ * so that failure stays sticky (DESIGN.md §4).
+ */
+static bool is_transient(kvt_db *db, int rc)
+{
+	if ((rc & 0xff) == SQLITE_FULL)
+		return true;
+	if (rc == SQLITE_IOERR_WRITE || rc == SQLITE_IOERR_TRUNCATE) {
+		int e = sqlite3_system_errno(db->sql);
+		return e == ENOSPC || e == EDQUOT;
+	}
+	return false;
+}
+
+/*
+ * A statement of the writer's transaction failed. A transient failure (no
+ * space) is not logged here: it rolls the transaction back, the writer logs
+ * the episode once when it starts (naming SQLite's error) and once when writes
+ * commit again, and retries in between without a line per attempt.
+ */
+static int writer_fail(kvt_db *db, int rc, const char *what)
+{
+	db->last_sql_rc = rc;
+	if (is_transient(db, rc))
+		return KVT_EIO;
+	return fail(db, rc, what);
+}
+
 static int run_write(kvt_db *db, db_op *op)
 {
 	sqlite3_stmt *st;
@@ -1138,8 +1171,7 @@ static int run_write(kvt_db *db, db_op *op)
 	sqlite3_clear_bindings(st);
 	if (rc == SQLITE_DONE)
 		return KVT_OK;
-	db->last_sql_rc = rc;
-	return fail(db, rc, "write");
+	return writer_fail(db, rc, "write");
 }
 
 static int step_simple(kvt_db *db, int which, const char *what)
@@ -1148,27 +1180,9 @@ static int step_simple(kvt_db *db, int which, const char *what)
 	sqlite3_reset(db->st[which]);
 	if (rc == SQLITE_DONE)
 		return KVT_OK;
-	db->last_sql_rc = rc;
-	return fail(db, rc, what);
+	return writer_fail(db, rc, what);
 }
 
-/*
- * A rolled-back transaction that may succeed later: the file system had no
- * space (SQLITE_FULL is SQLite's ENOSPC on a write) or the quota ran out.
- * Both happen while writing the WAL, before its fsync. NOTE: a failed fsync
- * (SQLITE_IOERR_FSYNC) is never transient: what the kernel dropped is gone,
- * so that failure stays sticky (DESIGN.md §4).
- */
-static bool is_transient(kvt_db *db, int rc)
-{
-	if ((rc & 0xff) == SQLITE_FULL)
-		return true;
-	if (rc == SQLITE_IOERR_WRITE || rc == SQLITE_IOERR_TRUNCATE) {
-		int e = sqlite3_system_errno(db->sql);
-		return e == ENOSPC || e == EDQUOT;
-	}
-	return false;
-}
 
 /*
  * One transaction: the carried session writes (oldest first), then a chain of

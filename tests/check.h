@@ -64,7 +64,7 @@ static inline int check_skip(const char *name, const char *why)
  * check_log_capture() routes the log here; check_log_text holds every line
  * since check_log_reset(), check_log_n_errors counts the error lines.
  */
-static char check_log_text[8192] __attribute__((unused));
+static char check_log_text[65536] __attribute__((unused));
 static int check_log_n_errors __attribute__((unused));
 
 static inline void check_log_sink(int level, const char *msg, void *user)
