@@ -124,7 +124,7 @@ typedef struct kvt_dev kvt_dev;
 int kvt_dev_create(const kvt_dev_config *cfg, kvt_dev **out);
 void kvt_dev_destroy(kvt_dev *d); /* NULL is a no-op */
 int kvt_dev_kind(const kvt_dev *d);
-const char *kvt_dev_name(const kvt_dev *d); /* "cpu (2 threads, openblas)" */
+const char *kvt_dev_name(const kvt_dev *d); /* "cpu (2 threads, openblas SkylakeX)": backend, threads, BLAS kernels */
 int kvt_dev_n_threads(const kvt_dev *d);
 /* Whether matmul and embed take weights of this dtype on this backend. */
 bool kvt_dev_supports_dtype(const kvt_dev *d, int dtype);

@@ -20,6 +20,7 @@
  */
 #include "cpu_int.h"
 
+#include <strings.h>
 #include <sys/mman.h>
 
 static void cpu_destroy(kvt_dev *d)
@@ -345,6 +346,70 @@ static const struct kvt_dev_ops cpu_ops = {
 	.sample = kvt_cpu_sample,
 };
 
+/*
+ * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels from the CPU's
+ * family and model. A model newer than the library (Debian 12's 0.3.21 on an
+ * Emerald Rapids Xeon, family 6 model 207) falls to its SSE3 "Prescott"
+ * kernels: prefill's sgemm then runs at a fraction of the machine's speed.
+ * When the chosen core lacks AVX2 but the CPU (and the OS, which
+ * __builtin_cpu_supports checks through XGETBV) has AVX-512 or AVX2+FMA, ask
+ * the library again with OPENBLAS_CORETYPE naming the matching core, the way
+ * a user would set it before start. A user's own OPENBLAS_CORETYPE is kept.
+ * gotoblas_dynamic_init/quit are weak: an OpenBLAS without DYNAMIC_ARCH lacks
+ * them, and then the log says what to do instead. Runs once, before any BLAS
+ * call (the first device's creation).
+ */
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+static const char *blas_core_for_cpu(void)
+{
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+		return "SkylakeX";
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return "Haswell";
+	return NULL;
+}
+
+static bool blas_core_has_avx2(const char *core)
+{
+	static const char *const good[] = { "Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator" };
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+		if (!strcasecmp(core, good[i]))
+			return true;
+	return false;
+}
+
+static void blas_core_check(void)
+{
+	const char *core = openblas_get_corename();
+	const char *want = blas_core_for_cpu();
+	if (!core || !want || blas_core_has_avx2(core) || getenv("OPENBLAS_CORETYPE"))
+		return;
+	if (!gotoblas_dynamic_init || !gotoblas_dynamic_quit) {
+		KVT_LOGW("cpu: OpenBLAS chose its %s kernels, which use neither AVX2 nor AVX-512, on a CPU that has them; "
+			 "prefill runs slower than it could: set OPENBLAS_CORETYPE=%s before starting", core, want);
+		return;
+	}
+	char was[32];
+	snprintf(was, sizeof(was), "%s", core);
+	setenv("OPENBLAS_CORETYPE", want, 1);
+	gotoblas_dynamic_quit();
+	gotoblas_dynamic_init();
+	unsetenv("OPENBLAS_CORETYPE");
+	core = openblas_get_corename();
+	if (core && blas_core_has_avx2(core))
+		KVT_LOGI("cpu: OpenBLAS chose its %s kernels (neither AVX2 nor AVX-512) for this CPU, which has the "
+			 "instructions of its %s kernels; switched to those (set OPENBLAS_CORETYPE to choose)", was, core);
+	else
+		KVT_LOGW("cpu: OpenBLAS chose its %s kernels on a CPU with %s; asking for %s gave %s: prefill runs slower "
+			 "than it could", was, want, want, core ? core : "nothing");
+}
+
+static pthread_once_t g_blas_core_once = PTHREAD_ONCE_INIT;
+
 int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 {
 	cpu_dev *c = calloc(1, sizeof(*c));
@@ -377,10 +442,14 @@ int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 		}
 		kvt_cpu_pool_set_adaptive(c->pool, !cfg->fixed_threads);
 	}
-	/* OpenBLAS runs single-threaded inside our tasks (see kvt_cpu_matmul_fast) */
+	/* OpenBLAS runs single-threaded inside our tasks (see kvt_cpu_matmul_fast), on kernels this CPU has */
+	if (!d->use_ref)
+		pthread_once(&g_blas_core_once, blas_core_check);
 	openblas_set_num_threads(1);
-	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s)", cpu_n_threads(d),
-		 cpu_n_threads(d) == 1 ? "" : "s", d->use_ref ? "reference kernels" : "openblas");
+	const char *core = d->use_ref ? NULL : openblas_get_corename();
+	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s%s%s)", cpu_n_threads(d),
+		 cpu_n_threads(d) == 1 ? "" : "s", d->use_ref ? "reference kernels" : "openblas",
+		 core ? " " : "", core ? core : "");
 	*out = d;
 	return KVT_OK;
 }
