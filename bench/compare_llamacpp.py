@@ -68,7 +68,8 @@ def main():
     print(json.dumps({"prefill_ratio": round(statistics.median(pre), 3),
                       "decode_ratio": round(statistics.median(dec), 3),
                       "threads": a.threads, "n_prompt": a.prompt_tokens, "n_gen": a.gen_tokens,
-                      "weights": a.weights, "llama_cpp_python": l.get("llama_cpp_python")}))
+                      "weights": a.weights, "kvtier_device": k.get("device"),
+                      "llama_cpp_python": l.get("llama_cpp_python")}))
 
 
 if __name__ == "__main__":

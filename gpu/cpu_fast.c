@@ -327,9 +327,10 @@ static inline __attribute__((always_inline)) void q16_block(const int dtype, con
 		*qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
 		*qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
 	} else {
-		__m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dtype == KVT_DTYPE_Q4_1 ? 4 : 2)));
-		*qa = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
-		*qb = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+		/* each byte widened once to a 16-bit lane: its low nibble is element i, its high one i + 16 */
+		__m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + (dtype == KVT_DTYPE_Q4_1 ? 4 : 2))));
+		*qa = _mm256_and_si256(w, _mm256_set1_epi16(0x0f));
+		*qb = _mm256_srli_epi16(w, 4);
 	}
 }
 
@@ -378,9 +379,10 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
 		else if (dtype == KVT_DTYPE_Q4_0)
 			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
-		__m256 sv[GEMV_MAX_ROWS];
+		/* stored, so that each block's scale is a broadcast load, not a shuffle (port 5 was the bound) */
+		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
 		for (int m = 0; m < M; m++) {
-			sv[m] = _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live));
+			_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live)));
 			if (offset)
 				mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
 		}
@@ -392,22 +394,20 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
 			prefetch_ahead(blk);
 			q16_block(dtype, blk, &qa, &qb);
 			q16_block(dtype, blk + bs, &qa1, &qb1);
-			const __m256i l0 = _mm256_set1_epi32(j), l1 = _mm256_set1_epi32(j + 1);
 			for (int m = 0; m < M; m++) {
 				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 				__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[m], l0), acc[m]);
-				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(sv[m], l1), acc2[m]);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
 			}
 		}
 		for (; j < g; j++) {
 			__m256i qa, qb;
 			const size_t b = b0 + (size_t)j;
 			q16_block(dtype, row + b * bs, &qa, &qb);
-			const __m256i l0 = _mm256_set1_epi32(j);
 			for (int m = 0; m < M; m++) {
 				__m256i p = madd_block16(qa, qb, xq->q + (size_t)m * K + b * KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[m], l0), acc[m]);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
 			}
 		}
 	}
@@ -578,20 +578,43 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
 		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
 						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-		__m256 dsx[GEMV_MAX_ROWS];
+		float dsx[GEMV_MAX_ROWS][8] __attribute__((aligned(32))); /* broadcast loads per sub-block, as dot_q16 */
 		for (int m = 0; m < M; m++) {
-			dsx[m] = _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0));
+			_mm256_store_ps(dsx[m], _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
 			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
+		}
+		if (!q5) {
+			/*
+			 * Q4_K: sub-blocks 2i and 2i+1 are the low and high nibbles of the
+			 * same 32 bytes; each byte widened once to a 16-bit lane gives both
+			 * (two widenings per pair of sub-blocks instead of four).
+			 */
+			const __m256i low4 = _mm256_set1_epi16(0x0f);
+			for (int sub = 0; sub < 8; sub += 2) {
+				const uint8_t *q = qs + 16 * sub;
+				const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)q));
+				const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + 16)));
+				const __m256i qa = _mm256_and_si256(w0, low4), qb = _mm256_and_si256(w1, low4);
+				const __m256i qa1 = _mm256_srli_epi16(w0, 4), qb1 = _mm256_srli_epi16(w1, 4);
+				const size_t b = b0 + (size_t)sub;
+				for (int m = 0; m < M; m++) {
+					const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+					__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
+					acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), acc[m]);
+					acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]),
+								 acc[m]);
+				}
+			}
+			continue;
 		}
 		for (int sub = 0; sub < 8; sub++) {
 			__m256i v = kq45_levels(qs, qh, q5, sub);
 			__m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
 			__m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
-			const __m256i lane = _mm256_set1_epi32(sub);
 			const size_t b = b0 + (size_t)sub;
 			for (int m = 0; m < M; m++) {
 				__m256i p = madd_block16(qa, qb, xq->q + (size_t)m * K + b * KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(dsx[m], lane), acc[m]);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), acc[m]);
 			}
 		}
 	}
