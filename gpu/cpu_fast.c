@@ -22,8 +22,16 @@
  */
 #include "cpu_int.h"
 
-/* Rows multiplied by an F16C GEMV; more go through widened tiles and sgemm. */
+/* Rows multiplied by an F16C GEMV at once; more go through widened tiles and sgemm. */
 #define GEMV_MAX_ROWS 4
+/*
+ * Quantized weights: up to this many rows of x still take the int16 GEMV,
+ * GEMV_MAX_ROWS at a time (each group reads the weight row again, from L1).
+ * Widening every weight to fp32 for sgemm costs more than that for a batch
+ * of a few decoding sequences or a short prompt: 8 rows measured 1.0-2.0x
+ * the sgemm path's speed, 16 rows 0.7-0.95x (bench/README.md).
+ */
+#define GEMV_QUANT_ROWS 8
 /*
  * How far ahead of the row being read the GEMV asks for weight bytes. A
  * decode streams every weight once per token; the hardware prefetcher alone
@@ -249,7 +257,7 @@ void kvt_cpu_widen_row(int dtype, const void *row, float *dst, size_t n)
 }
 
 /*
- * The quantized GEMV (M <= GEMV_MAX_ROWS rows of x). Converting every weight
+ * The quantized GEMV (M <= GEMV_QUANT_ROWS rows of x). Converting every weight
  * to fp32 costs more than reading it, so x is quantized instead — to int16,
  * one scale per 32-element block — and each block is a pair of integer
  * multiply-adds (madd_epi16) against the unpacked weights, scaled once:
@@ -664,24 +672,34 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 }
 #endif
 
+/* Whether the op takes the quantized int16 GEMV (x quantized once, weights read as stored). */
+static bool use_qgemv(const kvt_matmul_args *a)
+{
+#ifdef KVT_HAVE_F16C
+	return is_quantized(a->w_dtype) && a->n_rows <= GEMV_QUANT_ROWS;
+#else
+	(void)a;
+	return false;
+#endif
+}
+
 size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	if (d->use_ref || a->w_dtype == KVT_DTYPE_F32)
 		return 0;
-	if (a->n_rows <= GEMV_MAX_ROWS) {
 #ifdef KVT_HAVE_F16C
-		return is_quantized(a->w_dtype) ? xq16_bytes(a->n_rows, a->n_in) : 0;
-#else
-		return 0;
+	if (use_qgemv(a))
+		return xq16_bytes(a->n_rows, a->n_in);
 #endif
-	}
+	if (a->n_rows <= GEMV_MAX_ROWS)
+		return 0;
 	return (size_t)d->n_threads * tile_rows(a) * a->n_in * sizeof(float);
 }
 
 typedef struct matmul_job {
 	const kvt_matmul_args *a; /* the op */
 	uint32_t n_slices;        /* column slices */
-	float *ws;                /* per-worker tiles (M > GEMV_MAX_ROWS) */
+	float *ws;                /* per-worker tiles (the sgemm path) */
 	xq16 xq;                  /* quantized x (quantized GEMV) */
 	size_t tile_rows;         /* rows of each worker's tile in ws */
 } matmul_job;
@@ -704,9 +722,9 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 				    beta, a->y + n0, N);
 		return;
 	}
-	if (M <= GEMV_MAX_ROWS) {
-		/* memory-bound: read each weight row once, for every input row */
-		float out[GEMV_MAX_ROWS];
+	if (M <= GEMV_MAX_ROWS || use_qgemv(a)) {
+		/* memory-bound: read each weight row once (into L1), for every input row */
+		float out[GEMV_QUANT_ROWS];
 		for (int n = n0; n < n1; n++) {
 			const uint8_t *row = w + (size_t)n * row_bytes;
 			if (a->w_dtype == KVT_DTYPE_F16)
@@ -714,7 +732,13 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 					out[m] = dot_f32_f16(a->x + (size_t)m * K, (const uint16_t *)row, K);
 			else
 #ifdef KVT_HAVE_F16C
-				dot_rows_q(a->w_dtype, row, &j->xq, M, K, out);
+				for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
+					const size_t nb = (size_t)K / KVT_QBLOCK;
+					const xq16 g = { j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb,
+							 j->xq.sum + (size_t)m0 * nb };
+					dot_rows_q(a->w_dtype, row, &g, M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS, K,
+						   out + m0);
+				}
 #else
 				dot_rows_q(a->w_dtype, row, a->x, M, K, out);
 #endif
@@ -751,10 +775,10 @@ static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
 	/* a GEMM slice of fewer than 128 columns would repack x for little work */
-	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, a->n_rows <= GEMV_MAX_ROWS ? 64 : 128) };
+	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, a->n_rows <= GEMV_MAX_ROWS || use_qgemv(a) ? 64 : 128) };
 	j.tile_rows = tile_rows(a);
 #ifdef KVT_HAVE_F16C
-	if (is_quantized(a->w_dtype) && a->n_rows <= GEMV_MAX_ROWS) {
+	if (use_qgemv(a)) {
 		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
 		xq16_quantize(&j.xq, a->x, a->n_rows, a->n_in);
 	} else
