@@ -683,6 +683,12 @@ static bool use_qgemv(const kvt_matmul_args *a)
 #endif
 }
 
+/* Whether the op reads each weight row once for all rows of x (a GEMV), not widened tiles and sgemm. */
+static bool use_gemv(const kvt_matmul_args *a)
+{
+	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(a);
+}
+
 size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	if (d->use_ref || a->w_dtype == KVT_DTYPE_F32)
@@ -722,9 +728,16 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 				    beta, a->y + n0, N);
 		return;
 	}
-	if (M <= GEMV_MAX_ROWS || use_qgemv(a)) {
+	if (use_gemv(a)) {
 		/* memory-bound: read each weight row once (into L1), for every input row */
 		float out[GEMV_QUANT_ROWS];
+#ifdef KVT_HAVE_F16C
+		/* the quantized x, GEMV_MAX_ROWS rows a group */
+		xq16 groups[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
+		const size_t nb = (size_t)K / KVT_QBLOCK;
+		for (int m0 = 0, g = 0; m0 < M && is_quantized(a->w_dtype); m0 += GEMV_MAX_ROWS, g++)
+			groups[g] = (xq16){ j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb, j->xq.sum + (size_t)m0 * nb };
+#endif
 		for (int n = n0; n < n1; n++) {
 			const uint8_t *row = w + (size_t)n * row_bytes;
 			if (a->w_dtype == KVT_DTYPE_F16)
@@ -732,13 +745,9 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 					out[m] = dot_f32_f16(a->x + (size_t)m * K, (const uint16_t *)row, K);
 			else
 #ifdef KVT_HAVE_F16C
-				for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
-					const size_t nb = (size_t)K / KVT_QBLOCK;
-					const xq16 g = { j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb,
-							 j->xq.sum + (size_t)m0 * nb };
-					dot_rows_q(a->w_dtype, row, &g, M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS, K,
-						   out + m0);
-				}
+				for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS)
+					dot_rows_q(a->w_dtype, row, &groups[m0 / GEMV_MAX_ROWS],
+						   M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS, K, out + m0);
 #else
 				dot_rows_q(a->w_dtype, row, a->x, M, K, out);
 #endif
@@ -775,7 +784,7 @@ static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
 	/* a GEMM slice of fewer than 128 columns would repack x for little work */
-	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, a->n_rows <= GEMV_MAX_ROWS || use_qgemv(a) ? 64 : 128) };
+	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, use_gemv(a) ? 64 : 128) };
 	j.tile_rows = tile_rows(a);
 #ifdef KVT_HAVE_F16C
 	if (use_qgemv(a)) {

@@ -1077,8 +1077,10 @@ static bool is_transient(kvt_db *db, int rc)
 static int writer_fail(kvt_db *db, int rc, const char *what)
 {
 	db->last_sql_rc = rc;
-	if (is_transient(db, rc))
+	if (is_transient(db, rc)) {
+		db->last_transient = true;
 		return KVT_EIO;
+	}
 	return fail(db, rc, what);
 }
 
@@ -1183,7 +1185,6 @@ static int step_simple(kvt_db *db, int which, const char *what)
 	return writer_fail(db, rc, what);
 }
 
-
 /*
  * One transaction: the carried session writes (oldest first), then a chain of
  * n writes; with neither, a probe write (is there space again?). *commit_s
@@ -1211,8 +1212,6 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, bool sessions_only, d
 	}
 	if (rc != KVT_OK && !sqlite3_get_autocommit(db->sql))
 		step_simple(db, ST_ROLLBACK, "rollback");
-	if (rc != KVT_OK && !db->last_transient)
-		db->last_transient = is_transient(db, db->last_sql_rc);
 	return rc;
 }
 
