@@ -3,12 +3,16 @@
  *
  *   bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N]
  *                [--gen-tokens 64] [--reps 3] [--weights native|f16|f32] [--fixed-threads 1]
+ *                [--map-weights 1]
  *
  * prefill: the ids in F (one forward pass over all of them, a fresh
  *          sequence each rep); tokens/s = n / time.
  * decode:  the ids in D (default: the first 8 of F) as the prompt, then
  *          --gen-tokens greedy steps (argmax included); tokens/s over the
  *          steps alone.
+ * --map-weights 1 (the default) reads the weights kept as stored from the
+ * GGUF's mapping, as kvtierd and kvtier do; 0 copies them into the device's
+ * own memory (what the model library does by default).
  * One warm-up rep, then the median of --reps. Prints one JSON object.
  * Not a test: bench/compare_llamacpp.py runs it beside llama.cpp and prints
  * the ratios.
@@ -51,7 +55,7 @@ static double median(double *v, int n)
 int main(int argc, char **argv)
 {
 	const char *model = NULL, *ids_file = NULL, *dec_file = NULL;
-	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16, fixed = 0;
+	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16, fixed = 0, map = 1;
 	bool keep = true;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
@@ -59,6 +63,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--prompt-ids-file")) ids_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--fixed-threads")) fixed = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--map-weights")) map = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--gen-tokens")) n_gen = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--decode-ids-file")) dec_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
@@ -73,7 +78,8 @@ int main(int argc, char **argv)
 	}
 	if (!model || !ids_file || reps < 1 || reps > 100 || n_gen < 1) {
 		fprintf(stderr, "usage: bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N] "
-				"[--gen-tokens N] [--reps N] [--weights native|f16|f32] [--fixed-threads 0|1]\n");
+				"[--gen-tokens N] [--reps N] [--weights native|f16|f32] [--fixed-threads 0|1] "
+				"[--map-weights 0|1]\n");
 		return 2;
 	}
 	static int32_t ids[8192], dec[256];
@@ -97,11 +103,11 @@ int main(int argc, char **argv)
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = wdt;
 	mc.keep_quantized = keep;
+	mc.map_weights = map != 0; /* g stays open until the model is destroyed */
 	mc.max_batch = (uint32_t)n_ids;
 	mc.max_ctx = (uint32_t)(n_ids > n_dprompt + n_gen ? n_ids : n_dprompt + n_gen);
 	if (kvt_gguf_open(model, &g) || kvt_dev_create(&dc, &dev) || kvt_model_load(dev, g, &mc, &m))
 		return 1;
-	kvt_gguf_close(g);
 	kvt_model_kv_shape(m, 16, &shape);
 	if (kvt_t0_create(dev, &shape, (mc.max_ctx + 15) / 16 + 1, &pool))
 		return 1;
@@ -131,13 +137,14 @@ int main(int argc, char **argv)
 	}
 	double pre = median(t_pre + 1, reps), dcd = median(t_dec + 1, reps);
 	printf("{\"engine\": \"kvtier\", \"device\": \"%s\", \"weights\": \"%s\", \"threads\": %d, "
-	       "\"n_prompt\": %d, \"n_gen\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}\n",
-	       kvt_dev_name(dev), keep ? "native" : wdt == KVT_DTYPE_F16 ? "f16" : "f32", kvt_dev_n_threads(dev), n_ids, n_gen,
+	       "\"map_weights\": %s, \"n_prompt\": %d, \"n_gen\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}\n",
+	       kvt_dev_name(dev), keep ? "native" : wdt == KVT_DTYPE_F16 ? "f16" : "f32", kvt_dev_n_threads(dev), map ? "true" : "false", n_ids, n_gen,
 	       n_ids / pre, n_gen / dcd);
 	kvt_seq_deinit(&s);
 	free(logits);
 	kvt_t0_destroy(pool);
 	kvt_model_destroy(m);
+	kvt_gguf_close(g);
 	kvt_dev_destroy(dev);
 	return 0;
 }

@@ -8,7 +8,7 @@ that machine noise hits both alike. Each engine reports the median of its reps p
 round; the ratio printed is the median over rounds of kvtier / llama.cpp.
 
 Usage: python3 bench/compare_llamacpp.py [--build build] [--threads 2] [--rounds 3]
-       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--weights native|f16|f32]
+       [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--weights native|f16|f32] [--peer-no-repack]
 Needs: pip install llama-cpp-python; bench_engine built (cmake --build build).
 """
 import argparse
@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--weights", default="native", choices=["native", "f16", "f32"])
+    ap.add_argument("--peer-no-repack", action="store_true",
+                    help="llama.cpp keeps its weights as stored, as llama-server -nr (no AMX/VNNI repack)")
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="kvt_bench_")
@@ -47,7 +49,7 @@ def main():
         f.write(DECODE_IDS + "\n")
     peer = [sys.executable, os.path.join(ROOT, "bench/llamacpp_peer.py"), "--model", a.model,
             "--threads", str(a.threads), "--prompt-tokens", str(a.prompt_tokens),
-            "--gen-tokens", str(a.gen_tokens), "--reps", str(a.reps)]
+            "--gen-tokens", str(a.gen_tokens), "--reps", str(a.reps)] + (["--no-repack"] if a.peer_no_repack else [])
     ours = [os.path.join(a.build, "bench_engine"), "--model", a.model, "--prompt-ids-file", ids_file,
             "--decode-ids-file", dec_file, "--threads", str(a.threads), "--gen-tokens", str(a.gen_tokens),
             "--reps", str(a.reps), "--weights", a.weights]
@@ -68,7 +70,7 @@ def main():
     print(json.dumps({"prefill_ratio": round(statistics.median(pre), 3),
                       "decode_ratio": round(statistics.median(dec), 3),
                       "threads": a.threads, "n_prompt": a.prompt_tokens, "n_gen": a.gen_tokens,
-                      "weights": a.weights, "kvtier_device": k.get("device"),
+                      "weights": a.weights, "peer_repack": not a.peer_no_repack, "kvtier_device": k.get("device"),
                       "llama_cpp_python": l.get("llama_cpp_python")}))
 
 

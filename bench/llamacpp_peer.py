@@ -54,7 +54,20 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompt-ids-file", help="space-separated prompt token ids to use")
     ap.add_argument("--dump-ids", help="write the prompt ids used to this file")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="keep the weights as stored (llama-server -nr): no AMX/VNNI repacked copies")
     args = ap.parse_args()
+
+    if args.no_repack:
+        # Llama() takes its model parameters from llama_model_default_params(); it has no
+        # argument for use_extra_bufts, so the default is changed for this process.
+        default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+        def no_repack_params():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+        llama_cpp.llama_cpp.llama_model_default_params = no_repack_params
 
     # Timings are meaningless if something else is using the cores: warn (stderr only).
     try:
