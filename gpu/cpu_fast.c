@@ -284,24 +284,78 @@ static inline void xq16_init(xq16 *xq, void *ws, uint32_t M, uint32_t K)
 	xq->sum = xq->scale + (size_t)M * (K / KVT_QBLOCK);
 }
 
+/* One block of x: its int16 levels into qb, its scale and its sum (summed in element order). */
+static inline void xq16_block_scalar(const float *xb, int16_t *qb, float *scale, float *sum)
+{
+	float amax = 0, s = 0;
+	for (int j = 0; j < KVT_QBLOCK; j++) {
+		amax = fmaxf(amax, fabsf(xb[j]));
+		s += xb[j];
+	}
+	float inv = amax > 0 ? 32767.0f / amax : 0;
+	for (int j = 0; j < KVT_QBLOCK; j++)
+		qb[j] = (int16_t)lrintf(xb[j] * inv);
+	*scale = amax / 32767.0f;
+	*sum = s;
+}
+
+#ifdef KVT_HAVE_F16C
+/*
+ * The same block with vectors: bit for bit what xq16_block_scalar writes.
+ * The largest |x| is exact in any order, x * inv is the same product, and
+ * cvtps rounds to nearest even as lrintf does (|x inv| <= 32767 + a few ulps,
+ * so the int16 pack never saturates); the sum stays one add per element in
+ * element order. A block holding a NaN or an infinity, or one so small that
+ * 32767 / amax overflows, takes the scalar code: its conversions of infinite
+ * and NaN products differ from cvtps and the pack's.
+ */
+static inline void xq16_block(const float *xb, int16_t *qb, float *scale, float *sum)
+{
+	const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+	const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+	const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absm), _mm256_and_ps(v1, absm)),
+				       _mm256_max_ps(_mm256_and_ps(v2, absm), _mm256_and_ps(v3, absm)));
+	/* NOTE: ordered-less-than is false for a NaN, so a NaN anywhere shows as a lane not below inf */
+	const __m256 fin = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(v0, absm), inf, _CMP_LT_OQ),
+						       _mm256_cmp_ps(_mm256_and_ps(v1, absm), inf, _CMP_LT_OQ)),
+					 _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(v2, absm), inf, _CMP_LT_OQ),
+						       _mm256_cmp_ps(_mm256_and_ps(v3, absm), inf, _CMP_LT_OQ)));
+	if (_mm256_movemask_ps(fin) != 0xff) {
+		xq16_block_scalar(xb, qb, scale, sum);
+		return;
+	}
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_movehdup_ps(h));
+	const float amax = _mm_cvtss_f32(h), inv = amax > 0 ? 32767.0f / amax : 0;
+	if (!(inv < INFINITY)) { /* amax under ~1e-34: x * inv is infinite or NaN */
+		xq16_block_scalar(xb, qb, scale, sum);
+		return;
+	}
+	const __m256 iv = _mm256_set1_ps(inv);
+	const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv)));
+	const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv)));
+	/* packs interleaves the 128-bit lanes: 0-3 8-11 4-7 12-15 back into order */
+	_mm256_storeu_si256((__m256i *)qb, _mm256_permute4x64_epi64(q01, 0xd8));
+	_mm256_storeu_si256((__m256i *)(qb + 16), _mm256_permute4x64_epi64(q23, 0xd8));
+	float s = 0;
+	for (int j = 0; j < KVT_QBLOCK; j++)
+		s += xb[j];
+	*scale = amax / 32767.0f;
+	*sum = s;
+}
+#else
+#define xq16_block xq16_block_scalar
+#endif
+
 static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t K)
 {
 	const uint32_t nb = K / KVT_QBLOCK;
 	for (uint32_t m = 0; m < M; m++)
-		for (uint32_t b = 0; b < nb; b++) {
-			const float *xb = x + (size_t)m * K + (size_t)b * KVT_QBLOCK;
-			int16_t *qb = xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK;
-			float amax = 0, sum = 0;
-			for (int j = 0; j < KVT_QBLOCK; j++) {
-				amax = fmaxf(amax, fabsf(xb[j]));
-				sum += xb[j];
-			}
-			float sc = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0;
-			for (int j = 0; j < KVT_QBLOCK; j++)
-				qb[j] = (int16_t)lrintf(xb[j] * inv);
-			xq->scale[(size_t)m * nb + b] = sc;
-			xq->sum[(size_t)m * nb + b] = sum;
-		}
+		for (uint32_t b = 0; b < nb; b++)
+			xq16_block(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
+				   &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b]);
 }
 
 #ifdef KVT_HAVE_F16C
