@@ -314,17 +314,16 @@ static inline void xq16_block(const float *xb, int16_t *qb, float *scale, float 
 	const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
 	const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
 	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
-	const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absm), _mm256_and_ps(v1, absm)),
-				       _mm256_max_ps(_mm256_and_ps(v2, absm), _mm256_and_ps(v3, absm)));
+	const __m256 a0 = _mm256_and_ps(v0, absm), a1 = _mm256_and_ps(v1, absm);
+	const __m256 a2 = _mm256_and_ps(v2, absm), a3 = _mm256_and_ps(v3, absm);
 	/* NOTE: ordered-less-than is false for a NaN, so a NaN anywhere shows as a lane not below inf */
-	const __m256 fin = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(v0, absm), inf, _CMP_LT_OQ),
-						       _mm256_cmp_ps(_mm256_and_ps(v1, absm), inf, _CMP_LT_OQ)),
-					 _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(v2, absm), inf, _CMP_LT_OQ),
-						       _mm256_cmp_ps(_mm256_and_ps(v3, absm), inf, _CMP_LT_OQ)));
+	const __m256 fin = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a0, inf, _CMP_LT_OQ), _mm256_cmp_ps(a1, inf, _CMP_LT_OQ)),
+					 _mm256_and_ps(_mm256_cmp_ps(a2, inf, _CMP_LT_OQ), _mm256_cmp_ps(a3, inf, _CMP_LT_OQ)));
 	if (_mm256_movemask_ps(fin) != 0xff) {
 		xq16_block_scalar(xb, qb, scale, sum);
 		return;
 	}
+	const __m256 a = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
 	__m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
 	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
 	h = _mm_max_ss(h, _mm_movehdup_ps(h));
