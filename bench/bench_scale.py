@@ -4,7 +4,8 @@ cache off and, when one is given, llama.cpp's llama-server, in one run.
 
     python3 bench/bench_scale.py [--build build] [--shape llama3.2-1b|llama3-8b]
         [--type q8_0|q4_k_m] [--threads 2] [--history 2048,8192] [--decode 64]
-        [--llama-server PATH] [--layers N] [--out bench/results/scale-....json]
+        [--llama-server PATH] [--peer-no-repack] [--model SHAPE.gguf] [--layers N]
+        [--out bench/results/scale-....json]
 
 The model: `BUILD/bench_shape_model` writes a GGUF of the shape (random weights from a
 fixed seed; Q8_0, or Q4_K_M's mix) with the default model's real tokenizer and chat
@@ -115,7 +116,9 @@ class Engine:
             cmd = [os.path.join(self.args.build, "kvtierd"), "-c", self.conf]
         else:
             cmd = [self.args.llama_server, "-m", self.model, "--port", str(self.port), "--host", "127.0.0.1",
-                   "-t", str(self.args.threads), "-c", str(self.args.context), "-np", "1", "-nr"]
+                   "-t", str(self.args.threads), "-c", str(self.args.context), "-np", "1"]
+            if self.args.peer_no_repack:
+                cmd.append("-nr")  # its AMX repack dies with SIGILL on some Xeon VMs
         t0 = time.time()
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         while time.time() - t0 < 900:
@@ -203,16 +206,23 @@ def main():
     ap.add_argument("--context", type=int, default=12288)
     ap.add_argument("--nvme", default="2G", help="[tier.nvme] capacity of kvtier's data dirs")
     ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--peer-no-repack", action="store_true",
+                    help="run llama-server with -nr (no weight repacking into its CPU-specific layouts)")
+    ap.add_argument("--model", default=None, help="use this GGUF of the shape (bench_shape_model's output) "
+                    "instead of writing one")
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
     work = tempfile.mkdtemp(prefix="kvt_bench_scale_")
-    model = os.path.join(work, "%s-%s.gguf" % (args.shape, args.type))
-    cmd = [os.path.join(args.build, "bench_shape_model"), args.shape, args.type, args.tokenizer, model]
-    if args.layers:
-        cmd += ["--layers", str(args.layers)]
-    subprocess.run(cmd, check=True)
+    if args.model:
+        model = os.path.abspath(args.model)
+    else:
+        model = os.path.join(work, "%s-%s.gguf" % (args.shape, args.type))
+        cmd = [os.path.join(args.build, "bench_shape_model"), args.shape, args.type, args.tokenizer, model]
+        if args.layers:
+            cmd += ["--layers", str(args.layers)]
+        subprocess.run(cmd, check=True)
     kinds = ["kvtier", "kvtier-nocache"] + (["llama-server"] if args.llama_server else [])
     rows = []
     try:
@@ -229,7 +239,13 @@ def main():
                 print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summary = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    summary = {"machine": cpu, "cpus": os.cpu_count(), "peer_repack": not args.peer_no_repack,
                "shape": args.shape, "type": args.type, "layers": args.layers or "all", "threads": args.threads,
                "rows": rows, "ratios": []}
     for h in sorted({r["history"] for r in rows}):
