@@ -4,7 +4,7 @@ cache off and, when one is given, llama.cpp's llama-server, in one run.
 
     python3 bench/bench_scale.py [--build build] [--shape llama3.2-1b|llama3-8b]
         [--type q8_0|q4_k_m] [--threads 2] [--history 2048,8192] [--decode 64]
-        [--llama-server PATH] [--peer-no-repack] [--model SHAPE.gguf] [--layers N]
+        [--llama-server PATH] [--peer-no-repack] [--engines LIST] [--model SHAPE.gguf] [--layers N]
         [--out bench/results/scale-....json]
 
 The model: `BUILD/bench_shape_model` writes a GGUF of the shape (random weights from a
@@ -208,12 +208,22 @@ def main():
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--peer-no-repack", action="store_true",
                     help="run llama-server with -nr (no weight repacking into its CPU-specific layouts)")
+    ap.add_argument("--engines", default=None, help="a subset of kvtier,kvtier-nocache,llama-server "
+                    "(kvtier always; a long history's re-prefills take minutes each)")
     ap.add_argument("--model", default=None, help="use this GGUF of the shape (bench_shape_model's output) "
                     "instead of writing one")
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
+    kinds = ["kvtier", "kvtier-nocache"] + (["llama-server"] if args.llama_server else [])
+    if args.engines:
+        want = args.engines.split(",")
+        bad = [k for k in want if k not in kinds]
+        if bad or "kvtier" not in want:
+            ap.error("--engines: %s (choose from %s, kvtier among them)" % (",".join(bad) or "no kvtier",
+                                                                             ",".join(kinds)))
+        kinds = [k for k in kinds if k in want]
     work = tempfile.mkdtemp(prefix="kvt_bench_scale_")
     if args.model:
         model = os.path.abspath(args.model)
@@ -223,7 +233,6 @@ def main():
         if args.layers:
             cmd += ["--layers", str(args.layers)]
         subprocess.run(cmd, check=True)
-    kinds = ["kvtier", "kvtier-nocache"] + (["llama-server"] if args.llama_server else [])
     rows = []
     try:
         for h in [int(x) for x in args.history.split(",")]:

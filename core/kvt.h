@@ -93,6 +93,10 @@ double kvt_now_s(void);
 /* Wall clock in microseconds since the epoch (for times stored on disk). */
 uint64_t kvt_wall_us(void);
 
+/* The index of the largest of x[0..n): the first of equal ones, NaNs skipped, 0 when x[0] is a NaN
+ * or n is 0 (what `if (x[i] > x[best]) best = i` from best = 0 gives; core/argmax.c). */
+uint32_t kvt_argmax_f32(const float *x, uint32_t n);
+
 /* IEEE half <-> float, round-to-nearest-even; exact for every half value. */
 float kvt_f16_to_f32(uint16_t h);
 uint16_t kvt_f32_to_f16(float f);

@@ -11,8 +11,9 @@
  *   cpu_ref.c   the reference: plain loops, as readable as llama2.c, the
  *               oracle the parity tests trust; the ops with a single path
  *               are these loops too (rmsnorm, rope, swiglu and add as tasks
- *               the fast path runs on the worker pool; kv_store, argmax and
- *               sample on the calling thread)
+ *               the fast path runs on the worker pool; kv_store and sample
+ *               on the calling thread; argmax's fast path is core's
+ *               kvt_argmax_f32, on the calling thread too)
  *   cpu_fast.c  the fast paths: OpenBLAS GEMMs over widened tiles, the
  *               F16C/AVX2 GEMVs, blocked and split attention, the 8-wide
  *               codecs

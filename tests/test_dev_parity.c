@@ -594,6 +594,36 @@ static void test_argmax(void)
 		CHECK(fb_fences_ok(&bo));
 		fb_free(&bx), fb_free(&bo);
 	}
+	/* the fast path (eight running maxima) against the reference's loop: rows of 1..300 values
+	 * from few levels (ties), with NaNs (one row starting with one), both zeros and infinities */
+	enum { RR = 64, CC = 300 };
+	static float y[RR * CC];
+	const float lv[] = { 1.0f, 2.0f, 2.0f, 0.0f, -0.0f, INFINITY, -INFINITY, NAN };
+	uint32_t seed = 7;
+	for (int i = 0; i < RR * CC; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		y[i] = lv[(seed >> 9) % 8] - (float)((seed >> 20) % 3);
+	}
+	y[5 * CC] = NAN;
+	for (uint32_t cols = 1; cols <= CC; cols += 13) {
+		int32_t got[2][RR];
+		for (int i = 0; i < 2; i++) {
+			fbuf bx, bo;
+			kvt_argmax_args a = { .n_rows = RR, .n_cols = cols };
+			float *rows = malloc(sizeof(float) * RR * cols);
+			for (int r = 0; r < RR; r++)
+				memcpy(rows + (size_t)r * cols, y + (size_t)r * CC, cols * sizeof(float));
+			a.x = upload(&bx, devs[i], rows, sizeof(float) * RR * cols);
+			a.out = fb_alloc(&bo, devs[i], RR * 4);
+			CHECK(kvt_dev_argmax(devs[i], &a) == KVT_OK);
+			kvt_dev_copy_d2h(devs[i], got[i], a.out, sizeof(got[i]));
+			fb_free(&bx), fb_free(&bo);
+			free(rows);
+		}
+		for (int r = 0; r < RR; r++)
+			CHECKF(got[0][r] == got[1][r], "argmax row %d of %u: reference %d, fast %d", r, cols, got[0][r],
+			       got[1][r]);
+	}
 }
 
 /*

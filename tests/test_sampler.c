@@ -9,10 +9,61 @@
 #include "check.h"
 #include "sampler.h"
 
+#include <stdlib.h>
+
 #define V 8
+
+/* The loop kvt_argmax must give the index of (core/argmax.c). */
+static uint32_t argmax_plain(const float *x, uint32_t n)
+{
+	uint32_t best = 0;
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[best])
+			best = i;
+	return best;
+}
+
+/*
+ * kvt_argmax (eight running maxima) against the plain loop: every length 0..70
+ * (each tail) and some long ones, values drawn from a few levels so that ties
+ * are common, with NaNs, both zeros and infinities mixed in, x[0] among them.
+ */
+static void test_argmax_lanes(void)
+{
+	static float x[70000];
+	const float levels[] = { -1.0f, 0.0f, -0.0f, 2.0f, 2.0f, 3.5f, -INFINITY, INFINITY, NAN, -3.0f, 1e-30f };
+	const uint32_t n_levels = sizeof(levels) / sizeof(levels[0]);
+	uint32_t seed = 12345, n_checked = 0, n_nan0 = 0;
+	for (int trial = 0; trial < 6000; trial++) {
+		uint32_t n = trial < 4000 ? (uint32_t)(trial % 71) : 1000 + (uint32_t)(trial * 7919 % 69000);
+		/* a trial's mix: only finite levels, or with infinities, or with NaNs too */
+		uint32_t mix = (uint32_t)trial % 3, span = mix == 0 ? 6 : mix == 1 ? 8 : n_levels;
+		for (uint32_t i = 0; i < n; i++) {
+			seed = seed * 1664525u + 1013904223u;
+			uint32_t r = seed >> 8;
+			x[i] = r % 4 ? levels[r / 4 % 6] - (float)(r / 24 % 1000) : levels[r / 4 % span];
+		}
+		n_nan0 += n && isnan(x[0]);
+		uint32_t got = (uint32_t)kvt_argmax(x, n), want = argmax_plain(x, n);
+		CHECKF(got == want, "argmax of %u values (trial %d): %u, the plain loop %u", n, trial, got, want);
+		n_checked++;
+	}
+	CHECK(n_checked == 6000 && n_nan0 > 0);
+	/* a NaN first gives 0 (nothing compares greater than it), a NaN elsewhere is skipped */
+	float nan_first[20] = { NAN, 5, 7 }, nan_mid[20] = { 1, NAN, 0.5f };
+	nan_mid[19] = 3;
+	CHECK_EQ_INT(kvt_argmax(nan_first, 20), 0);
+	CHECK_EQ_INT(kvt_argmax(nan_mid, 20), 19);
+	/* ties: the lowest index, also across lanes (9 and 17 share no lane with 3) */
+	float tie[40] = { 0 };
+	tie[9] = tie[17] = tie[3] = 4;
+	CHECK_EQ_INT(kvt_argmax(tie, 40), 3);
+}
 
 int main(void)
 {
+	test_argmax_lanes();
+
 	const float logits[V] = { 1.0f, 3.0f, 0.5f, 3.0f, -2.0f, 2.0f, 0.0f, 1.5f };
 	kvt_sampler s;
 	kvt_sampler_params p = { 0 };

@@ -20,11 +20,7 @@
 
 int32_t kvt_argmax(const float *x, uint32_t n)
 {
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return (int32_t)best;
+	return (int32_t)kvt_argmax_f32(x, n);
 }
 
 int kvt_sampler_init(kvt_sampler *s, const kvt_sampler_params *p, uint32_t n_vocab)
