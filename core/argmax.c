@@ -4,10 +4,10 @@
  *
  * The plain loop `best = 0; for i: if (x[i] > x[best]) best = i` waits on
  * the last comparison at every element (a load and a compare that depend on
- * best): 1.0 ms for Gemma 3's 262,144 logits on an EPYC, 2.7% of its decode
+ * best): 1.1 ms for Gemma 3's 262,144 logits on an EPYC, 2.7% of its decode
  * step under perf. Lane l here keeps the best of the elements i = l mod 8,
- * all eight started from x[0], and the lanes are merged at the end: 0.2-0.37
- * ms for the same logits.
+ * all eight started from x[0], and the lanes are merged at the end: 0.22 ms
+ * for the same logits (bench/bench_argmax).
  *
  * Why it is the same index: the plain loop moves only to a strictly larger
  * value, so it ends on the first element equal (==) to the maximum of the
