@@ -10,19 +10,11 @@
  * from a fixed seed; prints microseconds a call for each, per round.
  */
 #include "kvt.h"
+#include "argmax_plain.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint32_t argmax_plain(const float *x, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
-}
 
 int main(int argc, char **argv)
 {

@@ -225,16 +225,16 @@ def main():
                                                                              ",".join(kinds)))
         kinds = [k for k in kinds if k in want]
     work = tempfile.mkdtemp(prefix="kvt_bench_scale_")
-    if args.model:
-        model = os.path.abspath(args.model)
-    else:
-        model = os.path.join(work, "%s-%s.gguf" % (args.shape, args.type))
-        cmd = [os.path.join(args.build, "bench_shape_model"), args.shape, args.type, args.tokenizer, model]
-        if args.layers:
-            cmd += ["--layers", str(args.layers)]
-        subprocess.run(cmd, check=True)
     rows = []
     try:
+        if args.model:
+            model = os.path.abspath(args.model)
+        else:
+            model = os.path.join(work, "%s-%s.gguf" % (args.shape, args.type))
+            cmd = [os.path.join(args.build, "bench_shape_model"), args.shape, args.type, args.tokenizer, model]
+            if args.layers:
+                cmd += ["--layers", str(args.layers)]
+            subprocess.run(cmd, check=True)
         for h in [int(x) for x in args.history.split(",")]:
             words = int(h * 0.8)  # these words run about 1.25 tokens each with the SmolLM2 tokenizer
             for k in kinds:

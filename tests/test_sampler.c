@@ -7,21 +7,12 @@
  * parameters are refused.
  */
 #include "check.h"
+#include "argmax_plain.h"
 #include "sampler.h"
 
 #include <stdlib.h>
 
 #define V 8
-
-/* The loop kvt_argmax must give the index of (core/argmax.c). */
-static uint32_t argmax_plain(const float *x, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
-}
 
 /*
  * kvt_argmax (eight running maxima) against the plain loop: every length 0..70
