@@ -3,7 +3,7 @@
  *
  *   bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N]
  *                [--gen-tokens 64] [--reps 3] [--weights native|f16|f32] [--fixed-threads 1]
- *                [--map-weights 1]
+ *                [--map-weights 1] [--activations int16|int8]
  *
  * prefill: the ids in F (one forward pass over all of them, a fresh
  *          sequence each rep); tokens/s = n / time.
@@ -12,7 +12,8 @@
  *          steps alone.
  * --map-weights 1 (the default) reads the weights kept as stored from the
  * GGUF's mapping, as kvtierd and kvtier do; 0 copies them into the device's
- * own memory (what the model library does by default).
+ * own memory (what the model library does by default). --activations int8
+ * has the CPU GEMV round x to int8 (kvtierd's [model] activations).
  * One warm-up rep, then the median of --reps. Prints one JSON object.
  * Not a test: bench/compare_llamacpp.py runs it beside llama.cpp and prints
  * the ratios.
@@ -56,7 +57,7 @@ int main(int argc, char **argv)
 {
 	const char *model = NULL, *ids_file = NULL, *dec_file = NULL;
 	int threads = 0, n_gen = 64, n_dprompt = 8, reps = 3, wdt = KVT_DTYPE_F16, fixed = 0, map = 1;
-	bool keep = true;
+	bool keep = true, x8 = false;
 
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -67,6 +68,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--gen-tokens")) n_gen = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--decode-ids-file")) dec_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--activations") && (!strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16")))
+			x8 = !strcmp(argv[i + 1], "int8");
 		else if (!strcmp(argv[i], "--weights")) {
 			keep = !strcmp(argv[i + 1], "native");
 			wdt = strcmp(argv[i + 1], "f32") ? KVT_DTYPE_F16 : KVT_DTYPE_F32;
@@ -79,7 +82,7 @@ int main(int argc, char **argv)
 	if (!model || !ids_file || reps < 1 || reps > 100 || n_gen < 1) {
 		fprintf(stderr, "usage: bench_engine --model M --prompt-ids-file F [--decode-ids-file D] [--threads N] "
 				"[--gen-tokens N] [--reps N] [--weights native|f16|f32] [--fixed-threads 0|1] "
-				"[--map-weights 0|1]\n");
+				"[--map-weights 0|1] [--activations int16|int8]\n");
 		return 2;
 	}
 	static int32_t ids[8192], dec[256];
@@ -98,7 +101,7 @@ int main(int argc, char **argv)
 	kvt_model *m;
 	kvt_t0_pool *pool;
 	kvt_kv_layout shape;
-	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .n_threads = threads, .fixed_threads = fixed != 0 };
+	kvt_dev_config dc = { .kind = KVT_DEV_CPU, .n_threads = threads, .fixed_threads = fixed != 0, .act_int8 = x8 };
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);
 	mc.weight_dtype = wdt;

@@ -4,6 +4,7 @@
  *
  *   bench_quant [--device cpu|cuda] [--threads N] [--n-out 8192] [--n-in 2048]
  *               [--rows 1,4,64] [--reps 7] [--types q8_0,q4_1,q5_0,q4_k,q5_k,q6_k]
+ *               [--activations int16|int8]
  *
  * For each type: one random N x K matrix (uniform +-0.1), quantized with
  * gguf_quant.c's quantizers (llama.cpp's bytes), and its dequantized values rounded
@@ -220,6 +221,7 @@ int main(int argc, char **argv)
 	const char *types = "q8_0,q4_1,q5_0,q4_k,q5_k,q6_k", *rows_s = "1,4,64";
 	uint32_t N = 8192, K = 2048;
 	int threads = 2, reps = 7, kind = KVT_DEV_CPU;
+	bool x8 = false; /* --activations int8: the CPU GEMV rounds x to int8 (kvt_dev_config.act_int8) */
 
 	const char *model = NULL;
 	for (int i = 1; i + 1 < argc; i += 2) {
@@ -233,6 +235,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--rows")) rows_s = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--types")) types = argv[i + 1];
+		else if (!strcmp(argv[i], "--activations") && (!strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16")))
+			x8 = !strcmp(argv[i + 1], "int8");
 		else {
 			fprintf(stderr, "bench_quant: unknown option %s\n", argv[i]);
 			return 2;
@@ -254,7 +258,7 @@ int main(int argc, char **argv)
 		max_m = rows[n_rows] > max_m ? rows[n_rows] : max_m;
 		n_rows++;
 	}
-	kvt_dev_config dc = { .kind = kind, .n_threads = threads, .fixed_threads = true };
+	kvt_dev_config dc = { .kind = kind, .n_threads = threads, .fixed_threads = true, .act_int8 = x8 };
 	kvt_dev *d;
 	if (kvt_dev_create(&dc, &d))
 		return 1;

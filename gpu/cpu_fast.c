@@ -357,6 +357,115 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
 				   &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b]);
 }
 
+/*
+ * x rounded to int8 instead (kvt_dev_config.act_int8, "activations = int8"):
+ * one scale per 32-element block (amax / 127), as llama.cpp rounds x for
+ * Q4_0/Q5_0/Q8_0 weights (for K-quants it keeps one scale per 256). The
+ * weights' levels then multiply it as unsigned bytes (maddubs_epi16): no
+ * widening of each weight to 16 bits, half the multiply-adds. ~1e-4 NMSE on
+ * a dot product against ~1e-9 with int16 (test_dev_parity measures both), so
+ * it is an opt-in; only the types with an int8 kernel take it
+ * (xq8_kernel), the rest stay on int16.
+ */
+typedef struct xq8 {
+	int8_t *q;     /* [M][K] quantized x */
+	float *scale;  /* [M][K/32] per-block scale (x = scale * q) */
+	float *sum;    /* [M][K/32] per-block sum of the fp32 x: sum16[2b] + sum16[2b+1] */
+	float *sum16;  /* [M][K/16] per half-block sum of the fp32 x, in element order (Q6_K's offsets) */
+} xq8;
+
+static inline size_t xq8_bytes(uint32_t M, uint32_t K)
+{
+	return (((size_t)M * K + 63) & ~(size_t)63) + 4 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float);
+}
+
+static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
+{
+	xq->q = ws;
+	xq->scale = (float *)((char *)ws + (((size_t)M * K + 63) & ~(size_t)63));
+	xq->sum = xq->scale + (size_t)M * (K / KVT_QBLOCK);
+	xq->sum16 = xq->sum + (size_t)M * (K / KVT_QBLOCK);
+}
+
+/* One block of x as int8 levels, its scale and sums (sum16: each half in element order). */
+static inline void xq8_block_scalar(const float *xb, int8_t *qb, float *scale, float *sum, float *sum16)
+{
+	float amax = 0, s0 = 0, s1 = 0;
+	for (int j = 0; j < KVT_QBLOCK; j++)
+		amax = fmaxf(amax, fabsf(xb[j]));
+	float inv = amax > 0 ? 127.0f / amax : 0;
+	for (int j = 0; j < KVT_QBLOCK; j++)
+		qb[j] = (int8_t)lrintf(xb[j] * inv);
+	for (int j = 0; j < KVT_QBLOCK / 2; j++)
+		s0 += xb[j];
+	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
+		s1 += xb[j];
+	*scale = amax / 127.0f;
+	sum16[0] = s0;
+	sum16[1] = s1;
+	*sum = s0 + s1;
+}
+
+#ifdef KVT_HAVE_F16C
+/* The same with vectors, bit for bit (the argument of xq16_block: the same products, cvtps rounding to even). */
+static inline void xq8_block(const float *xb, int8_t *qb, float *scale, float *sum, float *sum16)
+{
+	const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+	const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+	const __m256 a0 = _mm256_and_ps(v0, absm), a1 = _mm256_and_ps(v1, absm);
+	const __m256 a2 = _mm256_and_ps(v2, absm), a3 = _mm256_and_ps(v3, absm);
+	const __m256 fin = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a0, inf, _CMP_LT_OQ), _mm256_cmp_ps(a1, inf, _CMP_LT_OQ)),
+					 _mm256_and_ps(_mm256_cmp_ps(a2, inf, _CMP_LT_OQ), _mm256_cmp_ps(a3, inf, _CMP_LT_OQ)));
+	if (_mm256_movemask_ps(fin) != 0xff) {
+		xq8_block_scalar(xb, qb, scale, sum, sum16);
+		return;
+	}
+	const __m256 a = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_movehdup_ps(h));
+	const float amax = _mm_cvtss_f32(h), inv = amax > 0 ? 127.0f / amax : 0;
+	if (!(inv < INFINITY)) {
+		xq8_block_scalar(xb, qb, scale, sum, sum16);
+		return;
+	}
+	const __m256 iv = _mm256_set1_ps(inv);
+	const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv)));
+	const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv)));
+	/* two packs interleave the lanes twice: dwords 0 4 1 5 2 6 3 7 back into order */
+	const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+	_mm256_storeu_si256((__m256i *)qb, q8);
+	float s0 = 0, s1 = 0;
+	for (int j = 0; j < KVT_QBLOCK / 2; j++)
+		s0 += xb[j];
+	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
+		s1 += xb[j];
+	*scale = amax / 127.0f;
+	sum16[0] = s0;
+	sum16[1] = s1;
+	*sum = s0 + s1;
+}
+#else
+#define xq8_block xq8_block_scalar
+#endif
+
+static inline void xq8_quantize(xq8 *xq, const float *x, uint32_t M, uint32_t K)
+{
+	const uint32_t nb = K / KVT_QBLOCK;
+	for (uint32_t m = 0; m < M; m++)
+		for (uint32_t b = 0; b < nb; b++)
+			xq8_block(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
+				  &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b],
+				  &xq->sum16[2 * ((size_t)m * nb + b)]);
+}
+
+/* Whether weights of dtype have an int8 kernel (dot_rows_q8). */
+static inline bool xq8_kernel(int dtype)
+{
+	return dtype == KVT_DTYPE_Q5_0 || dtype == KVT_DTYPE_Q4_K || dtype == KVT_DTYPE_Q5_K || dtype == KVT_DTYPE_Q6_K;
+}
+
 #ifdef KVT_HAVE_F16C
 /* 32 bits as 32 bytes: byte j is 0x10 where bit j of bits is set (Q5_0's fifth bits). */
 static inline __m256i fifth_bits(const uint8_t *qh)
@@ -513,8 +622,8 @@ static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *
 	return v;
 }
 
-/* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32. */
-static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4])
+/* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32 (centered) or as q. */
+static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4], bool centered)
 {
 	const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
 	__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
@@ -528,7 +637,7 @@ static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk,
 			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
 	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
 			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 4 && centered; i++)
 		q[i] = _mm256_sub_epi8(q[i], m32);
 }
 
@@ -564,7 +673,7 @@ static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *o
 		const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
 		for (int half = 0; half < 2; half++) {
 			__m256i q[4];
-			q6k_levels(blk, half, q);
+			q6k_levels(blk, half, q, true);
 			for (int i = 0; i < 4; i++) {
 				_mm256_storeu_si256((__m256i *)lv, q[i]);
 				for (int j = 0; j < 32; j += 8) {
@@ -639,7 +748,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 			}
 			for (int half = 0; half < 2; half++) {
 				__m256i q[4];
-				q6k_levels(blk, half, q);
+				q6k_levels(blk, half, q, true);
 				for (int i = 0; i < 4; i++) {
 					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
 					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
@@ -725,6 +834,175 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + hsum8(mvec[m]);
 }
 
+/* One block's sum_j q_j xq_j as 8 int32 lanes: q unsigned bytes (at most 63), xb x's int8 block. */
+static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, const int8_t *xb)
+{
+	/* NOTE: maddubs saturates a pair at 32767: 2 x 63 x 127 = 16002 cannot */
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)xb)), _mm256_set1_epi16(1));
+}
+
+/*
+ * The int8 GEMV over K-quant superblocks: the sums of dot_qk16 with x's
+ * levels as int8 and each sub-block's levels as unsigned bytes, so Q6_K's
+ * offset of 32 moves out of the levels into the sums:
+ *   sum_j w_j x_j = d sc xs sum_j q_j xq_j - 32 d sc sum_j x_j
+ * over each 16-element sub-block. Q6_K's two sub-blocks of an x block are
+ * scaled in the integers (madd by their scales, which are int8), so one
+ * convert and one FMA serve 32 elements as for Q4_K.
+ */
+static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const int M, const uint8_t *row,
+							   const xq8 *xq, size_t K, float *out)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
+
+	for (int m = 0; m < M; m++)
+		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
+	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
+		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
+		if (dtype == KVT_DTYPE_Q6_K) {
+			const uint8_t *blk = row + sb * 210;
+			for (int l = 0; l < 210; l += 64)
+				prefetch_ahead(blk + l);
+			const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
+			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+			/*
+			 * Scales as int16 pairs in dwords: lo holds 0-3 and 8-11, hi 4-7 and
+			 * 12-15 (unpack works within 128-bit lanes); x block b's two
+			 * scales (2b, 2b+1) are then one dword permute away.
+			 */
+			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+			const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
+			const __m256 ds0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
+			const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))));
+			float dx[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+			for (int m = 0; m < M; m++) {
+				_mm256_store_ps(dx[m], _mm256_mul_ps(d, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
+				const float *s16x = xq->sum16 + 2 * ((size_t)m * nb + b0);
+				mvec[m] = _mm256_fmadd_ps(ds0, _mm256_loadu_ps(s16x), mvec[m]);
+				mvec[m] = _mm256_fmadd_ps(ds1, _mm256_loadu_ps(s16x + 8), mvec[m]);
+			}
+			_Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+				__m256i q[4];
+				q6k_levels(blk, half, q, false);
+				_Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
+					/*
+					 * q[i] is x block b = 4 half + i: scales 2b and 2b+1, dwords
+					 * k and k+1 of lo or hi; q[i + 1] the next block's, the
+					 * next two dwords
+					 */
+					const int b = 4 * half + i, k = 4 * half;
+					const __m256i src = i ? hi : lo;
+					const __m256i sc = _mm256_permutevar8x32_epi32(
+						src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+					const __m256i sc1 = _mm256_permutevar8x32_epi32(
+						src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
+					for (int m = 0; m < M; m++) {
+						const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
+						__m256i p = _mm256_madd_epi16(
+							_mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb)), sc);
+						__m256i p1 = _mm256_madd_epi16(
+							_mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32))), sc1);
+						acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dx[m][b]), acc[m]);
+						acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dx[m][b + 1]), acc2[m]);
+					}
+				}
+			}
+			continue;
+		}
+		const bool q5 = dtype == KVT_DTYPE_Q5_K;
+		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+		const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+		const uint8_t *qs = blk + (q5 ? 48 : 16);
+		for (int l = 0; l < (q5 ? 176 : 144); l += 64)
+			prefetch_ahead(blk + l);
+		uint32_t u[3];
+		memcpy(u, blk + 4, sizeof u);
+		const __m128i sm = _mm_setr_epi32(
+			(int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
+			(int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+		const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
+						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+		float dsx[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+		for (int m = 0; m < M; m++) {
+			_mm256_store_ps(dsx[m], _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
+			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
+		}
+		_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
+			/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
+			__m256i v, v1;
+			if (q5) {
+				v = kq45_levels(qs, qh, true, sub);
+				v1 = kq45_levels(qs, qh, true, sub + 1);
+			} else {
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)), low4 = _mm256_set1_epi8(0x0f);
+				v = _mm256_and_si256(raw, low4);
+				v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+			}
+			for (int m = 0; m < M; m++) {
+				const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
+				__m256i p = maddubs_block(v, xb), p1 = maddubs_block(v1, xb + KVT_QBLOCK);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]), acc2[m]);
+			}
+		}
+	}
+	for (int m = 0; m < M; m++)
+		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) +
+			 (dtype == KVT_DTYPE_Q6_K ? -32.0f * hsum8(mvec[m]) : hsum8(mvec[m]));
+}
+
+/* Q5_0 with int8 x: dot_q16's groups of eight blocks, the levels 0..31 as bytes, the -16 d offset on x's sums. */
+static inline __attribute__((always_inline)) void dot_q50_8(const int M, const uint8_t *row, const xq8 *xq, size_t K,
+							     float *out)
+{
+	const size_t nb = K / KVT_QBLOCK, bs = 22;
+	const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
+
+	for (int m = 0; m < M; m++)
+		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
+	for (size_t b0 = 0; b0 < nb; b0 += 8) {
+		const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
+		const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lanes);
+		const uint8_t *g0 = row + b0 * bs;
+		const __m256 dv = _mm256_cvtph_ps(block_halves(g0, bs, g));
+		const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
+		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+		for (int m = 0; m < M; m++) {
+			_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live)));
+			mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
+		}
+		int j = 0;
+		for (; j + 1 < g; j += 2) {
+			const size_t b = b0 + (size_t)j;
+			const uint8_t *blk = row + b * bs;
+			prefetch_ahead(blk);
+			const __m256i v = q50_levels(blk), v1 = q50_levels(blk + bs);
+			for (int m = 0; m < M; m++) {
+				const int8_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256i p = maddubs_block(v, xb), p1 = maddubs_block(v1, xb + KVT_QBLOCK);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
+			}
+		}
+		for (; j < g; j++) {
+			const size_t b = b0 + (size_t)j;
+			const __m256i v = q50_levels(row + b * bs);
+			for (int m = 0; m < M; m++) {
+				__m256i p = maddubs_block(v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
+			}
+		}
+	}
+	for (int m = 0; m < M; m++)
+		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + hsum8(mvec[m]);
+}
+
+#define DOT_Q50_8(DT, M_, row, xq, K, out) dot_q50_8(M_, row, xq, K, out)
+
 /* Constant dtype and row count for each instance, so loops unroll into registers. */
 #define DOT_Q16_ROWS(FN, DT)                                               \
 	switch (M) {                                                       \
@@ -744,6 +1022,17 @@ static void dot_rows_q(int dtype, const uint8_t *row, const xq16 *xq, int M, siz
 	case KVT_DTYPE_Q4_K: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q4_K)
 	case KVT_DTYPE_Q5_K: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q5_K)
 	default: DOT_Q16_ROWS(dot_qk16, KVT_DTYPE_Q6_K)
+	}
+}
+
+/* The int8 GEMV's instances (xq8_kernel's types). */
+static void dot_rows_q8(int dtype, const uint8_t *row, const xq8 *xq, int M, size_t K, float *out)
+{
+	switch (dtype) {
+	case KVT_DTYPE_Q5_0: DOT_Q16_ROWS(DOT_Q50_8, KVT_DTYPE_Q5_0)
+	case KVT_DTYPE_Q4_K: DOT_Q16_ROWS(dot_qk8, KVT_DTYPE_Q4_K)
+	case KVT_DTYPE_Q5_K: DOT_Q16_ROWS(dot_qk8, KVT_DTYPE_Q5_K)
+	default: DOT_Q16_ROWS(dot_qk8, KVT_DTYPE_Q6_K)
 	}
 }
 #undef DOT_Q16_ROWS
@@ -784,11 +1073,25 @@ static bool use_gemv(const kvt_matmul_args *a)
 	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(a);
 }
 
+/* Whether the quantized GEMV rounds x to int8 (the device's act_int8, for a type with an int8 kernel). */
+static bool use_x8(const kvt_dev *d, const kvt_matmul_args *a)
+{
+#ifdef KVT_HAVE_F16C
+	return d->act_int8 && xq8_kernel(a->w_dtype) && use_qgemv(a);
+#else
+	(void)d;
+	(void)a;
+	return false;
+#endif
+}
+
 size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	if (d->use_ref || a->w_dtype == KVT_DTYPE_F32)
 		return 0;
 #ifdef KVT_HAVE_F16C
+	if (use_x8(d, a))
+		return xq8_bytes(a->n_rows, a->n_in);
 	if (use_qgemv(a))
 		return xq16_bytes(a->n_rows, a->n_in);
 #endif
@@ -802,6 +1105,8 @@ typedef struct matmul_job {
 	uint32_t n_slices;        /* column slices */
 	float *ws;                /* per-worker tiles (the sgemm path) */
 	xq16 xq;                  /* quantized x (quantized GEMV) */
+	xq8 xq8;                  /* ... as int8 (x8) */
+	bool x8;                  /* the int8 GEMV (use_x8) */
 	size_t tile_rows;         /* rows of each worker's tile in ws */
 } matmul_job;
 
@@ -829,9 +1134,16 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 #ifdef KVT_HAVE_F16C
 		/* the quantized x, GEMV_MAX_ROWS rows a group */
 		xq16 groups[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
+		xq8 groups8[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
 		const size_t nb = (size_t)K / KVT_QBLOCK;
-		for (int m0 = 0, g = 0; m0 < M && is_quantized(a->w_dtype); m0 += GEMV_MAX_ROWS, g++)
-			groups[g] = (xq16){ j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb, j->xq.sum + (size_t)m0 * nb };
+		for (int m0 = 0, g = 0; m0 < M && is_quantized(a->w_dtype); m0 += GEMV_MAX_ROWS, g++) {
+			if (j->x8)
+				groups8[g] = (xq8){ j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb,
+						    j->xq8.sum + (size_t)m0 * nb, j->xq8.sum16 + 2 * (size_t)m0 * nb };
+			else
+				groups[g] = (xq16){ j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb,
+						    j->xq.sum + (size_t)m0 * nb };
+		}
 #endif
 		for (int n = n0; n < n1; n++) {
 			const uint8_t *row = w + (size_t)n * row_bytes;
@@ -840,9 +1152,13 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 					out[m] = dot_f32_f16(a->x + (size_t)m * K, (const uint16_t *)row, K);
 			else
 #ifdef KVT_HAVE_F16C
-				for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS)
-					dot_rows_q(a->w_dtype, row, &groups[m0 / GEMV_MAX_ROWS],
-						   M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS, K, out + m0);
+				for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
+					const int mg = M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS;
+					if (j->x8)
+						dot_rows_q8(a->w_dtype, row, &groups8[m0 / GEMV_MAX_ROWS], mg, K, out + m0);
+					else
+						dot_rows_q(a->w_dtype, row, &groups[m0 / GEMV_MAX_ROWS], mg, K, out + m0);
+				}
 #else
 				dot_rows_q(a->w_dtype, row, a->x, M, K, out);
 #endif
@@ -882,7 +1198,11 @@ int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, use_gemv(a) ? 64 : 128) };
 	j.tile_rows = tile_rows(a);
 #ifdef KVT_HAVE_F16C
-	if (use_qgemv(a)) {
+	j.x8 = use_x8(d, a);
+	if (j.x8) {
+		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
+		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in);
+	} else if (use_qgemv(a)) {
 		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
 		xq16_quantize(&j.xq, a->x, a->n_rows, a->n_in);
 	} else

@@ -430,6 +430,7 @@ int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 	d->ops = &cpu_ops;
 	d->kind = KVT_DEV_CPU;
 	d->use_ref = cfg->use_ref;
+	d->act_int8 = cfg->act_int8 && !cfg->use_ref;
 	d->n_threads = cfg->n_threads;
 	if (d->n_threads <= 0) {
 		/* auto: the CPUs this process may use, not the host's (taskset, a container's quota) */
@@ -457,9 +458,9 @@ int kvt_dev_cpu_create(const kvt_dev_config *cfg, kvt_dev **out)
 		pthread_once(&g_blas_core_once, blas_core_check);
 	openblas_set_num_threads(1);
 	const char *core = d->use_ref ? NULL : openblas_get_corename();
-	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s%s%s)", cpu_n_threads(d),
+	snprintf(d->name, sizeof(d->name), "cpu (%d thread%s, %s%s%s%s)", cpu_n_threads(d),
 		 cpu_n_threads(d) == 1 ? "" : "s", d->use_ref ? "reference kernels" : "openblas",
-		 core ? " " : "", core ? core : "");
+		 core ? " " : "", core ? core : "", d->act_int8 ? ", int8 activations" : "");
 	*out = d;
 	return KVT_OK;
 }

@@ -90,6 +90,7 @@ struct kvt_dev {
 	int kind;                      /* enum kvt_dev_kind actually in use */
 	int n_threads;                 /* worker threads (CPU) */
 	bool use_ref;                  /* CPU: plain reference kernels */
+	bool act_int8;                 /* CPU: the quantized GEMV rounds x to int8 (kvt_dev_config) */
 	char name[96];                 /* human-readable description */
 	kvt_dev_counters ctr;          /* dev.h's counters, updated atomically by the backend */
 };

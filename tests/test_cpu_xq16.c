@@ -1,6 +1,7 @@
 /*
- * tests/test_cpu_xq16.c — the quantized GEMV's rounding of x to int16, vector
- * code against the scalar code it replaced: the same levels, scales and sums
+ * tests/test_cpu_xq16.c — the quantized GEMV's rounding of x to int16 (and
+ * to int8, act_int8), vector code against the scalar code it replaced: the
+ * same levels, scales and sums
  * bit for bit, on blocks of every kind a forward pass can produce (wide and
  * narrow ranges, zeros, subnormals, values near FLT_MAX, one non-zero lane)
  * and on blocks holding a NaN or an infinity. Built from gpu/cpu_fast.c itself,
@@ -63,7 +64,16 @@ static int same(const float *xb)
 	memset(qs, 0xaa, sizeof(qs));
 	xq16_block(xb, qv, &sv, &mv);
 	xq16_block_scalar(xb, qs, &ss, &ms);
-	return !memcmp(qv, qs, sizeof(qv)) && !memcmp(&sv, &ss, 4) && !memcmp(&mv, &ms, 4);
+	if (memcmp(qv, qs, sizeof(qv)) || memcmp(&sv, &ss, 4) || memcmp(&mv, &ms, 4))
+		return 0;
+	/* the int8 rounding (act_int8): levels, scale, sum and half sums */
+	int8_t q8v[KVT_QBLOCK], q8s[KVT_QBLOCK];
+	float hv[2], hs[2];
+	memset(q8v, 0x55, sizeof(q8v));
+	memset(q8s, 0xaa, sizeof(q8s));
+	xq8_block(xb, q8v, &sv, &mv, hv);
+	xq8_block_scalar(xb, q8s, &ss, &ms, hs);
+	return !memcmp(q8v, q8s, sizeof(q8v)) && !memcmp(&sv, &ss, 4) && !memcmp(&mv, &ms, 4) && !memcmp(hv, hs, 8);
 }
 
 int main(void)

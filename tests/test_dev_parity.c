@@ -20,8 +20,10 @@
 #define FENCE 64 /* sentinel bytes before and after each output */
 #define SENTINEL 0xA5
 
-static kvt_dev *ref, *dut;
+static kvt_dev *ref, *dut, *dut8; /* dut8: the fast path with act_int8 (x rounded to int8 in the GEMV) */
 static double worst_nmse[KVT_DTYPE_COUNT]; /* matmul, per weight dtype, for the log */
+static double worst_nmse8[KVT_DTYPE_COUNT]; /* ... on dut8, x of any values */
+static double worst_exact8[KVT_DTYPE_COUNT]; /* ... on dut8, x that int8 holds exactly */
 static check_rng rng = { 0x1234567ull };
 
 /* A buffer in one device with fences; returns the usable pointer. */
@@ -92,16 +94,46 @@ static void *make_weights(int wdt, const float *wf, size_t n, size_t *bytes)
 	return w;
 }
 
-static void test_matmul(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc)
+/* Whether dut8's GEMV takes int8 x for this op (cpu_fast.c's xq8_kernel types, M <= 8). */
+static bool x8_op(int wdt, uint32_t M)
+{
+	return M <= 8 && (wdt == KVT_DTYPE_Q5_0 || wdt == KVT_DTYPE_Q4_K || wdt == KVT_DTYPE_Q5_K || wdt == KVT_DTYPE_Q6_K);
+}
+
+/*
+ * x whose every 32-element block int8 holds exactly: integers k (|k| <= 127,
+ * one of them +-127) times a power of two per block, so the block's scale
+ * (amax / 127) and levels (x 127 / amax) come out exact and the int8 GEMV
+ * owes the reference nothing but fp32 rounding.
+ */
+static void fill_int8_exact(float *x, size_t n)
+{
+	for (size_t b = 0; b < n / 32; b++) {
+		const float step = ldexpf(1.0f, -(int)(3 + b % 7));
+		const size_t peak = (uint32_t)(check_rng_u64(&rng) >> 32) % 32;
+		for (size_t j = 0; j < 32; j++) {
+			int k = (int)((uint32_t)(check_rng_u64(&rng) >> 32) % 255) - 127;
+			if (j == peak)
+				k = (uint32_t)(check_rng_u64(&rng) >> 32) % 2 ? 127 : -127;
+			x[b * 32 + j] = (float)k * step;
+		}
+	}
+}
+
+/* mode 0: dut, any x; 1: dut8, any x; 2: dut8, x int8 holds exactly */
+static void test_matmul_on(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc, int mode)
 {
 	size_t wn = (size_t)N * K, wbytes;
 	float *wf = malloc(wn * 4), *x = malloc((size_t)M * K * 4), *y0 = malloc((size_t)M * N * 4);
 	float *out[2];
 	fill_f32(wf, wn, 0.5f);
-	fill_f32(x, (size_t)M * K, 1.0f);
+	if (mode == 2)
+		fill_int8_exact(x, (size_t)M * K);
+	else
+		fill_f32(x, (size_t)M * K, 1.0f);
 	fill_f32(y0, (size_t)M * N, 1.0f);
 	void *wq = make_weights(wdt, wf, wn, &wbytes);
-	kvt_dev *devs[2] = { ref, dut };
+	kvt_dev *devs[2] = { ref, mode ? dut8 : dut };
 	for (int i = 0; i < 2; i++) {
 		fbuf bw, bx, by, bws;
 		kvt_matmul_args a = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = wdt, .accumulate = acc };
@@ -124,9 +156,19 @@ static void test_matmul(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc)
 	 * to int16 per 32-block (documented in cpu_fast.c): ~1e-10 NMSE; all else is fp32
 	 * rounding. */
 	double e = nmse(out[0], out[1], (size_t)M * N), tol = wdt >= KVT_DTYPE_Q8_0 && M <= 8 ? 1e-8 : 1e-10;
-	CHECKF(e < tol, "matmul M%u K%u N%u %s acc %d: nmse %g", M, K, N, kvt_dtype_name(wdt), acc, e);
-	worst_nmse[wdt] = fmax(worst_nmse[wdt], e);
+	/* int8 x (act_int8): one part in 254 of each block's largest value, ~1e-4 NMSE
+	 * measured; exact x leaves only fp32 rounding */
+	if (mode == 1 && x8_op(wdt, M))
+		tol = 1e-3;
+	CHECKF(e < tol, "matmul M%u K%u N%u %s acc %d mode %d: nmse %g", M, K, N, kvt_dtype_name(wdt), acc, mode, e);
+	double *worst = mode == 0 ? worst_nmse : mode == 1 ? worst_nmse8 : worst_exact8;
+	worst[wdt] = fmax(worst[wdt], e);
 	free(out[0]), free(out[1]), free(wf), free(wq), free(x), free(y0);
+}
+
+static void test_matmul(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc)
+{
+	test_matmul_on(M, K, N, wdt, acc, 0);
 }
 
 static void test_rows(uint32_t M, uint32_t D)
@@ -798,7 +840,8 @@ int main(void)
 {
 	kvt_dev_config rc = { .kind = KVT_DEV_CPU, .use_ref = true };
 	kvt_dev_config fc = { .kind = KVT_DEV_CPU, .use_ref = false, .n_threads = 2 };
-	if (kvt_dev_create(&rc, &ref) || kvt_dev_create(&fc, &dut))
+	kvt_dev_config fc8 = { .kind = KVT_DEV_CPU, .use_ref = false, .n_threads = 2, .act_int8 = true };
+	if (kvt_dev_create(&rc, &ref) || kvt_dev_create(&fc, &dut) || kvt_dev_create(&fc8, &dut8))
 		return 1;
 	printf("reference: %s\nunder test: %s\n", kvt_dev_name(ref), kvt_dev_name(dut));
 
@@ -818,11 +861,25 @@ int main(void)
 	for (int dt = KVT_DTYPE_Q5_0; dt < KVT_DTYPE_COUNT; dt++)
 		for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++)
 			test_matmul(rows[i], i % 2 ? 768 : 256, i % 2 ? 300 : 49, dt, i % 3 == 0);
+	/*
+	 * act_int8: every quantized type on dut8 (those without an int8 kernel
+	 * keep int16's tolerance), on x of any values and on x int8 holds
+	 * exactly (the int8 kernels then owe the reference fp32 rounding only);
+	 * Gemma 3's 640-wide rows end Q5_0 in a group of 4 blocks.
+	 */
+	for (int dt = KVT_DTYPE_Q8_0; dt < KVT_DTYPE_COUNT; dt++)
+		for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++)
+			for (int mode = 1; mode <= 2; mode++) {
+				uint32_t K = dt == KVT_DTYPE_Q5_0 ? (i % 2 ? 640 : 96) : dt < KVT_DTYPE_Q5_0 ? (i % 2 ? 576 : 64)
+									    : (i % 2 ? 768 : 256);
+				test_matmul_on(rows[i], K, i % 2 ? 300 : 49, dt, i % 3 == 0, mode);
+			}
 	test_quant_layouts();
 	test_kquant_layouts();
 	test_block_rows();
 	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++)
-		printf("matmul %s: worst NMSE fast vs reference %.3g\n", kvt_dtype_name(dt), worst_nmse[dt]);
+		printf("matmul %s: worst NMSE fast vs reference %.3g; int8 activations %.3g, on x int8 holds %.3g\n",
+		       kvt_dtype_name(dt), worst_nmse[dt], worst_nmse8[dt], worst_exact8[dt]);
 	test_rows(1, 64);
 	test_rows(13, 576);
 	test_rope(1, 9, 64, 64, 100000.0f, 0);
@@ -868,5 +925,6 @@ int main(void)
 
 	kvt_dev_destroy(ref);
 	kvt_dev_destroy(dut);
+	kvt_dev_destroy(dut8);
 	return check_done("test_dev_parity");
 }

@@ -3,7 +3,7 @@
  *
  *   kvtier generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K]
  *                   [--seed S] [--chat] [--chat-template NAME] [--no-kv-cache] [--threads N]
- *                   [--weights f16|f32] [--device auto|cpu|cuda]
+ *                   [--weights f16|f32] [--activations int16|int8] [--device auto|cpu|cuda]
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
  *   kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]           (engine/cli/cli_index.c)
  *   kvtier rebuild-index (--data-dir DIR | -c FILE) [--model M]  (engine/cli/cli_index.c)
@@ -129,7 +129,7 @@ static int cmd_generate(int argc, char **argv)
 	const char *model_path = NULL, *prompt = NULL;
 	uint64_t n_predict = 64, top_k = 0, seed = 0, threads = 0;
 	float temp = 0, top_p = 1;
-	bool chat = false, no_kv = false, use_ref = false;
+	bool chat = false, no_kv = false, use_ref = false, act_int8 = false;
 	int weights = KVT_DTYPE_F16, device = KVT_DEV_AUTO, chat_kind = KVT_TOK_CHAT_AUTO;
 	bool keep_quantized = true;
 
@@ -162,6 +162,10 @@ static int cmd_generate(int argc, char **argv)
 			if (!strcmp(v, "f16") || keep_quantized) weights = KVT_DTYPE_F16;
 			else if (!strcmp(v, "f32")) weights = KVT_DTYPE_F32;
 			else { fprintf(stderr, "kvtier: --weights: '%s' is not native, f16 or f32\n", v); return 2; }
+		} else if (!strcmp(a, "--activations")) {
+			if (!strcmp(v, "int8")) act_int8 = true;
+			else if (!strcmp(v, "int16")) act_int8 = false;
+			else { fprintf(stderr, "kvtier: --activations: '%s' is not int16 or int8\n", v); return 2; }
 		} else if (!strcmp(a, "--chat-template")) {
 			if (kvt_tok_chat_parse(v, &chat_kind)) {
 				fprintf(stderr, "kvtier: --chat-template: '%s' is not auto, chatml, gemma, mistral or llama3\n", v);
@@ -197,7 +201,7 @@ static int cmd_generate(int argc, char **argv)
 	if ((rc = kvt_gguf_open(model_path, &g)) || (rc = kvt_tok_create_from_gguf(g, &tok)) ||
 	    (rc = kvt_tok_set_chat(tok, chat_kind)))
 		goto out;
-	kvt_dev_config dc = { .kind = device, .n_threads = (int)threads, .use_ref = use_ref };
+	kvt_dev_config dc = { .kind = device, .n_threads = (int)threads, .use_ref = use_ref, .act_int8 = act_int8 };
 	if ((rc = kvt_dev_create(&dc, &dev)))
 		goto out;
 	kvt_model_config mc;

@@ -107,6 +107,8 @@ static const int chat_values[] = { KVT_TOK_CHAT_AUTO, KVT_TOK_CHAT_CHATML, KVT_T
 				   KVT_TOK_CHAT_LLAMA3 };
 static const int comp_values[] = { 0, 1 };
 static const char *const chunk_names[] = { "off", "marked", "tools", NULL };
+static const char *const act_names[] = { "int16", "int8", NULL };
+static const int act_values[] = { 0, 1 };
 static const int chunk_values[] = { KVT_CHUNK_REUSE_OFF, KVT_CHUNK_REUSE_MARKED, KVT_CHUNK_REUSE_TOOLS };
 
 #define OFF(f) offsetof(kvt_config, f)
@@ -156,6 +158,8 @@ static const key_def keys[] = {
 	U32("model", "threads", model_threads, 0, 1024, "0", "CPU backend worker threads (0 = auto: the CPUs the process may use, by affinity and cgroup quota)"),
 	U32("model", "context", max_ctx, 0, 16777216, "4096", "tokens per sequence (0 = the model's trained context)"),
 	U32("model", "batch", max_batch, 1, 65536, "256", "tokens per forward chunk"),
+	ENUMK("model", "activations", act_int8, act, "int16",
+	      "CPU: decode rounds activations to int16, or to int8 as llama.cpp (faster on Q5_0 and K-quants)"),
 	ENUMK("model", "chat_template", chat_template, chat, "auto",
 	      "chat prompt layout: auto = from the GGUF's template (none: by architecture), or forced"),
 	BOOLK("model", "device_decode", device_decode, "true",

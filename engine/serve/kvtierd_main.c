@@ -546,7 +546,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 		KVT_LOGW("model.path %s: no known chat template (set [model] chat_template): "
 			 "/v1/chat/completions will be refused, /v1/completions works", c->model_path);
 	int kind = c->device == KVT_DEVICE_CUDA ? KVT_DEV_CUDA : c->device == KVT_DEVICE_CPU ? KVT_DEV_CPU : KVT_DEV_AUTO;
-	kvt_dev_config dc = { .kind = kind, .n_threads = (int)c->model_threads };
+	kvt_dev_config dc = { .kind = kind, .n_threads = (int)c->model_threads, .act_int8 = c->act_int8 != 0 };
 	if ((rc = kvt_dev_create(&dc, &d->dev))) {
 		*exit_code = EX_UNAVAILABLE;
 		return rc;
