@@ -4,7 +4,7 @@
  *
  *   bench_quant [--device cpu|cuda] [--threads N] [--n-out 8192] [--n-in 2048]
  *               [--rows 1,4,64] [--reps 7] [--types q8_0,q4_1,q5_0,q4_k,q5_k,q6_k]
- *               [--activations int16|int8]
+ *               [--activations int16|int8|both]
  *
  * For each type: one random N x K matrix (uniform +-0.1), quantized with
  * gguf_quant.c's quantizers (llama.cpp's bytes), and its dequantized values rounded
@@ -12,7 +12,8 @@
  * is a decode step's GEMV, larger M a prefill chunk) it times kvt_dev_matmul
  * on both, one warm-up then the median of --reps calls, and prints rows/s
  * ("tokens/s": each row of x is one token through this matrix) and the ratio
- * kept / fp16. The default shape is a 2048-wide FFN-sized matrix, 32 MiB as
+ * kept / fp16 (--activations both: also the kept matrix with x rounded to
+ * int8, interleaved with the rest, and int8 / int16). The default shape is a 2048-wide FFN-sized matrix, 32 MiB as
  * fp16, so neither form fits the caches and a decode step is bound by the
  * bytes read.
  *
@@ -222,6 +223,7 @@ int main(int argc, char **argv)
 	uint32_t N = 8192, K = 2048;
 	int threads = 2, reps = 7, kind = KVT_DEV_CPU;
 	bool x8 = false; /* --activations int8: the CPU GEMV rounds x to int8 (kvt_dev_config.act_int8) */
+	bool both = false; /* --activations both: int16 and int8 in the same run, interleaved */
 
 	const char *model = NULL;
 	for (int i = 1; i + 1 < argc; i += 2) {
@@ -235,9 +237,11 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--rows")) rows_s = argv[i + 1];
 		else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--types")) types = argv[i + 1];
-		else if (!strcmp(argv[i], "--activations") && (!strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16")))
+		else if (!strcmp(argv[i], "--activations") && (!strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16") ||
+								!strcmp(argv[i + 1], "both"))) {
 			x8 = !strcmp(argv[i + 1], "int8");
-		else {
+			both = !strcmp(argv[i + 1], "both");
+		} else {
 			fprintf(stderr, "bench_quant: unknown option %s\n", argv[i]);
 			return 2;
 		}
@@ -259,15 +263,21 @@ int main(int argc, char **argv)
 		n_rows++;
 	}
 	kvt_dev_config dc = { .kind = kind, .n_threads = threads, .fixed_threads = true, .act_int8 = x8 };
-	kvt_dev *d;
+	kvt_dev *d, *d8 = NULL;
 	if (kvt_dev_create(&dc, &d))
 		return 1;
+	kvt_dev_config dc8 = dc;
+	dc8.act_int8 = true;
+	if (both && (kind != KVT_DEV_CPU || kvt_dev_create(&dc8, &d8))) {
+		fprintf(stderr, "bench_quant: --activations both needs the CPU backend\n");
+		return 1;
+	}
 	char cpu[256];
 	cpu_model(cpu, sizeof cpu);
 	printf("bench_quant: device %s; host %s; matrix %u x %u; median of %d after a warm-up\n", kvt_dev_name(d),
 	       cpu, N, K, reps);
-	printf("%-5s %5s %14s %14s %12s %12s %7s\n", "type", "rows", "kept tok/s", "fp16 tok/s", "kept MiB", "fp16 MiB",
-	       "ratio");
+	printf("%-5s %5s %14s %14s %12s %12s %7s%s\n", "type", "rows", "kept tok/s", "fp16 tok/s", "kept MiB", "fp16 MiB",
+	       "ratio", both ? "     int8 tok/s int8/int16" : "");
 
 	const size_t nw = (size_t)N * K;
 	float *wf = malloc(nw * 4), *x = malloc((size_t)max_m * K * 4);
@@ -307,15 +317,23 @@ int main(int argc, char **argv)
 			ah.w_dtype = KVT_DTYPE_F16;
 			ah.w = dwf16;
 			size_t wsb = kvt_dev_matmul_workspace_bytes(d, &aq), wsh = kvt_dev_matmul_workspace_bytes(d, &ah);
+			if (d8 && kvt_dev_matmul_workspace_bytes(d8, &aq) > wsb)
+				wsb = kvt_dev_matmul_workspace_bytes(d8, &aq);
 			void *ws = NULL;
 			if ((wsb > wsh ? wsb : wsh) && kvt_dev_alloc(d, wsb > wsh ? wsb : wsh, &ws))
 				return 1;
-			/* interleaved so a change in machine load hits both alike */
+			/* interleaved so a change in machine load hits all alike (d8: host memory, as d's) */
 			double tq = time_matmul(d, &aq, ws, reps), th = time_matmul(d, &ah, ws, reps);
+			double t8 = d8 ? time_matmul(d8, &aq, ws, reps) : 0;
 			tq = (tq + time_matmul(d, &aq, ws, reps)) / 2;
 			th = (th + time_matmul(d, &ah, ws, reps)) / 2;
-			printf("%-5s %5u %14.1f %14.1f %12.2f %12.2f %6.2fx\n", all[t].name, rows[r], rows[r] / tq,
+			if (d8)
+				t8 = (t8 + time_matmul(d8, &aq, ws, reps)) / 2;
+			printf("%-5s %5u %14.1f %14.1f %12.2f %12.2f %6.2fx", all[t].name, rows[r], rows[r] / tq,
 			       rows[r] / th, qb / 1048576.0, nw * 2 / 1048576.0, th / tq);
+			if (d8)
+				printf(" %14.1f %9.2fx", rows[r] / t8, tq / t8);
+			printf("\n");
 			kvt_dev_free(d, ws);
 		}
 		kvt_dev_free(d, dwq);
@@ -326,6 +344,7 @@ int main(int argc, char **argv)
 	kvt_dev_free(d, dy);
 	kvt_dev_free(d, dwf16);
 	kvt_dev_destroy(d);
+	kvt_dev_destroy(d8);
 	free(wf), free(x), free(wh);
 	return 0;
 }

@@ -107,8 +107,8 @@ class Engine:
             self.conf = os.path.join(self.data, "kvtier.conf")
             with open(self.conf, "w") as f:
                 f.write("[server]\nlisten = 127.0.0.1:%d\n[model]\npath = %s\ndevice = cpu\nthreads = %d\n"
-                        "context = %d\n[tier.nvme]\ncapacity = %s\n[index]\ndata_dir = %s\n%s"
-                        % (self.port, model, args.threads, args.context, args.nvme, self.data,
+                        "context = %d\nactivations = %s\n[tier.nvme]\ncapacity = %s\n[index]\ndata_dir = %s\n%s"
+                        % (self.port, model, args.threads, args.context, args.activations, args.nvme, self.data,
                            "[cache]\nenabled = false\n" if kind == "kvtier-nocache" else ""))
 
     def start(self):
@@ -213,6 +213,8 @@ def main():
     ap.add_argument("--model", default=None, help="use this GGUF of the shape (bench_shape_model's output) "
                     "instead of writing one")
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--activations", default="int16", choices=["int16", "int8"],
+                    help="kvtier's [model] activations (int8: rounded as llama.cpp rounds them)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -255,6 +257,7 @@ def main():
     except (OSError, StopIteration):
         pass
     summary = {"machine": cpu, "cpus": os.cpu_count(), "peer_repack": not args.peer_no_repack,
+               "activations": args.activations,
                "shape": args.shape, "type": args.type, "layers": args.layers or "all", "threads": args.threads,
                "rows": rows, "ratios": []}
     for h in sorted({r["history"] for r in rows}):

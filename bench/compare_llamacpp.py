@@ -9,12 +9,14 @@ round; the ratio printed is the median over rounds of kvtier / llama.cpp.
 
 Usage: python3 bench/compare_llamacpp.py [--build build] [--threads 2] [--rounds 3]
        [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--weights native|f16|f32] [--peer-no-repack]
+       [--activations int16|int8]
 Needs: pip install llama-cpp-python; bench_engine built (cmake --build build).
 """
 import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,8 @@ def main():
     ap.add_argument("--weights", default="native", choices=["native", "f16", "f32"])
     ap.add_argument("--peer-no-repack", action="store_true",
                     help="llama.cpp keeps its weights as stored, as llama-server -nr (no AMX/VNNI repack)")
+    ap.add_argument("--activations", default="int16", choices=["int16", "int8"],
+                    help="kvtier's [model] activations (int8: rounded as llama.cpp rounds them)")
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="kvt_bench_")
@@ -52,11 +56,11 @@ def main():
             "--gen-tokens", str(a.gen_tokens), "--reps", str(a.reps)] + (["--no-repack"] if a.peer_no_repack else [])
     ours = [os.path.join(a.build, "bench_engine"), "--model", a.model, "--prompt-ids-file", ids_file,
             "--decode-ids-file", dec_file, "--threads", str(a.threads), "--gen-tokens", str(a.gen_tokens),
-            "--reps", str(a.reps), "--weights", a.weights]
+            "--reps", str(a.reps), "--weights", a.weights, "--activations", a.activations]
 
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"machine: {platform.node()} {cpu}, {os.cpu_count()} cores; threads {a.threads}; "
-          f"model {os.path.basename(a.model)}")
+          f"model {os.path.basename(a.model)}; kvtier activations {a.activations}")
     run_json(peer + ["--dump-ids", ids_file])  # also a warm-up of llama.cpp
     pre, dec = [], []
     for r in range(a.rounds):
@@ -71,7 +75,8 @@ def main():
                       "decode_ratio": round(statistics.median(dec), 3),
                       "threads": a.threads, "n_prompt": a.prompt_tokens, "n_gen": a.gen_tokens,
                       "weights": a.weights, "peer_repack": not a.peer_no_repack, "kvtier_device": k.get("device"),
-                      "llama_cpp_python": l.get("llama_cpp_python")}))
+                      "llama_cpp_python": l.get("llama_cpp_python"), "activations": a.activations}))
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

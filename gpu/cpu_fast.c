@@ -6,7 +6,8 @@
  *     backend's own workers, cpu_pool.c, own the cores), with fp16 and
  *     block-quantized weights widened tile by tile into the workspace; when
  *     only a few rows multiply them (decode) an F16C GEMV reads fp16 weights
- *     directly and an int16 GEMV reads quantized ones as stored. Column
+ *     directly and an int16 GEMV reads quantized ones as stored (an int8
+ *     one for Q5_0 and the K-quants with act_int8, see xq8). Column
  *     slices are split into tasks on 16-column boundaries.
  *   - attention on fp16 pools: blocked over KV blocks (prefill: a task per
  *     row block and KV head) or split across the keys (decode: a task per KV

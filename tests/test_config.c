@@ -94,6 +94,7 @@ static void test_defaults(void)
 	CHECK_EQ_INT(c.prefill_chunk, 256);
 	CHECK_EQ_INT(c.chunk_reuse, KVT_CHUNK_REUSE_MARKED);
 	CHECK_EQ_INT(c.chunk_min_tokens, 64);
+	CHECK_EQ_INT(c.act_int8, 0); /* activations = int16 */
 	CHECK(c.chunk_recompute == 0.15f && c.chunk_share == 0.5f);
 	CHECK(c.hbm.capacity_auto && c.hbm.capacity_bytes == 0 && c.hbm.high == 0.90f && c.hbm.low == 0.75f);
 	CHECK(c.host.capacity_auto && c.host.high == 0.90f && c.host.low == 0.80f);
@@ -233,6 +234,13 @@ static void test_errors(void)
 	EXPECT_ERR("[model]\nchat_template = qwen\n", 2, "[model] chat_template = \"qwen\": unknown value",
 		   "allowed: auto|chatml|gemma|mistral|llama3");
 	EXPECT_ERR("[cache]\npersist = never\n", 2, "allowed: end_of_turn|write_back");
+	EXPECT_ERR("[model]\nactivations = fp8\n", 2, "[model] activations = \"fp8\": unknown value", "allowed: int16|int8");
+	{
+		kvt_config c3;
+		char e3[256];
+		CHECKF(load_text("[model]\nactivations = int8\n", &c3, e3, sizeof(e3)) == KVT_OK, "%s", e3);
+		CHECK_EQ_INT(c3.act_int8, 1);
+	}
 	EXPECT_ERR("[tier.host]\ndtype = bf16\n", 2, "allowed: f16|fp8|int8");
 	EXPECT_ERR("[tier.nvme]\nio = aio\n", 2, "allowed: auto|uring|threads");
 	EXPECT_ERR("[tier.nvme]\ncompression = zstd\n", 2, "allowed: none|lz4");
