@@ -5,7 +5,7 @@ cache off and, when one is given, llama.cpp's llama-server, in one run.
     python3 bench/bench_scale.py [--build build] [--shape llama3.2-1b|llama3-8b]
         [--type q8_0|q4_k_m] [--threads 2] [--history 2048,8192] [--decode 64]
         [--llama-server PATH] [--peer-no-repack] [--engines LIST] [--model SHAPE.gguf] [--layers N]
-        [--out bench/results/scale-....json]
+        [--activations int16|int8] [--decode-only ROUNDS] [--out bench/results/scale-....json]
 
 The model: `BUILD/bench_shape_model` writes a GGUF of the shape (random weights from a
 fixed seed; Q8_0, or Q4_K_M's mix) with the default model's real tokenizer and chat
@@ -24,6 +24,9 @@ Each engine (kvtier, kvtier with `[cache] enabled = false`, llama-server) is mea
   `ignore_eos` on, so both engines generate exactly DECODE tokens more;
 - rss_after: the process's memory after all of it, with kvtier's own view of its KV (T0/T1
   bytes held, from /v1/stats) beside it.
+--decode-only ROUNDS measures only decode_tok_s (with startup_s and the RSS): every engine
+is started at once and ROUNDS rounds alternate between them (the order rotating), the
+median reported; any GGUF works there with --model (Gemma 3, the default model).
 Engines alternate per history length, so a slow spell of the shared machine hits each.
 Ratios (kvtier / peer) are printed per figure. Data dirs use a small NVMe tier and are
 deleted. Not a test: figures go to bench/results and bench/README.md.
@@ -194,6 +197,33 @@ def measure(e, history_words, n_decode, seed):
     return res
 
 
+def decode_rounds(engines, n_decode, rounds):
+    """Decode tok/s of every engine, all started at once and measured in alternating rounds
+    (the order rotates each round), so a slow spell of the shared machine hits each engine."""
+    short = [{"role": "user", "content": "Count slowly from one to a hundred."}]
+    out = {}
+    for e in engines:
+        out[e.kind] = {"engine": e.kind, "startup_s": round(e.start(), 3), "decode": []}
+        out[e.kind]["rss_idle"] = mem_of(e.proc.pid)
+        e.chat(short, 1)  # once first, so the timed replies find the same prompt cache
+    for r in range(rounds):
+        order = engines[r % len(engines):] + engines[:r % len(engines)]
+        for e in order:
+            time.sleep(0.5)  # the other servers' workers settle
+            t1, _ = e.chat(short, 1)
+            tn, rep = e.chat(short, n_decode + 1)
+            n = rep["usage"]["completion_tokens"]
+            if n != n_decode + 1:
+                raise RuntimeError("%s generated %d tokens, not %d" % (e.kind, n, n_decode + 1))
+            out[e.kind]["decode"].append(round((n - 1) / max(tn - t1, 1e-9), 2))
+    for e in engines:
+        d = sorted(out[e.kind]["decode"])
+        out[e.kind]["decode_tok_s"] = d[len(d) // 2]
+        out[e.kind]["rss_after"] = mem_of(e.proc.pid)
+        e.stop()
+    return [out[e.kind] for e in engines]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -215,6 +245,9 @@ def main():
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--activations", default="int16", choices=["int16", "int8"],
                     help="kvtier's [model] activations (int8: rounded as llama.cpp rounds them)")
+    ap.add_argument("--decode-only", type=int, default=0, metavar="ROUNDS",
+                    help="only decode tok/s (and start-up, idle RSS): every engine started at once, ROUNDS "
+                    "alternating rounds of DECODE tokens on a short prompt, medians; no history turns")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -237,7 +270,17 @@ def main():
             if args.layers:
                 cmd += ["--layers", str(args.layers)]
             subprocess.run(cmd, check=True)
-        for h in [int(x) for x in args.history.split(",")]:
+        if args.decode_only:
+            engines = [Engine(k, args, model, work) for k in kinds]
+            try:
+                rows = decode_rounds(engines, args.decode, args.decode_only)
+            finally:
+                for e in engines:
+                    e.stop()
+            for row in rows:
+                row["history"] = 0
+                print(json.dumps(row), flush=True)
+        for h in [] if args.decode_only else [int(x) for x in args.history.split(",")]:
             words = int(h * 0.8)  # these words run about 1.25 tokens each with the SmolLM2 tokenizer
             for k in kinds:
                 e = Engine(k, args, model, work)
@@ -257,6 +300,7 @@ def main():
     except (OSError, StopIteration):
         pass
     summary = {"machine": cpu, "cpus": os.cpu_count(), "peer_repack": not args.peer_no_repack,
+               "decode_only_rounds": args.decode_only, "decode": args.decode,
                "activations": args.activations,
                "shape": args.shape, "type": args.type, "layers": args.layers or "all", "threads": args.threads,
                "rows": rows, "ratios": []}
@@ -266,7 +310,8 @@ def main():
             a, b = by["kvtier"], by[peer]
             rat = {"history": h, "vs": peer}
             for f in ("startup_s", "turn1_s", "cached_s", "restart_s", "decode_tok_s"):
-                rat[f] = round(a[f] / b[f], 3) if b[f] else None
+                if f in a:
+                    rat[f] = round(a[f] / b[f], 3) if b[f] else None
             rat["rss_after"] = round(a["rss_after"]["VmRSS"] / b["rss_after"]["VmRSS"], 3)
             summary["ratios"].append(rat)
             print("history %d, kvtier / %s: %s" % (h, peer, json.dumps(rat)), flush=True)

@@ -47,6 +47,16 @@
 #if defined(KVT_HAVE_F16C) && defined(__AVX2__)
 #define KVT_HAVE_CODEC8 1 /* the codecs' 8-wide fast path */
 #endif
+/* 256-bit integer dot products (vpdpwssd, vpdpbusd): AVX512-VNNI with VL (Zen 4, Ice Lake on), or AVX-VNNI */
+#if defined(KVT_HAVE_F16C) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KVT_HAVE_VNNI 1
+#define kvt_dpwssd256 _mm256_dpwssd_epi32
+#define kvt_dpbusd256 _mm256_dpbusd_epi32
+#elif defined(KVT_HAVE_F16C) && defined(__AVXVNNI__)
+#define KVT_HAVE_VNNI 1
+#define kvt_dpwssd256 _mm256_dpwssd_avx_epi32
+#define kvt_dpbusd256 _mm256_dpbusd_avx_epi32
+#endif
 
 typedef struct cpu_dev {
 	kvt_dev base;        /* common head; must be first */
