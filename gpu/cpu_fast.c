@@ -7,7 +7,7 @@
  *     block-quantized weights widened tile by tile into the workspace; when
  *     only a few rows multiply them (decode) an F16C GEMV reads fp16 weights
  *     directly and an int16 GEMV reads quantized ones as stored (an int8
- *     one for Q5_0 and the K-quants with act_int8, see xq8). Column
+ *     one with act_int8, see xq8). Column
  *     slices are split into tasks on 16-column boundaries.
  *   - attention on fp16 pools: blocked over KV blocks (prefill: a task per
  *     row block and KV head) or split across the keys (decode: a task per KV
@@ -362,11 +362,12 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
  * x rounded to int8 instead (kvt_dev_config.act_int8, "activations = int8"):
  * one scale per 32-element block (amax / 127), as llama.cpp rounds x for
  * Q4_0/Q5_0/Q8_0 weights (for K-quants it keeps one scale per 256). The
- * weights' levels then multiply it as unsigned bytes (maddubs_epi16): no
- * widening of each weight to 16 bits, half the multiply-adds. ~1e-4 NMSE on
- * a dot product against ~1e-9 with int16 (test_dev_parity measures both), so
- * it is an opt-in; only the types with an int8 kernel take it
- * (xq8_kernel), the rest stay on int16.
+ * weights' levels then multiply it as unsigned bytes (maddubs_epi16, or
+ * vpdpbusd with VNNI; Q8_0's signed levels through their magnitudes, see
+ * dot_block8): no widening of each weight to 16 bits, half the
+ * multiply-adds. ~1e-4 NMSE on a dot product against ~1e-9 with int16
+ * (test_dev_parity measures both), so it is an opt-in; every quantized type
+ * has an int8 kernel.
  */
 typedef struct xq8 {
 	int8_t *q;     /* [M][K] quantized x */
@@ -459,12 +460,6 @@ static inline void xq8_quantize(xq8 *xq, const float *x, uint32_t M, uint32_t K)
 			xq8_block(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
 				  &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b],
 				  &xq->sum16[2 * ((size_t)m * nb + b)]);
-}
-
-/* Whether weights of dtype have an int8 kernel (dot_rows_q8). */
-static inline bool xq8_kernel(int dtype)
-{
-	return dtype == KVT_DTYPE_Q5_0 || dtype == KVT_DTYPE_Q4_K || dtype == KVT_DTYPE_Q5_K || dtype == KVT_DTYPE_Q6_K;
 }
 
 #ifdef KVT_HAVE_F16C
@@ -727,10 +722,10 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 {
 	const size_t nb = K / KVT_QBLOCK;
 	/* two FMA chains per row (acc, acc2), as dot_q16; mvec: the Q4_K/Q5_K min terms, per sub-block lane */
-	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
+	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], acc3[GEMV_MAX_ROWS], acc4[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++)
-		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
+		acc[m] = acc2[m] = acc3[m] = acc4[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
 		if (dtype == KVT_DTYPE_Q6_K) {
@@ -819,12 +814,13 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 				const __m256i qa = _mm256_and_si256(w0, low4), qb = _mm256_and_si256(w1, low4);
 				const __m256i qa1 = _mm256_srli_epi16(w0, 4), qb1 = _mm256_srli_epi16(w1, 4);
 				const size_t b = b0 + (size_t)sub;
+				const bool odd = M <= 2 && (sub & 2);
 				for (int m = 0; m < M; m++) {
 					const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 					__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
-					acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), acc[m]);
-					acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]),
-								  acc2[m]);
+					__m256 *a = odd ? &acc3[m] : &acc[m], *a2 = odd ? &acc4[m] : &acc2[m];
+					*a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), *a);
+					*a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]), *a2);
 				}
 			}
 			continue;
@@ -842,7 +838,8 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		}
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + hsum8(mvec[m]);
+		out[m] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[m], acc2[m]), _mm256_add_ps(acc3[m], acc4[m]))) +
+			 hsum8(mvec[m]);
 }
 
 /* One block's sum_j q_j xq_j as 8 int32 lanes: q unsigned bytes (at most 63), xb x's int8 block. */
@@ -870,10 +867,10 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 							   const xq8 *xq, size_t K, float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
-	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
+	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], acc3[GEMV_MAX_ROWS], acc4[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++)
-		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
+		acc[m] = acc2[m] = acc3[m] = acc4[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
 		if (dtype == KVT_DTYPE_Q6_K) {
@@ -913,14 +910,16 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 						src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
 					const __m256i sc1 = _mm256_permutevar8x32_epi32(
 						src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
+					const bool odd = M <= 2 && i;
 					for (int m = 0; m < M; m++) {
 						const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
 						__m256i p = _mm256_madd_epi16(
 							_mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb)), sc);
 						__m256i p1 = _mm256_madd_epi16(
 							_mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32))), sc1);
-						acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dx[m][b]), acc[m]);
-						acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dx[m][b + 1]), acc2[m]);
+						__m256 *a = odd ? &acc3[m] : &acc[m], *a2 = odd ? &acc4[m] : &acc2[m];
+						*a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dx[m][b]), *a);
+						*a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dx[m][b + 1]), *a2);
 					}
 				}
 			}
@@ -957,24 +956,67 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 				v = _mm256_and_si256(raw, low4);
 				v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
 			}
+			const bool odd = M <= 2 && (sub & 2);
 			for (int m = 0; m < M; m++) {
 				const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
 				__m256i p = maddubs_block(v, xb), p1 = maddubs_block(v1, xb + KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), acc[m]);
-				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]), acc2[m]);
+				__m256 *a = odd ? &acc3[m] : &acc[m], *a2 = odd ? &acc4[m] : &acc2[m];
+				*a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), *a);
+				*a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]), *a2);
 			}
 		}
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) +
+		out[m] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[m], acc2[m]), _mm256_add_ps(acc3[m], acc4[m]))) +
 			 (dtype == KVT_DTYPE_Q6_K ? -32.0f * hsum8(mvec[m]) : hsum8(mvec[m]));
 }
 
-/* Q5_0 with int8 x: dot_q16's groups of eight blocks, the levels 0..31 as bytes, the -16 d offset on x's sums. */
-static inline __attribute__((always_inline)) void dot_q50_8(const int M, const uint8_t *row, const xq8 *xq, size_t K,
-							     float *out)
+/*
+ * A 32-element block's levels as 32 bytes in element order: Q5_0's 0..31,
+ * Q4_0's and Q4_1's 0..15 (unsigned), Q8_0's as stored (signed).
+ */
+static inline __attribute__((always_inline)) __m256i q32_levels8(const int dtype, const uint8_t *blk)
 {
-	const size_t nb = K / KVT_QBLOCK, bs = 22;
+	if (dtype == KVT_DTYPE_Q8_0)
+		return _mm256_loadu_si256((const __m256i *)(blk + 2));
+	if (dtype == KVT_DTYPE_Q5_0)
+		return q50_levels(blk);
+	const __m128i low4 = _mm_set1_epi8(0x0f);
+	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dtype == KVT_DTYPE_Q4_1 ? 4 : 2)));
+	return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+}
+
+/*
+ * One block of levels v (q32_levels8) against x's int8 block xb, as 8 int32
+ * lanes. The byte multiply takes one unsigned operand: Q8_0's signed levels
+ * go in as |q| with q's sign moved onto x (sign_epi8), exact for every byte
+ * (|-128| is 128 unsigned; x's levels stay within +-127, so negating one
+ * cannot overflow; without VNNI a maddubs pair is at most 2 x 128 x 127 =
+ * 32512, short of its saturation).
+ */
+static inline __attribute__((always_inline)) __m256i dot_block8(const int dtype, __m256i v, const int8_t *xb)
+{
+	if (dtype != KVT_DTYPE_Q8_0)
+		return maddubs_block(v, xb);
+	const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb), v), a = _mm256_abs_epi8(v);
+#ifdef KVT_HAVE_VNNI
+	return kvt_dpbusd256(_mm256_setzero_si256(), a, x);
+#else
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/*
+ * The 32-element block types with int8 x: dot_q16's groups of eight blocks
+ * and its offset terms (Q4_1's m, Q4_0's -8 d, Q5_0's -16 d on x's sums),
+ * each block's levels multiplied as bytes (dot_block8).
+ */
+static inline __attribute__((always_inline)) void dot_q8(const int dtype, const int M, const uint8_t *row,
+							  const xq8 *xq, size_t K, float *out)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	const bool offset = dtype != KVT_DTYPE_Q8_0;
+	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
 	const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
 	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
@@ -985,39 +1027,44 @@ static inline __attribute__((always_inline)) void dot_q50_8(const int M, const u
 		const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lanes);
 		const uint8_t *g0 = row + b0 * bs;
 		const __m256 dv = _mm256_cvtph_ps(block_halves(g0, bs, g));
-		const __m256 mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
+		__m256 mv = _mm256_setzero_ps();
+		if (dtype == KVT_DTYPE_Q4_1)
+			mv = _mm256_cvtph_ps(block_halves(g0 + 2, bs, g));
+		else if (dtype == KVT_DTYPE_Q5_0)
+			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
+		else if (dtype == KVT_DTYPE_Q4_0)
+			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
 		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
 		for (int m = 0; m < M; m++) {
 			_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live)));
-			mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
+			if (offset)
+				mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
 		}
 		int j = 0;
 		for (; j + 1 < g; j += 2) {
 			const size_t b = b0 + (size_t)j;
 			const uint8_t *blk = row + b * bs;
 			prefetch_ahead(blk);
-			const __m256i v = q50_levels(blk), v1 = q50_levels(blk + bs);
+			const __m256i v = q32_levels8(dtype, blk), v1 = q32_levels8(dtype, blk + bs);
 			for (int m = 0; m < M; m++) {
 				const int8_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-				__m256i p = maddubs_block(v, xb), p1 = maddubs_block(v1, xb + KVT_QBLOCK);
+				__m256i p = dot_block8(dtype, v, xb), p1 = dot_block8(dtype, v1, xb + KVT_QBLOCK);
 				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
 				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
 			}
 		}
 		for (; j < g; j++) {
 			const size_t b = b0 + (size_t)j;
-			const __m256i v = q50_levels(row + b * bs);
+			const __m256i v = q32_levels8(dtype, row + b * bs);
 			for (int m = 0; m < M; m++) {
-				__m256i p = maddubs_block(v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
+				__m256i p = dot_block8(dtype, v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
 				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
 			}
 		}
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + hsum8(mvec[m]);
+		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + (offset ? hsum8(mvec[m]) : 0.0f);
 }
-
-#define DOT_Q50_8(DT, M_, row, xq, K, out) dot_q50_8(M_, row, xq, K, out)
 
 /* Constant dtype and row count for each instance, so loops unroll into registers. */
 #define DOT_Q16_ROWS(FN, DT)                                               \
@@ -1041,11 +1088,14 @@ static void dot_rows_q(int dtype, const uint8_t *row, const xq16 *xq, int M, siz
 	}
 }
 
-/* The int8 GEMV's instances (xq8_kernel's types). */
+/* The int8 GEMV's instances, one per quantized type. */
 static void dot_rows_q8(int dtype, const uint8_t *row, const xq8 *xq, int M, size_t K, float *out)
 {
 	switch (dtype) {
-	case KVT_DTYPE_Q5_0: DOT_Q16_ROWS(DOT_Q50_8, KVT_DTYPE_Q5_0)
+	case KVT_DTYPE_Q8_0: DOT_Q16_ROWS(dot_q8, KVT_DTYPE_Q8_0)
+	case KVT_DTYPE_Q4_0: DOT_Q16_ROWS(dot_q8, KVT_DTYPE_Q4_0)
+	case KVT_DTYPE_Q4_1: DOT_Q16_ROWS(dot_q8, KVT_DTYPE_Q4_1)
+	case KVT_DTYPE_Q5_0: DOT_Q16_ROWS(dot_q8, KVT_DTYPE_Q5_0)
 	case KVT_DTYPE_Q4_K: DOT_Q16_ROWS(dot_qk8, KVT_DTYPE_Q4_K)
 	case KVT_DTYPE_Q5_K: DOT_Q16_ROWS(dot_qk8, KVT_DTYPE_Q5_K)
 	default: DOT_Q16_ROWS(dot_qk8, KVT_DTYPE_Q6_K)
@@ -1089,11 +1139,11 @@ static bool use_gemv(const kvt_matmul_args *a)
 	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(a);
 }
 
-/* Whether the quantized GEMV rounds x to int8 (the device's act_int8, for a type with an int8 kernel). */
+/* Whether the quantized GEMV rounds x to int8 (the device's act_int8; every quantized type has an int8 kernel). */
 static bool use_x8(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_F16C
-	return d->act_int8 && xq8_kernel(a->w_dtype) && use_qgemv(a);
+	return d->act_int8 && use_qgemv(a);
 #else
 	(void)d;
 	(void)a;

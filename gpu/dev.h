@@ -118,8 +118,8 @@ typedef struct kvt_dev_config {
 	bool fixed_threads; /* CPU: always use all n_threads (no adapting to busy cores; a benchmark baseline) */
 	/*
 	 * CPU: the decode GEMV rounds x to int8 per 32 elements (as llama.cpp
-	 * does) for Q5_0/Q4_K/Q5_K/Q6_K weights instead of int16: ~1e-4 NMSE
-	 * per product against ~1e-9, 1.3-2x faster on those types. Off: int16.
+	 * does) instead of int16, for every block-quantized type: ~1e-4 NMSE
+	 * per product against ~1e-9, and faster (bench/README.md). Off: int16.
 	 */
 	bool act_int8;
 } kvt_dev_config;

@@ -94,10 +94,10 @@ static void *make_weights(int wdt, const float *wf, size_t n, size_t *bytes)
 	return w;
 }
 
-/* Whether dut8's GEMV takes int8 x for this op (cpu_fast.c's xq8_kernel types, M <= 8). */
+/* Whether dut8's GEMV takes int8 x for this op (every block-quantized type, M <= 8). */
 static bool x8_op(int wdt, uint32_t M)
 {
-	return M <= 8 && (wdt == KVT_DTYPE_Q5_0 || wdt == KVT_DTYPE_Q4_K || wdt == KVT_DTYPE_Q5_K || wdt == KVT_DTYPE_Q6_K);
+	return M <= 8 && wdt >= KVT_DTYPE_Q8_0;
 }
 
 /*
@@ -716,6 +716,47 @@ static void test_quant_layouts(void)
 }
 
 /*
+ * Q8_0 levels over the whole byte range, -128 included (llama.cpp's quantizer
+ * writes +-127 only, but a file may hold any byte), through the int8 GEMV:
+ * its byte multiply takes |q| with q's sign moved onto x, so -128 must come
+ * out as 128 times -x. x int8 holds exactly, so only fp32 rounding is owed.
+ */
+static void test_q8_0_full_range(void)
+{
+	enum { K = 256, N = 5 };
+	uint8_t w[N * (K / 32) * 34];
+	uint16_t d = kvt_f32_to_f16(0.0078125f);
+	for (int n = 0; n < N; n++)
+		for (int b = 0; b < K / 32; b++) {
+			uint8_t *blk = w + ((size_t)n * (K / 32) + b) * 34;
+			memcpy(blk, &d, 2);
+			for (int j = 0; j < 32; j++)
+				blk[2 + j] = (uint8_t)((b * 32 + j) * 37 + n * 11); /* every byte value, -128 too */
+		}
+	for (uint32_t M = 1; M <= 3; M += 2) {
+		float x[3 * K], y[2][3 * N];
+		fill_int8_exact(x, (size_t)M * K);
+		kvt_dev *devs[2] = { ref, dut8 };
+		for (int i = 0; i < 2; i++) {
+			fbuf bw, bx, by, bws;
+			kvt_matmul_args a = { .n_rows = M, .n_in = K, .n_out = N, .w_dtype = KVT_DTYPE_Q8_0 };
+			a.w = upload(&bw, devs[i], w, sizeof(w));
+			a.x = upload(&bx, devs[i], x, (size_t)M * K * 4);
+			a.y = fb_alloc(&by, devs[i], (size_t)M * N * 4);
+			size_t wsb = kvt_dev_matmul_workspace_bytes(devs[i], &a);
+			void *ws = wsb ? fb_alloc(&bws, devs[i], wsb) : NULL;
+			CHECK(kvt_dev_matmul(devs[i], &a, ws) == KVT_OK);
+			kvt_dev_copy_d2h(devs[i], y[i], a.y, (size_t)M * N * 4);
+			if (ws)
+				fb_free(&bws);
+			fb_free(&bw), fb_free(&bx), fb_free(&by);
+		}
+		double e = nmse(y[0], y[1], (size_t)M * N);
+		CHECKF(e < 1e-10, "q8_0 full byte range, int8 x, M %u: nmse %g", M, e);
+	}
+}
+
+/*
  * The new layouts element by element: every element of a row of random
  * blocks (random bytes, finite scales) read through the matmul of both
  * backends against e_k rows, and through embed, equals gguf_quant.c's dequantizer
@@ -875,6 +916,7 @@ int main(void)
 				test_matmul_on(rows[i], K, i % 2 ? 300 : 49, dt, i % 3 == 0, mode);
 			}
 	test_quant_layouts();
+	test_q8_0_full_range();
 	test_kquant_layouts();
 	test_block_rows();
 	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++)
