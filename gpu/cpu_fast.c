@@ -225,6 +225,12 @@ static inline bool is_new_quant(int dtype)
 	return dtype >= KVT_DTYPE_Q5_0;
 }
 
+/* The K-quants: 256-element superblocks. */
+static inline bool is_kquant(int dtype)
+{
+	return dtype >= KVT_DTYPE_Q4_K;
+}
+
 #ifdef KVT_HAVE_F16C
 static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *out); /* below, by the GEMV */
 #endif
@@ -359,10 +365,12 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
 }
 
 /*
- * x rounded to int8 instead (kvt_dev_config.act_int8, "activations = int8"):
- * one scale per 32-element block (amax / 127), as llama.cpp rounds x for
- * Q4_0/Q5_0/Q8_0 weights (for K-quants it keeps one scale per 256). The
- * weights' levels then multiply it as unsigned bytes (maddubs_epi16, or
+ * x rounded to int8 instead (kvt_dev_config.act_int8, "activations = int8"),
+ * as llama.cpp rounds it: one scale (amax / 127) per 32-element block for
+ * Q4_0/Q4_1/Q5_0/Q8_0 weights, one per 256 for the K-quants (its Q8_K), whose
+ * sub-block scales are then applied in the integers and a superblock takes
+ * one convert and one FMA (dot_qk8). The
+ * weights' levels multiply it as unsigned bytes (maddubs_epi16, or
  * vpdpbusd with VNNI; Q8_0's signed levels through their magnitudes, see
  * dot_block8): no widening of each weight to 16 bits, half the
  * multiply-adds. ~1e-4 NMSE on a dot product against ~1e-9 with int16
@@ -371,7 +379,7 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
  */
 typedef struct xq8 {
 	int8_t *q;     /* [M][K] quantized x */
-	float *scale;  /* [M][K/32] per-block scale (x = scale * q) */
+	float *scale;  /* [M][K/32] per-block scale (x = scale * q; the same for the 8 blocks of a K-quant group) */
 	float *sum;    /* [M][K/32] per-block sum of the fp32 x: sum16[2b] + sum16[2b+1] */
 	float *sum16;  /* [M][K/16] per half-block sum of the fp32 x, in element order (Q6_K's offsets) */
 } xq8;
@@ -389,75 +397,95 @@ static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
 	xq->sum16 = xq->sum + (size_t)M * (K / KVT_QBLOCK);
 }
 
-/* One block of x as int8 levels, its scale and sums (sum16: each half in element order). */
-static inline void xq8_block_scalar(const float *xb, int8_t *qb, float *scale, float *sum, float *sum16)
+/*
+ * One group of nblk 32-element blocks of x (1, or 8 for the K-quants: one
+ * scale per 256 as llama.cpp's Q8_K) as int8 levels with the group's scale
+ * amax / 127, written to each block's scale; each block's sum and half sums
+ * (sum16, each half in element order) from the fp32 x.
+ */
+static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float *scale, float *sum, float *sum16)
 {
-	float amax = 0, s0 = 0, s1 = 0;
-	for (int j = 0; j < KVT_QBLOCK; j++)
-		amax = fmaxf(amax, fabsf(xb[j]));
-	float inv = amax > 0 ? 127.0f / amax : 0;
-	for (int j = 0; j < KVT_QBLOCK; j++)
-		qb[j] = (int8_t)lrintf(xb[j] * inv);
-	for (int j = 0; j < KVT_QBLOCK / 2; j++)
-		s0 += xb[j];
-	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
-		s1 += xb[j];
-	*scale = amax / 127.0f;
-	sum16[0] = s0;
-	sum16[1] = s1;
-	*sum = s0 + s1;
+	float amax = 0;
+	for (int j = 0; j < KVT_QBLOCK * nblk; j++)
+		amax = fmaxf(amax, fabsf(xg[j]));
+	const float inv = amax > 0 ? 127.0f / amax : 0;
+	for (int b = 0; b < nblk; b++) {
+		const float *xb = xg + b * KVT_QBLOCK;
+		float s0 = 0, s1 = 0;
+		for (int j = 0; j < KVT_QBLOCK; j++)
+			qg[b * KVT_QBLOCK + j] = (int8_t)lrintf(xb[j] * inv);
+		for (int j = 0; j < KVT_QBLOCK / 2; j++)
+			s0 += xb[j];
+		for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
+			s1 += xb[j];
+		scale[b] = amax / 127.0f;
+		sum16[2 * b] = s0;
+		sum16[2 * b + 1] = s1;
+		sum[b] = s0 + s1;
+	}
 }
 
 #ifdef KVT_HAVE_F16C
-/* The same with vectors, bit for bit (the argument of xq16_block: the same products, cvtps rounding to even). */
-static inline void xq8_block(const float *xb, int8_t *qb, float *scale, float *sum, float *sum16)
+/*
+ * The same with vectors, bit for bit (the argument of xq16_block: the same
+ * largest |x| in any order, the same products, cvtps rounding to even); a
+ * group holding a NaN or an infinity, or too small for 127 / amax, takes the
+ * scalar code.
+ */
+static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale, float *sum, float *sum16)
 {
-	const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-	const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
 	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
-	const __m256 a0 = _mm256_and_ps(v0, absm), a1 = _mm256_and_ps(v1, absm);
-	const __m256 a2 = _mm256_and_ps(v2, absm), a3 = _mm256_and_ps(v3, absm);
-	const __m256 fin = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a0, inf, _CMP_LT_OQ), _mm256_cmp_ps(a1, inf, _CMP_LT_OQ)),
-					 _mm256_and_ps(_mm256_cmp_ps(a2, inf, _CMP_LT_OQ), _mm256_cmp_ps(a3, inf, _CMP_LT_OQ)));
+	__m256 a = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+	for (int i = 0; i < KVT_QBLOCK * nblk; i += 8) {
+		const __m256 ai = _mm256_and_ps(_mm256_loadu_ps(xg + i), absm);
+		/* NOTE: ordered-less-than is false for a NaN, so a NaN anywhere shows as a lane not below inf */
+		fin = _mm256_and_ps(fin, _mm256_cmp_ps(ai, inf, _CMP_LT_OQ));
+		a = _mm256_max_ps(a, ai);
+	}
 	if (_mm256_movemask_ps(fin) != 0xff) {
-		xq8_block_scalar(xb, qb, scale, sum, sum16);
+		xq8_group_scalar(xg, nblk, qg, scale, sum, sum16);
 		return;
 	}
-	const __m256 a = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
 	__m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
 	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
 	h = _mm_max_ss(h, _mm_movehdup_ps(h));
 	const float amax = _mm_cvtss_f32(h), inv = amax > 0 ? 127.0f / amax : 0;
 	if (!(inv < INFINITY)) {
-		xq8_block_scalar(xb, qb, scale, sum, sum16);
+		xq8_group_scalar(xg, nblk, qg, scale, sum, sum16);
 		return;
 	}
 	const __m256 iv = _mm256_set1_ps(inv);
-	const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv)));
-	const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv)));
-	/* two packs interleave the lanes twice: dwords 0 4 1 5 2 6 3 7 back into order */
-	const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-	_mm256_storeu_si256((__m256i *)qb, q8);
-	float s0 = 0, s1 = 0;
-	for (int j = 0; j < KVT_QBLOCK / 2; j++)
-		s0 += xb[j];
-	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
-		s1 += xb[j];
-	*scale = amax / 127.0f;
-	sum16[0] = s0;
-	sum16[1] = s1;
-	*sum = s0 + s1;
+	for (int b = 0; b < nblk; b++) {
+		const float *xb = xg + b * KVT_QBLOCK;
+		const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+		const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+		const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv)));
+		const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, iv)), _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv)));
+		/* two packs interleave the lanes twice: dwords 0 4 1 5 2 6 3 7 back into order */
+		const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+		_mm256_storeu_si256((__m256i *)(qg + b * KVT_QBLOCK), q8);
+		float s0 = 0, s1 = 0;
+		for (int j = 0; j < KVT_QBLOCK / 2; j++)
+			s0 += xb[j];
+		for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
+			s1 += xb[j];
+		scale[b] = amax / 127.0f;
+		sum16[2 * b] = s0;
+		sum16[2 * b + 1] = s1;
+		sum[b] = s0 + s1;
+	}
 }
 #else
-#define xq8_block xq8_block_scalar
+#define xq8_group xq8_group_scalar
 #endif
 
-static inline void xq8_quantize(xq8 *xq, const float *x, uint32_t M, uint32_t K)
+/* x's M rows in groups of nblk blocks (1, or 8 for K-quant weights: xq8_group). */
+static inline void xq8_quantize(xq8 *xq, const float *x, uint32_t M, uint32_t K, int nblk)
 {
 	const uint32_t nb = K / KVT_QBLOCK;
 	for (uint32_t m = 0; m < M; m++)
-		for (uint32_t b = 0; b < nb; b++)
-			xq8_block(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
+		for (uint32_t b = 0; b < nb; b += (uint32_t)nblk)
+			xq8_group(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, nblk, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
 				  &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b],
 				  &xq->sum16[2 * ((size_t)m * nb + b)]);
 }
@@ -842,6 +870,16 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 			 hsum8(mvec[m]);
 }
 
+/* p sc + p1 sc1 as int32 lanes (pairs of int16 lanes multiplied and added; one vpdpwssd for the second with VNNI). */
+static inline __attribute__((always_inline)) __m256i scale_pairs(__m256i p, __m256i sc, __m256i p1, __m256i sc1)
+{
+#ifdef KVT_HAVE_VNNI
+	return kvt_dpwssd256(_mm256_madd_epi16(p, sc), p1, sc1);
+#else
+	return _mm256_add_epi32(_mm256_madd_epi16(p, sc), _mm256_madd_epi16(p1, sc1));
+#endif
+}
+
 /* One block's sum_j q_j xq_j as 8 int32 lanes: q unsigned bytes (at most 63), xb x's int8 block. */
 static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, const int8_t *xb)
 {
@@ -855,29 +893,40 @@ static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, co
 }
 
 /*
- * The int8 GEMV over K-quant superblocks: the sums of dot_qk16 with x's
- * levels as int8 and each sub-block's levels as unsigned bytes, so Q6_K's
- * offset of 32 moves out of the levels into the sums:
- *   sum_j w_j x_j = d sc xs sum_j q_j xq_j - 32 d sc sum_j x_j
- * over each 16-element sub-block. Q6_K's two sub-blocks of an x block are
- * scaled in the integers (madd by their scales, which are int8), so one
- * convert and one FMA serve 32 elements as for Q4_K.
+ * The int8 GEMV over K-quant superblocks, x rounded with one scale xs per
+ * superblock (xq8_quantize's groups of 8 blocks, llama.cpp's Q8_K): each
+ * sub-block's sum_j q_j xq_j is multiplied by its integer scale in the
+ * integers and added up in int32 lanes, and the superblock then takes one
+ * convert and one FMA by d xs. (A convert and an FMA per 32 elements, with x
+ * scaled per 32, held the K-quant GEMV to ~28G weights/s on a Zen 4 core;
+ * without them it ran 1.65x as fast.) The levels go in as unsigned bytes, so
+ * Q6_K's offset of 32 moves into the fp32 sums of x, as the Q4_K/Q5_K mins:
+ *   sum_j w_j x_j = d xs sum_sub sc sum_j q_j xq_j - dmin sum_sub m sum_x (Q4_K/Q5_K)
+ *                                                  - 32 d sum_sub sc sum_x (Q6_K)
+ * Bounds: a maddubs pair is at most 2 x 63 x 127 = 16002 (short of its
+ * saturation); an int32 lane gathers 32 products times their scale, at most
+ * 32 x 63 x 127 x 128 < 2^25.
  */
 static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const int M, const uint8_t *row,
 							   const xq8 *xq, size_t K, float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
-	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], acc3[GEMV_MAX_ROWS], acc4[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
+	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++)
-		acc[m] = acc2[m] = acc3[m] = acc4[m] = mvec[m] = _mm256_setzero_ps();
+		acc[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
+		__m256i isum[GEMV_MAX_ROWS];
+		float d;
+		for (int m = 0; m < M; m++)
+			isum[m] = _mm256_setzero_si256();
 		if (dtype == KVT_DTYPE_Q6_K) {
 			const uint8_t *blk = row + sb * 210;
 			for (int l = 0; l < 210; l += 64)
 				prefetch_ahead(blk + l);
-			const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
+			d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+			const __m256 dv = _mm256_set1_ps(d);
 			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
 			/*
 			 * Scales as int16 pairs in dwords: lo holds 0-3 and 8-11, hi 4-7 and
@@ -886,11 +935,9 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 			 */
 			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
 			const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
-			const __m256 ds0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
-			const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))));
-			float dx[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+			const __m256 ds0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
+			const __m256 ds1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))));
 			for (int m = 0; m < M; m++) {
-				_mm256_store_ps(dx[m], _mm256_mul_ps(d, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
 				const float *s16x = xq->sum16 + 2 * ((size_t)m * nb + b0);
 				mvec[m] = _mm256_fmadd_ps(ds0, _mm256_loadu_ps(s16x), mvec[m]);
 				mvec[m] = _mm256_fmadd_ps(ds1, _mm256_loadu_ps(s16x + 8), mvec[m]);
@@ -910,65 +957,62 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 						src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
 					const __m256i sc1 = _mm256_permutevar8x32_epi32(
 						src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
-					const bool odd = M <= 2 && i;
 					for (int m = 0; m < M; m++) {
 						const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
-						__m256i p = _mm256_madd_epi16(
-							_mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb)), sc);
-						__m256i p1 = _mm256_madd_epi16(
-							_mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32))), sc1);
-						__m256 *a = odd ? &acc3[m] : &acc[m], *a2 = odd ? &acc4[m] : &acc2[m];
-						*a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dx[m][b]), *a);
-						*a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dx[m][b + 1]), *a2);
+						__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
+						__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
+						isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
 					}
 				}
 			}
-			continue;
-		}
-		const bool q5 = dtype == KVT_DTYPE_Q5_K;
-		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
-		const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
-		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-		const uint8_t *qs = blk + (q5 ? 48 : 16);
-		for (int l = 0; l < (q5 ? 176 : 144); l += 64)
-			prefetch_ahead(blk + l);
-		uint32_t u[3];
-		memcpy(u, blk + 4, sizeof u);
-		const __m128i sm = _mm_setr_epi32(
-			(int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
-			(int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
-		const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
-		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
-						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-		float dsx[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
-		for (int m = 0; m < M; m++) {
-			_mm256_store_ps(dsx[m], _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
-			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
-		}
-		_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
-			/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
-			__m256i v, v1;
-			if (q5) {
-				v = kq45_levels(qs, qh, true, sub);
-				v1 = kq45_levels(qs, qh, true, sub + 1);
-			} else {
-				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)), low4 = _mm256_set1_epi8(0x0f);
-				v = _mm256_and_si256(raw, low4);
-				v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+		} else {
+			const bool q5 = dtype == KVT_DTYPE_Q5_K;
+			const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+			d = _cvtsh_ss(*(const uint16_t *)blk);
+			const float dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+			const uint8_t *qs = blk + (q5 ? 48 : 16);
+			for (int l = 0; l < (q5 ? 176 : 144); l += 64)
+				prefetch_ahead(blk + l);
+			uint32_t u[3];
+			memcpy(u, blk + 4, sizeof u);
+			const __m128i sm = _mm_setr_epi32(
+				(int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
+				(int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+			const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
+							 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+			for (int m = 0; m < M; m++)
+				mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
+			/* the 8 sub-block scales as int16 in both lanes; sub-block k's is broadcast by a byte shuffle */
+			const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+			_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
+				/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
+				__m256i v, v1;
+				if (q5) {
+					v = kq45_levels(qs, qh, true, sub);
+					v1 = kq45_levels(qs, qh, true, sub + 1);
+				} else {
+					const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)),
+						      low4 = _mm256_set1_epi8(0x0f);
+					v = _mm256_and_si256(raw, low4);
+					v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+				}
+				const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 1) << 8 | 2 * sub)));
+				const __m256i sc1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 3) << 8 | (2 * sub + 2))));
+				for (int m = 0; m < M; m++) {
+					const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
+					__m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)xb));
+					__m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(xb + KVT_QBLOCK)));
+					isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+				}
 			}
-			const bool odd = M <= 2 && (sub & 2);
-			for (int m = 0; m < M; m++) {
-				const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
-				__m256i p = maddubs_block(v, xb), p1 = maddubs_block(v1, xb + KVT_QBLOCK);
-				__m256 *a = odd ? &acc3[m] : &acc[m], *a2 = odd ? &acc4[m] : &acc2[m];
-				*a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), *a);
-				*a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&dsx[m][sub + 1]), *a2);
-			}
 		}
+		for (int m = 0; m < M; m++)
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * xq->scale[(size_t)m * nb + b0]),
+						 acc[m]);
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[m], acc2[m]), _mm256_add_ps(acc3[m], acc4[m]))) +
-			 (dtype == KVT_DTYPE_Q6_K ? -32.0f * hsum8(mvec[m]) : hsum8(mvec[m]));
+		out[m] = hsum8(acc[m]) + (dtype == KVT_DTYPE_Q6_K ? -32.0f * hsum8(mvec[m]) : hsum8(mvec[m]));
 }
 
 /*
@@ -1267,7 +1311,7 @@ int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	j.x8 = use_x8(d, a);
 	if (j.x8) {
 		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
-		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in);
+		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
 	} else if (use_qgemv(a)) {
 		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
 		xq16_quantize(&j.xq, a->x, a->n_rows, a->n_in);

@@ -1,7 +1,7 @@
 /*
  * tests/test_cpu_xq16.c — the quantized GEMV's rounding of x to int16 (and
- * to int8, act_int8), vector code against the scalar code it replaced: the
- * same levels, scales and sums
+ * to int8, act_int8, by block or by group of 8 blocks), vector code against
+ * the scalar code it replaced: the same levels, scales and sums
  * bit for bit, on blocks of every kind a forward pass can produce (wide and
  * narrow ranges, zeros, subnormals, values near FLT_MAX, one non-zero lane)
  * and on blocks holding a NaN or an infinity. Built from gpu/cpu_fast.c itself,
@@ -55,6 +55,23 @@ static void fill(int k, float *xb)
 		xb[next_u32() % KVT_QBLOCK] = unit() * 3.0f;
 }
 
+/*
+ * The int8 rounding (act_int8) of nblk blocks at xg as one group (1, or 8 as
+ * for the K-quants), vector against scalar: levels, scales, sums and half
+ * sums; 1 if they agree bit for bit.
+ */
+static int same8(const float *xg, int nblk)
+{
+	int8_t qv[8 * KVT_QBLOCK], qs[8 * KVT_QBLOCK];
+	float sv[8], ss[8], mv[8], ms[8], hv[16], hs[16];
+	memset(qv, 0x55, sizeof(qv));
+	memset(qs, 0xaa, sizeof(qs));
+	xq8_group(xg, nblk, qv, sv, mv, hv);
+	xq8_group_scalar(xg, nblk, qs, ss, ms, hs);
+	return !memcmp(qv, qs, (size_t)nblk * KVT_QBLOCK) && !memcmp(sv, ss, 4 * (size_t)nblk) &&
+	       !memcmp(mv, ms, 4 * (size_t)nblk) && !memcmp(hv, hs, 8 * (size_t)nblk);
+}
+
 /* Both quantizers on xb; 1 if they agree bit for bit. */
 static int same(const float *xb)
 {
@@ -66,14 +83,7 @@ static int same(const float *xb)
 	xq16_block_scalar(xb, qs, &ss, &ms);
 	if (memcmp(qv, qs, sizeof(qv)) || memcmp(&sv, &ss, 4) || memcmp(&mv, &ms, 4))
 		return 0;
-	/* the int8 rounding (act_int8): levels, scale, sum and half sums */
-	int8_t q8v[KVT_QBLOCK], q8s[KVT_QBLOCK];
-	float hv[2], hs[2];
-	memset(q8v, 0x55, sizeof(q8v));
-	memset(q8s, 0xaa, sizeof(q8s));
-	xq8_block(xb, q8v, &sv, &mv, hv);
-	xq8_block_scalar(xb, q8s, &ss, &ms, hs);
-	return !memcmp(q8v, q8s, sizeof(q8v)) && !memcmp(&sv, &ss, 4) && !memcmp(&mv, &ms, 4) && !memcmp(hv, hs, 8);
+	return same8(xb, 1);
 }
 
 int main(void)
@@ -97,5 +107,16 @@ int main(void)
 	}
 	for (int k = 0; k <= NKIND; k++)
 		CHECKF(bad[k] == 0, "block kind %d: %d blocks differ from the scalar quantizer", k, bad[k]);
+	/* int8 groups of 8 blocks (the K-quants' one scale per 256): blocks of mixed kinds, a NaN or infinity at times */
+	float xg[8 * KVT_QBLOCK];
+	int bad_groups = 0;
+	for (int trial = 0; trial < 20000; trial++) {
+		for (int b = 0; b < 8; b++)
+			fill((int)(next_u32() % NKIND), xg + b * KVT_QBLOCK);
+		if (trial % 8 == 0)
+			xg[next_u32() % (8 * KVT_QBLOCK)] = odd[trial % 4];
+		bad_groups += !same8(xg, 8);
+	}
+	CHECKF(bad_groups == 0, "%d groups of 8 blocks differ from the scalar int8 quantizer", bad_groups);
 	return check_done("test_cpu_xq16");
 }

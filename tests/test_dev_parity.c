@@ -101,21 +101,23 @@ static bool x8_op(int wdt, uint32_t M)
 }
 
 /*
- * x whose every 32-element block int8 holds exactly: integers k (|k| <= 127,
- * one of them +-127) times a power of two per block, so the block's scale
- * (amax / 127) and levels (x 127 / amax) come out exact and the int8 GEMV
- * owes the reference nothing but fp32 rounding.
+ * x whose every group of `group` elements (a 32-element block; 256 for the
+ * K-quants, which round x with one scale per superblock) int8 holds
+ * exactly: integers k (|k| <= 127, one of them +-127) times a power of two
+ * per group, so the group's scale (amax / 127) and levels (x 127 / amax)
+ * come out exact and the int8 GEMV owes the reference nothing but fp32
+ * rounding.
  */
-static void fill_int8_exact(float *x, size_t n)
+static void fill_int8_exact(float *x, size_t n, size_t group)
 {
-	for (size_t b = 0; b < n / 32; b++) {
-		const float step = ldexpf(1.0f, -(int)(3 + b % 7));
-		const size_t peak = (uint32_t)(check_rng_u64(&rng) >> 32) % 32;
-		for (size_t j = 0; j < 32; j++) {
+	for (size_t g = 0; g < n / group; g++) {
+		const float step = ldexpf(1.0f, -(int)(3 + g % 7));
+		const size_t peak = (uint32_t)(check_rng_u64(&rng) >> 32) % group;
+		for (size_t j = 0; j < group; j++) {
 			int k = (int)((uint32_t)(check_rng_u64(&rng) >> 32) % 255) - 127;
 			if (j == peak)
 				k = (uint32_t)(check_rng_u64(&rng) >> 32) % 2 ? 127 : -127;
-			x[b * 32 + j] = (float)k * step;
+			x[g * group + j] = (float)k * step;
 		}
 	}
 }
@@ -128,7 +130,7 @@ static void test_matmul_on(uint32_t M, uint32_t K, uint32_t N, int wdt, bool acc
 	float *out[2];
 	fill_f32(wf, wn, 0.5f);
 	if (mode == 2)
-		fill_int8_exact(x, (size_t)M * K);
+		fill_int8_exact(x, (size_t)M * K, wdt >= KVT_DTYPE_Q4_K ? 256 : 32);
 	else
 		fill_f32(x, (size_t)M * K, 1.0f);
 	fill_f32(y0, (size_t)M * N, 1.0f);
@@ -735,7 +737,7 @@ static void test_q8_0_full_range(void)
 		}
 	for (uint32_t M = 1; M <= 3; M += 2) {
 		float x[3 * K], y[2][3 * N];
-		fill_int8_exact(x, (size_t)M * K);
+		fill_int8_exact(x, (size_t)M * K, 32);
 		kvt_dev *devs[2] = { ref, dut8 };
 		for (int i = 0; i < 2; i++) {
 			fbuf bw, bx, by, bws;
