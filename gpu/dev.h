@@ -117,9 +117,10 @@ typedef struct kvt_dev_config {
 	bool use_ref;  /* CPU: plain single-threaded reference kernels */
 	bool fixed_threads; /* CPU: always use all n_threads (no adapting to busy cores; a benchmark baseline) */
 	/*
-	 * CPU: the decode GEMV rounds x to int8 per 32 elements (as llama.cpp
-	 * does) instead of int16, for every block-quantized type: ~1e-4 NMSE
-	 * per product against ~1e-9, and faster (bench/README.md). Off: int16.
+	 * CPU: the decode GEMV rounds x to int8 (as llama.cpp does: one scale
+	 * per 32 elements, per 256 for the K-quants) instead of int16, for every
+	 * block-quantized type: ~1e-4 NMSE per product against ~1e-9, and
+	 * faster (bench/README.md). Off: int16.
 	 */
 	bool act_int8;
 } kvt_dev_config;
