@@ -27,12 +27,18 @@
 #define GEMV_MAX_ROWS 4
 /*
  * Quantized weights: up to this many rows of x still take the int16 GEMV,
- * GEMV_MAX_ROWS at a time (each group reads the weight row again, from L1).
- * Widening every weight to fp32 for sgemm costs more than that for a batch
- * of a few decoding sequences or a short prompt: 8 rows measured 1.0-2.0x
- * the sgemm path's speed, 16 rows 0.7-0.95x (bench/README.md).
+ * GEMV_MAX_ROWS at a time (each group reads the weight row again, from L1),
+ * and up to GEMV_QUANT_ROWS_X8 the int8 one. Widening every weight to fp32
+ * for sgemm costs more than that for a batch of decoding sequences or a
+ * short prompt (the new tokens of a cached turn). On a Zen 4 core
+ * (bench_quant --rows, an 8192 x 2048 matrix, bench/README.md) the int16
+ * GEMV held ~2,200 rows/s (Q6_K ~1,550) from 8 to 64 rows where sgemm
+ * rose from ~870 (16 rows) to ~1,850 (64); the int8 one 2,400-3,800 up to
+ * 64 rows, about level with sgemm's ~2,640 at 256. (On an older Xeon, with
+ * VNNI-less kernels, 16 int16 rows measured 0.7-0.95x sgemm.)
  */
-#define GEMV_QUANT_ROWS 8
+#define GEMV_QUANT_ROWS 32
+#define GEMV_QUANT_ROWS_X8 64
 /*
  * How far ahead of the row being read the GEMV asks for weight bytes. A
  * decode streams every weight once per token; the hardware prefetcher alone
@@ -1167,27 +1173,28 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 #endif
 
 /* Whether the op takes the quantized int16 GEMV (x quantized once, weights read as stored). */
-static bool use_qgemv(const kvt_matmul_args *a)
+static bool use_qgemv(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_F16C
-	return is_quantized(a->w_dtype) && a->n_rows <= GEMV_QUANT_ROWS;
+	return is_quantized(a->w_dtype) && a->n_rows <= (d->act_int8 ? GEMV_QUANT_ROWS_X8 : GEMV_QUANT_ROWS);
 #else
+	(void)d;
 	(void)a;
 	return false;
 #endif
 }
 
 /* Whether the op reads each weight row once for all rows of x (a GEMV), not widened tiles and sgemm. */
-static bool use_gemv(const kvt_matmul_args *a)
+static bool use_gemv(const kvt_dev *d, const kvt_matmul_args *a)
 {
-	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(a);
+	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(d, a);
 }
 
 /* Whether the quantized GEMV rounds x to int8 (the device's act_int8; every quantized type has an int8 kernel). */
 static bool use_x8(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_F16C
-	return d->act_int8 && use_qgemv(a);
+	return d->act_int8 && use_qgemv(d, a);
 #else
 	(void)d;
 	(void)a;
@@ -1202,7 +1209,7 @@ size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 #ifdef KVT_HAVE_F16C
 	if (use_x8(d, a))
 		return xq8_bytes(a->n_rows, a->n_in);
-	if (use_qgemv(a))
+	if (use_qgemv(d, a))
 		return xq16_bytes(a->n_rows, a->n_in);
 #endif
 	if (a->n_rows <= GEMV_MAX_ROWS)
@@ -1216,6 +1223,7 @@ typedef struct matmul_job {
 	float *ws;                /* per-worker tiles (the sgemm path) */
 	xq16 xq;                  /* quantized x (quantized GEMV) */
 	xq8 xq8;                  /* ... as int8 (x8) */
+	bool gemv;                /* a GEMV, not widened tiles and sgemm (use_gemv) */
 	bool x8;                  /* the int8 GEMV (use_x8) */
 	size_t tile_rows;         /* rows of each worker's tile in ws */
 } matmul_job;
@@ -1238,13 +1246,13 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 				    beta, a->y + n0, N);
 		return;
 	}
-	if (use_gemv(a)) {
+	if (j->gemv) {
 		/* memory-bound: read each weight row once (into L1), for every input row */
-		float out[GEMV_QUANT_ROWS];
+		float out[GEMV_QUANT_ROWS_X8];
 #ifdef KVT_HAVE_F16C
 		/* the quantized x, GEMV_MAX_ROWS rows a group */
 		xq16 groups[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
-		xq8 groups8[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
+		xq8 groups8[(GEMV_QUANT_ROWS_X8 + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
 		const size_t nb = (size_t)K / KVT_QBLOCK;
 		for (int m0 = 0, g = 0; m0 < M && is_quantized(a->w_dtype); m0 += GEMV_MAX_ROWS, g++) {
 			if (j->x8)
@@ -1305,14 +1313,15 @@ static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
 	/* a GEMM slice of fewer than 128 columns would repack x for little work */
-	matmul_job j = { .a = a, .n_slices = split(d, a->n_out, use_gemv(a) ? 64 : 128) };
+	const bool gemv = use_gemv(d, a);
+	matmul_job j = { .a = a, .gemv = gemv, .n_slices = split(d, a->n_out, gemv ? 64 : 128) };
 	j.tile_rows = tile_rows(a);
 #ifdef KVT_HAVE_F16C
 	j.x8 = use_x8(d, a);
 	if (j.x8) {
 		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
 		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
-	} else if (use_qgemv(a)) {
+	} else if (use_qgemv(d, a)) {
 		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
 		xq16_quantize(&j.xq, a->x, a->n_rows, a->n_in);
 	} else
