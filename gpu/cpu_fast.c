@@ -26,20 +26,18 @@
 /* Rows multiplied by an F16C GEMV at once; more go through widened tiles and sgemm. */
 #define GEMV_MAX_ROWS 4
 /*
- * Quantized weights: up to this many rows of x still take the int16 GEMV
- * (GEMV_QUANT_ROWS_Q6K for Q6_K), GEMV_MAX_ROWS at a time (each group reads
- * the weight row again, from L1), and up to GEMV_QUANT_ROWS_X8 the int8 one.
- * Widening every weight to fp32 for sgemm costs more than that for a batch
- * of decoding sequences or a short prompt (the new tokens of a cached turn).
- * On a Zen 4 core (bench_quant --rows, an 8192 x 2048 matrix,
- * bench/README.md) the int16 GEMV held ~2,200 rows/s (Q6_K ~1,550) from 8
- * to 64 rows where sgemm rose from ~870 (16 rows) to ~1,330 (32) and
- * ~1,850 (64); the int8 one 2,400-3,800 up to 64 rows, about level with
- * sgemm's ~2,640 at 256. (On an older Xeon, with VNNI-less kernels, 16
- * int16 rows measured 0.7-0.95x sgemm.)
+ * Quantized weights: up to this many rows of x still take the int16 GEMV,
+ * GEMV_MAX_ROWS at a time (each group reads the weight row again, from L1),
+ * and up to GEMV_QUANT_ROWS_X8 the int8 one. Widening every weight to fp32
+ * for sgemm costs more than that for a batch of decoding sequences or a
+ * short prompt (the new tokens of a cached turn). On a Zen 4 core
+ * (bench_quant --rows, an 8192 x 2048 matrix, bench/README.md) the int16
+ * GEMV held ~2,200 rows/s (Q6_K ~1,550) from 8 to 64 rows where sgemm
+ * rose from ~870 (16 rows) to ~1,850 (64); the int8 one 2,400-3,800 up to
+ * 64 rows, about level with sgemm's ~2,640 at 256. (On an older Xeon, with
+ * VNNI-less kernels, 16 int16 rows measured 0.7-0.95x sgemm.)
  */
-#define GEMV_QUANT_ROWS 64
-#define GEMV_QUANT_ROWS_Q6K 32
+#define GEMV_QUANT_ROWS 32
 #define GEMV_QUANT_ROWS_X8 64
 /*
  * How far ahead of the row being read the GEMV asks for weight bytes. A
@@ -272,7 +270,7 @@ void kvt_cpu_widen_row(int dtype, const void *row, float *dst, size_t n)
 }
 
 /*
- * The quantized GEMV (M <= GEMV_QUANT_ROWS rows of x, see use_qgemv). Converting every weight
+ * The quantized GEMV (M <= GEMV_QUANT_ROWS rows of x). Converting every weight
  * to fp32 costs more than reading it, so x is quantized instead — to int16,
  * one scale per 32-element block — and each block is a pair of integer
  * multiply-adds (madd_epi16) against the unpacked weights, scaled once:
@@ -1178,9 +1176,7 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 static bool use_qgemv(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_F16C
-	const uint32_t most = d->act_int8 ? GEMV_QUANT_ROWS_X8
-			      : a->w_dtype == KVT_DTYPE_Q6_K ? GEMV_QUANT_ROWS_Q6K : GEMV_QUANT_ROWS;
-	return is_quantized(a->w_dtype) && a->n_rows <= most;
+	return is_quantized(a->w_dtype) && a->n_rows <= (d->act_int8 ? GEMV_QUANT_ROWS_X8 : GEMV_QUANT_ROWS);
 #else
 	(void)d;
 	(void)a;
@@ -1252,7 +1248,7 @@ static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
 	}
 	if (j->gemv) {
 		/* memory-bound: read each weight row once (into L1), for every input row */
-		float out[GEMV_QUANT_ROWS_X8 > GEMV_QUANT_ROWS ? GEMV_QUANT_ROWS_X8 : GEMV_QUANT_ROWS];
+		float out[GEMV_QUANT_ROWS_X8];
 #ifdef KVT_HAVE_F16C
 		/* the quantized x, GEMV_MAX_ROWS rows a group */
 		xq16 groups[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
