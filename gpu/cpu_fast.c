@@ -35,7 +35,11 @@
  * GEMV held ~2,200 rows/s (Q6_K ~1,550) from 8 to 64 rows where sgemm
  * rose from ~870 (16 rows) to ~1,850 (64); the int8 one 2,400-3,800 up to
  * 64 rows, about level with sgemm's ~2,640 at 256. (On an older Xeon, with
- * VNNI-less kernels, 16 int16 rows measured 0.7-0.95x sgemm.)
+ * VNNI-less kernels, 16 int16 rows measured 0.7-0.95x sgemm.) NOTE: int16
+ * stops at 32 although it was faster to 64 (Q6_K to ~48): with 64, the
+ * 37-token prompt of test_engine_model moved 0.0515 from the float64 logits
+ * (its limit 0.05; 0.0246 through sgemm), as a prompt's outlier activations
+ * cost the rest of their 32-element block precision.
  */
 #define GEMV_QUANT_ROWS 32
 #define GEMV_QUANT_ROWS_X8 64
