@@ -666,6 +666,15 @@ static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *
 	return v;
 }
 
+/* A Q4_K/Q5_K superblock's 8 six-bit sub-block scales (bytes 0-7) and mins (bytes 8-15), from its 12 packed bytes. */
+static inline __attribute__((always_inline)) __m128i kq45_scale_bytes(const uint8_t *blk)
+{
+	uint32_t u[3];
+	memcpy(u, blk + 4, sizeof u);
+	return _mm_setr_epi32((int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
+			      (int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+}
+
 /* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32 (centered) or as q. */
 static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4], bool centered)
 {
@@ -825,11 +834,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		 * per sub-block were a third of a Q4_K decode's instructions).
 		 * The products are the scalar ones, (d sc) xs, so acc is unchanged.
 		 */
-		uint32_t u[3];
-		memcpy(u, blk + 4, sizeof u);
-		const __m128i sm = _mm_setr_epi32(
-			(int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
-			(int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+		const __m128i sm = kq45_scale_bytes(blk);
 		const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
 		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
 						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
@@ -984,11 +989,7 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 			const uint8_t *qs = blk + (q5 ? 48 : 16);
 			for (int l = 0; l < (q5 ? 176 : 144); l += 64)
 				prefetch_ahead(blk + l);
-			uint32_t u[3];
-			memcpy(u, blk + 4, sizeof u);
-			const __m128i sm = _mm_setr_epi32(
-				(int)(u[0] & 0x3f3f3f3fu), (int)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4),
-				(int)(u[1] & 0x3f3f3f3fu), (int)((u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4));
+			const __m128i sm = kq45_scale_bytes(blk);
 			const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
 							 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
 			for (int m = 0; m < M; m++)
