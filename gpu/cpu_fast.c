@@ -1195,17 +1195,18 @@ static bool use_gemv(const kvt_dev *d, const kvt_matmul_args *a)
 	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(d, a);
 }
 
-/* Whether the quantized GEMV rounds x to int8 (the device's act_int8; every quantized type has an int8 kernel). */
+#ifdef KVT_HAVE_F16C
+/*
+ * Whether the quantized GEMV rounds x to int8 (the device's act_int8; every
+ * quantized type has an int8 kernel). NOTE: only the F16C build has either
+ * GEMV, and only it may define this (the portable package build would stop
+ * on an unused function).
+ */
 static bool use_x8(const kvt_dev *d, const kvt_matmul_args *a)
 {
-#ifdef KVT_HAVE_F16C
 	return d->act_int8 && use_qgemv(d, a);
-#else
-	(void)d;
-	(void)a;
-	return false;
-#endif
 }
+#endif
 
 size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
