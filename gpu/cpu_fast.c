@@ -407,6 +407,20 @@ static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
 	xq->sum16 = xq->sum + (size_t)M * (K / KVT_QBLOCK);
 }
 
+/* A block's scale (its group's amax / 127), its sum and half sums (sum16), each half in element order. */
+static inline void xq8_block_sums(const float *xb, float amax, float *scale, float *sum, float *sum16)
+{
+	float s0 = 0, s1 = 0;
+	for (int j = 0; j < KVT_QBLOCK / 2; j++)
+		s0 += xb[j];
+	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
+		s1 += xb[j];
+	*scale = amax / 127.0f;
+	sum16[0] = s0;
+	sum16[1] = s1;
+	*sum = s0 + s1;
+}
+
 /*
  * One group of nblk 32-element blocks of x (1, or 8 for the K-quants: one
  * scale per 256 as llama.cpp's Q8_K) as int8 levels with the group's scale
@@ -421,17 +435,9 @@ static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float
 	const float inv = amax > 0 ? 127.0f / amax : 0;
 	for (int b = 0; b < nblk; b++) {
 		const float *xb = xg + b * KVT_QBLOCK;
-		float s0 = 0, s1 = 0;
 		for (int j = 0; j < KVT_QBLOCK; j++)
 			qg[b * KVT_QBLOCK + j] = (int8_t)lrintf(xb[j] * inv);
-		for (int j = 0; j < KVT_QBLOCK / 2; j++)
-			s0 += xb[j];
-		for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
-			s1 += xb[j];
-		scale[b] = amax / 127.0f;
-		sum16[2 * b] = s0;
-		sum16[2 * b + 1] = s1;
-		sum[b] = s0 + s1;
+		xq8_block_sums(xb, amax, &scale[b], &sum[b], &sum16[2 * b]);
 	}
 }
 
@@ -474,15 +480,7 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 		/* two packs interleave the lanes twice: dwords 0 4 1 5 2 6 3 7 back into order */
 		const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 		_mm256_storeu_si256((__m256i *)(qg + b * KVT_QBLOCK), q8);
-		float s0 = 0, s1 = 0;
-		for (int j = 0; j < KVT_QBLOCK / 2; j++)
-			s0 += xb[j];
-		for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
-			s1 += xb[j];
-		scale[b] = amax / 127.0f;
-		sum16[2 * b] = s0;
-		sum16[2 * b + 1] = s1;
-		sum[b] = s0 + s1;
+		xq8_block_sums(xb, amax, &scale[b], &sum[b], &sum16[2 * b]);
 	}
 }
 #else
