@@ -390,8 +390,8 @@ static inline void xq16_quantize(xq16 *xq, const float *x, uint32_t M, uint32_t 
 typedef struct xq8 {
 	int8_t *q;     /* [M][K] quantized x */
 	float *scale;  /* [M][K/32] per-block scale (x = scale * q; the same for the 8 blocks of a K-quant group) */
-	float *sum;    /* [M][K/32] per-block sum of the fp32 x: sum16[2b] + sum16[2b+1] */
-	float *sum16;  /* [M][K/16] per half-block sum of the fp32 x, in element order (Q6_K's offsets) */
+	float *sum;    /* [M][K/32] per-block sum of x as rounded: scale x the sum of its 32 levels */
+	float *sum16;  /* [M][K/16] per half-block sum of x as rounded, in element order (Q6_K's offsets) */
 } xq8;
 
 static inline size_t xq8_bytes(uint32_t M, uint32_t K)
@@ -407,25 +407,33 @@ static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
 	xq->sum16 = xq->sum + (size_t)M * (K / KVT_QBLOCK);
 }
 
-/* A block's scale (its group's amax / 127), its sum and half sums (sum16), each half in element order. */
-static inline void xq8_block_sums(const float *xb, float amax, float *scale, float *sum, float *sum16)
+/*
+ * A block's scale (its group's amax / 127), and the sum and half sums
+ * (sum16, each half in element order) of x as rounded, from its levels qb:
+ * scale times an exact integer sum. The weights' offsets and mins multiply
+ * these sums, so every term of a product sees the same rounded x: the
+ * rounding error of each x then meets its true weight (a centred level),
+ * not the bare level, and the GEMV and the GEMM (whose offsets are integer
+ * sums of the levels) compute the same value.
+ */
+static inline void xq8_block_sums(const int8_t *qb, float amax, float *scale, float *sum, float *sum16)
 {
-	float s0 = 0, s1 = 0;
+	int s0 = 0, s1 = 0;
 	for (int j = 0; j < KVT_QBLOCK / 2; j++)
-		s0 += xb[j];
+		s0 += qb[j];
 	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
-		s1 += xb[j];
+		s1 += qb[j];
 	*scale = amax / 127.0f;
-	sum16[0] = s0;
-	sum16[1] = s1;
-	*sum = s0 + s1;
+	sum16[0] = *scale * (float)s0;
+	sum16[1] = *scale * (float)s1;
+	*sum = *scale * (float)(s0 + s1);
 }
 
 /*
  * One group of nblk 32-element blocks of x (1, or 8 for the K-quants: one
  * scale per 256 as llama.cpp's Q8_K) as int8 levels with the group's scale
  * amax / 127, written to each block's scale; each block's sum and half sums
- * (sum16, each half in element order) from the fp32 x.
+ * (xq8_block_sums).
  */
 static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float *scale, float *sum, float *sum16)
 {
@@ -437,7 +445,7 @@ static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float
 		const float *xb = xg + b * KVT_QBLOCK;
 		for (int j = 0; j < KVT_QBLOCK; j++)
 			qg[b * KVT_QBLOCK + j] = (int8_t)lrintf(xb[j] * inv);
-		xq8_block_sums(xb, amax, &scale[b], &sum[b], &sum16[2 * b]);
+		xq8_block_sums(qg + b * KVT_QBLOCK, amax, &scale[b], &sum[b], &sum16[2 * b]);
 	}
 }
 
@@ -480,7 +488,7 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 		/* two packs interleave the lanes twice: dwords 0 4 1 5 2 6 3 7 back into order */
 		const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 		_mm256_storeu_si256((__m256i *)(qg + b * KVT_QBLOCK), q8);
-		xq8_block_sums(xb, amax, &scale[b], &sum[b], &sum16[2 * b]);
+		xq8_block_sums(qg + b * KVT_QBLOCK, amax, &scale[b], &sum[b], &sum16[2 * b]);
 	}
 }
 #else
@@ -1155,6 +1163,297 @@ static void dot_rows_q8(int dtype, const uint8_t *row, const xq8 *xq, int M, siz
 	}
 }
 #undef DOT_Q16_ROWS
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/*
+ * The int8 GEMM (act_int8, more rows of x than the GEMV takes; AVX-512 with
+ * VNNI). The GEMV multiplies one weight row by a few rows of x at a time and
+ * spends, per 32 products, a byte multiply, a widening add and a convert
+ * and FMA or a scale multiply: on a Zen 4 core ~16 products a cycle, short
+ * of sgemm's at a prompt's row counts. Here the 16 lanes of a vector are 16
+ * rows of x, their int8 levels interleaved by 4 bytes (gemm8_x), and each
+ * vpdpbusd takes 4 bytes of one weight row broadcast: 64 products, with the
+ * x vector reused by GEMM8_R weight rows and the weight bytes decoded once
+ * per call into a tile (gemm8_w) reused by every group of 16 rows of x. The
+ * float work is once per block (a 32-element type's scale) or per
+ * superblock (a K-quant's; its sub-block scales multiply the int32 sums).
+ *
+ * vpdpbusd multiplies unsigned by signed bytes: the weights' levels go in
+ * unsigned (Q8_0's plus 128) and their offsets (Q8_0's 128, Q4_0's 8,
+ * Q5_0's 16, Q6_K's 32) come off in the integers, as that many times the
+ * sum of x's levels over each block (gemm8_x.corr, the sums' start value);
+ * Q4_1's and Q4_K/Q5_K's mins go on in fp32 with x's sums, as in the GEMV.
+ * Bounds: a lane's sum over a block is at most 32 x 255 x 127 (Q8_0's) and
+ * a K-quant superblock's, times its scales, 256 x 63 x 127 x 128 < 2^29.
+ * The integer sums are exact and x's sums are those of its levels
+ * (xq8_block_sums), so a row's result differs from the GEMV's only in the
+ * order of its float additions: greedy tokens do not depend on whether a
+ * row went through one or the other (invariant 1 with act_int8).
+ */
+#define KVT_HAVE_GEMM8 1
+#define GEMM8_LANES 16 /* rows of x in a vector */
+#define GEMM8_R 4      /* weight rows a kernel call multiplies */
+#define GEMM8_TILE 16  /* weight rows decoded at once */
+/*
+ * Fewer rows of x take the GEMV: below this, a decoded weight tile is
+ * reused too little to pay for its decode and its padding of x to 16 rows.
+ */
+#define GEMM8_MIN_ROWS 16
+
+/* x for the GEMM, G = ceil(M / 16) groups of 16 rows (rows past M zero). */
+typedef struct gemm8_x {
+	uint8_t *q;    /* [G][K/4][16][4]: row l's levels k..k+3 at [k/4][l] */
+	float *scale;  /* [G][K/32][16] each block's scale */
+	float *sum;    /* [G][K/32][16] each block's fp32 sum (xq8.sum) */
+	int32_t *corr; /* [G][K/S][16] -offset x the levels' sum over each S (16 for Q6_K, else 32) elements */
+} gemm8_x;
+
+/* GEMM8_TILE weight rows decoded, each row's arrays at a stride of its length. */
+typedef struct gemm8_w {
+	uint8_t *lv; /* [TILE][K] the levels as unsigned bytes */
+	float *d;    /* [TILE][K/32] a block's scale, or at [sb] a superblock's */
+	float *m;    /* [TILE][K/32] Q4_1's min per block; Q4_K/Q5_K's dmin x min per sub-block */
+	int32_t *sc; /* [TILE][K/16] a K-quant's sub-block scales (Q4_K/Q5_K: per 32, Q6_K: per 16) */
+} gemm8_w;
+
+static inline int gemm8_offset(int dtype)
+{
+	return dtype == KVT_DTYPE_Q8_0 ? 128 : dtype == KVT_DTYPE_Q4_0 ? 8 : dtype == KVT_DTYPE_Q5_0 ? 16
+	       : dtype == KVT_DTYPE_Q6_K ? 32 : 0;
+}
+
+/* Elements per entry of gemm8_x.corr and gemm8_w.sc. */
+static inline size_t gemm8_sub(int dtype)
+{
+	return dtype == KVT_DTYPE_Q6_K ? 16 : 32;
+}
+
+static inline size_t gemm8_align(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+static inline size_t gemm8_x_bytes(uint32_t M, uint32_t K)
+{
+	const size_t mp = (M + GEMM8_LANES - 1) / GEMM8_LANES * GEMM8_LANES;
+	return gemm8_align(mp * K) + 2 * gemm8_align(mp * (K / KVT_QBLOCK) * sizeof(float)) +
+	       gemm8_align(mp * (K / 16) * sizeof(int32_t));
+}
+
+static inline size_t gemm8_w_bytes(uint32_t K)
+{
+	return gemm8_align((size_t)GEMM8_TILE * K) + 2 * gemm8_align((size_t)GEMM8_TILE * (K / KVT_QBLOCK) * sizeof(float)) +
+	       gemm8_align((size_t)GEMM8_TILE * (K / 16) * sizeof(int32_t));
+}
+
+static inline void gemm8_w_init(gemm8_w *w, void *ws, uint32_t K)
+{
+	char *p = ws;
+	w->lv = (uint8_t *)p;
+	p += gemm8_align((size_t)GEMM8_TILE * K);
+	w->d = (float *)p;
+	p += gemm8_align((size_t)GEMM8_TILE * (K / KVT_QBLOCK) * sizeof(float));
+	w->m = (float *)p;
+	p += gemm8_align((size_t)GEMM8_TILE * (K / KVT_QBLOCK) * sizeof(float));
+	w->sc = (int32_t *)p;
+}
+
+/* Interleave xq's M rows into groups of 16 (gemm8_x), with the offset sums for dtype. */
+static void gemm8_x_prepare(gemm8_x *gx, void *ws, const xq8 *xq, uint32_t M, uint32_t K, int dtype)
+{
+	const size_t mp = (M + GEMM8_LANES - 1) / GEMM8_LANES * GEMM8_LANES, nb = K / KVT_QBLOCK;
+	const size_t S = gemm8_sub(dtype), ns = K / S;
+	const int32_t off = gemm8_offset(dtype);
+	char *p = ws;
+	gx->q = (uint8_t *)p;
+	p += gemm8_align(mp * K);
+	gx->scale = (float *)p;
+	p += gemm8_align(mp * nb * sizeof(float));
+	gx->sum = (float *)p;
+	p += gemm8_align(mp * nb * sizeof(float));
+	gx->corr = (int32_t *)p;
+	for (size_t m = 0; m < mp; m++) {
+		const size_t g = m / GEMM8_LANES, l = m % GEMM8_LANES;
+		const int8_t *row = m < M ? xq->q + m * K : NULL;
+		uint8_t *q = gx->q + g * K * GEMM8_LANES + 4 * l;
+		for (size_t k = 0; k < K; k += 4, q += 4 * GEMM8_LANES)
+			if (row)
+				memcpy(q, row + k, 4);
+			else
+				memset(q, 0, 4);
+		for (size_t b = 0; b < nb; b++) {
+			gx->scale[(g * nb + b) * GEMM8_LANES + l] = row ? xq->scale[m * nb + b] : 0;
+			gx->sum[(g * nb + b) * GEMM8_LANES + l] = row ? xq->sum[m * nb + b] : 0;
+		}
+		for (size_t s = 0; s < ns; s++) {
+			int32_t t = 0;
+			for (size_t j = 0; row && j < S; j++)
+				t += row[s * S + j];
+			gx->corr[(g * ns + s) * GEMM8_LANES + l] = -off * t;
+		}
+	}
+}
+
+/* Weight row `row` of dtype into slot r of the tile: levels as unsigned bytes, scales, mins. */
+static void gemm8_decode_row(int dtype, const uint8_t *row, uint32_t K, gemm8_w *w, int r)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	uint8_t *lv = w->lv + (size_t)r * K;
+	float *d = w->d + (size_t)r * nb, *mn = w->m + (size_t)r * nb;
+	int32_t *sc = w->sc + (size_t)r * (K / 16);
+	if (!is_kquant(dtype)) {
+		const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
+		for (size_t b = 0; b < nb; b++) {
+			const uint8_t *blk = row + b * bs;
+			__m256i v = q32_levels8(dtype, blk);
+			if (dtype == KVT_DTYPE_Q8_0)
+				v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+			_mm256_storeu_si256((__m256i *)(lv + b * KVT_QBLOCK), v);
+			d[b] = _cvtsh_ss(*(const uint16_t *)blk);
+			if (dtype == KVT_DTYPE_Q4_1)
+				mn[b] = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		}
+		return;
+	}
+	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
+		uint8_t *l = lv + sb * KVT_QK_BLOCK;
+		if (dtype == KVT_DTYPE_Q6_K) {
+			const uint8_t *blk = row + sb * 210;
+			for (int half = 0; half < 2; half++) {
+				__m256i q[4];
+				q6k_levels(blk, half, q, false);
+				for (int i = 0; i < 4; i++)
+					_mm256_storeu_si256((__m256i *)(l + 128 * half + 32 * i), q[i]);
+			}
+			for (int i = 0; i < 16; i++)
+				sc[16 * sb + (size_t)i] = (int8_t)blk[192 + i];
+			d[sb] = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+			continue;
+		}
+		const bool q5 = dtype == KVT_DTYPE_Q5_K;
+		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+		uint8_t s[16];
+		_mm_storeu_si128((__m128i *)s, kq45_scale_bytes(blk));
+		const float dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		d[sb] = _cvtsh_ss(*(const uint16_t *)blk);
+		for (int sub = 0; sub < 8; sub++) {
+			_mm256_storeu_si256((__m256i *)(l + 32 * sub), kq45_levels(blk + (q5 ? 48 : 16), qh, q5, sub));
+			sc[8 * sb + (size_t)sub] = s[sub];
+			mn[8 * sb + (size_t)sub] = dmin * (float)s[8 + sub];
+		}
+	}
+}
+
+static inline int32_t gemm8_ld32(const uint8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, sizeof v);
+	return v;
+}
+
+/*
+ * R decoded weight rows (from slot r0 of w) times one group of 16 rows of x
+ * (gx's group g): out[r] holds the 16 rows' results for weight row r0 + r.
+ */
+static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, const int R, const gemm8_w *w, int r0,
+								const gemm8_x *gx, size_t g, uint32_t K, __m512 *out)
+{
+	const size_t nb = K / KVT_QBLOCK, S = gemm8_sub(dtype), ns = K / S;
+	const bool off = gemm8_offset(dtype) != 0;
+	const bool mins = dtype == KVT_DTYPE_Q4_1 || dtype == KVT_DTYPE_Q4_K || dtype == KVT_DTYPE_Q5_K;
+	const uint8_t *xq = gx->q + g * K * GEMM8_LANES;
+	const float *xs = gx->scale + g * nb * GEMM8_LANES, *xsum = gx->sum + g * nb * GEMM8_LANES;
+	const int32_t *xc = gx->corr + g * ns * GEMM8_LANES;
+	const uint8_t *lv[GEMM8_R];
+	const float *wd[GEMM8_R], *wm[GEMM8_R];
+	const int32_t *wsc[GEMM8_R];
+	__m512 acc[GEMM8_R], mv[GEMM8_R];
+
+	for (int r = 0; r < R; r++) {
+		lv[r] = w->lv + (size_t)(r0 + r) * K;
+		wd[r] = w->d + (size_t)(r0 + r) * nb;
+		wm[r] = w->m + (size_t)(r0 + r) * nb;
+		wsc[r] = w->sc + (size_t)(r0 + r) * (K / 16);
+		acc[r] = mv[r] = _mm512_setzero_ps();
+	}
+	if (!is_kquant(dtype)) {
+		for (size_t b = 0; b < nb; b++) {
+			const __m512i c = off ? _mm512_loadu_si512(xc + b * GEMM8_LANES) : _mm512_setzero_si512();
+			__m512i a[GEMM8_R];
+			for (int r = 0; r < R; r++)
+				a[r] = c;
+			_Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+				const __m512i xv = _mm512_loadu_si512(xq + (b * 8 + (size_t)k) * 4 * GEMM8_LANES);
+				for (int r = 0; r < R; r++)
+					a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(gemm8_ld32(lv[r] + b * KVT_QBLOCK + 4 * k)), xv);
+			}
+			const __m512 dx = _mm512_loadu_ps(xs + b * GEMM8_LANES);
+			for (int r = 0; r < R; r++)
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][b]), dx), acc[r]);
+			if (mins) {
+				const __m512 sx = _mm512_loadu_ps(xsum + b * GEMM8_LANES);
+				for (int r = 0; r < R; r++)
+					mv[r] = _mm512_fmadd_ps(_mm512_set1_ps(wm[r][b]), sx, mv[r]);
+			}
+		}
+	} else {
+		const size_t per_sb = KVT_QK_BLOCK / S;
+		for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
+			__m512i isum[GEMM8_R];
+			for (int r = 0; r < R; r++)
+				isum[r] = _mm512_setzero_si512();
+			for (size_t sub = 0; sub < per_sb; sub++) {
+				const size_t s = sb * per_sb + sub;
+				const __m512i c = off ? _mm512_loadu_si512(xc + s * GEMM8_LANES) : _mm512_setzero_si512();
+				__m512i a[GEMM8_R];
+				for (int r = 0; r < R; r++)
+					a[r] = c;
+				_Pragma("GCC unroll 8") for (size_t k = 0; k < S / 4; k++) {
+					const __m512i xv = _mm512_loadu_si512(xq + (s * (S / 4) + k) * 4 * GEMM8_LANES);
+					for (int r = 0; r < R; r++)
+						a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(gemm8_ld32(lv[r] + s * S + 4 * k)), xv);
+				}
+				for (int r = 0; r < R; r++)
+					isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(wsc[r][s])));
+				if (mins) {
+					const __m512 sx = _mm512_loadu_ps(xsum + s * GEMM8_LANES);
+					for (int r = 0; r < R; r++)
+						mv[r] = _mm512_fnmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r]);
+				}
+			}
+			const __m512 dx = _mm512_loadu_ps(xs + sb * (KVT_QK_BLOCK / KVT_QBLOCK) * GEMM8_LANES);
+			for (int r = 0; r < R; r++)
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][sb]), dx), acc[r]);
+		}
+	}
+	for (int r = 0; r < R; r++)
+		out[r] = mins ? _mm512_add_ps(acc[r], mv[r]) : acc[r];
+}
+
+#define GEMM8_ROWS(DT)                                                     \
+	switch (R) {                                                       \
+	case 1: gemm8_kernel(DT, 1, w, r0, gx, g, K, out); return;         \
+	case 2: gemm8_kernel(DT, 2, w, r0, gx, g, K, out); return;         \
+	case 3: gemm8_kernel(DT, 3, w, r0, gx, g, K, out); return;         \
+	default: gemm8_kernel(DT, GEMM8_R, w, r0, gx, g, K, out); return;  \
+	}
+
+/* gemm8_kernel's instances: constant dtype and row count, so the loops unroll into registers. */
+static void gemm8_rows(int dtype, int R, const gemm8_w *w, int r0, const gemm8_x *gx, size_t g, uint32_t K, __m512 *out)
+{
+	switch (dtype) {
+	case KVT_DTYPE_Q8_0: GEMM8_ROWS(KVT_DTYPE_Q8_0)
+	case KVT_DTYPE_Q4_0: GEMM8_ROWS(KVT_DTYPE_Q4_0)
+	case KVT_DTYPE_Q4_1: GEMM8_ROWS(KVT_DTYPE_Q4_1)
+	case KVT_DTYPE_Q5_0: GEMM8_ROWS(KVT_DTYPE_Q5_0)
+	case KVT_DTYPE_Q4_K: GEMM8_ROWS(KVT_DTYPE_Q4_K)
+	case KVT_DTYPE_Q5_K: GEMM8_ROWS(KVT_DTYPE_Q5_K)
+	default: GEMM8_ROWS(KVT_DTYPE_Q6_K)
+	}
+}
+#undef GEMM8_ROWS
+#endif
 #else
 /* Portable path: unpack each block to floats once, use it for every row of x. */
 static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, size_t K, float *out)
@@ -1175,11 +1474,24 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 }
 #endif
 
+/* Whether the op takes the int8 GEMM (act_int8, GEMM8_MIN_ROWS rows of x or more; AVX-512 VNNI builds). */
+static bool use_gemm8(const kvt_dev *d, const kvt_matmul_args *a)
+{
+#ifdef KVT_HAVE_GEMM8
+	return d->act_int8 && is_quantized(a->w_dtype) && a->n_rows >= GEMM8_MIN_ROWS;
+#else
+	(void)d;
+	(void)a;
+	return false;
+#endif
+}
+
 /* Whether the op takes the quantized int16 GEMV (x quantized once, weights read as stored). */
 static bool use_qgemv(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_F16C
-	return is_quantized(a->w_dtype) && a->n_rows <= (d->act_int8 ? GEMV_QUANT_ROWS_X8 : GEMV_QUANT_ROWS);
+	return is_quantized(a->w_dtype) && a->n_rows <= (d->act_int8 ? GEMV_QUANT_ROWS_X8 : GEMV_QUANT_ROWS) &&
+	       !use_gemm8(d, a);
 #else
 	(void)d;
 	(void)a;
@@ -1210,6 +1522,11 @@ size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
 	if (d->use_ref || a->w_dtype == KVT_DTYPE_F32)
 		return 0;
+#ifdef KVT_HAVE_GEMM8
+	if (use_gemm8(d, a))
+		return gemm8_align(xq8_bytes(a->n_rows, a->n_in)) + gemm8_x_bytes(a->n_rows, a->n_in) +
+		       (size_t)d->n_threads * gemm8_w_bytes(a->n_in);
+#endif
 #ifdef KVT_HAVE_F16C
 	if (use_x8(d, a))
 		return xq8_bytes(a->n_rows, a->n_in);
@@ -1230,7 +1547,48 @@ typedef struct matmul_job {
 	bool gemv;                /* a GEMV, not widened tiles and sgemm (use_gemv) */
 	bool x8;                  /* the int8 GEMV (use_x8) */
 	size_t tile_rows;         /* rows of each worker's tile in ws */
+#ifdef KVT_HAVE_GEMM8
+	bool g8;                  /* the int8 GEMM (use_gemm8) */
+	gemm8_x gx;               /* ... its x */
+	char *g8_tiles;           /* ... its per-worker weight tiles, gemm8_w_bytes apart */
+#endif
 } matmul_job;
+
+#ifdef KVT_HAVE_GEMM8
+/* y[:, n0:n1] by the int8 GEMM: GEMM8_TILE weight rows decoded at a time, then every group of x. */
+static void gemm8_slice(const matmul_job *j, int n0, int n1, void *tile_ws)
+{
+	const kvt_matmul_args *a = j->a;
+	const uint32_t M = a->n_rows, K = a->n_in, N = a->n_out;
+	const size_t row_bytes = kvt_dtype_row_bytes(a->w_dtype, K), G = (M + GEMM8_LANES - 1) / GEMM8_LANES;
+	const uint8_t *wq = a->w;
+	float tmp[GEMM8_TILE][GEMM8_LANES] __attribute__((aligned(64)));
+	gemm8_w w;
+
+	gemm8_w_init(&w, tile_ws, K);
+	for (int t0 = n0; t0 < n1; t0 += GEMM8_TILE) {
+		const int nt = n1 - t0 < GEMM8_TILE ? n1 - t0 : GEMM8_TILE;
+		for (int r = 0; r < nt; r++)
+			gemm8_decode_row(a->w_dtype, wq + (size_t)(t0 + r) * row_bytes, K, &w, r);
+		for (size_t g = 0; g < G; g++) {
+			for (int r0 = 0; r0 < nt; r0 += GEMM8_R) {
+				const int rr = nt - r0 < GEMM8_R ? nt - r0 : GEMM8_R;
+				__m512 out[GEMM8_R];
+				gemm8_rows(a->w_dtype, rr, &w, r0, &j->gx, g, K, out);
+				for (int r = 0; r < rr; r++)
+					_mm512_store_ps(tmp[r0 + r], out[r]);
+			}
+			/* the lanes are rows of y: each takes nt consecutive columns */
+			const size_t ml = M - g * GEMM8_LANES < GEMM8_LANES ? M - g * GEMM8_LANES : GEMM8_LANES;
+			for (size_t l = 0; l < ml; l++) {
+				float *y = a->y + (g * GEMM8_LANES + l) * N + (size_t)t0;
+				for (int r = 0; r < nt; r++)
+					y[r] = a->accumulate ? y[r] + tmp[r][l] : tmp[r][l];
+			}
+		}
+	}
+}
+#endif
 
 /* y[:, n0:n1], one task's slice of output columns (OpenBLAS single-threaded). */
 static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
@@ -1310,8 +1668,15 @@ static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
 	uint32_t n0 = (uint32_t)((uint64_t)N * t / j->n_slices) & ~15u;
 	uint32_t n1 = t + 1 == j->n_slices ? N : (uint32_t)((uint64_t)N * (t + 1) / j->n_slices) & ~15u;
 	float *tile = j->ws ? j->ws + (size_t)worker * j->tile_rows * j->a->n_in : NULL;
-	if (n0 < n1)
-		matmul_slice(j, (int)n0, (int)n1, tile);
+	if (n0 >= n1)
+		return;
+#ifdef KVT_HAVE_GEMM8
+	if (j->g8) {
+		gemm8_slice(j, (int)n0, (int)n1, j->g8_tiles + (size_t)worker * gemm8_w_bytes(j->a->n_in));
+		return;
+	}
+#endif
+	matmul_slice(j, (int)n0, (int)n1, tile);
 }
 
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
@@ -1320,6 +1685,19 @@ int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 	const bool gemv = use_gemv(d, a);
 	matmul_job j = { .a = a, .gemv = gemv, .n_slices = split(d, a->n_out, gemv ? 64 : 128) };
 	j.tile_rows = tile_rows(a);
+#ifdef KVT_HAVE_GEMM8
+	if (use_gemm8(d, a)) {
+		j.g8 = true;
+		j.n_slices = split(d, a->n_out, 64);
+		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
+		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
+		char *gws = (char *)ws + gemm8_align(xq8_bytes(a->n_rows, a->n_in));
+		gemm8_x_prepare(&j.gx, gws, &j.xq8, a->n_rows, a->n_in, a->w_dtype);
+		j.g8_tiles = gws + gemm8_x_bytes(a->n_rows, a->n_in);
+		par_run(d, j.n_slices, matmul_task, &j);
+		return KVT_OK;
+	}
+#endif
 #ifdef KVT_HAVE_F16C
 	j.x8 = use_x8(d, a);
 	if (j.x8) {

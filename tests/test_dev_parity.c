@@ -94,10 +94,20 @@ static void *make_weights(int wdt, const float *wf, size_t n, size_t *bytes)
 	return w;
 }
 
-/* Whether dut8's GEMV takes int8 x for this op (every block-quantized type, M <= 64: cpu_fast.c's GEMV_QUANT_ROWS_X8). */
+/*
+ * Whether dut8 takes int8 x for this op: every block-quantized type, M <= 64
+ * (the GEMV, cpu_fast.c's GEMV_QUANT_ROWS_X8), and any M where the build has
+ * the int8 GEMM (AVX-512 with VNNI: the condition of KVT_HAVE_GEMM8 there;
+ * this file is built with the same flags).
+ */
 static bool x8_op(int wdt, uint32_t M)
 {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+	(void)M;
+	return wdt >= KVT_DTYPE_Q8_0;
+#else
 	return M <= 64 && wdt >= KVT_DTYPE_Q8_0;
+#endif
 }
 
 /*
@@ -891,9 +901,10 @@ int main(void)
 	test_f16_exhaustive();
 	/*
 	 * 1-4 rows: one GEMV group; quantized, 5-32 (int16) or 5-64 (int8): groups
-	 * of 4; more: sgemm (33 and 65 the first past each limit)
+	 * of 4; more: sgemm (33 and 65 the first past each limit). With the int8
+	 * GEMM (16 rows and up): 17, 33 and 65 end in a group of 1, 130 in 2.
 	 */
-	static const uint32_t rows[] = { 1, 3, 4, 5, 8, 9, 17, 33, 64, 65 };
+	static const uint32_t rows[] = { 1, 3, 4, 5, 8, 9, 17, 33, 64, 65, 130 };
 	for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++) {
 		test_matmul(rows[i], 64, 96, KVT_DTYPE_F32, false);
 		test_matmul(rows[i], 96, 300, KVT_DTYPE_F16, i % 2);
