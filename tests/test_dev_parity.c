@@ -902,9 +902,10 @@ int main(void)
 	/*
 	 * 1-4 rows: one GEMV group; quantized, 5-32 (int16) or 5-64 (int8): groups
 	 * of 4; more: sgemm (33 and 65 the first past each limit). With the int8
-	 * GEMM (16 rows and up): 17, 33 and 65 end in a group of 1, 130 in 2.
+	 * GEMM (12 rows and up): 12 pads its group of 16, 17, 33 and 65 end in a
+	 * group of 1, 130 in 2.
 	 */
-	static const uint32_t rows[] = { 1, 3, 4, 5, 8, 9, 17, 33, 64, 65, 130 };
+	static const uint32_t rows[] = { 1, 3, 4, 5, 8, 9, 12, 17, 33, 64, 65, 130 };
 	for (size_t i = 0; i < sizeof(rows) / sizeof(*rows); i++) {
 		test_matmul(rows[i], 64, 96, KVT_DTYPE_F32, false);
 		test_matmul(rows[i], 96, 300, KVT_DTYPE_F16, i % 2);
