@@ -1806,6 +1806,51 @@ static float block_exp(float *sc, uint32_t n, float m)
 }
 
 /*
+ * y = c y + sum_k sc[k] v[k] over n rows v[k] of hd floats: per element the
+ * operations of one scale_axpy_f32 by (c, sc[0]) and then one by (1, sc[k])
+ * per row, in that order (the same bits), with 64 (or 32) columns of y held
+ * in registers across the rows instead of loaded and stored for each.
+ */
+static void pv_block(float *y, float c, const float *sc, const float *v, uint32_t n, size_t hd)
+{
+	size_t i = 0;
+#ifdef KVT_HAVE_F16C
+	const __m256 vc = _mm256_set1_ps(c);
+	for (; i + 64 <= hd; i += 64) {
+		__m256 a[8];
+		for (int j = 0; j < 8; j++)
+			a[j] = _mm256_mul_ps(vc, _mm256_loadu_ps(y + i + 8 * j));
+		for (uint32_t k = 0; k < n; k++) {
+			const __m256 p = _mm256_set1_ps(sc[k]);
+			const float *vk = v + (size_t)k * hd + i;
+			for (int j = 0; j < 8; j++)
+				a[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8 * j), a[j]);
+		}
+		for (int j = 0; j < 8; j++)
+			_mm256_storeu_ps(y + i + 8 * j, a[j]);
+	}
+	for (; i + 32 <= hd; i += 32) {
+		__m256 a[4];
+		for (int j = 0; j < 4; j++)
+			a[j] = _mm256_mul_ps(vc, _mm256_loadu_ps(y + i + 8 * j));
+		for (uint32_t k = 0; k < n; k++) {
+			const __m256 p = _mm256_set1_ps(sc[k]);
+			const float *vk = v + (size_t)k * hd + i;
+			for (int j = 0; j < 4; j++)
+				a[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8 * j), a[j]);
+		}
+		for (int j = 0; j < 4; j++)
+			_mm256_storeu_ps(y + i + 8 * j, a[j]);
+	}
+#endif
+	if (i < hd) {
+		scale_axpy_f32(y + i, c, sc[0], v + i, hd - i);
+		for (uint32_t k = 1; k < n; k++)
+			scale_axpy_f32(y + i, 1.0f, sc[k], v + (size_t)k * hd + i, hd - i);
+	}
+}
+
+/*
  * Blocked causal attention, the fast path's kernel. One call covers nr query
  * rows from r0 and the G query heads h0.. that share one KV head, over the
  * KV blocks [blk0, blk1). Each KV block is widened to fp32 once and used by
@@ -1855,12 +1900,11 @@ static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t 
 				const float *q = a->q + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
 				const float bmax = block_scores(q, kr, n_k, hd, a->scale, sc);
 				const float m_new = bmax > mx[qi] ? bmax : mx[qi];
-				const float c = expf(mx[qi] - m_new); /* 0 for the first block: mx is -inf */
+				/* 0 for the first block (mx is -inf); 1 while the max holds, without the call */
+				const float c = m_new == mx[qi] ? 1.0f : expf(mx[qi] - m_new);
 				float *y = acc + (size_t)qi * hd;
 				sum[qi] = sum[qi] * c + block_exp(sc, n_k, m_new);
-				scale_axpy_f32(y, c, sc[0], vr, hd);
-				for (uint32_t k = 1; k < n_k; k++)
-					scale_axpy_f32(y, 1.0f, sc[k], vr + (size_t)k * hd, hd);
+				pv_block(y, c, sc, vr, n_k, hd);
 				mx[qi] = m_new;
 			}
 		}
