@@ -1263,12 +1263,10 @@ static inline void gemm8_w_init(gemm8_w *w, void *ws, uint32_t K)
 	w->sc = (int32_t *)p;
 }
 
-/* Interleave xq's M rows into groups of 16 (gemm8_x), with the offset sums for dtype. */
-static void gemm8_x_prepare(gemm8_x *gx, void *ws, const xq8 *xq, uint32_t M, uint32_t K, int dtype)
+/* gemm8_x's arrays in ws (gemm8_x_bytes) for M rows of K. */
+static void gemm8_x_init(gemm8_x *gx, void *ws, uint32_t M, uint32_t K)
 {
 	const size_t mp = (M + GEMM8_LANES - 1) / GEMM8_LANES * GEMM8_LANES, nb = K / KVT_QBLOCK;
-	const size_t S = gemm8_sub(dtype), ns = K / S;
-	const int32_t off = gemm8_offset(dtype);
 	char *p = ws;
 	gx->q = (uint8_t *)p;
 	p += gemm8_align(mp * K);
@@ -1277,8 +1275,15 @@ static void gemm8_x_prepare(gemm8_x *gx, void *ws, const xq8 *xq, uint32_t M, ui
 	gx->sum = (float *)p;
 	p += gemm8_align(mp * nb * sizeof(float));
 	gx->corr = (int32_t *)p;
-	for (size_t m = 0; m < mp; m++) {
-		const size_t g = m / GEMM8_LANES, l = m % GEMM8_LANES;
+}
+
+/* Group g of gx from xq's M rows: the levels interleaved, scales, sums and the offset sums for dtype. */
+static void gemm8_x_group(gemm8_x *gx, const xq8 *xq, uint32_t M, uint32_t K, int dtype, size_t g)
+{
+	const size_t nb = K / KVT_QBLOCK, S = gemm8_sub(dtype), ns = K / S;
+	const int32_t off = gemm8_offset(dtype);
+	for (size_t l = 0; l < GEMM8_LANES; l++) {
+		const size_t m = g * GEMM8_LANES + l;
 		const int8_t *row = m < M ? xq->q + m * K : NULL;
 		uint8_t *q = gx->q + g * K * GEMM8_LANES + 4 * l;
 		for (size_t k = 0; k < K; k += 4, q += 4 * GEMM8_LANES)
@@ -1563,6 +1568,20 @@ typedef struct matmul_job {
 } matmul_job;
 
 #ifdef KVT_HAVE_GEMM8
+/* Task g of the int8 GEMM's preparation: rows 16g.. of x rounded to int8 (xq8) and interleaved (gemm8_x). */
+static void gemm8_prep_task(void *ctx, uint32_t g, uint32_t worker)
+{
+	matmul_job *j = ctx;
+	const kvt_matmul_args *a = j->a;
+	const uint32_t M = a->n_rows, K = a->n_in, m0 = g * GEMM8_LANES, nb = K / KVT_QBLOCK;
+	const uint32_t rows = M - m0 < GEMM8_LANES ? M - m0 : GEMM8_LANES;
+	xq8 part = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb,
+		     j->xq8.sum16 + 2 * (size_t)m0 * nb };
+	(void)worker;
+	xq8_quantize(&part, a->x + (size_t)m0 * K, rows, K, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
+	gemm8_x_group(&j->gx, &j->xq8, M, K, a->w_dtype, g);
+}
+
 /* y[:, n0:n1] by the int8 GEMM: GEMM8_TILE weight rows decoded at a time, then every group of x. */
 static void gemm8_slice(const matmul_job *j, int n0, int n1, void *tile_ws)
 {
@@ -1700,10 +1719,10 @@ int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 		j.g8 = true;
 		j.n_slices = split(d, a->n_out, 64);
 		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
-		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
 		char *gws = (char *)ws + gemm8_align(xq8_bytes(a->n_rows, a->n_in));
-		gemm8_x_prepare(&j.gx, gws, &j.xq8, a->n_rows, a->n_in, a->w_dtype);
+		gemm8_x_init(&j.gx, gws, a->n_rows, a->n_in);
 		j.g8_tiles = gws + gemm8_x_bytes(a->n_rows, a->n_in);
+		par_run(d, (a->n_rows + GEMM8_LANES - 1) / GEMM8_LANES, gemm8_prep_task, &j);
 		par_run(d, j.n_slices, matmul_task, &j);
 		return KVT_OK;
 	}
