@@ -302,7 +302,9 @@ def main():
     summary = {"machine": cpu, "cpus": os.cpu_count(), "peer_repack": not args.peer_no_repack,
                "decode_only_rounds": args.decode_only, "decode": args.decode,
                "activations": args.activations,
-               "shape": args.shape, "type": args.type, "layers": args.layers or "all", "threads": args.threads,
+               "model": os.path.basename(args.model) if args.model else None,
+               "shape": None if args.model else args.shape, "type": None if args.model else args.type,
+               "layers": args.layers or "all", "threads": args.threads,
                "rows": rows, "ratios": []}
     for h in sorted({r["history"] for r in rows}):
         by = {r["engine"]: r for r in rows if r["history"] == h}

@@ -1824,6 +1824,25 @@ static float block_exp(float *sc, uint32_t n, float m)
 	return sum;
 }
 
+#ifdef KVT_HAVE_F16C
+/* pv_block's columns [i, i + 8 W) of y, held in W registers across the n rows. */
+static inline __attribute__((always_inline)) void pv_cols(float *y, __m256 vc, const float *sc, const float *v, uint32_t n,
+							   size_t hd, size_t i, const int W)
+{
+	__m256 acc[8];
+	for (int j = 0; j < W; j++)
+		acc[j] = _mm256_mul_ps(vc, _mm256_loadu_ps(y + i + 8 * j));
+	for (uint32_t k = 0; k < n; k++) {
+		const __m256 p = _mm256_set1_ps(sc[k]);
+		const float *vk = v + (size_t)k * hd + i;
+		for (int j = 0; j < W; j++)
+			acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8 * j), acc[j]);
+	}
+	for (int j = 0; j < W; j++)
+		_mm256_storeu_ps(y + i + 8 * j, acc[j]);
+}
+#endif
+
 /*
  * y = c y + sum_k sc[k] v[k] over n rows v[k] of hd floats: per element the
  * operations of one scale_axpy_f32 by (c, sc[0]) and then one by (1, sc[k])
@@ -1835,32 +1854,10 @@ static void pv_block(float *y, float c, const float *sc, const float *v, uint32_
 	size_t i = 0;
 #ifdef KVT_HAVE_F16C
 	const __m256 vc = _mm256_set1_ps(c);
-	for (; i + 64 <= hd; i += 64) {
-		__m256 a[8];
-		for (int j = 0; j < 8; j++)
-			a[j] = _mm256_mul_ps(vc, _mm256_loadu_ps(y + i + 8 * j));
-		for (uint32_t k = 0; k < n; k++) {
-			const __m256 p = _mm256_set1_ps(sc[k]);
-			const float *vk = v + (size_t)k * hd + i;
-			for (int j = 0; j < 8; j++)
-				a[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8 * j), a[j]);
-		}
-		for (int j = 0; j < 8; j++)
-			_mm256_storeu_ps(y + i + 8 * j, a[j]);
-	}
-	for (; i + 32 <= hd; i += 32) {
-		__m256 a[4];
-		for (int j = 0; j < 4; j++)
-			a[j] = _mm256_mul_ps(vc, _mm256_loadu_ps(y + i + 8 * j));
-		for (uint32_t k = 0; k < n; k++) {
-			const __m256 p = _mm256_set1_ps(sc[k]);
-			const float *vk = v + (size_t)k * hd + i;
-			for (int j = 0; j < 4; j++)
-				a[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8 * j), a[j]);
-		}
-		for (int j = 0; j < 4; j++)
-			_mm256_storeu_ps(y + i + 8 * j, a[j]);
-	}
+	for (; i + 64 <= hd; i += 64)
+		pv_cols(y, vc, sc, v, n, hd, i, 8);
+	for (; i + 32 <= hd; i += 32)
+		pv_cols(y, vc, sc, v, n, hd, i, 4);
 #endif
 	if (i < hd) {
 		scale_axpy_f32(y + i, c, sc[0], v + i, hd - i);

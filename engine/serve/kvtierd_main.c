@@ -176,6 +176,34 @@ static int open_small_file(const char *path, const char *what, off_t max_bytes, 
 	return fd;
 }
 
+/* The model's fingerprint, computed on a thread of its own while the model loads (fp_main, fp_wait). */
+typedef struct fp_job {
+	const char *path;  /* the GGUF */
+	const char *cache; /* the data dir's fingerprint.cache */
+	uint8_t *fp;       /* out: 32 bytes */
+	int rc;            /* kvt_model_fingerprint's */
+	bool threaded;     /* thread runs it (else it ran inline) */
+	bool joined;       /* fp_wait has joined it */
+	pthread_t thread;
+} fp_job;
+
+static void *fp_main(void *arg)
+{
+	fp_job *j = arg;
+	j->rc = kvt_model_fingerprint(j->path, j->cache, j->fp, NULL);
+	return NULL;
+}
+
+/* Wait for the fingerprint (once; later calls return at once); its result code. */
+static int fp_wait(fp_job *j)
+{
+	if (j->threaded && !j->joined) {
+		pthread_join(j->thread, NULL);
+		j->joined = true;
+	}
+	return j->rc;
+}
+
 static int load_secret(const char *path, uint8_t *out, size_t *n)
 {
 	struct stat sb;
@@ -533,11 +561,20 @@ static int bring_up(daemon_t *d, int *exit_code)
 		return rc;
 	}
 
-	/* model */
+	/*
+	 * model: its fingerprint (a SHA-256 of the file on a first start, then
+	 * kept in the data dir by stat) on a second thread while it loads; the
+	 * index needs it only after
+	 */
 	kvt_sd_notify("STATUS=loading the model");
 	KVT_LOGI("loading %s", c->model_path);
-	if ((rc = kvt_model_fingerprint(c->model_path, fp_cache, fp, NULL)) || (rc = kvt_gguf_open(c->model_path, &d->g)) ||
-	    (rc = kvt_tok_create_from_gguf(d->g, &d->tok)) || (rc = kvt_tok_set_chat(d->tok, c->chat_template))) {
+	fp_job fj = { .path = c->model_path, .cache = fp_cache, .fp = fp };
+	fj.threaded = pthread_create(&fj.thread, NULL, fp_main, &fj) == 0;
+	if (!fj.threaded)
+		fp_main(&fj);
+	if ((rc = kvt_gguf_open(c->model_path, &d->g)) || (rc = kvt_tok_create_from_gguf(d->g, &d->tok)) ||
+	    (rc = kvt_tok_set_chat(d->tok, c->chat_template))) {
+		fp_wait(&fj);
 		KVT_LOGE("model.path %s: cannot load: %s", c->model_path, kvt_strerror(rc));
 		*exit_code = EX_DATAERR;
 		return rc;
@@ -548,6 +585,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	int kind = c->device == KVT_DEVICE_CUDA ? KVT_DEV_CUDA : c->device == KVT_DEVICE_CPU ? KVT_DEV_CPU : KVT_DEV_AUTO;
 	kvt_dev_config dc = { .kind = kind, .n_threads = (int)c->model_threads, .act_int8 = c->act_int8 != 0 };
 	if ((rc = kvt_dev_create(&dc, &d->dev))) {
+		fp_wait(&fj);
 		*exit_code = EX_UNAVAILABLE;
 		return rc;
 	}
@@ -558,6 +596,12 @@ static int bring_up(daemon_t *d, int *exit_code)
 	mc.map_weights = true; /* d->g stays open until tear_down, after the model */
 	double tl = kvt_now_s();
 	if ((rc = kvt_model_load(d->dev, d->g, &mc, &d->model))) {
+		fp_wait(&fj);
+		*exit_code = EX_DATAERR;
+		return rc;
+	}
+	if ((rc = fp_wait(&fj))) {
+		KVT_LOGE("model.path %s: cannot fingerprint: %s", c->model_path, kvt_strerror(rc));
 		*exit_code = EX_DATAERR;
 		return rc;
 	}
