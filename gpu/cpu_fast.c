@@ -1487,7 +1487,12 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 }
 #endif
 
-/* Whether the op takes the int8 GEMM (act_int8, GEMM8_MIN_ROWS rows of x or more; AVX-512 VNNI builds). */
+#ifdef KVT_HAVE_F16C
+/*
+ * Whether the op takes the int8 GEMM (act_int8, GEMM8_MIN_ROWS rows of x or
+ * more; AVX-512 VNNI builds). NOTE: its callers are all in the F16C build
+ * (use_qgemv there), and the portable package build would stop on it unused.
+ */
 static bool use_gemm8(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_GEMM8
@@ -1498,6 +1503,7 @@ static bool use_gemm8(const kvt_dev *d, const kvt_matmul_args *a)
 	return false;
 #endif
 }
+#endif
 
 /* Whether the op takes the quantized int16 GEMV (x quantized once, weights read as stored). */
 static bool use_qgemv(const kvt_dev *d, const kvt_matmul_args *a)
