@@ -1187,8 +1187,9 @@ static void dot_rows_q8(int dtype, const uint8_t *row, const xq8 *xq, int M, siz
  * a K-quant superblock's, times its scales, 256 x 63 x 127 x 128 < 2^29.
  * The integer sums are exact and x's sums are those of its levels
  * (xq8_block_sums), so a row's result differs from the GEMV's only in the
- * order of its float additions: greedy tokens do not depend on whether a
- * row went through one or the other (invariant 1 with act_int8).
+ * order of its float additions (test_engine_kv's int8 part checks invariant
+ * 1 across the two: a decode's rows take the GEMV, a recomputation's the
+ * GEMM).
  */
 #define KVT_HAVE_GEMM8 1
 #define GEMM8_LANES 16 /* rows of x in a vector */
