@@ -33,7 +33,8 @@
  * a last-bit difference upstream (attention blocked for a prefill or split
  * for a decode) can move an activation across a rounding boundary, one
  * part in 254 of its block's largest value. Measured 0.054 (Q8_0) and 0.078
- * (Q4_K_M) cached vs recomputed, 0.039-0.054 chunked against whole.
+ * (Q4_K_M; 0.080 in an ASan build) cached vs recomputed, 0.039-0.054
+ * chunked against whole.
  */
 #define X8_LOGIT_TOL 0.25f
 #define BT 16
@@ -103,7 +104,7 @@ static void test_cache_vs_recompute(rig *r, const char *what)
 	float *la = malloc(r->V * 4), *lb = malloc(r->V * 4);
 	kvt_seq a, b;
 	float worst = 0;
-	int diverged = -1;
+	int diverged = -1, n_ties = 0;
 
 	for (int i = 0; i < N_PROMPT; i++)
 		toks[i] = (int32_t)((i * 37 + 5) % r->V);
@@ -125,8 +126,19 @@ static void test_cache_vs_recompute(rig *r, const char *what)
 		CHECK(kvt_model_forward(r->m, &b, toks, N_PROMPT + s, lb, 1) == KVT_OK);
 		worst = fmaxf(worst, max_abs_diff(la, lb, r->V));
 		int32_t ta = kvt_argmax(la, r->V), tb = kvt_argmax(lb, r->V);
-		if (ta != tb && diverged < 0)
-			diverged = s;
+		if (ta != tb) {
+			/*
+			 * With int8 activations a near tie may go either way (DESIGN
+			 * invariant 1): the cached token within the rig's tolerance
+			 * of the recomputation's top logit. Seen once in 40 steps in
+			 * an ASan build, whose fp32 rounding differs. The tokens
+			 * then follow the cached path.
+			 */
+			if (r->tol > LOGIT_TOL && lb[ta] >= lb[tb] - r->tol)
+				n_ties++;
+			else if (diverged < 0)
+				diverged = s;
+		}
 		for (int j = 0; j < s; j++)
 			if (toks[N_PROMPT + j] == ta)
 				goto seen;
@@ -136,8 +148,8 @@ seen:
 		if (s + 1 < N_GEN)
 			CHECK(kvt_model_forward(r->m, &a, &toks[N_PROMPT + s], 1, la, 1) == KVT_OK);
 	}
-	printf("%s: %d greedy steps, %d distinct tokens, max |logit diff| cached vs recomputed = %.3g\n", what,
-	       N_GEN, n_distinct, worst);
+	printf("%s: %d greedy steps, %d distinct tokens, max |logit diff| cached vs recomputed = %.3g, "
+	       "%d near ties taken differently\n", what, N_GEN, n_distinct, worst, n_ties);
 	CHECKF(diverged < 0, "%s: greedy tokens diverge at step %d", what, diverged);
 	CHECKF(worst < r->tol, "%s: logits differ by %g", what, worst);
 	CHECKF(n_distinct > 3, "%s: degenerate model output (%d distinct tokens)", what, n_distinct);
