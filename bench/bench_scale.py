@@ -5,7 +5,8 @@ cache off and, when one is given, llama.cpp's llama-server, in one run.
     python3 bench/bench_scale.py [--build build] [--shape llama3.2-1b|llama3-8b]
         [--type q8_0|q4_k_m] [--threads 2] [--history 2048,8192] [--decode 64]
         [--llama-server PATH] [--peer-no-repack] [--engines LIST] [--model SHAPE.gguf] [--layers N]
-        [--activations int16|int8] [--decode-only ROUNDS] [--out bench/results/scale-....json]
+        [--activations int16|int8] [--decode-only ROUNDS] [--first-start ROUNDS]
+        [--out bench/results/scale-....json]
 
 The model: `BUILD/bench_shape_model` writes a GGUF of the shape (random weights from a
 fixed seed; Q8_0, or Q4_K_M's mix) with the default model's real tokenizer and chat
@@ -27,6 +28,10 @@ Each engine (kvtier, kvtier with `[cache] enabled = false`, llama-server) is mea
 --decode-only ROUNDS measures only decode_tok_s (with startup_s and the RSS): every engine
 is started at once and ROUNDS rounds alternate between them (the order rotating), the
 median reported; any GGUF works there with --model (Gemma 3, the default model).
+--first-start ROUNDS measures only startup_s on an empty data dir (kvtier's first start
+hashes the model for its fingerprint): the model is read once first, so it is in the page
+cache for every engine, then each round starts and stops each engine once in a fresh work
+dir, the order rotating; the median reported, every start in first_starts.
 Engines alternate per history length, so a slow spell of the shared machine hits each.
 Ratios (kvtier / peer) are printed per figure. Data dirs use a small NVMe tier and are
 deleted. Not a test: figures go to bench/results and bench/README.md.
@@ -39,6 +44,7 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -224,6 +230,26 @@ def decode_rounds(engines, n_decode, rounds):
     return [out[e.kind] for e in engines]
 
 
+def first_start_rounds(kinds, args, model, work, rounds):
+    """startup_s of every engine on an empty data dir, in alternating rounds, medians."""
+    with open(model, "rb") as f:  # into the page cache, for every engine alike
+        while f.read(1 << 24):
+            pass
+    starts, rss = {k: [] for k in kinds}, {}
+    for r in range(rounds):
+        for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            d = tempfile.mkdtemp(prefix="first_", dir=work)
+            e = Engine(k, args, model, d)
+            try:
+                starts[k].append(round(e.start(), 3))
+                rss[k] = mem_of(e.proc.pid)
+            finally:
+                e.stop()
+                shutil.rmtree(d, ignore_errors=True)
+    return [{"engine": k, "first_starts": starts[k], "startup_s": statistics.median(starts[k]), "rss_after": rss[k]}
+            for k in kinds]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -248,6 +274,9 @@ def main():
     ap.add_argument("--decode-only", type=int, default=0, metavar="ROUNDS",
                     help="only decode tok/s (and start-up, idle RSS): every engine started at once, ROUNDS "
                     "alternating rounds of DECODE tokens on a short prompt, medians; no history turns")
+    ap.add_argument("--first-start", type=int, default=0, metavar="ROUNDS",
+                    help="only the start-up on an empty data dir (the model in the page cache): ROUNDS "
+                    "alternating rounds, medians; no history turns")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -280,7 +309,12 @@ def main():
             for row in rows:
                 row["history"] = 0
                 print(json.dumps(row), flush=True)
-        for h in [] if args.decode_only else [int(x) for x in args.history.split(",")]:
+        if args.first_start:
+            rows = first_start_rounds(kinds, args, model, work, args.first_start)
+            for row in rows:
+                row["history"] = 0
+                print(json.dumps(row), flush=True)
+        for h in [] if args.decode_only or args.first_start else [int(x) for x in args.history.split(",")]:
             words = int(h * 0.8)  # these words run about 1.25 tokens each with the SmolLM2 tokenizer
             for k in kinds:
                 e = Engine(k, args, model, work)

@@ -1283,22 +1283,24 @@ static void gemm8_x_group(gemm8_x *gx, const xq8 *xq, uint32_t M, uint32_t K, in
 {
 	const size_t nb = K / KVT_QBLOCK, S = gemm8_sub(dtype), ns = K / S;
 	const int32_t off = gemm8_offset(dtype);
-	for (size_t l = 0; l < GEMM8_LANES; l++) {
-		const size_t m = g * GEMM8_LANES + l;
-		const int8_t *row = m < M ? xq->q + m * K : NULL;
+	if ((g + 1) * GEMM8_LANES > M) { /* the last group: its lanes past M multiply zeros */
+		memset(gx->q + g * K * GEMM8_LANES, 0, (size_t)K * GEMM8_LANES);
+		memset(gx->scale + g * nb * GEMM8_LANES, 0, nb * GEMM8_LANES * sizeof(float));
+		memset(gx->sum + g * nb * GEMM8_LANES, 0, nb * GEMM8_LANES * sizeof(float));
+		memset(gx->corr + g * ns * GEMM8_LANES, 0, ns * GEMM8_LANES * sizeof(int32_t));
+	}
+	for (size_t l = 0, m = g * GEMM8_LANES; l < GEMM8_LANES && m < M; l++, m++) {
+		const int8_t *row = xq->q + m * K;
 		uint8_t *q = gx->q + g * K * GEMM8_LANES + 4 * l;
 		for (size_t k = 0; k < K; k += 4, q += 4 * GEMM8_LANES)
-			if (row)
-				memcpy(q, row + k, 4);
-			else
-				memset(q, 0, 4);
+			memcpy(q, row + k, 4);
 		for (size_t b = 0; b < nb; b++) {
-			gx->scale[(g * nb + b) * GEMM8_LANES + l] = row ? xq->scale[m * nb + b] : 0;
-			gx->sum[(g * nb + b) * GEMM8_LANES + l] = row ? xq->sum[m * nb + b] : 0;
+			gx->scale[(g * nb + b) * GEMM8_LANES + l] = xq->scale[m * nb + b];
+			gx->sum[(g * nb + b) * GEMM8_LANES + l] = xq->sum[m * nb + b];
 		}
 		for (size_t s = 0; s < ns; s++) {
 			int32_t t = 0;
-			for (size_t j = 0; row && j < S; j++)
+			for (size_t j = 0; j < S; j++)
 				t += row[s * S + j];
 			gx->corr[(g * ns + s) * GEMM8_LANES + l] = -off * t;
 		}
@@ -1312,8 +1314,9 @@ static void gemm8_decode_row(int dtype, const uint8_t *row, uint32_t K, gemm8_w 
 	uint8_t *lv = w->lv + (size_t)r * K;
 	float *d = w->d + (size_t)r * nb, *mn = w->m + (size_t)r * nb;
 	int32_t *sc = w->sc + (size_t)r * (K / 16);
+	/* bytes per block, or per superblock */
+	const size_t bs = kvt_dtype_row_bytes(dtype, is_kquant(dtype) ? KVT_QK_BLOCK : KVT_QBLOCK);
 	if (!is_kquant(dtype)) {
-		const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
 		for (size_t b = 0; b < nb; b++) {
 			const uint8_t *blk = row + b * bs;
 			__m256i v = q32_levels8(dtype, blk);
@@ -1328,8 +1331,8 @@ static void gemm8_decode_row(int dtype, const uint8_t *row, uint32_t K, gemm8_w 
 	}
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		uint8_t *l = lv + sb * KVT_QK_BLOCK;
+		const uint8_t *blk = row + sb * bs;
 		if (dtype == KVT_DTYPE_Q6_K) {
-			const uint8_t *blk = row + sb * 210;
 			for (int half = 0; half < 2; half++) {
 				__m256i q[4];
 				q6k_levels(blk, half, q, false);
@@ -1342,7 +1345,6 @@ static void gemm8_decode_row(int dtype, const uint8_t *row, uint32_t K, gemm8_w 
 			continue;
 		}
 		const bool q5 = dtype == KVT_DTYPE_Q5_K;
-		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
 		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
 		uint8_t s[16];
 		_mm_storeu_si128((__m128i *)s, kq45_scale_bytes(blk));
@@ -1488,12 +1490,7 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 }
 #endif
 
-#ifdef KVT_HAVE_F16C
-/*
- * Whether the op takes the int8 GEMM (act_int8, GEMM8_MIN_ROWS rows of x or
- * more; AVX-512 VNNI builds). NOTE: its callers are all in the F16C build
- * (use_qgemv there), and the portable package build would stop on it unused.
- */
+/* Whether the op takes the int8 GEMM (act_int8, GEMM8_MIN_ROWS rows of x or more; AVX-512 VNNI builds). */
 static bool use_gemm8(const kvt_dev *d, const kvt_matmul_args *a)
 {
 #ifdef KVT_HAVE_GEMM8
@@ -1504,7 +1501,6 @@ static bool use_gemm8(const kvt_dev *d, const kvt_matmul_args *a)
 	return false;
 #endif
 }
-#endif
 
 /* Whether the op takes the quantized int16 GEMV (x quantized once, weights read as stored). */
 static bool use_qgemv(const kvt_dev *d, const kvt_matmul_args *a)
@@ -1717,14 +1713,13 @@ static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
 
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
-	/* a GEMM slice of fewer than 128 columns would repack x for little work */
+	/* a GEMM slice of fewer than 128 columns would repack x for little work (the GEMVs and the int8 GEMM: 64) */
 	const bool gemv = use_gemv(d, a);
-	matmul_job j = { .a = a, .gemv = gemv, .n_slices = split(d, a->n_out, gemv ? 64 : 128) };
+	matmul_job j = { .a = a, .gemv = gemv, .n_slices = split(d, a->n_out, gemv || use_gemm8(d, a) ? 64 : 128) };
 	j.tile_rows = tile_rows(a);
 #ifdef KVT_HAVE_GEMM8
 	if (use_gemm8(d, a)) {
 		j.g8 = true;
-		j.n_slices = split(d, a->n_out, 64);
 		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
 		char *gws = (char *)ws + gemm8_align(xq8_bytes(a->n_rows, a->n_in));
 		gemm8_x_init(&j.gx, gws, a->n_rows, a->n_in);

@@ -183,7 +183,6 @@ typedef struct fp_job {
 	uint8_t *fp;       /* out: 32 bytes */
 	int rc;            /* kvt_model_fingerprint's */
 	bool threaded;     /* thread runs it (else it ran inline) */
-	bool joined;       /* fp_wait has joined it */
 	pthread_t thread;
 } fp_job;
 
@@ -194,13 +193,11 @@ static void *fp_main(void *arg)
 	return NULL;
 }
 
-/* Wait for the fingerprint (once; later calls return at once); its result code. */
+/* Wait for the fingerprint (once, on every path out of the load); its result code. */
 static int fp_wait(fp_job *j)
 {
-	if (j->threaded && !j->joined) {
+	if (j->threaded)
 		pthread_join(j->thread, NULL);
-		j->joined = true;
-	}
 	return j->rc;
 }
 
@@ -600,14 +597,14 @@ static int bring_up(daemon_t *d, int *exit_code)
 		*exit_code = EX_DATAERR;
 		return rc;
 	}
+	KVT_LOGI("model loaded on %s in %.2f s (%.0f MiB of weights, %.0f MiB of them mapped from the file, context %u)",
+		 kvt_dev_name(d->dev), kvt_now_s() - tl, kvt_model_weight_bytes(d->model) / 1048576.0,
+		 kvt_model_mapped_bytes(d->model) / 1048576.0, kvt_model_max_ctx(d->model));
 	if ((rc = fp_wait(&fj))) {
 		KVT_LOGE("model.path %s: cannot fingerprint: %s", c->model_path, kvt_strerror(rc));
 		*exit_code = EX_DATAERR;
 		return rc;
 	}
-	KVT_LOGI("model loaded on %s in %.2f s (%.0f MiB of weights, %.0f MiB of them mapped from the file, context %u)",
-		 kvt_dev_name(d->dev), kvt_now_s() - tl, kvt_model_weight_bytes(d->model) / 1048576.0,
-		 kvt_model_mapped_bytes(d->model) / 1048576.0, kvt_model_max_ctx(d->model));
 
 	/* T0 */
 	const uint32_t bt = c->block_tokens, max_ctx = kvt_model_max_ctx(d->model);
