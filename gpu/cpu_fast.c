@@ -695,18 +695,20 @@ static inline __attribute__((always_inline)) __m128i kq45_scale_bytes(const uint
 /* Elements 32i .. 32i+31 (i = 0..3) of Q6_K half `half` as signed bytes q - 32 (centered) or as q. */
 static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk, int half, __m256i q[4], bool centered)
 {
-	const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+	const __m256i low4 = _mm256_set1_epi8(0x0f), m32 = _mm256_set1_epi8(32);
 	__m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
 	__m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
 	__m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
-	/* 16-bit shifts move bits across bytes, but each byte is masked after */
-	q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-	q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+	/*
+	 * Each level's bits 4-5 are two bits of qh moved into place and masked:
+	 * qh bits 0-1 by << 4, 2-3 by << 2, 4-5 where they are, 6-7 by >> 2 (16-bit
+	 * shifts carry bits across bytes, which the masks drop).
+	 */
+	const __m256i hi2 = _mm256_set1_epi8(0x30);
+	q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+	q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, hi2));
+	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
 	for (int i = 0; i < 4 && centered; i++)
 		q[i] = _mm256_sub_epi8(q[i], m32);
 }
