@@ -588,75 +588,34 @@ static inline __attribute__((always_inline)) __m128i block_halves(const uint8_t 
 }
 
 /*
- * NOTE: two accumulators per row (even and odd blocks): one FMA chain per row
- * would make each block wait for the last one's FMA (4 cycles), which is what
- * bounded a Q8_0 decode. Q8_0 has no offset term (m' = 0): it is skipped.
+ * dot_q32's group of g <= 8 blocks from b0 (returned): their d
+ * (and Q4_1's m) in one vector (block_halves) times x's block scales, stored
+ * to sv so that each block's scale is a broadcast load, not a shuffle (port 5
+ * was the bound); the offset terms m' sum_j x_j added to mvec per lane.
  */
-static inline __attribute__((always_inline)) void dot_q16(const int dtype, const int M, const uint8_t *row,
-							   const xq16 *xq, size_t K, float *out)
+static inline __attribute__((always_inline)) int block_group(const int dtype, const int M, const uint8_t *row, size_t bs,
+							      size_t nb, size_t b0, const float *xscale, const float *xsum,
+							      float sv[][8], __m256 *mvec)
 {
-	const size_t nb = K / KVT_QBLOCK;
-	const bool offset = dtype != KVT_DTYPE_Q8_0;
-	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
-	const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
-
-	for (int m = 0; m < M; m++)
-		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
-	/*
-	 * Eight blocks at a time: their d (and Q4_1's m) in one vector
-	 * (block_halves), times x's block scales; each block then broadcasts
-	 * its lane.
-	 * The products are the scalar ones (d xs), so acc is as before; the
-	 * offset terms m' sum_j x_j accumulate per lane.
-	 */
-	for (size_t b0 = 0; b0 < nb; b0 += 8) {
-		const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
-		const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lanes);
-		const uint8_t *g0 = row + b0 * bs;
-		const __m256 dv = _mm256_cvtph_ps(block_halves(g0, bs, g));
-		__m256 mv = _mm256_setzero_ps();
-		if (dtype == KVT_DTYPE_Q4_1)
-			mv = _mm256_cvtph_ps(block_halves(g0 + 2, bs, g));
-		else if (dtype == KVT_DTYPE_Q5_0)
-			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
-		else if (dtype == KVT_DTYPE_Q4_0)
-			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
-		/* stored, so that each block's scale is a broadcast load, not a shuffle (port 5 was the bound) */
-		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
-		for (int m = 0; m < M; m++) {
-			_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live)));
-			if (offset)
-				mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
-		}
-		int j = 0;
-		for (; j + 1 < g; j += 2) {
-			__m256i qa, qb, qa1, qb1;
-			const size_t b = b0 + (size_t)j;
-			const uint8_t *blk = row + b * bs;
-			prefetch_ahead(blk);
-			q16_block(dtype, blk, &qa, &qb);
-			q16_block(dtype, blk + bs, &qa1, &qb1);
-			for (int m = 0; m < M; m++) {
-				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-				__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
-				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
-			}
-		}
-		for (; j < g; j++) {
-			__m256i qa, qb;
-			const size_t b = b0 + (size_t)j;
-			q16_block(dtype, row + b * bs, &qa, &qb);
-			for (int m = 0; m < M; m++) {
-				__m256i p = madd_block16(qa, qb, xq->q + (size_t)m * K + b * KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
-			}
-		}
+	const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
+	const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	const uint8_t *g0 = row + b0 * bs;
+	const __m256 dv = _mm256_cvtph_ps(block_halves(g0, bs, g));
+	__m256 mv = _mm256_setzero_ps();
+	if (dtype == KVT_DTYPE_Q4_1)
+		mv = _mm256_cvtph_ps(block_halves(g0 + 2, bs, g));
+	else if (dtype == KVT_DTYPE_Q5_0)
+		mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
+	else if (dtype == KVT_DTYPE_Q4_0)
+		mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+	for (int m = 0; m < M; m++) {
+		_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xscale + (size_t)m * nb + b0, live)));
+		if (dtype != KVT_DTYPE_Q8_0) /* Q8_0 has no offset term */
+			mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xsum + (size_t)m * nb + b0, live), mvec[m]);
 	}
-	for (int m = 0; m < M; m++)
-		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + (offset ? hsum8(mvec[m]) : 0.0f);
+	return g;
 }
+
 
 /* The 32 levels (0..15, or 0..31 for Q5_K) of Q4_K/Q5_K sub-block sub, as bytes. */
 static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *qs, __m256i qh, bool q5, int sub)
@@ -857,7 +816,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
 		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
 						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-		float dsx[GEMV_MAX_ROWS][8] __attribute__((aligned(32))); /* broadcast loads per sub-block, as dot_q16 */
+		float dsx[GEMV_MAX_ROWS][8] __attribute__((aligned(32))); /* broadcast loads per sub-block, as dot_q32 */
 		for (int m = 0; m < M; m++) {
 			_mm256_store_ps(dsx[m], _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
 			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
@@ -1081,63 +1040,84 @@ static inline __attribute__((always_inline)) __m256i dot_block8(const int dtype,
 }
 
 /*
- * The 32-element block types with int8 x: dot_q16's groups of eight blocks
- * and its offset terms (Q4_1's m, Q4_0's -8 d, Q5_0's -16 d on x's sums),
- * each block's levels multiplied as bytes (dot_block8).
+ * Block b's sum_j q_j xq_j for each of the M rows of x into p: its levels
+ * unpacked once, then int16 x (q16_block, madd_block16) or int8 x (x8:
+ * q32_levels8, dot_block8).
  */
-static inline __attribute__((always_inline)) void dot_q8(const int dtype, const int M, const uint8_t *row,
-							  const xq8 *xq, size_t K, float *out)
+static inline __attribute__((always_inline)) void block_products(const int dtype, const int M, const bool x8,
+								  const uint8_t *blk, const void *xq, size_t K, size_t b,
+								  __m256i *p)
+{
+	if (x8) {
+		const __m256i v = q32_levels8(dtype, blk);
+		for (int m = 0; m < M; m++)
+			p[m] = dot_block8(dtype, v, (const int8_t *)xq + (size_t)m * K + b * KVT_QBLOCK);
+		return;
+	}
+	__m256i qa, qb;
+	q16_block(dtype, blk, &qa, &qb);
+	for (int m = 0; m < M; m++)
+		p[m] = madd_block16(qa, qb, (const int16_t *)xq + (size_t)m * K + b * KVT_QBLOCK);
+}
+
+/*
+ * The 32-element block types' GEMV, int16 x (dot_q16) or int8 x (dot_q8):
+ *   sum_j w_j x_j = d xs sum_j q_j xq_j + m' sum_j x_j
+ * eight blocks at a time (block_group; the products are the scalar ones,
+ * d xs), the offset terms m' (Q4_1's m, Q4_0's -8 d, Q5_0's -16 d) on x's
+ * sums per lane.
+ * NOTE: two accumulators per row (even and odd blocks): one FMA chain per row
+ * would make each block wait for the last one's FMA (4 cycles), which is what
+ * bounded a Q8_0 decode. Q8_0 has no offset term (m' = 0): it is skipped.
+ */
+static inline __attribute__((always_inline)) void dot_q32(const int dtype, const int M, const bool x8, const uint8_t *row,
+							   const void *q, const float *xscale, const float *xsum, size_t K,
+							   float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
-	const bool offset = dtype != KVT_DTYPE_Q8_0;
 	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
-	const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
 	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++)
 		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t b0 = 0; b0 < nb; b0 += 8) {
-		const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
-		const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), lanes);
-		const uint8_t *g0 = row + b0 * bs;
-		const __m256 dv = _mm256_cvtph_ps(block_halves(g0, bs, g));
-		__m256 mv = _mm256_setzero_ps();
-		if (dtype == KVT_DTYPE_Q4_1)
-			mv = _mm256_cvtph_ps(block_halves(g0 + 2, bs, g));
-		else if (dtype == KVT_DTYPE_Q5_0)
-			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
-		else if (dtype == KVT_DTYPE_Q4_0)
-			mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
 		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
-		for (int m = 0; m < M; m++) {
-			_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xq->scale + (size_t)m * nb + b0, live)));
-			if (offset)
-				mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xq->sum + (size_t)m * nb + b0, live), mvec[m]);
-		}
+		const int g = block_group(dtype, M, row, bs, nb, b0, xscale, xsum, sv, mvec);
 		int j = 0;
 		for (; j + 1 < g; j += 2) {
 			const size_t b = b0 + (size_t)j;
 			const uint8_t *blk = row + b * bs;
+			__m256i p[GEMV_MAX_ROWS], p1[GEMV_MAX_ROWS];
 			prefetch_ahead(blk);
-			const __m256i v = q32_levels8(dtype, blk), v1 = q32_levels8(dtype, blk + bs);
+			block_products(dtype, M, x8, blk, q, K, b, p);
+			block_products(dtype, M, x8, blk + bs, q, K, b + 1, p1);
 			for (int m = 0; m < M; m++) {
-				const int8_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-				__m256i p = dot_block8(dtype, v, xb), p1 = dot_block8(dtype, v1, xb + KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
-				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[m]), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1[m]), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
 			}
 		}
 		for (; j < g; j++) {
-			const size_t b = b0 + (size_t)j;
-			const __m256i v = q32_levels8(dtype, row + b * bs);
-			for (int m = 0; m < M; m++) {
-				__m256i p = dot_block8(dtype, v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
-			}
+			__m256i p[GEMV_MAX_ROWS];
+			block_products(dtype, M, x8, row + (b0 + (size_t)j) * bs, q, K, b0 + (size_t)j, p);
+			for (int m = 0; m < M; m++)
+				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[m]), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
 		}
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + (offset ? hsum8(mvec[m]) : 0.0f);
+		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + (dtype != KVT_DTYPE_Q8_0 ? hsum8(mvec[m]) : 0.0f);
+}
+
+static inline __attribute__((always_inline)) void dot_q16(const int dtype, const int M, const uint8_t *row,
+							   const xq16 *xq, size_t K, float *out)
+{
+	dot_q32(dtype, M, false, row, xq->q, xq->scale, xq->sum, K, out);
+}
+
+/* The 32-element block types with int8 x: dot_q32 with each block's levels multiplied as bytes (dot_block8). */
+static inline __attribute__((always_inline)) void dot_q8(const int dtype, const int M, const uint8_t *row,
+							  const xq8 *xq, size_t K, float *out)
+{
+	dot_q32(dtype, M, true, row, xq->q, xq->scale, xq->sum, K, out);
 }
 
 /* Constant dtype and row count for each instance, so loops unroll into registers. */
