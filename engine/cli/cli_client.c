@@ -656,10 +656,11 @@ static int render_stats(json_t *j, const char *source)
 	}
 	json_t *mem = json_object_get(j, "memory");
 	if (json_is_object(mem)) {
-		char rss[48], an[48], fi[48], lk[48], w[48], wm[48], kv[48], ot[48];
+		char rss[48], an[48], fi[48], fh[48], lk[48], w[48], wm[48], kv[48], ot[48];
 		fmt_bytes(num(mem, "rss_bytes"), rss, sizeof(rss));
 		fmt_bytes(num(mem, "rss_anon_bytes"), an, sizeof(an));
 		fmt_bytes(num(mem, "rss_file_bytes"), fi, sizeof(fi));
+		fmt_bytes(num(mem, "rss_file_huge_bytes"), fh, sizeof(fh));
 		fmt_bytes(num(mem, "locked_bytes"), lk, sizeof(lk));
 		fmt_bytes(num(mem, "weight_bytes"), w, sizeof(w));
 		fmt_bytes(num(mem, "weight_mapped_bytes"), wm, sizeof(wm));
@@ -667,7 +668,8 @@ static int render_stats(json_t *j, const char *source)
 		const double other = num(mem, "other_bytes");
 		fmt_bytes(other < 0 ? -other : other, ot, sizeof(ot));
 		printf("\n  memory\n");
-		printf("  %-24s %s (anonymous %s, file %s, locked %s)\n", "RSS", rss, an, fi, lk);
+		printf("  %-24s %s (anonymous %s, file %s of which %s in 2 MiB pages, locked %s)\n", "RSS", rss, an, fi, fh,
+		       lk);
 		printf("  %-24s weights %s (%s mapped from the file) + KV held in hbm and host %s, %s%s beyond\n",
 		       "RSS for", w, wm, kv, other < 0 ? "-" : "", ot);
 	}

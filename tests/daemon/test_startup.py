@@ -140,6 +140,10 @@ def case_memory(build, tmp):
         w = mem["weight_bytes"]
         check(w > 90 * MIB and mem["weight_mapped_bytes"] >= w * 9 // 10,
               "weights %d bytes, %d mapped from the file" % (w, mem["weight_mapped_bytes"]))
+        # FilePmdMapped, as the kernel reports it: a part of the file pages, in whole 2 MiB pages
+        huge = mem.get("rss_file_huge_bytes", -1)
+        check(0 <= huge <= mem["rss_file_bytes"] and huge % (2 * MIB) == 0,
+              "rss_file_huge_bytes %d of %d file bytes" % (huge, mem["rss_file_bytes"]))
         # T0 auto: context 4096 (258 blocks of 16 with the 2 spare) + 16 running x 256-token chunks (256 blocks)
         check(tiers["hbm"]["capacity_blocks"] == 258 + 256,
               "hbm auto holds %d blocks, expected 514" % tiers["hbm"]["capacity_blocks"])
@@ -179,7 +183,8 @@ def case_memory(build, tmp):
         row = next((l for l in p.stdout.splitlines() if l.strip().startswith("blocks")), "")
         check(len(re.findall(r"\d+ / \d+", row)) == 3, "kvtier stats: not every tier's blocks show a capacity: %r"
               % row)
-        check(re.search(r"RSS +[0-9.]+ [KMG]i?B \(anonymous", p.stdout) and "KV held in hbm and host" in p.stdout,
+        check(re.search(r"RSS +[0-9.]+ [KMG]i?B \(anonymous", p.stdout) and "KV held in hbm and host" in p.stdout
+              and re.search(r"file [0-9.]+ [KMG]i?B of which [0-9.]+ [KMG]?i?B in 2 MiB pages", p.stdout),
               "kvtier stats shows no memory lines:\n" + p.stdout)
     finally:
         d.stop()
