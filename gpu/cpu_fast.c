@@ -593,9 +593,9 @@ static inline __attribute__((always_inline)) __m128i block_halves(const uint8_t 
  * to sv so that each block's scale is a broadcast load, not a shuffle (port 5
  * was the bound); the offset terms m' sum_j x_j added to mvec per lane.
  */
-static inline __attribute__((always_inline)) int block_group(const int dtype, const int M, const uint8_t *row, size_t bs,
-							      size_t nb, size_t b0, const float *xscale, const float *xsum,
-							      float sv[][8], __m256 *mvec)
+static inline __attribute__((always_inline)) int block_group(const int dtype, const int M, const uint8_t *row,
+							      size_t bs, size_t nb, size_t b0, const float *xscale,
+							      const float *xsum, float sv[][8], __m256 *mvec)
 {
 	const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
 	const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -615,7 +615,6 @@ static inline __attribute__((always_inline)) int block_group(const int dtype, co
 	}
 	return g;
 }
-
 
 /* The 32 levels (0..15, or 0..31 for Q5_K) of Q4_K/Q5_K sub-block sub, as bytes. */
 static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *qs, __m256i qh, bool q5, int sub)
@@ -643,8 +642,9 @@ static inline __attribute__((always_inline)) __m256i kq45_levels(const uint8_t *
 static inline __attribute__((always_inline)) __m128i kq45_scale_bytes(const uint8_t *blk)
 {
 	const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));
-	const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)); /* u0 u2 u1 u2 */
-	const __m128i b = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)); /* 0 u0 0 u1 */
+	/* dwords u0 u2 u1 u2, and 0 u0 0 u1 */
+	const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+	const __m128i b = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
 	/* 32-bit shifts carry bits across bytes; the masks keep each byte's own */
 	const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
 					 _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
@@ -667,7 +667,8 @@ static inline __attribute__((always_inline)) void q6k_levels(const uint8_t *blk,
 	q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
 	q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
 	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, hi2));
-	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+			       _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
 	for (int i = 0; i < 4 && centered; i++)
 		q[i] = _mm256_sub_epi8(q[i], m32);
 }

@@ -346,22 +346,21 @@ static json_t *stats_chunks(const kvt_sched_stats *st)
 }
 
 /*
- * A "Key:   N kB" line's bytes from a /proc file (0 where it or the key is
- * missing: an older kernel).
+ * The bytes of the "Key:   N kB" lines of a /proc file named in keys, into
+ * bytes (0 where the file or a key is missing: an older kernel).
  */
-static uint64_t proc_kb_bytes(const char *path, const char *key)
+static void proc_kb_lines(const char *path, const char *const *keys, int n, uint64_t *bytes)
 {
-	uint64_t kb = 0;
 	char line[256];
 	FILE *f = fopen(path, "r");
+	for (int i = 0; i < n; i++)
+		bytes[i] = 0;
 	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, key, strlen(key))) {
-			kb = strtoull(line + strlen(key), NULL, 10);
-			break;
-		}
+		for (int i = 0; i < n; i++)
+			if (!strncmp(line, keys[i], strlen(keys[i])))
+				bytes[i] = strtoull(line + strlen(keys[i]), NULL, 10) * 1024;
 	if (f)
 		fclose(f);
-	return kb * 1024;
 }
 
 /*
@@ -375,23 +374,17 @@ static uint64_t proc_kb_bytes(const char *path, const char *key)
  */
 static json_t *stats_memory(const kvt_sched_stats *st)
 {
-	static const char *const keys[] = { "VmRSS:", "RssAnon:", "RssFile:", "VmLck:" };
-	uint64_t kb[4] = { 0 };
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	while (f && fgets(line, sizeof(line), f))
-		for (int i = 0; i < 4; i++)
-			if (!strncmp(line, keys[i], strlen(keys[i])))
-				kb[i] = strtoull(line + strlen(keys[i]), NULL, 10);
-	if (f)
-		fclose(f);
+	static const char *const keys[] = { "VmRSS:", "RssAnon:", "RssFile:", "VmLck:" }, *const pmd = "FilePmdMapped:";
+	uint64_t b[4], file_huge;
+	proc_kb_lines("/proc/self/status", keys, 4, b);
+	proc_kb_lines("/proc/self/smaps_rollup", &pmd, 1, &file_huge);
 	const uint64_t kv = st->tiers.tier[KVT_TIER_HBM].used_bytes + st->tiers.tier[KVT_TIER_HOST].used_bytes;
-	const uint64_t file_huge = proc_kb_bytes("/proc/self/smaps_rollup", "FilePmdMapped:");
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "rss_bytes", (json_int_t)(kb[0] * 1024),
-			 "rss_anon_bytes", (json_int_t)(kb[1] * 1024), "rss_file_bytes", (json_int_t)(kb[2] * 1024),
-			 "rss_file_huge_bytes", (json_int_t)file_huge, "locked_bytes", (json_int_t)(kb[3] * 1024), "weight_bytes", (json_int_t)st->weight_bytes,
-			 "weight_mapped_bytes", (json_int_t)st->weight_mapped_bytes, "kv_held_bytes", (json_int_t)kv,
-			 "other_bytes", (json_int_t)(kb[0] * 1024) - (json_int_t)st->weight_bytes - (json_int_t)kv);
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "rss_bytes", (json_int_t)b[0],
+			 "rss_anon_bytes", (json_int_t)b[1], "rss_file_bytes", (json_int_t)b[2], "rss_file_huge_bytes",
+			 (json_int_t)file_huge, "locked_bytes", (json_int_t)b[3], "weight_bytes",
+			 (json_int_t)st->weight_bytes, "weight_mapped_bytes", (json_int_t)st->weight_mapped_bytes,
+			 "kv_held_bytes", (json_int_t)kv, "other_bytes",
+			 (json_int_t)b[0] - (json_int_t)st->weight_bytes - (json_int_t)kv);
 }
 
 enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
