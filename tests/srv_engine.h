@@ -50,7 +50,7 @@ static inline int engine_open(engine *e, const char *dir)
 	if (kvt_dev_create(&dc, &e->dev) || kvt_gguf_open(model_path, &g))
 		return 1;
 	if (kvt_model_load(e->dev, g, &mc, &e->m) || kvt_tok_create_from_gguf(g, &e->tok) ||
-	    kvt_model_fingerprint_gguf(g, fp))
+	    kvt_model_fingerprint_gguf(g, KVT_FP_CURRENT, 0, fp))
 		return 1;
 	kvt_gguf_close(g);
 	e->n_vocab = kvt_model_hparams_get(e->m)->n_vocab;

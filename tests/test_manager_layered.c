@@ -373,7 +373,7 @@ int main(void)
 	sc.n_layer = N_LAYER;
 	sc.n_ctx = 256;
 	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
-	CHECK(kvt_model_fingerprint(model_path, NULL, model_fp, NULL) == KVT_OK);
+	CHECK(kvt_model_fingerprint(model_path, NULL, KVT_FP_CURRENT, model_fp, NULL) == KVT_OK);
 	kvt_gguf *g;
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);

@@ -165,7 +165,7 @@ static int run_arch(const char *arch)
 	}
 	printf("architecture: %s\n", arch);
 	CHECK(kvt_synth_llama_write(&sc, model_path) == KVT_OK);
-	CHECK(kvt_model_fingerprint(model_path, NULL, model_fp, NULL) == KVT_OK); /* the chain's root, per file */
+	CHECK(kvt_model_fingerprint(model_path, NULL, KVT_FP_CURRENT, model_fp, NULL) == KVT_OK); /* the chain's root, per file */
 	kvt_gguf *g;
 	kvt_model_config mc;
 	kvt_model_config_default(&mc);

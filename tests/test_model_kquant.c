@@ -199,7 +199,7 @@ int main(void)
 				compare("q4_k_m ref", &r, &wide, V);
 			free(r.logits);
 		}
-		CHECK(kvt_model_fingerprint(paths[i], NULL, fps[i], NULL) == KVT_OK);
+		CHECK(kvt_model_fingerprint(paths[i], NULL, KVT_FP_CURRENT, fps[i], NULL) == KVT_OK);
 		free(kept.logits);
 		free(wide.logits);
 	}

@@ -612,13 +612,37 @@ int kvt_cli_rebuild_index(int argc, char **argv)
 			usage_rebuild(stderr);
 		return ret;
 	}
-	if (model && kvt_model_fingerprint(model, NULL, fp, NULL) != KVT_OK) {
+	/*
+	 * --model: the file's KV must be that model's, under the fingerprint version the superblock
+	 * names (kvt_model_fingerprint_for). With no superblock to read, the records name the model
+	 * (so no version is guessed and no record skipped), and it is checked after.
+	 */
+	uint8_t stored[32];
+	bool have_sb = model && kvt_t2_file_model_fp(p.t2, stored) == KVT_OK;
+	int version = 0;
+	if (have_sb && kvt_model_fingerprint_for(model, NULL, stored, fp, &version) != KVT_OK) {
 		fprintf(stderr, "kvtier rebuild-index: cannot fingerprint %s\n", model);
 		return 1;
 	}
-	int rc = kvt_index_rebuild_at(&p, model ? fp : NULL, &st);
+	int rc = kvt_index_rebuild_at(&p, have_sb ? fp : NULL, &st);
 	if (rc)
 		return tool_failed("rebuild-index", &p, rc);
+	if (model && !have_sb) {
+		bool match = false, known = kvt_t2_file_model_fp(p.t2, stored) == KVT_OK;
+		for (int v = KVT_FP_CURRENT; known && !match && v >= KVT_FP_V1; v--) {
+			if (kvt_model_fingerprint(model, NULL, v, fp, NULL) != KVT_OK) {
+				fprintf(stderr, "kvtier rebuild-index: cannot fingerprint %s\n", model);
+				return 1;
+			}
+			match = memcmp(fp, stored, 32) == 0;
+		}
+		if (!match) {
+			fprintf(stderr, "kvtier rebuild-index: %s: its records hold KV of another model than %s; the "
+					"index was rebuilt for theirs (nothing was dropped)\n",
+				p.t2, model);
+			return 1;
+		}
+	}
 	printf("rebuild-index %s: %llu records, %llu corrupt or torn skipped, %llu older duplicates dropped; "
 	       "%llu rows in %u namespace(s); %llu session writes replayed from the session journal\n",
 	       p.dir, (unsigned long long)st.n_records, (unsigned long long)st.n_bad,

@@ -109,6 +109,8 @@ static const int comp_values[] = { 0, 1 };
 static const char *const chunk_names[] = { "off", "marked", "tools", NULL };
 static const char *const act_names[] = { "int16", "int8", NULL };
 static const int act_values[] = { 0, 1 };
+static const char *const fpv_names[] = { "auto", "v1", "v2", NULL };
+static const int fpv_values[] = { 0, 1, 2 };
 static const int chunk_values[] = { KVT_CHUNK_REUSE_OFF, KVT_CHUNK_REUSE_MARKED, KVT_CHUNK_REUSE_TOOLS };
 
 #define OFF(f) offsetof(kvt_config, f)
@@ -160,6 +162,8 @@ static const key_def keys[] = {
 	U32("model", "batch", max_batch, 1, 65536, "256", "tokens per forward chunk"),
 	ENUMK("model", "activations", act_int8, act, "int16",
 	      "CPU: decode rounds activations to int16, or to int8 as llama.cpp (faster on Q5_0 and K-quants)"),
+	ENUMK("model", "fingerprint", fp_version, fpv, "auto",
+	      "fingerprint version naming the model in the cache: auto = the data directory's (v2 when new); nodes sharing a remote tier must agree"),
 	ENUMK("model", "chat_template", chat_template, chat, "auto",
 	      "chat prompt layout: auto = from the GGUF's template (none: by architecture), or forced"),
 	BOOLK("model", "device_decode", device_decode, "true",

@@ -79,6 +79,7 @@ typedef struct kvt_config {
 	char model_path[KVT_CONFIG_PATH_MAX]; /* path (default models/SmolLM2-135M-Instruct-Q4_1.gguf... see conf) */
 	int device;                    /* device = auto|cuda|cpu (enum kvt_device_choice) */
 	int act_int8;                  /* activations = int16 (0) | int8 (1): kvt_dev_config.act_int8 */
+	int fp_version;                /* fingerprint = auto (0: the data dir's, KVT_FP_CURRENT when new) | v1 | v2 */
 	uint32_t model_threads;        /* threads: CPU backend worker threads (0 = all cores, default 0) */
 	uint32_t max_ctx;              /* context = tokens per sequence (0 = the model's trained context, default 4096) */
 	uint32_t max_batch;            /* batch = tokens per forward chunk (default 256) */

@@ -26,6 +26,7 @@
 #include "model.h"
 #include "sdnotify.h"
 #include "stack.h"
+#include "t2_store.h"
 #include "server.h"
 #include "tokenizer.h"
 
@@ -180,8 +181,12 @@ static int open_small_file(const char *path, const char *what, off_t max_bytes, 
 typedef struct fp_job {
 	const char *path;  /* the GGUF */
 	const char *cache; /* the data dir's fingerprint.cache */
+	uint8_t stored[32]; /* the NVMe tier's superblock's, or zeros: the data dir stores none */
+	int forced;        /* [model] fingerprint: 0 auto (the data dir's), else the version */
 	uint8_t *fp;       /* out: 32 bytes */
-	int rc;            /* kvt_model_fingerprint's */
+	int version;       /* out: the fingerprint version the data dir uses */
+	double seconds;    /* out: time taken */
+	int rc;            /* kvt_model_fingerprint_for's */
 	bool threaded;     /* thread runs it (else it ran inline) */
 	pthread_t thread;
 } fp_job;
@@ -189,7 +194,14 @@ typedef struct fp_job {
 static void *fp_main(void *arg)
 {
 	fp_job *j = arg;
-	j->rc = kvt_model_fingerprint(j->path, j->cache, j->fp, NULL);
+	double t0 = kvt_now_s();
+	if (j->forced) {
+		j->version = j->forced;
+		j->rc = kvt_model_fingerprint(j->path, j->cache, j->forced, j->fp, NULL);
+	} else {
+		j->rc = kvt_model_fingerprint_for(j->path, j->cache, j->stored, j->fp, &j->version);
+	}
+	j->seconds = kvt_now_s() - t0;
 	return NULL;
 }
 
@@ -559,13 +571,17 @@ static int bring_up(daemon_t *d, int *exit_code)
 	}
 
 	/*
-	 * model: its fingerprint (a SHA-256 of the file on a first start, then
-	 * kept in the data dir by stat) on a second thread while it loads; the
-	 * index needs it only after
+	 * model: its fingerprint (hashed on a first start, on every CPU, then kept
+	 * in the data dir by stat; in the version the NVMe tier's KV was stored
+	 * under) on threads of its own while it loads; the index needs it only
+	 * after
 	 */
 	kvt_sd_notify("STATUS=loading the model");
 	KVT_LOGI("loading %s", c->model_path);
-	fp_job fj = { .path = c->model_path, .cache = fp_cache, .fp = fp };
+	fp_job fj = { .path = c->model_path, .cache = fp_cache, .forced = c->fp_version, .fp = fp };
+	kvt_t2_info t2i;
+	if (nvme_bytes && stat(t2_path, &sb_t2) == 0 && sb_t2.st_size > 0 && kvt_t2_probe(t2_path, &t2i) == KVT_OK)
+		memcpy(fj.stored, t2i.model_fp, 32); /* the version its KV was stored under is kept */
 	fj.threaded = pthread_create(&fj.thread, NULL, fp_main, &fj) == 0;
 	if (!fj.threaded)
 		fp_main(&fj);
@@ -604,6 +620,22 @@ static int bring_up(daemon_t *d, int *exit_code)
 		KVT_LOGE("model.path %s: cannot fingerprint: %s", c->model_path, kvt_strerror(rc));
 		*exit_code = EX_DATAERR;
 		return rc;
+	}
+	{
+		char hex[65];
+		kvt_hash_hex(fp, hex);
+		KVT_LOGI("model fingerprint v%d %.16s... in %.2f s", fj.version, hex, fj.seconds);
+		static const uint8_t none[32];
+		if (fj.forced && memcmp(fj.stored, none, 32) != 0 && memcmp(fj.stored, fp, 32) != 0) {
+			char had[65];
+			kvt_hash_hex(fj.stored, had);
+			KVT_LOGE("model.fingerprint v%d: this model's is %.16s..., but the NVMe tier %s holds KV stored "
+				 "under %.16s...: the data directory uses the other fingerprint version (set fingerprint "
+				 "= auto to keep it) or holds another model's KV",
+				 fj.forced, hex, t2_path, had);
+			*exit_code = EX_CONFIG;
+			return KVT_EINVAL;
+		}
 	}
 
 	/* T0 */

@@ -63,6 +63,74 @@ def resume_avoided(d, session):
     return r.get("prefill_seconds_avoided", 0) if st == 200 else 0
 
 
+def fp_version_of_last_start(d):
+    m = re.findall(r"model fingerprint v(\d) ([0-9a-f]{16})", log_of_last_start(d))
+    return (int(m[-1][0]), m[-1][1]) if m else (0, "")
+
+
+def case_fingerprint(build, tmp):
+    text = text_of(3, 300)
+    data = os.path.join(tmp, "old")
+    d = Daemon(build, data, conf(tiers="fingerprint = v1\n"))
+    d.start()
+    try:
+        v1 = fp_version_of_last_start(d)
+        check(v1[0] == 1, "fingerprint = v1 started with %s" % (v1,))
+        chat(d, "fp", text)
+    finally:
+        d.stop()
+    cache = os.path.join(data, "fingerprint.cache")
+
+    def restart_finds_kv(what, conf_text):
+        d = Daemon(build, data, conf_text)
+        d.start()
+        try:
+            got = fp_version_of_last_start(d)
+            check(got == v1, "%s: started with fingerprint %s, the data dir's is %s" % (what, got, v1))
+            u = chat(d, "fp", text)["usage"]
+            print("%s: fingerprint v%d %s, cached_tokens %d of %d" % (what, got[0], got[1],
+                  u["prompt_tokens_details"]["cached_tokens"], u["prompt_tokens"]))
+            check(u["prompt_tokens_details"]["cached_tokens"] >= 256,
+                  "%s: the KV stored under version 1 was not found: %s" % (what, u))
+            return log_of_last_start(d)
+        finally:
+            d.stop()
+
+    # auto: the version the NVMe tier was stored under, from the cache (nothing hashed)
+    restart_finds_kv("auto, cached", conf())
+    check(open(cache).read().startswith("kvtfp1 ") and "kvtfp2" not in open(cache).read(),
+          "fingerprint.cache after an auto start on a version 1 dir: %r" % open(cache).read())
+    # auto without the cache: hashed again, version 2 differs, version 1 matches and is kept
+    os.unlink(cache)
+    boot = restart_finds_kv("auto, no cache", conf())
+    check("by its version 1 fingerprint (stored before version 2); kept" in boot,
+          "the version 1 dir was not reported as kept:\n" + boot)
+    lines = sorted(l.split()[0] for l in open(cache).read().splitlines())
+    check(lines == ["kvtfp1", "kvtfp2"], "fingerprint.cache holds %s" % lines)
+
+    # forced v2 on it: refused, naming both fingerprints and the way out
+    d = Daemon(build, data, conf(tiers="fingerprint = v2\n"))
+    try:
+        d.start(timeout=60)
+        check(False, "fingerprint = v2 started on a data dir stored under version 1")
+    except RuntimeError:
+        pass
+    rc = d.proc.poll() if d.proc else None
+    d.stop()
+    check(rc == 78, "the refusal exited %s, not EX_CONFIG (78)" % rc)
+    log = d._log()
+    check("model.fingerprint v2" in log and v1[1] in log and "fingerprint = auto" in log,
+          "the refusal does not name both fingerprints and the fix:\n" + log[-1500:])
+
+    # a new data dir: version 2
+    d = Daemon(build, os.path.join(tmp, "new"), conf())
+    d.start()
+    try:
+        check(fp_version_of_last_start(d)[0] == 2, "a new data dir started with %s" % (fp_version_of_last_start(d),))
+    finally:
+        d.stop()
+
+
 def case_rate(build, tmp):
     rate_file = os.path.join(tmp, "prefill.rate")
     d = Daemon(build, tmp, conf())
@@ -190,7 +258,7 @@ def case_memory(build, tmp):
         d.stop()
 
 
-CASES = {"rate": case_rate, "memory": case_memory}
+CASES = {"rate": case_rate, "memory": case_memory, "fingerprint": case_fingerprint}
 
 if __name__ == "__main__":
     sys.exit(run_cases("startup", __doc__, MODEL, CASES))
