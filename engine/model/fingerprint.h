@@ -9,8 +9,9 @@
  *   a version tag; general.architecture and every metadata key that starts
  *   with "<architecture>." (hyperparameters), in file order, key, type and
  *   value; then every tensor in file order: name, ggml type, dims, and its
- *   data bytes (version 1: the bytes themselves, one SHA-256 stream; version 2:
- *   the SHA-256 of each 8 MiB of them, hashed on all usable CPUs at once).
+ *   data bytes (version 1: the bytes themselves, in one SHA-256 stream;
+ *   version 2: the BLAKE3 digest of each 8 MiB of them, hashed on every
+ *   usable CPU at once).
  * The file path, the tokenizer and the free-form general.* keys (name,
  * license, ...) are not hashed: they do not change the KV a model computes.
  *
@@ -19,7 +20,8 @@
  * new one takes version 2. Nodes sharing a remote tier find each other's
  * blocks only under the same fingerprint, so the same version.
  *
- * Hashing a model costs ~0.5 s per GB on one core, so the result is cached in
+ * Hashing a model costs ~0.5 s per GB on one core in version 1 (less in
+ * version 2, divided by the cores), so the result is cached in
  * a small text file (one line per model file and version) keyed by the file's
  * device, inode, size, mtime and ctime (ctime cannot be set back by a user);
  * any change to the file misses the cache and rehashes.
@@ -33,7 +35,7 @@
 #include <stdint.h>
 
 #define KVT_FP_V1 1      /* one SHA-256 stream over metadata and tensor data */
-#define KVT_FP_V2 2      /* SHA-256 over metadata and the digests of 8 MiB leaves */
+#define KVT_FP_V2 2      /* SHA-256 over metadata and the BLAKE3 digests of 8 MiB leaves */
 #define KVT_FP_CURRENT 2 /* what a new data directory uses */
 
 /*
