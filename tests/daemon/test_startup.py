@@ -122,6 +122,38 @@ def case_fingerprint(build, tmp):
     check("model.fingerprint v2" in log and v1[1] in log and "fingerprint = auto" in log,
           "the refusal does not name both fingerprints and the fix:\n" + log[-1500:])
 
+    # kvtier rebuild-index --model: the superblock's version is the one checked (the index comes back
+    # from the records and the KV is found again); another model's file is refused
+    kvtier = os.path.join(build, "kvtier")
+    p = subprocess.run([kvtier, "rebuild-index", "--data-dir", data, "--model", MODEL], capture_output=True,
+                       text=True, timeout=300)
+    check(p.returncode == 0 and "rebuild-index" in p.stdout,
+          "rebuild-index --model on a version 1 dir: exit %d: %s %s" % (p.returncode, p.stdout, p.stderr))
+    restart_finds_kv("auto, after rebuild-index", conf())
+    other = os.path.join(tmp, "other.gguf")
+    with open(MODEL, "rb") as f:
+        blob = bytearray(f.read())
+    blob[len(blob) // 2] ^= 0x40  # a weight byte: another model
+    with open(other, "wb") as f:
+        f.write(blob)
+    p = subprocess.run([kvtier, "rebuild-index", "--data-dir", data, "--model", other], capture_output=True,
+                       text=True, timeout=300)
+    check(p.returncode == 1 and "another model" in p.stderr,
+          "rebuild-index --model with another model: exit %d: %s" % (p.returncode, p.stderr))
+    restart_finds_kv("auto, after the refused rebuild", conf())
+    # both superblock copies gone: the records name the model (version 1 here), and --model is
+    # checked against them after the salvage, in either version
+    t2 = os.path.join(data, "kvtier.t2")
+    for model, want in ((other, 1), (MODEL, 0)):
+        with open(t2, "r+b") as f:
+            f.write(b"\0" * 8192)
+        p = subprocess.run([kvtier, "rebuild-index", "--data-dir", data, "--model", model], capture_output=True,
+                           text=True, timeout=300)
+        check(p.returncode == want and (want == 0 or "records hold KV of another model" in p.stderr),
+              "rebuild-index --model %s with no superblock: exit %d: %s" % (model, p.returncode, p.stderr))
+    os.unlink(other)
+    restart_finds_kv("auto, after the salvage", conf())
+
     # a new data dir: version 2
     d = Daemon(build, os.path.join(tmp, "new"), conf())
     d.start()
