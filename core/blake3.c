@@ -228,17 +228,19 @@ void kvt_blake3_portable(const void *data, size_t n, uint8_t out[32])
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC target("avx2")
 #include <immintrin.h>
 
-static inline __m256i rot16(__m256i x)
+/* The AVX2 path's functions: compiled for AVX2 whatever the build targets (GCC and clang alike), called only
+ * where the CPU has it. */
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2")))
+
+AVX2_INLINE __m256i rot16(__m256i x)
 {
 	return _mm256_shuffle_epi8(x, _mm256_setr_epi8(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13, 2, 3, 0, 1, 6, 7,
 						       4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
 }
 
-static inline __m256i rot8(__m256i x)
+AVX2_INLINE __m256i rot8(__m256i x)
 {
 	return _mm256_shuffle_epi8(x, _mm256_setr_epi8(1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12, 1, 2, 3, 0, 5, 6,
 						       7, 4, 9, 10, 11, 8, 13, 14, 15, 12));
@@ -247,13 +249,13 @@ static inline __m256i rot8(__m256i x)
 #ifdef __AVX512VL__ /* a build for this CPU (KVT_NATIVE) that has it: one instruction */
 #define rotn(x, n) _mm256_ror_epi32((x), (n))
 #else
-static inline __m256i rotn(__m256i x, int n)
+AVX2_INLINE __m256i rotn(__m256i x, int n)
 {
 	return _mm256_or_si256(_mm256_srli_epi32(x, n), _mm256_slli_epi32(x, 32 - n));
 }
 #endif
 
-static inline __attribute__((always_inline)) void g8(__m256i *s, int a, int b, int c, int d, __m256i x, __m256i y)
+AVX2_INLINE void g8(__m256i *s, int a, int b, int c, int d, __m256i x, __m256i y)
 {
 	s[a] = _mm256_add_epi32(_mm256_add_epi32(s[a], s[b]), x);
 	s[d] = rot16(_mm256_xor_si256(s[d], s[a]));
@@ -266,7 +268,7 @@ static inline __attribute__((always_inline)) void g8(__m256i *s, int a, int b, i
 }
 
 /* In place: v[i] lane j becomes v[j] lane i (8 x 8 words). */
-static inline void transpose8(__m256i v[8])
+AVX2_INLINE void transpose8(__m256i v[8])
 {
 	__m256i a[8], b[8];
 	for (int i = 0; i < 8; i += 2) {
@@ -286,7 +288,7 @@ static inline void transpose8(__m256i v[8])
 }
 
 /* hash8_fn on AVX2: one input per 32-bit lane (x86 is little-endian). */
-static void hash8_avx2(const uint8_t *p, size_t stride, int n_blocks, uint64_t counter, int counter_step,
+__attribute__((target("avx2"))) static void hash8_avx2(const uint8_t *p, size_t stride, int n_blocks, uint64_t counter, int counter_step,
 		       uint32_t flags, uint32_t first, uint32_t last, uint32_t out[8][8])
 {
 	__m256i cv[8], s[16], m[16];
@@ -323,7 +325,6 @@ static void hash8_avx2(const uint8_t *p, size_t stride, int n_blocks, uint64_t c
 	for (int i = 0; i < 8; i++)
 		_mm256_storeu_si256((__m256i *)out[i], cv[i]);
 }
-#pragma GCC pop_options
 
 static hash8_fn pick_hash8(void)
 {
