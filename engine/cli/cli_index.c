@@ -628,15 +628,12 @@ int kvt_cli_rebuild_index(int argc, char **argv)
 	if (rc)
 		return tool_failed("rebuild-index", &p, rc);
 	if (model && !have_sb) {
-		bool match = false, known = kvt_t2_file_model_fp(p.t2, stored) == KVT_OK;
-		for (int v = KVT_FP_CURRENT; known && !match && v >= KVT_FP_V1; v--) {
-			if (kvt_model_fingerprint(model, NULL, v, fp, NULL) != KVT_OK) {
-				fprintf(stderr, "kvtier rebuild-index: cannot fingerprint %s\n", model);
-				return 1;
-			}
-			match = memcmp(fp, stored, 32) == 0;
+		bool known = kvt_t2_file_model_fp(p.t2, stored) == KVT_OK; /* the salvage wrote the records' one */
+		if (known && kvt_model_fingerprint_for(model, NULL, stored, fp, &version) != KVT_OK) {
+			fprintf(stderr, "kvtier rebuild-index: cannot fingerprint %s\n", model);
+			return 1;
 		}
-		if (!match) {
+		if (!known || memcmp(fp, stored, 32) != 0) {
 			fprintf(stderr, "kvtier rebuild-index: %s: its records hold KV of another model than %s; the "
 					"index was rebuilt for theirs (nothing was dropped)\n",
 				p.t2, model);

@@ -316,33 +316,36 @@ static void cache_store(const char *cache_path, const char *path, const char *id
 	}
 }
 
-/* The cache's value of one version for path as the file is now, without hashing; false if none. */
-static bool cache_peek(const char *path, const char *cache_path, int version, uint8_t out[32])
+/*
+ * The cache's value of one version for path as the file is now, without hashing; false if none. ident (may
+ * be NULL) gets the file's identity line prefix, "" when there is no cache or no file.
+ */
+static bool cache_peek(const char *path, const char *cache_path, int version, uint8_t out[32], char ident[256])
 {
 	struct stat sb;
-	char ident[256];
+	char own[256];
+	if (!ident)
+		ident = own;
+	ident[0] = '\0';
 	if (!cache_path || stat(path, &sb) != 0)
 		return false;
-	ident_of(&sb, version, ident, sizeof(ident));
+	ident_of(&sb, version, ident, 256);
 	return cache_lookup(cache_path, path, ident, out);
 }
 
 int kvt_model_fingerprint(const char *path, const char *cache_path, int version, uint8_t out[32], bool *from_cache)
 {
 	struct stat sb;
-	char ident[256] = "", after[256] = "";
+	char ident[256], after[256];
 	kvt_gguf *g = NULL;
 	int rc;
 
 	if (version != KVT_FP_V1 && version != KVT_FP_V2)
 		return KVT_EINVAL;
-	if (cache_path && stat(path, &sb) == 0) {
-		ident_of(&sb, version, ident, sizeof(ident));
-		if (cache_lookup(cache_path, path, ident, out)) {
-			if (from_cache)
-				*from_cache = true;
-			return KVT_OK;
-		}
+	if (cache_peek(path, cache_path, version, out, ident)) {
+		if (from_cache)
+			*from_cache = true;
+		return KVT_OK;
 	}
 	rc = kvt_gguf_open(path, &g);
 	if (rc)
@@ -352,7 +355,7 @@ int kvt_model_fingerprint(const char *path, const char *cache_path, int version,
 	if (rc)
 		return rc;
 	/* Cache only if the file did not change while it was hashed. */
-	if (cache_path && ident[0] && stat(path, &sb) == 0) {
+	if (ident[0] && stat(path, &sb) == 0) {
 		ident_of(&sb, version, after, sizeof(after));
 		if (strcmp(ident, after) == 0)
 			cache_store(cache_path, path, ident, out);
@@ -380,7 +383,7 @@ int kvt_model_fingerprint_for(const char *path, const char *cache_path, const ui
 		stored = NULL;
 	/* a version the cache already has for this file, if it is the one stored: no hashing */
 	for (int v = KVT_FP_CURRENT; stored && v >= KVT_FP_V1; v--)
-		if (cache_peek(path, cache_path, v, fp) && memcmp(fp, stored, 32) == 0) {
+		if (cache_peek(path, cache_path, v, fp, NULL) && memcmp(fp, stored, 32) == 0) {
 			memcpy(out, fp, 32);
 			*version = v;
 			return KVT_OK;
