@@ -296,8 +296,7 @@ static int read_hparams(const kvt_gguf *g, kvt_model_hparams *hp)
 	return KVT_OK;
 }
 
-/* The device dtype that holds a GGUF tensor type as stored, or -1. */
-static int stored_dtype(uint32_t ggml_type)
+int kvt_model_stored_dtype(uint32_t ggml_type)
 {
 	switch (ggml_type) {
 	case KVT_GGML_Q8_0: return KVT_DTYPE_Q8_0;
@@ -338,7 +337,7 @@ static int load_tensor(kvt_model *m, const kvt_gguf *g, const char *name, uint64
 		return KVT_ECORRUPT;
 	}
 	size_t n = (size_t)t->n_elems;
-	int keep = stored_dtype(t->type);
+	int keep = kvt_model_stored_dtype(t->type);
 	uint32_t be = 1, bb;
 	kvt_ggml_type_block(t->type, &be, &bb);
 	if (out_dtype && m->cfg.keep_quantized && keep >= 0 && kvt_dev_supports_dtype(m->dev, keep))

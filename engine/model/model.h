@@ -122,6 +122,10 @@ typedef struct kvt_seq {
 	kvt_dev *dev;           /* borrowed, for the device table */
 } kvt_seq;
 
+/* The device dtype (enum kvt_dtype) that holds a GGUF tensor type as stored (the quantized types a backend
+ * may keep), or -1. */
+int kvt_model_stored_dtype(uint32_t ggml_type);
+
 /* A sequence of at most max_tokens tokens. */
 int kvt_seq_init(kvt_seq *s, kvt_dev *d, kvt_t0_pool *pool, uint32_t max_tokens);
 void kvt_seq_deinit(kvt_seq *s);
