@@ -1,0 +1,412 @@
+/*
+ * tiers/tm_promote.c — promotion: bringing blocks up to T1 or T0, and the
+ * tickets the I/O workers run (tm_int.h: the manager's files).
+ *
+ * A ticket names blocks to promote; workers claim its indices one at a time
+ * (the T3 part all in one round, tm_remote.c) and promote each through
+ * tm_promote_one, which busy-holds the block for the whole move: find its
+ * highest tier, make room (T0 first: evicting may write through the staging
+ * buffer), read a T2 record into a T1 slot (verified: hash, checksum, codec,
+ * scale layout, size and tokens; a corrupt record is dropped, never served),
+ * then unpack into T0. A block promoted into T0 with take_ref carries one
+ * caller reference, taken while it is still busy-held.
+ */
+#include "tm_int.h"
+
+void tm_count_lookup(kvt_tm *tm, int found_tier)
+{
+	pthread_mutex_lock(&tm->mu);
+	for (int t = 0; t < KVT_TIER_COUNT; t++) {
+		if (t == found_tier)
+			tm->st.tier[t].hits++;
+		else if (found_tier < 0 || t < found_tier)
+			tm->st.tier[t].misses++;
+	}
+	pthread_mutex_unlock(&tm->mu);
+}
+
+/* A T2 record failed verification: its row goes, then its (quarantined) extent. */
+static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	/* The block is busy-held by the caller; the pin check does not apply to a corrupt record. */
+	kvt_btable_entry e;
+	kvt_nvme_loc old;
+	if (kvt_btable_get(tm->cfg.bt, h, &e) != KVT_OK || e.slot[KVT_TIER_NVME] < 0)
+		return;
+	pthread_mutex_lock(&tm->pin_mu);
+	int rc = kvt_btable_clear_slot(tm->cfg.bt, h, KVT_TIER_NVME, NULL, &old);
+	pthread_mutex_unlock(&tm->pin_mu);
+	if (rc != KVT_OK)
+		return;
+	uint64_t tk = 0;
+	rc = kvt_db_delete_block(tm->cfg.db, h, NULL, NULL, &tk);
+	if (rc == KVT_OK)
+		rc = kvt_db_wait(tm->cfg.db, tk);
+	if (rc == KVT_OK) {
+		kvt_t2_loc l;
+		l = old;
+		kvt_t2_free(tm->cfg.t2, &l); /* stays quarantined in the store */
+	}
+	pthread_mutex_lock(&tm->mu);
+	tm->st.tier[KVT_TIER_NVME].n_corrupt++;
+	pthread_mutex_unlock(&tm->mu);
+}
+
+/*
+ * Bring one block to tier (HBM or HOST). With take_ref, *t0_slot gets a T0
+ * slot with a caller reference. The block is busy-held for the whole move.
+ * bytes_from (may be NULL; updated under tm->mu) gets the bytes read for it
+ * by the tier they came from: a T2 record's extent, a T1 slot unpacked into
+ * T0 (a block read from T2 and unpacked counts as T2 only).
+ */
+int tm_promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], int tier, bool take_ref,
+		       int32_t *t0_slot, uint64_t *bytes_from)
+{
+	kvt_btable_entry e;
+	int rc = tm_busy_wait(tm, h);
+	if (rc)
+		return rc;
+	*t0_slot = -1;
+	if (kvt_btable_get(tm->cfg.bt, h, &e) != KVT_OK) {
+		tm_count_lookup(tm, -1);
+		rc = KVT_ENOTFOUND;
+		goto done;
+	}
+	int found = e.slot[KVT_TIER_HBM] >= 0 ? KVT_TIER_HBM
+		  : e.slot[KVT_TIER_HOST] >= 0 ? KVT_TIER_HOST
+		  : e.slot[KVT_TIER_NVME] >= 0 ? KVT_TIER_NVME : -1;
+	tm_count_lookup(tm, found);
+	if (found < 0) {
+		rc = KVT_ENOTFOUND;
+		goto done;
+	}
+	if (found <= tier)
+		goto reached;
+	int32_t s0 = -1;
+	if (tier == KVT_TIER_HBM && kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
+		/* T0 room first: evicting may write through the staging buffer, which may hold the bytes below */
+		tm_evict_t0(tm, c, 1, NULL);
+		if (kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
+			rc = KVT_EFULL;
+			goto done;
+		}
+	}
+
+	/* The packed bytes: the T1 slot, or read from T2 into a new T1 slot (or the staging buffer). */
+	const void *packed;
+	int32_t t1s = e.slot[KVT_TIER_HOST];
+	if (t1s >= 0) {
+		packed = kvt_t1_slot_ptr(tm->t1, t1s);
+	} else {
+		void *buf;
+		if (kvt_t1_alloc(tm->t1, &t1s) != KVT_OK) {
+			tm_evict_t1(tm, c, 1);
+			if (kvt_t1_alloc(tm->t1, &t1s) != KVT_OK)
+				t1s = -1;
+		}
+		buf = t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, t1s) : (void *)c->h_stage;
+		kvt_t2_loc l;
+		kvt_t2_block_meta m;
+		l = e.nvme;
+		double t_start = kvt_now_s();
+		rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
+		/* NOTE: the scale layout must match as well as the codec and size: an INT8
+		 * record of layout 1 may have exactly our size (head_dim 32) and would
+		 * decode to wrong values without an error. */
+		if (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.scale_layout != tm_scale_layout_of(tm->cfg.t1_codec) ||
+				     m.raw_bytes != tm->packed_bytes || m.n_tokens != e.n_tokens ||
+				     memcmp(m.tokens, e.tokens, e.n_tokens * sizeof(int32_t)))) {
+			pthread_mutex_lock(&tm->mu);
+			bool warn = !tm->warned_codec;
+			tm->warned_codec = true;
+			pthread_mutex_unlock(&tm->mu);
+			if (warn)
+				KVT_LOGW("tm: a T2 record holds codec %s, scale layout %u, %u bytes; this manager runs %s, "
+					 "scale layout %u, %zu bytes: such records are misses", kvt_kv_codec_name(m.codec),
+					 (unsigned)m.scale_layout, m.raw_bytes, kvt_kv_codec_name(tm->cfg.t1_codec),
+					 (unsigned)tm_scale_layout_of(tm->cfg.t1_codec), tm->packed_bytes);
+			rc = KVT_ENOTFOUND;
+		} else if (rc == KVT_ECORRUPT) {
+			drop_corrupt(tm, h);
+		} else if (rc == KVT_EFULL) {
+			rc = KVT_ENOTFOUND; /* a record larger than our slots: not ours */
+		}
+		if (rc != KVT_OK) {
+			if (t1s >= 0)
+				kvt_t1_unref(tm->t1, t1s);
+			goto fail;
+		}
+		if (t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, t1s) != KVT_OK) {
+			kvt_t1_unref(tm->t1, t1s);
+			t1s = -1;
+		}
+		pthread_mutex_lock(&tm->mu);
+		if (t1s >= 0)
+			tm->st.tier[KVT_TIER_HOST].n_promotions++;
+		tm->st.tier[KVT_TIER_HOST].promotion_bytes += e.nvme.extent_bytes;
+		tm->st.tier[KVT_TIER_HOST].promotion_s += kvt_now_s() - t_start;
+		if (bytes_from)
+			bytes_from[KVT_TIER_NVME] += e.nvme.extent_bytes;
+		pthread_mutex_unlock(&tm->mu);
+		packed = buf;
+		if (tier == KVT_TIER_HOST && t1s < 0) {
+			rc = KVT_EFULL; /* read and verified, but no T1 room to keep it */
+			goto done;
+		}
+	}
+	if (tier == KVT_TIER_HBM) {
+		int32_t s = s0;
+		s0 = -1; /* from here on, owned by the code below */
+		double t_start = kvt_now_s();
+		rc = kvt_t1_mover_unpack(c->mv, 1, &packed, &s);
+		if (rc == KVT_OK)
+			rc = kvt_btable_set_t0_unpacked(tm->cfg.bt, h, s, tm->cfg.t1_codec != KVT_KV_CODEC_F16);
+		if (rc != KVT_OK) {
+			kvt_t0_unref(tm->cfg.t0, s);
+			goto done;
+		}
+		pthread_mutex_lock(&tm->mu);
+		tm->st.tier[KVT_TIER_HBM].n_promotions++;
+		tm->st.tier[KVT_TIER_HBM].promotion_bytes += tm->packed_bytes;
+		tm->st.tier[KVT_TIER_HBM].promotion_s += kvt_now_s() - t_start;
+		if (bytes_from && found == KVT_TIER_HOST)
+			bytes_from[KVT_TIER_HOST] += tm->packed_bytes;
+		pthread_mutex_unlock(&tm->mu);
+		e.slot[KVT_TIER_HBM] = s;
+	}
+reached:
+	if (take_ref && tier == KVT_TIER_HBM) {
+		/* Busy-held: the slot cannot leave the table (nor be freed) before the ref is taken. */
+		kvt_t0_ref(tm->cfg.t0, e.slot[KVT_TIER_HBM]);
+		*t0_slot = e.slot[KVT_TIER_HBM];
+	}
+	(void)kvt_btable_touch(tm->cfg.bt, h);
+	/* A hit on a durable block refreshes its row (queued, group-committed, not
+	 * waited for), so the LRU order survives a restart (kvt_tm_recover). */
+	if (tm->cfg.db && e.slot[KVT_TIER_NVME] >= 0) {
+		kvt_btable_entry now;
+		if (kvt_btable_get(tm->cfg.bt, h, &now) == KVT_OK)
+			(void)kvt_db_touch_block(tm->cfg.db, h, kvt_wall_us(), now.hits, NULL, NULL, NULL);
+	}
+	rc = KVT_OK;
+	goto done;
+fail:
+	if (s0 >= 0)
+		kvt_t0_unref(tm->cfg.t0, s0);
+done:
+	tm_busy_release(tm, h);
+	return rc;
+}
+
+void *tm_worker_main(void *arg)
+{
+	kvt_tm *tm = ((tm_worker_arg *)arg)->tm;
+	tm_ctx *c = ((tm_worker_arg *)arg)->ctx;
+	free(arg);
+	pthread_mutex_lock(&tm->mu);
+	for (;;) {
+		while (!tm->stop && !tm->q_head)
+			pthread_cond_wait(&tm->cv_work, &tm->mu);
+		if (!tm->q_head)
+			break; /* stop, and the queue is drained */
+		kvt_tm_ticket *t = tm->q_head;
+		uint32_t i = t->next, k = i < t->n_local ? 1 : t->n - i; /* T3 blocks: all in one round */
+		t->next += k;
+		if (t->next == t->n_claim) {
+			tm->q_head = t->qnext;
+			if (!tm->q_head)
+				tm->q_tail = NULL;
+		}
+		pthread_mutex_unlock(&tm->mu);
+		if (i < t->n_local) {
+			int32_t slot = -1;
+			uint64_t bytes[KVT_TM_N_TIERS] = { 0 };
+			int rc = tm_promote_one(tm, c, t->hashes[i], t->tier, t->take_refs, &slot, bytes);
+			pthread_mutex_lock(&tm->mu);
+			for (int b = 0; b < KVT_TM_N_TIERS; b++)
+				t->bytes_from[b] += bytes[b];
+			t->results[i] = rc;
+			t->slots[i] = slot;
+		} else {
+			tm_remote_fetch(tm, c, t, i);
+			pthread_mutex_lock(&tm->mu);
+		}
+		t->n_done += k;
+		pthread_cond_broadcast(&tm->cv_done);
+	}
+	pthread_mutex_unlock(&tm->mu);
+	return NULL;
+}
+
+int kvt_tm_submit(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier, bool take_refs,
+		  kvt_tm_ticket **out)
+{
+	return kvt_tm_submit_remote(tm, n, hashes, n, NULL, tier, take_refs, out);
+}
+
+int kvt_tm_submit_remote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_local,
+			 const uint8_t root[KVT_HASH_BYTES], int tier, bool take_refs, kvt_tm_ticket **out)
+{
+	if (n_local > n || (n_local < n && n_local == 0 && !root)) {
+		KVT_LOGE("tm submit: %u local blocks of %u, %s root", n_local, n, root ? "a" : "no");
+		return KVT_EINVAL;
+	}
+	if (tier != KVT_TIER_HBM && tier != KVT_TIER_HOST) {
+		KVT_LOGE("tm submit: tier %d (promotion targets T0 or T1)", tier);
+		return KVT_EINVAL;
+	}
+	if (take_refs && tier != KVT_TIER_HBM) {
+		KVT_LOGE("tm submit: T0 references asked for a promotion to T1");
+		return KVT_EINVAL;
+	}
+	kvt_tm_ticket *t = calloc(1, sizeof(*t));
+	if (!t)
+		return KVT_ENOMEM;
+	t->n = n;
+	t->tier = tier;
+	t->take_refs = take_refs;
+	t->hashes = malloc((n ? n : 1) * sizeof(*t->hashes));
+	t->results = malloc((n ? n : 1) * sizeof(*t->results));
+	t->slots = malloc((n ? n : 1) * sizeof(*t->slots));
+	if (!t->hashes || !t->results || !t->slots) {
+		free(t->hashes);
+		free(t->results);
+		free(t->slots);
+		free(t);
+		return KVT_ENOMEM;
+	}
+	memcpy(t->hashes, hashes, n * sizeof(*t->hashes));
+	for (uint32_t i = 0; i < n; i++) {
+		t->results[i] = KVT_ENOTFOUND;
+		t->slots[i] = -1;
+	}
+	/* Without T3 the remote part is a miss at once: no worker sees it. */
+	t->n_local = n_local;
+	t->n_claim = n;
+	if (n_local < n && !tm->cfg.t3) {
+		t->n_claim = n_local;
+		t->n_done = n - n_local;
+	}
+	if (root)
+		memcpy(t->root, root, KVT_HASH_BYTES);
+	if (t->n_local < t->n && !(t->pinned = calloc(n, sizeof(*t->pinned)))) {
+		free(t->hashes);
+		free(t->results);
+		free(t->slots);
+		free(t);
+		return KVT_ENOMEM;
+	}
+	if (t->n_claim) {
+		pthread_mutex_lock(&tm->mu);
+		if (tm->q_tail)
+			tm->q_tail->qnext = t;
+		else
+			tm->q_head = t;
+		tm->q_tail = t;
+		pthread_cond_broadcast(&tm->cv_work);
+		pthread_mutex_unlock(&tm->mu);
+	}
+	*out = t;
+	return KVT_OK;
+}
+
+int kvt_tm_prefetch(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int tier,
+		    kvt_tm_ticket **out)
+{
+	return kvt_tm_submit(tm, n, hashes, tier, false, out);
+}
+
+int kvt_tm_ticket_wait(kvt_tm *tm, kvt_tm_ticket *t)
+{
+	int rc = KVT_OK;
+	pthread_mutex_lock(&tm->mu);
+	while (t->n_done < t->n)
+		pthread_cond_wait(&tm->cv_done, &tm->mu);
+	for (uint32_t i = 0; i < t->n && rc == KVT_OK; i++)
+		rc = t->results[i];
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+int tm_ticket_wait_progress(kvt_tm *tm, kvt_tm_ticket *t, void (*fn)(void *user, uint32_t done, uint32_t total),
+			    void *user, uint64_t bytes_from[KVT_TM_N_TIERS])
+{
+	int rc = KVT_OK;
+	uint32_t told = 0;
+	pthread_mutex_lock(&tm->mu);
+	while (t->n_done < t->n) {
+		if (fn && t->n_done != told) {
+			told = t->n_done;
+			pthread_mutex_unlock(&tm->mu); /* the callback may take its time: not under the manager's lock */
+			fn(user, told, t->n);
+			pthread_mutex_lock(&tm->mu);
+			continue;
+		}
+		pthread_cond_wait(&tm->cv_done, &tm->mu);
+	}
+	for (uint32_t i = 0; i < t->n && rc == KVT_OK; i++)
+		rc = t->results[i];
+	if (bytes_from)
+		memcpy(bytes_from, t->bytes_from, sizeof(t->bytes_from));
+	pthread_mutex_unlock(&tm->mu);
+	return rc;
+}
+
+bool kvt_tm_ticket_done(kvt_tm *tm, kvt_tm_ticket *t, uint32_t *n_done)
+{
+	pthread_mutex_lock(&tm->mu);
+	uint32_t d = t->n_done;
+	pthread_mutex_unlock(&tm->mu);
+	if (n_done)
+		*n_done = d;
+	return d == t->n;
+}
+
+void kvt_tm_ticket_results(kvt_tm *tm, kvt_tm_ticket *t, int32_t *t0_slots, int *results)
+{
+	(void)kvt_tm_ticket_wait(tm, t);
+	if (results)
+		memcpy(results, t->results, t->n * sizeof(*results));
+	if (t0_slots) {
+		memcpy(t0_slots, t->slots, t->n * sizeof(*t0_slots));
+		t->collected = true;
+		/* the pins of T3 blocks that made it go with their slots; the others are dropped now */
+		for (uint32_t i = t->n_local; t->pinned && i < t->n; i++)
+			if (t->pinned[i] && t->results[i] != KVT_OK) {
+				kvt_tm_unpin(tm, t->hashes[i]);
+				t->pinned[i] = false;
+			}
+	}
+}
+
+void kvt_tm_ticket_free(kvt_tm *tm, kvt_tm_ticket *t)
+{
+	if (!t)
+		return;
+	(void)kvt_tm_ticket_wait(tm, t);
+	if (t->take_refs && !t->collected)
+		for (uint32_t i = 0; i < t->n; i++)
+			if (t->results[i] == KVT_OK)
+				kvt_t0_unref(tm->cfg.t0, t->slots[i]);
+	for (uint32_t i = t->n_local; t->pinned && !t->collected && i < t->n; i++)
+		if (t->pinned[i])
+			kvt_tm_unpin(tm, t->hashes[i]);
+	free(t->pinned);
+	free(t->hashes);
+	free(t->results);
+	free(t->slots);
+	free(t);
+}
+
+int kvt_tm_promote(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int32_t *t0_slots,
+		   int *results)
+{
+	kvt_tm_ticket *t;
+	int rc = kvt_tm_submit(tm, n, hashes, KVT_TIER_HBM, true, &t);
+	if (rc)
+		return rc;
+	rc = kvt_tm_ticket_wait(tm, t);
+	kvt_tm_ticket_results(tm, t, t0_slots, results);
+	kvt_tm_ticket_free(tm, t);
+	return rc;
+}
