@@ -172,15 +172,8 @@ static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTE
 		pthread_mutex_unlock(&tm->pin_mu);
 		if (!left)
 			continue;
-		uint64_t tk = 0;
-		int rc = kvt_db_delete_block(tm->cfg.db, h[i], NULL, NULL, &tk);
-		if (rc == KVT_OK)
-			rc = kvt_db_wait(tm->cfg.db, tk);
+		int rc = tm_row_delete_then_free(tm, 0, h[i], &old);
 		if (rc == KVT_OK) {
-			/* The row is gone: nothing points at the extent any more. */
-			kvt_t2_loc l;
-			l = old;
-			kvt_t2_free(tm->cfg.t2, &l);
 			pthread_mutex_lock(&tm->mu);
 			tm->t2_full = false;
 			pthread_mutex_unlock(&tm->mu);
@@ -208,18 +201,12 @@ static bool reclaim_foreign(kvt_tm *tm)
 	}
 	tm_foreign f = tm->foreign[tm->next_foreign++];
 	pthread_mutex_unlock(&tm->mu);
-	uint64_t tk = 0;
-	int rc = kvt_db_delete_block_ns(tm->cfg.db, f.ns_id, f.hash, NULL, NULL, &tk);
-	if (rc == KVT_OK)
-		rc = kvt_db_wait(tm->cfg.db, tk);
+	int rc = tm_row_delete_then_free(tm, f.ns_id, f.hash, &f.loc);
 	if (rc != KVT_OK) {
 		KVT_LOGW("tm: deleting the index row of a namespace-%lld record failed (%s): its T2 extent stays "
 			 "allocated", (long long)f.ns_id, kvt_strerror(rc));
 		return false;
 	}
-	kvt_t2_loc l;
-	l = f.loc;
-	kvt_t2_free(tm->cfg.t2, &l); /* the row is gone: nothing points at the extent */
 	pthread_mutex_lock(&tm->mu);
 	tm->st.n_reclaimed++;
 	tm->t2_full = false;

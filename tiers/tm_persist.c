@@ -22,182 +22,261 @@
  */
 #include "tm_int.h"
 
-/*
- * Make n blocks (busy-held by the caller, n <= batch) durable: write their
- * records, put their rows, and once a row commits mark the block clean in
- * the table. ok[i] says whether block i is durable afterwards (true also for
- * a block that already was). Returns the first failure (KVT_EFULL, KVT_EIO)
- * or KVT_OK.
- */
-int tm_persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HASH_BYTES], bool *ok)
+void tm_record_meta(const kvt_tm *tm, const kvt_btable_entry *e, kvt_t2_block_meta *m)
 {
-	const uint32_t B = tm->cfg.batch_blocks;
-	kvt_btable_entry *e = malloc((size_t)n * sizeof(*e));
-	kvt_t2_block_meta *meta = malloc((size_t)n * sizeof(*meta));
-	kvt_t2_write_req *req = malloc((size_t)n * sizeof(*req));
-	kvt_t2_loc *loc = calloc(n, sizeof(*loc));
-	int *res = malloc((size_t)n * sizeof(*res));
-	uint32_t *widx = malloc((size_t)n * sizeof(*widx));
-	uint64_t *tick = malloc((size_t)n * sizeof(*tick));
-	int32_t *pack_slots = malloc((size_t)n * sizeof(*pack_slots));
-	void **pack_dst = malloc((size_t)n * sizeof(*pack_dst));
-	uint32_t n_w = 0, n_pack = 0;
-	int rc = KVT_OK;
-	double t_start = kvt_now_s();
-	uint64_t bytes_t0 = 0, bytes_t1 = 0, n_t0 = 0, n_t1 = 0;
+	memset(m, 0, sizeof(*m));
+	memcpy(m->hash, e->hash, KVT_HASH_BYTES);
+	memcpy(m->parent, e->parent, KVT_HASH_BYTES);
+	m->n_tokens = e->n_tokens;
+	memcpy(m->tokens, e->tokens, e->n_tokens * sizeof(int32_t));
+	m->kv_dtype = KVT_DTYPE_F16;
+	m->codec = (uint8_t)tm->cfg.t1_codec;
+	m->scale_layout = tm_scale_layout_of(tm->cfg.t1_codec);
+	m->raw_bytes = (uint32_t)tm->packed_bytes;
+	m->flags = e->kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0; /* rebuild-index and T3 keep the kind */
+}
 
-	KVT_ASSERT(n <= B);
-	if (!e || !meta || !req || !loc || !res || !widx || !tick || !pack_slots || !pack_dst) {
-		rc = KVT_ENOMEM;
-		for (uint32_t i = 0; i < n; i++)
-			ok[i] = false;
-		goto out;
-	}
+void tm_extent_free(kvt_tm *tm, const kvt_nvme_loc *loc)
+{
+	kvt_t2_loc l;
+	l = *loc;
+	kvt_t2_free(tm->cfg.t2, &l);
+}
+
+int tm_row_delete_then_free(kvt_tm *tm, int64_t ns_id, const uint8_t hash[KVT_HASH_BYTES], const kvt_nvme_loc *loc)
+{
+	uint64_t tk = 0;
+	int rc = ns_id ? kvt_db_delete_block_ns(tm->cfg.db, ns_id, hash, NULL, NULL, &tk)
+		       : kvt_db_delete_block(tm->cfg.db, hash, NULL, NULL, &tk);
+	if (rc == KVT_OK)
+		rc = kvt_db_wait(tm->cfg.db, tk); /* the delete committed: no row names the extent any more */
+	if (rc == KVT_OK)
+		tm_extent_free(tm, loc);
+	return rc;
+}
+
+/* One persistence batch: the blocks' entries, their records and rows in the making (all [n]). */
+typedef struct tm_pbatch {
+	kvt_btable_entry *e;      /* [n] the blocks' table entries */
+	kvt_t2_block_meta *meta;  /* [n_w] the records' headers */
+	kvt_t2_write_req *req;    /* [n_w] the writes */
+	kvt_t2_loc *loc;          /* [n_w] where each record went */
+	int *res;                 /* [n_w] each write's (then row's) result */
+	uint32_t *widx;           /* [n_w] the block index of write k */
+	uint64_t *tick;           /* [n_w] each row's commit ticket (0: none) */
+	int32_t *pack_slots;      /* [n_pack] T0 slots to pack into the staging buffer */
+	void **pack_dst;          /* [n_pack] where each goes in c->h_stage */
+	uint32_t n_w, n_pack;     /* records to write, T0 blocks to pack */
+	uint64_t n_t0, n_t1;      /* records whose bytes come from T0 (packed) / T1 */
+} tm_pbatch;
+
+static void pbatch_free(tm_pbatch *b)
+{
+	free(b->e);
+	free(b->meta);
+	free(b->req);
+	free(b->loc);
+	free(b->res);
+	free(b->widx);
+	free(b->tick);
+	free(b->pack_slots);
+	free(b->pack_dst);
+}
+
+static int pbatch_alloc(tm_pbatch *b, uint32_t n)
+{
+	memset(b, 0, sizeof(*b));
+	b->e = malloc((size_t)n * sizeof(*b->e));
+	b->meta = malloc((size_t)n * sizeof(*b->meta));
+	b->req = malloc((size_t)n * sizeof(*b->req));
+	b->loc = calloc(n, sizeof(*b->loc));
+	b->res = malloc((size_t)n * sizeof(*b->res));
+	b->widx = malloc((size_t)n * sizeof(*b->widx));
+	b->tick = malloc((size_t)n * sizeof(*b->tick));
+	b->pack_slots = malloc((size_t)n * sizeof(*b->pack_slots));
+	b->pack_dst = malloc((size_t)n * sizeof(*b->pack_dst));
+	if (b->e && b->meta && b->req && b->loc && b->res && b->widx && b->tick && b->pack_slots && b->pack_dst)
+		return KVT_OK;
+	pbatch_free(b);
+	return KVT_ENOMEM;
+}
+
+/*
+ * Which blocks need a record, and where its bytes are: a T1 slot as it is,
+ * or a T0 slot to pack into the staging buffer. ok[i] = true for a block
+ * already durable (or clean); false for the rest, until step 3.
+ */
+static void pbatch_collect(kvt_tm *tm, tm_ctx *c, tm_pbatch *b, uint32_t n, uint8_t (*hashes)[KVT_HASH_BYTES],
+			   bool *ok)
+{
 	for (uint32_t i = 0; i < n; i++) {
+		kvt_btable_entry *e = &b->e[i];
 		ok[i] = false;
-		if (kvt_btable_get(tm->cfg.bt, hashes[i], &e[i]) != KVT_OK)
+		if (kvt_btable_get(tm->cfg.bt, hashes[i], e) != KVT_OK)
 			continue; /* gone: nothing to persist */
-		if (e[i].slot[KVT_TIER_NVME] >= 0 || !e[i].dirty) {
+		if (e->slot[KVT_TIER_NVME] >= 0 || !e->dirty) {
 			ok[i] = true;
 			continue;
 		}
 		const void *src;
-		if (e[i].slot[KVT_TIER_HOST] >= 0) {
-			src = kvt_t1_slot_ptr(tm->t1, e[i].slot[KVT_TIER_HOST]);
-			bytes_t1 += tm->packed_bytes;
-			n_t1++;
-		} else if (e[i].slot[KVT_TIER_HBM] >= 0) {
-			pack_slots[n_pack] = e[i].slot[KVT_TIER_HBM];
-			pack_dst[n_pack] = c->h_stage + (size_t)n_pack * tm->packed_bytes;
-			src = pack_dst[n_pack++];
-			bytes_t0 += tm->packed_bytes;
-			n_t0++;
+		if (e->slot[KVT_TIER_HOST] >= 0) {
+			src = kvt_t1_slot_ptr(tm->t1, e->slot[KVT_TIER_HOST]);
+			b->n_t1++;
+		} else if (e->slot[KVT_TIER_HBM] >= 0) {
+			b->pack_slots[b->n_pack] = e->slot[KVT_TIER_HBM];
+			b->pack_dst[b->n_pack] = c->h_stage + (size_t)b->n_pack * tm->packed_bytes;
+			src = b->pack_dst[b->n_pack++];
+			b->n_t0++;
 		} else {
 			continue; /* in no tier: its bytes are gone */
 		}
-		kvt_t2_block_meta *m = &meta[n_w];
-		memset(m, 0, sizeof(*m));
-		memcpy(m->hash, e[i].hash, KVT_HASH_BYTES);
-		memcpy(m->parent, e[i].parent, KVT_HASH_BYTES);
-		m->n_tokens = e[i].n_tokens;
-		memcpy(m->tokens, e[i].tokens, e[i].n_tokens * sizeof(int32_t));
-		m->kv_dtype = KVT_DTYPE_F16;
-		m->codec = (uint8_t)tm->cfg.t1_codec;
-		m->scale_layout = tm_scale_layout_of(tm->cfg.t1_codec);
-		m->raw_bytes = (uint32_t)tm->packed_bytes;
-		m->flags = e[i].kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0; /* rebuild-index and T3 keep the kind */
-		req[n_w].meta = m;
-		req[n_w].payload = src;
-		widx[n_w++] = i;
+		tm_record_meta(tm, e, &b->meta[b->n_w]);
+		b->req[b->n_w].meta = &b->meta[b->n_w];
+		b->req[b->n_w].payload = src;
+		b->widx[b->n_w++] = i;
 	}
-	if (!n_w)
-		goto out;
-	if (n_pack) {
-		rc = tm_wait_compute(tm, c);
-		if (rc == KVT_OK)
-			rc = kvt_t1_mover_pack(c->mv, n_pack, pack_slots, pack_dst);
-		if (rc)
-			goto out;
-	}
-	(void)kvt_t2_write_batch(tm->cfg.t2, n_w, req, loc, res);
-	/* Bytes durable: queue the rows of the records that made it. */
-	bool any_full = false;
-	for (uint32_t k = 0; k < n_w; k++) {
-		tick[k] = 0;
-		if (res[k] == KVT_EFULL)
-			any_full = true;
-		if (res[k] != KVT_OK) {
+}
+
+/* The row that will name record k of the batch (retention filled in by the ledger). */
+static void pbatch_row(const tm_pbatch *b, uint32_t k, kvt_db_block_row *row)
+{
+	const kvt_btable_entry *e = &b->e[b->widx[k]];
+	memset(row, 0, sizeof(*row));
+	memcpy(row->hash, e->hash, KVT_HASH_BYTES);
+	memcpy(row->parent, e->parent, KVT_HASH_BYTES);
+	row->n_tokens = e->n_tokens;
+	memcpy(row->tokens, e->tokens, e->n_tokens * sizeof(int32_t));
+	row->loc = b->loc[k];
+	row->kv_dtype = b->meta[k].kv_dtype;
+	row->codec = b->meta[k].codec;
+	row->scale_layout = b->meta[k].scale_layout;
+	row->raw_bytes = b->meta[k].raw_bytes;
+	row->last_use = kvt_wall_us();
+	row->hit_count = e->hits;
+	row->kind = (uint8_t)e->kind;
+}
+
+/* What one batch did, for the flags and counters (pbatch_account). */
+typedef struct tm_pdone {
+	uint64_t n_ok, n_fail; /* blocks made durable, records that did not make it */
+	bool t2_full, db_full; /* a write found no space; a row commit was rolled back for lack of space */
+} tm_pdone;
+
+/*
+ * Steps 2 and 3 of the write order for the records whose bytes are durable
+ * (res[k] == KVT_OK after kvt_t2_write_batch): queue each row, then wait for
+ * each commit, and only then mark the block clean (its NVMe slot set) and
+ * ok. A row that cannot be queued or does not commit names nothing, so its
+ * extent is freed at once. Returns the first failure or KVT_OK.
+ */
+static int tm_rows_commit(kvt_tm *tm, tm_pbatch *b, uint8_t (*hashes)[KVT_HASH_BYTES], bool *ok, tm_pdone *d)
+{
+	int rc = KVT_OK;
+	for (uint32_t k = 0; k < b->n_w; k++) { /* queue: group-committed by the index's writer */
+		b->tick[k] = 0;
+		d->t2_full |= b->res[k] == KVT_EFULL;
+		if (b->res[k] != KVT_OK) {
 			if (rc == KVT_OK)
-				rc = res[k];
+				rc = b->res[k];
 			continue;
 		}
-		const kvt_btable_entry *b = &e[widx[k]];
 		kvt_db_block_row row;
-		memset(&row, 0, sizeof(row));
-		memcpy(row.hash, b->hash, KVT_HASH_BYTES);
-		memcpy(row.parent, b->parent, KVT_HASH_BYTES);
-		row.n_tokens = b->n_tokens;
-		memcpy(row.tokens, b->tokens, b->n_tokens * sizeof(int32_t));
-		row.loc = loc[k];
-		row.kv_dtype = meta[k].kv_dtype;
-		row.codec = meta[k].codec;
-		row.scale_layout = meta[k].scale_layout;
-		row.raw_bytes = meta[k].raw_bytes;
-		row.last_use = kvt_wall_us();
-		row.hit_count = b->hits;
-		row.kind = (uint8_t)b->kind;
-		int prc = tm_retain_put_row(tm->rt, tm->cfg.db, &row, &tick[k]);
+		pbatch_row(b, k, &row);
+		int prc = tm_retain_put_row(tm->rt, tm->cfg.db, &row, &b->tick[k]);
 		if (prc != KVT_OK) {
-			/* No row will point at the extent: it can go back at once. */
-			kvt_t2_free(tm->cfg.t2, &loc[k]);
-			res[k] = prc;
-			tick[k] = 0;
+			tm_extent_free(tm, &b->loc[k]); /* no row will name it */
+			b->res[k] = prc;
+			b->tick[k] = 0;
 			if (rc == KVT_OK)
 				rc = prc;
 		}
 	}
-	/* Rows committed: only now is the block clean. */
-	uint64_t n_ok = 0, n_fail = 0;
-	bool db_full = false;
-	for (uint32_t k = 0; k < n_w; k++) {
-		if (res[k] != KVT_OK) {
-			n_fail++;
+	for (uint32_t k = 0; k < b->n_w; k++) {
+		if (b->res[k] != KVT_OK) {
+			d->n_fail++;
 			continue;
 		}
-		int wrc = kvt_db_wait(tm->cfg.db, tick[k]);
+		int wrc = kvt_db_wait(tm->cfg.db, b->tick[k]);
 		if (wrc != KVT_OK) {
-			/* Rolled back: no row points at the record, so its extent goes back at once. */
-			kvt_t2_free(tm->cfg.t2, &loc[k]);
-			db_full |= wrc == KVT_EFULL;
-			n_fail++;
+			tm_extent_free(tm, &b->loc[k]); /* rolled back: no row names it */
+			d->db_full |= wrc == KVT_EFULL;
+			d->n_fail++;
 			if (rc == KVT_OK)
 				rc = wrc;
 			continue;
 		}
 		kvt_nvme_loc nl;
-		nl = loc[k];
-		(void)kvt_btable_set_nvme(tm->cfg.bt, hashes[widx[k]], &nl);
-		ok[widx[k]] = true;
-		n_ok++;
+		nl = b->loc[k];
+		(void)kvt_btable_set_nvme(tm->cfg.bt, hashes[b->widx[k]], &nl); /* acknowledged: clean, durable */
+		ok[b->widx[k]] = true;
+		d->n_ok++;
 	}
-	double dt = kvt_now_s() - t_start;
+	return rc;
+}
+
+/* The full flags and the demotion counters after a batch (dt: its seconds). */
+static void pbatch_account(kvt_tm *tm, const tm_pbatch *b, const tm_pdone *d, double dt)
+{
+	const double now = kvt_now_s(), n_src = (double)(b->n_t0 + b->n_t1);
 	pthread_mutex_lock(&tm->mu);
-	if (any_full) {
+	if (d->t2_full) {
 		tm->t2_full = true;
-		tm->t2_full_t = kvt_now_s();
-	} else if (n_ok) {
+		tm->t2_full_t = now;
+	} else if (d->n_ok) {
 		tm->t2_full = false;
 	}
-	if (db_full) {
+	if (d->db_full) {
 		tm->db_full = true;
-		tm->db_full_t = kvt_now_s();
-	} else if (n_ok) {
+		tm->db_full_t = now;
+	} else if (d->n_ok) {
 		tm->db_full = false;
 	}
-	tm->st.n_persisted += n_ok;
-	tm->st.n_persist_failed += n_fail;
+	tm->st.n_persisted += d->n_ok;
+	tm->st.n_persist_failed += d->n_fail;
 	/* Copies out of T1 (or straight out of T0) into T2. */
-	if (n_t1) {
-		tm->st.tier[KVT_TIER_HOST].n_demotions += n_t1;
-		tm->st.tier[KVT_TIER_HOST].demotion_bytes += bytes_t1;
-		tm->st.tier[KVT_TIER_HOST].demotion_s += dt * (double)n_t1 / (double)(n_t0 + n_t1);
-	}
-	if (n_t0) {
-		tm->st.tier[KVT_TIER_HBM].n_demotions += n_t0;
-		tm->st.tier[KVT_TIER_HBM].demotion_bytes += bytes_t0;
-		tm->st.tier[KVT_TIER_HBM].demotion_s += dt * (double)n_t0 / (double)(n_t0 + n_t1);
+	const uint64_t n_src_tier[2] = { b->n_t0, b->n_t1 };
+	for (int t = KVT_TIER_HBM; t <= KVT_TIER_HOST; t++) {
+		if (!n_src_tier[t])
+			continue;
+		tm->st.tier[t].n_demotions += n_src_tier[t];
+		tm->st.tier[t].demotion_bytes += n_src_tier[t] * tm->packed_bytes;
+		tm->st.tier[t].demotion_s += dt * (double)n_src_tier[t] / n_src;
 	}
 	pthread_mutex_unlock(&tm->mu);
-out:
-	free(e);
-	free(meta);
-	free(req);
-	free(loc);
-	free(res);
-	free(widx);
-	free(tick);
-	free(pack_slots);
-	free(pack_dst);
+}
+
+/*
+ * Make n blocks (busy-held by the caller, n <= batch) durable: write their
+ * records (step 1), commit their rows and mark them clean (steps 2-3,
+ * tm_rows_commit). ok[i] says whether block i is durable afterwards (true
+ * also for a block that already was). Returns the first failure (KVT_EFULL,
+ * KVT_EIO) or KVT_OK.
+ */
+int tm_persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HASH_BYTES], bool *ok)
+{
+	tm_pbatch b;
+	tm_pdone d = { 0 };
+	const double t_start = kvt_now_s();
+
+	KVT_ASSERT(n <= tm->cfg.batch_blocks);
+	if (pbatch_alloc(&b, n) != KVT_OK) {
+		for (uint32_t i = 0; i < n; i++)
+			ok[i] = false;
+		return KVT_ENOMEM;
+	}
+	pbatch_collect(tm, c, &b, n, hashes, ok);
+	int rc = KVT_OK;
+	if (b.n_w && b.n_pack) {
+		rc = tm_wait_compute(tm, c);
+		if (rc == KVT_OK)
+			rc = kvt_t1_mover_pack(c->mv, b.n_pack, b.pack_slots, b.pack_dst);
+	}
+	if (b.n_w && rc == KVT_OK) {
+		(void)kvt_t2_write_batch(tm->cfg.t2, b.n_w, b.req, b.loc, b.res); /* step 1: bytes durable */
+		rc = tm_rows_commit(tm, &b, hashes, ok, &d);
+		pbatch_account(tm, &b, &d, kvt_now_s() - t_start);
+	}
+	pbatch_free(&b);
 	return rc;
 }
 

@@ -38,18 +38,161 @@ static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 	pthread_mutex_unlock(&tm->pin_mu);
 	if (rc != KVT_OK)
 		return;
-	uint64_t tk = 0;
-	rc = kvt_db_delete_block(tm->cfg.db, h, NULL, NULL, &tk);
-	if (rc == KVT_OK)
-		rc = kvt_db_wait(tm->cfg.db, tk);
-	if (rc == KVT_OK) {
-		kvt_t2_loc l;
-		l = old;
-		kvt_t2_free(tm->cfg.t2, &l); /* stays quarantined in the store */
-	}
+	(void)tm_row_delete_then_free(tm, 0, h, &old); /* the extent stays quarantined in the store */
 	pthread_mutex_lock(&tm->mu);
 	tm->st.tier[KVT_TIER_NVME].n_corrupt++;
 	pthread_mutex_unlock(&tm->mu);
+}
+
+/*
+ * Does a T2 record's header fit this manager (codec, scale layout, size) and
+ * the table's entry (its tokens)? A record that does not is a miss, warned
+ * about once.
+ * NOTE: the scale layout must match as well as the codec and size: an INT8
+ * record of layout 1 may have exactly our size (head_dim 32) and would
+ * decode to wrong values without an error.
+ */
+static bool record_fits(kvt_tm *tm, const kvt_t2_block_meta *m, const kvt_btable_entry *e)
+{
+	if (m->codec == tm->cfg.t1_codec && m->scale_layout == tm_scale_layout_of(tm->cfg.t1_codec) &&
+	    m->raw_bytes == tm->packed_bytes && m->n_tokens == e->n_tokens &&
+	    !memcmp(m->tokens, e->tokens, e->n_tokens * sizeof(int32_t)))
+		return true;
+	pthread_mutex_lock(&tm->mu);
+	bool warn = !tm->warned_codec;
+	tm->warned_codec = true;
+	pthread_mutex_unlock(&tm->mu);
+	if (warn)
+		KVT_LOGW("tm: a T2 record holds codec %s, scale layout %u, %u bytes; this manager runs %s, "
+			 "scale layout %u, %zu bytes: such records are misses", kvt_kv_codec_name(m->codec),
+			 (unsigned)m->scale_layout, m->raw_bytes, kvt_kv_codec_name(tm->cfg.t1_codec),
+			 (unsigned)tm_scale_layout_of(tm->cfg.t1_codec), tm->packed_bytes);
+	return false;
+}
+
+/*
+ * The block's packed bytes from its T2 record, read into a new T1 slot (the
+ * table then names it) or, when T1 has no room, into c's staging buffer
+ * (*t1s = -1). Verified: a corrupt record is dropped (drop_corrupt), one of
+ * another codec or too large is a miss (KVT_ENOTFOUND).
+ */
+static int promote_read_t2(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], const kvt_btable_entry *e,
+			   int32_t *t1s, const void **packed, uint64_t *bytes_from)
+{
+	if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK) {
+		tm_evict_t1(tm, c, 1);
+		if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK)
+			*t1s = -1;
+	}
+	void *buf = *t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, *t1s) : (void *)c->h_stage;
+	kvt_t2_loc l;
+	kvt_t2_block_meta m;
+	l = e->nvme;
+	double t_start = kvt_now_s();
+	int rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
+	if (rc == KVT_OK && !record_fits(tm, &m, e))
+		rc = KVT_ENOTFOUND;
+	else if (rc == KVT_ECORRUPT)
+		drop_corrupt(tm, h);
+	else if (rc == KVT_EFULL)
+		rc = KVT_ENOTFOUND; /* a record larger than our slots: not ours */
+	if (rc != KVT_OK) {
+		if (*t1s >= 0)
+			kvt_t1_unref(tm->t1, *t1s);
+		return rc;
+	}
+	if (*t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, *t1s) != KVT_OK) {
+		kvt_t1_unref(tm->t1, *t1s);
+		*t1s = -1;
+	}
+	pthread_mutex_lock(&tm->mu);
+	if (*t1s >= 0)
+		tm->st.tier[KVT_TIER_HOST].n_promotions++;
+	tm->st.tier[KVT_TIER_HOST].promotion_bytes += e->nvme.extent_bytes;
+	tm->st.tier[KVT_TIER_HOST].promotion_s += kvt_now_s() - t_start;
+	if (bytes_from)
+		bytes_from[KVT_TIER_NVME] += e->nvme.extent_bytes;
+	pthread_mutex_unlock(&tm->mu);
+	*packed = buf;
+	return KVT_OK;
+}
+
+/* Unpack packed into the T0 slot s (ours: given back on failure), then the table names it. */
+static int promote_unpack_t0(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], const void *packed, int32_t s,
+			     int found, uint64_t *bytes_from)
+{
+	double t_start = kvt_now_s();
+	int rc = kvt_t1_mover_unpack(c->mv, 1, &packed, &s);
+	if (rc == KVT_OK)
+		rc = kvt_btable_set_t0_unpacked(tm->cfg.bt, h, s, tm->cfg.t1_codec != KVT_KV_CODEC_F16);
+	if (rc != KVT_OK) {
+		kvt_t0_unref(tm->cfg.t0, s);
+		return rc;
+	}
+	pthread_mutex_lock(&tm->mu);
+	tm->st.tier[KVT_TIER_HBM].n_promotions++;
+	tm->st.tier[KVT_TIER_HBM].promotion_bytes += tm->packed_bytes;
+	tm->st.tier[KVT_TIER_HBM].promotion_s += kvt_now_s() - t_start;
+	if (bytes_from && found == KVT_TIER_HOST)
+		bytes_from[KVT_TIER_HOST] += tm->packed_bytes;
+	pthread_mutex_unlock(&tm->mu);
+	return KVT_OK;
+}
+
+/*
+ * Move a busy-held block found in a lower tier up to tier: T0 room first
+ * (evicting may write through the staging buffer, which may hold the bytes
+ * below), then the packed bytes (its T1 slot, or its T2 record), then, for
+ * T0, the unpack. e->slot[KVT_TIER_HBM] gets the new T0 slot.
+ */
+static int promote_move(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], kvt_btable_entry *e, int found,
+			int tier, uint64_t *bytes_from)
+{
+	int32_t s0 = -1;
+	if (tier == KVT_TIER_HBM && kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
+		tm_evict_t0(tm, c, 1, NULL);
+		if (kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK)
+			return KVT_EFULL;
+	}
+	const void *packed;
+	int32_t t1s = e->slot[KVT_TIER_HOST];
+	if (t1s >= 0) {
+		packed = kvt_t1_slot_ptr(tm->t1, t1s);
+	} else {
+		int rc = promote_read_t2(tm, c, h, e, &t1s, &packed, bytes_from);
+		if (rc != KVT_OK) {
+			if (s0 >= 0)
+				kvt_t0_unref(tm->cfg.t0, s0);
+			return rc;
+		}
+		if (tier == KVT_TIER_HOST && t1s < 0)
+			return KVT_EFULL; /* read and verified, but no T1 room to keep it */
+	}
+	if (tier != KVT_TIER_HBM)
+		return KVT_OK;
+	int rc = promote_unpack_t0(tm, c, h, packed, s0, found, bytes_from);
+	if (rc == KVT_OK)
+		e->slot[KVT_TIER_HBM] = s0;
+	return rc;
+}
+
+/* The block is in tier or above: the caller's T0 reference, the LRU touch, the durable row's refresh. */
+static void promote_reached(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], const kvt_btable_entry *e, int tier,
+			    bool take_ref, int32_t *t0_slot)
+{
+	if (take_ref && tier == KVT_TIER_HBM) {
+		/* Busy-held: the slot cannot leave the table (nor be freed) before the ref is taken. */
+		kvt_t0_ref(tm->cfg.t0, e->slot[KVT_TIER_HBM]);
+		*t0_slot = e->slot[KVT_TIER_HBM];
+	}
+	(void)kvt_btable_touch(tm->cfg.bt, h);
+	/* A hit on a durable block refreshes its row (queued, group-committed, not
+	 * waited for), so the LRU order survives a restart (kvt_tm_recover). */
+	if (tm->cfg.db && e->slot[KVT_TIER_NVME] >= 0) {
+		kvt_btable_entry now;
+		if (kvt_btable_get(tm->cfg.bt, h, &now) == KVT_OK)
+			(void)kvt_db_touch_block(tm->cfg.db, h, kvt_wall_us(), now.hits, NULL, NULL, NULL);
+	}
 }
 
 /*
@@ -60,140 +203,22 @@ static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
  * T0 (a block read from T2 and unpacked counts as T2 only).
  */
 int tm_promote_one(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], int tier, bool take_ref,
-		       int32_t *t0_slot, uint64_t *bytes_from)
+		   int32_t *t0_slot, uint64_t *bytes_from)
 {
 	kvt_btable_entry e;
 	int rc = tm_busy_wait(tm, h);
 	if (rc)
 		return rc;
 	*t0_slot = -1;
-	if (kvt_btable_get(tm->cfg.bt, h, &e) != KVT_OK) {
-		tm_count_lookup(tm, -1);
-		rc = KVT_ENOTFOUND;
-		goto done;
-	}
-	int found = e.slot[KVT_TIER_HBM] >= 0 ? KVT_TIER_HBM
-		  : e.slot[KVT_TIER_HOST] >= 0 ? KVT_TIER_HOST
-		  : e.slot[KVT_TIER_NVME] >= 0 ? KVT_TIER_NVME : -1;
+	int found = -1;
+	if (kvt_btable_get(tm->cfg.bt, h, &e) == KVT_OK)
+		found = e.slot[KVT_TIER_HBM] >= 0 ? KVT_TIER_HBM
+		      : e.slot[KVT_TIER_HOST] >= 0 ? KVT_TIER_HOST
+		      : e.slot[KVT_TIER_NVME] >= 0 ? KVT_TIER_NVME : -1;
 	tm_count_lookup(tm, found);
-	if (found < 0) {
-		rc = KVT_ENOTFOUND;
-		goto done;
-	}
-	if (found <= tier)
-		goto reached;
-	int32_t s0 = -1;
-	if (tier == KVT_TIER_HBM && kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
-		/* T0 room first: evicting may write through the staging buffer, which may hold the bytes below */
-		tm_evict_t0(tm, c, 1, NULL);
-		if (kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
-			rc = KVT_EFULL;
-			goto done;
-		}
-	}
-
-	/* The packed bytes: the T1 slot, or read from T2 into a new T1 slot (or the staging buffer). */
-	const void *packed;
-	int32_t t1s = e.slot[KVT_TIER_HOST];
-	if (t1s >= 0) {
-		packed = kvt_t1_slot_ptr(tm->t1, t1s);
-	} else {
-		void *buf;
-		if (kvt_t1_alloc(tm->t1, &t1s) != KVT_OK) {
-			tm_evict_t1(tm, c, 1);
-			if (kvt_t1_alloc(tm->t1, &t1s) != KVT_OK)
-				t1s = -1;
-		}
-		buf = t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, t1s) : (void *)c->h_stage;
-		kvt_t2_loc l;
-		kvt_t2_block_meta m;
-		l = e.nvme;
-		double t_start = kvt_now_s();
-		rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
-		/* NOTE: the scale layout must match as well as the codec and size: an INT8
-		 * record of layout 1 may have exactly our size (head_dim 32) and would
-		 * decode to wrong values without an error. */
-		if (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.scale_layout != tm_scale_layout_of(tm->cfg.t1_codec) ||
-				     m.raw_bytes != tm->packed_bytes || m.n_tokens != e.n_tokens ||
-				     memcmp(m.tokens, e.tokens, e.n_tokens * sizeof(int32_t)))) {
-			pthread_mutex_lock(&tm->mu);
-			bool warn = !tm->warned_codec;
-			tm->warned_codec = true;
-			pthread_mutex_unlock(&tm->mu);
-			if (warn)
-				KVT_LOGW("tm: a T2 record holds codec %s, scale layout %u, %u bytes; this manager runs %s, "
-					 "scale layout %u, %zu bytes: such records are misses", kvt_kv_codec_name(m.codec),
-					 (unsigned)m.scale_layout, m.raw_bytes, kvt_kv_codec_name(tm->cfg.t1_codec),
-					 (unsigned)tm_scale_layout_of(tm->cfg.t1_codec), tm->packed_bytes);
-			rc = KVT_ENOTFOUND;
-		} else if (rc == KVT_ECORRUPT) {
-			drop_corrupt(tm, h);
-		} else if (rc == KVT_EFULL) {
-			rc = KVT_ENOTFOUND; /* a record larger than our slots: not ours */
-		}
-		if (rc != KVT_OK) {
-			if (t1s >= 0)
-				kvt_t1_unref(tm->t1, t1s);
-			goto fail;
-		}
-		if (t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, t1s) != KVT_OK) {
-			kvt_t1_unref(tm->t1, t1s);
-			t1s = -1;
-		}
-		pthread_mutex_lock(&tm->mu);
-		if (t1s >= 0)
-			tm->st.tier[KVT_TIER_HOST].n_promotions++;
-		tm->st.tier[KVT_TIER_HOST].promotion_bytes += e.nvme.extent_bytes;
-		tm->st.tier[KVT_TIER_HOST].promotion_s += kvt_now_s() - t_start;
-		if (bytes_from)
-			bytes_from[KVT_TIER_NVME] += e.nvme.extent_bytes;
-		pthread_mutex_unlock(&tm->mu);
-		packed = buf;
-		if (tier == KVT_TIER_HOST && t1s < 0) {
-			rc = KVT_EFULL; /* read and verified, but no T1 room to keep it */
-			goto done;
-		}
-	}
-	if (tier == KVT_TIER_HBM) {
-		int32_t s = s0;
-		s0 = -1; /* from here on, owned by the code below */
-		double t_start = kvt_now_s();
-		rc = kvt_t1_mover_unpack(c->mv, 1, &packed, &s);
-		if (rc == KVT_OK)
-			rc = kvt_btable_set_t0_unpacked(tm->cfg.bt, h, s, tm->cfg.t1_codec != KVT_KV_CODEC_F16);
-		if (rc != KVT_OK) {
-			kvt_t0_unref(tm->cfg.t0, s);
-			goto done;
-		}
-		pthread_mutex_lock(&tm->mu);
-		tm->st.tier[KVT_TIER_HBM].n_promotions++;
-		tm->st.tier[KVT_TIER_HBM].promotion_bytes += tm->packed_bytes;
-		tm->st.tier[KVT_TIER_HBM].promotion_s += kvt_now_s() - t_start;
-		if (bytes_from && found == KVT_TIER_HOST)
-			bytes_from[KVT_TIER_HOST] += tm->packed_bytes;
-		pthread_mutex_unlock(&tm->mu);
-		e.slot[KVT_TIER_HBM] = s;
-	}
-reached:
-	if (take_ref && tier == KVT_TIER_HBM) {
-		/* Busy-held: the slot cannot leave the table (nor be freed) before the ref is taken. */
-		kvt_t0_ref(tm->cfg.t0, e.slot[KVT_TIER_HBM]);
-		*t0_slot = e.slot[KVT_TIER_HBM];
-	}
-	(void)kvt_btable_touch(tm->cfg.bt, h);
-	/* A hit on a durable block refreshes its row (queued, group-committed, not
-	 * waited for), so the LRU order survives a restart (kvt_tm_recover). */
-	if (tm->cfg.db && e.slot[KVT_TIER_NVME] >= 0) {
-		kvt_btable_entry now;
-		if (kvt_btable_get(tm->cfg.bt, h, &now) == KVT_OK)
-			(void)kvt_db_touch_block(tm->cfg.db, h, kvt_wall_us(), now.hits, NULL, NULL, NULL);
-	}
-	rc = KVT_OK;
-	goto done;
-fail:
-	if (s0 >= 0)
-		kvt_t0_unref(tm->cfg.t0, s0);
-done:
+	rc = found < 0 ? KVT_ENOTFOUND : found > tier ? promote_move(tm, c, h, &e, found, tier, bytes_from) : KVT_OK;
+	if (rc == KVT_OK)
+		promote_reached(tm, h, &e, tier, take_ref, t0_slot);
 	tm_busy_release(tm, h);
 	return rc;
 }

@@ -68,17 +68,7 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 			res[i] = rc;
 			continue;
 		}
-		kvt_t2_block_meta *m = &meta[n_w];
-		memset(m, 0, sizeof(*m));
-		memcpy(m->hash, e->hash, KVT_HASH_BYTES);
-		memcpy(m->parent, e->parent, KVT_HASH_BYTES);
-		m->n_tokens = e->n_tokens;
-		memcpy(m->tokens, e->tokens, e->n_tokens * sizeof(int32_t));
-		m->kv_dtype = KVT_DTYPE_F16;
-		m->codec = (uint8_t)tm->cfg.t1_codec;
-		m->scale_layout = tm_scale_layout_of(tm->cfg.t1_codec);
-		m->raw_bytes = (uint32_t)tm->packed_bytes;
-		m->flags = e->kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0;
+		tm_record_meta(tm, e, &meta[n_w]);
 		pay[n_w] = dst;
 		idx[n_w++] = i;
 	}
