@@ -154,6 +154,78 @@ static int prefix_start(kvt_tm *tm, kvt_tm_prefix *p, const kvt_tm_prefix_req *r
 	return KVT_OK;
 }
 
+/* A handle for the request (its hashes copied), or NULL without memory. */
+static kvt_tm_prefix *prefix_alloc(const kvt_tm_prefix_req *r)
+{
+	const uint32_t cap = r->n ? r->n : 1;
+	kvt_tm_prefix *p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	if (!(p->hashes = malloc((size_t)cap * KVT_HASH_BYTES)) || !(p->origin = calloc(cap, 1)) ||
+	    !(p->lossy = calloc(cap, sizeof(bool)))) {
+		prefix_free(p);
+		return NULL;
+	}
+	p->use = r->use;
+	p->n = r->n;
+	p->refresh = r->refresh;
+	if (r->n)
+		memcpy(p->hashes, r->hashes, (size_t)r->n * KVT_HASH_BYTES);
+	return p;
+}
+
+/*
+ * The usable prefix of the nm matched blocks: those in a local tier (in T0
+ * only, for a SERVE request with t0_only), each with its origin tier and
+ * whether its bytes are lossy. Returns how many; *all_in_t0 says whether
+ * every usable block is in T0.
+ */
+static uint32_t prefix_usable(kvt_tm *tm, kvt_tm_prefix *p, const kvt_tm_prefix_req *r, const kvt_btable_match *mt,
+			      uint32_t nm, bool *all_in_t0)
+{
+	const bool t0_only = r->use == KVT_TM_PREFIX_SERVE && r->t0_only;
+	uint32_t usable = 0;
+	*all_in_t0 = true;
+	while (usable < nm && origin_tier(&mt[usable]) >= 0 &&
+	       (!t0_only || origin_tier(&mt[usable]) == KVT_TIER_HBM)) {
+		p->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
+		p->lossy[usable] = p->origin[usable] == KVT_TIER_HBM ? mt[usable].t0_lossy : tm_lossy(tm);
+		*all_in_t0 = *all_in_t0 && p->origin[usable] == KVT_TIER_HBM;
+		usable++;
+	}
+	return usable;
+}
+
+/*
+ * A local miss with T3: the chain goes on there (the I/O threads look it
+ * up). A request continues only past a prefix that is all usable; a
+ * resumed session past whatever is local. Returns the blocks to look up
+ * there (their origin marked remote).
+ */
+static uint32_t prefix_remote_part(kvt_tm *tm, kvt_tm_prefix *p, const kvt_tm_prefix_req *r, uint32_t usable,
+				   uint32_t nm)
+{
+	const bool serve = r->use == KVT_TM_PREFIX_SERVE;
+	if (!r->root || !kvt_tm_has_remote(tm) || usable >= r->n || (serve && (usable != nm || r->t0_only)))
+		return 0;
+	uint32_t n_remote = r->n - usable;
+	memset(p->origin + usable, KVT_TM_TIER_REMOTE, n_remote);
+	for (uint32_t i = usable; i < r->n; i++)
+		p->lossy[i] = tm_lossy(tm);
+	return n_remote;
+}
+
+/* The chain's lookup: a request's pins, touches and counts its miss; a resume's only looks (as a session listing does). */
+static int prefix_lookup(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_btable_match *mt, uint32_t *nm)
+{
+	*nm = 0;
+	if (!r->n)
+		return KVT_OK;
+	if (r->use == KVT_TM_PREFIX_SERVE)
+		return kvt_tm_lookup_chain(tm, r->hashes, r->tokens, r->n, KVT_BT_PIN | KVT_BT_TOUCH, mt, nm);
+	return kvt_btable_lookup_chain(tm_bt(tm), r->hashes, r->tokens, r->n, 0, mt, nm);
+}
+
 int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix **out)
 {
 	*out = NULL;
@@ -162,40 +234,22 @@ int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix 
 			 r->hashes ? "with" : "no", r->tokens ? "with" : "no");
 		return KVT_EINVAL;
 	}
-	kvt_tm_prefix *p = calloc(1, sizeof(*p));
 	kvt_btable_match *mt = r->n ? calloc(r->n, sizeof(*mt)) : NULL;
-	const uint32_t cap = r->n ? r->n : 1;
-	if (!p || (r->n && !mt) || !(p->hashes = malloc((size_t)cap * KVT_HASH_BYTES)) || !(p->origin = calloc(cap, 1)) ||
-	    !(p->lossy = calloc(cap, sizeof(bool)))) {
+	kvt_tm_prefix *p = r->n && !mt ? NULL : prefix_alloc(r);
+	if (!p) {
 		free(mt);
-		if (p)
-			prefix_free(p);
 		return KVT_ENOMEM;
 	}
-	p->use = r->use;
-	p->n = r->n;
-	p->refresh = r->refresh;
-	if (r->n)
-		memcpy(p->hashes, r->hashes, (size_t)r->n * KVT_HASH_BYTES);
 	const bool serve = r->use == KVT_TM_PREFIX_SERVE;
-	uint32_t nm = 0, usable = 0;
-	/* a request's lookup pins, touches and counts its miss; a resume's only looks (as a session listing does) */
-	int rc = !r->n ? KVT_OK
-		 : serve ? kvt_tm_lookup_chain(tm, r->hashes, r->tokens, r->n, KVT_BT_PIN | KVT_BT_TOUCH, mt, &nm)
-			 : kvt_btable_lookup_chain(tm_bt(tm), r->hashes, r->tokens, r->n, 0, mt, &nm);
+	uint32_t nm;
+	int rc = prefix_lookup(tm, r, mt, &nm);
 	if (rc) {
 		free(mt);
 		prefix_free(p);
 		return rc;
 	}
-	bool all_in_t0 = true;
-	while (usable < nm && origin_tier(&mt[usable]) >= 0 &&
-	       (!(serve && r->t0_only) || origin_tier(&mt[usable]) == KVT_TIER_HBM)) {
-		p->origin[usable] = (uint8_t)origin_tier(&mt[usable]);
-		p->lossy[usable] = p->origin[usable] == KVT_TIER_HBM ? mt[usable].t0_lossy : tm_lossy(tm);
-		all_in_t0 = all_in_t0 && p->origin[usable] == KVT_TIER_HBM;
-		usable++;
-	}
+	bool all_in_t0;
+	uint32_t usable = prefix_usable(tm, p, r, mt, nm, &all_in_t0);
 	free(mt);
 	if (serve)
 		for (uint32_t i = usable; i < nm; i++) /* matched, but in no tier: let them go */
@@ -203,18 +257,7 @@ int kvt_tm_prefix_acquire(kvt_tm *tm, const kvt_tm_prefix_req *r, kvt_tm_prefix 
 	p->n_local = usable;
 	p->n_pinned = serve ? usable : 0;
 	p->c.n_matched = nm;
-	/*
-	 * A local miss with T3: the chain goes on there (the I/O threads look it
-	 * up). A request continues only past a prefix that is all usable; a
-	 * resumed session past whatever is local.
-	 */
-	uint32_t n_remote = 0;
-	if (r->root && kvt_tm_has_remote(tm) && usable < r->n && (serve ? usable == nm && !r->t0_only : true)) {
-		n_remote = r->n - usable;
-		memset(p->origin + usable, KVT_TM_TIER_REMOTE, n_remote);
-		for (uint32_t i = usable; i < r->n; i++)
-			p->lossy[i] = tm_lossy(tm);
-	}
+	uint32_t n_remote = prefix_remote_part(tm, p, r, usable, nm);
 	if ((rc = prefix_start(tm, p, r, n_remote, all_in_t0))) {
 		(void)kvt_tm_prefix_release(tm, p);
 		return rc;

@@ -252,100 +252,97 @@ static void lay_release(kvt_tm *tm, kvt_tm_layered *p, uint32_t n_held, bool dro
 	lay_free(tm, p);
 }
 
-int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_groups,
-			   int32_t *t0_slots, kvt_tm_layered **out)
+/* A promotion of n blocks with its arrays (t0, t1 = -1), or NULL without memory. */
+static kvt_tm_layered *lay_alloc(uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
 {
-	const kvt_kv_layout *l = kvt_t0_layout(tm->cfg.t0);
-	if (!n || !hashes || !t0_slots || !out || !n_groups) {
-		KVT_LOGE("tm: layered promotion of %u blocks in %u layer groups (need >= 1 of each, hashes, slots, out)",
-			 n, n_groups);
-		return KVT_EINVAL;
-	}
-	if (l->codec != KVT_KV_CODEC_F16 && l->codec != tm->cfg.t1_codec) {
-		KVT_LOGE("tm: layered promotion: a %s T0 pool cannot take %s T1 records", kvt_kv_codec_name(l->codec),
-			 kvt_kv_codec_name(tm->cfg.t1_codec));
-		return KVT_EINVAL;
-	}
-	pthread_mutex_lock(&tm->mu);
-	bool busy = tm->lay_active;
-	tm->lay_active = true;
-	pthread_mutex_unlock(&tm->mu);
-	if (busy)
-		return KVT_EBUSY;
 	kvt_tm_layered *p = calloc(1, sizeof(*p));
-	int rc = KVT_ENOMEM;
-	uint32_t n_held = 0, n_need = 0;
-	if (!p || !(p->hashes = malloc((size_t)n * KVT_HASH_BYTES)) || !(p->t0 = malloc(n * sizeof(int32_t))) ||
-	    !(p->t1 = malloc(n * sizeof(int32_t))) || !(p->units = malloc(n * sizeof(int32_t))) ||
-	    !(p->src = malloc(n * sizeof(*p->src))) || !(p->found = malloc(n)) ||
-	    !(p->order = malloc(n * sizeof(int64_t))) || (rc = lay_init(tm)))
-		goto fail;
+	if (!p)
+		return NULL;
+	p->hashes = malloc((size_t)n * KVT_HASH_BYTES);
+	p->t0 = malloc(n * sizeof(int32_t));
+	p->t1 = malloc(n * sizeof(int32_t));
+	p->units = malloc(n * sizeof(int32_t));
+	p->src = malloc(n * sizeof(*p->src));
+	p->found = malloc(n);
+	p->order = malloc(n * sizeof(int64_t));
+	if (!p->hashes || !p->t0 || !p->t1 || !p->units || !p->src || !p->found || !p->order) {
+		free(p->hashes);
+		free(p->t0);
+		free(p->t1);
+		free(p->units);
+		free(p->src);
+		free(p->found);
+		free(p->order);
+		free(p);
+		return NULL;
+	}
 	memcpy(p->hashes, hashes, (size_t)n * KVT_HASH_BYTES);
 	p->n = n;
 	for (uint32_t i = 0; i < n; i++)
 		p->t0[i] = p->t1[i] = -1;
-	p->layers_per_group = lay_group_layers(l->n_layers, n_groups);
-	p->n_groups = l->n_layers / p->layers_per_group;
+	return p;
+}
 
-	/* T0 room first, holding nothing (reserving may wait for blocks other threads move). */
-	for (uint32_t i = 0; i < n; i++) {
+/*
+ * Hold every block (busy; *n_held counts them) and take its bytes: a block
+ * in T0 gets the caller's reference on its slot, one in T1 our reference on
+ * its T1 slot and a place in the copy list (units: its index, for now).
+ * Never waits while holding (tm_int.h's no-cycle rule): a busy block means
+ * "not now" (KVT_EBUSY); one in neither tier is a miss (KVT_ENOTFOUND).
+ */
+static int lay_hold(kvt_tm *tm, kvt_tm_layered *p, uint32_t *n_held)
+{
+	for (; *n_held < p->n; (*n_held)++)
+		if (!tm_busy_try(tm, p->hashes[*n_held]))
+			return KVT_EBUSY;
+	for (uint32_t i = 0; i < p->n; i++) {
 		kvt_btable_entry e;
-		n_need += kvt_btable_get(tm->cfg.bt, hashes[i], &e) == KVT_OK && e.slot[KVT_TIER_HBM] < 0;
-	}
-	if (n_need && kvt_tm_reserve_t0(tm, n_need) != KVT_OK) {
-		rc = KVT_EFULL;
-		goto fail;
-	}
-	/* Hold every block; never wait while holding (manager.c's no-cycle rule): a busy one means "not now". */
-	for (; n_held < n; n_held++) {
-		if (!tm_busy_try(tm, hashes[n_held])) {
-			rc = KVT_EBUSY;
-			goto fail;
-		}
-	}
-	int8_t *found = p->found;
-	for (uint32_t i = 0; i < n; i++) {
-		kvt_btable_entry e;
-		if (kvt_btable_get(tm->cfg.bt, hashes[i], &e) != KVT_OK ||
-		    (e.slot[KVT_TIER_HBM] < 0 && e.slot[KVT_TIER_HOST] < 0)) {
-			rc = KVT_ENOTFOUND;
-			goto fail;
-		}
+		if (kvt_btable_get(tm->cfg.bt, p->hashes[i], &e) != KVT_OK ||
+		    (e.slot[KVT_TIER_HBM] < 0 && e.slot[KVT_TIER_HOST] < 0))
+			return KVT_ENOTFOUND;
 		if (e.slot[KVT_TIER_HBM] >= 0) { /* busy-held: the slot cannot leave the table before the ref */
-			found[i] = KVT_TIER_HBM;
+			p->found[i] = KVT_TIER_HBM;
 			kvt_t0_ref(tm->cfg.t0, e.slot[KVT_TIER_HBM]);
 			p->t0[i] = e.slot[KVT_TIER_HBM];
 			continue;
 		}
-		found[i] = KVT_TIER_HOST;
+		p->found[i] = KVT_TIER_HOST;
 		p->t1[i] = e.slot[KVT_TIER_HOST];
 		kvt_t1_ref(tm->t1, p->t1[i]);
-		p->units[p->n_copied++] = (int32_t)i; /* for now: the block's index */
+		p->units[p->n_copied++] = (int32_t)i;
 	}
-	/*
-	 * The copies go in T1 slot order (any order is correct: each block's
-	 * bytes go to its own slot), and the T0 slots are taken in that order, so
-	 * that slots adjacent in T1 (a history demoted together) make runs that
-	 * one strided copy moves (lay_run).
-	 */
+	return KVT_OK;
+}
+
+/*
+ * New T0 slots for the copied blocks. The copies go in T1 slot order (any
+ * order is correct: each block's bytes go to its own slot), and the T0 slots
+ * are taken in that order, so that slots adjacent in T1 (a history demoted
+ * together) make runs that one strided copy moves (lay_run).
+ */
+static int lay_take_t0(kvt_tm *tm, kvt_tm_layered *p)
+{
 	lay_sort_by_t1(p);
 	for (uint32_t k = 0; k < p->n_copied; k++) {
 		const uint32_t i = (uint32_t)p->units[k];
 		if (kvt_t0_alloc(tm->cfg.t0, &p->t0[i])) {
 			p->t0[i] = -1;
-			rc = KVT_EFULL;
-			goto fail;
+			return KVT_EFULL;
 		}
 		p->units[k] = p->t0[i];
 		p->src[k] = kvt_t1_slot_ptr(tm->t1, p->t1[i]);
 	}
+	return KVT_OK;
+}
 
-	/* The copies, group after group, each followed by its event. */
+/* The copies, group after group on the layered stream, each followed by its event. */
+static int lay_issue(kvt_tm *tm, kvt_tm_layered *p)
+{
 	tm_lay *ly = tm->lay;
 	p->events = ly->events;
 	p->t_start = kvt_now_s();
 	pthread_mutex_lock(&tm->mu); /* after the engine's writes (as the movers: tm_wait_compute) */
-	rc = kvt_dev_stream_wait_event(tm->cfg.dev, ly->stream, tm->ev_compute);
+	int rc = kvt_dev_stream_wait_event(tm->cfg.dev, ly->stream, tm->ev_compute);
 	pthread_mutex_unlock(&tm->mu);
 	for (uint32_t g = 0; g < p->n_groups && rc == KVT_OK; g++) {
 		if (p->n_copied)
@@ -359,10 +356,75 @@ int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_H
 		pthread_mutex_lock(&tm->mu);
 		tm->st.n_layered_failed++;
 		pthread_mutex_unlock(&tm->mu);
+	}
+	return rc;
+}
+
+/* The arguments' check (logged); KVT_EINVAL or KVT_OK. */
+static int lay_check_args(kvt_tm *tm, uint32_t n, const void *hashes, uint32_t n_groups, const int32_t *t0_slots,
+			  kvt_tm_layered **out)
+{
+	const kvt_kv_layout *l = kvt_t0_layout(tm->cfg.t0);
+	if (!n || !hashes || !t0_slots || !out || !n_groups) {
+		KVT_LOGE("tm: layered promotion of %u blocks in %u layer groups (need >= 1 of each, hashes, slots, out)",
+			 n, n_groups);
+		return KVT_EINVAL;
+	}
+	if (l->codec != KVT_KV_CODEC_F16 && l->codec != tm->cfg.t1_codec) {
+		KVT_LOGE("tm: layered promotion: a %s T0 pool cannot take %s T1 records", kvt_kv_codec_name(l->codec),
+			 kvt_kv_codec_name(tm->cfg.t1_codec));
+		return KVT_EINVAL;
+	}
+	return KVT_OK;
+}
+
+/* The blocks of hashes not in T0 now (the T0 room the promotion needs). */
+static uint32_t lay_t0_needed(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES])
+{
+	uint32_t n_need = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		kvt_btable_entry e;
+		n_need += kvt_btable_get(tm->cfg.bt, hashes[i], &e) == KVT_OK && e.slot[KVT_TIER_HBM] < 0;
+	}
+	return n_need;
+}
+
+int kvt_tm_promote_layered(kvt_tm *tm, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint32_t n_groups,
+			   int32_t *t0_slots, kvt_tm_layered **out)
+{
+	const kvt_kv_layout *l = kvt_t0_layout(tm->cfg.t0);
+	int rc = lay_check_args(tm, n, hashes, n_groups, t0_slots, out);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&tm->mu);
+	bool busy = tm->lay_active;
+	tm->lay_active = true;
+	pthread_mutex_unlock(&tm->mu);
+	if (busy)
+		return KVT_EBUSY;
+	kvt_tm_layered *p = lay_alloc(n, hashes);
+	uint32_t n_held = 0, n_need;
+	if (!p || (rc = lay_init(tm))) {
+		if (!p)
+			rc = KVT_ENOMEM;
 		goto fail;
 	}
+	p->layers_per_group = lay_group_layers(l->n_layers, n_groups);
+	p->n_groups = l->n_layers / p->layers_per_group;
+	/* T0 room first, holding nothing (reserving may wait for blocks other threads move). */
+	n_need = lay_t0_needed(tm, n, hashes);
+	if (n_need && kvt_tm_reserve_t0(tm, n_need) != KVT_OK)
+		rc = KVT_EFULL;
+	if (rc == KVT_OK)
+		rc = lay_hold(tm, p, &n_held);
+	if (rc == KVT_OK)
+		rc = lay_take_t0(tm, p);
+	if (rc == KVT_OK)
+		rc = lay_issue(tm, p);
+	if (rc)
+		goto fail;
 	for (uint32_t i = 0; i < n; i++)
-		tm_count_lookup(tm, found[i]);
+		tm_count_lookup(tm, p->found[i]);
 	pthread_mutex_lock(&tm->mu);
 	tm->st.n_layered_calls++;
 	pthread_mutex_unlock(&tm->mu);
@@ -378,11 +440,7 @@ fail:
 	}
 	if (rc == KVT_EFULL) /* the other failures were logged where they were found (busy and misses are not errors) */
 		KVT_LOGW("tm: layered promotion of %u blocks: no room in T0 (nothing promoted)", n);
-	if (p->hashes && p->t0 && p->t1) {
-		lay_release(tm, p, n_held, true);
-	} else {
-		lay_free(tm, p);
-	}
+	lay_release(tm, p, n_held, true);
 	return rc;
 }
 

@@ -288,100 +288,128 @@ static bool still_dirty(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 	       (e.slot[KVT_TIER_HBM] >= 0 || e.slot[KVT_TIER_HOST] >= 0);
 }
 
+/* Why T2 takes no write now: read-only (KVT_EIO), full (KVT_EFULL), or none configured. */
+static int persist_refusal(kvt_tm *tm)
+{
+	if (!tm->cfg.t2)
+		return KVT_EUNSUPPORTED;
+	kvt_t2_stats s;
+	kvt_t2_get_stats(tm->cfg.t2, &s);
+	return s.read_only ? KVT_EIO : KVT_EFULL;
+}
+
+/* The write-through of one batch of due entries: [n] each (held: busy-acquired by this pass). */
+typedef struct tm_dbatch {
+	uint8_t (*h)[KVT_HASH_BYTES]; /* the entries' blocks */
+	double *due_t;                /* when each became due */
+	bool *ok;                     /* [n_held] durable afterwards, in held order */
+	bool *held;                   /* taken by this pass (the others are busy: kept due) */
+} tm_dbatch;
+
+/*
+ * Take the batch's entries out of the pending list's due prefix, from pos
+ * (under tm->mu): the held ones written (or failed for good) leave it, the
+ * busy ones and those that failed for lack of space stay due. Counts late
+ * turns. Returns how many left the list.
+ *
+ * No space (T2 full, or the index rolling back for lack of space) is
+ * transient: a block that did not make it stays due, to be retried once
+ * space returns. Other failures (a read-only T2) drop it from the list; its
+ * only copy then goes to T2 when T1 evicts it, if T2 takes writes.
+ */
+static uint32_t pend_settle(kvt_tm *tm, const tm_dbatch *b, uint32_t n, uint32_t *pos, int rc, double now)
+{
+	const bool keep_failed = rc == KVT_EFULL;
+	uint32_t w = *pos, k = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (b->held[i] && !b->ok[k] && keep_failed && still_dirty(tm, b->h[i])) {
+			k++;
+			tm->pend[w++] = tm->pend[*pos + i];
+			continue;
+		}
+		if (b->held[i]) {
+			if (b->ok[k] && b->due_t[i] > 0) {
+				tm->st.n_turn_late += now - b->due_t[i] > tm->cfg.end_turn_s;
+				if (now - b->due_t[i] > tm->st.max_turn_s)
+					tm->st.max_turn_s = now - b->due_t[i];
+			}
+			k++;
+			continue;
+		}
+		tm->pend[w++] = tm->pend[*pos + i];
+	}
+	uint32_t removed = n - (w - *pos);
+	memmove(&tm->pend[w], &tm->pend[*pos + n], (tm->n_pend - *pos - n) * sizeof(*tm->pend));
+	tm->n_pend -= removed;
+	tm->n_due -= removed;
+	*pos = w;
+	return removed;
+}
+
+/* Persist the n entries of b that no other thread is moving (held[i]); the first failure or KVT_OK. */
+static int dbatch_write(kvt_tm *tm, tm_ctx *c, tm_dbatch *b, uint32_t n, bool *no_mem)
+{
+	uint8_t (*hh)[KVT_HASH_BYTES] = malloc(n * sizeof(*hh));
+	uint32_t n_held = 0;
+	*no_mem = !hh;
+	if (!hh)
+		return KVT_ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		b->held[i] = tm_busy_try(tm, b->h[i]);
+		if (b->held[i])
+			memcpy(hh[n_held++], b->h[i], KVT_HASH_BYTES);
+	}
+	int rc = KVT_OK;
+	if (!tm_t2_writable(tm)) {
+		rc = persist_refusal(tm);
+		for (uint32_t i = 0; i < n_held; i++)
+			b->ok[i] = false;
+	} else if (n_held) {
+		rc = tm_persist_held(tm, c, n_held, hh, b->ok);
+	}
+	for (uint32_t i = 0; i < n_held; i++)
+		tm_busy_release(tm, hh[i]);
+	free(hh);
+	return rc;
+}
+
 /* Write the due prefix of the pending list through to T2, in batches. */
 void tm_persist_due(kvt_tm *tm, tm_ctx *c)
 {
 	const uint32_t B = tm->cfg.batch_blocks;
-	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
-	double *due_t = malloc(B * sizeof(*due_t));
-	bool *ok = malloc(B * sizeof(*ok));
-	bool *held = malloc(B * sizeof(*held));
-	if (!h || !due_t || !ok || !held)
-		goto out;
+	tm_dbatch b = { malloc(B * sizeof(*b.h)), malloc(B * sizeof(*b.due_t)), malloc(B * sizeof(*b.ok)),
+			malloc(B * sizeof(*b.held)) };
 	uint32_t pos = 0; /* due entries before pos were skipped (busy) this pass */
-	for (;;) {
+	while (b.h && b.due_t && b.ok && b.held) {
 		pthread_mutex_lock(&tm->mu);
 		uint32_t n = 0;
 		while (pos + n < tm->n_due && n < B) {
-			memcpy(h[n], tm->pend[pos + n].hash, KVT_HASH_BYTES);
-			due_t[n] = tm->pend[pos + n].due_t;
+			memcpy(b.h[n], tm->pend[pos + n].hash, KVT_HASH_BYTES);
+			b.due_t[n] = tm->pend[pos + n].due_t;
 			n++;
 		}
 		pthread_mutex_unlock(&tm->mu);
 		if (!n)
 			break;
 		/* Take what is not being moved; come back for the rest next pass. */
-		uint8_t (*hh)[KVT_HASH_BYTES] = malloc(n * sizeof(*hh));
-		uint32_t n_held = 0;
-		if (!hh)
+		bool no_mem;
+		int rc = dbatch_write(tm, c, &b, n, &no_mem);
+		if (no_mem)
 			break;
-		for (uint32_t i = 0; i < n; i++) {
-			held[i] = tm_busy_try(tm, h[i]);
-			if (held[i])
-				memcpy(hh[n_held++], h[i], KVT_HASH_BYTES);
-		}
-		int rc = KVT_OK;
-		bool *okh = ok;
-		if (!tm_t2_writable(tm)) {
-			rc = tm->cfg.t2 ? KVT_EIO : KVT_EUNSUPPORTED;
-			kvt_t2_stats s;
-			if (tm->cfg.t2) {
-				kvt_t2_get_stats(tm->cfg.t2, &s);
-				if (!s.read_only)
-					rc = KVT_EFULL;
-			}
-			for (uint32_t i = 0; i < n_held; i++)
-				okh[i] = false;
-		} else if (n_held) {
-			rc = tm_persist_held(tm, c, n_held, hh, okh);
-		}
-		for (uint32_t i = 0; i < n_held; i++)
-			tm_busy_release(tm, hh[i]);
-		free(hh);
 		/* Remove the handled entries (held ones) from the list; keep the busy ones due. */
 		double now = kvt_now_s();
 		pthread_mutex_lock(&tm->mu);
 		if (rc != KVT_OK && tm->persist_err == KVT_OK)
 			tm->persist_err = rc;
-		/*
-		 * No space (T2 full, or the index rolling back for lack of space) is
-		 * transient: a block that did not make it stays due, to be retried once
-		 * space returns. Other failures (a read-only T2) drop it from the list;
-		 * its only copy then goes to T2 when T1 evicts it, if T2 takes writes.
-		 */
-		const bool keep_failed = rc == KVT_EFULL;
-		uint32_t w = pos, k = 0;
-		for (uint32_t i = 0; i < n; i++) {
-			if (held[i] && !ok[k] && keep_failed && still_dirty(tm, h[i])) {
-				k++;
-				tm->pend[w++] = tm->pend[pos + i];
-				continue;
-			}
-			if (held[i]) {
-				if (ok[k] && due_t[i] > 0) {
-					tm->st.n_turn_late += now - due_t[i] > tm->cfg.end_turn_s;
-					if (now - due_t[i] > tm->st.max_turn_s)
-						tm->st.max_turn_s = now - due_t[i];
-				}
-				k++;
-				continue;
-			}
-			tm->pend[w++] = tm->pend[pos + i];
-		}
-		uint32_t removed = n - (w - pos);
-		memmove(&tm->pend[w], &tm->pend[pos + n], (tm->n_pend - pos - n) * sizeof(*tm->pend));
-		tm->n_pend -= removed;
-		tm->n_due -= removed;
-		pos = w;
+		uint32_t removed = pend_settle(tm, &b, n, &pos, rc, now);
 		pthread_mutex_unlock(&tm->mu);
 		if (!removed && pos >= tm->n_due)
 			break;
 	}
-out:
-	free(h);
-	free(due_t);
-	free(ok);
-	free(held);
+	free(b.h);
+	free(b.due_t);
+	free(b.ok);
+	free(b.held);
 }
 
 int tm_hash_cmp(const void *a, const void *b) { return memcmp(a, b, KVT_HASH_BYTES); }
