@@ -7,8 +7,9 @@
 #  - REPORTS the same measure for every other file it scans, without failing.
 # scripts/test.sh runs it before the builds, so a violation fails fast.
 #
-# A waiver is one comment on the line before the function's first line (or the line before
-# that, when the return type has a line of its own), naming why the function stays whole:
+# A waiver is one comment on the line before the function's first line, after its doc comment
+# (or the line before that, when the return type has a line of its own), naming why the
+# function stays whole:
 #	/* lizard: waive — a config table, one case per key */
 # ("-" or "--" for the dash is accepted too). A waiver with no reason is itself a failure.
 # lizard's own "#lizard forgives" is refused in gated files: it hides the function from the
