@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this):
-#  1. dependencies and the default model (the model tests need it);
+#  1. dependencies and the default model (the model tests need it), then
+#     scripts/complexity.sh: lizard's length and complexity ceiling, failing fast;
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test, the daemon's end-to-end tests among them (a venv with
 #     the openai client, jsonschema, langchain-openai and litellm in .venv-test);
@@ -29,6 +30,10 @@ jobs=$(nproc)
 # test_daemon's compat case checks that litellm maps kvtier's context overflow as it maps OpenAI's.
 .venv-test/bin/python -c 'import litellm' 2>/dev/null || .venv-test/bin/pip install -q litellm
 export KVT_TEST_STRICT=1
+
+# The complexity ceiling (lizard, into the same venv): a function over 100 lines or CCN 30 in the
+# gated files fails here, before the long builds (scripts/complexity.sh).
+scripts/complexity.sh
 
 cmake -S . -B build-ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_WERROR=ON \
 	-DKVT_TEST_PYTHON="$PWD/.venv-test/bin/python" >/dev/null
