@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The complexity ceiling (docs/STYLE-complexity-section.md; issue 48): lizard measures every
+# The complexity ceiling (docs/complexity.md; issue 48): lizard measures every
 # function of tiers/, index/ and engine/serve/, and this script
 #  - FAILS (exit 1) on a function in a GATED file whose length (lizard's "length": lines from
 #    its name to its closing brace) is over MAX_LENGTH or whose cyclomatic complexity (CCN)
@@ -127,6 +127,6 @@ for l in "${fail_lines[@]}" "${forgiven[@]}" "${waived_lines[@]}" "${report_line
 done
 echo "complexity: $n_fail gated violation(s), $n_waived waived, $n_report outside the gate (reported only)"
 [ "$n_fail" -eq 0 ] || {
-	echo "complexity: FAILED — split the function into named steps (docs/STYLE-complexity-section.md), or waive it with a reason" >&2
+	echo "complexity: FAILED — split the function into named steps (docs/complexity.md), or waive it with a reason" >&2
 	exit 1
 }
