@@ -51,6 +51,9 @@ struct bt_entry {
 	bt_entry *next_orphan;                  /* orphan-map chain (parent == NULL only) */
 	bt_entry **pprev_orphan;                /* the pointer that points at this entry in that chain */
 	bt_entry *parent;                       /* parent entry, or NULL (root child / orphan) */
+	bt_entry *first_child;                  /* head of this entry's children list */
+	bt_entry *next_sib;                     /* next child of the same parent (parent != NULL only) */
+	bt_entry **pprev_sib;                   /* the pointer that points at this entry in that list */
 	bt_entry *lru_prev[KVT_TIER_COUNT];     /* toward the cold end of this tier's list */
 	bt_entry *lru_next[KVT_TIER_COUNT];     /* toward the hot end */
 	uint8_t on_list[KVT_TIER_COUNT];        /* LIST_NONE / LIST_LEAF / LIST_INNER per tier */
@@ -266,6 +269,29 @@ static void orphan_remove(bt_entry *e)
 	e->pprev_orphan = NULL;
 }
 
+/* Link e into its parent's children list (e->parent set). */
+static void child_link(bt_entry *e)
+{
+	bt_entry *p = e->parent;
+	e->next_sib = p->first_child;
+	if (p->first_child)
+		p->first_child->pprev_sib = &e->next_sib;
+	p->first_child = e;
+	e->pprev_sib = &p->first_child;
+	p->n_children++;
+}
+
+static void child_unlink(bt_entry *e)
+{
+	KVT_ASSERT(e->parent->n_children > 0 && e->pprev_sib);
+	*e->pprev_sib = e->next_sib;
+	if (e->next_sib)
+		e->next_sib->pprev_sib = e->pprev_sib;
+	e->next_sib = NULL;
+	e->pprev_sib = NULL;
+	e->parent->n_children--;
+}
+
 /* p was just inserted: link every orphan waiting for it as its child. */
 static void adopt_orphans(kvt_btable *bt, bt_entry *p)
 {
@@ -278,7 +304,7 @@ static void adopt_orphans(kvt_btable *bt, bt_entry *p)
 		}
 		orphan_remove(o);
 		o->parent = p;
-		p->n_children++;
+		child_link(o);
 		for (int t = 0; t < KVT_TIER_COUNT; t++)
 			p->n_children_in[t] += o->slot[t] >= 0;
 		o = next;
@@ -383,7 +409,7 @@ int kvt_btable_insert(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES],
 	e->last_use = ++bt->tick;
 	e->parent = find(bt, parent);
 	if (e->parent)
-		e->parent->n_children++;
+		child_link(e);
 	else
 		orphan_add(bt, e);
 	uint64_t b = key_of(hash) & (bt->n_buckets - 1);
@@ -774,12 +800,10 @@ int kvt_btable_remove(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES])
 		goto out;
 	}
 	*pp = e->next_hash;
-	if (e->parent) {
-		KVT_ASSERT(e->parent->n_children > 0);
-		e->parent->n_children--;
-	} else {
+	if (e->parent)
+		child_unlink(e);
+	else
 		orphan_remove(e);
-	}
 	if (e->dirty)
 		bt->st.n_dirty--;
 	bt->st.n_entries--;
@@ -787,6 +811,42 @@ int kvt_btable_remove(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES])
 out:
 	pthread_mutex_unlock(&bt->mu);
 	return rc;
+}
+
+/* How many leading tokens of a and b[0..n) agree. */
+static uint32_t same_run(const int32_t *a, const int32_t *b, uint32_t n)
+{
+	uint32_t k = 0;
+	while (k < n && a[k] == b[k])
+		k++;
+	return k;
+}
+
+int kvt_btable_nearest_child(kvt_btable *bt, const uint8_t parent[KVT_HASH_BYTES], const int32_t *tokens,
+			     int32_t *out_tokens, uint32_t *n_same)
+{
+	const uint32_t n = bt->block_tokens;
+	const bt_entry *best = NULL;
+	uint32_t best_run = 0;
+	pthread_mutex_lock(&bt->mu);
+	bt_entry *p = find(bt, parent);
+	/* an entry's children are on its list; a chain root's (no entry) wait in the orphan map */
+	bt_entry *c = p ? p->first_child : bt->orphans[key_of(parent) & (bt->n_buckets - 1)];
+	for (; c; c = p ? c->next_sib : c->next_orphan) {
+		if (!p && memcmp(c->parent_hash, parent, KVT_HASH_BYTES) != 0)
+			continue; /* another root's orphan in the same bucket */
+		uint32_t run = same_run(c->tokens, tokens, n);
+		if (!best || run > best_run) {
+			best = c;
+			best_run = run;
+		}
+	}
+	if (best) {
+		memcpy(out_tokens, best->tokens, (size_t)n * sizeof(int32_t));
+		*n_same = best_run;
+	}
+	pthread_mutex_unlock(&bt->mu);
+	return best ? KVT_OK : KVT_ENOTFOUND;
 }
 
 void kvt_btable_get_stats(kvt_btable *bt, kvt_btable_stats *st)
@@ -863,6 +923,11 @@ int kvt_btable_check(kvt_btable *bt)
 			kvt_hash_hex(e->hash, hex);
 			FAIL_IF(e->chk_children != e->n_children, "btable check: %s: n_children %u, counted %u", hex,
 				e->n_children, e->chk_children);
+			uint32_t n_list = 0;
+			for (const bt_entry *ch = e->first_child; ch && n_list <= e->n_children; ch = ch->next_sib, n_list++)
+				FAIL_IF(ch->parent != e, "btable check: %s: a child on its list names another parent", hex);
+			FAIL_IF(n_list != e->n_children, "btable check: %s: n_children %u, %u on its children list", hex,
+				e->n_children, n_list);
 			for (int t = 0; t < KVT_TIER_COUNT; t++) {
 				FAIL_IF(e->chk_in[t] != e->n_children_in[t],
 					"btable check: %s: tier %d children %u, counted %u", hex, t, e->n_children_in[t],

@@ -351,6 +351,16 @@ int kvt_btable_set_retain(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES], ui
  * KVT_ENOTFOUND.
  */
 int kvt_btable_remove(kvt_btable *bt, const uint8_t hash[KVT_HASH_BYTES]);
+/*
+ * Of the blocks whose parent is parent (an entry's hash or a chain root), the
+ * one whose tokens agree longest with tokens[0..block_tokens) from the
+ * start: its tokens go to out_tokens[block_tokens] and the agreeing run's
+ * length to *n_same (the first token that differs is tokens[*n_same]).
+ * KVT_ENOTFOUND when no such block is in the table. Hashes are tenant-salted,
+ * so the children found are the same tenant's. (Cache-miss explanations.)
+ */
+int kvt_btable_nearest_child(kvt_btable *bt, const uint8_t parent[KVT_HASH_BYTES], const int32_t *tokens,
+			     int32_t *out_tokens, uint32_t *n_same);
 
 void kvt_btable_get_stats(kvt_btable *bt, kvt_btable_stats *st);
 

@@ -154,10 +154,10 @@ static void maintain_locked(kvt_tm *tm, tm_ctx *c)
 	/* Watermarks, top down: what T0 pushes out lands in T1, what T1 pushes out lands in T2. */
 	uint32_t n0 = kvt_t0_n_slots(tm->cfg.t0), used0 = n0 - kvt_t0_n_free(tm->cfg.t0);
 	if (used0 > tm->cfg.high[KVT_TIER_HBM] * n0)
-		tm_evict_t0(tm, c, n0 - (uint32_t)(tm->cfg.low[KVT_TIER_HBM] * n0), NULL);
+		tm_evict_t0(tm, c, n0 - (uint32_t)(tm->cfg.low[KVT_TIER_HBM] * n0), NULL, KVT_TM_PRESSURE_WATERMARK);
 	uint32_t n1 = kvt_t1_n_slots(tm->t1), used1 = n1 - kvt_t1_n_free(tm->t1);
 	if (used1 > tm->cfg.high[KVT_TIER_HOST] * n1)
-		tm_evict_t1(tm, c, n1 - (uint32_t)(tm->cfg.low[KVT_TIER_HOST] * n1));
+		tm_evict_t1(tm, c, n1 - (uint32_t)(tm->cfg.low[KVT_TIER_HOST] * n1), KVT_TM_PRESSURE_WATERMARK);
 	if (tm->cfg.t2) {
 		kvt_t2_stats s;
 		kvt_t2_get_stats(tm->cfg.t2, &s);
@@ -339,8 +339,12 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 					    .clock_user = cfg->clock_user };
 		rc_cfg.cost[KVT_TIER_HBM] = kvt_t0_block_bytes(cfg->t0);
 		rc_cfg.cost[KVT_TIER_HOST] = rc_cfg.cost[KVT_TIER_NVME] = tm->packed_bytes;
+		rc_cfg.on_expired = tm_tomb_expired;
+		rc_cfg.on_expired_user = tm;
 		rc = tm_retain_create(&rc_cfg, &tm->rt);
 	}
+	if (rc == KVT_OK)
+		rc = tm_tomb_create(tm);
 	if (rc)
 		goto fail;
 	for (uint32_t i = 0; i < cfg->n_io_threads; i++) {
@@ -416,6 +420,7 @@ void kvt_tm_destroy(kvt_tm *tm)
 	tm_lay_destroy(tm);
 	kvt_t1_destroy(tm->t1);
 	tm_retain_destroy(tm->rt);
+	tm_tomb_destroy(tm);
 	pthread_mutex_destroy(&tm->mu);
 	pthread_mutex_destroy(&tm->pin_mu);
 	pthread_mutex_destroy(&tm->maint_mu);
@@ -649,6 +654,7 @@ void kvt_tm_get_stats(kvt_tm *tm, kvt_tm_stats *st)
 		for (int k = 0; k < KVT_BLOCK_KIND_COUNT; k++)
 			st->tier[t].n_blocks_by_kind[k] = bs.n_in_tier_kind[t][k];
 	st->chunk_share = tm->cfg.chunk_share;
+	st->n_tombstones = tm_tomb_count(tm);
 }
 
 int kvt_tm_set_quota(kvt_tm *tm, const char *tenant, const kvt_tm_quota *q)

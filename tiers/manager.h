@@ -227,6 +227,42 @@ typedef struct kvt_tm_tier_stats {
 	bool degraded;            /* T2: full, read-only, or its index rolling back for lack of space: not persisting */
 } kvt_tm_tier_stats;
 
+/*
+ * Why a prompt missed the cache (kvt_tm_miss_explain): the reason for the
+ * first prompt token not served from it.
+ */
+enum kvt_tm_miss_reason {
+	KVT_TM_MISS_NONE = 0,       /* a full hit: nothing to explain */
+	KVT_TM_MISS_NEW,            /* the prefix was never stored for this tenant (or its record is forgotten) */
+	KVT_TM_MISS_DIVERGED,       /* a stored history differs from the prompt from at_token on */
+	KVT_TM_MISS_EVICTED,        /* stored, then evicted from its last tier under pressure */
+	KVT_TM_MISS_EXPIRED,        /* stored and retained; evicted after its retention ended */
+	KVT_TM_MISS_MODEL_CHANGED,  /* the session's history was stored under another model (set by the caller) */
+	KVT_TM_MISS_FAILED_VERIFICATION, /* its T2 record failed verification and was dropped */
+	KVT_TM_MISS_CHUNK_BOUNDARY, /* only the prompt's last partial block (never cached) is missing */
+	KVT_TM_MISS_CAPACITY,       /* longer than the tiers could keep, or dropped before it could be kept */
+	KVT_TM_MISS_COUNT
+};
+/* The pressure that evicted a block (kvt_tm_miss.pressure). */
+enum kvt_tm_pressure {
+	KVT_TM_PRESSURE_NONE = 0,   /* unknown */
+	KVT_TM_PRESSURE_WATERMARK,  /* the tier passed its high watermark (maintenance) */
+	KVT_TM_PRESSURE_ROOM,       /* a request or a promotion needed room in the tier now */
+	KVT_TM_PRESSURE_COUNT
+};
+const char *kvt_tm_miss_reason_name(int reason); /* "new", "diverged", ... ("" for NONE) */
+const char *kvt_tm_pressure_name(int pressure);  /* "watermark", "room", "unknown" */
+
+typedef struct kvt_tm_miss {
+	int reason;            /* enum kvt_tm_miss_reason */
+	uint32_t at_token;     /* the first prompt token not served from the cache */
+	int tier;              /* EVICTED, EXPIRED, CAPACITY, FAILED_VERIFICATION: the last tier that held it (-1: unknown) */
+	uint64_t when_us;      /* when it left that tier, unix microseconds (0: unknown) */
+	int pressure;          /* EVICTED: enum kvt_tm_pressure */
+	int32_t cached_token;  /* DIVERGED: the stored token at at_token (-1: unknown) */
+	int32_t new_token;     /* DIVERGED: the prompt's token there (-1: unknown) */
+} kvt_tm_miss;
+
 typedef struct kvt_tm_stats {
 	kvt_tm_tier_stats tier[KVT_TIER_COUNT]; /* KVT_TIER_HBM, _HOST, _NVME */
 	uint64_t n_registered;    /* blocks registered by the engine */
@@ -254,6 +290,8 @@ typedef struct kvt_tm_stats {
 	uint64_t n_layered;       /* of the T0 promotions, blocks copied layer group by layer group (kvt_tm_promote_layered) */
 	uint64_t n_layered_calls; /* kvt_tm_promote_layered calls that issued their copies */
 	uint64_t n_layered_failed;/* of those, calls whose copies failed (the request's blocks were given back) */
+	uint64_t n_miss[KVT_TM_MISS_COUNT]; /* prompts explained by kvt_tm_miss_explain, by reason */
+	uint64_t n_tombstones;    /* blocks remembered as gone (evicted, expired, dropped), of TM_TOMB_CAP at most */
 } kvt_tm_stats;
 
 typedef struct kvt_tm kvt_tm;
@@ -638,6 +676,22 @@ bool kvt_tm_prefix_gate(const kvt_tm_prefix *p, kvt_event *const **events, uint3
  */
 int kvt_tm_prefix_settle(kvt_tm *tm, kvt_tm_prefix *p);
 void kvt_tm_prefix_get_counts(kvt_tm *tm, const kvt_tm_prefix *p, kvt_tm_prefix_counts *c);
+/*
+ * Explain a prompt's cache miss (docs/http-api.md, usage.kvtier.miss): the
+ * prompt's tokens[0..n_tokens) with the hashes of its full blocks (chained
+ * from root: hashes[i] names tokens [i*B, (i+1)*B)), of which the first
+ * n_cached tokens were served from the cache. Fills *out (reason NONE on a
+ * full hit) and counts the reason (kvt_tm_stats.n_miss). The manager
+ * remembers the blocks that left their last tier (evicted, expired, dropped
+ * for lack of room, failed verification) in a bounded in-memory map, oldest
+ * forgotten first, not across a restart; a stored history that differs is
+ * found through the table's children of the last block served (so only the
+ * same tenant's blocks: their hashes are salted). Never fails.
+ */
+void kvt_tm_miss_explain(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const uint8_t (*hashes)[KVT_HASH_BYTES],
+			 const int32_t *tokens, uint32_t n_tokens, uint32_t n_cached, kvt_tm_miss *out);
+/* Count a reason the caller found itself (MODEL_CHANGED: it knows the session). */
+void kvt_tm_miss_count(kvt_tm *tm, int reason);
 /*
  * Where a chain's blocks are now, without pinning, touching or counting
  * anything (a session listing): blocks_in[t] of the leading blocks in some

@@ -60,6 +60,8 @@ struct tm_retain {
 	uint32_t n_ten, cap_ten;       /* entries, capacity */
 	kvt_tm_quota dflt;             /* quota of a tenant not configured */
 	uint64_t stamp;                /* retain calls so far */
+	void (*on_expired)(void *, const uint8_t *); /* told of each record whose deadline passed (may be NULL) */
+	void *on_expired_user;         /* its argument */
 };
 
 static uint64_t now_of(tm_retain *rt) { return rt->clock_us(rt->clock_user); }
@@ -242,6 +244,8 @@ static void sweep_locked(tm_retain *rt, uint64_t now)
 	for (uint32_t i = 0; i < rt->n_rec;) {
 		if (rt->rec[i].until_us <= now) {
 			rt->ten[rt->rec[i].tenant].n_expired++;
+			if (rt->on_expired)
+				rt->on_expired(rt->on_expired_user, rt->rec[i].hash);
 			drop_rec(rt, i, false); /* a past deadline in the index is inert */
 		} else {
 			i++;
@@ -260,6 +264,8 @@ int tm_retain_create(const tm_retain_config *c, tm_retain **out)
 	rt->clock_us = c->clock_us;
 	rt->clock_user = c->clock_user;
 	memcpy(rt->cost, c->cost, sizeof(rt->cost));
+	rt->on_expired = c->on_expired;
+	rt->on_expired_user = c->on_expired_user;
 	*out = rt;
 	return KVT_OK;
 }

@@ -48,6 +48,9 @@ typedef struct tm_retain_config {
 	uint64_t (*clock_us)(void *);  /* the clock, microseconds (unix time by default) */
 	void *clock_user;              /* its argument */
 	uint64_t cost[KVT_TIER_COUNT]; /* bytes one retained block counts, by floor tier */
+	void (*on_expired)(void *user, const uint8_t hash[KVT_HASH_BYTES]); /* a record's deadline passed (may be
+	                                 NULL); called under the ledger's mutex: it must take no lock but a leaf one */
+	void *on_expired_user;         /* its argument */
 } tm_retain_config;
 int tm_retain_create(const tm_retain_config *c, tm_retain **out);
 void tm_retain_destroy(tm_retain *rt); /* NULL is a no-op */

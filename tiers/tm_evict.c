@@ -18,7 +18,7 @@
  * If the block is then in no tier, it leaves the table when it can (a parent
  * of live children stays as metadata).
  */
-bool tm_leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped, int *kind)
+bool tm_leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped, int *kind, int why)
 {
 	kvt_btable_entry e;
 	int32_t old = -1;
@@ -45,6 +45,8 @@ bool tm_leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *
 		}
 	}
 	pthread_mutex_unlock(&tm->pin_mu);
+	if (*dropped)
+		tm_tomb_dropped(tm, &e, tier, why);
 	return left;
 }
 
@@ -137,13 +139,13 @@ static uint32_t pick_victims(kvt_tm *tm, int tier, uint32_t want, uint8_t (*out)
 
 /* Delete the rows of n busy-held T2 blocks, then free their extents. */
 /* Let each of the n held blocks leave the tier (counted) and release it; how many left. */
-static uint32_t leave_all(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int tier)
+static uint32_t leave_all(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int tier, int why)
 {
 	uint32_t n_left = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		bool dropped;
 		int kind = KVT_BLOCK_PREFIX;
-		if (tm_leave_tier(tm, h[i], tier, &dropped, &kind)) {
+		if (tm_leave_tier(tm, h[i], tier, &dropped, &kind, why)) {
 			count_leave(tm, tier, dropped, kind);
 			n_left++;
 		}
@@ -152,7 +154,7 @@ static uint32_t leave_all(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], 
 	return n_left;
 }
 
-static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES])
+static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTES], int why)
 {
 	uint32_t n_gone = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -172,6 +174,8 @@ static uint32_t evict_t2_held(kvt_tm *tm, uint32_t n, uint8_t (*h)[KVT_HASH_BYTE
 		pthread_mutex_unlock(&tm->pin_mu);
 		if (!left)
 			continue;
+		if (dropped)
+			tm_tomb_dropped(tm, &e, KVT_TIER_NVME, why);
 		int rc = tm_row_delete_then_free(tm, 0, h[i], &old);
 		if (rc == KVT_OK) {
 			pthread_mutex_lock(&tm->mu);
@@ -231,7 +235,7 @@ void tm_evict_t2(kvt_tm *tm, tm_ctx *c, uint64_t bytes_target)
 		if (!n)
 			break;
 		tm_remote_demote_held(tm, c, n, h, KVT_TIER_NVME);
-		uint32_t gone = evict_t2_held(tm, n, h);
+		uint32_t gone = evict_t2_held(tm, n, h, KVT_TM_PRESSURE_WATERMARK);
 		for (uint32_t i = 0; i < n; i++)
 			tm_busy_release(tm, h[i]);
 		if (!gone)
@@ -245,7 +249,7 @@ void tm_evict_t2(kvt_tm *tm, tm_ctx *c, uint64_t bytes_target)
  * ones to T2 first (when it takes writes), drop the rest. Returns the free
  * slots after.
  */
-uint32_t tm_evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free)
+uint32_t tm_evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free, int why)
 {
 	const uint32_t B = tm->cfg.batch_blocks;
 	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
@@ -269,7 +273,7 @@ uint32_t tm_evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free)
 		tm_remote_demote_held(tm, c, n, h, KVT_TIER_HOST);
 		if (n_dirty && tm_t2_writable(tm))
 			(void)tm_persist_held(tm, c, n_dirty, dirty, ok);
-		if (!leave_all(tm, n, h, KVT_TIER_HOST))
+		if (!leave_all(tm, n, h, KVT_TIER_HOST, why))
 			break;
 	}
 out:
@@ -286,7 +290,7 @@ out:
  * takes writes) or dropped. Returns the free slots after; *saw_busy (may be
  * NULL) is set when a candidate was skipped because another thread moves it.
  */
-uint32_t tm_evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy)
+uint32_t tm_evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy, int why)
 {
 	const uint32_t B = tm->cfg.batch_blocks;
 	uint8_t (*h)[KVT_HASH_BYTES] = malloc(B * sizeof(*h));
@@ -310,7 +314,7 @@ uint32_t tm_evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy)
 				continue; /* clean: dropping the T0 copy costs nothing */
 			int32_t s;
 			if (kvt_t1_alloc(tm->t1, &s) != KVT_OK) {
-				tm_evict_t1(tm, c, 1);
+				tm_evict_t1(tm, c, 1, why);
 				if (kvt_t1_alloc(tm->t1, &s) != KVT_OK) {
 					/* T1 has no room (all pinned or busy): straight to T2 if it takes writes, else dropped below */
 					memcpy(direct[n_direct++], h[i], KVT_HASH_BYTES);
@@ -346,7 +350,7 @@ uint32_t tm_evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy)
 			tm->st.tier[KVT_TIER_HBM].demotion_s += kvt_now_s() - t0;
 			pthread_mutex_unlock(&tm->mu);
 		}
-		if (!leave_all(tm, n, h, KVT_TIER_HBM))
+		if (!leave_all(tm, n, h, KVT_TIER_HBM, why))
 			break;
 	}
 out:
@@ -369,7 +373,7 @@ int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free)
 	for (;;) {
 		bool saw_busy = false;
 		pthread_mutex_lock(&tm->ctx_inline.mu);
-		uint32_t got = tm_evict_t0(tm, &tm->ctx_inline, n_free, &saw_busy);
+		uint32_t got = tm_evict_t0(tm, &tm->ctx_inline, n_free, &saw_busy, KVT_TM_PRESSURE_ROOM);
 		pthread_mutex_unlock(&tm->ctx_inline.mu);
 		if (got >= n_free)
 			return KVT_OK;
@@ -402,7 +406,7 @@ void tm_release_tier(kvt_tm *tm, int tier)
 		for (uint32_t i = 0; i < n; i++) {
 			bool dropped;
 			int kind;
-			n_left += tm_leave_tier(tm, h[i], tier, &dropped, &kind);
+			n_left += tm_leave_tier(tm, h[i], tier, &dropped, &kind, KVT_TM_PRESSURE_NONE);
 		}
 		if (!n_left)
 			break;

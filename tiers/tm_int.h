@@ -159,6 +159,7 @@ struct kvt_tm {
 	bool rwriter_started;
 	struct tm_lay *lay;            /* kvt_tm_promote_layered's stream, events and staging; NULL until first use */
 	bool lay_active;               /* a layered promotion is in flight (tm->mu) */
+	struct tm_tomb *tomb;          /* the blocks that left their last tier (tm_miss.c) */
 	kvt_tm_prefix *lay_owner;      /* the prefix handle whose layered promotion is in flight (tiers/prefix.c;
 	                                  the compute-stream thread only) */
 };
@@ -188,11 +189,12 @@ void tm_kick(kvt_tm *tm);
 
 /* ---- tm_evict.c: eviction and demotion ---------------------------------- */
 
-/* The block left tier (unpinned): clear its slot, drop the manager's reference; true if it left. */
-bool tm_leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped, int *kind);
-/* Make T0 (T1) hold at least want_free free slots; returns the free slots after. */
-uint32_t tm_evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy);
-uint32_t tm_evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free);
+/* The block left tier (unpinned): clear its slot, drop the manager's reference; true if it left.
+ * Left its last tier: remembered (tm_tomb_dropped) under pressure why. */
+bool tm_leave_tier(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, bool *dropped, int *kind, int why);
+/* Make T0 (T1) hold at least want_free free slots; returns the free slots after. why: enum kvt_tm_pressure. */
+uint32_t tm_evict_t0(kvt_tm *tm, tm_ctx *c, uint32_t want_free, bool *saw_busy, int why);
+uint32_t tm_evict_t1(kvt_tm *tm, tm_ctx *c, uint32_t want_free, int why);
 /* Free T2 space down to bytes_target used. */
 void tm_evict_t2(kvt_tm *tm, tm_ctx *c, uint64_t bytes_target);
 /* Release every T0/T1 slot the manager holds (shutdown). */
@@ -239,6 +241,19 @@ void tm_remote_queue_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES]);
 void *tm_remote_main(void *arg); /* the T3 writer thread (arg: the manager) */
 /* Look up the ticket's blocks [lo, n) in T3 and bring the run found to the ticket's tier. */
 void tm_remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo);
+
+/* ---- tm_miss.c: tombstones of blocks gone, for miss explanations -------- */
+
+typedef struct tm_tomb tm_tomb;
+int tm_tomb_create(kvt_tm *tm);   /* KVT_ENOMEM */
+void tm_tomb_destroy(kvt_tm *tm); /* NULL-safe */
+/* Remember that block h left its last tier (tier) for reason under pressure. */
+void tm_tomb_put(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], int tier, int reason, int pressure);
+/* The block e left its last tier under pressure (NONE: shutdown, not remembered): evicted, expired or lost. */
+void tm_tomb_dropped(kvt_tm *tm, const kvt_btable_entry *e, int tier, int pressure);
+uint64_t tm_tomb_count(kvt_tm *tm); /* tombstones held */
+/* The retention of block h ended (the ledger's on_expired; a leaf lock only): evicted later, it expired. */
+void tm_tomb_expired(void *tm, const uint8_t *h);
 
 /* ---- tm_layered.c -------------------------------------------------------- */
 

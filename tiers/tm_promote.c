@@ -39,6 +39,7 @@ static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 	if (rc != KVT_OK)
 		return;
 	(void)tm_row_delete_then_free(tm, 0, h, &old); /* the extent stays quarantined in the store */
+	tm_tomb_put(tm, h, KVT_TIER_NVME, KVT_TM_MISS_FAILED_VERIFICATION, KVT_TM_PRESSURE_NONE);
 	pthread_mutex_lock(&tm->mu);
 	tm->st.tier[KVT_TIER_NVME].n_corrupt++;
 	pthread_mutex_unlock(&tm->mu);
@@ -80,7 +81,7 @@ static int promote_read_t2(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES
 			   int32_t *t1s, const void **packed, uint64_t *bytes_from)
 {
 	if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK) {
-		tm_evict_t1(tm, c, 1);
+		tm_evict_t1(tm, c, 1, KVT_TM_PRESSURE_ROOM);
 		if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK)
 			*t1s = -1;
 	}
@@ -150,7 +151,7 @@ static int promote_move(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], 
 {
 	int32_t s0 = -1;
 	if (tier == KVT_TIER_HBM && kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK) {
-		tm_evict_t0(tm, c, 1, NULL);
+		tm_evict_t0(tm, c, 1, NULL, KVT_TM_PRESSURE_ROOM);
 		if (kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK)
 			return KVT_EFULL;
 	}

@@ -306,7 +306,7 @@ static bool remote_fill_t1(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES
 {
 	int32_t s1;
 	if (kvt_t1_alloc(tm->t1, &s1) != KVT_OK) {
-		tm_evict_t1(tm, c, 1);
+		tm_evict_t1(tm, c, 1, KVT_TM_PRESSURE_ROOM);
 		if (kvt_t1_alloc(tm->t1, &s1) != KVT_OK)
 			return false;
 	}
