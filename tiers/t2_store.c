@@ -664,6 +664,16 @@ void kvt_t2_free(kvt_t2_store *s, const kvt_t2_loc *loc)
 			 (unsigned long long)loc->off, loc->extent_bytes);
 }
 
+int kvt_t2_holds(kvt_t2_store *s, const kvt_t2_loc *loc)
+{
+	if (!loc_ok(s, loc, "holds", false))
+		return KVT_EINVAL;
+	pthread_mutex_lock(&s->mu);
+	bool used = kvt_t2_alloc_is_used(&s->alloc, loc->off / KVT_T2_UNIT_BYTES, loc->extent_bytes / KVT_T2_UNIT_BYTES);
+	pthread_mutex_unlock(&s->mu);
+	return used ? KVT_OK : KVT_ENOTFOUND;
+}
+
 void kvt_t2_release_quarantine(kvt_t2_store *s)
 {
 	pthread_mutex_lock(&s->mu);
@@ -930,12 +940,25 @@ static void rdone(void *ctx, kvt_t2_job *job)
 	}
 }
 
-int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
-		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results)
+/*
+ * A read batch: KVT_OK or, for a loc not to be read, why (KVT_EINVAL: bad
+ * geometry or no payload buffer, logged; with live, KVT_ENOTFOUND: the
+ * extent is not in use, i.e. never written or freed).
+ */
+static int read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results, bool live)
 {
 	double t0 = kvt_now_s();
 	for (uint32_t i = 0; i < n; i++)
 		results[i] = loc_ok(s, &locs[i], "read", true) && payloads[i] ? KVT_OK : KVT_EINVAL;
+	if (live) {
+		pthread_mutex_lock(&s->mu);
+		for (uint32_t i = 0; i < n; i++)
+			if (results[i] == KVT_OK && !kvt_t2_alloc_is_used(&s->alloc, locs[i].off / KVT_T2_UNIT_BYTES,
+									 locs[i].extent_bytes / KVT_T2_UNIT_BYTES))
+				results[i] = KVT_ENOTFOUND;
+		pthread_mutex_unlock(&s->mu);
+	}
 
 	rbatch b = { .s = s, .locs = locs, .expect = expect_hash, .metas = metas, .payloads = payloads,
 		     .cap = payload_cap, .results = results };
@@ -946,12 +969,24 @@ int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const
 
 	pthread_mutex_lock(&s->mu);
 	for (uint32_t i = 0; i < n; i++)
-		s->n_reads += results[i] != KVT_EINVAL;
+		s->n_reads += results[i] != KVT_EINVAL && results[i] != KVT_ENOTFOUND; /* those were not read */
 	s->n_corrupt += b.n_corrupt;
 	s->bytes_read += b.bytes;
 	s->read_s += kvt_now_s() - t0;
 	pthread_mutex_unlock(&s->mu);
 	return first_error(n, results);
+}
+
+int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results)
+{
+	return read_batch(s, n, locs, expect_hash, metas, payloads, payload_cap, results, false);
+}
+
+int kvt_t2_read_batch_live(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+			   kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results)
+{
+	return read_batch(s, n, locs, expect_hash, metas, payloads, payload_cap, results, true);
 }
 
 int kvt_t2_read(kvt_t2_store *s, const kvt_t2_loc *loc, const uint8_t expect_hash[32], kvt_t2_block_meta *meta_out,

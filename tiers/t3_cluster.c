@@ -371,6 +371,11 @@ static void take_reply(kvt_rc *c, kvt_rc_op *op, redisReply *r)
 		freeReplyObject(r);
 		return;
 	}
+	if (op->verb != KVT_RC_GET_SET) { /* DEL, EXISTS: the number of keys */
+		op->rc = r->type != REDIS_REPLY_INTEGER ? KVT_EINVAL : r->integer > 0 ? KVT_OK : KVT_ENOTFOUND;
+		freeReplyObject(r);
+		return;
+	}
 	if (op->val) {
 		op->rc = r->type == REDIS_REPLY_STATUS ? KVT_OK : KVT_EINVAL;
 		freeReplyObject(r);
@@ -400,7 +405,11 @@ static void append_op(rc_node *nd, kvt_rc_op *op)
 	int argc;
 	if (op->asking_)
 		redisAppendCommand(nd->ctx, "ASKING");
-	if (op->val) {
+	if (op->verb != KVT_RC_GET_SET) {
+		argv[0] = op->verb == KVT_RC_DEL ? "DEL" : "EXISTS", len[0] = strlen(argv[0]);
+		argv[1] = op->key, len[1] = op->key_bytes;
+		argc = 2;
+	} else if (op->val) {
 		argv[0] = "SET", len[0] = 3;
 		argv[1] = op->key, len[1] = op->key_bytes;
 		argv[2] = op->val, len[2] = op->val_bytes;
