@@ -3,7 +3,8 @@
  *   t2_record.c  the on-disk record: encode, verify, checksum, compression;
  *   t2_alloc.c   the 4 KiB-unit bitmap allocator and its exact-size free lists;
  *   t2_io.c      the I/O engines (io_uring contexts, the pread/pwrite pool);
- *   t2_store.c   open/close, the superblock, batches, scan, stats.
+ *   t2_super.c   the superblock: encode, parse, load, write, probe;
+ *   t2_store.c   open/close, repair and salvage, batches, scan, stats.
  * Nothing here is visible outside tiers/t2_*.c, except the record functions,
  * which tiers/t3_remote.c uses to seal and verify T3 (remote) records too.
  */
@@ -20,12 +21,28 @@
 #define KVT_T2_MIN_HEADER_BYTES 160u
 #define KVT_T2_REC_MODEL_OFF 16u /* the model fingerprint's offset in a record header */
 
+/* ---- t2_super.c ---- */
+
 /*
  * Parse superblock copy `copy` from b (n bytes available): KVT_OK and *out,
  * or KVT_EINVAL (no magic: not a T2 file), KVT_ECORRUPT (short, checksum,
  * misplaced copy), KVT_EUNSUPPORTED (newer format, other unit), *why saying which.
  */
 int kvt_t2_sb_parse(const uint8_t *b, size_t n, uint32_t copy, kvt_t2_info *out, const char **why);
+/*
+ * Read the copies in the first n bytes of fd into buf ([KVT_T2_SB_COPIES][4096],
+ * aligned) and pick the newest valid one into *out; why[i] says why copy i did
+ * not verify (NULL when it did). KVT_OK, KVT_EINVAL (not a T2 file),
+ * KVT_EUNSUPPORTED (newer format), KVT_ECORRUPT (no copy verifies), KVT_EIO.
+ */
+int kvt_t2_sb_load(const kvt_t2_io_ops *ops, int fd, uint8_t *buf, uint64_t n, kvt_t2_info *out,
+		   const char *why[KVT_T2_SB_COPIES]);
+/*
+ * Write and fdatasync every copy of s's superblock with high-water gen_limit
+ * and the next sequence, one after the other. KVT_OK or KVT_EIO (logged; a
+ * failed fdatasync also turns s read-only). Caller holds s->mu (or is open).
+ */
+int kvt_t2_sb_write(kvt_t2_store *s, uint64_t gen_limit);
 
 static inline uint64_t kvt_t2_round_up(uint64_t x, uint64_t a)
 {
@@ -180,8 +197,46 @@ uint8_t *kvt_t2_ioctx_scratch(kvt_t2_ioctx *c);
  * not durable.
  */
 int kvt_t2_io_run(kvt_t2_io *io, kvt_t2_ioctx *c, uint32_t n, const kvt_t2_batch_cb *cb);
+/* Fill *out from o (may be NULL): o's members, the real syscalls where o gives none. */
+void kvt_t2_io_ops_resolve(const kvt_t2_io_ops *o, kvt_t2_io_ops *out);
+/* Size in bytes of the block device open at fd (0 when it cannot be read). */
+uint64_t kvt_t2_io_blockdev_bytes(int fd);
 /* Whole synchronous pread/pwrite through the ops (loops on short counts, EINTR, EAGAIN): 0 or -errno. */
 int kvt_t2_io_pread_full(const kvt_t2_io_ops *ops, int fd, void *buf, size_t n, uint64_t off);
 int kvt_t2_io_pwrite_full(const kvt_t2_io_ops *ops, int fd, const void *buf, size_t n, uint64_t off);
+
+/* ---- the store's state (t2_store.c, t2_super.c) ---- */
+
+/* Opaque outside tiers/t2_*.c; see t2_store.c for its invariants and locking. */
+struct kvt_t2_store {
+	int fd;                   /* the data file */
+	int lock_fd;              /* a second open file description of it, holding the flock (O_EXCL for a device) */
+	bool blockdev;            /* the path is a block device (no ftruncate/fallocate; size from BLKGETSIZE64) */
+	char *path;               /* for log lines */
+	kvt_t2_io_ops ops;        /* every member set (real syscalls where cfg gave NULL) */
+	uint8_t model_fp[32];     /* expected in every record */
+	uint64_t file_bytes;      /* file size = superblock + record units */
+	uint32_t max_raw;         /* largest payload accepted */
+	size_t slot_bytes;        /* staging slot: the largest extent */
+	uint32_t sync_every;      /* writes between background fdatasyncs inside a batch (0: none) */
+	uint8_t comp;             /* enum kvt_t2_comp to try (NONE: compression off) */
+	bool direct;              /* O_DIRECT */
+	kvt_t2_io *io;            /* I/O engine */
+	uint8_t *sb;              /* [KVT_T2_SB_COPIES][4096] superblock staging, aligned; under mu */
+	uint32_t n_sb;            /* superblock copies at units [0, n_sb); records start at unit n_sb */
+	uint64_t sb_seq;          /* sequence of the newest superblock written (newest valid copy wins) */
+	uint8_t owner[KVT_T2_OWNER_BYTES]; /* the index this file belongs to (zeros: none recorded) */
+	uint64_t intact_bytes;    /* bytes found holding data at open (less than file_bytes: recreated or truncated) */
+
+	pthread_mutex_t sync_mu;  /* orders the final fdatasync of concurrent write batches */
+	pthread_mutex_t mu;       /* guards everything below */
+	kvt_t2_alloc alloc;       /* free map */
+	uint64_t next_gen;        /* next generation to hand out */
+	uint64_t gen_limit;       /* durable high-water: next_gen < gen_limit to hand out */
+	bool degraded, read_only;
+	uint64_t n_reads, n_writes, bytes_read, bytes_written, raw_bytes_written, n_compressed;
+	uint64_t n_corrupt, n_enospc;
+	double read_s, write_s;
+};
 
 #endif

@@ -25,13 +25,18 @@
  * The thread pool is shared by all contexts: workers take jobs from one queue
  * and post each finished job to its context's completion queue.
  */
+#define _GNU_SOURCE /* fallocate */
 #include "t2_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/ioctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #define KVT_T2_MAX_AGAIN 1000u
 #define KVT_T2_HUGE_BYTES (2u << 20) /* x86-64 / arm64 (4 KiB base) transparent huge page */
@@ -560,4 +565,29 @@ int kvt_t2_io_run(kvt_t2_io *io, kvt_t2_ioctx *c, uint32_t n, const kvt_t2_batch
 		}
 	}
 	return sync_err;
+}
+
+/* ---- the real syscalls, as the default ops ---- */
+static ssize_t real_pread(void *ctx, int fd, void *buf, size_t n, off_t off) { return pread(fd, buf, n, off); }
+static ssize_t real_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off) { return pwrite(fd, buf, n, off); }
+static int real_fdatasync(void *ctx, int fd) { return fdatasync(fd); }
+static int real_fallocate(void *ctx, int fd, off_t off, off_t len) { return fallocate(fd, 0, off, len); }
+
+void kvt_t2_io_ops_resolve(const kvt_t2_io_ops *o, kvt_t2_io_ops *out)
+{
+	out->pread = o && o->pread ? o->pread : real_pread;
+	out->pwrite = o && o->pwrite ? o->pwrite : real_pwrite;
+	out->fdatasync = o && o->fdatasync ? o->fdatasync : real_fdatasync;
+	out->fallocate = o && o->fallocate ? o->fallocate : real_fallocate;
+	out->uring_setup = o ? o->uring_setup : NULL;
+	out->uring_result = o ? o->uring_result : NULL;
+	out->ctx = o ? o->ctx : NULL;
+}
+
+uint64_t kvt_t2_io_blockdev_bytes(int fd)
+{
+	uint64_t n = 0;
+	if (ioctl(fd, BLKGETSIZE64, &n) != 0)
+		return 0;
+	return n;
 }

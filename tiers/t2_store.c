@@ -1,8 +1,10 @@
 /*
- * tiers/t2_store.c — T2, the NVMe tier: the data file, its superblock, write
- * and read batches, scan, free-space accounting and statistics (the record
- * format, the allocator and the I/O engines are in t2_record.c, t2_alloc.c
- * and t2_io.c; the contract is t2_store.h).
+ * tiers/t2_store.c — T2, the NVMe tier: the data file (open, check, repair,
+ * salvage), write and read batches, scan, free-space accounting and
+ * statistics (the superblock's format and I/O, the record format, the
+ * allocator and the I/O engines are in t2_super.c, t2_record.c, t2_alloc.c
+ * and t2_io.c; the contract is t2_store.h; the store's state, struct
+ * kvt_t2_store, is in t2_int.h).
  *
  * Invariants:
  *  - A result of KVT_OK from kvt_t2_write_batch means the record's bytes were
@@ -43,263 +45,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/fs.h>
 #include <sys/file.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #define KVT_T2_DEFAULT_QD 32u
 #define KVT_T2_DEFAULT_MAX_RAW (4u << 20)
 #define KVT_T2_SCAN_WINDOW (4u << 20)
 
-struct kvt_t2_store {
-	int fd;                   /* the data file */
-	int lock_fd;              /* a second open file description of it, holding the flock (O_EXCL for a device) */
-	bool blockdev;            /* the path is a block device (no ftruncate/fallocate; size from BLKGETSIZE64) */
-	char *path;               /* for log lines */
-	kvt_t2_io_ops ops;        /* every member set (real syscalls where cfg gave NULL) */
-	uint8_t model_fp[32];     /* expected in every record */
-	uint64_t file_bytes;      /* file size = superblock + record units */
-	uint32_t max_raw;         /* largest payload accepted */
-	size_t slot_bytes;        /* staging slot: the largest extent */
-	uint32_t sync_every;      /* writes between background fdatasyncs inside a batch (0: none) */
-	uint8_t comp;             /* enum kvt_t2_comp to try (NONE: compression off) */
-	bool direct;              /* O_DIRECT */
-	kvt_t2_io *io;            /* I/O engine */
-	uint8_t *sb;              /* [KVT_T2_SB_COPIES][4096] superblock staging, aligned; under mu */
-	uint32_t n_sb;            /* superblock copies at units [0, n_sb); records start at unit n_sb */
-	uint64_t sb_seq;          /* sequence of the newest superblock written (newest valid copy wins) */
-	uint8_t owner[KVT_T2_OWNER_BYTES]; /* the index this file belongs to (zeros: none recorded) */
-	uint64_t intact_bytes;    /* bytes found holding data at open (less than file_bytes: recreated or truncated) */
-
-	pthread_mutex_t sync_mu;  /* orders the final fdatasync of concurrent write batches */
-	pthread_mutex_t mu;       /* guards everything below */
-	kvt_t2_alloc alloc;       /* free map */
-	uint64_t next_gen;        /* next generation to hand out */
-	uint64_t gen_limit;       /* durable high-water: next_gen < gen_limit to hand out */
-	bool degraded, read_only;
-	uint64_t n_reads, n_writes, bytes_read, bytes_written, raw_bytes_written, n_compressed;
-	uint64_t n_corrupt, n_enospc;
-	double read_s, write_s;
-};
-
-/* ---- the real syscalls, as the default ops ---- */
-static ssize_t real_pread(void *ctx, int fd, void *buf, size_t n, off_t off) { return pread(fd, buf, n, off); }
-static ssize_t real_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off) { return pwrite(fd, buf, n, off); }
-static int real_fdatasync(void *ctx, int fd) { return fdatasync(fd); }
-static int real_fallocate(void *ctx, int fd, off_t off, off_t len) { return fallocate(fd, 0, off, len); }
-
-/* ---- superblock ---- */
-/* Size in bytes of a block device. */
-static uint64_t blockdev_bytes(int fd)
-{
-	uint64_t n = 0;
-	if (ioctl(fd, BLKGETSIZE64, &n) != 0)
-		return 0;
-	return n;
-}
-
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-/* Field offsets of a superblock copy (t2_store.h). */
-enum {
-	SB_MAGIC = 0, SB_VERSION = 8, SB_CAPACITY = 16, SB_MODEL = 24, SB_GEN_LIMIT = 56, SB_CSUM1 = 64, SB_SEQ = 72,
-	SB_OWNER = 80, SB_COPY = 96, SB_N_COPIES = 98, SB_CSUM2 = 104, SB_BYTES = 112,
-};
-
+/* Whether n bytes at p are all zero (a blank superblock, an unset owner or model). */
 static bool all_zero(const uint8_t *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (p[i])
 			return false;
 	return true;
-}
-
-/* Encode copy `copy` of the superblock into b (one unit). */
-static void sb_encode(const kvt_t2_store *s, uint32_t copy, uint64_t gen_limit, uint64_t seq, uint8_t *b)
-{
-	memset(b, 0, KVT_T2_UNIT_BYTES);
-	memcpy(b + SB_MAGIC, KVT_T2_SB_MAGIC, 8);
-	put64(b + SB_VERSION, (uint64_t)KVT_T2_SB_VERSION | (uint64_t)KVT_T2_UNIT_BYTES << 32);
-	put64(b + SB_CAPACITY, s->file_bytes);
-	memcpy(b + SB_MODEL, s->model_fp, 32);
-	put64(b + SB_GEN_LIMIT, gen_limit);
-	put64(b + SB_CSUM1, XXH3_64bits(b, SB_CSUM1));
-	put64(b + SB_SEQ, seq);
-	memcpy(b + SB_OWNER, s->owner, KVT_T2_OWNER_BYTES);
-	put16(b + SB_COPY, (uint16_t)copy);
-	put16(b + SB_N_COPIES, (uint16_t)s->n_sb);
-	put64(b + SB_CSUM2, XXH3_64bits(b, SB_CSUM2));
-}
-
-/*
- * Write and fdatasync every superblock copy with high-water gen_limit, one
- * after the other: a crash tears at most the copy being written, and the
- * others still hold the previous high-water, below which nothing was handed
- * out yet. Caller holds mu (or is open).
- */
-static int sb_write(kvt_t2_store *s, uint64_t gen_limit)
-{
-	s->sb_seq++;
-	for (uint32_t i = 0; i < s->n_sb; i++) {
-		sb_encode(s, i, gen_limit, s->sb_seq, s->sb);
-		int r = kvt_t2_io_pwrite_full(&s->ops, s->fd, s->sb, KVT_T2_UNIT_BYTES, (uint64_t)i * KVT_T2_UNIT_BYTES);
-		if (r) {
-			KVT_LOGE("t2 %s: superblock copy %u write failed: %s", s->path, i, strerror(-r));
-			return KVT_EIO;
-		}
-		if (s->ops.fdatasync(s->ops.ctx, s->fd) != 0) {
-			KVT_LOGE("t2 %s: fdatasync of superblock copy %u failed: %s; T2 is now read-only", s->path, i,
-				 strerror(errno));
-			s->read_only = true;
-			return KVT_EIO;
-		}
-	}
-	return KVT_OK;
-}
-
-int kvt_t2_sb_parse(const uint8_t *b, size_t n, uint32_t copy, kvt_t2_info *out, const char **why)
-{
-	if (n < SB_CSUM1 + 8)
-		return *why = "short (the file ends inside it)", KVT_ECORRUPT;
-	if (memcmp(b + SB_MAGIC, KVT_T2_SB_MAGIC, 8) != 0)
-		return *why = "bad magic", KVT_EINVAL;
-	if (get64(b + SB_CSUM1) != XXH3_64bits(b, SB_CSUM1))
-		return *why = "checksum mismatch", KVT_ECORRUPT;
-	uint64_t ver = get64(b + SB_VERSION);
-	if ((ver >> 32) != KVT_T2_UNIT_BYTES)
-		return *why = "unit size is not 4096", KVT_EUNSUPPORTED;
-	memset(out, 0, sizeof(*out));
-	out->version = (uint32_t)ver;
-	out->capacity_bytes = get64(b + SB_CAPACITY);
-	memcpy(out->model_fp, b + SB_MODEL, 32);
-	out->gen_limit = get64(b + SB_GEN_LIMIT);
-	if (out->version == 1) {
-		/* format 1: one copy in unit 0, no owner; records from unit 1 */
-		if (copy != 0)
-			return *why = "format 1 has no second copy", KVT_ECORRUPT;
-		out->n_copies = 1;
-		return KVT_OK;
-	}
-	if (out->version != KVT_T2_SB_VERSION)
-		return *why = "format version written by a newer kvtier", KVT_EUNSUPPORTED;
-	if (n < SB_BYTES)
-		return *why = "short (the file ends inside it)", KVT_ECORRUPT;
-	if (get64(b + SB_CSUM2) != XXH3_64bits(b, SB_CSUM2))
-		return *why = "checksum mismatch", KVT_ECORRUPT;
-	out->n_copies = get16(b + SB_N_COPIES);
-	if (get16(b + SB_COPY) != copy || out->n_copies < 1 || out->n_copies > KVT_T2_SB_COPIES || copy >= out->n_copies)
-		return *why = "copy number out of place", KVT_ECORRUPT;
-	out->seq = get64(b + SB_SEQ);
-	memcpy(out->owner_id, b + SB_OWNER, KVT_T2_OWNER_BYTES);
-	if (out->capacity_bytes % KVT_T2_UNIT_BYTES || out->capacity_bytes <= (uint64_t)out->n_copies * KVT_T2_UNIT_BYTES)
-		return *why = "capacity is not a whole number of units past the superblock", KVT_ECORRUPT;
-	return KVT_OK;
-}
-
-/*
- * Read every superblock copy present in the first n bytes of fd and pick the
- * newest valid one into *out (out->n_valid: how many verified; why[i]: the
- * reason copy i did not, NULL when it did). Returns KVT_OK, or the first
- * copy's error when none verified (KVT_EINVAL: not a T2 file at all;
- * KVT_EUNSUPPORTED: a newer format), KVT_EIO.
- */
-static int sb_load(const kvt_t2_io_ops *ops, int fd, uint8_t *buf, uint64_t n, kvt_t2_info *out,
-		   const char *why[KVT_T2_SB_COPIES])
-{
-	kvt_t2_info c[KVT_T2_SB_COPIES];
-	int rcs[KVT_T2_SB_COPIES];
-	int best = -1;
-	for (uint32_t i = 0; i < KVT_T2_SB_COPIES; i++) {
-		why[i] = NULL;
-		rcs[i] = KVT_ENOTFOUND;
-	}
-	uint64_t want = n < (uint64_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES ? n : (uint64_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES;
-	memset(buf, 0, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES);
-	/* whole units only (O_DIRECT); a partial last unit is read buffered by the caller's probe */
-	uint64_t whole = want / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
-	if (whole) {
-		int r = kvt_t2_io_pread_full(ops, fd, buf, whole, 0);
-		if (r)
-			return r;
-	}
-	for (uint32_t i = 0; i < KVT_T2_SB_COPIES; i++) {
-		uint64_t at = (uint64_t)i * KVT_T2_UNIT_BYTES;
-		size_t avail = whole > at ? KVT_T2_UNIT_BYTES : 0;
-		why[i] = NULL;
-		rcs[i] = kvt_t2_sb_parse(buf + at, avail, i, &c[i], &why[i]);
-		if (rcs[i] == KVT_OK && i > 0 && best >= 0 && c[best].n_copies <= i) {
-			why[i] = NULL; /* not a superblock copy: the record area */
-			rcs[i] = KVT_ENOTFOUND;
-			continue;
-		}
-		if (rcs[i] == KVT_OK && (best < 0 || c[i].seq > c[best].seq))
-			best = (int)i;
-		if (i == 0 && rcs[0] == KVT_OK && c[0].n_copies == 1)
-			break; /* format 1 (or one copy): unit 1 is a record */
-	}
-	if (best < 0)
-		return rcs[0] == KVT_EUNSUPPORTED || rcs[1] == KVT_EUNSUPPORTED ? KVT_EUNSUPPORTED
-		       : rcs[0] == KVT_EINVAL && rcs[1] == KVT_EINVAL ? KVT_EINVAL
-								    : KVT_ECORRUPT;
-	*out = c[best];
-	out->n_valid = 0;
-	for (uint32_t i = 0; i < out->n_copies; i++) {
-		if (rcs[i] == KVT_OK && c[i].seq == out->seq)
-			out->n_valid++;
-		else if (rcs[i] == KVT_OK)
-			why[i] = "older than the other copy";
-		else if (rcs[i] == KVT_ENOTFOUND)
-			why[i] = "missing";
-	}
-	return KVT_OK;
-}
-
-int kvt_t2_probe(const char *path, kvt_t2_info *out)
-{
-	uint8_t *buf = calloc(KVT_T2_SB_COPIES, KVT_T2_UNIT_BYTES);
-	const char *why[KVT_T2_SB_COPIES];
-	struct stat st;
-	int rc;
-	if (!buf)
-		return KVT_ENOMEM;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		int e = errno;
-		KVT_LOGE("t2 %s: %s", path, strerror(e));
-		free(buf);
-		return e == ENOENT ? KVT_ENOTFOUND : KVT_EIO;
-	}
-	if (fstat(fd, &st) != 0) {
-		KVT_LOGE("t2 %s: fstat: %s", path, strerror(errno));
-		close(fd);
-		free(buf);
-		return KVT_EIO;
-	}
-	kvt_t2_io_ops ops = { .pread = real_pread };
-	uint64_t size = S_ISBLK(st.st_mode) ? blockdev_bytes(fd) : (uint64_t)st.st_size;
-	rc = sb_load(&ops, fd, buf, size, out, why);
-	close(fd);
-	free(buf);
-	if (rc) {
-		KVT_LOGE("t2 %s: no valid superblock (copy 0: %s; copy 1: %s)", path, why[0] ? why[0] : "-",
-			 why[1] ? why[1] : "-");
-		return rc;
-	}
-	out->file_bytes = size;
-	return KVT_OK;
 }
 
 /* Size the file to capacity and preallocate [from, capacity): a sparse tail if there is no space now (degraded). */
@@ -354,7 +114,7 @@ static int file_create(kvt_t2_store *s, uint64_t capacity)
 	s->n_sb = KVT_T2_SB_COPIES;
 	s->next_gen = 1;
 	s->gen_limit = 1 + KVT_T2_GEN_CHUNK;
-	if ((rc = sb_write(s, s->gen_limit)))
+	if ((rc = kvt_t2_sb_write(s, s->gen_limit)))
 		return rc;
 	sync_dir(s);
 	return KVT_OK;
@@ -426,7 +186,7 @@ static int salvage(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, con
 	if (s->next_gen < 1)
 		s->next_gen = 1;
 	s->gen_limit = s->next_gen + KVT_T2_GEN_CHUNK;
-	if ((rc = sb_write(s, s->gen_limit)))
+	if ((rc = kvt_t2_sb_write(s, s->gen_limit)))
 		return rc;
 	s->intact_bytes = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES; /* what it held; any tail added is new */
 	KVT_LOGW("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); wrote %u new copies from the records "
@@ -467,16 +227,48 @@ static int sniff(kvt_t2_store *s, uint64_t size)
 }
 
 /*
- * Open an existing, non-empty file: pick the newest valid superblock copy,
- * check it against cfg, repair what can be repaired (a damaged copy, format
- * 1, a missing owner, a truncated tail) unless cfg.no_repair.
+ * A T2 file (or records) whose superblock copies all fail to verify: a file
+ * cut inside its superblock is made anew (KVT_ENOTFOUND), cfg.salvage writes
+ * new copies from the records, anything else is refused (logged).
  */
-static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size)
+static int sb_invalid(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, const char *const why[KVT_T2_SB_COPIES])
 {
-	kvt_t2_info in;
-	const char *why[KVT_T2_SB_COPIES];
-	bool repair = !cfg->no_repair, rewrite = false;
-	int rc = sb_load(&s->ops, s->fd, s->sb, size, &in, why);
+	bool repair = !cfg->no_repair;
+	char head[8];
+	size_t n_head = size < 8 ? (size_t)size : 8;
+	bool t2_head = pread(s->lock_fd, head, n_head, 0) == (ssize_t)n_head && memcmp(head, KVT_T2_SB_MAGIC, n_head) == 0;
+	if (size < KVT_T2_UNIT_BYTES && repair && t2_head) {
+		/* a T2 file cut inside its superblock: not one record can have survived */
+		KVT_LOGE("t2 %s: truncated to %llu bytes: no superblock and no record survive; a new, empty "
+			 "store is made in it",
+			 s->path, (unsigned long long)size);
+		return KVT_ENOTFOUND; /* the caller creates */
+	}
+	if (cfg->salvage && repair) {
+		memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
+		return salvage(s, cfg, size, why);
+	}
+	if (size < KVT_T2_UNIT_BYTES && !t2_head) {
+		KVT_LOGE("t2 %s: not a kvtier T2 file (%llu bytes that are no superblock)", s->path,
+			 (unsigned long long)size);
+		return KVT_EINVAL;
+	}
+	KVT_LOGE("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); the records carry their own headers: "
+		 "run `kvtier fsck --data-dir DIR` (or `kvtier rebuild-index`) on this data directory to write a "
+		 "new one",
+		 s->path, why[0] ? why[0] : "-", why[1] ? why[1] : "-");
+	return KVT_ECORRUPT;
+}
+
+/*
+ * No superblock copy loaded (rc from kvt_t2_sb_load): say why and decide.
+ * KVT_ENOTFOUND when the file is blank or a T2 file cut inside its
+ * superblock (the caller makes a new store in it); KVT_OK after a salvage
+ * (cfg.salvage); else the error, logged.
+ */
+static int sb_missing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, int rc,
+		      const char *const why[KVT_T2_SB_COPIES])
+{
 	if (rc == KVT_EIO) {
 		KVT_LOGE("t2 %s: superblock read failed", s->path);
 		return KVT_EIO;
@@ -498,42 +290,22 @@ static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t siz
 		KVT_LOGE("t2 %s: not a kvtier T2 file (bad superblock magic)", s->path);
 		return KVT_EINVAL;
 	}
-	if (rc) {
-		char head[8];
-		size_t n_head = size < 8 ? (size_t)size : 8;
-		bool t2_head = pread(s->lock_fd, head, n_head, 0) == (ssize_t)n_head && memcmp(head, KVT_T2_SB_MAGIC, n_head) == 0;
-		if (size < KVT_T2_UNIT_BYTES && repair && t2_head) {
-			/* a T2 file cut inside its superblock: not one record can have survived */
-			KVT_LOGE("t2 %s: truncated to %llu bytes: no superblock and no record survive; a new, empty "
-				 "store is made in it",
-				 s->path, (unsigned long long)size);
-			return KVT_ENOTFOUND; /* the caller creates */
-		}
-		if (cfg->salvage && repair) {
-			memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
-			return salvage(s, cfg, size, why);
-		}
-		if (size < KVT_T2_UNIT_BYTES && !t2_head) {
-			KVT_LOGE("t2 %s: not a kvtier T2 file (%llu bytes that are no superblock)", s->path,
-				 (unsigned long long)size);
-			return KVT_EINVAL;
-		}
-		KVT_LOGE("t2 %s: no valid superblock (copy 0: %s; copy 1: %s); the records carry their own headers: "
-			 "run `kvtier fsck --data-dir DIR` (or `kvtier rebuild-index`) on this data directory to write a "
-			 "new one",
-			 s->path, why[0] ? why[0] : "-", why[1] ? why[1] : "-");
-		return KVT_ECORRUPT;
-	}
-	if (memcmp(in.model_fp, s->model_fp, 32) != 0) {
+	return sb_invalid(s, cfg, size, why);
+}
+
+/* The superblock names this store's model and, when both record one, its owning index. */
+static int sb_check_identity(const kvt_t2_store *s, const kvt_t2_config *cfg, const kvt_t2_info *in)
+{
+	if (memcmp(in->model_fp, s->model_fp, 32) != 0) {
 		KVT_LOGE("t2 %s: file was written for another model (fingerprint differs); open with reset to discard it",
 			 s->path);
 		return KVT_EINVAL;
 	}
-	if (!all_zero(cfg->owner_id, KVT_T2_OWNER_BYTES) && !all_zero(in.owner_id, KVT_T2_OWNER_BYTES) &&
-	    memcmp(cfg->owner_id, in.owner_id, KVT_T2_OWNER_BYTES) != 0) {
+	if (!all_zero(cfg->owner_id, KVT_T2_OWNER_BYTES) && !all_zero(in->owner_id, KVT_T2_OWNER_BYTES) &&
+	    memcmp(cfg->owner_id, in->owner_id, KVT_T2_OWNER_BYTES) != 0) {
 		char a[2 * KVT_T2_OWNER_BYTES + 1], b[2 * KVT_T2_OWNER_BYTES + 1];
 		for (int i = 0; i < KVT_T2_OWNER_BYTES; i++) {
-			snprintf(a + 2 * i, 3, "%02x", in.owner_id[i]);
+			snprintf(a + 2 * i, 3, "%02x", in->owner_id[i]);
 			snprintf(b + 2 * i, 3, "%02x", cfg->owner_id[i]);
 		}
 		KVT_LOGE("t2 %s: belongs to another index (its owner id is %s, this index's is %s): another data "
@@ -543,46 +315,67 @@ static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t siz
 			 s->path, a, b);
 		return KVT_EINVAL;
 	}
-	if (in.capacity_bytes > size) {
+	return KVT_OK;
+}
+
+/*
+ * The file's size against the superblock's: sets intact_bytes (a truncated
+ * file keeps the bytes before the cut); a file longer than its superblock
+ * says (not a block device) is KVT_ECORRUPT.
+ */
+static int sb_check_size(kvt_t2_store *s, const kvt_t2_info *in, uint64_t size, bool repair)
+{
+	if (in->capacity_bytes > size) {
 		uint64_t cut = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
 		KVT_LOGE("t2 %s: truncated: the file has %llu bytes but its superblock says %llu; every record past "
 			 "byte %llu is lost%s",
-			 s->path, (unsigned long long)size, (unsigned long long)in.capacity_bytes,
+			 s->path, (unsigned long long)size, (unsigned long long)in->capacity_bytes,
 			 (unsigned long long)cut, repair ? " (the file is extended back to its size)" : "");
 		s->intact_bytes = cut;
-	} else if (in.capacity_bytes < size && !s->blockdev) {
+	} else if (in->capacity_bytes < size && !s->blockdev) {
 		KVT_LOGE("t2 %s: superblock says %llu bytes but the file has %llu", s->path,
-			 (unsigned long long)in.capacity_bytes, (unsigned long long)size);
+			 (unsigned long long)in->capacity_bytes, (unsigned long long)size);
 		return KVT_ECORRUPT;
 	} else {
-		s->intact_bytes = in.capacity_bytes;
+		s->intact_bytes = in->capacity_bytes;
 	}
-	memcpy(s->owner, in.owner_id, KVT_T2_OWNER_BYTES);
-	s->n_sb = in.n_copies;
-	s->sb_seq = in.seq;
-	s->gen_limit = in.gen_limit;
-	s->next_gen = in.gen_limit; /* numbers below it may have been handed out */
-	s->file_bytes = in.capacity_bytes;
-	if (!repair) {
-		if (s->intact_bytes < s->file_bytes)
-			s->file_bytes = s->intact_bytes > (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES
-						? s->intact_bytes
-						: (uint64_t)(s->n_sb + 1) * KVT_T2_UNIT_BYTES;
-		return KVT_OK;
-	}
-	if (s->intact_bytes < in.capacity_bytes) {
+	return KVT_OK;
+}
+
+/* Take the superblock's layout, owner and generation high-water as the store's. */
+static void sb_adopt(kvt_t2_store *s, const kvt_t2_info *in)
+{
+	memcpy(s->owner, in->owner_id, KVT_T2_OWNER_BYTES);
+	s->n_sb = in->n_copies;
+	s->sb_seq = in->seq;
+	s->gen_limit = in->gen_limit;
+	s->next_gen = in->gen_limit; /* numbers below it may have been handed out */
+	s->file_bytes = in->capacity_bytes;
+}
+
+/*
+ * Repair what the superblock check found: extend a truncated file back to
+ * its size, rewrite a damaged copy, upgrade format 1, record the owner when
+ * none is; then write the copies once if any of them asked for it.
+ */
+static int sb_repair(kvt_t2_store *s, const kvt_t2_config *cfg, const kvt_t2_info *in,
+		     const char *const why[KVT_T2_SB_COPIES])
+{
+	bool rewrite = false;
+	int rc;
+	if (s->intact_bytes < in->capacity_bytes) {
 		uint64_t from = s->intact_bytes;
 		s->file_bytes = from;
-		if ((rc = file_size_to(s, from, in.capacity_bytes)))
+		if ((rc = file_size_to(s, from, in->capacity_bytes)))
 			return rc;
 		rewrite = true;
 	}
-	if (in.n_valid < in.n_copies) {
+	if (in->n_valid < in->n_copies) {
 		KVT_LOGW("t2 %s: superblock copy %s is damaged (%s); rewriting it from copy %s", s->path,
 			 why[0] ? "0" : "1", why[0] ? why[0] : why[1], why[0] ? "1" : "0");
 		rewrite = true;
 	}
-	if (in.version == 1) {
+	if (in->version == 1) {
 		KVT_LOGI("t2 %s: superblock format 1 upgraded to %u (one copy: the file's records start at unit 1)",
 			 s->path, KVT_T2_SB_VERSION);
 		rewrite = true;
@@ -591,32 +384,62 @@ static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t siz
 		memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
 		rewrite = true;
 	}
-	if (rewrite && (rc = sb_write(s, s->gen_limit)))
+	if (rewrite && (rc = kvt_t2_sb_write(s, s->gen_limit)))
 		return rc;
 	return KVT_OK;
 }
 
-int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
+/*
+ * Open an existing, non-empty file: pick the newest valid superblock copy,
+ * check it against cfg, repair what can be repaired (a damaged copy, format
+ * 1, a missing owner, a truncated tail) unless cfg.no_repair.
+ */
+static int open_existing(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size)
 {
-	kvt_t2_store *s;
-	int rc;
+	kvt_t2_info in;
+	const char *why[KVT_T2_SB_COPIES];
+	bool repair = !cfg->no_repair;
+	int rc = kvt_t2_sb_load(&s->ops, s->fd, s->sb, size, &in, why);
+	if (rc)
+		return sb_missing(s, cfg, size, rc, why);
+	if ((rc = sb_check_identity(s, cfg, &in)) || (rc = sb_check_size(s, &in, size, repair)))
+		return rc;
+	sb_adopt(s, &in);
+	if (!repair) {
+		if (s->intact_bytes < s->file_bytes)
+			s->file_bytes = s->intact_bytes > (uint64_t)s->n_sb * KVT_T2_UNIT_BYTES
+						? s->intact_bytes
+						: (uint64_t)(s->n_sb + 1) * KVT_T2_UNIT_BYTES;
+		return KVT_OK;
+	}
+	return sb_repair(s, cfg, &in, why);
+}
 
+/* Check cfg's numbers; *qd, *max_raw, *n_ctx get them with the defaults filled in. */
+static int open_check_config(const kvt_t2_config *cfg, uint32_t *qd, uint32_t *max_raw, uint32_t *n_ctx)
+{
 	if (!cfg || !cfg->path || !*cfg->path) {
 		KVT_LOGE("t2: no data file path");
 		return KVT_EINVAL;
 	}
-	uint32_t qd = cfg->queue_depth ? cfg->queue_depth : KVT_T2_DEFAULT_QD;
-	uint32_t max_raw = cfg->max_raw_bytes ? cfg->max_raw_bytes : KVT_T2_DEFAULT_MAX_RAW;
-	uint32_t n_ctx = cfg->n_io_ctx ? cfg->n_io_ctx : 2;
-	if (qd > 1024 || cfg->io_mode < KVT_T2_IO_AUTO || cfg->io_mode > KVT_T2_IO_THREADS ||
-	    cfg->comp > KVT_T2_COMP_SHUF2_LZ4 || max_raw > KVT_T2_MAX_RAW_BYTES || n_ctx > 64) {
+	*qd = cfg->queue_depth ? cfg->queue_depth : KVT_T2_DEFAULT_QD;
+	*max_raw = cfg->max_raw_bytes ? cfg->max_raw_bytes : KVT_T2_DEFAULT_MAX_RAW;
+	*n_ctx = cfg->n_io_ctx ? cfg->n_io_ctx : 2;
+	if (*qd > 1024 || cfg->io_mode < KVT_T2_IO_AUTO || cfg->io_mode > KVT_T2_IO_THREADS ||
+	    cfg->comp > KVT_T2_COMP_SHUF2_LZ4 || *max_raw > KVT_T2_MAX_RAW_BYTES || *n_ctx > 64) {
 		KVT_LOGE("t2 %s: bad config (queue_depth %u of 1..1024, io_mode %d, comp %u, max_raw_bytes %u of at most %u, n_io_ctx %u of at most 64)",
-			 cfg->path, qd, cfg->io_mode, cfg->comp, max_raw, KVT_T2_MAX_RAW_BYTES, n_ctx);
+			 cfg->path, *qd, cfg->io_mode, cfg->comp, *max_raw, KVT_T2_MAX_RAW_BYTES, *n_ctx);
 		return KVT_EINVAL;
 	}
-	s = calloc(1, sizeof(*s));
+	return KVT_OK;
+}
+
+/* A store with nothing open yet: its buffers, I/O ops and settings from cfg. NULL: out of memory. */
+static kvt_t2_store *store_new(const kvt_t2_config *cfg, uint32_t max_raw)
+{
+	kvt_t2_store *s = calloc(1, sizeof(*s));
 	if (!s)
-		return KVT_ENOMEM;
+		return NULL;
 	s->fd = -1;
 	s->lock_fd = -1;
 	pthread_mutex_init(&s->mu, NULL);
@@ -624,34 +447,32 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 	s->path = strdup(cfg->path);
 	s->sb = aligned_alloc(KVT_T2_UNIT_BYTES, (size_t)KVT_T2_SB_COPIES * KVT_T2_UNIT_BYTES);
 	if (!s->path || !s->sb) {
-		rc = KVT_ENOMEM;
-		goto fail;
+		kvt_t2_close(s);
+		return NULL;
 	}
-	const kvt_t2_io_ops *o = cfg->io;
-	s->ops.pread = o && o->pread ? o->pread : real_pread;
-	s->ops.pwrite = o && o->pwrite ? o->pwrite : real_pwrite;
-	s->ops.fdatasync = o && o->fdatasync ? o->fdatasync : real_fdatasync;
-	s->ops.fallocate = o && o->fallocate ? o->fallocate : real_fallocate;
-	s->ops.uring_setup = o ? o->uring_setup : NULL;
-	s->ops.uring_result = o ? o->uring_result : NULL;
-	s->ops.ctx = o ? o->ctx : NULL;
+	kvt_t2_io_ops_resolve(cfg->io, &s->ops);
 	memcpy(s->model_fp, cfg->model_fp, 32);
 	memcpy(s->owner, cfg->owner_id, KVT_T2_OWNER_BYTES);
 	s->max_raw = max_raw;
 	s->slot_bytes = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + max_raw, KVT_T2_UNIT_BYTES);
 	s->sync_every = cfg->sync_every;
 	s->comp = cfg->compress ? (cfg->comp ? cfg->comp : KVT_T2_COMP_DEFAULT) : KVT_T2_COMP_NONE;
+	return s;
+}
 
+/*
+ * The lock: its own open file description, never handed to io_uring, so
+ * it dies with this process (a kill -9 included) even while the kernel
+ * still tears down the rings that reference the data descriptor. A block
+ * device is also claimed O_EXCL on it (exclusive against other O_EXCL
+ * openers and mounts). *existed: the path was there before (the lock
+ * creates a file).
+ */
+static int open_lock(kvt_t2_store *s, const kvt_t2_config *cfg, bool *existed)
+{
 	struct stat pre;
-	bool existed = stat(cfg->path, &pre) == 0;
-	s->blockdev = existed && S_ISBLK(pre.st_mode);
-	/*
-	 * The lock: its own open file description, never handed to io_uring, so
-	 * it dies with this process (a kill -9 included) even while the kernel
-	 * still tears down the rings that reference the data descriptor. A block
-	 * device is also claimed O_EXCL on it (exclusive against other O_EXCL
-	 * openers and mounts).
-	 */
+	*existed = stat(cfg->path, &pre) == 0;
+	s->blockdev = *existed && S_ISBLK(pre.st_mode);
 	s->lock_fd = s->blockdev ? open(cfg->path, O_RDONLY | O_CLOEXEC | O_EXCL)
 				 : open(cfg->path, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
 	if (s->lock_fd < 0) {
@@ -662,8 +483,7 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 				 cfg->path);
 		else
 			KVT_LOGE("t2 %s: cannot open: %s", cfg->path, strerror(e));
-		rc = e == EBUSY ? KVT_EINVAL : KVT_EIO;
-		goto fail;
+		return e == EBUSY ? KVT_EINVAL : KVT_EIO;
 	}
 	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
 		int e = errno;
@@ -674,10 +494,14 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 				 cfg->path);
 		else
 			KVT_LOGE("t2 %s: cannot lock: %s", cfg->path, strerror(e));
-		rc = e == EWOULDBLOCK ? KVT_EINVAL : KVT_EIO;
-		goto fail;
+		return e == EWOULDBLOCK ? KVT_EINVAL : KVT_EIO;
 	}
+	return KVT_OK;
+}
 
+/* Open the data descriptor (O_DIRECT; buffered where refused and cfg allows) and read the size it has. */
+static int open_data(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t *size)
+{
 	s->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
 	s->direct = s->fd >= 0;
 	if (s->fd < 0 && errno == EINVAL && cfg->buffered_ok) {
@@ -687,21 +511,25 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 	}
 	if (s->fd < 0) {
 		KVT_LOGE("t2 %s: cannot open: %s", cfg->path, strerror(errno));
-		rc = errno == EINVAL ? KVT_EUNSUPPORTED : KVT_EIO;
-		goto fail;
+		return errno == EINVAL ? KVT_EUNSUPPORTED : KVT_EIO;
 	}
 	struct stat st;
 	if (fstat(s->fd, &st) != 0) {
 		KVT_LOGE("t2 %s: fstat: %s", cfg->path, strerror(errno));
-		rc = KVT_EIO;
-		goto fail;
+		return KVT_EIO;
 	}
-	uint64_t size = s->blockdev ? blockdev_bytes(s->fd) : (uint64_t)st.st_size;
-	rc = KVT_ENOTFOUND;
+	*size = s->blockdev ? kvt_t2_io_blockdev_bytes(s->fd) : (uint64_t)st.st_size;
+	return KVT_OK;
+}
+
+/* Open the store the file holds: KVT_OK, KVT_ENOTFOUND (none: make one), or an error (logged). */
+static int open_contents(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size, bool existed)
+{
+	int rc = KVT_ENOTFOUND;
 	if (size > 0 && !cfg->reset) {
 		rc = open_existing(s, cfg, size);
 		if (rc && rc != KVT_ENOTFOUND)
-			goto fail;
+			return rc;
 		if (rc == KVT_OK && cfg->capacity_bytes &&
 		    cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES != s->file_bytes)
 			KVT_LOGI("t2 %s: existing file keeps its %llu bytes (config asks %llu; reset to resize)", cfg->path,
@@ -711,26 +539,46 @@ int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
 			 "is gone",
 			 cfg->path);
 	}
-	if (rc == KVT_ENOTFOUND) {
-		uint64_t cap = cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
-		if (s->blockdev && (!cap || cap > size))
-			cap = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
-		if (cap < (KVT_T2_SB_COPIES + 1) * KVT_T2_UNIT_BYTES) {
-			KVT_LOGE("t2 %s: capacity_bytes %llu is below three 4 KiB units (two superblock copies and a record)",
-				 cfg->path, (unsigned long long)cfg->capacity_bytes);
-			rc = KVT_EINVAL;
-			goto fail;
-		}
-		if (cfg->no_repair) {
-			KVT_LOGE("t2 %s: no store in the file (%llu bytes)", cfg->path, (unsigned long long)size);
-			rc = KVT_ECORRUPT;
-			goto fail;
-		}
-		s->intact_bytes = 0;
-		rc = file_create(s, cap);
-		if (rc)
-			goto fail;
+	return rc;
+}
+
+/* Make a new store in the file (size bytes now): cfg's capacity, or the whole block device. */
+static int open_create(kvt_t2_store *s, const kvt_t2_config *cfg, uint64_t size)
+{
+	uint64_t cap = cfg->capacity_bytes / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+	if (s->blockdev && (!cap || cap > size))
+		cap = size / KVT_T2_UNIT_BYTES * KVT_T2_UNIT_BYTES;
+	if (cap < (KVT_T2_SB_COPIES + 1) * KVT_T2_UNIT_BYTES) {
+		KVT_LOGE("t2 %s: capacity_bytes %llu is below three 4 KiB units (two superblock copies and a record)",
+			 cfg->path, (unsigned long long)cfg->capacity_bytes);
+		return KVT_EINVAL;
 	}
+	if (cfg->no_repair) {
+		KVT_LOGE("t2 %s: no store in the file (%llu bytes)", cfg->path, (unsigned long long)size);
+		return KVT_ECORRUPT;
+	}
+	s->intact_bytes = 0;
+	return file_create(s, cap);
+}
+
+int kvt_t2_open(const kvt_t2_config *cfg, kvt_t2_store **out)
+{
+	uint32_t qd, max_raw, n_ctx;
+	uint64_t size;
+	bool existed;
+	int rc = open_check_config(cfg, &qd, &max_raw, &n_ctx);
+	if (rc)
+		return rc;
+	kvt_t2_store *s = store_new(cfg, max_raw);
+	if (!s)
+		return KVT_ENOMEM;
+	if ((rc = open_lock(s, cfg, &existed)) || (rc = open_data(s, cfg, &size)))
+		goto fail;
+	rc = open_contents(s, cfg, size, existed);
+	if (rc == KVT_ENOTFOUND)
+		rc = open_create(s, cfg, size);
+	if (rc)
+		goto fail;
 	rc = kvt_t2_alloc_init(&s->alloc, s->file_bytes / KVT_T2_UNIT_BYTES, s->n_sb);
 	if (rc)
 		goto fail;
@@ -816,6 +664,16 @@ void kvt_t2_free(kvt_t2_store *s, const kvt_t2_loc *loc)
 			 (unsigned long long)loc->off, loc->extent_bytes);
 }
 
+int kvt_t2_holds(kvt_t2_store *s, const kvt_t2_loc *loc)
+{
+	if (!loc_ok(s, loc, "holds", false))
+		return KVT_EINVAL;
+	pthread_mutex_lock(&s->mu);
+	bool used = kvt_t2_alloc_is_used(&s->alloc, loc->off / KVT_T2_UNIT_BYTES, loc->extent_bytes / KVT_T2_UNIT_BYTES);
+	pthread_mutex_unlock(&s->mu);
+	return used ? KVT_OK : KVT_ENOTFOUND;
+}
+
 void kvt_t2_release_quarantine(kvt_t2_store *s)
 {
 	pthread_mutex_lock(&s->mu);
@@ -855,7 +713,7 @@ static bool wprep(void *ctx, uint32_t i, uint8_t *buf, size_t slot_bytes, kvt_t2
 			s->n_enospc++;
 			s->degraded = true;
 		} else if (s->next_gen >= s->gen_limit) {
-			rc = sb_write(s, s->next_gen + KVT_T2_GEN_CHUNK);
+			rc = kvt_t2_sb_write(s, s->next_gen + KVT_T2_GEN_CHUNK);
 			if (rc == KVT_OK)
 				s->gen_limit = s->next_gen + KVT_T2_GEN_CHUNK;
 			else
@@ -902,11 +760,9 @@ static void wdone(void *ctx, kvt_t2_job *job)
 	}
 }
 
-int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs, kvt_t2_loc *locs, int *results)
+/* Check each request's meta and payload: results[i] KVT_OK, or KVT_EINVAL (logged). */
+static void wbatch_validate(const kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs, int *results)
 {
-	double t0 = kvt_now_s();
-	uint32_t n_ok = 0;
-
 	for (uint32_t i = 0; i < n; i++) {
 		const kvt_t2_block_meta *m = reqs[i].meta;
 		results[i] = KVT_OK;
@@ -918,6 +774,73 @@ int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs
 			results[i] = KVT_EINVAL;
 		}
 	}
+}
+
+/*
+ * The batch's own fdatasync, or the intermediate one's failure (sync_err):
+ * whether the n_ok records written may NOT be trusted (logged). Caller holds
+ * sync_mu.
+ */
+static bool wbatch_sync_failed(kvt_t2_store *s, int sync_err, uint32_t n_ok)
+{
+	if (sync_err && n_ok) {
+		KVT_LOGE("t2 %s: intermediate fdatasync failed: %s; batch of %u records poisoned, T2 is now read-only",
+			 s->path, strerror(-sync_err), n_ok);
+		return true;
+	}
+	if (n_ok && s->ops.fdatasync(s->ops.ctx, s->fd) != 0) {
+		KVT_LOGE("t2 %s: fdatasync failed: %s; batch of %u records poisoned, T2 is now read-only", s->path,
+			 strerror(errno), n_ok);
+		return true;
+	}
+	return false;
+}
+
+/* A poisoned batch: every record written fails KVT_EIO, its extent quarantined. Caller holds mu. */
+static void wbatch_poison(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, int *results)
+{
+	s->read_only = true;
+	for (uint32_t i = 0; i < n; i++) {
+		if (results[i] != KVT_OK)
+			continue;
+		uint64_t u = locs[i].off / KVT_T2_UNIT_BYTES, k = locs[i].extent_bytes / KVT_T2_UNIT_BYTES;
+		kvt_t2_alloc_quarantine(&s->alloc, u, k); /* bytes of unknown state */
+		kvt_t2_alloc_put(&s->alloc, u, k);       /* no row will point at it */
+		results[i] = KVT_EIO;
+	}
+}
+
+/* A durable batch: count its records; a batch with no lack of space clears `degraded`. Caller holds mu. */
+static void wbatch_account(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs, const kvt_t2_loc *locs,
+			   const int *results, uint32_t n_ok, uint64_t n_full)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		if (results[i] != KVT_OK)
+			continue;
+		s->n_writes++;
+		s->bytes_written += locs[i].extent_bytes;
+		s->raw_bytes_written += reqs[i].meta->raw_bytes;
+		s->n_compressed += locs[i].compressed != KVT_T2_COMP_NONE;
+	}
+	if (n_ok && !n_full)
+		s->degraded = false;
+}
+
+/* The first result of a batch that is not KVT_OK, or KVT_OK. */
+static int first_error(uint32_t n, const int *results)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (results[i] != KVT_OK)
+			return results[i];
+	return KVT_OK;
+}
+
+int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs, kvt_t2_loc *locs, int *results)
+{
+	double t0 = kvt_now_s();
+	uint32_t n_ok = 0;
+
+	wbatch_validate(s, n, reqs, results);
 	pthread_mutex_lock(&s->mu);
 	bool ro = s->read_only;
 	pthread_mutex_unlock(&s->mu);
@@ -940,17 +863,8 @@ int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs
 	 * trusted. NOTE: Linux reports a writeback error to one fdatasync caller
 	 * only, so a 0 that follows another batch's failure may hide the loss of
 	 * our own writes: such a batch is poisoned too. */
-	bool sync_failed = false;
 	pthread_mutex_lock(&s->sync_mu);
-	if (sync_err && n_ok) {
-		KVT_LOGE("t2 %s: intermediate fdatasync failed: %s; batch of %u records poisoned, T2 is now read-only",
-			 s->path, strerror(-sync_err), n_ok);
-		sync_failed = true;
-	} else if (n_ok && s->ops.fdatasync(s->ops.ctx, s->fd) != 0) {
-		KVT_LOGE("t2 %s: fdatasync failed: %s; batch of %u records poisoned, T2 is now read-only", s->path,
-			 strerror(errno), n_ok);
-		sync_failed = true;
-	}
+	bool sync_failed = wbatch_sync_failed(s, sync_err, n_ok);
 	pthread_mutex_lock(&s->mu);
 	if (!sync_failed && n_ok && s->read_only) {
 		KVT_LOGE("t2 %s: another fdatasync failed while this batch ran; batch of %u records poisoned", s->path,
@@ -960,35 +874,13 @@ int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs
 	if (sync_failed)
 		s->read_only = true;
 	pthread_mutex_unlock(&s->sync_mu);
-	if (sync_failed) {
-		s->read_only = true;
-		for (uint32_t i = 0; i < n; i++) {
-			if (results[i] != KVT_OK)
-				continue;
-			uint64_t u = locs[i].off / KVT_T2_UNIT_BYTES, k = locs[i].extent_bytes / KVT_T2_UNIT_BYTES;
-			kvt_t2_alloc_quarantine(&s->alloc, u, k); /* bytes of unknown state */
-			kvt_t2_alloc_put(&s->alloc, u, k);       /* no row will point at it */
-			results[i] = KVT_EIO;
-		}
-	} else {
-		for (uint32_t i = 0; i < n; i++) {
-			if (results[i] != KVT_OK)
-				continue;
-			s->n_writes++;
-			s->bytes_written += locs[i].extent_bytes;
-			s->raw_bytes_written += reqs[i].meta->raw_bytes;
-			s->n_compressed += locs[i].compressed != KVT_T2_COMP_NONE;
-		}
-		if (n_ok && !b.n_full)
-			s->degraded = false;
-	}
+	if (sync_failed)
+		wbatch_poison(s, n, locs, results);
+	else
+		wbatch_account(s, n, reqs, locs, results, n_ok, b.n_full);
 	s->write_s += kvt_now_s() - t0;
 	pthread_mutex_unlock(&s->mu);
-
-	for (uint32_t i = 0; i < n; i++)
-		if (results[i] != KVT_OK)
-			return results[i];
-	return KVT_OK;
+	return first_error(n, results);
 }
 
 /* ---- reads ---- */
@@ -1048,12 +940,25 @@ static void rdone(void *ctx, kvt_t2_job *job)
 	}
 }
 
-int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
-		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results)
+/*
+ * A read batch: KVT_OK or, for a loc not to be read, why (KVT_EINVAL: bad
+ * geometry or no payload buffer, logged; with live, KVT_ENOTFOUND: the
+ * extent is not in use, i.e. never written or freed).
+ */
+static int read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results, bool live)
 {
 	double t0 = kvt_now_s();
 	for (uint32_t i = 0; i < n; i++)
 		results[i] = loc_ok(s, &locs[i], "read", true) && payloads[i] ? KVT_OK : KVT_EINVAL;
+	if (live) {
+		pthread_mutex_lock(&s->mu);
+		for (uint32_t i = 0; i < n; i++)
+			if (results[i] == KVT_OK && !kvt_t2_alloc_is_used(&s->alloc, locs[i].off / KVT_T2_UNIT_BYTES,
+									 locs[i].extent_bytes / KVT_T2_UNIT_BYTES))
+				results[i] = KVT_ENOTFOUND;
+		pthread_mutex_unlock(&s->mu);
+	}
 
 	rbatch b = { .s = s, .locs = locs, .expect = expect_hash, .metas = metas, .payloads = payloads,
 		     .cap = payload_cap, .results = results };
@@ -1064,15 +969,24 @@ int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const
 
 	pthread_mutex_lock(&s->mu);
 	for (uint32_t i = 0; i < n; i++)
-		s->n_reads += results[i] != KVT_EINVAL;
+		s->n_reads += results[i] != KVT_EINVAL && results[i] != KVT_ENOTFOUND; /* those were not read */
 	s->n_corrupt += b.n_corrupt;
 	s->bytes_read += b.bytes;
 	s->read_s += kvt_now_s() - t0;
 	pthread_mutex_unlock(&s->mu);
-	for (uint32_t i = 0; i < n; i++)
-		if (results[i] != KVT_OK)
-			return results[i];
-	return KVT_OK;
+	return first_error(n, results);
+}
+
+int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results)
+{
+	return read_batch(s, n, locs, expect_hash, metas, payloads, payload_cap, results, false);
+}
+
+int kvt_t2_read_batch_live(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+			   kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results)
+{
+	return read_batch(s, n, locs, expect_hash, metas, payloads, payload_cap, results, true);
 }
 
 int kvt_t2_read(kvt_t2_store *s, const kvt_t2_loc *loc, const uint8_t expect_hash[32], kvt_t2_block_meta *meta_out,

@@ -346,6 +346,23 @@ int kvt_t2_read_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const
 		      kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results);
 
 /*
+ * kvt_t2_read_batch for a caller that may hold stale locs (the record-store
+ * seam, rstore.h): a loc whose extent is not in use (never written, or
+ * freed) is KVT_ENOTFOUND and not read, so a freed record is a miss, not
+ * served from the bytes it left behind. The caller orders its frees and
+ * reads of one record (a free racing the read of the same extent is a bug).
+ */
+int kvt_t2_read_batch_live(kvt_t2_store *s, uint32_t n, const kvt_t2_loc *locs, const uint8_t (*expect_hash)[32],
+			   kvt_t2_block_meta *metas, void *const *payloads, size_t payload_cap, int *results);
+
+/*
+ * Whether loc's extent is in use (marked by a write or kvt_t2_mark_used, not
+ * freed since): KVT_OK, KVT_ENOTFOUND, KVT_EINVAL (misaligned or outside the
+ * file; logged). Nothing is read: whether the record verifies is a read's to say.
+ */
+int kvt_t2_holds(kvt_t2_store *s, const kvt_t2_loc *loc);
+
+/*
  * Release an extent: only after the index row that pointed at it is gone.
  * A quarantined extent stays out of allocation (see above). Freeing an extent
  * that is not marked used is a caller bug: logged, ignored.

@@ -371,6 +371,11 @@ static void take_reply(kvt_rc *c, kvt_rc_op *op, redisReply *r)
 		freeReplyObject(r);
 		return;
 	}
+	if (op->verb != KVT_RC_GET_SET) { /* DEL, EXISTS: the number of keys */
+		op->rc = r->type != REDIS_REPLY_INTEGER ? KVT_EINVAL : r->integer > 0 ? KVT_OK : KVT_ENOTFOUND;
+		freeReplyObject(r);
+		return;
+	}
 	if (op->val) {
 		op->rc = r->type == REDIS_REPLY_STATUS ? KVT_OK : KVT_EINVAL;
 		freeReplyObject(r);
@@ -400,7 +405,11 @@ static void append_op(rc_node *nd, kvt_rc_op *op)
 	int argc;
 	if (op->asking_)
 		redisAppendCommand(nd->ctx, "ASKING");
-	if (op->val) {
+	if (op->verb != KVT_RC_GET_SET) {
+		argv[0] = op->verb == KVT_RC_DEL ? "DEL" : "EXISTS", len[0] = strlen(argv[0]);
+		argv[1] = op->key, len[1] = op->key_bytes;
+		argc = 2;
+	} else if (op->val) {
 		argv[0] = "SET", len[0] = 3;
 		argv[1] = op->key, len[1] = op->key_bytes;
 		argv[2] = op->val, len[2] = op->val_bytes;
@@ -424,6 +433,141 @@ int kvt_rc_run(kvt_rc *c, kvt_rc_op *ops, uint32_t n)
 	return kvt_rc_run_timeout(c, ops, n, c->cfg.command_timeout_ms);
 }
 
+/* Open every op of a round: no result, no reply, routed by its key's slot. */
+static void round_open(kvt_rc *c, kvt_rc_op *ops, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		kvt_rc_op *op = &ops[i];
+		op->rc = 1; /* open */
+		op->reply_ = NULL;
+		op->data = NULL;
+		op->data_bytes = 0;
+		op->tries_ = 0;
+		op->asking_ = 0;
+		op->slot_ = c->cfg.cluster ? kvt_rc_key_slot(op->key, op->key_bytes) : 0;
+		op->node_ = c->slot_node[op->slot_];
+	}
+}
+
+/* The ops still open that can go on (a node serves the slot, time is left); the rest fail KVT_EIO. */
+static uint32_t round_count_open(kvt_rc *c, kvt_rc_op *ops, uint32_t n, double deadline)
+{
+	uint32_t n_open = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		kvt_rc_op *op = &ops[i];
+		if (op->rc != 1)
+			continue;
+		if (op->node_ < 0 && c->cfg.cluster && kvt_now_s() - c->refresh_t > 0.1) {
+			refresh_map(c);
+			op->node_ = c->slot_node[op->slot_];
+		}
+		if (op->node_ < 0 || kvt_now_s() >= deadline) {
+			op->rc = KVT_EIO; /* no node serves the slot, or out of time */
+			continue;
+		}
+		n_open++;
+	}
+	return n_open;
+}
+
+/*
+ * One pass: per node, up to pipeline_depth open ops, in op order, appended
+ * to its connection (dialled if need be). order[j] is the op appended j-th,
+ * sent[j] the node it went to. Returns how many were appended.
+ */
+static uint32_t pass_queue(kvt_rc *c, kvt_rc_op *ops, uint32_t n, uint32_t *order, int16_t *sent)
+{
+	for (uint32_t k = 0; k < c->n_nodes; k++)
+		c->nodes[k].n_queued = 0;
+	uint32_t n_order = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		kvt_rc_op *op = &ops[i];
+		if (op->rc != 1)
+			continue;
+		rc_node *nd = &c->nodes[op->node_];
+		if (nd->n_queued >= c->cfg.pipeline_depth)
+			continue;
+		if (!nd->ctx && !node_connect(c, nd)) {
+			op->rc = KVT_EIO;
+			continue;
+		}
+		append_op(nd, op);
+		nd->n_queued++;
+		sent[n_order] = op->node_;
+		order[n_order++] = i;
+	}
+	return n_order;
+}
+
+/*
+ * Send every node its commands before reading any reply: hiredis
+ * writes a context's buffer only when asked for a reply, so reading
+ * node 0 first would leave the other nodes idle until their turn.
+ * (A failed write shows again at the first read of that node.)
+ */
+static void pass_send(kvt_rc *c, double deadline)
+{
+	for (uint32_t k = 0; k < c->n_nodes; k++) {
+		rc_node *nd = &c->nodes[k];
+		int done = 0;
+		double left = deadline - kvt_now_s();
+		if (!nd->n_queued || !nd->ctx || left <= 0)
+			continue;
+		redisSetTimeout(nd->ctx, tv_of(left));
+		while (!done && redisBufferWrite(nd->ctx, &done) == REDIS_OK && kvt_now_s() < deadline)
+			;
+	}
+}
+
+/* The reply of op from nd (the ASKING reply before it skipped), or NULL with *broken set. */
+static void *pass_read_reply(rc_node *nd, const kvt_rc_op *op, double deadline, bool *broken)
+{
+	void *r = NULL;
+	double left = deadline - kvt_now_s();
+	if (*broken || left <= 0) {
+		*broken = true;
+		return NULL;
+	}
+	redisSetTimeout(nd->ctx, tv_of(left));
+	if (op->asking_) { /* the ASKING reply comes first */
+		if (redisGetReply(nd->ctx, &r) != REDIS_OK)
+			r = NULL, *broken = true;
+		else
+			freeReplyObject(r), r = NULL;
+	}
+	if (!*broken && redisGetReply(nd->ctx, &r) != REDIS_OK)
+		r = NULL, *broken = true;
+	return r;
+}
+
+/* Read back node k's replies in the order appended; a broken node fails its ops and is dropped. */
+static void pass_read_node(kvt_rc *c, uint32_t k, kvt_rc_op *ops, const uint32_t *order, const int16_t *sent,
+			   uint32_t n_order, double deadline)
+{
+	rc_node *nd = &c->nodes[k];
+	c->st.n_rounds++;
+	bool broken = false;
+	for (uint32_t j = 0; j < n_order; j++) {
+		kvt_rc_op *op = &ops[order[j]];
+		/* NOTE: an op's node_ changes inside take_reply (a redirect), so
+		 * the pass remembers where each op was sent. */
+		if (sent[j] != (int16_t)k)
+			continue;
+		void *r = pass_read_reply(nd, op, deadline, &broken);
+		if (broken) {
+			op->rc = KVT_EIO;
+			continue;
+		}
+		op->asking_ = 0;
+		take_reply(c, op, r);
+	}
+	if (broken) {
+		KVT_LOGD("t3 %s:%d: %s", nd->host, nd->port,
+			 nd->ctx && nd->ctx->err ? nd->ctx->errstr : "round deadline passed");
+		node_drop(c, nd, true);
+	}
+}
+
 int kvt_rc_run_timeout(kvt_rc *c, kvt_rc_op *ops, uint32_t n, uint32_t timeout_ms)
 {
 	const double deadline = kvt_now_s() + timeout_ms / 1e3;
@@ -436,112 +580,13 @@ int kvt_rc_run_timeout(kvt_rc *c, kvt_rc_op *ops, uint32_t n, uint32_t timeout_m
 	}
 	if (c->cfg.cluster && c->need_refresh && kvt_now_s() - c->refresh_t > 0.1)
 		refresh_map(c);
-	for (uint32_t i = 0; i < n; i++) {
-		kvt_rc_op *op = &ops[i];
-		op->rc = 1; /* open */
-		op->reply_ = NULL;
-		op->data = NULL;
-		op->data_bytes = 0;
-		op->tries_ = 0;
-		op->asking_ = 0;
-		op->slot_ = c->cfg.cluster ? kvt_rc_key_slot(op->key, op->key_bytes) : 0;
-		op->node_ = c->slot_node[op->slot_];
-	}
-	for (;;) {
-		uint32_t n_open = 0;
-		for (uint32_t i = 0; i < n; i++) {
-			kvt_rc_op *op = &ops[i];
-			if (op->rc != 1)
-				continue;
-			if (op->node_ < 0 && c->cfg.cluster && kvt_now_s() - c->refresh_t > 0.1) {
-				refresh_map(c);
-				op->node_ = c->slot_node[op->slot_];
-			}
-			if (op->node_ < 0 || kvt_now_s() >= deadline) {
-				op->rc = KVT_EIO; /* no node serves the slot, or out of time */
-				continue;
-			}
-			n_open++;
-		}
-		if (!n_open)
-			break;
-		/* One pass: per node, up to pipeline_depth open ops, in op order. */
+	round_open(c, ops, n);
+	while (round_count_open(c, ops, n, deadline)) {
+		uint32_t n_order = pass_queue(c, ops, n, order, sent);
+		pass_send(c, deadline);
 		for (uint32_t k = 0; k < c->n_nodes; k++)
-			c->nodes[k].n_queued = 0;
-		uint32_t n_order = 0;
-		for (uint32_t i = 0; i < n; i++) {
-			kvt_rc_op *op = &ops[i];
-			if (op->rc != 1)
-				continue;
-			rc_node *nd = &c->nodes[op->node_];
-			if (nd->n_queued >= c->cfg.pipeline_depth)
-				continue;
-			if (!nd->ctx && !node_connect(c, nd)) {
-				op->rc = KVT_EIO;
-				continue;
-			}
-			append_op(nd, op);
-			nd->n_queued++;
-			sent[n_order] = op->node_;
-			order[n_order++] = i;
-		}
-		/*
-		 * Send every node its commands before reading any reply: hiredis
-		 * writes a context's buffer only when asked for a reply, so reading
-		 * node 0 first would leave the other nodes idle until their turn.
-		 * (A failed write shows again at the first read of that node.)
-		 */
-		for (uint32_t k = 0; k < c->n_nodes; k++) {
-			rc_node *nd = &c->nodes[k];
-			int done = 0;
-			double left = deadline - kvt_now_s();
-			if (!nd->n_queued || !nd->ctx || left <= 0)
-				continue;
-			redisSetTimeout(nd->ctx, tv_of(left));
-			while (!done && redisBufferWrite(nd->ctx, &done) == REDIS_OK && kvt_now_s() < deadline)
-				;
-		}
-		/* Read back node by node, in the order appended. */
-		for (uint32_t k = 0; k < c->n_nodes; k++) {
-			rc_node *nd = &c->nodes[k];
-			if (!nd->n_queued)
-				continue;
-			c->st.n_rounds++;
-			bool broken = false;
-			for (uint32_t j = 0; j < n_order; j++) {
-				kvt_rc_op *op = &ops[order[j]];
-				/* NOTE: an op's node_ changes inside take_reply (a redirect), so
-				 * the pass remembers where each op was sent. */
-				if (sent[j] != (int16_t)k)
-					continue;
-				void *r = NULL;
-				double left = deadline - kvt_now_s();
-				if (!broken && left > 0) {
-					redisSetTimeout(nd->ctx, tv_of(left));
-					if (op->asking_) { /* the ASKING reply comes first */
-						if (redisGetReply(nd->ctx, &r) != REDIS_OK)
-							r = NULL, broken = true;
-						else
-							freeReplyObject(r), r = NULL;
-					}
-					if (!broken && redisGetReply(nd->ctx, &r) != REDIS_OK)
-						r = NULL, broken = true;
-				} else {
-					broken = true;
-				}
-				if (broken) {
-					op->rc = KVT_EIO;
-					continue;
-				}
-				op->asking_ = 0;
-				take_reply(c, op, r);
-			}
-			if (broken) {
-				KVT_LOGD("t3 %s:%d: %s", nd->host, nd->port,
-					 nd->ctx && nd->ctx->err ? nd->ctx->errstr : "round deadline passed");
-				node_drop(c, nd, true);
-			}
-		}
+			if (c->nodes[k].n_queued)
+				pass_read_node(c, k, ops, order, sent, n_order, deadline);
 	}
 	free(order);
 	free(sent);

@@ -290,8 +290,7 @@ int kvt_t3_get_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 	return rc == KVT_ENOMEM ? KVT_ENOMEM : KVT_OK;
 }
 
-int kvt_t3_put_blocks(kvt_t3 *t, uint32_t n, const kvt_t2_block_meta *metas, const void *const *payloads,
-		      int *results)
+int kvt_t3_put_records(kvt_t3 *t, uint32_t n, const kvt_t2_write_req *reqs, int *results)
 {
 	if (!n)
 		return KVT_OK;
@@ -303,10 +302,10 @@ int kvt_t3_put_blocks(kvt_t3 *t, uint32_t n, const kvt_t2_block_meta *metas, con
 	if (!ops || !keys || !recs)
 		goto out;
 	for (uint32_t i = 0; i < n; i++) {
-		uint64_t ext = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + metas[i].raw_bytes, KVT_T2_UNIT_BYTES);
-		if (metas[i].raw_bytes == 0 || metas[i].raw_bytes > KVT_T2_MAX_RAW_BYTES ||
-		    metas[i].n_tokens > KVT_T2_MAX_TOKENS) {
-			KVT_LOGE("t3: block of %u bytes, %u tokens cannot be a record", metas[i].raw_bytes, metas[i].n_tokens);
+		const kvt_t2_block_meta *m = reqs[i].meta;
+		uint64_t ext = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + m->raw_bytes, KVT_T2_UNIT_BYTES);
+		if (m->raw_bytes == 0 || m->raw_bytes > KVT_T2_MAX_RAW_BYTES || m->n_tokens > KVT_T2_MAX_TOKENS) {
+			KVT_LOGE("t3: block of %u bytes, %u tokens cannot be a record", m->raw_bytes, m->n_tokens);
 			rc = KVT_EINVAL;
 			goto out;
 		}
@@ -314,9 +313,9 @@ int kvt_t3_put_blocks(kvt_t3 *t, uint32_t n, const kvt_t2_block_meta *metas, con
 			goto out;
 		kvt_t2_sized sz;
 		kvt_t2_loc loc;
-		kvt_t2_record_pack(&metas[i], payloads[i], KVT_T2_COMP_NONE, NULL, recs[i], ext, &sz);
-		kvt_t2_record_seal(&metas[i], t->model_fp, &sz, 0, KVT_T3_GENERATION, recs[i], &loc);
-		kvt_t3_block_key(t, metas[i].hash, keys + i * key_cap, key_cap);
+		kvt_t2_record_pack(m, reqs[i].payload, KVT_T2_COMP_NONE, NULL, recs[i], ext, &sz);
+		kvt_t2_record_seal(m, t->model_fp, &sz, 0, KVT_T3_GENERATION, recs[i], &loc);
+		kvt_t3_block_key(t, m->hash, keys + i * key_cap, key_cap);
 		ops[i] = (kvt_rc_op){ .key = keys + i * key_cap, .key_bytes = strlen(keys + i * key_cap), .val = recs[i],
 				      .val_bytes = KVT_T2_HEADER_BYTES + sz.stored_bytes, .ttl_s = t->cfg.ttl_s };
 	}
@@ -341,6 +340,56 @@ out:
 	free(ops);
 	free(keys);
 	return rc;
+}
+
+int kvt_t3_put_blocks(kvt_t3 *t, uint32_t n, const kvt_t2_block_meta *metas, const void *const *payloads,
+		      int *results)
+{
+	if (!n)
+		return KVT_OK;
+	kvt_t2_write_req *reqs = malloc((size_t)n * sizeof(*reqs));
+	if (!reqs)
+		return KVT_ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		reqs[i] = (kvt_t2_write_req){ .meta = &metas[i], .payload = payloads[i] };
+	int rc = kvt_t3_put_records(t, n, reqs, results);
+	free(reqs);
+	return rc;
+}
+
+/* One round of a key-only command (DEL, EXISTS) on n blocks' keys: results[i] as kvt_rc_op.rc. */
+static int block_keys_round(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], uint8_t verb,
+			    int *results)
+{
+	if (!n)
+		return KVT_OK;
+	const size_t key_cap = strlen(t->prefix) + 2 * KVT_HASH_BYTES + 8;
+	kvt_rc_op *ops = calloc(n, sizeof(*ops));
+	char *keys = malloc(n * key_cap);
+	int rc = KVT_ENOMEM;
+	if (ops && keys) {
+		for (uint32_t i = 0; i < n; i++) {
+			kvt_t3_block_key(t, hashes[i], keys + i * key_cap, key_cap);
+			ops[i] = (kvt_rc_op){ .key = keys + i * key_cap, .key_bytes = strlen(keys + i * key_cap), .verb = verb };
+		}
+		rc = run_round(t, ops, n, verb == KVT_RC_DEL);
+		for (uint32_t i = 0; i < n; i++)
+			results[i] = rc ? rc : ops[i].rc;
+		kvt_rc_ops_release(ops, n);
+	}
+	free(ops);
+	free(keys);
+	return rc == KVT_ENOMEM ? KVT_ENOMEM : KVT_OK;
+}
+
+int kvt_t3_delete_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int *results)
+{
+	return block_keys_round(t, n, hashes, KVT_RC_DEL, results);
+}
+
+int kvt_t3_has_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int *results)
+{
+	return block_keys_round(t, n, hashes, KVT_RC_EXISTS, results);
 }
 
 /* ---- sessions ---- */

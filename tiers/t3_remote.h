@@ -11,7 +11,7 @@
  *    first '{' and the next '}', when at least one), modulo 16384; the slot
  *    map comes from CLUSTER SLOTS; a MOVED redirect updates the slot's entry
  *    and schedules a full refresh, an ASK redirect is followed once (ASKING,
- *    then the command) without touching the map. A batch of GET/SET is
+ *    then the command) without touching the map. A batch of GET/SET (DEL, EXISTS) is
  *    grouped by node and pipelined, at most pipeline_depth commands in flight
  *    per node, connections are kept and reused. A node that refuses or drops
  *    a connection is skipped (its commands fail at once) for a back-off that
@@ -64,6 +64,13 @@ typedef struct kvt_rc_config {
 
 typedef struct kvt_rc kvt_rc;
 
+/* What a command does besides GET and SET (kvt_rc_op.verb). */
+enum kvt_rc_verb {
+	KVT_RC_GET_SET = 0, /* GET, or SET when val is set */
+	KVT_RC_DEL = 1,     /* DEL key: KVT_OK when a key was removed, KVT_ENOTFOUND when none was there */
+	KVT_RC_EXISTS = 2,  /* EXISTS key: KVT_OK when it is there, KVT_ENOTFOUND when not */
+};
+
 /* One command of a batch. */
 typedef struct kvt_rc_op {
 	const char *key;          /* borrowed for the call */
@@ -71,6 +78,7 @@ typedef struct kvt_rc_op {
 	const void *val;          /* SET: the value (borrowed); NULL: GET */
 	size_t val_bytes;
 	uint32_t ttl_s;           /* SET: EX seconds (0: no expiry) */
+	uint8_t verb;             /* enum kvt_rc_verb (0, the default: GET or SET; val is ignored otherwise) */
 	int rc;                   /* out: KVT_OK; KVT_ENOTFOUND (GET of a missing key); KVT_EIO (node down,
 				     timeout, connection lost, cluster down); KVT_EFULL (OOM); KVT_EINVAL (another error
 				     reply, logged) */
@@ -179,6 +187,21 @@ int kvt_t3_get_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 /* Write n records (metas[i], payloads[i] of metas[i].raw_bytes). results[i] as kvt_rc_op.rc. */
 int kvt_t3_put_blocks(kvt_t3 *t, uint32_t n, const kvt_t2_block_meta *metas, const void *const *payloads,
 		      int *results);
+/*
+ * kvt_t3_put_blocks for records given as T2 write requests (reqs[i].meta,
+ * reqs[i].payload), as the record-store seam (rstore.h) passes them.
+ * KVT_EINVAL (logged, no result set) when a meta cannot be a record;
+ * KVT_ENOMEM; else KVT_OK with results[i] as kvt_rc_op.rc.
+ */
+int kvt_t3_put_records(kvt_t3 *t, uint32_t n, const kvt_t2_write_req *reqs, int *results);
+/*
+ * Delete the records of n blocks (DEL), or ask whether each is there (EXISTS;
+ * no bytes travel, nothing is verified: a key holding a corrupt record counts
+ * as there). results[i]: KVT_OK (deleted / there), KVT_ENOTFOUND, KVT_EIO
+ * (unreachable, timeout). Returns KVT_OK or KVT_ENOMEM.
+ */
+int kvt_t3_delete_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int *results);
+int kvt_t3_has_blocks(kvt_t3 *t, uint32_t n, const uint8_t (*hashes)[KVT_HASH_BYTES], int *results);
 
 /* Store / fetch a session. get: KVT_OK (*out filled; kvt_db_session_deinit it), KVT_ENOTFOUND, KVT_EIO,
  * KVT_ECORRUPT (a record that fails its checksum or names another session: counted). */
