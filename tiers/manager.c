@@ -309,6 +309,14 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 	if (!tm)
 		return KVT_ENOMEM;
 	tm->cfg = *cfg;
+	if (cfg->t2) {
+		kvt_rstore_t2_init(&tm->t2rs, cfg->t2);
+		tm->rs2 = &tm->t2rs;
+	}
+	if (cfg->t3) {
+		kvt_rstore_t3_init(&tm->t3rs, cfg->t3);
+		tm->rs3 = &tm->t3rs;
+	}
 	tm->block_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), KVT_KV_CODEC_F16);
 	tm->packed_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), cfg->t1_codec);
 	pthread_mutex_init(&tm->mu, NULL);

@@ -46,11 +46,19 @@
  * tm_record_meta (what a record says), tm_rows_commit (bytes durable -> row
  * committed -> block acknowledged clean), tm_row_delete_then_free (row
  * deleted -> space freed). No other code frees a T2 extent a row may name.
+ *
+ * Records move through the record-store seam (rstore.h): tm->rs2 (T2) and
+ * tm->rs3 (T3) take every put, get and delete, so a block's bytes reach a
+ * store the same way whichever it is. What only the T2 file knows (its
+ * capacity against the watermarks, its slot size, compression, read-only)
+ * is read from its own stats (kvt_t2_get_stats); T3's sessions and write
+ * policy from t3_remote.h.
  */
 #ifndef KVT_TM_INT_H
 #define KVT_TM_INT_H
 
 #include "manager.h"
+#include "rstore.h"
 #include "tiers_int.h"
 
 #include <pthread.h>
@@ -159,6 +167,9 @@ struct kvt_tm {
 	bool rwriter_started;
 	struct tm_lay *lay;            /* kvt_tm_promote_layered's stream, events and staging; NULL until first use */
 	bool lay_active;               /* a layered promotion is in flight (tm->mu) */
+	kvt_rstore t2rs, t3rs;         /* the record stores' views of cfg.t2 and cfg.t3 (rstore.h) */
+	kvt_rstore *rs2, *rs3;         /* &t2rs / &t3rs when that tier is configured, else NULL: every record
+	                                  put, get and delete goes through them */
 	struct tm_tomb *tomb;          /* the blocks that left their last tier (tm_miss.c) */
 	kvt_tm_prefix *lay_owner;      /* the prefix handle whose layered promotion is in flight (tiers/prefix.c;
 	                                  the compute-stream thread only) */

@@ -3,7 +3,7 @@
  * (tm_int.h: the manager's files).
  *
  * The write order (DESIGN.md §4), as named steps every writer uses:
- *   1. bytes durable:    kvt_t2_write_batch returned KVT_OK for the record;
+ *   1. bytes durable:    the T2 record store's put (rstore.h) returned KVT_OK for it;
  *   2. row committed:    tm_rows_commit queues each durable record's row and
  *                        waits for its commit; a row that does not commit
  *                        gives its extent back at once (no row names it);
@@ -38,9 +38,12 @@ void tm_record_meta(const kvt_tm *tm, const kvt_btable_entry *e, kvt_t2_block_me
 
 void tm_extent_free(kvt_tm *tm, const kvt_nvme_loc *loc)
 {
-	kvt_t2_loc l;
+	kvt_rstore_loc l;
+	int res;
 	l = *loc;
-	kvt_t2_free(tm->cfg.t2, &l);
+	if (tm->rs2->ops->del(tm->rs2, 1, NULL, &l, &res) != KVT_OK)
+		KVT_LOGE("tm: the T2 extent at off %llu (%u bytes) to free is not in use (%s); ignored",
+			 (unsigned long long)l.off, l.extent_bytes, kvt_strerror(res));
 }
 
 int tm_row_delete_then_free(kvt_tm *tm, int64_t ns_id, const uint8_t hash[KVT_HASH_BYTES], const kvt_nvme_loc *loc)
@@ -164,7 +167,7 @@ typedef struct tm_pdone {
 
 /*
  * Steps 2 and 3 of the write order for the records whose bytes are durable
- * (res[k] == KVT_OK after kvt_t2_write_batch): queue each row, then wait for
+ * (res[k] == KVT_OK after the store's put): queue each row, then wait for
  * each commit, and only then mark the block clean (its NVMe slot set) and
  * ok. A row that cannot be queued or does not commit names nothing, so its
  * extent is freed at once. Returns the first failure or KVT_OK.
@@ -272,7 +275,7 @@ int tm_persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HAS
 			rc = kvt_t1_mover_pack(c->mv, b.n_pack, b.pack_slots, b.pack_dst);
 	}
 	if (b.n_w && rc == KVT_OK) {
-		(void)kvt_t2_write_batch(tm->cfg.t2, b.n_w, b.req, b.loc, b.res); /* step 1: bytes durable */
+		(void)tm->rs2->ops->put(tm->rs2, b.n_w, b.req, b.loc, b.res); /* step 1: bytes durable */
 		rc = tm_rows_commit(tm, &b, hashes, ok, &d);
 		pbatch_account(tm, &b, &d, kvt_now_s() - t_start);
 	}

@@ -86,11 +86,13 @@ static int promote_read_t2(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES
 			*t1s = -1;
 	}
 	void *buf = *t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, *t1s) : (void *)c->h_stage;
-	kvt_t2_loc l;
+	kvt_rstore_loc l;
 	kvt_t2_block_meta m;
 	l = e->nvme;
 	double t_start = kvt_now_s();
-	int rc = kvt_t2_read(tm->cfg.t2, &l, h, &m, buf, tm->packed_bytes);
+	int rc;
+	(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])h, &l, false, &m, &buf, tm->packed_bytes,
+				&rc);
 	if (rc == KVT_OK && !record_fits(tm, &m, e))
 		rc = KVT_ENOTFOUND;
 	else if (rc == KVT_ECORRUPT)
@@ -155,7 +157,7 @@ static int promote_move(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], 
 		if (kvt_t0_alloc(tm->cfg.t0, &s0) != KVT_OK)
 			return KVT_EFULL;
 	}
-	const void *packed;
+	const void *packed = NULL;
 	int32_t t1s = e->slot[KVT_TIER_HOST];
 	if (t1s >= 0) {
 		packed = kvt_t1_slot_ptr(tm->t1, t1s);

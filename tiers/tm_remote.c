@@ -34,14 +34,14 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 {
 	kvt_btable_entry *e = malloc(sizeof(*e));
 	kvt_t2_block_meta *meta = malloc((size_t)n * sizeof(*meta));
-	const void **pay = malloc((size_t)n * sizeof(*pay));
+	kvt_rstore_rec *rec = malloc((size_t)n * sizeof(*rec));
 	uint32_t *idx = malloc((size_t)n * sizeof(*idx));
 	int *r = malloc((size_t)n * sizeof(*r));
 	uint32_t n_w = 0, n_ok = 0;
 	KVT_ASSERT(n <= tm->cfg.batch_blocks);
 	for (uint32_t i = 0; i < n; i++)
 		res[i] = KVT_ENOTFOUND;
-	if (!e || !meta || !pay || !idx || !r) {
+	if (!e || !meta || !rec || !idx || !r) {
 		for (uint32_t i = 0; i < n; i++)
 			res[i] = KVT_ENOMEM;
 		goto out;
@@ -59,22 +59,23 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 			rc = tm_wait_compute(tm, c);
 			if (rc == KVT_OK)
 				rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
-		} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->cfg.t2) {
-			kvt_t2_loc l;
+		} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->rs2) {
+			kvt_rstore_loc l;
 			l = e->nvme;
-			rc = kvt_t2_read(tm->cfg.t2, &l, h[i], NULL, dst, tm->packed_bytes);
+			(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])h[i], &l, false, NULL, &dst,
+						tm->packed_bytes, &rc);
 		}
 		if (rc != KVT_OK) {
 			res[i] = rc;
 			continue;
 		}
 		tm_record_meta(tm, e, &meta[n_w]);
-		pay[n_w] = dst;
+		rec[n_w].meta = &meta[n_w];
+		rec[n_w].payload = dst;
 		idx[n_w++] = i;
 	}
-	if (n_w && kvt_t3_put_blocks(tm->cfg.t3, n_w, meta, pay, r) != KVT_OK)
-		for (uint32_t j = 0; j < n_w; j++)
-			r[j] = KVT_ENOMEM;
+	if (n_w) /* per record: acknowledged, or why not (a whole-call failure is in every result) */
+		(void)tm->rs3->ops->put(tm->rs3, n_w, rec, NULL, r);
 	for (uint32_t j = 0; j < n_w; j++) {
 		res[idx[j]] = r[j];
 		n_ok += r[j] == KVT_OK;
@@ -82,7 +83,7 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 out:
 	free(e);
 	free(meta);
-	free(pay);
+	free(rec);
 	free(idx);
 	free(r);
 	return n_ok;
@@ -370,9 +371,9 @@ void tm_remote_fetch(kvt_tm *tm, tm_ctx *c, kvt_tm_ticket *t, uint32_t lo)
 		goto out;
 	for (uint32_t j = 0; j < m; j++)
 		pay[j] = buf + (size_t)j * tm->packed_bytes;
-	if (kvt_t3_get_blocks(tm->cfg.t3, m, (const uint8_t(*)[KVT_HASH_BYTES])t->hashes + lo, true, meta, pay,
-			      tm->packed_bytes, res) != KVT_OK)
-		goto out;
+	/* a miss ends the run: the results after the first that is not KVT_OK are not read */
+	(void)tm->rs3->ops->get(tm->rs3, m, (const uint8_t(*)[KVT_HASH_BYTES])t->hashes + lo, NULL, true, meta, pay,
+				tm->packed_bytes, res);
 	for (uint32_t j = 0; j < m; j++) {
 		const uint32_t i = lo + j;
 		if (res[j] != KVT_OK || !remote_record_fits(tm, &meta[j], i ? t->hashes[i - 1] : t->root) ||
