@@ -41,7 +41,14 @@
  *            durable_tokens)
  * 64-bit unsigned values (generation, checksum, last_use, hit_count) are
  * stored as their int64 bit pattern; token ids as int32 little-endian blobs.
+ *
+ * Fault points (core/fault.h) in the group commit, for the crash trials:
+ * "idx.commit.journal_synced" (the batch's session records durable in the
+ * journal, the transaction not committed), "idx.commit.before" (every write
+ * of the batch run, before COMMIT), "idx.commit.committed" (COMMIT returned,
+ * before done_ticket moves or any callback runs).
  */
+#include "fault.h"
 #include "index_int.h"
 
 #include <errno.h>
@@ -217,6 +224,7 @@ struct kvt_db {
 	uint64_t sj_seq;             /* last journal seq handed out */
 	uint64_t sj_compact_at;      /* rewrite the journal when it grows past this */
 	uint64_t sj_compact_min;     /* ... never below this */
+	const kvt_db_journal_io *journal_io; /* the journal's I/O hooks (cfg.journal_io; borrowed), or NULL */
 	char *reserve_path;          /* the reserve file, or NULL (no reserve) */
 	uint64_t reserve_bytes;      /* its size */
 	bool reserve_held;           /* the file holds reserve_bytes (writer after open) */
@@ -602,6 +610,8 @@ static int journal_batch(kvt_db *db, db_op *first, uint32_t n)
 		rc = kvt_sj_sync(db->sj);
 	else
 		kvt_sj_abort(db->sj);
+	if (rc == KVT_OK)
+		kvt_fault_point("idx.commit.journal_synced"); /* journal durable, the transaction not committed */
 	if (rc == KVT_EFULL) {
 		db->last_transient = true;
 		return rc;
@@ -766,7 +776,7 @@ static int journal_open(kvt_db *db, const char *path, bool db_existed)
 		goto out;
 	}
 	kvt_sj_info info;
-	rc = kvt_sj_open(path, replay_fn, &c, &db->sj, &info);
+	rc = kvt_sj_open(path, db->journal_io, replay_fn, &c, &db->sj, &info);
 	if (rc == KVT_OK && c.n_applied) {
 		char set[128];
 		snprintf(set, sizeof(set), "INSERT OR REPLACE INTO meta(key, value) VALUES('journal_seq', %llu)",
@@ -988,6 +998,7 @@ int kvt_db_open(const kvt_db_config *cfg, kvt_db **out)
 	pthread_cond_init(&db->cv_done, NULL);
 	db->ns = cfg->ns;
 	db->sj_compact_min = cfg->journal_compact_bytes ? cfg->journal_compact_bytes : (4u << 20);
+	db->journal_io = cfg->journal_io;
 	if (cfg->journal_path && (rc = journal_open(db, cfg->journal_path, exists)) != KVT_OK)
 		goto fail; /* NOTE: the mutex and conditions hold no resources on Linux */
 	/*
@@ -1206,9 +1217,12 @@ static int run_batch(kvt_db *db, db_op *first, uint32_t n, bool sessions_only, d
 	if (rc == KVT_OK)
 		rc = journal_batch(db, first, n);
 	if (rc == KVT_OK) {
+		kvt_fault_point("idx.commit.before"); /* every write of the batch run, not committed */
 		double t0 = kvt_now_s();
 		rc = step_simple(db, ST_COMMIT, "commit");
 		*commit_s = kvt_now_s() - t0;
+		if (rc == KVT_OK)
+			kvt_fault_point("idx.commit.committed"); /* committed, no callback run, no waiter told */
 	}
 	if (rc != KVT_OK && !sqlite3_get_autocommit(db->sql))
 		step_simple(db, ST_ROLLBACK, "rollback");

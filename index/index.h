@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* ------------------------------------------------------------------------ */
 /* Constants                                                                */
@@ -444,6 +445,23 @@ int kvt_btable_check(kvt_btable *bt);
 
 #define KVT_DB_SCHEMA_VERSION 5
 
+/*
+ * The session journal's I/O seam (kvt_db_config.journal_io): every write,
+ * fdatasync, truncation and rename of the journal file (and of the tmp file
+ * a rewrite builds) goes through these when set, so a test can keep what a
+ * power cut would lose (tests/powerloss.h); NULL (the table or a field) is
+ * the plain syscall. path names the file the fd is open on. Each hook returns
+ * what the syscall would (errno set on failure). Called on the index's writer
+ * thread (and at open, on the opening thread).
+ */
+typedef struct kvt_db_journal_io {
+	ssize_t (*pwrite)(void *ctx, const char *path, int fd, const void *buf, size_t n, off_t off); /* a write */
+	int (*fdatasync)(void *ctx, const char *path, int fd);         /* the sync before a COMMIT (or a rename) */
+	int (*ftruncate)(void *ctx, const char *path, int fd, off_t len); /* a torn tail or a failed batch cut off */
+	int (*rename)(void *ctx, const char *from, const char *to);    /* a rewrite's tmp file replacing the journal */
+	void *ctx;                                                     /* passed to every hook */
+} kvt_db_journal_io;
+
 typedef struct kvt_db kvt_db;
 
 /* What makes a namespace. */
@@ -465,6 +483,8 @@ typedef struct kvt_db_config {
 				  * file's); NULL = keep the file's, or make a random one (namespace handles) */
 	const char *journal_path; /* the session journal (KVT_DATA_SESSIONS_FILE in the data dir), or NULL: none */
 	uint64_t journal_compact_bytes; /* rewrite the journal when it outgrows twice its live size and this; 0 = 4M */
+	const kvt_db_journal_io *journal_io; /* the journal's I/O hooks (tests); NULL = syscalls; borrowed, must outlive
+					      * the handle */
 	const uint8_t *adopt_owner; /* [KVT_DB_OWNER_BYTES] the T2 file's recorded owner, or NULL: taken as this index's
 				     * when the index is rebuilt from the session journal at this open (it had no owner
 				     * id, and journal records were replayed into it: its first commits were lost) */

@@ -44,10 +44,12 @@ typedef struct kvt_sjournal kvt_sjournal;
 /*
  * Open (create) the journal, calling fn (may be NULL) for each whole record in
  * file order (fn non-zero stops and is returned), and cut a torn tail. r and
- * r->tokens are valid during the call only. KVT_EIO, KVT_ENOMEM.
+ * r->tokens are valid during the call only. io (borrowed; NULL = syscalls)
+ * carries every later write, sync, truncation and rename of the file.
+ * KVT_EIO, KVT_ENOMEM.
  */
-int kvt_sj_open(const char *path, int (*fn)(void *ctx, const kvt_sj_rec *r), void *ctx, kvt_sjournal **out,
-		kvt_sj_info *info);
+int kvt_sj_open(const char *path, const kvt_db_journal_io *io, int (*fn)(void *ctx, const kvt_sj_rec *r), void *ctx,
+		kvt_sjournal **out, kvt_sj_info *info);
 /* Buffer one record (written by the next kvt_sj_sync). KVT_ENOMEM. */
 int kvt_sj_append(kvt_sjournal *j, const kvt_sj_rec *r);
 /* Drop the buffered records. */

@@ -24,8 +24,21 @@
  * Reading stops at the first record that does not check (a torn tail after a
  * crash); the writer truncates the file there before appending.
  *
+ * I/O seam: every pwrite, fdatasync, ftruncate and rename of the file (and
+ * of a rewrite's tmp file) goes through sj_pwrite / sj_fdatasync /
+ * sj_ftruncate / sj_rename, which call kvt_db_config.journal_io's hooks when
+ * set (tests/powerloss.h keeps what a power cut would lose) and the syscalls
+ * otherwise; reads and the creating open are plain.
+ *
+ * Fault points (core/fault.h): "idx.journal.written" after a batch's records
+ * are written and before their fdatasync; "idx.journal.rewrite_synced" after
+ * a rewrite's tmp file is synced and before the rename;
+ * "idx.journal.rewrite_renamed" after the rename and before the directory's
+ * fsync.
+ *
  * Thread rules: one owner thread per handle (the index's writer).
  */
+#include "fault.h"
 #include "index_int.h"
 
 #include <errno.h>
@@ -46,7 +59,31 @@ struct kvt_sjournal {
 	uint64_t good_end; /* bytes of whole, checked records */
 	uint8_t *buf;      /* records appended since the last sync */
 	size_t n_buf, cap_buf;
+	const kvt_db_journal_io *io; /* the I/O hooks (borrowed), or NULL: syscalls */
 };
+
+/* ---- the I/O seam: the hook when set, else the syscall ---- */
+
+static ssize_t sj_pwrite(const kvt_sjournal *j, const void *buf, size_t n, off_t off)
+{
+	return j->io && j->io->pwrite ? j->io->pwrite(j->io->ctx, j->path, j->fd, buf, n, off)
+				      : pwrite(j->fd, buf, n, off);
+}
+
+static int sj_fdatasync(const kvt_sjournal *j)
+{
+	return j->io && j->io->fdatasync ? j->io->fdatasync(j->io->ctx, j->path, j->fd) : fdatasync(j->fd);
+}
+
+static int sj_ftruncate(const kvt_sjournal *j, off_t len)
+{
+	return j->io && j->io->ftruncate ? j->io->ftruncate(j->io->ctx, j->path, j->fd, len) : ftruncate(j->fd, len);
+}
+
+static int sj_rename(const kvt_sjournal *j, const char *from, const char *to)
+{
+	return j->io && j->io->rename ? j->io->rename(j->io->ctx, from, to) : rename(from, to);
+}
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
@@ -183,8 +220,8 @@ static int slurp(const char *path, uint8_t **out, size_t *n_out, bool *exists)
 	return KVT_OK;
 }
 
-int kvt_sj_open(const char *path, int (*fn)(void *ctx, const kvt_sj_rec *r), void *ctx, kvt_sjournal **out,
-		kvt_sj_info *info)
+int kvt_sj_open(const char *path, const kvt_db_journal_io *io, int (*fn)(void *ctx, const kvt_sj_rec *r), void *ctx,
+		kvt_sjournal **out, kvt_sj_info *info)
 {
 	uint8_t *data;
 	size_t n;
@@ -226,7 +263,8 @@ int kvt_sj_open(const char *path, int (*fn)(void *ctx, const kvt_sj_rec *r), voi
 		return KVT_EIO;
 	}
 	j->good_end = off;
-	if (info->torn_bytes && ftruncate(j->fd, (off_t)off) != 0)
+	j->io = io;
+	if (info->torn_bytes && sj_ftruncate(j, (off_t)off) != 0)
 		KVT_LOGW("session journal %s: cannot cut the torn tail at %zu: %s", path, off, strerror(errno));
 	*out = j;
 	return KVT_OK;
@@ -262,7 +300,7 @@ int kvt_sj_sync(kvt_sjournal *j)
 	size_t done = 0;
 	int err = 0;
 	while (done < j->n_buf) {
-		ssize_t w = pwrite(j->fd, j->buf + done, j->n_buf - done, (off_t)(j->good_end + done));
+		ssize_t w = sj_pwrite(j, j->buf + done, j->n_buf - done, (off_t)(j->good_end + done));
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
@@ -273,7 +311,7 @@ int kvt_sj_sync(kvt_sjournal *j)
 	}
 	if (err) {
 		/* Nothing of this batch counts: cut back to the last whole record. */
-		if (ftruncate(j->fd, (off_t)j->good_end) != 0)
+		if (sj_ftruncate(j, (off_t)j->good_end) != 0)
 			KVT_LOGW("session journal %s: cannot cut back to %llu: %s", j->path,
 				 (unsigned long long)j->good_end, strerror(errno));
 		j->n_buf = 0;
@@ -282,7 +320,8 @@ int kvt_sj_sync(kvt_sjournal *j)
 		KVT_LOGE("session journal %s: write: %s", j->path, strerror(err));
 		return KVT_EIO;
 	}
-	if (fdatasync(j->fd) != 0) {
+	kvt_fault_point("idx.journal.written");
+	if (sj_fdatasync(j) != 0) {
 		/* NOTE: never retry-and-trust a failed fdatasync (DESIGN.md §4). */
 		KVT_LOGE("session journal %s: fdatasync: %s", j->path, strerror(errno));
 		j->n_buf = 0;
@@ -318,7 +357,7 @@ int kvt_sj_rewrite(kvt_sjournal *j, int (*each)(void *ctx, kvt_sjournal *tmp), v
 {
 	char tmp_path[4200];
 	snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", j->path);
-	kvt_sjournal t = { .path = tmp_path };
+	kvt_sjournal t = { .path = tmp_path, .io = j->io };
 	t.fd = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (t.fd < 0) {
 		KVT_LOGE("session journal %s: cannot create: %s", tmp_path, strerror(errno));
@@ -327,12 +366,16 @@ int kvt_sj_rewrite(kvt_sjournal *j, int (*each)(void *ctx, kvt_sjournal *tmp), v
 	int rc = each(ctx, &t);
 	if (rc == KVT_OK)
 		rc = kvt_sj_sync(&t);
-	if (rc == KVT_OK && rename(tmp_path, j->path) != 0) {
+	if (rc == KVT_OK)
+		kvt_fault_point("idx.journal.rewrite_synced");
+	if (rc == KVT_OK && sj_rename(j, tmp_path, j->path) != 0) {
 		KVT_LOGE("session journal: cannot rename %s to %s: %s", tmp_path, j->path, strerror(errno));
 		rc = KVT_EIO;
 	}
-	if (rc == KVT_OK)
+	if (rc == KVT_OK) {
+		kvt_fault_point("idx.journal.rewrite_renamed");
 		rc = fsync_parent(j->path);
+	}
 	free(t.buf);
 	if (rc != KVT_OK) {
 		close(t.fd);

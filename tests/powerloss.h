@@ -4,9 +4,12 @@
  * wrote (the page cache survives a killed process, not a power cut).
  *
  * The files it covers: the T2 file, through the store's I/O ops table
- * (kvt_t2_io_ops, thread-pool engine so every data write passes the hook),
- * and the SQLite index and its WAL, through a shim VFS registered as SQLite's
- * default (it wraps the unix VFS; index/db.c needs no change). For each file
+ * (kvt_t2_io_ops, thread-pool engine so every data write passes the hook);
+ * the SQLite index and its WAL, through a shim VFS registered as SQLite's
+ * default (it wraps the unix VFS; index/db.c needs no change); and the
+ * session journal and the tmp file a rewrite of it builds, through the
+ * index's journal I/O seam (kvt_db_config.journal_io = &powerloss_sj_io).
+ * For each file
  * the layer keeps, beside it under DIR/pl/:
  *   NAME.durable  the bytes a completed sync covered (the durable image);
  *   NAME.journal  every write (and truncate) since the last completed sync,
@@ -29,18 +32,21 @@
  * superblock, whose fields fit its first sector). Leniencies, noted: a file's
  * creation and deletion count as durable at once (SQLite syncs the directory
  * itself, outside any VFS file), and a truncate is an entry like a write
- * (applied or not).
+ * (applied or not). The journal's rewrite (tmp file synced, renamed over the
+ * journal, directory fsync'ed) counts its rename as durable at once: the
+ * journal's durable image and pending writes become the tmp file's.
  *
  * powerloss_settle() runs in the parent before each trial: the files as they
  * are (what the previous cut and the recovery after it left) become the
  * durable images, the journals empty. powerloss_begin() runs in the process
  * under test, after fork: it opens the journals and installs the VFS;
- * powerloss_t2_ops is the table for kvt_t2_config.io. Thread-safe: one mutex
- * serializes every hook.
+ * powerloss_t2_ops is the table for kvt_t2_config.io, powerloss_sj_io for
+ * kvt_db_config.journal_io. Thread-safe: one mutex serializes every hook.
  */
 #ifndef KVT_TEST_POWERLOSS_H
 #define KVT_TEST_POWERLOSS_H
 
+#include "index.h"
 #include "t2_store.h"
 
 #include <errno.h>
@@ -55,8 +61,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { PL_T2 = 0, PL_DB = 1, PL_WAL = 2, PL_N_FILES = 3 };
-static const char *const pl_names[PL_N_FILES] = { KVT_DATA_T2_FILE, KVT_DATA_INDEX_FILE, KVT_DATA_INDEX_FILE "-wal" };
+enum { PL_T2 = 0, PL_DB = 1, PL_WAL = 2, PL_SJ = 3, PL_SJ_TMP = 4, PL_N_FILES = 5 };
+static const char *const pl_names[PL_N_FILES] = { KVT_DATA_T2_FILE, KVT_DATA_INDEX_FILE, KVT_DATA_INDEX_FILE "-wal",
+						  KVT_DATA_SESSIONS_FILE, KVT_DATA_SESSIONS_FILE ".tmp" };
 
 #define PL_MAGIC 0x45574c50u /* "PLWE" */
 #define PL_END 0x444e4550u   /* "PEND" */
@@ -205,6 +212,115 @@ static int pl_t2_fdatasync(void *ctx, int fd)
 }
 
 static const kvt_t2_io_ops powerloss_t2_ops = { .pwrite = pl_t2_pwrite, .fdatasync = pl_t2_fdatasync };
+
+/* ---- the session journal: the index's journal I/O seam ---- */
+
+/* Which tracked file a journal path names: the journal, its rewrite's tmp file, or -1. */
+static int pl_sj_id(const char *path)
+{
+	size_t n = strlen(path), t = strlen(pl_names[PL_SJ_TMP]), j = strlen(pl_names[PL_SJ]);
+	if (n >= t && strcmp(path + n - t, pl_names[PL_SJ_TMP]) == 0)
+		return PL_SJ_TMP;
+	if (n >= j && strcmp(path + n - j, pl_names[PL_SJ]) == 0)
+		return PL_SJ;
+	return -1;
+}
+
+/* A file written before any sync exists in the durable image (its creation counts at once, lenient). Caller holds mu. */
+static void pl_touch_durable_locked(int id)
+{
+	char path[1200];
+	pl_path(path, sizeof(path), id, ".durable");
+	int fd = open(path, O_WRONLY | O_CREAT, 0644);
+	if (fd >= 0)
+		close(fd);
+}
+
+static ssize_t pl_sj_pwrite(void *ctx, const char *path, int fd, const void *buf, size_t n, off_t off)
+{
+	(void)ctx;
+	int id = pl_sj_id(path);
+	pthread_mutex_lock(&pl.mu);
+	ssize_t r = pwrite(fd, buf, n, off);
+	int e = errno;
+	if (r > 0 && id >= 0) {
+		pl_touch_durable_locked(id);
+		pl_track_locked(id, PL_WRITE, (uint64_t)off, buf, (uint32_t)r);
+	}
+	pthread_mutex_unlock(&pl.mu);
+	errno = e;
+	return r;
+}
+
+static int pl_sj_fdatasync(void *ctx, const char *path, int fd)
+{
+	(void)ctx;
+	int id = pl_sj_id(path);
+	pthread_mutex_lock(&pl.mu);
+	uint64_t n = id >= 0 ? pl.seq[id] : 0;
+	pthread_mutex_unlock(&pl.mu);
+	int r = fdatasync(fd);
+	if (r == 0 && id >= 0)
+		pl_promote(id, n);
+	return r;
+}
+
+static int pl_sj_ftruncate(void *ctx, const char *path, int fd, off_t len)
+{
+	(void)ctx;
+	int id = pl_sj_id(path);
+	pthread_mutex_lock(&pl.mu);
+	int r = ftruncate(fd, len);
+	int e = errno;
+	if (r == 0 && id >= 0)
+		pl_track_locked(id, PL_TRUNC, (uint64_t)len, NULL, 0);
+	pthread_mutex_unlock(&pl.mu);
+	errno = e;
+	return r;
+}
+
+/* The rewrite's rename, durable at once (lenient): the journal's durable image, journal and pending list become the tmp file's. */
+static int pl_sj_rename(void *ctx, const char *from, const char *to)
+{
+	(void)ctx;
+	int a = pl_sj_id(from), b = pl_sj_id(to);
+	pthread_mutex_lock(&pl.mu);
+	int r = rename(from, to);
+	int e = errno;
+	if (r == 0 && a >= 0 && b >= 0 && a != b) {
+		char pa[1200], pb[1200];
+		pl_path(pa, sizeof(pa), a, ".durable");
+		pl_path(pb, sizeof(pb), b, ".durable");
+		if (rename(pa, pb) != 0 && errno == ENOENT)
+			unlink(pb);
+		pl_path(pa, sizeof(pa), a, ".journal");
+		pl_path(pb, sizeof(pb), b, ".journal");
+		if (rename(pa, pb) != 0)
+			_exit(95);
+		close(pl.journal[b]);
+		pl.journal[b] = pl.journal[a]; /* the fd follows the renamed file */
+		pl.journal[a] = open(pa, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+		while (pl.head[b]) {
+			pl_entry *x = pl.head[b];
+			pl.head[b] = x->next;
+			free(x);
+		}
+		pl.head[b] = pl.head[a];
+		pl.tail[b] = pl.head[a] ? pl.tail[a] : &pl.head[b];
+		pl.seq[b] = pl.seq[a];
+		pl.head[a] = NULL;
+		pl.tail[a] = &pl.head[a];
+		pl.seq[a] = 0;
+	}
+	pthread_mutex_unlock(&pl.mu);
+	errno = e;
+	return r;
+}
+
+static const kvt_db_journal_io powerloss_sj_io = { .pwrite = pl_sj_pwrite,
+						    .fdatasync = pl_sj_fdatasync,
+						    .ftruncate = pl_sj_ftruncate,
+						    .rename = pl_sj_rename };
 
 /* ---- the index: a shim VFS over the default one ---- */
 
@@ -413,6 +529,7 @@ static int powerloss_begin(const char *dir)
 
 typedef struct powerloss_stats {
 	uint64_t n_entries; /* unsynced entries found in the journals */
+	uint64_t n_by_file[PL_N_FILES]; /* of those, by file (PL_T2 ... PL_SJ_TMP) */
 	uint64_t n_dropped, n_applied, n_torn; /* what the cut did with them */
 } powerloss_stats;
 
@@ -448,6 +565,7 @@ static int powerloss_cut(const char *dir, uint64_t seed, powerloss_stats *st)
 				break;
 			}
 			st->n_entries++;
+			st->n_by_file[id]++;
 			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
 			unsigned what = (unsigned)(seed >> 33) % 3; /* 0 drop, 1 apply, 2 tear */
 			if (what == 0) {
