@@ -29,6 +29,7 @@
  *    tenant's own oldest retentions (never another tenant's) have gone.
  */
 #include "tiers_int.h"
+#include "fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,6 +166,8 @@ static void queue_db(tm_retain *rt, rt_rec *r, uint64_t until_us)
 	if (kvt_db_retain_block(rt->db, r->hash, until_us, r->ttl_us, r->floor, rt->ten[r->tenant].tenant, NULL, NULL,
 				NULL) != KVT_OK)
 		KVT_LOGW("tm retain: the index did not take a retention update (it is lost at a restart)");
+	else
+		kvt_fault_point("tm.retain.row_queued"); /* queued, not committed: a kill here loses only the update */
 }
 
 /* Drop record idx: the table entry loses its deadline; the index's too when durable is set. */

@@ -38,6 +38,7 @@
  */
 #define _GNU_SOURCE /* O_DIRECT, fallocate */
 #include "t2_int.h"
+#include "fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -865,6 +866,8 @@ int kvt_t2_write_batch(kvt_t2_store *s, uint32_t n, const kvt_t2_write_req *reqs
 	 * our own writes: such a batch is poisoned too. */
 	pthread_mutex_lock(&s->sync_mu);
 	bool sync_failed = wbatch_sync_failed(s, sync_err, n_ok);
+	if (!sync_failed && n_ok)
+		kvt_fault_point("t2.write.synced"); /* the batch is durable; no caller knows yet */
 	pthread_mutex_lock(&s->mu);
 	if (!sync_failed && n_ok && s->read_only) {
 		KVT_LOGE("t2 %s: another fdatasync failed while this batch ran; batch of %u records poisoned", s->path,

@@ -57,6 +57,7 @@
 #ifndef KVT_TM_INT_H
 #define KVT_TM_INT_H
 
+#include "fault.h"
 #include "manager.h"
 #include "rstore.h"
 #include "tiers_int.h"

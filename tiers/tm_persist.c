@@ -53,9 +53,12 @@ int tm_row_delete_then_free(kvt_tm *tm, int64_t ns_id, const uint8_t hash[KVT_HA
 		       : kvt_db_delete_block(tm->cfg.db, hash, NULL, NULL, &tk);
 	if (rc == KVT_OK)
 		rc = kvt_db_wait(tm->cfg.db, tk); /* the delete committed: no row names the extent any more */
-	if (rc == KVT_OK)
-		tm_extent_free(tm, loc);
-	return rc;
+	if (rc != KVT_OK)
+		return rc;
+	kvt_fault_point("tm.evict.row_deleted");
+	tm_extent_free(tm, loc);
+	kvt_fault_point("tm.evict.extent_freed");
+	return KVT_OK;
 }
 
 /* One persistence batch: the blocks' entries, their records and rows in the making (all [n]). */
@@ -194,6 +197,7 @@ static int tm_rows_commit(kvt_tm *tm, tm_pbatch *b, uint8_t (*hashes)[KVT_HASH_B
 				rc = prc;
 		}
 	}
+	kvt_fault_point("tm.persist.rows_queued");
 	for (uint32_t k = 0; k < b->n_w; k++) {
 		if (b->res[k] != KVT_OK) {
 			d->n_fail++;
@@ -208,6 +212,7 @@ static int tm_rows_commit(kvt_tm *tm, tm_pbatch *b, uint8_t (*hashes)[KVT_HASH_B
 				rc = wrc;
 			continue;
 		}
+		kvt_fault_point("tm.persist.row_committed");
 		kvt_nvme_loc nl;
 		nl = b->loc[k];
 		(void)kvt_btable_set_nvme(tm->cfg.bt, hashes[b->widx[k]], &nl); /* acknowledged: clean, durable */
@@ -276,6 +281,7 @@ int tm_persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HAS
 	}
 	if (b.n_w && rc == KVT_OK) {
 		(void)tm->rs2->ops->put(tm->rs2, b.n_w, b.req, b.loc, b.res); /* step 1: bytes durable */
+		kvt_fault_point("tm.persist.bytes_durable");
 		rc = tm_rows_commit(tm, &b, hashes, ok, &d);
 		pbatch_account(tm, &b, &d, kvt_now_s() - t_start);
 	}
@@ -462,6 +468,7 @@ void tm_turn_waits_answer(kvt_tm *tm, bool all)
 	while (done) {
 		tm_turn_wait *w = done;
 		done = w->next;
+		kvt_fault_point("tm.turn.answered");
 		w->fn(w->user, all ? KVT_ESTOPPED : KVT_OK,
 		      tm_durable_prefix(tm, w->n, (const uint8_t(*)[KVT_HASH_BYTES])w->chain));
 		free(w->chain);
