@@ -58,6 +58,9 @@ void kvt_srv_job_release(gen_job *j)
 	if (j->counted)
 		atomic_fetch_sub(&j->srv->in_flight, 1);
 	j->counted = false;
+	if (j->slot >= 0) /* llama API: the slot is free again */
+		atomic_fetch_sub(&j->srv->slot_busy[j->slot], 1);
+	j->slot = -1;
 }
 
 void kvt_srv_job_free(gen_job *j)
@@ -344,6 +347,8 @@ static json_t *usage_json(const gen_job *j)
 /* The non-streaming response body. */
 static json_t *job_result(gen_job *j)
 {
+	if (j->llama)
+		return kvt_llama_result(j);
 	json_t *choices = json_array();
 	for (uint32_t i = 0; i < j->n; i++) {
 		gen_choice *c = &j->ch[i];
@@ -369,9 +374,11 @@ static json_t *job_result(gen_job *j)
 		}
 		json_array_append_new(choices, ch);
 	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object",
+	/* llama-server's timings beside usage: clients switching from it read them */
+	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", j->id, "object",
 			 j->q.chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
-			 j->srv->model_id, "choices", choices, "usage", usage_json(j));
+			 j->srv->model_id, "choices", choices, "usage", usage_json(j), "timings",
+			 kvt_llama_timings(&j->ch[0].usage));
 }
 
 /* ---- SSE ---- */
@@ -399,6 +406,12 @@ static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const 
 		      json_t *tool_calls)
 {
 	json_t *ch;
+	if (j->llama) { /* llama-server's /completion chunks: no choices, no logprobs */
+		json_decref(lp);
+		json_decref(tool_calls);
+		sse_put(j, kvt_llama_chunk(j, i, text, n, finish));
+		return;
+	}
 	if (!lp)
 		lp = json_null();
 	if (j->q.chat) {
@@ -417,9 +430,12 @@ static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const 
 		ch = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (json_int_t)i, "text", text ? text : "",
 			       text ? n : 0, "logprobs", lp, "finish_reason", finish);
 	}
-	sse_put(j, json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
-			     j->q.chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
-			     "model", j->srv->model_id, "choices", ch));
+	json_t *chunk = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
+				  j->q.chat ? "chat.completion.chunk" : "text_completion", "created",
+				  (json_int_t)j->created, "model", j->srv->model_id, "choices", ch);
+	if (chunk && finish) /* the choice's last chunk carries llama-server's timings */
+		json_object_set_new(chunk, "timings", kvt_llama_timings(&j->ch[i].usage));
+	sse_put(j, chunk);
 }
 
 /* Move whatever text can be sent now into SSE chunks; finish chunks for ended choices. */
@@ -486,7 +502,8 @@ static void sse_emit(gen_job *j)
 					     j->q.chat ? "chat.completion.chunk" : "text_completion", "created",
 					     (json_int_t)j->created, "model", j->srv->model_id, "choices", "usage",
 					     usage_json(j)));
-		kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+		if (!j->llama) /* llama-server ends a /completion stream with its stop chunk */
+			kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
 		j->done = true;
 	}
 }
