@@ -154,8 +154,20 @@ static const char *stop_type(const gen_choice *c)
 	return "none";
 }
 
+/* The choice's generated ids from the first not yet sent (all for a final body) as a JSON array; marks them sent. */
+static json_t *ids_json(gen_choice *c, bool from_sent)
+{
+	json_t *a = json_array();
+	const int32_t *ids = (const int32_t *)(void *)c->ids.p;
+	const size_t n = c->ids.n / sizeof(int32_t);
+	for (size_t k = from_sent ? c->n_ids_sent : 0; k < n; k++)
+		json_array_append_new(a, json_integer(ids[k]));
+	c->n_ids_sent = n;
+	return a;
+}
+
 /* The fields llama-server's final /completion object has; content given. */
-static json_t *llama_final(const gen_job *j, const gen_choice *c, const char *text, size_t n)
+static json_t *llama_final(const gen_job *j, gen_choice *c, const char *text, size_t n, bool stream)
 {
 	const kvt_sched_usage *u = &c->usage;
 	size_t n_prompt = 0;
@@ -163,8 +175,8 @@ static json_t *llama_final(const gen_job *j, const gen_choice *c, const char *te
 	/* with one stop string the match is that one; with several, kvtier does not keep which (see the file comment) */
 	const char *word = c->stop_hit && j->q.n_stops == 1 ? j->q.stops[0] : "";
 	const size_t n_word = c->stop_hit && j->q.n_stops == 1 ? j->q.stop_len[0] : 0;
-	json_t *v = json_pack("{s:i, s:s%, s:[], s:i, s:b, s:s, s:i, s:i, s:o, s:s%, s:b, s:b, s:s, s:s%, s:i, s:o}",
-			      "index", 0, "content", text, n, "tokens", "id_slot", (json_int_t)j->slot, "stop", 1,
+	json_t *v = json_pack("{s:i, s:s%, s:o, s:i, s:b, s:s, s:i, s:i, s:o, s:s%, s:b, s:b, s:s, s:s%, s:i, s:o}",
+			      "index", 0, "content", text, n, "tokens", ids_json(c, stream), "id_slot", (json_int_t)j->slot, "stop", 1,
 			      "model", j->srv->model_id, "tokens_predicted", (json_int_t)u->completion_tokens,
 			      "tokens_evaluated", (json_int_t)u->prompt_tokens, "generation_settings",
 			      params_json(&j->q, kvt_sched_max_ctx(atomic_load(&j->srv->sched))), "prompt",
@@ -176,19 +188,20 @@ static json_t *llama_final(const gen_job *j, const gen_choice *c, const char *te
 	return v;
 }
 
-json_t *kvt_llama_result(const gen_job *j)
+json_t *kvt_llama_result(gen_job *j)
 {
-	const gen_choice *c = &j->ch[0];
-	return llama_final(j, c, c->text.p ? c->text.p : "", c->text.n);
+	gen_choice *c = &j->ch[0];
+	return llama_final(j, c, c->text.p ? c->text.p : "", c->text.n, false);
 }
 
-json_t *kvt_llama_chunk(const gen_job *j, uint32_t i, const char *text, size_t n, const char *finish)
+json_t *kvt_llama_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish)
 {
+	gen_choice *c = &j->ch[i];
 	if (finish)
-		return llama_final(j, &j->ch[i], "", 0);
-	return json_pack("{s:i, s:s%, s:[], s:b, s:i, s:i, s:i}", "index", (json_int_t)i, "content", text ? text : "",
-			 text ? n : 0, "tokens", "stop", 0, "id_slot", (json_int_t)j->slot, "tokens_predicted",
-			 (json_int_t)j->ch[i].n_tokens, "tokens_evaluated", (json_int_t)j->q.n_ids);
+		return llama_final(j, c, "", 0, true);
+	return json_pack("{s:i, s:s%, s:o, s:b, s:i, s:i, s:i}", "index", (json_int_t)i, "content", text ? text : "",
+			 text ? n : 0, "tokens", ids_json(c, true), "stop", 0, "id_slot", (json_int_t)j->slot,
+			 "tokens_predicted", (json_int_t)c->n_tokens, "tokens_evaluated", (json_int_t)j->q.n_ids);
 }
 
 /* ---- GET /props, GET /slots -------------------------------------------- */

@@ -70,6 +70,7 @@ void kvt_srv_job_free(gen_job *j)
 	kvt_srv_job_release(j);
 	for (uint32_t i = 0; j->ch && i < j->q.n; i++) { /* [q.n]: a choice not submitted may hold its lp */
 		free(j->ch[i].text.p);
+		free(j->ch[i].ids.p);
 		json_decref(j->ch[i].lp);
 	}
 	free(j->ch);
@@ -147,6 +148,8 @@ static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, const kvt_
 		int rc = marker ? KVT_OK : kvt_tok_stream_push(j->tok, &c->ds, ids[i], buf, cap, &got);
 		if (rc == KVT_OK) {
 			c->n_tokens++;
+			if (j->llama)
+				kvt_sbuf_add(&c->ids, (const char *)&ids[i], sizeof(ids[i]));
 			if (c->lp && lps && j->q.chat)
 				json_array_append_new(c->lp, kvt_oai_lp_chat(j->tok, &lps[i]));
 			else if (c->lp && lps)

@@ -136,6 +136,8 @@ typedef struct gen_choice {
 	json_t *lp;                 /* logprobs so far (NULL: not asked): chat, an array of content entries; completions, the logprobs object */
 	size_t lp_sent;             /* streaming: entries of lp already sent */
 	kvt_sched_usage usage;      /* from the scheduler once ended */
+	kvt_sbuf ids;               /* llama job: the generated token ids, int32 (its "tokens") */
+	size_t n_ids_sent;          /* llama stream: ids already sent in a chunk */
 } gen_choice;
 
 /* A completion in progress: the parsed request, its n choices, the SSE output. */
@@ -252,9 +254,9 @@ enum MHD_Result kvt_llama_handle(conn_req *r, kvt_sched *sched, const struct kvt
 /* llama-server's "timings" of a finished request (prompt_*, predicted_*, cache_n). */
 json_t *kvt_llama_timings(const kvt_sched_usage *u);
 /* The llama job's non-streaming body (content, stop_type, tokens_*, timings, ...). */
-json_t *kvt_llama_result(const gen_job *j);
+json_t *kvt_llama_result(gen_job *j);
 /* One SSE chunk of a llama job: {"content", "stop": false, ...}; with finish, the final one (stop: true, timings). */
-json_t *kvt_llama_chunk(const gen_job *j, uint32_t i, const char *text, size_t n, const char *finish);
+json_t *kvt_llama_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish);
 
 /* ---- slot_file.c: slot snapshots (llama-server's slot save / restore) ---- */
 
