@@ -174,14 +174,26 @@ int kvt_tm_block_import(kvt_tm *tm, const uint8_t model_fp[KVT_HASH_BYTES], cons
 			const uint8_t h[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES], const int32_t *tokens,
 			uint32_t n_tokens, const char **why)
 {
+	/*
+	 * Verified at the size the record says it is (bounded), so a record of
+	 * another codec or block shape is named as such by record_fits rather
+	 * than failing on its length.
+	 */
+	size_t cap = tm->packed_bytes;
+	if (n >= KVT_T2_MIN_HEADER_BYTES) {
+		const uint8_t *r = rec + 128; /* raw bytes (t2_store.h) */
+		size_t raw = (size_t)r[0] | (size_t)r[1] << 8 | (size_t)r[2] << 16 | (size_t)r[3] << 24;
+		if (raw > cap && raw <= KVT_T2_MAX_RAW_BYTES)
+			cap = raw;
+	}
 	kvt_t2_block_meta *m = malloc(sizeof(*m));
-	uint8_t *pay = malloc(tm->packed_bytes), *scratch = malloc(tm->packed_bytes);
-	const uint64_t limit = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + tm->packed_bytes, KVT_T2_UNIT_BYTES);
+	uint8_t *pay = malloc(cap), *scratch = malloc(cap);
+	const uint64_t limit = kvt_t2_round_up((uint64_t)KVT_T2_HEADER_BYTES + cap, KVT_T2_UNIT_BYTES);
 	int rc = KVT_ENOMEM;
 	*why = "out of memory";
 	if (!m || !pay || !scratch)
 		goto out;
-	rc = kvt_t2_record_verify_unpadded(rec, n, limit, 0, model_fp, NULL, m, pay, tm->packed_bytes, scratch, why);
+	rc = kvt_t2_record_verify_unpadded(rec, n, limit, 0, model_fp, NULL, m, pay, cap, scratch, why);
 	if (rc == KVT_EFULL) {
 		rc = KVT_ECORRUPT;
 		*why = "a record larger than this daemon's block";

@@ -328,11 +328,16 @@ static int slot_parse(kvt_sched *s, const uint8_t *p, size_t n, slot_hdr *h, cha
 	return KVT_OK;
 }
 
-/* Enter the file's records as the chain's leading blocks. */
+/*
+ * Enter the file's records as the chain's leading blocks; *n_entered how many.
+ * A host tier with no room left ends the run early (logged): the blocks past
+ * it are prefilled by the next turn, as after an eviction.
+ */
 static int slot_enter(kvt_sched *s, const slot_hdr *h, const uint8_t root[KVT_HASH_BYTES],
-		      uint8_t (*chain)[KVT_HASH_BYTES], char *err, size_t cap)
+		      uint8_t (*chain)[KVT_HASH_BYTES], uint32_t *n_entered, char *err, size_t cap)
 {
 	size_t off = 0;
+	*n_entered = 0;
 	for (uint32_t i = 0; i < h->n_blocks; i++) {
 		if (h->n_recs - off < 4 || le32_get(h->recs + off) > h->n_recs - off - 4)
 			return slot_fail(err, cap, KVT_ECORRUPT, "block %u of the slot file is cut short", i);
@@ -341,9 +346,15 @@ static int slot_enter(kvt_sched *s, const slot_hdr *h, const uint8_t root[KVT_HA
 		int rc = kvt_tm_block_import(s->cfg.tm, s->cfg.model_fp, h->recs + off + 4, len, chain[i],
 					     i ? chain[i - 1] : root, h->tokens + (size_t)i * s->block_tokens,
 					     s->block_tokens, &why);
+		if (rc == KVT_EFULL) {
+			KVT_LOGW("slot restore: no room for block %u of %u in the host tier; the rest is prefilled", i,
+				 h->n_blocks);
+			return KVT_OK;
+		}
 		if (rc != KVT_OK)
 			return slot_fail(err, cap, rc, "block %u of the slot file refused: %s", i, why);
 		off += 4 + (size_t)len;
+		*n_entered = i + 1;
 	}
 	if (off != h->n_recs)
 		return slot_fail(err, cap, KVT_ECORRUPT, "the slot file has %zu bytes past its blocks", h->n_recs - off);
@@ -383,16 +394,17 @@ int kvt_slot_restore(kvt_sched *s, const char *tenant, const char *id, const cha
 		slot_fail(err, cap, rc, "hashing the slot's history failed: %s", kvt_strerror(rc));
 	if (rc == KVT_OK && !s->cfg.tm && h.n_blocks)
 		h.n_blocks = 0; /* no cache to enter them into: the history is prefilled */
+	uint32_t n_in = 0;
 	if (rc == KVT_OK)
-		rc = slot_enter(s, &h, root, chain, err, cap);
+		rc = slot_enter(s, &h, root, chain, &n_in, err, cap);
 	if (rc == KVT_OK)
 		rc = slot_put_row(s, tenant, id, &h, n_chain ? chain[n_chain - 1] : root, err, cap);
-	if (rc == KVT_OK && h.n_blocks &&
-	    kvt_tm_end_turn_chain(s->cfg.tm, h.n_blocks, (const uint8_t(*)[KVT_HASH_BYTES])chain, NULL, NULL))
+	if (rc == KVT_OK && n_in &&
+	    kvt_tm_end_turn_chain(s->cfg.tm, n_in, (const uint8_t(*)[KVT_HASH_BYTES])chain, NULL, NULL))
 		KVT_LOGW("slot restore %s: the blocks are not yet due for NVMe (they go at the next flush)", path);
 	if (rc == KVT_OK) {
 		out->n_tokens = h.n_tokens;
-		out->n_blocks = h.n_blocks;
+		out->n_blocks = n_in;
 		out->n_bytes = n;
 	}
 	free(h.tokens);
