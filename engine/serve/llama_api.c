@@ -27,7 +27,9 @@
  *    ...) are accepted and ignored, "grammar" (GBNF) is refused; n_predict -1
  *    means server.default_max_tokens cut to the context, 0 generates one
  *    token; cache_prompt is always on (kvtier caches every prompt); one prompt
- *    per request (a list of prompts is refused);
+ *    per request (a list of prompts is refused); "tokens" (the generated ids)
+ *    is always filled, return_tokens or not; no "data: [DONE]" ends a stream,
+ *    as in llama-server;
  *  - chat_template in /props names the template family kvtier renders
  *    (kvtier has no Jinja); the generation settings report llama-server's
  *    defaults that kvtier applies (temperature 0.8, top_k 40, top_p 0.95,

@@ -536,7 +536,8 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		int rc = job_poll(j, 0, &progress);
 		if (rc != KVT_OK) {
 			sse_put(j, kvt_srv_error_object(j->rid, "server_error", NULL, NULL, "the engine failed while generating"));
-			kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+			if (!j->llama)
+				kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
 			j->done = true;
 			continue;
 		}

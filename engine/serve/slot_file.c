@@ -309,10 +309,12 @@ static int slot_parse(kvt_sched *s, const uint8_t *p, size_t n, slot_hdr *h, cha
 	h->n_tokens = le32_get(p + 20);
 	h->n_blocks = le32_get(p + 24);
 	const size_t body = n - SLOT_HEADER_BYTES - SLOT_DIGEST_BYTES;
-	if ((uint64_t)h->n_tokens * 4 > body || h->n_blocks > h->n_tokens / s->block_tokens ||
-	    h->n_tokens > s->max_ctx)
+	if ((uint64_t)h->n_tokens * 4 > body || h->n_blocks > h->n_tokens / s->block_tokens)
 		return slot_fail(err, cap, KVT_ECORRUPT, "the slot file's counts (%u tokens, %u blocks) do not fit it",
 				 h->n_tokens, h->n_blocks);
+	if (h->n_tokens > s->max_ctx)
+		return slot_fail(err, cap, KVT_EINVAL, "the slot's history of %u tokens is longer than this daemon's "
+				 "context (%u tokens)", h->n_tokens, s->max_ctx);
 	if (!(h->tokens = malloc(((size_t)h->n_tokens + 1) * sizeof(int32_t))))
 		return slot_fail(err, cap, KVT_ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < h->n_tokens; i++) {
