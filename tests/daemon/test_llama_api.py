@@ -14,6 +14,8 @@ Cases (each on its own data dir, small tiers, an ephemeral port, removed afterwa
   slots      -np 2 --slot-save-path DIR: a turn in slot 0, save; a new daemon on an EMPTY data
              dir restores slot 0 and runs the next turn without prefilling the history, with the
              reply an uninterrupted daemon gives (greedy); erase; bad filenames and slot ids
+  nvme       a slot saved after a restart (its blocks read back from the NVMe tier) restores on an
+             empty data dir and replies as the daemon that saved it
   refusals   a tampered snapshot (checksum), a file that is not a snapshot, and a snapshot of
              another model (Gemma 3 270M, when models/ has it) are refused with a clear 400
   flags      llama-server's command line: -m MODEL --host 127.0.0.1 --port P -c 2048 -t 2 -np 2
@@ -320,6 +322,38 @@ def case_slots(build, tmp):
         check(d2.stop() == 0, "SIGTERM exits 0")
 
 
+def case_nvme(build, tmp):
+    """A slot saved after a restart: its blocks are read from the NVMe tier's records."""
+    slots = os.path.join(tmp, "slots")
+    d = slot_daemon(build, os.path.join(tmp, "a"), slots)
+    d.start()
+    try:
+        ids = post(d, "/tokenize", {"content": STORY, "add_special": True})[1]["tokens"]
+        hist = ids + turn(d, ids, slot=1)["tokens"]
+        next_ids = post(d, "/tokenize", {"content": NEXT})[1]["tokens"]
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0 (the blocks are flushed to NVMe)")
+    d.start()  # the same data dir: the table comes back from the index, the blocks are in T2 only
+    try:
+        st, s = post(d, "/slots/1?action=save", {"filename": "nvme.bin"})
+        check(st == 200 and s["n_saved"] == len(hist) and s["kvtier"]["n_blocks"] == (len(hist) - 1) // BT,
+              "a save after a restart holds the blocks from NVMe: %s %s" % (st, s))
+        ref = turn(d, hist + next_ids, slot=1)
+    finally:
+        check(d.stop() == 0, "SIGTERM exits 0")
+    d2 = slot_daemon(build, os.path.join(tmp, "b"), slots)
+    d2.start()
+    try:
+        st, r = post(d2, "/slots/1?action=restore", {"filename": "nvme.bin"})
+        check(st == 200 and r["kvtier"]["n_blocks"] == (len(hist) - 1) // BT, "restore: %s %s" % (st, r))
+        got = turn(d2, hist + next_ids, slot=1)
+        check(got["tokens_cached"] == ref["tokens_cached"] and got["content"] == ref["content"],
+              "restored from NVMe records: cached %d vs %d, %r vs %r" % (got["tokens_cached"], ref["tokens_cached"],
+                                                                         got["content"], ref["content"]))
+    finally:
+        check(d2.stop() == 0, "SIGTERM exits 0")
+
+
 def case_refusals(build, tmp):
     slots = os.path.join(tmp, "slots")
     d = slot_daemon(build, os.path.join(tmp, "a"), slots)
@@ -412,7 +446,8 @@ def case_flags(build, tmp):
     check(rc.returncode == 64 and "parallel" in rc.stderr, "-np 0 is refused naming the key: %r" % rc.stderr[:200])
 
 
-CASES = {"endpoints": case_endpoints, "slots": case_slots, "refusals": case_refusals, "flags": case_flags}
+CASES = {"endpoints": case_endpoints, "slots": case_slots, "nvme": case_nvme, "refusals": case_refusals,
+         "flags": case_flags}
 
 if __name__ == "__main__":
     sys.exit(run_cases("llama_api", __doc__, MODEL, CASES))
