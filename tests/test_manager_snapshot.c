@@ -9,6 +9,8 @@
  *  - import into another manager under another chain (another tenant salt,
  *    as another daemon's secret makes): the blocks enter T1, dirty, and
  *    promote to T0 bit for bit (f16); a second import changes nothing;
+ *  - a host tier of two slots takes four imports by making room (the table
+ *    and the manager stay consistent);
  *  - refusals, each leaving the table without the block: a flipped payload
  *    byte (checksum), another model fingerprint, tokens that are not the
  *    history's, a manager of another codec (FP8).
@@ -58,16 +60,21 @@ static void make_chain(void)
 
 static const uint8_t *parent_of(int k, int b) { return b ? hashes[k][b - 1] : roots[k]; }
 
-static int fx_open(fixture *f, int codec)
+static int fx_open_n(fixture *f, int codec, uint32_t n_t1)
 {
 	memset(f, 0, sizeof(*f));
 	if (tm_fx_base(&shape, N_T0, &f->dev, &f->t0, &f->bt))
 		return 1;
 	kvt_tm_config c;
-	tm_fx_config(&c, f->dev, f->t0, f->bt, NULL, NULL, N_T1, codec);
+	tm_fx_config(&c, f->dev, f->t0, f->bt, NULL, NULL, n_t1, codec);
 	c.high[KVT_TIER_HBM] = c.high[KVT_TIER_HOST] = 1.0f;
 	c.batch_blocks = 4;
 	return kvt_tm_create(&c, &f->tm) != KVT_OK;
+}
+
+static int fx_open(fixture *f, int codec)
+{
+	return fx_open_n(f, codec, N_T1);
 }
 
 static void fx_close(fixture *f)
@@ -161,6 +168,19 @@ static void round_trip(void)
 	CHECK(!in_table(&b, hashes[2][1], &e));
 	CHECK(kvt_tm_block_import(b.tm, model_fp, rec[1], n_rec[1] / 2, hashes[2][1], parent_of(2, 1), toks + BT, BT,
 				  &why) == KVT_ECORRUPT); /* cut short */
+
+	fixture t; /* a host tier of 2 slots: the imports make room (dropping the coldest leaf: no T2 below) */
+	CHECK(fx_open_n(&t, KVT_KV_CODEC_F16, 2) == 0);
+	for (int i = 0; i < N_B; i++) {
+		int rc = kvt_tm_block_import(t.tm, model_fp, rec[i], n_rec[i], hashes[2][i], parent_of(2, i),
+					     toks + i * BT, BT, &why);
+		CHECKF(rc == KVT_OK || rc == KVT_EFULL, "import %d into a full host tier: %s", i, kvt_strerror(rc));
+	}
+	CHECK(kvt_btable_check(t.bt) == KVT_OK && kvt_tm_check(t.tm) == KVT_OK);
+	kvt_tm_stats ts;
+	kvt_tm_get_stats(t.tm, &ts);
+	CHECK(ts.tier[KVT_TIER_HOST].used_blocks <= 2);
+	fx_close(&t);
 
 	fixture c; /* a manager of another codec */
 	CHECK(fx_open(&c, KVT_KV_CODEC_FP8) == 0);
