@@ -706,4 +706,32 @@ int kvt_tm_locate(kvt_tm *tm, const uint8_t (*hashes)[KVT_HASH_BYTES], const int
  */
 int kvt_tm_prefix_release(kvt_tm *tm, kvt_tm_prefix *p);
 
+/* ---- snapshots (tiers/tm_snapshot.c): blocks out as records, records back in ---- */
+
+/*
+ * Block h as a self-checking record: the T2 record format (t2_store.h),
+ * uncompressed, without padding, sealed for offset 0 with model_fp. Its bytes
+ * come from T1, T0 (packed) or T2, whichever holds it. *rec_out malloc'd
+ * (free()), *n_out its bytes (at most kvt_tm_record_max_bytes). KVT_OK;
+ * KVT_ENOTFOUND (in no local tier); T2's read errors; KVT_ENOMEM. Any thread.
+ */
+int kvt_tm_block_export(kvt_tm *tm, const uint8_t model_fp[KVT_HASH_BYTES], const uint8_t h[KVT_HASH_BYTES],
+			uint8_t **rec_out, size_t *n_out);
+/*
+ * A record (kvt_tm_block_export's) back into the tiers as block h with parent
+ * (this node's chain over the same tokens: the record's own hash may be
+ * another secret's or tenant's). It must verify (checksum, model_fp), fit
+ * this manager (codec, scale layout, bytes, block_tokens) and hold tokens
+ * [n_tokens]. A block the table already has is left as it is (KVT_OK);
+ * otherwise it enters T1, dirty and pending like a registered block (an end
+ * of turn over its chain writes it through to T2). KVT_OK; KVT_ECORRUPT (does
+ * not verify) or KVT_EINVAL (does not fit), *why saying which check; KVT_EFULL
+ * (no T1 slot); KVT_ENOMEM. Any thread.
+ */
+int kvt_tm_block_import(kvt_tm *tm, const uint8_t model_fp[KVT_HASH_BYTES], const uint8_t *rec, size_t n,
+			const uint8_t h[KVT_HASH_BYTES], const uint8_t parent[KVT_HASH_BYTES], const int32_t *tokens,
+			uint32_t n_tokens, const char **why);
+/* The most bytes one exported record has. */
+size_t kvt_tm_record_max_bytes(const kvt_tm *tm);
+
 #endif

@@ -154,6 +154,8 @@ static const key_def keys[] = {
 	DUR("server", "drain_timeout", drain_timeout_s, 0, 3600, false, "30", "SIGTERM waits this long for in-flight requests"),
 	STR("server", "secret_file", secret_file, "", "server secret for tenant salts (\"\" = DATA_DIR/secret)"),
 	STR("server", "cors_origins", cors_origins, "", "origins a browser may call the API from, comma-separated (\"\" = none)"),
+	U32("server", "parallel", n_slots, 1, KVT_SERVER_MAX_SLOTS, "1", "slots llama-server's slot API exposes (each a session slot-<id>; -np)"),
+	STR("server", "slot_save_path", slot_save_path, "", "directory of llama-server slot snapshots (\"\" = slot save/restore off; --slot-save-path)"),
 
 	STR("model", "path", model_path, "models/SmolLM2-135M-Instruct.Q4_1.gguf", "the GGUF model"),
 	ENUMK("model", "device", device, device, "auto", "auto = CUDA when a GPU is present, else CPU"),

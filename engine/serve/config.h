@@ -74,6 +74,8 @@ typedef struct kvt_config {
 	double drain_timeout_s;        /* drain_timeout: SIGTERM waits this long for in-flight requests (default 30) */
 	char secret_file[KVT_CONFIG_PATH_MAX]; /* secret_file: server secret for tenant salts ("" = DATA_DIR/secret, created 0600 with 32 random bytes) */
 	char cors_origins[KVT_SERVER_CORS_MAX * (KVT_SERVER_ORIGIN_MAX + 2)]; /* cors_origins: origins allowed cross-origin requests, comma-separated (kvt_server_cors_parse; "" = none) */
+	uint32_t n_slots;              /* parallel: slots llama-server's slot API exposes (default 1; -np) */
+	char slot_save_path[KVT_CONFIG_PATH_MAX]; /* slot_save_path: directory of slot snapshot files ("" = slot save/restore off) */
 
 	/* [model] */
 	char model_path[KVT_CONFIG_PATH_MAX]; /* path (default models/SmolLM2-135M-Instruct-Q4_1.gguf... see conf) */

@@ -807,17 +807,102 @@ static void tear_down(daemon_t *d)
 	free(d->keys);
 }
 
+/*
+ * The flags that set a config key, kvtier's own and llama-server's common
+ * ones (a script that starts llama-server starts kvtierd with the same
+ * flags). --host and --port (no section) are merged into server.listen.
+ */
+typedef struct flag_def {
+	const char *names[2];          /* the flag's spellings (NULL: none more) */
+	const char *section, *key;     /* the config key it sets; section NULL: --host / --port */
+} flag_def;
+
+static const flag_def flag_defs[] = {
+	{ { "--listen", NULL }, "server", "listen" },
+	{ { "--data-dir", NULL }, "index", "data_dir" },
+	{ { "-m", "--model" }, "model", "path" },
+	{ { "--device", NULL }, "model", "device" },
+	{ { "--chat-template", NULL }, "model", "chat_template" },
+	{ { "--ctx-size", NULL }, "model", "context" }, /* and -c N (digits): see flag_index */
+	{ { "-t", "--threads" }, "model", "threads" },
+	{ { "-np", "--parallel" }, "server", "parallel" },
+	{ { "--api-key", NULL }, "server", "api_keys" },
+	{ { "--slot-save-path", NULL }, "server", "slot_save_path" },
+	{ { "--host", NULL }, NULL, "host" },
+	{ { "--port", NULL }, NULL, "port" },
+};
+#define N_FLAGS (sizeof(flag_defs) / sizeof(flag_defs[0]))
+
+/*
+ * Which flag a is (N_FLAGS: none). NOTE: -c is kvtier's --config and
+ * llama-server's --ctx-size; a value of digits only is a context size (no
+ * one names a config file "2048"), anything else a config file.
+ */
+static size_t flag_index(const char *a, const char *val)
+{
+	if (!strcmp(a, "-c"))
+		return val[0] && strspn(val, "0123456789") == strlen(val) ? 5 : N_FLAGS;
+	for (size_t k = 0; k < N_FLAGS; k++)
+		for (size_t j = 0; j < 2; j++)
+			if (flag_defs[k].names[j] && !strcmp(a, flag_defs[k].names[j]))
+				return k;
+	return N_FLAGS;
+}
+
+/* A flag's value as its key takes it: llama-server's -1 threads is kvtier's 0 (auto); --api-key K1,K2 are the default tenant's keys. */
+static void flag_value(size_t k, const char *v, char *out, size_t cap)
+{
+	if (!strcmp(flag_defs[k].key, "threads") && !strcmp(v, "-1")) {
+		snprintf(out, cap, "0");
+	} else if (!strcmp(flag_defs[k].key, "api_keys")) {
+		size_t n = 0;
+		out[0] = 0;
+		for (const char *p = v; *p && n + 1 < cap;) {
+			size_t len = strcspn(p, ",");
+			if (len)
+				n += (size_t)snprintf(out + n, cap - n, "%sdefault:%.*s", n ? ", " : "", (int)len, p);
+			p += len + (p[len] == ',');
+		}
+	} else {
+		snprintf(out, cap, "%s", v);
+	}
+}
+
+/* Apply the flags' values over the loaded configuration; --host / --port replace their half of server.listen. */
+static int flags_apply(kvt_config *c, const char *const *vals, char *err, size_t cap)
+{
+	char v[2048];
+	for (size_t k = 0; k < N_FLAGS; k++) {
+		if (!vals[k] || !flag_defs[k].section)
+			continue;
+		flag_value(k, vals[k], v, sizeof(v));
+		if (kvt_config_set(c, flag_defs[k].section, flag_defs[k].key, v, err, cap)) {
+			fprintf(stderr, "kvtierd: %s: %s\n", flag_defs[k].names[flag_defs[k].names[1] ? 1 : 0], err);
+			return -1;
+		}
+	}
+	const char *host = vals[N_FLAGS - 2], *port = vals[N_FLAGS - 1];
+	if (!host && !port)
+		return 0;
+	char h[300], p[16];
+	snprintf(h, sizeof(h), "%s", host ? host : c->listen_host);
+	snprintf(p, sizeof(p), "%s", port ? port : "");
+	if (!port)
+		snprintf(p, sizeof(p), "%u", c->listen_port);
+	snprintf(v, sizeof(v), strchr(h, ':') && h[0] != '[' ? "[%s]:%s" : "%s:%s", h, p);
+	if (kvt_config_set(c, "server", "listen", v, err, cap)) {
+		fprintf(stderr, "kvtierd: --host/--port: %s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	umask(077);
 	static daemon_t d;
 	const char *cfg_path = NULL;
-	const char *flag_keys[][3] = { { "--listen", "server", "listen" },
-				       { "--data-dir", "index", "data_dir" },
-				       { "--model", "model", "path" },
-				       { "--device", "model", "device" },
-				       { "--chat-template", "model", "chat_template" } };
-	const char *flag_vals[5] = { 0 };
+	const char *flag_vals[N_FLAGS] = { 0 };
 	bool check = false, print = false;
 	char err[1024];
 
@@ -844,14 +929,12 @@ int main(int argc, char **argv)
 			usage(stderr);
 			return EX_USAGE;
 		}
-		if (!strcmp(a, "-c") || !strcmp(a, "--config")) {
+		size_t k = flag_index(a, argv[i + 1]);
+		if (k == N_FLAGS && (!strcmp(a, "-c") || !strcmp(a, "--config"))) {
 			cfg_path = argv[++i];
 			continue;
 		}
-		size_t k = 0;
-		while (k < 5 && strcmp(a, flag_keys[k][0]))
-			k++;
-		if (k == 5) {
+		if (k == N_FLAGS) {
 			fprintf(stderr, "kvtierd: unknown option %s\n", a);
 			usage(stderr);
 			return EX_USAGE;
@@ -865,14 +948,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvtierd: %s\n", err);
 		return EX_CONFIG;
 	}
-	for (size_t k = 0; k < 5; k++) {
-		if (!flag_vals[k])
-			continue;
-		if (kvt_config_set(&d.cfg, flag_keys[k][1], flag_keys[k][2], flag_vals[k], err, sizeof(err))) {
-			fprintf(stderr, "kvtierd: %s: %s\n", flag_keys[k][0], err);
-			return EX_USAGE;
-		}
-	}
+	if (flags_apply(&d.cfg, flag_vals, err, sizeof(err)))
+		return EX_USAGE;
 	if (kvt_config_validate(&d.cfg, err, sizeof(err))) {
 		fprintf(stderr, "kvtierd: %s: %s\n", path ? path : "built-in defaults", err);
 		return EX_CONFIG;
@@ -943,6 +1020,16 @@ int main(int argc, char **argv)
 	scfg.chunk_min_tokens = d.cfg.chunk_min_tokens;
 	scfg.request_timeout_s = d.cfg.request_timeout_s;
 	scfg.model_id = basename_of(d.cfg.model_path);
+	scfg.model_path = d.cfg.model_path;
+	scfg.build_info = "kvtier " KVT_VERSION " (" KVT_GIT_COMMIT ")";
+	scfg.n_slots = d.cfg.n_slots;
+	scfg.slot_save_path = d.cfg.slot_save_path;
+	if (d.cfg.slot_save_path[0] && mkdir_p(d.cfg.slot_save_path)) {
+		KVT_LOGE("server.slot_save_path %s: cannot create the directory: %s", d.cfg.slot_save_path,
+			 strerror(errno));
+		code = EX_CANTCREAT;
+		goto out;
+	}
 	scfg.kv_dtype = kvt_kv_codec_name(d.cfg.host_dtype);
 	if (kvt_server_start(&scfg, &d.srv)) {
 		KVT_LOGE("server.listen %s:%u: cannot listen", d.cfg.listen_host, d.cfg.listen_port);

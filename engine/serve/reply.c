@@ -58,6 +58,9 @@ void kvt_srv_job_release(gen_job *j)
 	if (j->counted)
 		atomic_fetch_sub(&j->srv->in_flight, 1);
 	j->counted = false;
+	if (j->slot >= 0) /* llama API: the slot is free again */
+		atomic_fetch_sub(&j->srv->slot_busy[j->slot], 1);
+	j->slot = -1;
 }
 
 void kvt_srv_job_free(gen_job *j)
@@ -67,6 +70,7 @@ void kvt_srv_job_free(gen_job *j)
 	kvt_srv_job_release(j);
 	for (uint32_t i = 0; j->ch && i < j->q.n; i++) { /* [q.n]: a choice not submitted may hold its lp */
 		free(j->ch[i].text.p);
+		free(j->ch[i].ids.p);
 		json_decref(j->ch[i].lp);
 	}
 	free(j->ch);
@@ -144,6 +148,8 @@ static int choice_feed(gen_job *j, gen_choice *c, const int32_t *ids, const kvt_
 		int rc = marker ? KVT_OK : kvt_tok_stream_push(j->tok, &c->ds, ids[i], buf, cap, &got);
 		if (rc == KVT_OK) {
 			c->n_tokens++;
+			if (j->llama)
+				kvt_sbuf_add(&c->ids, (const char *)&ids[i], sizeof(ids[i]));
 			if (c->lp && lps && j->q.chat)
 				json_array_append_new(c->lp, kvt_oai_lp_chat(j->tok, &lps[i]));
 			else if (c->lp && lps)
@@ -344,6 +350,8 @@ static json_t *usage_json(const gen_job *j)
 /* The non-streaming response body. */
 static json_t *job_result(gen_job *j)
 {
+	if (j->llama)
+		return kvt_llama_result(j);
 	json_t *choices = json_array();
 	for (uint32_t i = 0; i < j->n; i++) {
 		gen_choice *c = &j->ch[i];
@@ -369,9 +377,11 @@ static json_t *job_result(gen_job *j)
 		}
 		json_array_append_new(choices, ch);
 	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object",
+	/* llama-server's timings beside usage: clients switching from it read them */
+	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", j->id, "object",
 			 j->q.chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
-			 j->srv->model_id, "choices", choices, "usage", usage_json(j));
+			 j->srv->model_id, "choices", choices, "usage", usage_json(j), "timings",
+			 kvt_llama_timings(&j->ch[0].usage));
 }
 
 /* ---- SSE ---- */
@@ -399,6 +409,12 @@ static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const 
 		      json_t *tool_calls)
 {
 	json_t *ch;
+	if (j->llama) { /* llama-server's /completion chunks: no choices, no logprobs */
+		json_decref(lp);
+		json_decref(tool_calls);
+		sse_put(j, kvt_llama_chunk(j, i, text, n, finish));
+		return;
+	}
 	if (!lp)
 		lp = json_null();
 	if (j->q.chat) {
@@ -417,9 +433,12 @@ static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const 
 		ch = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (json_int_t)i, "text", text ? text : "",
 			       text ? n : 0, "logprobs", lp, "finish_reason", finish);
 	}
-	sse_put(j, json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
-			     j->q.chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
-			     "model", j->srv->model_id, "choices", ch));
+	json_t *chunk = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
+				  j->q.chat ? "chat.completion.chunk" : "text_completion", "created",
+				  (json_int_t)j->created, "model", j->srv->model_id, "choices", ch);
+	if (chunk && finish) /* the choice's last chunk carries llama-server's timings */
+		json_object_set_new(chunk, "timings", kvt_llama_timings(&j->ch[i].usage));
+	sse_put(j, chunk);
 }
 
 /* Move whatever text can be sent now into SSE chunks; finish chunks for ended choices. */
@@ -486,7 +505,8 @@ static void sse_emit(gen_job *j)
 					     j->q.chat ? "chat.completion.chunk" : "text_completion", "created",
 					     (json_int_t)j->created, "model", j->srv->model_id, "choices", "usage",
 					     usage_json(j)));
-		kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+		if (!j->llama) /* llama-server ends a /completion stream with its stop chunk */
+			kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
 		j->done = true;
 	}
 }
@@ -516,7 +536,8 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		int rc = job_poll(j, 0, &progress);
 		if (rc != KVT_OK) {
 			sse_put(j, kvt_srv_error_object(j->rid, "server_error", NULL, NULL, "the engine failed while generating"));
-			kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
+			if (!j->llama)
+				kvt_sbuf_add(&j->out, "data: [DONE]\n\n", 14);
 			j->done = true;
 			continue;
 		}

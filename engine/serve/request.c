@@ -679,23 +679,12 @@ static int tokenize(const kvt_tok *tok, const char *text, size_t len, bool parse
 	return rc == KVT_OK ? with_bos(tok, ids, n, out, n_out) : rc;
 }
 
-/*
- * messages -> prompt ids through the chat template: only the template's own
- * markers are special tokens; every message's text is tokenized as text.
- */
-static int chat_prompt(const kvt_tok *tok, json_t *msgs, const char *tools_text, int32_t **ids, uint32_t *n_ids,
-		       kvt_req_err *e)
+/* The messages of a chat body as the template's input: cm[0..*n_out) over texts (both [n + 1], caller frees). */
+static int chat_messages(json_t *msgs, const char *tools_text, kvt_chat_msg *cm, char **texts, size_t *n_out,
+			 kvt_req_err *e)
 {
-	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-		return kvt_req_fail(e, "messages", NULL, "'messages' must be a non-empty array");
-	size_t n = json_array_size(msgs), n_cm = n + 1;
-	kvt_chat_msg *cm = calloc(n_cm, sizeof(*cm));
-	char **texts = calloc(n_cm, sizeof(*texts));
+	size_t n = json_array_size(msgs);
 	int ret = KVT_EINVAL;
-	if (!cm || !texts) {
-		kvt_req_fail(e, "messages", NULL, "out of memory");
-		goto out;
-	}
 	for (size_t i = 0; i < n; i++) {
 		json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
 		char param[64];
@@ -766,20 +755,70 @@ static int chat_prompt(const kvt_tok *tok, json_t *msgs, const char *tools_text,
 			n++;
 		}
 	}
-	int32_t *chat_ids = NULL;
-	size_t n_chat = 0;
-	int rc = kvt_tok_chat_encode(tok, cm, n, true, &chat_ids, &n_chat);
-	if (rc == KVT_OK && (rc = with_bos(tok, chat_ids, n_chat, ids, n_ids)) == KVT_OK)
-		ret = KVT_OK;
-	else
-		kvt_req_fail(e, "messages", NULL, "the messages cannot be formatted with this model's chat template (%s)",
-			     kvt_strerror(rc));
+	*n_out = n;
+	ret = KVT_OK;
 out:
+	return ret;
+}
+
+/*
+ * The messages as the template lays them out: token ids (ids, with BOS as the
+ * model asks) or, with text non-NULL, the prompt string (no BOS).
+ */
+static int chat_render(const kvt_tok *tok, json_t *msgs, const char *tools_text, int32_t **ids, uint32_t *n_ids,
+		       char **text, kvt_req_err *e)
+{
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return kvt_req_fail(e, "messages", NULL, "'messages' must be a non-empty array");
+	size_t n = 0, n_cm = json_array_size(msgs) + 1;
+	kvt_chat_msg *cm = calloc(n_cm, sizeof(*cm));
+	char **texts = calloc(n_cm, sizeof(*texts));
+	int ret = KVT_EINVAL;
+	if (!cm || !texts)
+		kvt_req_fail(e, "messages", NULL, "out of memory");
+	else if (chat_messages(msgs, tools_text, cm, texts, &n, e) == KVT_OK) {
+		int32_t *chat_ids = NULL;
+		size_t n_chat = 0;
+		int rc = text ? kvt_tok_chat_format(tok, cm, n, true, text)
+			      : kvt_tok_chat_encode(tok, cm, n, true, &chat_ids, &n_chat);
+		if (rc == KVT_OK && !text)
+			rc = with_bos(tok, chat_ids, n_chat, ids, n_ids);
+		if (rc == KVT_OK)
+			ret = KVT_OK;
+		else
+			kvt_req_fail(e, "messages", NULL,
+				     "the messages cannot be formatted with this model's chat template (%s)",
+				     kvt_strerror(rc));
+	}
 	for (size_t i = 0; texts && i < n_cm; i++)
 		free(texts[i]);
 	free(texts);
 	free(cm);
 	return ret;
+}
+
+/*
+ * messages -> prompt ids through the chat template: only the template's own
+ * markers are special tokens; every message's text is tokenized as text.
+ */
+static int chat_prompt(const kvt_tok *tok, json_t *msgs, const char *tools_text, int32_t **ids, uint32_t *n_ids,
+		       kvt_req_err *e)
+{
+	return chat_render(tok, msgs, tools_text, ids, n_ids, NULL, e);
+}
+
+int kvt_req_chat_text(const kvt_tok *tok, json_t *body, char **out, kvt_req_err *e)
+{
+	kvt_oai_tools tools;
+	memset(&tools, 0, sizeof(tools));
+	int rc = kvt_oai_tools_parse(body, &tools, e);
+	if (rc == KVT_OK) {
+		char *tools_text = kvt_oai_tools_prompt(&tools);
+		rc = chat_render(tok, json_object_get(body, "messages"), tools_text, NULL, NULL, out, e);
+		free(tools_text);
+	}
+	kvt_oai_tools_deinit(&tools);
+	return rc;
 }
 
 /*

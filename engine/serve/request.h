@@ -133,6 +133,12 @@ int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t
  */
 int kvt_req_resume_parse(json_t *body, bool *stream, const char **user, size_t *n_user, kvt_req_err *e);
 
+/*
+ * The chat prompt a body's "messages" (and "tools") make, as text: what
+ * /v1/chat/completions would tokenize, without BOS (llama-server's
+ * POST /apply-template). *out malloc'd. KVT_OK; KVT_EINVAL with e; KVT_ENOMEM.
+ */
+int kvt_req_chat_text(const kvt_tok *tok, json_t *body, char **out, kvt_req_err *e);
 /* Free what q holds (the prompt, the stops, the echo, the grammar, the tools). A zeroed q is fine. */
 void kvt_gen_request_deinit(kvt_gen_request *q);
 

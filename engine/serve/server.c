@@ -90,6 +90,7 @@ void kvt_server_config_default(kvt_server_config *c)
 	c->chunk_min_tokens = 64;
 	c->request_timeout_s = 600;
 	c->model_id = "kvtier";
+	c->n_slots = 1;
 }
 
 /* Requests need a key (any API key or admin key is configured). */
@@ -588,7 +589,7 @@ static int job_submit(gen_job *j, kvt_sched *sched)
  * choice, then reply (reply.c): an SSE stream, or the connection parks until
  * every choice ended. The job owns the parsed request from here on.
  */
-static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
+enum MHD_Result kvt_srv_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat, int llama_slot)
 {
 	kvt_server *srv = r->srv;
 	const kvt_server_config *cfg = &srv->cfg;
@@ -604,6 +605,11 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 	gen_job *j = calloc(1, sizeof(*j));
 	if (!j)
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
+	j->srv = srv;
+	j->llama = llama_slot != KVT_SRV_NOT_LLAMA;
+	j->slot = llama_slot >= 0 ? llama_slot : -1;
+	if (j->slot >= 0) /* given back by kvt_srv_job_release */
+		atomic_fetch_add(&srv->slot_busy[j->slot], 1);
 	json_t *body = NULL;
 	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
 	if (rc == KVT_OK) {
@@ -618,7 +624,6 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 		kvt_srv_job_free(j);
 		return parse_error(r, rc, &e);
 	}
-	j->srv = srv;
 	j->tok = tok;
 	j->req = r;
 	j->usage = r->usage;
@@ -677,6 +682,8 @@ enum route {
 	R_SESSION,        /* /v1/sessions/{id} */
 	R_SESSION_RESUME, /* /v1/sessions/{id}/resume */
 	R_DASHBOARD,      /* /dashboard: the live view (dashboard.h) */
+	R_LLAMA_GET,      /* llama-server's GET /props, /slots (llama_api.c) */
+	R_LLAMA_POST,     /* llama-server's POST /completion, /tokenize, /detokenize, /apply-template, /slots/{id} */
 };
 
 /* Which route a path names; *id (sessions) points into a buffer of the caller. */
@@ -695,6 +702,12 @@ static enum route route_of(const char *path, char *id, size_t id_cap)
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
 		if (!strcmp(path, fixed[i].path))
 			return fixed[i].r;
+	switch (kvt_llama_route(path)) {
+	case 1:
+		return R_LLAMA_GET;
+	case 2:
+		return R_LLAMA_POST;
+	}
 	if (!strncmp(path, "/v1/models/", 11)) { /* a model id may hold '/' (org/name) */
 		size_t len = strlen(path + 11);
 		if (len == 0 || len >= id_cap)
@@ -721,6 +734,7 @@ static const char *route_method(enum route rt)
 	case R_COMPLETIONS:
 	case R_CHAT:
 	case R_SESSION_RESUME:
+	case R_LLAMA_POST:
 		return "POST";
 	case R_SESSION:
 		return "DELETE";
@@ -842,9 +856,9 @@ static enum MHD_Result dispatch(conn_req *r)
 	case R_MODEL:
 		return kvt_srv_handle_model(r, id);
 	case R_COMPLETIONS:
-		return handle_generate(r, sched, tok, false);
+		return kvt_srv_generate(r, sched, tok, false, KVT_SRV_NOT_LLAMA);
 	case R_CHAT:
-		return handle_generate(r, sched, tok, true);
+		return kvt_srv_generate(r, sched, tok, true, KVT_SRV_NOT_LLAMA);
 	case R_STATS:
 		return kvt_srv_auth_on(srv) && !r->admin ? kvt_srv_handle_tenant_stats(r, sched) : kvt_srv_handle_stats(r, sched);
 	case R_SESSIONS:
@@ -853,6 +867,9 @@ static enum MHD_Result dispatch(conn_req *r)
 		return kvt_srv_handle_session_delete(r, sched, id);
 	case R_SESSION_RESUME:
 		return kvt_srv_handle_resume(r, sched, id);
+	case R_LLAMA_GET:
+	case R_LLAMA_POST:
+		return kvt_llama_handle(r, sched, tok);
 	default:
 		return kvt_srv_reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
 	}

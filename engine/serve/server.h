@@ -60,7 +60,14 @@ typedef struct kvt_server_config {
 	const char *model_id;          /* id reported by /v1/models and in responses */
 	const char *kv_dtype;          /* T1/T2 record format for /v1/stats ("f16", "fp8", "int8"); NULL: "f16" */
 	const char *cors_origins;      /* origins allowed cross-origin requests, comma/space separated (kvt_server_cors_parse); NULL or "": none */
+	/* llama-server's native API (engine/serve/llama_api.c) */
+	const char *model_path;        /* the model file as configured (GET /props model_path); borrowed, must outlive the server; NULL: model_id */
+	const char *build_info;        /* GET /props build_info; borrowed (static); NULL: "kvtier" */
+	uint32_t n_slots;              /* slots the slot API exposes, 1..KVT_SERVER_MAX_SLOTS (--parallel; default 1) */
+	const char *slot_save_path;    /* directory of slot files (--slot-save-path); borrowed; NULL or "": save/restore refused */
 } kvt_server_config;
+
+#define KVT_SERVER_MAX_SLOTS 256       /* server.parallel at most */
 
 void kvt_server_config_default(kvt_server_config *c);
 

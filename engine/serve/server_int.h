@@ -63,6 +63,7 @@ struct kvt_server {
 	atomic_ullong n_addr_refusals;      /* new connections closed: every one of their address's had a request in flight */
 	double t_addr_log;                  /* when the per-address limit was last logged (monotonic; under mu) */
 	atomic_uint n_resume_threads;       /* session resumes running on their threads */
+	atomic_uint slot_busy[KVT_SERVER_MAX_SLOTS]; /* llama API: requests running in each slot (llama_api.c) */
 };
 
 /* What one tenant's requests used (with API keys: a tenant key sees its own). */
@@ -135,6 +136,8 @@ typedef struct gen_choice {
 	json_t *lp;                 /* logprobs so far (NULL: not asked): chat, an array of content entries; completions, the logprobs object */
 	size_t lp_sent;             /* streaming: entries of lp already sent */
 	kvt_sched_usage usage;      /* from the scheduler once ended */
+	kvt_sbuf ids;               /* llama job: the generated token ids, int32 (its "tokens") */
+	size_t n_ids_sent;          /* llama stream: ids already sent in a chunk */
 } gen_choice;
 
 /* A completion in progress: the parsed request, its n choices, the SSE output. */
@@ -155,6 +158,8 @@ typedef struct gen_job {
 	bool done;                  /* everything (incl. [DONE]) is in out */
 	bool counted;               /* holds one in_flight count */
 	bool released;              /* kvt_srv_job_release ran: no handle, no count held */
+	bool llama;                 /* llama-server's POST /completion: its body and chunk shapes (llama_api.c) */
+	int slot;                   /* llama: the slot whose srv->slot_busy count the job holds (-1: none) */
 } gen_job;
 
 /* ---- server.c ---- */
@@ -197,6 +202,17 @@ enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *pa
 /* Queue a refused request's error: e's param, code ("" = null) and message, with status. */
 enum MHD_Result kvt_srv_reply_req_error(conn_req *r, unsigned status, const kvt_req_err *e);
 
+/* A generation's body is llama-server's POST /completion (kvt_srv_generate's llama_slot): no slot, or none at all. */
+#define KVT_SRV_LLAMA_NO_SLOT (-1)
+#define KVT_SRV_NOT_LLAMA (-2)
+/*
+ * POST /v1/completions, /v1/chat/completions (llama_slot KVT_SRV_NOT_LLAMA),
+ * and llama-server's /completion, whose body llama_api.c has rewritten into
+ * r->body as a /v1/completions one (llama_slot: its slot, or
+ * KVT_SRV_LLAMA_NO_SLOT): parse, submit, reply.
+ */
+enum MHD_Result kvt_srv_generate(conn_req *r, kvt_sched *sched, const struct kvt_tok *tok, bool chat, int llama_slot);
+
 /* ---- reply.c ---- */
 
 /* Give back what the job holds in the engine (handles, in-flight count, usage to the tenant). Once. */
@@ -228,5 +244,44 @@ enum MHD_Result kvt_srv_handle_dashboard(conn_req *r);
 enum MHD_Result kvt_srv_resume_continue(conn_req *r);
 /* Drop one reference to a resume job (the last frees it and gives back its in-flight count). */
 void kvt_srv_resume_unref(struct resume_job *rj);
+
+/* ---- llama_api.c: llama-server's native endpoints ---- */
+
+/* A llama-server route: 0 none, 1 GET (/props, /slots), 2 POST (/completion, /tokenize, /detokenize, /apply-template, /slots/{id}). */
+int kvt_llama_route(const char *path);
+/* Answer a llama-server route (kvt_llama_route said it is one, the method and key are checked). */
+enum MHD_Result kvt_llama_handle(conn_req *r, kvt_sched *sched, const struct kvt_tok *tok);
+/* llama-server's "timings" of a finished request (prompt_*, predicted_*, cache_n). */
+json_t *kvt_llama_timings(const kvt_sched_usage *u);
+/* The llama job's non-streaming body (content, stop_type, tokens_*, timings, ...). */
+json_t *kvt_llama_result(gen_job *j);
+/* One SSE chunk of a llama job: {"content", "stop": false, ...}; with finish, the final one (stop: true, timings). */
+json_t *kvt_llama_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish);
+
+/* ---- slot_file.c: slot snapshots (llama-server's slot save / restore) ---- */
+
+typedef struct kvt_slot_io {
+	uint32_t n_tokens;          /* tokens of the slot's history saved or restored */
+	uint32_t n_blocks;          /* KV blocks in the file */
+	uint64_t n_bytes;           /* bytes written or read */
+} kvt_slot_io;
+/*
+ * Save session id (tenant's) to path: its token history and the records of
+ * the leading blocks the tiers hold; no session is an empty slot (0 tokens).
+ * KVT_OK with *out; else err (cap bytes) says why (KVT_EIO, KVT_ENOMEM, the
+ * tiers' read errors).
+ */
+int kvt_slot_save(kvt_sched *s, const char *tenant, const char *id, const char *path, kvt_slot_io *out, char *err,
+		  size_t cap);
+/*
+ * Restore path into session id: verify (KVT_ECORRUPT: not a slot file,
+ * damaged, altered; KVT_EINVAL: another model, block size or layout;
+ * KVT_ENOTFOUND: no file), enter the blocks into the tiers under this
+ * daemon's chain, write the session row. KVT_OK with *out; else err says why.
+ */
+int kvt_slot_restore(kvt_sched *s, const char *tenant, const char *id, const char *path, kvt_slot_io *out,
+		     char *err, size_t cap);
+/* Tokens of session id's history (0 when there is none). KVT_OK, or the index's error. */
+int kvt_slot_tokens(kvt_sched *s, const char *tenant, const char *id, uint32_t *n_tokens);
 
 #endif
