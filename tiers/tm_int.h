@@ -216,6 +216,13 @@ void tm_release_tier(kvt_tm *tm, int tier);
 
 /* Fill a T2/T3 record header for the table entry e in this manager's codec. */
 void tm_record_meta(const kvt_tm *tm, const kvt_btable_entry *e, kvt_t2_block_meta *m);
+/*
+ * The packed bytes of the busy-held block e (a T1/T2 payload) into dst: its
+ * T1 slot copied, its T0 slot packed through c's mover (dst must then be
+ * pinned staging, e.g. c->h_stage), or its T2 record read and verified.
+ * KVT_ENOTFOUND when it is in no tier; the mover's or the store's error.
+ */
+int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst);
 /* Write step 3, undone: the row that would have named loc is gone (or never committed); free the extent. */
 void tm_extent_free(kvt_tm *tm, const kvt_nvme_loc *loc);
 /*

@@ -36,6 +36,26 @@ void tm_record_meta(const kvt_tm *tm, const kvt_btable_entry *e, kvt_t2_block_me
 	m->flags = e->kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0; /* rebuild-index and T3 keep the kind */
 }
 
+int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
+{
+	int rc = KVT_ENOTFOUND;
+	if (e->slot[KVT_TIER_HOST] >= 0) {
+		memcpy(dst, kvt_t1_slot_ptr(tm->t1, e->slot[KVT_TIER_HOST]), tm->packed_bytes);
+		rc = KVT_OK;
+	} else if (e->slot[KVT_TIER_HBM] >= 0) {
+		int32_t s = e->slot[KVT_TIER_HBM];
+		rc = tm_wait_compute(tm, c);
+		if (rc == KVT_OK)
+			rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
+	} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->rs2) {
+		kvt_rstore_loc l;
+		l = e->nvme;
+		(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, NULL, &dst,
+					tm->packed_bytes, &rc);
+	}
+	return rc;
+}
+
 void tm_extent_free(kvt_tm *tm, const kvt_nvme_loc *loc)
 {
 	kvt_rstore_loc l;

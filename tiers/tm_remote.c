@@ -50,21 +50,7 @@ static uint32_t remote_put_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*h)[
 		if (kvt_btable_get(tm->cfg.bt, h[i], e) != KVT_OK)
 			continue; /* gone */
 		void *dst = c->h_stage + (size_t)n_w * tm->packed_bytes;
-		int rc = KVT_ENOTFOUND;
-		if (e->slot[KVT_TIER_HOST] >= 0) {
-			memcpy(dst, kvt_t1_slot_ptr(tm->t1, e->slot[KVT_TIER_HOST]), tm->packed_bytes);
-			rc = KVT_OK;
-		} else if (e->slot[KVT_TIER_HBM] >= 0) {
-			int32_t s = e->slot[KVT_TIER_HBM];
-			rc = tm_wait_compute(tm, c);
-			if (rc == KVT_OK)
-				rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
-		} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->rs2) {
-			kvt_rstore_loc l;
-			l = e->nvme;
-			(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])h[i], &l, false, NULL, &dst,
-						tm->packed_bytes, &rc);
-		}
+		int rc = tm_block_packed(tm, c, e, dst);
 		if (rc != KVT_OK) {
 			res[i] = rc;
 			continue;

@@ -31,31 +31,16 @@
 
 #define KVT_TM_SNAPSHOT_GENERATION 5u /* the generation snapshot records are sealed for (their offset is 0) */
 
-/* The packed bytes of the busy-held block e into dst (tm->packed_bytes): T1, T0 packed, or T2. */
+/* The packed bytes of the busy-held block e into dst, through the inline context (the engine's thread). */
 static int block_bytes(kvt_tm *tm, const kvt_btable_entry *e, void *dst)
 {
-	if (e->slot[KVT_TIER_HOST] >= 0) {
-		memcpy(dst, kvt_t1_slot_ptr(tm->t1, e->slot[KVT_TIER_HOST]), tm->packed_bytes);
-		return KVT_OK;
-	}
-	if (e->slot[KVT_TIER_HBM] >= 0) {
-		tm_ctx *c = &tm->ctx_inline;
-		int32_t s = e->slot[KVT_TIER_HBM];
-		pthread_mutex_lock(&c->mu);
-		void *stage = c->h_stage; /* pinned: the mover's D2H target */
-		int rc = tm_wait_compute(tm, c);
-		if (rc == KVT_OK)
-			rc = kvt_t1_mover_pack(c->mv, 1, &s, &stage);
-		if (rc == KVT_OK)
-			memcpy(dst, c->h_stage, tm->packed_bytes);
-		pthread_mutex_unlock(&c->mu);
-		return rc;
-	}
-	if (e->slot[KVT_TIER_NVME] >= 0 && tm->cfg.t2) {
-		kvt_t2_loc l = e->nvme;
-		return kvt_t2_read(tm->cfg.t2, &l, e->hash, NULL, dst, tm->packed_bytes);
-	}
-	return KVT_ENOTFOUND;
+	tm_ctx *c = &tm->ctx_inline;
+	pthread_mutex_lock(&c->mu);
+	int rc = tm_block_packed(tm, c, e, c->h_stage); /* pinned: the mover's D2H target */
+	if (rc == KVT_OK)
+		memcpy(dst, c->h_stage, tm->packed_bytes);
+	pthread_mutex_unlock(&c->mu);
+	return rc;
 }
 
 int kvt_tm_block_export(kvt_tm *tm, const uint8_t model_fp[KVT_HASH_BYTES], const uint8_t h[KVT_HASH_BYTES],
@@ -152,7 +137,7 @@ static int block_enter(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES], const uint8_
 		int32_t s1 = -1;
 		if (kvt_t1_alloc(tm->t1, &s1) != KVT_OK) {
 			pthread_mutex_lock(&tm->ctx_inline.mu);
-			tm_evict_t1(tm, &tm->ctx_inline, 1);
+			tm_evict_t1(tm, &tm->ctx_inline, 1, KVT_TM_PRESSURE_ROOM);
 			pthread_mutex_unlock(&tm->ctx_inline.mu);
 			rc = kvt_t1_alloc(tm->t1, &s1);
 		}
