@@ -15,6 +15,11 @@
 # Run with: cmake -DKVT_LAYOUT_ROOT=<tree> -P cmake/check_layout.cmake
 # (the build runs it on the source tree before compiling anything; the test
 # test_layout_check runs it on a tree with a forbidden include, which must fail).
+#
+# Two rules inside engine/serve: the scheduler's internals (sched_int.h) are
+# included by the scheduler's files alone (scheduler.c, sched_*.c), and those
+# files reach the tiers only through the manager's prefix-cache handle (the
+# seam, below).
 if(NOT KVT_LAYOUT_ROOT)
   message(FATAL_ERROR "check_layout: set -DKVT_LAYOUT_ROOT=<source tree>")
 endif()
@@ -54,6 +59,17 @@ foreach(m ${mods})
     get_filename_component(dir ${src} DIRECTORY)
     foreach(line ${incs})
       string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" inc "${line}")
+      # The scheduler's internals are private to its files: the sessions and the server reach it
+      # through scheduler.h and sessions.h, so nothing depends back on its state.
+      get_filename_component(inc_name ${inc} NAME)
+      if(inc_name STREQUAL "sched_int.h")
+        file(RELATIVE_PATH rel ${KVT_LAYOUT_ROOT} ${src})
+        if(NOT rel MATCHES "^engine/serve/(scheduler|sched_[a-z_]+)\\.[ch]$")
+          message(SEND_ERROR "layout: ${rel} includes \"sched_int.h\", the scheduler's internals: only "
+            "engine/serve/scheduler.c and sched_*.c may (the sessions have sessions.h)")
+          math(EXPR n_bad "${n_bad} + 1")
+        endif()
+      endif()
       set(target_mod "")
       if(EXISTS ${dir}/${inc})
         get_filename_component(abs ${dir}/${inc} REALPATH)

@@ -227,10 +227,10 @@ bool sched_run(kvt_sched *s, sched_batch *b, double *dt)
 		 b->n_rows - b->n_prefill, b->n_prefill, b->n_ent, *dt * 1e3, b->on_device ? " (on the device)" : "");
 	/*
 	 * NOTE: the I/O threads take T0 slots for promotions in flight, so the
-	 * free count read above can be gone by the time the forward reserves:
-	 * it then holds no new token of any sequence (model.h), and the next
-	 * step makes room again (evicting, else preempting). Only a pool that
-	 * stays short fails the batch.
+	 * free count sched_make_room read can be gone by the time the forward
+	 * reserves: it then holds no new token of any sequence (model.h), and
+	 * the next step makes room again (evicting, else preempting). Only a
+	 * pool that stays short fails the batch.
 	 */
 	if (rc == KVT_EFULL && !b->on_device && s->efull_retries < 3) {
 		s->efull_retries++;

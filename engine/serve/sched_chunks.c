@@ -229,7 +229,7 @@ void sched_chunks_store(kvt_sched *s, kvt_sched_handle *h)
 }
 
 /*
- * The blend (see above): the prompt from blend_at to its last token but one,
+ * The blend (the opening comment): the prompt from blend_at to its last token but one,
  * placed rows marked, through kvt_model_forward_blend, alone. The last
  * prompt token then runs in the batch and samples as usual. A failure (no
  * room in T0) falls back to the plain prefill from blend_at: the rows it

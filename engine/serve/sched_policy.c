@@ -257,8 +257,8 @@ static void share_budget(kvt_sched *s, sched_batch *b, uint32_t n_cand, kvt_sche
 			continue;
 		}
 		h->passed = 0;
-		b->ents[b->n_ent++] = (sched_entry){ .h = h, .n = c,
-						     .logits = c == left && prefill_stop(h) == h->n_fill && !h->resume_decode };
+		const bool logits = c == left && prefill_stop(h) == h->n_fill && !h->resume_decode;
+		b->ents[b->n_ent++] = (sched_entry){ .h = h, .n = c, .logits = logits };
 		memcpy(b->rows + b->n_rows, h->toks + h->seq.n_tokens, (size_t)c * sizeof(int32_t));
 		b->n_rows += c;
 		budget -= c;

@@ -510,7 +510,7 @@ static bool prune(kvt_sched *s)
 		pthread_mutex_lock(&s->mu);
 		h->unlinked = true;
 		s->n_running--;
-		s->n_ended -= h->ended; /* every pruned handle has ended (finish_request, sched_turn_saved) */
+		s->n_ended -= h->ended; /* every pruned handle has ended (sched_finish_request, sched_turn_saved) */
 		s->t0_committed -= h->committed;
 		s->admit_hold = false; /* blocks came free: a preempted request may try again */
 		bool gone = h->client_gone;
