@@ -26,7 +26,7 @@
  * Locking: s->mu guards the queue, the handles' client-visible fields and
  * the counters (st, the rings, calib_rate); the model, the sequences, the
  * samplers, the prefix handles and the batch belong to the scheduler thread
- * alone. The sessions' calls run on the caller's thread (the HTTP server's)
+ * alone. The sessions' calls run on their caller's thread (the HTTP server's)
  * and reach the scheduler only through the sessions' callbacks, which take
  * s->mu.
  */

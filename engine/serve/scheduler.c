@@ -442,6 +442,20 @@ static void rate_note(kvt_sched *s)
 		KVT_LOGI("sched: prefill rate measured: %.0f tokens/s (kept in %s)", rate, s->rate_path);
 }
 
+/*
+ * The sessions' prefill_rate (sessions.h): the rate a resume reports the
+ * prefill it avoided from, this run's once 0.5 s of prefill is measured,
+ * else the kept one. Any thread; takes s->mu.
+ */
+static double prefill_rate(kvt_sched *s)
+{
+	pthread_mutex_lock(&s->mu);
+	double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
+								   : s->calib_rate;
+	pthread_mutex_unlock(&s->mu);
+	return rate;
+}
+
 /* A step ran: its counters (a mixed batch's time split by rows), and the prefill rate once it is measured. */
 static void count_step(kvt_sched *s, const sched_batch *b, double dt)
 {
@@ -586,20 +600,6 @@ static void *sched_main(void *arg)
 	}
 	sched_batch_deinit(&b);
 	return NULL;
-}
-
-/*
- * The sessions' prefill_rate (sessions.h): the rate a resume reports the
- * prefill it avoided from, this run's once 0.5 s of prefill is measured,
- * else the kept one. Any thread; takes s->mu.
- */
-static double prefill_rate(kvt_sched *s)
-{
-	pthread_mutex_lock(&s->mu);
-	double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
-								   : s->calib_rate;
-	pthread_mutex_unlock(&s->mu);
-	return rate;
 }
 
 /* ---- lifecycle ---- */
