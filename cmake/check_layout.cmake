@@ -15,6 +15,11 @@
 # Run with: cmake -DKVT_LAYOUT_ROOT=<tree> -P cmake/check_layout.cmake
 # (the build runs it on the source tree before compiling anything; the test
 # test_layout_check runs it on a tree with a forbidden include, which must fail).
+#
+# Two rules inside engine/serve: the scheduler's internals (sched_int.h) are
+# included by the scheduler's files alone (scheduler.c, sched_*.c), and those
+# files reach the tiers only through the manager's prefix-cache handle (the
+# seam, below).
 if(NOT KVT_LAYOUT_ROOT)
   message(FATAL_ERROR "check_layout: set -DKVT_LAYOUT_ROOT=<source tree>")
 endif()
@@ -54,6 +59,17 @@ foreach(m ${mods})
     get_filename_component(dir ${src} DIRECTORY)
     foreach(line ${incs})
       string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" inc "${line}")
+      # The scheduler's internals are private to its files: the sessions and the server reach it
+      # through scheduler.h and sessions.h, so nothing depends back on its state.
+      get_filename_component(inc_name ${inc} NAME)
+      if(inc_name STREQUAL "sched_int.h")
+        file(RELATIVE_PATH rel ${KVT_LAYOUT_ROOT} ${src})
+        if(NOT rel MATCHES "^engine/serve/(scheduler|sched_[a-z_]+)\\.[ch]$")
+          message(SEND_ERROR "layout: ${rel} includes \"sched_int.h\", the scheduler's internals: only "
+            "engine/serve/scheduler.c and sched_*.c may (the sessions have sessions.h)")
+          math(EXPR n_bad "${n_bad} + 1")
+        endif()
+      endif()
       set(target_mod "")
       if(EXISTS ${dir}/${inc})
         get_filename_component(abs ${dir}/${inc} REALPATH)
@@ -85,20 +101,22 @@ foreach(m ${mods})
   endforeach()
 endforeach()
 # The seam between the scheduler and the tiers (DESIGN §3, "the prefix-cache handle"): the
-# scheduler reaches the cache through the manager's prefix handle, its registration and its
-# end of turn; it never calls the block table or the index, never takes or drops a T0 slot, and
-# never drives the manager's lower-level promotion calls itself.
-set(seam_src engine/serve/scheduler.c)
+# scheduler (scheduler.c and its sched_*.c files) reaches the cache through the manager's prefix
+# handle, its registration and its end of turn; it never calls the block table or the index,
+# never takes or drops a T0 slot, and never drives the manager's lower-level promotion calls
+# itself. (The sessions, sessions.c, keep their rows in the index: they are not the scheduler.)
+file(GLOB seam_srcs ${KVT_LAYOUT_ROOT}/engine/serve/scheduler.c ${KVT_LAYOUT_ROOT}/engine/serve/sched_*.c)
 set(seam_re "kvt_btable_[a-z_]+[ \t]*\\(|kvt_db_[a-z_]+[ \t]*\\(|kvt_t0_(alloc|ref|unref|slot_[a-z]+)[ \t]*\\(|kvt_tm_(lookup|submit|promote|ticket|pin|unpin|layered|prefetch)[a-z_]*[ \t]*\\(")
-if(EXISTS ${KVT_LAYOUT_ROOT}/${seam_src})
-  file(STRINGS ${KVT_LAYOUT_ROOT}/${seam_src} calls REGEX "${seam_re}")
+foreach(src ${seam_srcs})
+  file(RELATIVE_PATH seam_src ${KVT_LAYOUT_ROOT} ${src})
+  file(STRINGS ${src} calls REGEX "${seam_re}")
   foreach(line ${calls})
     string(REGEX MATCH "${seam_re}" call "${line}")
     message(SEND_ERROR "layout: ${seam_src} calls ${call}...: the scheduler reaches the tiers only through the "
       "manager's prefix-cache handle (tiers/manager.h)")
     math(EXPR n_bad "${n_bad} + 1")
   endforeach()
-endif()
+endforeach()
 if(n_bad GREATER 0)
   message(FATAL_ERROR "check_layout: ${n_bad} include(s) or call(s) against the dependency graph")
 endif()

@@ -1,7 +1,8 @@
 /*
- * engine/serve/sessions.c — the sessions (scheduler.h, "sessions"): the row a
- * finished turn leaves in the index, listing, deletion, and resume, which
- * pages a conversation's blocks back in through the tiering manager.
+ * engine/serve/sessions.c — the sessions (sessions.h; scheduler.h,
+ * "sessions"): the row a finished turn leaves in the index, listing,
+ * deletion, and resume, which pages a conversation's blocks back in through
+ * the tiering manager.
  *
  * Design. A session is its token history (kvt_db_session), keyed by tenant
  * and id; its blocks are named by the tenant's chain over that history, so
@@ -12,36 +13,36 @@
  * figures from the handle's own counts, so they are right while other
  * requests promote at the same time.
  *
- * These calls run on the caller's thread (the HTTP server's); they never
- * touch the model or the scheduler's requests, only the manager, the index
- * and, under s->mu, the prefill counters a resume reports from.
+ * Dependency: the scheduler -> the sessions -> the manager and the index.
+ * This file sees only the sched_sessions the scheduler hands it (sessions.h)
+ * and scheduler.h's public types, never the scheduler's internals; what it
+ * needs back (the prefill rate, a turn's acknowledgement) goes through the
+ * struct's callbacks.
+ *
+ * These calls run on the caller's thread (the HTTP server's; the
+ * scheduler's for a turn's end); they never touch the model or the
+ * scheduler's requests, only the manager, the index and, through the
+ * prefill_rate callback (under the scheduler's lock), the prefill counters a
+ * resume reports from.
  */
-#include "sched_int.h"
+#include "sessions.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int sched_chain_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
+int sessions_chain_root(const sched_sessions *ss, const char *tenant, uint8_t root[KVT_HASH_BYTES])
 {
 	uint8_t salt[KVT_HASH_BYTES];
-	int rc = kvt_tenant_salt(s->secret, s->cfg.secret_bytes, sched_tenant(tenant), salt);
+	int rc = kvt_tenant_salt(ss->secret, ss->secret_bytes, sched_tenant(tenant), salt);
 	if (rc)
 		return rc;
-	return kvt_hash_root(s->cfg.model_fp, s->cfg.layout_version, s->block_tokens, salt, root);
-}
-
-int sched_chunk_root(kvt_sched *s, const char *tenant, uint8_t root[KVT_HASH_BYTES])
-{
-	static const int32_t marker[2] = { -0x6b767463 /* "kvtc" */, -1 };
-	uint8_t r[KVT_HASH_BYTES];
-	int rc = sched_chain_root(s, tenant, r);
-	return rc ? rc : kvt_hash_block(r, marker, 2, root);
+	return kvt_hash_root(ss->model_fp, ss->layout_version, ss->block_tokens, salt, root);
 }
 
 typedef struct turn_save {
-	kvt_sched *s;         /* the scheduler */
-	kvt_sched_handle *h;  /* the turn (alive until sched_turn_saved: the scheduler keeps it while saving) */
+	const sched_sessions *ss; /* the sessions (the scheduler's: turn_saved, owner) */
+	kvt_sched_handle *h;      /* the turn (alive until turn_saved: the scheduler keeps it while saving) */
 } turn_save;
 
 /* The index's writer thread: the turn's row committed or failed. */
@@ -50,7 +51,7 @@ static void on_row_done(void *user, int rc)
 	turn_save *t = user;
 	if (rc)
 		KVT_LOGE("sched: a session row did not commit (%s): its turn is not acknowledged", kvt_strerror(rc));
-	sched_turn_saved(t->s, t->h, rc);
+	t->ss->turn_saved(t->ss->owner, t->h, rc);
 	free(t);
 }
 
@@ -78,22 +79,23 @@ static void on_blocks_durable(void *user, int rc, uint32_t n_durable)
 }
 
 /* This turn's blocks become due for write-through; with m, the row is told how far they got once they land. */
-static void end_turn(kvt_sched *s, const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain, turn_mark *m)
+static void end_turn(const sched_sessions *ss, const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain,
+		     turn_mark *m)
 {
-	if (kvt_tm_end_turn_chain(s->cfg.tm, n_chain, chain, m ? on_blocks_durable : NULL, m) == KVT_OK)
+	if (kvt_tm_end_turn_chain(ss->tm, n_chain, chain, m ? on_blocks_durable : NULL, m) == KVT_OK)
 		return;
 	KVT_LOGW("sched: a turn's blocks not marked due (out of memory): they persist at the next flush");
 	free(m);
 }
 
-int sched_turn_end(kvt_sched *s, const char *tenant, const char *id, const int32_t *toks, uint32_t n_toks,
-		   const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain, const uint8_t root[KVT_HASH_BYTES],
-		   kvt_sched_handle *h)
+int sessions_turn_end(const sched_sessions *ss, const char *tenant, const char *id, const int32_t *toks,
+		      uint32_t n_toks, const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain,
+		      const uint8_t root[KVT_HASH_BYTES], kvt_sched_handle *h)
 {
-	const bool blocks = s->cfg.tm && s->cfg.cache && n_chain;
+	const bool blocks = ss->tm && ss->cache && n_chain;
 	if (!id) {
 		if (blocks)
-			end_turn(s, chain, n_chain, NULL);
+			end_turn(ss, chain, n_chain, NULL);
 		return KVT_OK;
 	}
 	kvt_db_session row;
@@ -112,70 +114,70 @@ int sched_turn_end(kvt_sched *s, const char *tenant, const char *id, const int32
 	turn_mark *m = own ? malloc(sizeof(*m)) : NULL;
 	if (own) {
 		memcpy(own, chain, (size_t)n_chain * KVT_HASH_BYTES);
-		row.durable_tokens = kvt_tm_durable_prefix(s->cfg.tm, n_chain, chain) * s->block_tokens;
+		row.durable_tokens = kvt_tm_durable_prefix(ss->tm, n_chain, chain) * ss->block_tokens;
 	}
 	if (m) {
-		*m = (turn_mark){ .db = s->cfg.db, .block_tokens = s->block_tokens };
+		*m = (turn_mark){ .db = ss->db, .block_tokens = ss->block_tokens };
 		snprintf(m->tenant, sizeof(m->tenant), "%s", row.tenant);
 		snprintf(m->id, sizeof(m->id), "%s", row.id);
 		memcpy(m->last_hash, row.last_hash, KVT_HASH_BYTES);
 	}
 	if (blocks && !own) /* no memory for the copy: the blocks go due now, from the caller's chain, unmarked */
-		end_turn(s, chain, n_chain, NULL);
+		end_turn(ss, chain, n_chain, NULL);
 	turn_save *t = malloc(sizeof(*t));
 	int rc = t ? KVT_OK : KVT_ENOMEM;
 	if (t) {
-		*t = (turn_save){ .s = s, .h = h };
-		if ((rc = kvt_db_put_session(s->cfg.db, &row, on_row_done, t, NULL)))
+		*t = (turn_save){ .ss = ss, .h = h };
+		if ((rc = kvt_db_put_session(ss->db, &row, on_row_done, t, NULL)))
 			free(t);
 	}
 	if (rc)
 		KVT_LOGE("sched: session \"%s\" not saved: %s", row.id, kvt_strerror(rc));
 	int r3;
-	if (s->cfg.tm && (r3 = kvt_tm_remote_put_session(s->cfg.tm, &row)))
+	if (ss->tm && (r3 = kvt_tm_remote_put_session(ss->tm, &row)))
 		KVT_LOGW("sched: session \"%s\" not queued for T3: %s", row.id, kvt_strerror(r3));
 	if (rc) { /* no row to mark */
 		free(m);
 		m = NULL;
 	}
 	if (own) /* after the row was queued: the mark follows it */
-		end_turn(s, (const uint8_t(*)[KVT_HASH_BYTES])own, n_chain, m);
+		end_turn(ss, (const uint8_t(*)[KVT_HASH_BYTES])own, n_chain, m);
 	free(own);
 	return rc;
 }
 
-void sched_sessions_stats(kvt_sched *s, uint64_t *n_sessions, kvt_db_stats *index)
+void sessions_stats(const sched_sessions *ss, uint64_t *n_sessions, kvt_db_stats *index)
 {
 	*n_sessions = 0;
 	memset(index, 0, sizeof(*index));
-	if (!s->cfg.db)
+	if (!ss->db)
 		return;
-	kvt_db_count_sessions(s->cfg.db, n_sessions);
-	kvt_db_get_stats(s->cfg.db, index);
+	kvt_db_count_sessions(ss->db, n_sessions);
+	kvt_db_get_stats(ss->db, index);
 }
 
-void sched_sessions_flush(kvt_sched *s)
+void sessions_flush(const sched_sessions *ss)
 {
-	int rc = s->cfg.db ? kvt_db_flush(s->cfg.db) : KVT_OK;
+	int rc = ss->db ? kvt_db_flush(ss->db) : KVT_OK;
 	if (rc)
 		KVT_LOGE("sched: committing the index at shutdown: %s", kvt_strerror(rc));
 }
 
 /* The chain of a history's full blocks under the tenant's root: *out malloc'd ([n_full], NULL when 0). */
-static int history_chain(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks,
+static int history_chain(const sched_sessions *ss, const char *tenant, const int32_t *toks, uint32_t n_toks,
 			 uint8_t root[KVT_HASH_BYTES], uint8_t (**out)[KVT_HASH_BYTES], uint32_t *n_out)
 {
-	const uint32_t n_full = n_toks / s->block_tokens;
+	const uint32_t n_full = n_toks / ss->block_tokens;
 	uint32_t n = 0;
 	*out = NULL;
 	*n_out = 0;
-	int rc = sched_chain_root(s, tenant, root);
+	int rc = sessions_chain_root(ss, tenant, root);
 	if (rc || !n_full)
 		return rc;
 	uint8_t(*hh)[KVT_HASH_BYTES] = malloc((size_t)n_full * KVT_HASH_BYTES);
 	if (!hh)
 		return KVT_ENOMEM;
-	if ((rc = kvt_hash_chain(root, toks, n_full * s->block_tokens, s->block_tokens, hh, n_full, &n))) {
+	if ((rc = kvt_hash_chain(root, toks, n_full * ss->block_tokens, ss->block_tokens, hh, n_full, &n))) {
 		free(hh);
 		return rc;
 	}
@@ -212,21 +214,22 @@ static int collect_session(void *ctx, const kvt_db_session *row)
 }
 
 /* Where a history's full blocks are now: blocks_in by highest tier, missing. */
-static int locate(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks, kvt_session_info *info)
+static int locate(const sched_sessions *ss, const char *tenant, const int32_t *toks, uint32_t n_toks,
+		  kvt_session_info *info)
 {
 	uint8_t root[KVT_HASH_BYTES];
 	uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
 	uint32_t n = 0, usable = 0;
 
 	info->n_tokens = n_toks;
-	info->n_blocks = n_toks / s->block_tokens;
+	info->n_blocks = n_toks / ss->block_tokens;
 	memset(info->blocks_in, 0, sizeof(info->blocks_in));
 	info->blocks_missing = info->n_blocks;
-	if (!info->n_blocks || !s->cfg.tm)
+	if (!info->n_blocks || !ss->tm)
 		return KVT_OK;
-	int rc = history_chain(s, tenant, toks, n_toks, root, &hh, &n);
+	int rc = history_chain(ss, tenant, toks, n_toks, root, &hh, &n);
 	if (rc == KVT_OK)
-		rc = kvt_tm_locate(s->cfg.tm, (const uint8_t(*)[KVT_HASH_BYTES])hh, toks, n, info->blocks_in, &usable);
+		rc = kvt_tm_locate(ss->tm, (const uint8_t(*)[KVT_HASH_BYTES])hh, toks, n, info->blocks_in, &usable);
 	free(hh);
 	if (rc == KVT_OK)
 		info->blocks_missing = info->n_blocks - usable;
@@ -239,18 +242,18 @@ static int cmp_updated_desc(const void *a, const void *b)
 	return (x->updated_us < y->updated_us) - (x->updated_us > y->updated_us);
 }
 
-int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out, size_t *n)
+int sessions_list(const sched_sessions *ss, const char *tenant, kvt_session_info **out, size_t *n)
 {
 	sess_list l = { 0 };
 	int rc = KVT_OK;
 
 	*out = NULL;
 	*n = 0;
-	if (!s->cfg.db)
+	if (!ss->db)
 		return KVT_OK;
 	if (tenant && tenant[0] && (rc = kvt_name_check("tenant", tenant)))
 		return rc;
-	rc = kvt_db_list_sessions(s->cfg.db, tenant && tenant[0] ? tenant : NULL, collect_session, &l);
+	rc = kvt_db_list_sessions(ss->db, tenant && tenant[0] ? tenant : NULL, collect_session, &l);
 	if (!rc)
 		rc = l.rc;
 	kvt_session_info *info = rc ? NULL : calloc(l.n ? l.n : 1, sizeof(*info));
@@ -262,7 +265,7 @@ int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out,
 			snprintf(info[i].tenant, sizeof(info[i].tenant), "%s", l.rows[i].tenant);
 			info[i].updated_us = l.rows[i].updated * 1000000;
 			info[i].durable_tokens = l.rows[i].durable_tokens;
-			rc = locate(s, l.rows[i].tenant, l.rows[i].tokens, l.rows[i].n_tokens, &info[i]);
+			rc = locate(ss, l.rows[i].tenant, l.rows[i].tokens, l.rows[i].n_tokens, &info[i]);
 		}
 		free(l.rows[i].tokens);
 	}
@@ -277,61 +280,62 @@ int kvt_sched_sessions(kvt_sched *s, const char *tenant, kvt_session_info **out,
 	return KVT_OK;
 }
 
-int kvt_sched_session_delete(kvt_sched *s, const char *tenant, const char *id)
+int sessions_delete(const sched_sessions *ss, const char *tenant, const char *id)
 {
 	kvt_db_session row;
 	uint64_t ticket = 0;
 	int rc;
 
-	if (!s->cfg.db)
+	if (!ss->db)
 		return KVT_ENOTFOUND;
 	memset(&row, 0, sizeof(row)); /* get writes it only on success */
 	/* An unreadable row (KVT_ECORRUPT, logged) can still be deleted: that is how an operator clears it. */
-	if ((rc = kvt_db_get_session(s->cfg.db, sched_tenant(tenant), id, &row)) && rc != KVT_ECORRUPT)
+	if ((rc = kvt_db_get_session(ss->db, sched_tenant(tenant), id, &row)) && rc != KVT_ECORRUPT)
 		return rc;
-	if (rc == KVT_OK && s->cfg.tm && row.n_tokens >= s->block_tokens) { /* its retention ends with it */
+	if (rc == KVT_OK && ss->tm && row.n_tokens >= ss->block_tokens) { /* its retention ends with it */
 		uint8_t root[KVT_HASH_BYTES];
 		uint8_t(*hh)[KVT_HASH_BYTES] = NULL;
 		uint32_t n = 0;
-		if (history_chain(s, tenant, row.tokens, row.n_tokens, root, &hh, &n) == KVT_OK)
-			(void)kvt_tm_release(s->cfg.tm, n, (const uint8_t(*)[KVT_HASH_BYTES])hh);
+		if (history_chain(ss, tenant, row.tokens, row.n_tokens, root, &hh, &n) == KVT_OK)
+			(void)kvt_tm_release(ss->tm, n, (const uint8_t(*)[KVT_HASH_BYTES])hh);
 		free(hh);
 	}
 	kvt_db_session_deinit(&row);
-	if ((rc = kvt_db_delete_session(s->cfg.db, sched_tenant(tenant), id, NULL, NULL, &ticket)))
+	if ((rc = kvt_db_delete_session(ss->db, sched_tenant(tenant), id, NULL, NULL, &ticket)))
 		return rc;
-	return kvt_db_wait(s->cfg.db, ticket);
+	return kvt_db_wait(ss->db, ticket);
 }
 
-int kvt_sched_session_remote(kvt_sched *s, const char *tenant, const char *id)
+int sessions_remote(const sched_sessions *ss, const char *tenant, const char *id)
 {
 	kvt_db_session row;
-	if (!s->cfg.tm || !kvt_tm_has_remote(s->cfg.tm))
+	if (!ss->tm || !kvt_tm_has_remote(ss->tm))
 		return KVT_ENOTFOUND;
-	int rc = kvt_tm_remote_get_session(s->cfg.tm, sched_tenant(tenant), id, &row);
+	int rc = kvt_tm_remote_get_session(ss->tm, sched_tenant(tenant), id, &row);
 	if (rc == KVT_OK)
 		kvt_db_session_deinit(&row);
 	return rc;
 }
 
 /* The session row: the index's, else (another node's conversation) T3's, kept here from then on. */
-static int session_get(kvt_sched *s, const char *tenant, const char *id, kvt_db_session *row, bool *from_remote)
+static int session_get(const sched_sessions *ss, const char *tenant, const char *id, kvt_db_session *row,
+		       bool *from_remote)
 {
-	int rc = kvt_db_get_session(s->cfg.db, sched_tenant(tenant), id, row);
-	if (rc == KVT_ENOTFOUND && s->cfg.tm && kvt_tm_has_remote(s->cfg.tm) &&
-	    kvt_tm_remote_get_session(s->cfg.tm, sched_tenant(tenant), id, row) == KVT_OK) {
+	int rc = kvt_db_get_session(ss->db, sched_tenant(tenant), id, row);
+	if (rc == KVT_ENOTFOUND && ss->tm && kvt_tm_has_remote(ss->tm) &&
+	    kvt_tm_remote_get_session(ss->tm, sched_tenant(tenant), id, row) == KVT_OK) {
 		rc = KVT_OK;
 		*from_remote = true;
 		row->durable_tokens = 0; /* another node's: none of its blocks is known durable here */
-		int rp = kvt_db_put_session(s->cfg.db, row, NULL, NULL, NULL);
+		int rp = kvt_db_put_session(ss->db, row, NULL, NULL, NULL);
 		if (rp)
 			KVT_LOGW("sched: session \"%s\" from T3 not saved here: %s", id, kvt_strerror(rp));
 	}
 	return rc;
 }
 
-int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, kvt_resume_progress_fn progress,
-			     void *user, kvt_resume_report *rep)
+int sessions_resume(const sched_sessions *ss, const char *tenant, const char *id, kvt_resume_progress_fn progress,
+		    void *user, kvt_resume_report *rep)
 {
 	kvt_db_session row;
 	uint8_t root[KVT_HASH_BYTES];
@@ -342,16 +346,16 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 
 	memset(rep, 0, sizeof(*rep));
 	snprintf(rep->id, sizeof(rep->id), "%s", id);
-	if (!s->cfg.db)
+	if (!ss->db)
 		return KVT_ENOTFOUND;
 	double t0 = kvt_now_s();
-	int rc = session_get(s, tenant, id, &row, &rep->from_remote);
+	int rc = session_get(ss, tenant, id, &row, &rep->from_remote);
 	if (rc)
 		return rc;
 	rep->n_tokens = row.n_tokens;
-	rep->n_blocks = row.n_tokens / s->block_tokens;
-	if (s->cfg.tm && rep->n_blocks) {
-		if ((rc = history_chain(s, tenant, row.tokens, row.n_tokens, root, &hh, &n_chain)))
+	rep->n_blocks = row.n_tokens / ss->block_tokens;
+	if (ss->tm && rep->n_blocks) {
+		if ((rc = history_chain(ss, tenant, row.tokens, row.n_tokens, root, &hh, &n_chain)))
 			goto out;
 		/* to T0 as far as it has room, the rest to T1; blocks past the local ones from T3 when there is one */
 		const kvt_tm_prefix_req pr = { .use = KVT_TM_PREFIX_WARM,
@@ -359,41 +363,38 @@ int kvt_sched_session_resume(kvt_sched *s, const char *tenant, const char *id, k
 					       .tokens = row.tokens,
 					       .n = n_chain,
 					       .root = root };
-		if ((rc = kvt_tm_prefix_acquire(s->cfg.tm, &pr, &p)))
+		if ((rc = kvt_tm_prefix_acquire(ss->tm, &pr, &p)))
 			goto out;
-		kvt_tm_prefix_get_counts(s->cfg.tm, p, &c);
+		kvt_tm_prefix_get_counts(ss->tm, p, &c);
 	}
 	if (progress)
 		progress(user, 0, c.n_usable);
 	if (p) {
-		if ((rc = kvt_tm_prefix_wait(s->cfg.tm, p, progress, user)))
+		if ((rc = kvt_tm_prefix_wait(ss->tm, p, progress, user)))
 			goto out;
-		kvt_tm_prefix_get_counts(s->cfg.tm, p, &c);
+		kvt_tm_prefix_get_counts(ss->tm, p, &c);
 		for (int t = 0; t < KVT_TM_N_TIERS; t++) {
-			rep->tokens_from[t] = c.blocks_from[t] * s->block_tokens;
+			rep->tokens_from[t] = c.blocks_from[t] * ss->block_tokens;
 			rep->bytes_from[t] = c.bytes_from[t];
 		}
 		if (progress && c.n_usable)
 			progress(user, c.n_served, c.n_served);
 	}
 	const uint32_t n_served = c.n_served;
-	rep->tokens_missing = row.n_tokens - n_served * s->block_tokens;
+	rep->tokens_missing = row.n_tokens - n_served * ss->block_tokens;
 	rep->durable_tokens = row.durable_tokens;
-	if (row.durable_tokens > n_served * s->block_tokens) {
-		rep->durable_lost_tokens = row.durable_tokens - n_served * s->block_tokens;
+	if (row.durable_tokens > n_served * ss->block_tokens) {
+		rep->durable_lost_tokens = row.durable_tokens - n_served * ss->block_tokens;
 		KVT_LOGW("sched: session \"%s\": its row says %u tokens durable but %u were found; the %u past them "
 			 "(evicted from T2 or damaged) are prefilled again",
-			 id, row.durable_tokens, n_served * s->block_tokens, rep->durable_lost_tokens);
+			 id, row.durable_tokens, n_served * ss->block_tokens, rep->durable_lost_tokens);
 	}
 	rep->seconds = kvt_now_s() - t0;
-	pthread_mutex_lock(&s->mu);
-	double rate = s->st.prefill_s > 0.5 && s->st.prefill_tokens ? s->st.prefill_tokens / s->st.prefill_s
-								   : s->calib_rate;
-	pthread_mutex_unlock(&s->mu);
-	rep->prefill_s = rate > 0 ? (double)(n_served * s->block_tokens) / rate : 0;
+	double rate = ss->prefill_rate(ss->owner);
+	rep->prefill_s = rate > 0 ? (double)(n_served * ss->block_tokens) / rate : 0;
 	rep->prefill_measured = false;
 out:
-	kvt_tm_prefix_release(s->cfg.tm, p);
+	kvt_tm_prefix_release(ss->tm, p);
 	free(hh);
 	kvt_db_session_deinit(&row);
 	return rc;
