@@ -1,7 +1,7 @@
 /*
  * tiers/tm_snapshot.c — blocks out of the tiers as self-checking records, and
  * records back into the tiers: what a slot snapshot (llama-server's
- * POST /slots/{id}?action=save|restore, engine/serve/slot_file.c) is made of.
+ * POST /slots/{id}?action=save|restore, engine/serve/sessions_snapshot.c) is made of.
  *
  * Design. A block leaves as the record T2 and T3 already store (t2_store.h:
  * magic, version, model fingerprint, hash, parent, tokens, codec, lengths,

@@ -14,7 +14,7 @@
  * the tiers hold for it; id_slot -1 takes the lowest idle slot (none idle:
  * no slot, the request still runs). The scheduler batches every request as
  * usual: a slot is a name, not a reserved place in the batch. Save writes a
- * snapshot (slot_file.c: the history plus the records of its cached blocks,
+ * snapshot (sessions_snapshot.c: the history plus the records of its cached blocks,
  * fingerprinted and checksummed), restore enters those blocks back into the
  * tiers so the next turn finds them cached, erase forgets the session.
  *

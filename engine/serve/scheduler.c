@@ -120,6 +120,7 @@ const char *kvt_finish_name(int finish)
 }
 
 uint32_t kvt_sched_n_vocab(const kvt_sched *s) { return s->n_vocab; }
+const sched_sessions *kvt_sched_sessions_of(kvt_sched *s) { return &s->sess; }
 uint32_t kvt_sched_max_ctx(const kvt_sched *s) { return s->max_ctx; }
 
 /* ---- handles ---- */

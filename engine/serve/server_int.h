@@ -258,7 +258,7 @@ json_t *kvt_llama_result(gen_job *j);
 /* One SSE chunk of a llama job: {"content", "stop": false, ...}; with finish, the final one (stop: true, timings). */
 json_t *kvt_llama_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish);
 
-/* ---- slot_file.c: slot snapshots (llama-server's slot save / restore) ---- */
+/* ---- sessions_snapshot.c: slot snapshots (llama-server's slot save / restore) ---- */
 
 typedef struct kvt_slot_io {
 	uint32_t n_tokens;          /* tokens of the slot's history saved or restored */

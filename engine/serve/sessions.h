@@ -38,6 +38,9 @@ typedef struct sched_sessions {
 	                                                                     or failed; any thread */
 } sched_sessions;
 
+/* The scheduler's sessions (scheduler.c): for the session files that take a kvt_sched (sessions_snapshot.c). */
+const sched_sessions *kvt_sched_sessions_of(kvt_sched *s);
+
 /* A request's tenant: "" or NULL is "default". */
 static inline const char *sched_tenant(const char *t) { return t && t[0] ? t : "default"; }
 

@@ -1,5 +1,5 @@
 /*
- * engine/serve/slot_file.c — a slot snapshot (llama-server's
+ * engine/serve/sessions_snapshot.c — a slot snapshot (llama-server's
  * POST /slots/{id}?action=save|restore, engine/serve/llama_api.c): one file
  * holding a session's token history and the KV blocks of its cached prefix,
  * which a daemon on another data directory can take back without prefilling.
@@ -35,7 +35,7 @@
  * Runs on an HTTP worker thread; touches only the manager and the index (as
  * sessions.c does), never the model.
  */
-#include "sched_int.h"
+#include "sessions.h"
 #include "server_int.h"
 
 #include "blake3.h"
@@ -78,10 +78,11 @@ static int slot_fail(char *err, size_t cap, int rc, const char *fmt, ...)
 /* The session's row: KVT_OK, or KVT_ENOTFOUND with an empty row (no index, or no such session). */
 static int slot_row(kvt_sched *s, const char *tenant, const char *id, kvt_db_session *row)
 {
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
 	memset(row, 0, sizeof(*row));
-	if (!s->cfg.db)
+	if (!ss->db)
 		return KVT_ENOTFOUND;
-	int rc = kvt_db_get_session(s->cfg.db, sched_tenant(tenant), id, row);
+	int rc = kvt_db_get_session(ss->db, sched_tenant(tenant), id, row);
 	if (rc != KVT_OK)
 		memset(row, 0, sizeof(*row));
 	return rc;
@@ -100,17 +101,18 @@ int kvt_slot_tokens(kvt_sched *s, const char *tenant, const char *id, uint32_t *
 static int slot_chain(kvt_sched *s, const char *tenant, const int32_t *toks, uint32_t n_toks,
 		      uint8_t root[KVT_HASH_BYTES], uint8_t (**chain)[KVT_HASH_BYTES], uint32_t *n_chain)
 {
-	const uint32_t n_full = n_toks / s->block_tokens;
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
+	const uint32_t n_full = n_toks / ss->block_tokens;
 	*chain = NULL;
 	*n_chain = 0;
-	int rc = sched_chain_root(s, tenant, root);
+	int rc = sessions_chain_root(ss, tenant, root);
 	if (rc != KVT_OK || !n_full)
 		return rc;
 	uint8_t(*hh)[KVT_HASH_BYTES] = malloc((size_t)n_full * KVT_HASH_BYTES);
 	if (!hh)
 		return KVT_ENOMEM;
 	uint32_t n = 0;
-	if ((rc = kvt_hash_chain(root, toks, n_full * s->block_tokens, s->block_tokens, hh, n_full, &n)) != KVT_OK) {
+	if ((rc = kvt_hash_chain(root, toks, n_full * ss->block_tokens, ss->block_tokens, hh, n_full, &n)) != KVT_OK) {
 		free(hh);
 		return rc;
 	}
@@ -122,14 +124,15 @@ static int slot_chain(kvt_sched *s, const char *tenant, const int32_t *toks, uin
 /* The header and the tokens into b. */
 static void slot_put_header(kvt_sched *s, kvt_sbuf *b, const kvt_db_session *row, uint32_t n_blocks)
 {
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
 	uint8_t h[SLOT_HEADER_BYTES] = { 0 };
 	memcpy(h, SLOT_MAGIC, 8);
 	le32_put(h + 8, SLOT_VERSION);
-	le32_put(h + 12, s->block_tokens);
-	le32_put(h + 16, s->cfg.layout_version);
+	le32_put(h + 12, ss->block_tokens);
+	le32_put(h + 16, ss->layout_version);
 	le32_put(h + 20, row->n_tokens);
 	le32_put(h + 24, n_blocks);
-	memcpy(h + 32, s->cfg.model_fp, KVT_HASH_BYTES);
+	memcpy(h + 32, ss->model_fp, KVT_HASH_BYTES);
 	kvt_sbuf_add(b, (const char *)h, sizeof(h));
 	for (uint32_t i = 0; i < row->n_tokens; i++) {
 		uint8_t t[4];
@@ -146,11 +149,12 @@ static void slot_put_header(kvt_sched *s, kvt_sbuf *b, const kvt_db_session *row
 static int slot_put_records(kvt_sched *s, uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain, kvt_sbuf *recs,
 			    uint32_t *n_blocks)
 {
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
 	*n_blocks = 0;
-	for (uint32_t i = 0; s->cfg.tm && i < n_chain; i++) {
+	for (uint32_t i = 0; ss->tm && i < n_chain; i++) {
 		uint8_t *rec = NULL;
 		size_t n = 0;
-		int rc = kvt_tm_block_export(s->cfg.tm, s->cfg.model_fp, chain[i], &rec, &n);
+		int rc = kvt_tm_block_export(ss->tm, ss->model_fp, chain[i], &rec, &n);
 		if (rc == KVT_ENOTFOUND)
 			break;
 		if (rc != KVT_OK)
@@ -288,6 +292,7 @@ typedef struct slot_hdr {
 /* Check a slot file's framing, digest and model, in that order; fill *h. */
 static int slot_parse(kvt_sched *s, const uint8_t *p, size_t n, slot_hdr *h, char *err, size_t cap)
 {
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
 	memset(h, 0, sizeof(*h));
 	if (n < SLOT_HEADER_BYTES + SLOT_DIGEST_BYTES || memcmp(p, SLOT_MAGIC, 8))
 		return slot_fail(err, cap, KVT_ECORRUPT, "not a kvtier slot file (no KVTSLOT header)");
@@ -298,28 +303,28 @@ static int slot_parse(kvt_sched *s, const uint8_t *p, size_t n, slot_hdr *h, cha
 	kvt_blake3(p, n - SLOT_DIGEST_BYTES, digest);
 	if (memcmp(digest, p + n - SLOT_DIGEST_BYTES, SLOT_DIGEST_BYTES))
 		return slot_fail(err, cap, KVT_ECORRUPT, "checksum mismatch: the slot file is damaged or was altered");
-	if (memcmp(p + 32, s->cfg.model_fp, KVT_HASH_BYTES))
+	if (memcmp(p + 32, ss->model_fp, KVT_HASH_BYTES))
 		return slot_fail(err, cap, KVT_EINVAL,
 				 "the slot file was saved with another model (its fingerprint differs from this "
 				 "daemon's): restore it on the model that saved it");
-	if (le32_get(p + 12) != s->block_tokens || le32_get(p + 16) != s->cfg.layout_version)
+	if (le32_get(p + 12) != ss->block_tokens || le32_get(p + 16) != ss->layout_version)
 		return slot_fail(err, cap, KVT_EINVAL,
 				 "the slot file has %u tokens per block, KV layout %u; this daemon uses %u, %u",
-				 le32_get(p + 12), le32_get(p + 16), s->block_tokens, s->cfg.layout_version);
+				 le32_get(p + 12), le32_get(p + 16), ss->block_tokens, ss->layout_version);
 	h->n_tokens = le32_get(p + 20);
 	h->n_blocks = le32_get(p + 24);
 	const size_t body = n - SLOT_HEADER_BYTES - SLOT_DIGEST_BYTES;
-	if ((uint64_t)h->n_tokens * 4 > body || h->n_blocks > h->n_tokens / s->block_tokens)
+	if ((uint64_t)h->n_tokens * 4 > body || h->n_blocks > h->n_tokens / ss->block_tokens)
 		return slot_fail(err, cap, KVT_ECORRUPT, "the slot file's counts (%u tokens, %u blocks) do not fit it",
 				 h->n_tokens, h->n_blocks);
-	if (h->n_tokens > s->max_ctx)
+	if (h->n_tokens > kvt_sched_max_ctx(s))
 		return slot_fail(err, cap, KVT_EINVAL, "the slot's history of %u tokens is longer than this daemon's "
-				 "context (%u tokens)", h->n_tokens, s->max_ctx);
+				 "context (%u tokens)", h->n_tokens, kvt_sched_max_ctx(s));
 	if (!(h->tokens = malloc(((size_t)h->n_tokens + 1) * sizeof(int32_t))))
 		return slot_fail(err, cap, KVT_ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < h->n_tokens; i++) {
 		h->tokens[i] = (int32_t)le32_get(p + SLOT_HEADER_BYTES + 4 * (size_t)i);
-		if (h->tokens[i] < 0 || (uint32_t)h->tokens[i] >= s->n_vocab) {
+		if (h->tokens[i] < 0 || (uint32_t)h->tokens[i] >= kvt_sched_n_vocab(s)) {
 			free(h->tokens);
 			h->tokens = NULL;
 			return slot_fail(err, cap, KVT_ECORRUPT, "token %u of the slot file is out of the vocabulary", i);
@@ -338,6 +343,7 @@ static int slot_parse(kvt_sched *s, const uint8_t *p, size_t n, slot_hdr *h, cha
 static int slot_enter(kvt_sched *s, const slot_hdr *h, const uint8_t root[KVT_HASH_BYTES],
 		      uint8_t (*chain)[KVT_HASH_BYTES], uint32_t *n_entered, char *err, size_t cap)
 {
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
 	size_t off = 0;
 	*n_entered = 0;
 	for (uint32_t i = 0; i < h->n_blocks; i++) {
@@ -345,9 +351,9 @@ static int slot_enter(kvt_sched *s, const slot_hdr *h, const uint8_t root[KVT_HA
 			return slot_fail(err, cap, KVT_ECORRUPT, "block %u of the slot file is cut short", i);
 		const uint32_t len = le32_get(h->recs + off);
 		const char *why = "";
-		int rc = kvt_tm_block_import(s->cfg.tm, s->cfg.model_fp, h->recs + off + 4, len, chain[i],
-					     i ? chain[i - 1] : root, h->tokens + (size_t)i * s->block_tokens,
-					     s->block_tokens, &why);
+		int rc = kvt_tm_block_import(ss->tm, ss->model_fp, h->recs + off + 4, len, chain[i],
+					     i ? chain[i - 1] : root, h->tokens + (size_t)i * ss->block_tokens,
+					     ss->block_tokens, &why);
 		if (rc == KVT_EFULL) {
 			KVT_LOGW("slot restore: no room for block %u of %u in the host tier; the rest is prefilled", i,
 				 h->n_blocks);
@@ -367,7 +373,8 @@ static int slot_enter(kvt_sched *s, const slot_hdr *h, const uint8_t root[KVT_HA
 static int slot_put_row(kvt_sched *s, const char *tenant, const char *id, const slot_hdr *h,
 			const uint8_t last[KVT_HASH_BYTES], char *err, size_t cap)
 {
-	if (!s->cfg.db)
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
+	if (!ss->db)
 		return KVT_OK;
 	kvt_db_session row;
 	memset(&row, 0, sizeof(row));
@@ -376,13 +383,14 @@ static int slot_put_row(kvt_sched *s, const char *tenant, const char *id, const 
 	row.tokens = h->tokens;
 	row.n_tokens = h->n_tokens;
 	memcpy(row.last_hash, last, KVT_HASH_BYTES);
-	int rc = kvt_db_put_session(s->cfg.db, &row, NULL, NULL, NULL);
+	int rc = kvt_db_put_session(ss->db, &row, NULL, NULL, NULL);
 	return rc ? slot_fail(err, cap, rc, "the slot's session row was not saved: %s", kvt_strerror(rc)) : KVT_OK;
 }
 
 int kvt_slot_restore(kvt_sched *s, const char *tenant, const char *id, const char *path, kvt_slot_io *out,
 		     char *err, size_t cap)
 {
+	const sched_sessions *ss = kvt_sched_sessions_of(s);
 	uint8_t *p = NULL, root[KVT_HASH_BYTES];
 	uint8_t(*chain)[KVT_HASH_BYTES] = NULL;
 	size_t n = 0;
@@ -394,7 +402,7 @@ int kvt_slot_restore(kvt_sched *s, const char *tenant, const char *id, const cha
 		rc = slot_parse(s, p, n, &h, err, cap);
 	if (rc == KVT_OK && (rc = slot_chain(s, tenant, h.tokens, h.n_tokens, root, &chain, &n_chain)) != KVT_OK)
 		slot_fail(err, cap, rc, "hashing the slot's history failed: %s", kvt_strerror(rc));
-	if (rc == KVT_OK && !s->cfg.tm && h.n_blocks)
+	if (rc == KVT_OK && !ss->tm && h.n_blocks)
 		h.n_blocks = 0; /* no cache to enter them into: the history is prefilled */
 	uint32_t n_in = 0;
 	if (rc == KVT_OK)
@@ -402,7 +410,7 @@ int kvt_slot_restore(kvt_sched *s, const char *tenant, const char *id, const cha
 	if (rc == KVT_OK)
 		rc = slot_put_row(s, tenant, id, &h, n_chain ? chain[n_chain - 1] : root, err, cap);
 	if (rc == KVT_OK && n_in &&
-	    kvt_tm_end_turn_chain(s->cfg.tm, n_in, (const uint8_t(*)[KVT_HASH_BYTES])chain, NULL, NULL))
+	    kvt_tm_end_turn_chain(ss->tm, n_in, (const uint8_t(*)[KVT_HASH_BYTES])chain, NULL, NULL))
 		KVT_LOGW("slot restore %s: the blocks are not yet due for NVMe (they go at the next flush)", path);
 	if (rc == KVT_OK) {
 		out->n_tokens = h.n_tokens;
