@@ -84,6 +84,7 @@ static kvt_tm_miss explain(tm_fx *f, const uint8_t *root, const uint8_t (*h)[32]
 {
 	kvt_tm_miss m;
 	kvt_tm_miss_explain(f->tm, root, h, toks, n_tokens, n_cached, &m);
+	kvt_tm_miss_count(f->tm, m.reason);
 	return m;
 }
 

@@ -681,7 +681,7 @@ void kvt_tm_prefix_get_counts(kvt_tm *tm, const kvt_tm_prefix *p, kvt_tm_prefix_
  * prompt's tokens[0..n_tokens) with the hashes of its full blocks (chained
  * from root: hashes[i] names tokens [i*B, (i+1)*B)), of which the first
  * n_cached tokens were served from the cache. Fills *out (reason NONE on a
- * full hit) and counts the reason (kvt_tm_stats.n_miss). The manager
+ * full hit); the caller counts the reason it reports (kvt_tm_miss_count). The manager
  * remembers the blocks that left their last tier (evicted, expired, dropped
  * for lack of room, failed verification) in a bounded in-memory map, oldest
  * forgotten first, not across a restart; a stored history that differs is
@@ -690,7 +690,7 @@ void kvt_tm_prefix_get_counts(kvt_tm *tm, const kvt_tm_prefix *p, kvt_tm_prefix_
  */
 void kvt_tm_miss_explain(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const uint8_t (*hashes)[KVT_HASH_BYTES],
 			 const int32_t *tokens, uint32_t n_tokens, uint32_t n_cached, kvt_tm_miss *out);
-/* Count a reason the caller found itself (MODEL_CHANGED: it knows the session). */
+/* Count a reported miss reason (kvt_tm_stats.n_miss): once per prompt, the reason the caller settled on. */
 void kvt_tm_miss_count(kvt_tm *tm, int reason);
 /*
  * Where a chain's blocks are now, without pinning, touching or counting

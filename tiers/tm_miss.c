@@ -228,5 +228,4 @@ void kvt_tm_miss_explain(kvt_tm *tm, const uint8_t root[KVT_HASH_BYTES], const u
 		else
 			explain_block(tm, root, hashes, tokens, k, n_tokens, n_cached, out);
 	}
-	kvt_tm_miss_count(tm, out->reason);
 }

@@ -142,6 +142,27 @@ void sched_turn_saved(kvt_sched *s, kvt_sched_handle *h, int rc)
 }
 
 /*
+ * Why the prompt's cached prefix ends at ok of the n_full blocks looked up
+ * (the prompt's last token is always run, so at best the blocks before it
+ * are served: the rest is CHUNK_BOUNDARY). A session whose stored history
+ * was hashed under another chain root turns NEW into MODEL_CHANGED.
+ */
+static void explain_miss(kvt_sched *s, kvt_sched_handle *h, uint32_t ok, uint32_t n_full)
+{
+	const uint32_t bt = s->block_tokens;
+	kvt_tm_miss *m = &h->usage.miss;
+	kvt_tm_miss_explain(s->cfg.tm, h->root, (const uint8_t(*)[KVT_HASH_BYTES])h->hashes, h->toks, n_full * bt,
+			    ok * bt, m);
+	if (m->reason == KVT_TM_MISS_NONE) /* every block looked up was served: the rest is the prompt's tail */
+		m->reason = KVT_TM_MISS_CHUNK_BOUNDARY;
+	if (m->reason == KVT_TM_MISS_NEW &&
+	    sessions_model_changed(&s->sess, h->req.tenant, h->req.session_id, h->toks, h->req.n_prompt))
+		m->reason = KVT_TM_MISS_MODEL_CHANGED;
+	kvt_tm_miss_count(s->cfg.tm, m->reason);
+	h->usage.has_miss = true;
+}
+
+/*
  * The cached prefix has come up: the blocks up to the first failure become
  * the start of the sequence (their slots straight into it, with the
  * references the handle hands over); the rest are recomputed.
@@ -168,8 +189,11 @@ void sched_take_prefix(kvt_sched *s, kvt_sched_handle *h)
 		h->usage.cache_read_tokens = c.n_retained * bt;
 		s->st.prefix_hits_tokens += (uint64_t)ok * bt; /* counted at lookup, as prefix_queries_tokens */
 	}
+	const bool explain = !h->preempted;
 	s->st.layered_promotions += c.path == KVT_TM_PREFIX_LAYERED;
 	pthread_mutex_unlock(&s->mu);
+	if (explain)
+		explain_miss(s, h, ok, h->n_hashed);
 	h->state = H_PREFILL;
 	sched_chunks_place(s, h);
 }
@@ -254,6 +278,8 @@ void sched_start_request(kvt_sched *s, kvt_sched_handle *h)
 	if (c.path == KVT_TM_PREFIX_NONE) { /* nothing cached: everything is prefilled */
 		kvt_tm_prefix_release(s->cfg.tm, h->pfx);
 		h->pfx = NULL;
+		if (!h->preempted && s->cfg.tm && s->cfg.cache)
+			explain_miss(s, h, 0, n_full);
 		sched_chunks_place(s, h);
 		if (h->preempted) {
 			pthread_mutex_lock(&s->mu);

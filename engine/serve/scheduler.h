@@ -225,6 +225,9 @@ typedef struct kvt_sched_usage {
 	                                  not recomputed past the check layers); never counted in cached_tokens */
 	uint32_t chunk_recomputed_tokens; /* of those, tokens of found chunks recomputed to restore cross-chunk
 	                                  attention (the recompute fraction) */
+	bool has_miss;                 /* miss is filled (the prefix cache was asked; not with the cache off) */
+	kvt_tm_miss miss;              /* why the first prompt token not served from the cache was not
+	                                  (kvt_tm_miss_explain; reason NONE on a full hit) */
 } kvt_sched_usage;
 
 typedef struct kvt_sched kvt_sched;

@@ -40,6 +40,30 @@ int sessions_chain_root(const sched_sessions *ss, const char *tenant, uint8_t ro
 	return kvt_hash_root(ss->model_fp, ss->layout_version, ss->block_tokens, salt, root);
 }
 
+bool sessions_model_changed(const sched_sessions *ss, const char *tenant, const char *id, const int32_t *toks,
+			    uint32_t n_toks)
+{
+	const uint32_t bt = ss->block_tokens;
+	kvt_db_session row;
+	uint8_t root[KVT_HASH_BYTES], last[KVT_HASH_BYTES];
+	if (!ss->db || !id || !id[0] || kvt_db_get_session(ss->db, sched_tenant(tenant), id, &row) != KVT_OK)
+		return false;
+	/* the stored history's full blocks, hashed as this daemon hashes them now */
+	uint32_t n_full = row.n_tokens / bt, n = 0;
+	bool changed = false;
+	if (n_full && n_toks >= bt && !memcmp(row.tokens, toks, (size_t)bt * sizeof(int32_t)) &&
+	    sessions_chain_root(ss, tenant, root) == KVT_OK) {
+		uint8_t (*hh)[KVT_HASH_BYTES] = malloc((size_t)n_full * KVT_HASH_BYTES);
+		if (hh && kvt_hash_chain(root, row.tokens, n_full * bt, bt, hh, n_full, &n) == KVT_OK && n == n_full) {
+			memcpy(last, hh[n_full - 1], KVT_HASH_BYTES);
+			changed = memcmp(last, row.last_hash, KVT_HASH_BYTES) != 0;
+		}
+		free(hh);
+	}
+	kvt_db_session_deinit(&row);
+	return changed;
+}
+
 typedef struct turn_save {
 	const sched_sessions *ss; /* the sessions (the scheduler's: turn_saved, owner) */
 	kvt_sched_handle *h;      /* the turn (alive until turn_saved: the scheduler keeps it while saving) */

@@ -68,6 +68,15 @@ int sessions_turn_end(const sched_sessions *ss, const char *tenant, const char *
 		      uint32_t n_toks, const uint8_t (*chain)[KVT_HASH_BYTES], uint32_t n_chain,
 		      const uint8_t root[KVT_HASH_BYTES], kvt_sched_handle *h);
 
+/*
+ * Whether session id's stored history begins as toks does (its first block)
+ * but was hashed under another chain root than this daemon's (the model,
+ * the KV layout or the server secret changed): a cache miss's
+ * MODEL_CHANGED. false without such a session.
+ */
+bool sessions_model_changed(const sched_sessions *ss, const char *tenant, const char *id, const int32_t *toks,
+			    uint32_t n_toks);
+
 /* The sessions known and the index's counters (zero without an index). */
 void sessions_stats(const sched_sessions *ss, uint64_t *n_sessions, kvt_db_stats *index);
 /* Shutdown: commit everything queued to the index (the session rows of the last turns); a failure is logged. */
