@@ -446,7 +446,7 @@ enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctyp
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
 	if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
 		const char *allow = !strcmp(r->path, "/v1/completions") || !strcmp(r->path, "/v1/chat/completions") ||
-					    strstr(r->path, "/resume") ?
+					    strstr(r->path, "/resume") || kvt_srv_anth_route(r) ?
 				    "POST" :
 			    !strncmp(r->path, "/v1/sessions/", 13) ? "DELETE" :
 								     "GET, HEAD";
@@ -458,6 +458,8 @@ enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctyp
 /* Send a JSON value (stolen). */
 enum MHD_Result kvt_srv_reply_json(conn_req *r, unsigned status, json_t *v, bool retry)
 {
+	if (status >= 400 && v && kvt_srv_anth_route(r)) /* Anthropic's routes answer in Anthropic's error shape */
+		v = kvt_srv_anth_error(r, v, &status);
 	char *s = v ? json_dumps(v, SRV_JSON_FLAGS) : NULL;
 	json_decref(v);
 	if (!s) {
@@ -583,12 +585,15 @@ static int job_submit(gen_job *j, kvt_sched *sched)
 }
 
 /*
- * POST /v1/completions and /v1/chat/completions: parse the body (pure,
- * request.h), take an in-flight slot, submit one scheduler request per
- * choice, then reply (reply.c): an SSE stream, or the connection parks until
- * every choice ended. The job owns the parsed request from here on.
+ * Parse a generation body (already loaded; borrowed) into a new job: the
+ * pure steps of request.h, then the job's identity (its id by api: "cmpl-",
+ * "chatcmpl-" or "msg_"). KVT_OK with *out (the caller's: kvt_srv_gen_start
+ * or kvt_srv_job_free); KVT_EINVAL with e (a 400); KVT_ENOMEM. r->tenant
+ * takes the tenant `user` named as soon as it is read, so the log names it
+ * even when a later field is refused.
  */
-static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
+int kvt_srv_gen_prepare(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat, int api, json_t *body,
+			gen_job **out, kvt_req_err *e)
 {
 	kvt_server *srv = r->srv;
 	const kvt_server_config *cfg = &srv->cfg;
@@ -600,44 +605,52 @@ static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_
 				     .chunk_reuse = cfg->chunk_reuse,
 				     .chunk_min_tokens = cfg->chunk_min_tokens,
 				     .tenant_from_user = !kvt_srv_auth_on(srv) };
-	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
 	gen_job *j = calloc(1, sizeof(*j));
 	if (!j)
-		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
-	json_t *body = NULL;
-	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
-	if (rc == KVT_OK) {
-		rc = kvt_gen_request_parse(&lim, chat, body, &j->q, &e);
-		if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
-			snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
-	}
+		return KVT_ENOMEM;
+	int rc = kvt_gen_request_parse(&lim, chat, body, &j->q, e);
+	if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
+		snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
 	if (rc == KVT_OK)
-		rc = kvt_gen_request_prompt(&lim, tok, body, &j->q, &e);
-	json_decref(body);
+		rc = kvt_gen_request_prompt(&lim, tok, body, &j->q, e);
 	if (rc != KVT_OK) {
 		kvt_srv_job_free(j);
-		return parse_error(r, rc, &e);
+		return rc;
 	}
 	j->srv = srv;
 	j->tok = tok;
 	j->req = r;
 	j->usage = r->usage;
+	j->api = api;
 	j->created = (int64_t)time(NULL);
 	memcpy(j->rid, r->rid, sizeof(j->rid));
 	kvt_srv_waiter_init(&j->w, r->con);
 	char hex[25];
 	random_hex(hex, 12);
-	snprintf(j->id, sizeof(j->id), "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
+	snprintf(j->id, sizeof(j->id), "%s%s",
+		 api == KVT_SRV_API_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
 	atomic_store(&r->n_prompt, j->q.n_ids);
+	*out = j;
+	return KVT_OK;
+}
 
+/*
+ * Run a prepared job (taken): take an in-flight slot, submit one scheduler
+ * request per choice, then reply (reply.c): an SSE stream, or the
+ * connection parks until every choice ended.
+ */
+enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j)
+{
+	kvt_server *srv = r->srv;
 	enum MHD_Result ret;
+	int rc;
 	if (atomic_load(&srv->draining)) {
 		ret = kvt_srv_reply_error(r, 503, NULL, "draining", "the server is shutting down");
 		goto out;
 	}
 	if (!kvt_srv_in_flight_take(srv)) {
 		ret = kvt_srv_reply_error(r, 503, NULL, "overloaded", "too many requests in flight (%u); retry shortly",
-					  cfg->max_concurrent);
+					  srv->cfg.max_concurrent);
 		goto out;
 	}
 	j->counted = true;
@@ -661,6 +674,24 @@ out:
 	return ret;
 }
 
+/*
+ * POST /v1/completions and /v1/chat/completions: load and parse the body
+ * (pure, request.h), then run it. The job owns the parsed request from here on.
+ */
+static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
+{
+	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
+	json_t *body = NULL;
+	gen_job *j = NULL;
+	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
+	if (rc == KVT_OK)
+		rc = kvt_srv_gen_prepare(r, sched, tok, chat, KVT_SRV_API_OPENAI, body, &j, &e);
+	json_decref(body);
+	if (rc != KVT_OK)
+		return parse_error(r, rc, &e);
+	return kvt_srv_gen_start(r, sched, j);
+}
+
 /* ------------------------------------------------------------------------ */
 /* routing                                                                    */
 
@@ -677,6 +708,8 @@ enum route {
 	R_SESSION,        /* /v1/sessions/{id} */
 	R_SESSION_RESUME, /* /v1/sessions/{id}/resume */
 	R_DASHBOARD,      /* /dashboard: the live view (dashboard.h) */
+	R_MESSAGES,       /* /v1/messages: Anthropic's Messages API (anthropic.c) */
+	R_COUNT_TOKENS,   /* /v1/messages/count_tokens (anthropic.c) */
 };
 
 /* Which route a path names; *id (sessions) points into a buffer of the caller. */
@@ -691,6 +724,8 @@ static enum route route_of(const char *path, char *id, size_t id_cap)
 		{ "/v1/stats", R_STATS },
 		{ "/v1/sessions", R_SESSIONS },
 		{ "/dashboard", R_DASHBOARD },
+		{ "/v1/messages", R_MESSAGES },
+		{ "/v1/messages/count_tokens", R_COUNT_TOKENS },
 	};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
 		if (!strcmp(path, fixed[i].path))
@@ -721,6 +756,8 @@ static const char *route_method(enum route rt)
 	case R_COMPLETIONS:
 	case R_CHAT:
 	case R_SESSION_RESUME:
+	case R_MESSAGES:
+	case R_COUNT_TOKENS:
 		return "POST";
 	case R_SESSION:
 		return "DELETE";
@@ -775,14 +812,18 @@ bool kvt_srv_key_equal(const char *a, size_t na, const char *b)
 	return diff == 0 && nb > 0;
 }
 
-/* The presented key: an API key (its tenant) or an admin key (r->admin). False: none, or unknown. */
+/*
+ * The presented key (Authorization: Bearer KEY, else Anthropic's x-api-key:
+ * KEY): an API key (its tenant) or an admin key (r->admin). False: none, or unknown.
+ */
 bool kvt_srv_authenticate(conn_req *r)
 {
 	kvt_server *srv = r->srv;
 	const char *h = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-	if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+	const char *x = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's header */
+	if ((!h || strncasecmp(h, "Bearer ", 7) != 0) && !x)
 		return false;
-	const char *k = h + 7;
+	const char *k = h && !strncasecmp(h, "Bearer ", 7) ? h + 7 : x;
 	while (*k == ' ')
 		k++;
 	size_t nk = strlen(k);
@@ -828,7 +869,7 @@ static enum MHD_Result dispatch(conn_req *r)
 	const kvt_tok *tok = atomic_load(&srv->tok);
 	if (!sched)
 		return kvt_srv_reply_error(r, 503, NULL, "loading", "the model is loading; retry shortly");
-	bool new_work = rt == R_COMPLETIONS || rt == R_CHAT || rt == R_SESSION_RESUME;
+	bool new_work = rt == R_COMPLETIONS || rt == R_CHAT || rt == R_SESSION_RESUME || rt == R_MESSAGES;
 	if (new_work && atomic_load(&srv->draining))
 		return kvt_srv_reply_error(r, 503, NULL, "draining", "the server is shutting down");
 	if ((rt == R_SESSION || rt == R_SESSION_RESUME) && !kvt_name_valid(id))
@@ -853,6 +894,10 @@ static enum MHD_Result dispatch(conn_req *r)
 		return kvt_srv_handle_session_delete(r, sched, id);
 	case R_SESSION_RESUME:
 		return kvt_srv_handle_resume(r, sched, id);
+	case R_MESSAGES:
+		return kvt_srv_handle_messages(r, sched, tok);
+	case R_COUNT_TOKENS:
+		return kvt_srv_handle_count_tokens(r, sched, tok);
 	default:
 		return kvt_srv_reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
 	}

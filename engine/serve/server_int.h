@@ -8,7 +8,10 @@
  *   reply.c   a generation's reply: choices, stop strings, logprobs, tool
  *             calls, usage, the JSON body and the SSE stream;
  *   admin.c   every other endpoint: health, models, metrics, stats (global
- *             and a tenant's), sessions, resume, the dashboard.
+ *             and a tenant's), sessions, resume, the dashboard;
+ *   anthropic.c  Anthropic's Messages API (/v1/messages, count_tokens): the
+ *             body mapped onto the chat request, the reply, the SSE events
+ *             and the error shape of those routes.
  *
  * Nothing here is seen outside engine/serve (server.h is the API). Every
  * call runs on an MHD worker (the access handler or a content reader), except
@@ -127,6 +130,7 @@ typedef struct gen_choice {
 	size_t n_sent;              /* bytes of text already sent (streaming) */
 	uint32_t n_tokens;          /* tokens turned into text (up to the stop match) */
 	bool stop_hit;              /* a stop string matched: cancelled, text final */
+	uint32_t stop_idx;          /* with stop_hit: which of q.stops matched */
 	bool ended;                 /* the scheduler said why it ended; usage valid */
 	int finish;                 /* KVT_FINISH_* from the scheduler once ended */
 	bool role_sent;             /* chat streaming: the role delta went out */
@@ -136,6 +140,20 @@ typedef struct gen_choice {
 	size_t lp_sent;             /* streaming: entries of lp already sent */
 	kvt_sched_usage usage;      /* from the scheduler once ended */
 } gen_choice;
+
+/* The API whose shapes a generation's reply takes (gen_job.api). */
+enum kvt_srv_api {
+	KVT_SRV_API_OPENAI = 0,     /* /v1/completions, /v1/chat/completions */
+	KVT_SRV_API_ANTHROPIC = 1,  /* /v1/messages (anthropic.c) */
+};
+
+/* An Anthropic Messages stream's progress (anthropic.c). */
+typedef struct anth_sse {
+	bool started;               /* message_start went out */
+	bool text_open;             /* a text block is open: index n_blocks - 1 */
+	bool pinged;                /* the ping went out */
+	uint32_t n_blocks;          /* content blocks started so far */
+} anth_sse;
 
 /* A completion in progress: the parsed request, its n choices, the SSE output. */
 typedef struct gen_job {
@@ -155,6 +173,8 @@ typedef struct gen_job {
 	bool done;                  /* everything (incl. [DONE]) is in out */
 	bool counted;               /* holds one in_flight count */
 	bool released;              /* kvt_srv_job_release ran: no handle, no count held */
+	int api;                    /* enum kvt_srv_api: the shape of the reply */
+	anth_sse anth;              /* KVT_SRV_API_ANTHROPIC streaming: the events sent so far */
 } gen_job;
 
 /* ---- server.c ---- */
@@ -196,6 +216,15 @@ enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *pa
 				    ...) __attribute__((format(printf, 5, 6)));
 /* Queue a refused request's error: e's param, code ("" = null) and message, with status. */
 enum MHD_Result kvt_srv_reply_req_error(conn_req *r, unsigned status, const kvt_req_err *e);
+/*
+ * A generation body (loaded, borrowed) parsed into a new job (request.h's
+ * two steps; its id by api). KVT_OK with *out (to kvt_srv_gen_start, or
+ * kvt_srv_job_free); KVT_EINVAL with e (a 400); KVT_ENOMEM.
+ */
+int kvt_srv_gen_prepare(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat, int api, json_t *body,
+			gen_job **out, kvt_req_err *e);
+/* Run a prepared job (taken): in-flight slot, submit, then the stream or the parked reply. */
+enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j);
 
 /* ---- reply.c ---- */
 
@@ -211,6 +240,37 @@ void kvt_srv_job_free(gen_job *j);
 enum MHD_Result kvt_srv_gen_continue(conn_req *r);
 /* A streaming generation: queue the SSE response, which takes the job. */
 enum MHD_Result kvt_srv_gen_stream(conn_req *r, gen_job *j);
+/* For anthropic.c: what reply.c knows of a choice and a job. */
+bool kvt_srv_choice_failed(const gen_choice *c);
+void kvt_srv_choice_failure(const gen_choice *c, unsigned *status, const char **type, const char **code,
+			    const char **msg);
+uint32_t kvt_srv_choice_completion_tokens(const gen_choice *c);
+/* Bytes at the end of text that could be the start of a stop string (held back while streaming). */
+size_t kvt_srv_stop_holdback(const gen_job *j, const char *text, size_t n);
+bool kvt_srv_job_all_ended(const gen_job *j);
+/* The OpenAI usage object of the job (its "kvtier" member is Anthropic's usage.kvtier too). */
+json_t *kvt_srv_usage_json(const gen_job *j);
+
+/* ---- anthropic.c ---- */
+
+/* POST /v1/messages: the body mapped onto the chat request, then generated as /v1/chat/completions is. */
+enum MHD_Result kvt_srv_handle_messages(conn_req *r, kvt_sched *sched, const kvt_tok *tok);
+/* POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt the template makes. */
+enum MHD_Result kvt_srv_handle_count_tokens(conn_req *r, kvt_sched *sched, const kvt_tok *tok);
+/* Is r on one of Anthropic's routes (/v1/messages and below)? Their errors take Anthropic's shape. */
+bool kvt_srv_anth_route(const conn_req *r);
+/*
+ * An error body of ours (v, taken) in Anthropic's shape, {"type": "error",
+ * "error": {"type", "message"}, "request_id"}; *status becomes Anthropic's
+ * (503 -> 529 overloaded_error). Returns the new body (NULL: out of memory).
+ */
+json_t *kvt_srv_anth_error(const conn_req *r, json_t *v, unsigned *status);
+/* The non-streaming Messages body of an ended job. */
+json_t *kvt_srv_anth_result(gen_job *j);
+/* Move what can be sent now into Anthropic's SSE events (j->out); the closing events once all ended. */
+void kvt_srv_anth_sse_emit(gen_job *j);
+/* The engine failed mid-stream: an error event, then the stream ends (j->done). */
+void kvt_srv_anth_sse_fail(gen_job *j, const char *msg);
 
 /* ---- admin.c ---- */
 
