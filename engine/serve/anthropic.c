@@ -149,7 +149,8 @@ static void msg_cc(json_t *m, double ttl_s)
 	json_t *old = json_object_get(m, "cache_control");
 	if (old && str_is(json_object_get(old, "ttl"), "1h"))
 		return;
-	json_object_set_new(m, "cache_control", json_pack("{s:s, s:s}", "type", "ephemeral", "ttl", ttl_s > 300 ? "1h" : "5m"));
+	json_object_set_new(m, "cache_control",
+			    json_pack("{s:s, s:s}", "type", "ephemeral", "ttl", ttl_s > 300 ? "1h" : "5m"));
 }
 
 /*
@@ -523,13 +524,13 @@ static int tr_messages(anth_tr *t, json_t *msgs)
 }
 
 /* kvtier's own fields, passed on as the chat route takes them. */
-static const char *const PASS_ON[] = { "max_tokens", "temperature", "top_p", "top_k", "stream",
+static const char *const PASS_ON[] = { "max_tokens", "temperature", "top_p", "top_k", "stream", "cache_control",
 				       "session_id", "priority", "seed", "ignore_eos", "min_p", "repetition_penalty",
 				       "presence_penalty", "frequency_penalty", "logit_bias", "prompt_cache_key", "kvtier" };
 
 /* The fields read elsewhere here (the rest of Anthropic's are refused by name). */
 static const char *const MAPPED[] = { "model", "messages", "system", "tools", "tool_choice", "stop_sequences",
-				      "metadata", "service_tier", "thinking", "anthropic_version" };
+				      "metadata", "service_tier", "thinking", "anthropic_version", "output_config" };
 
 static bool in_list(const char *key, size_t key_len, const char *const *list, size_t n)
 {
@@ -560,10 +561,11 @@ static int tr_fields(anth_tr *t, json_t *body)
 	return KVT_OK;
 }
 
-/* model, max_tokens, temperature, stop_sequences, metadata, thinking, service_tier: checked, then mapped. */
+/* model, max_tokens, temperature, stop_sequences: checked, then mapped. */
 static int tr_scalars(anth_tr *t, json_t *body)
 {
 	json_t *v;
+	/* NOTE: Anthropic's newest API dropped temperature, top_p and top_k; older clients send them, so they are kept */
 	if (!json_is_string(json_object_get(body, "model")) && !t->for_count)
 		return kvt_req_fail(t->e, "model", NULL, "'model' is required (a string; kvtierd serves its one model)");
 	v = json_object_get(body, "max_tokens");
@@ -582,7 +584,13 @@ static int tr_scalars(anth_tr *t, json_t *body)
 					    KVT_REQ_MAX_STOPS);
 		json_object_set(t->out, "stop", v);
 	}
-	v = json_object_get(body, "metadata");
+	return KVT_OK;
+}
+
+/* metadata (user_id -> user), thinking (only disabled), service_tier (accepted): checked, then mapped. */
+static int tr_meta(anth_tr *t, json_t *body)
+{
+	json_t *v = json_object_get(body, "metadata");
 	if (v && !json_is_null(v)) {
 		json_t *u = json_object_get(v, "user_id");
 		if (!json_is_object(v) || json_object_size(v) > (u ? 1u : 0u))
@@ -600,6 +608,38 @@ static int tr_scalars(anth_tr *t, json_t *body)
 	if (v && !json_is_null(v) && !str_is(v, "auto") && !str_is(v, "standard_only"))
 		return kvt_req_fail(t->e, "service_tier", NULL, "'service_tier' must be \"auto\" or \"standard_only\"");
 	return KVT_OK;
+}
+
+/*
+ * output_config: effort (accepted; the model has no reasoning mode, so each
+ * means what it does without one) and format {"type": "json_schema",
+ * "schema"} -> response_format (structured outputs, structured.h).
+ */
+static int tr_output(anth_tr *t, json_t *oc)
+{
+	if (!oc || json_is_null(oc))
+		return KVT_OK;
+	static const char *const efforts[] = { "low", "medium", "high", "xhigh", "max" };
+	json_t *effort = json_object_get(oc, "effort"), *fmt = json_object_get(oc, "format");
+	if (!json_is_object(oc))
+		return kvt_req_fail(t->e, "output_config", NULL, "'output_config' must be an object {effort, format}");
+	bool ok = !effort || json_is_null(effort);
+	for (size_t k = 0; !ok && k < sizeof(efforts) / sizeof(efforts[0]); k++)
+		ok = str_is(effort, efforts[k]);
+	if (!ok)
+		return kvt_req_fail(t->e, "output_config.effort", NULL, "'output_config.effort' must be \"low\", \"medium\", "
+				    "\"high\", \"xhigh\" or \"max\"");
+	if (json_object_size(oc) > (size_t)(effort != NULL) + (fmt != NULL))
+		return kvt_req_fail(t->e, "output_config", NULL, "'output_config' takes only 'effort' and 'format'");
+	if (!fmt || json_is_null(fmt))
+		return KVT_OK;
+	json_t *schema = json_object_get(fmt, "schema");
+	if (!str_is(json_object_get(fmt, "type"), "json_schema") || !json_is_object(schema))
+		return kvt_req_fail(t->e, "output_config.format", NULL, "'output_config.format' must be {\"type\": "
+				    "\"json_schema\", \"schema\": object}");
+	json_t *rf = json_pack("{s:s, s:{s:s, s:O, s:b}}", "type", "json_schema", "json_schema", "name", "output", "schema",
+			       schema, "strict", 1);
+	return !rf || json_object_set_new(t->out, "response_format", rf) ? KVT_ENOMEM : KVT_OK;
 }
 
 static void tr_free(anth_tr *t)
@@ -628,6 +668,10 @@ static int anth_translate(json_t *body, bool for_count, anth_tr *t, kvt_req_err 
 	int rc = tr_fields(t, body);
 	if (!rc)
 		rc = tr_scalars(t, body);
+	if (!rc)
+		rc = tr_meta(t, body);
+	if (!rc)
+		rc = tr_output(t, json_object_get(body, "output_config"));
 	if (!rc)
 		rc = tr_tools(t, tools);
 	if (!rc)
@@ -830,10 +874,17 @@ static const char *anth_error_type(unsigned *status)
 
 json_t *kvt_srv_anth_error(const conn_req *r, json_t *v, unsigned *status)
 {
-	const char *msg = ANTH_STR(json_object_get(json_object_get(v, "error"), "message"));
+	json_t *err = json_object_get(v, "error");
+	const char *msg = ANTH_STR(json_object_get(err, "message")), *param = ANTH_STR(json_object_get(err, "param"));
 	const char *type = anth_error_type(status);
-	json_t *out = json_pack("{s:s, s:{s:s, s:s}, s:s}", "type", "error", "error", "type", type, "message",
-				msg ? msg : "error", "request_id", r->rid);
+	kvt_sbuf b = { 0 };
+	/* Anthropic's error has no param: the field goes first in the message unless the message names it */
+	if (param && *param && msg && !strstr(msg, param))
+		kvt_sbuf_printf(&b, "%s: ", param);
+	kvt_sbuf_puts(&b, msg ? msg : "error");
+	json_t *out = b.failed ? NULL : json_pack("{s:s, s:{s:s, s:s}, s:s}", "type", "error", "error", "type", type,
+						  "message", b.p, "request_id", r->rid);
+	free(b.p);
 	json_decref(v);
 	return out;
 }
@@ -908,11 +959,15 @@ static json_t *tool_use_block(json_t *call)
 			 input);
 }
 
-/* stop_reason and stop_sequence of an ended choice. */
+/*
+ * stop_reason and stop_sequence of an ended choice; tool calls cut short by
+ * max_tokens are "max_tokens", as the OpenAI route's are "length".
+ */
 static void anth_stop(const gen_job *j, const gen_choice *c, bool calls, const char **reason, json_t **seq)
 {
 	*seq = json_null();
-	if (calls)
+	bool stopped = c->stop_hit || c->finish == KVT_FINISH_STOP;
+	if (calls && stopped)
 		*reason = "tool_use";
 	else if (c->stop_hit && c->stop_idx < j->q.n_stops) {
 		*reason = "stop_sequence";

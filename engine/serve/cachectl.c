@@ -92,7 +92,10 @@ static int cut_message(json_t *msgs, size_t k, long part, kvt_chat_msg *cm, char
 	return KVT_OK;
 }
 
-/* The tools' description put where the prompt builder puts it: after the first system text, or a system turn of its own. */
+/*
+ * The tools' description put where the prompt builder puts it: after the
+ * first system text, or a system turn of its own.
+ */
 static int cut_tools(kvt_chat_msg *cm, char **owned, size_t *n, const char *tools_text, kvt_req_err *e)
 {
 	size_t nt = strlen(tools_text);
@@ -182,7 +185,8 @@ int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const char *
 					if (!cc || json_is_null(cc))
 						continue;
 					snprintf(p, sizeof(p), "messages[%zu].content[%zu].cache_control", i, k);
-					if (kvt_cachectl_one(cc, p, &ttl, e) || kvt_cachectl_chat_cut(tok, msgs, tools_text, i + 1, (long)k, ids, n_ids, &at, e) ||
+					if (kvt_cachectl_one(cc, p, &ttl, e) ||
+					    kvt_cachectl_chat_cut(tok, msgs, tools_text, i + 1, (long)k, ids, n_ids, &at, e) ||
 					    add(out, at, ttl, -1, p, e))
 						return KVT_EINVAL;
 				}
@@ -190,7 +194,8 @@ int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const char *
 			if (!cc || json_is_null(cc))
 				continue;
 			snprintf(p, sizeof(p), "messages[%zu].cache_control", i);
-			if (kvt_cachectl_one(cc, p, &ttl, e) || kvt_cachectl_chat_cut(tok, msgs, tools_text, i + 1, -1, ids, n_ids, &at, e) ||
+			if (kvt_cachectl_one(cc, p, &ttl, e) ||
+			    kvt_cachectl_chat_cut(tok, msgs, tools_text, i + 1, -1, ids, n_ids, &at, e) ||
 			    add(out, at, ttl, -1, p, e))
 				return KVT_EINVAL;
 		}
