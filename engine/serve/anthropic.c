@@ -6,7 +6,7 @@
  *
  * Design. A Messages body is mapped onto the body of a chat completion
  * (anth_translate), which then goes through the same pure steps as
- * /v1/chat/completions (request.h, via kvt_srv_gen_prepare): the same chat
+ * /v1/chat/completions (request.h, kvt_anth_request is as pure): the same chat
  * template, the same tools format (structured.h), the same cache control
  * (cachectl.h), the same sessions and tenants. So a conversation sent
  * through either API makes the same prompt tokens and shares their cached
@@ -656,11 +656,11 @@ static int anth_translate(json_t *body, bool for_count, anth_tr *t, kvt_req_err 
 	memset(t, 0, sizeof(*t));
 	t->e = e;
 	t->for_count = for_count;
-	t->out = json_object();
+	if (!(t->out = json_object()))
+		return KVT_ENOMEM;
 	t->msgs = json_array();
-	if (!t->out || !t->msgs || json_object_set_new(t->out, "messages", t->msgs)) {
-		if (!t->out)
-			json_decref(t->msgs);
+	if (!t->msgs || json_object_set_new(t->out, "messages", t->msgs)) {
+		t->msgs = NULL; /* NOTE: json_object_set_new took (and dropped) it */
 		return KVT_ENOMEM;
 	}
 	json_t *tools = json_object_get(body, "tools");
@@ -760,21 +760,19 @@ static void anth_rename(const anth_tr *t, kvt_req_err *e)
  * prefix through the first system turn (system text and tools), added to
  * the request's breakpoints in prompt order.
  */
-static int add_turn_breakpoint(const anth_tr *t, gen_job *j, kvt_req_err *e)
+static int add_turn_breakpoint(const anth_tr *t, const kvt_tok *tok, kvt_gen_request *q, kvt_req_err *e)
 {
 	if (t->turn_ttl <= 0)
 		return KVT_OK;
-	const kvt_tok *tok = j->tok;
-	char *tools_text = kvt_oai_tools_prompt(&j->q.tools);
+	char *tools_text = kvt_oai_tools_prompt(&q->tools);
 	size_t n_msgs = t->n_orig && t->orig[0].msg < 0 ? 1 : 0;
 	uint32_t at = 0;
-	int rc = tools_text || n_msgs ? kvt_cachectl_chat_cut(tok, t->msgs, tools_text, n_msgs, -1, j->q.ids, j->q.n_ids,
-							      &at, e)
+	int rc = tools_text || n_msgs ? kvt_cachectl_chat_cut(tok, t->msgs, tools_text, n_msgs, -1, q->ids, q->n_ids, &at, e)
 				      : KVT_OK;
 	free(tools_text);
 	if (rc || !at)
 		return rc;
-	kvt_cachectl *cc = &j->q.cc;
+	kvt_cachectl *cc = &q->cc;
 	if (cc->n_retain == KVT_SCHED_MAX_RETAIN)
 		return kvt_req_fail(e, t->turn_param, NULL, "at most %d cache_control breakpoints per request",
 				    KVT_SCHED_MAX_RETAIN);
@@ -782,30 +780,50 @@ static int add_turn_breakpoint(const anth_tr *t, gen_job *j, kvt_req_err *e)
 	for (; i > 0 && cc->retain[i - 1].tokens > at; i--)
 		cc->retain[i] = cc->retain[i - 1];
 	cc->retain[i] = (kvt_sched_retain){ .tokens = at, .ttl_s = t->turn_ttl, .tier = -1 };
-	memcpy(j->q.sched.retain, cc->retain, sizeof(j->q.sched.retain));
-	j->q.sched.n_retain = cc->n_retain;
+	memcpy(q->sched.retain, cc->retain, sizeof(q->sched.retain));
+	q->sched.n_retain = cc->n_retain;
 	return KVT_OK;
 }
 
-/* Load, map and parse a Messages body into a job (*out). KVT_OK; else the refusal or failure in e, rc. */
+int kvt_anth_request(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, bool for_count,
+		     kvt_gen_request *q, kvt_req_err *e)
+{
+	anth_tr t;
+	int rc = anth_translate(body, for_count, &t, e);
+	if (rc == KVT_OK) {
+		rc = kvt_gen_request_parse(lim, true, t.out, q, e);
+		if (rc == KVT_OK)
+			rc = kvt_gen_request_prompt(lim, tok, t.out, q, e);
+		if (rc == KVT_EINVAL)
+			anth_rename(&t, e);
+	}
+	if (rc == KVT_OK)
+		rc = add_turn_breakpoint(&t, tok, q, e);
+	tr_free(&t);
+	return rc;
+}
+
+/* Load and parse a Messages body into a new job (*out, initialised). KVT_OK; else rc with e. */
 static int anth_prepare(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool for_count, gen_job **out,
 			kvt_req_err *e)
 {
+	const kvt_req_limits lim = kvt_srv_req_limits(r->srv, sched);
+	gen_job *j = calloc(1, sizeof(*j));
 	json_t *body = NULL;
-	anth_tr t;
-	memset(&t, 0, sizeof(t));
-	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, e);
-	if (rc == KVT_OK)
-		rc = anth_translate(body, for_count, &t, e);
-	json_decref(body);
-	if (rc == KVT_OK && (rc = kvt_srv_gen_prepare(r, sched, tok, true, KVT_SRV_API_ANTHROPIC, t.out, out, e)) != KVT_OK)
-		anth_rename(&t, e);
-	if (rc == KVT_OK && (rc = add_turn_breakpoint(&t, *out, e)) != KVT_OK) {
-		kvt_srv_job_free(*out);
-		*out = NULL;
+	int rc = j ? kvt_req_body_load(r->body.p, r->body.n, &body, e) : KVT_ENOMEM;
+	if (rc == KVT_OK) {
+		rc = kvt_anth_request(&lim, tok, body, for_count, &j->q, e);
+		if (j->q.sched.tenant[0]) /* metadata.user_id named it (no API keys): the log names it too */
+			snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
 	}
-	tr_free(&t);
-	return rc;
+	json_decref(body);
+	if (rc != KVT_OK) {
+		kvt_srv_job_free(j);
+		return rc;
+	}
+	kvt_srv_job_init(r, tok, "msg_", KVT_SRV_API_ANTHROPIC, j);
+	*out = j;
+	return KVT_OK;
 }
 
 static enum MHD_Result prepare_error(conn_req *r, int rc, const kvt_req_err *e)

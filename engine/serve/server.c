@@ -584,40 +584,24 @@ static int job_submit(gen_job *j, kvt_sched *sched)
 	return KVT_OK;
 }
 
-/*
- * Parse a generation body (already loaded; borrowed) into a new job: the
- * pure steps of request.h, then the job's identity (its id by api: "cmpl-",
- * "chatcmpl-" or "msg_"). KVT_OK with *out (the caller's: kvt_srv_gen_start
- * or kvt_srv_job_free); KVT_EINVAL with e (a 400); KVT_ENOMEM. r->tenant
- * takes the tenant `user` named as soon as it is read, so the log names it
- * even when a later field is refused.
- */
-int kvt_srv_gen_prepare(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat, int api, json_t *body,
-			gen_job **out, kvt_req_err *e)
+/* The limits a generation request is checked against: the model's and the configuration's. */
+kvt_req_limits kvt_srv_req_limits(const kvt_server *srv, kvt_sched *sched)
 {
-	kvt_server *srv = r->srv;
 	const kvt_server_config *cfg = &srv->cfg;
-	const kvt_req_limits lim = { .n_vocab = kvt_sched_n_vocab(sched),
-				     .max_ctx = kvt_sched_max_ctx(sched),
-				     .max_tokens_limit = cfg->max_tokens_limit,
-				     .max_n = cfg->max_n,
-				     .default_max_tokens = cfg->default_max_tokens,
-				     .chunk_reuse = cfg->chunk_reuse,
-				     .chunk_min_tokens = cfg->chunk_min_tokens,
-				     .tenant_from_user = !kvt_srv_auth_on(srv) };
-	gen_job *j = calloc(1, sizeof(*j));
-	if (!j)
-		return KVT_ENOMEM;
-	int rc = kvt_gen_request_parse(&lim, chat, body, &j->q, e);
-	if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
-		snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
-	if (rc == KVT_OK)
-		rc = kvt_gen_request_prompt(&lim, tok, body, &j->q, e);
-	if (rc != KVT_OK) {
-		kvt_srv_job_free(j);
-		return rc;
-	}
-	j->srv = srv;
+	return (kvt_req_limits){ .n_vocab = kvt_sched_n_vocab(sched),
+				 .max_ctx = kvt_sched_max_ctx(sched),
+				 .max_tokens_limit = cfg->max_tokens_limit,
+				 .max_n = cfg->max_n,
+				 .default_max_tokens = cfg->default_max_tokens,
+				 .chunk_reuse = cfg->chunk_reuse,
+				 .chunk_min_tokens = cfg->chunk_min_tokens,
+				 .tenant_from_user = !kvt_srv_auth_on(srv) };
+}
+
+/* A job whose request j->q is parsed: its owner, connection, reply shape (api) and id (id_prefix + random hex). */
+void kvt_srv_job_init(conn_req *r, const kvt_tok *tok, const char *id_prefix, int api, gen_job *j)
+{
+	j->srv = r->srv;
 	j->tok = tok;
 	j->req = r;
 	j->usage = r->usage;
@@ -627,16 +611,13 @@ int kvt_srv_gen_prepare(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool 
 	kvt_srv_waiter_init(&j->w, r->con);
 	char hex[25];
 	random_hex(hex, 12);
-	snprintf(j->id, sizeof(j->id), "%s%s",
-		 api == KVT_SRV_API_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
+	snprintf(j->id, sizeof(j->id), "%s%s", id_prefix, hex);
 	atomic_store(&r->n_prompt, j->q.n_ids);
-	*out = j;
-	return KVT_OK;
 }
 
 /*
- * Run a prepared job (taken): take an in-flight slot, submit one scheduler
- * request per choice, then reply (reply.c): an SSE stream, or the
+ * Run a job (taken; kvt_srv_job_init'ed): take an in-flight slot, submit one
+ * scheduler request per choice, then reply (reply.c): an SSE stream, or the
  * connection parks until every choice ended.
  */
 enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j)
@@ -675,20 +656,32 @@ out:
 }
 
 /*
- * POST /v1/completions and /v1/chat/completions: load and parse the body
- * (pure, request.h), then run it. The job owns the parsed request from here on.
+ * POST /v1/completions and /v1/chat/completions: parse the body (pure,
+ * request.h), then run it (kvt_srv_gen_start). The job owns the parsed
+ * request from here on.
  */
 static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
 {
+	const kvt_req_limits lim = kvt_srv_req_limits(r->srv, sched);
 	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
+	gen_job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
 	json_t *body = NULL;
-	gen_job *j = NULL;
 	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
+	if (rc == KVT_OK) {
+		rc = kvt_gen_request_parse(&lim, chat, body, &j->q, &e);
+		if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
+			snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
+	}
 	if (rc == KVT_OK)
-		rc = kvt_srv_gen_prepare(r, sched, tok, chat, KVT_SRV_API_OPENAI, body, &j, &e);
+		rc = kvt_gen_request_prompt(&lim, tok, body, &j->q, &e);
 	json_decref(body);
-	if (rc != KVT_OK)
+	if (rc != KVT_OK) {
+		kvt_srv_job_free(j);
 		return parse_error(r, rc, &e);
+	}
+	kvt_srv_job_init(r, tok, chat ? "chatcmpl-" : "cmpl-", KVT_SRV_API_OPENAI, j);
 	return kvt_srv_gen_start(r, sched, j);
 }
 

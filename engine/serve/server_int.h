@@ -216,14 +216,11 @@ enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *pa
 				    ...) __attribute__((format(printf, 5, 6)));
 /* Queue a refused request's error: e's param, code ("" = null) and message, with status. */
 enum MHD_Result kvt_srv_reply_req_error(conn_req *r, unsigned status, const kvt_req_err *e);
-/*
- * A generation body (loaded, borrowed) parsed into a new job (request.h's
- * two steps; its id by api). KVT_OK with *out (to kvt_srv_gen_start, or
- * kvt_srv_job_free); KVT_EINVAL with e (a 400); KVT_ENOMEM.
- */
-int kvt_srv_gen_prepare(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat, int api, json_t *body,
-			gen_job **out, kvt_req_err *e);
-/* Run a prepared job (taken): in-flight slot, submit, then the stream or the parked reply. */
+/* The limits a generation request is checked against (the model's, the configuration's). */
+kvt_req_limits kvt_srv_req_limits(const kvt_server *srv, kvt_sched *sched);
+/* A job whose request j->q is parsed: owner, connection, reply shape (enum kvt_srv_api), id (id_prefix + hex). */
+void kvt_srv_job_init(conn_req *r, const kvt_tok *tok, const char *id_prefix, int api, gen_job *j);
+/* Run an initialised job (taken): in-flight slot, submit, then the stream or the parked reply. */
 enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j);
 
 /* ---- reply.c ---- */
@@ -252,6 +249,17 @@ bool kvt_srv_job_all_ended(const gen_job *j);
 json_t *kvt_srv_usage_json(const gen_job *j);
 
 /* ---- anthropic.c ---- */
+
+/*
+ * A Messages body (borrowed) into q, pure as request.h's steps are (and
+ * through them): mapped onto a chat body, parsed, its prompt built, the
+ * system-turn breakpoint added. for_count: count_tokens' body (max_tokens
+ * and model optional). KVT_OK; KVT_EINVAL with e naming the Messages field;
+ * KVT_ENOMEM. q->sched.tenant as kvt_gen_request_parse leaves it. Deinit q
+ * whatever the result.
+ */
+int kvt_anth_request(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, bool for_count,
+		     kvt_gen_request *q, kvt_req_err *e);
 
 /* POST /v1/messages: the body mapped onto the chat request, then generated as /v1/chat/completions is. */
 enum MHD_Result kvt_srv_handle_messages(conn_req *r, kvt_sched *sched, const kvt_tok *tok);
