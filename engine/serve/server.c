@@ -584,6 +584,36 @@ static int job_submit(gen_job *j, kvt_sched *sched)
 	return KVT_OK;
 }
 
+/*
+ * POST /v1/completions and /v1/chat/completions: parse the body (pure,
+ * request.h), then run it (kvt_srv_gen_start). The job owns the parsed
+ * request from here on.
+ */
+static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
+{
+	const kvt_req_limits lim = kvt_srv_req_limits(r->srv, sched);
+	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
+	gen_job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
+	json_t *body = NULL;
+	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
+	if (rc == KVT_OK) {
+		rc = kvt_gen_request_parse(&lim, chat, body, &j->q, &e);
+		if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
+			snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
+	}
+	if (rc == KVT_OK)
+		rc = kvt_gen_request_prompt(&lim, tok, body, &j->q, &e);
+	json_decref(body);
+	if (rc != KVT_OK) {
+		kvt_srv_job_free(j);
+		return parse_error(r, rc, &e);
+	}
+	kvt_srv_job_init(r, tok, chat ? "chatcmpl-" : "cmpl-", KVT_SRV_API_OPENAI, j);
+	return kvt_srv_gen_start(r, sched, j);
+}
+
 /* The limits a generation request is checked against: the model's and the configuration's. */
 kvt_req_limits kvt_srv_req_limits(const kvt_server *srv, kvt_sched *sched)
 {
@@ -653,36 +683,6 @@ enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j)
 out:
 	kvt_srv_job_free(j);
 	return ret;
-}
-
-/*
- * POST /v1/completions and /v1/chat/completions: parse the body (pure,
- * request.h), then run it (kvt_srv_gen_start). The job owns the parsed
- * request from here on.
- */
-static enum MHD_Result handle_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat)
-{
-	const kvt_req_limits lim = kvt_srv_req_limits(r->srv, sched);
-	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
-	gen_job *j = calloc(1, sizeof(*j));
-	if (!j)
-		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
-	json_t *body = NULL;
-	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
-	if (rc == KVT_OK) {
-		rc = kvt_gen_request_parse(&lim, chat, body, &j->q, &e);
-		if (j->q.sched.tenant[0]) /* `user` named it (no API keys): the log names it too */
-			snprintf(r->tenant, sizeof(r->tenant), "%s", j->q.sched.tenant);
-	}
-	if (rc == KVT_OK)
-		rc = kvt_gen_request_prompt(&lim, tok, body, &j->q, &e);
-	json_decref(body);
-	if (rc != KVT_OK) {
-		kvt_srv_job_free(j);
-		return parse_error(r, rc, &e);
-	}
-	kvt_srv_job_init(r, tok, chat ? "chatcmpl-" : "cmpl-", KVT_SRV_API_OPENAI, j);
-	return kvt_srv_gen_start(r, sched, j);
 }
 
 /* ------------------------------------------------------------------------ */
