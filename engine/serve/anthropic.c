@@ -1,12 +1,13 @@
 /*
  * engine/serve/anthropic.c — Anthropic's Messages API on kvtierd
- * (docs/http-api.md, "Anthropic Messages API"): POST /v1/messages and
+ * (docs/http-api.md, "Anthropic's Messages API"): POST /v1/messages and
  * POST /v1/messages/count_tokens, their reply, their SSE events and the
  * error shape of their routes.
  *
  * Design. A Messages body is mapped onto the body of a chat completion
  * (anth_translate), which then goes through the same pure steps as
- * /v1/chat/completions (request.h, kvt_anth_request is as pure): the same chat
+ * /v1/chat/completions (request.h; kvt_anth_request is as pure, and
+ * tests/test_request_anthropic.c runs it without a model): the same chat
  * template, the same tools format (structured.h), the same cache control
  * (cachectl.h), the same sessions and tenants. So a conversation sent
  * through either API makes the same prompt tokens and shares their cached
@@ -25,8 +26,9 @@
  *    "none", disable_parallel_tool_use -> parallel_tool_calls false;
  *  - stop_sequences -> stop; metadata.user_id -> user (the tenant when no
  *    keys are configured); temperature, top_p, top_k, max_tokens, stream as
- *    they are; kvtier's own fields (session_id, priority, seed, ignore_eos,
- *    min_p, the penalties, logit_bias, prompt_cache_key, kvtier) passed on.
+ *    they are; output_config.format -> response_format; kvtier's own fields
+ *    (session_id, priority, seed, ignore_eos, min_p, the penalties,
+ *    logit_bias, prompt_cache_key, kvtier) passed on.
  *  - cache_control on a text block stays on it (a breakpoint after that
  *    block); on a tool_result, a tool_use or any block of an assistant turn
  *    that calls tools, it marks that whole turn. kvtier writes the tools'
@@ -58,7 +60,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 /* ------------------------------------------------------------------------ */
 /* the request: a Messages body onto a chat body                              */

@@ -854,7 +854,8 @@ static enum MHD_Result dispatch(conn_req *r)
 		return kvt_srv_handle_dashboard(r);
 	bool need_key = kvt_srv_auth_on(srv) && (rt != R_METRICS || srv->cfg.metrics_admin);
 	if (need_key && !kvt_srv_authenticate(r))
-		return kvt_srv_reply_error(r, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
+		return kvt_srv_reply_error(r, 401, NULL, "invalid_api_key",
+					   "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)");
 	if (rt == R_METRICS && need_key && !r->admin)
 		return kvt_srv_reply_error(r, 403, NULL, "admin_key_required",
 				   "/metrics needs an admin key (server.metrics = admin)");
