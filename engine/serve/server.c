@@ -418,6 +418,8 @@ static const char *cors_origin(const conn_req *r)
 enum MHD_Result kvt_srv_queue(conn_req *r, unsigned status, struct MHD_Response *resp)
 {
 	MHD_add_response_header(resp, "X-Request-Id", r->rid);
+	if (kvt_srv_anth_route(r)) /* Anthropic's clients read the id from request-id */
+		MHD_add_response_header(resp, "request-id", r->rid);
 	if (r->srv->cors.n) {
 		/* the answer depends on the Origin: a cache must not hand one origin's to another */
 		MHD_add_response_header(resp, "Vary", "Origin");

@@ -115,6 +115,7 @@ def case_messages(build, tmp):
         m = c.messages.create(model="kvtier", max_tokens=16, extra_body=T0, messages=Q)
         text = m.content[0].text
         check(m.type == "message" and m.role == "assistant" and m.id.startswith("msg_"), "message: %s" % m)
+        check(m._request_id and len(m._request_id) == 32, "request-id header read by the SDK: %r" % m._request_id)
         check(m.content[0].type == "text" and "Paris" in text, "says Paris: %r" % text)
         check(m.stop_reason in ("end_turn", "max_tokens") and m.stop_sequence is None, "stop: %s" % m.stop_reason)
         n = c.messages.count_tokens(model="kvtier", messages=Q).input_tokens
