@@ -300,8 +300,10 @@ static void test_refusals(void)
 	       "tools[0]", "server tools");
 	REFUSE("{'model': 'm', 'max_tokens': 8, 'tools': [{'name': 'f'}], " ONE_USER "}", "tools[0]",
 	       "'tools[0].input_schema' must be a JSON Schema object");
-	REFUSE("{'model': 'm', 'max_tokens': 8, 'tool_choice': {'type': 'tool'}, " ONE_USER "}", "tool_choice.name",
-	       "must be a string");
+	REFUSE("{'model': 'm', 'max_tokens': 8, 'tool_choice': {'type': 'tool'}, 'tools': [" TOOL_A "], " ONE_USER "}",
+	       "tool_choice.name", "must be a string");
+	REFUSE("{'model': 'm', 'max_tokens': 8, 'tool_choice': {'type': 'any'}, " ONE_USER "}", "tool_choice",
+	       "'tool_choice' of type \"any\" needs 'tools'");
 	/* found by the shared chat steps, named in the Messages body's terms */
 	REFUSE("{'model': 'm', 'max_tokens': 8, 'tools': [{'name': 'bad name', 'input_schema': {'type': 'object'}}], "
 	       ONE_USER "}", "tools[0]", "'tools[0].name' must be 1-64 characters");

@@ -279,6 +279,9 @@ static int tr_tool_choice(anth_tr *t, json_t *tc)
 		return kvt_req_fail(t->e, "tool_choice", NULL, "'tool_choice' must be an object {\"type\": \"auto\" | \"any\" | "
 				    "\"tool\" | \"none\"}");
 	json_t *v = NULL;
+	if ((str_is(type, "any") || str_is(type, "tool")) && !t->has_tools)
+		return kvt_req_fail(t->e, "tool_choice", NULL, "'tool_choice' of type \"%s\" needs 'tools'",
+				    json_string_value(type));
 	if (str_is(type, "auto") || str_is(type, "none"))
 		v = json_incref(type);
 	else if (str_is(type, "any"))
