@@ -93,23 +93,28 @@ static bool str_is(json_t *v, const char *s)
 	return json_is_string(v) && !strcmp(json_string_value(v), s);
 }
 
-static bool grow(void **p, size_t *cap, size_t n, size_t elem)
+/* p (*cap elements of elem bytes) with room past n: p itself, a larger copy, or NULL (p intact). */
+static void *grow(void *p, size_t *cap, size_t n, size_t elem)
 {
 	if (n < *cap)
-		return true;
+		return p;
 	size_t nc = *cap ? 2 * *cap : 16;
-	void *q = realloc(*p, nc * elem);
-	if (!q)
-		return false;
-	*p = q;
-	*cap = nc;
-	return true;
+	void *q = realloc(p, nc * elem);
+	if (q)
+		*cap = nc;
+	return q;
 }
 
 /* A chat message appended (taken), coming from Messages message `msg` (-1: system). */
 static int tr_push(anth_tr *t, json_t *m, long msg)
 {
-	if (!m || !grow((void **)&t->orig, &t->cap_orig, t->n_orig, sizeof(*t->orig)) || json_array_append_new(t->msgs, m))
+	anth_origin *o = m ? grow(t->orig, &t->cap_orig, t->n_orig, sizeof(*o)) : NULL;
+	if (!o) {
+		json_decref(m);
+		return KVT_ENOMEM;
+	}
+	t->orig = o;
+	if (json_array_append_new(t->msgs, m))
 		return KVT_ENOMEM;
 	t->orig[t->n_orig++] = (anth_origin){ .msg = msg, .part0 = t->n_blocks };
 	return KVT_OK;
@@ -118,8 +123,10 @@ static int tr_push(anth_tr *t, json_t *m, long msg)
 /* The last chat message's next content part comes from block k. */
 static int tr_part(anth_tr *t, size_t k)
 {
-	if (!grow((void **)&t->blocks, &t->cap_blocks, t->n_blocks, sizeof(*t->blocks)))
+	size_t *b = grow(t->blocks, &t->cap_blocks, t->n_blocks, sizeof(*b));
+	if (!b)
 		return KVT_ENOMEM;
+	t->blocks = b;
 	t->blocks[t->n_blocks++] = k;
 	return KVT_OK;
 }
@@ -475,6 +482,8 @@ static int tr_assistant_blocks(anth_tr *t, json_t *content, long i)
 		}
 		turn_ttl = calls_in && ttl > turn_ttl ? ttl : turn_ttl;
 	}
+	if (rc)
+		return rc;
 	if (!calls_in) {
 		json_object_del(m, "tool_calls");
 		return KVT_OK;
