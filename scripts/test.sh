@@ -4,7 +4,7 @@
 #     scripts/complexity.sh: lizard's length and complexity ceiling, failing fast;
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test, the daemon's end-to-end tests among them (a venv with
-#     the openai client, jsonschema, langchain-openai and litellm in .venv-test);
+#     the openai and anthropic clients, jsonschema, langchain-openai and litellm in .venv-test);
 #  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests
 #     (the fuzz label includes the libFuzzer targets, built with clang, each
 #     run for KVT_FUZZ_SECONDS: 30 s);
@@ -25,6 +25,8 @@ jobs=$(nproc)
 # tests validate with jsonschema and drive it with langchain-openai too.
 [ -x .venv-test/bin/python ] || python3 -m venv .venv-test
 .venv-test/bin/python -c 'import openai' 2>/dev/null || .venv-test/bin/pip install -q openai
+# test_anthropic drives the Messages API (/v1/messages) with the official anthropic client (PyPI).
+.venv-test/bin/python -c 'import anthropic' 2>/dev/null || .venv-test/bin/pip install -q anthropic
 .venv-test/bin/python -c 'import jsonschema, langchain_openai' 2>/dev/null ||
 	.venv-test/bin/pip install -q jsonschema langchain-openai
 # test_daemon's compat case checks that litellm maps kvtier's context overflow as it maps OpenAI's.

@@ -18,7 +18,12 @@
  *  - every bad input gets a 4xx error object naming the field, and the next
  *    good request still works;
  *  - a client that hangs up cancels its request (non-streaming and
- *    streaming), 503 + Retry-After beyond max_concurrent, draining.
+ *    streaming), 503 + Retry-After beyond max_concurrent, draining;
+ *  - Anthropic's routes (/v1/messages) answer errors in Anthropic's shape:
+ *    529 overloaded_error where the others answer 503 (loading, draining),
+ *    404, 405, 401; x-api-key is a key on any route; count_tokens answers
+ *    while draining (test_request_anthropic and tests/daemon/test_anthropic.py
+ *    test the rest).
  */
 #include "check.h"
 #include "fingerprint.h"
@@ -167,6 +172,21 @@ static bool is_error(long status, const char *param, const char *code)
 	if (!ok)
 		fprintf(stderr, "  expected %ld error (param %s, code %s), got %ld [%s]: %s\n", status,
 			param ? param : "-", code ? code : "-", R.status, R.ctype, R.body);
+	json_decref(v);
+	return ok;
+}
+
+/* An error of Anthropic's routes: {"type": "error", "error": {"type", "message"}, "request_id"} with status. */
+static bool is_anth_error(long status, const char *type)
+{
+	json_t *v = body_json(), *e = json_object_get(v, "error");
+	const char *top = json_string_value(json_object_get(v, "type")), *et = json_string_value(json_object_get(e, "type"));
+	const char *rid = json_string_value(json_object_get(v, "request_id"));
+	bool ok = R.status == status && !strncmp(R.ctype, "application/json", 16) && top && !strcmp(top, "error") &&
+		  json_is_string(json_object_get(e, "message")) && et && !strcmp(et, type) && rid && !strcmp(rid, R.rid) &&
+		  (status != 529 || !strcmp(R.retry_after, "1"));
+	if (!ok)
+		fprintf(stderr, "  expected a %ld %s error, got %ld [%s]: %s\n", status, type, R.status, R.ctype, R.body);
 	json_decref(v);
 	return ok;
 }
@@ -322,6 +342,13 @@ static void test_no_engine(void)
 	CHECK(is_error(405, NULL, NULL));
 	http("POST", "/health", "{}");
 	CHECK(is_error(405, NULL, NULL));
+	/* Anthropic's routes answer in Anthropic's shape: loading is 529 overloaded_error */
+	http("POST", "/v1/messages", "{\"model\": \"m\", \"max_tokens\": 2}");
+	CHECK(is_anth_error(529, "overloaded_error"));
+	http("GET", "/v1/messages", NULL);
+	CHECK(is_anth_error(405, "invalid_request_error"));
+	http("POST", "/v1/messages/nope", "{}");
+	CHECK(is_anth_error(404, "not_found_error"));
 
 	/* 413 with Content-Length, then without (chunked): the server keeps serving */
 	size_t big = 64 << 10;
@@ -369,6 +396,10 @@ static void test_no_engine(void)
 	CHECK(is_error(401, NULL, "invalid_api_key"));
 	http_ex("GET", "/v1/models", NULL, 0, "Authorization: Bearer sk-alice", NULL);
 	CHECK(is_error(503, NULL, "loading")); /* authenticated; the model is not there yet */
+	http_ex("GET", "/v1/models", NULL, 0, "x-api-key: sk-bob", NULL); /* Anthropic's header, on any route */
+	CHECK(is_error(503, NULL, "loading"));
+	http_ex("POST", "/v1/messages/count_tokens", "{}", 2, "x-api-key: sk-carol", NULL);
+	CHECK(is_anth_error(401, "authentication_error"));
 	CHECK_EQ_INT(http("GET", "/health", NULL), 503);
 	kvt_server_stop(srv);
 
@@ -1481,6 +1512,11 @@ static void test_overload_drain(engine *e)
 	CHECKF(R.status == 503 && strstr(R.body, "\"draining\""), "%ld %s", R.status, R.body);
 	http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2}");
 	CHECK(is_error(503, NULL, "draining"));
+	static const char msg[] = "{\"model\": \"m\", \"max_tokens\": 2, \"messages\": [{\"role\": \"user\", "
+				  "\"content\": \"x\"}]}";
+	http("POST", "/v1/messages", msg);
+	CHECK(is_anth_error(529, "overloaded_error"));
+	CHECK_EQ_INT(http("POST", "/v1/messages/count_tokens", msg), 200); /* counting starts no work */
 	CHECK_EQ_INT(http("GET", "/v1/stats", NULL), 200); /* reads still answer */
 	kvt_server_stop(srv);
 }

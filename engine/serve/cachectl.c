@@ -6,12 +6,13 @@
  */
 #include "cachectl.h"
 
+#include "structured.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* One "cache_control" object: *ttl_s set; KVT_OK, or KVT_EINVAL (e). */
-static int parse_one(json_t *cc, const char *param, double *ttl_s, kvt_req_err *e)
+int kvt_cachectl_one(json_t *cc, const char *param, double *ttl_s, kvt_req_err *e)
 {
 	if (!json_is_object(cc))
 		return kvt_req_fail(e, param, NULL, "'%s' must be an object {\"type\": \"ephemeral\", \"ttl\": \"5m\" | \"1h\"}", param);
@@ -49,50 +50,94 @@ static int add(kvt_cachectl *out, uint32_t tokens, double ttl_s, int tier, const
 }
 
 /*
- * Tokens of the full prompt covered by messages[0..i] with message i cut
- * after content part `part` (-1: whole message): the common prefix of that
- * formatted alone and the full prompt.
+ * Message k of msgs as the prompt builder renders it (request.c): a tool
+ * result or an assistant turn with tool calls in the tools' format
+ * (kvt_oai_message), else its text parts concatenated, up to `part` when
+ * part >= 0. *owned: text to free (NULL: none).
  */
-static int chat_cut(const kvt_tok *tok, json_t *msgs, size_t i, long part, const int32_t *ids, uint32_t n_ids,
-		    uint32_t *out, kvt_req_err *e)
+static int cut_message(json_t *msgs, size_t k, long part, kvt_chat_msg *cm, char **owned, kvt_req_err *e)
 {
-	kvt_chat_msg *cm = calloc(i + 1, sizeof(*cm));
-	char **owned = calloc(i + 1, sizeof(*owned)); /* concatenated text parts, per message */
+	json_t *m = json_array_get(msgs, k), *content = json_object_get(m, "content");
+	bool special = false;
+	const char *srole = NULL;
+	if (kvt_oai_message(m, k, &special, &srole, owned, &cm->content_len, e))
+		return KVT_EINVAL; /* not reached: the prompt builder read the same message */
+	if (special) {
+		cm->role = srole;
+		cm->content = *owned;
+		return KVT_OK;
+	}
+	const char *role = json_string_value(json_object_get(m, "role"));
+	cm->role = role && !strcmp(role, "developer") ? "system" : role;
+	if (json_is_string(content)) {
+		cm->content = json_string_value(content);
+		cm->content_len = json_string_length(content);
+		return KVT_OK;
+	}
+	/* an array of text parts (validated by the prompt builder): concatenated, up to `part` */
+	size_t n_parts = json_array_size(content);
+	if (part >= 0 && (size_t)part + 1 < n_parts)
+		n_parts = (size_t)part + 1;
+	kvt_sbuf b = { 0 };
+	kvt_sbuf_add(&b, "", 0);
+	for (size_t p = 0; p < n_parts; p++) {
+		json_t *t = json_object_get(json_array_get(content, p), "text");
+		kvt_sbuf_add(&b, json_string_value(t), json_string_length(t));
+	}
+	*owned = b.p;
+	if (b.failed)
+		return kvt_req_fail(e, "messages", NULL, "out of memory");
+	cm->content = b.p;
+	cm->content_len = b.n;
+	return KVT_OK;
+}
+
+/*
+ * The tools' description put where the prompt builder puts it: after the
+ * first system text, or a system turn of its own.
+ */
+static int cut_tools(kvt_chat_msg *cm, char **owned, size_t *n, const char *tools_text, kvt_req_err *e)
+{
+	size_t nt = strlen(tools_text);
+	if (*n && cm[0].role && !strcmp(cm[0].role, "system")) {
+		char *c = malloc(cm[0].content_len + 2 + nt + 1);
+		if (!c)
+			return kvt_req_fail(e, "messages", NULL, "out of memory");
+		memcpy(c, cm[0].content, cm[0].content_len);
+		memcpy(c + cm[0].content_len, "\n\n", 2);
+		memcpy(c + cm[0].content_len + 2, tools_text, nt + 1);
+		free(owned[0]);
+		owned[0] = c;
+		cm[0].content = c;
+		cm[0].content_len += 2 + nt;
+		return KVT_OK;
+	}
+	memmove(cm + 1, cm, *n * sizeof(*cm));
+	memmove(owned + 1, owned, *n * sizeof(*owned));
+	owned[0] = NULL;
+	cm[0] = (kvt_chat_msg){ .role = "system", .content = tools_text, .content_len = nt };
+	++*n;
+	return KVT_OK;
+}
+
+int kvt_cachectl_chat_cut(const kvt_tok *tok, json_t *msgs, const char *tools_text, size_t n_msgs, long part,
+			  const int32_t *ids, uint32_t n_ids, uint32_t *out, kvt_req_err *e)
+{
+	kvt_chat_msg *cm = calloc(n_msgs + 1, sizeof(*cm));
+	char **owned = calloc(n_msgs + 1, sizeof(*owned)); /* texts made here, per message */
 	int32_t *pid = NULL;
-	size_t np = 0;
+	size_t np = 0, n = n_msgs;
 	int ret = KVT_EINVAL;
 	if (!cm || !owned) {
 		kvt_req_fail(e, "messages", NULL, "out of memory");
 		goto out;
 	}
-	for (size_t k = 0; k <= i; k++) {
-		json_t *m = json_array_get(msgs, k), *content = json_object_get(m, "content");
-		const char *role = json_string_value(json_object_get(m, "role"));
-		cm[k].role = role && !strcmp(role, "developer") ? "system" : role;
-		if (json_is_string(content)) {
-			cm[k].content = json_string_value(content);
-			cm[k].content_len = json_string_length(content);
-			continue;
-		}
-		/* an array of text parts (validated by the prompt builder): concatenated, up to `part` in message i */
-		size_t n_parts = json_array_size(content);
-		if (k == i && part >= 0)
-			n_parts = (size_t)part + 1;
-		kvt_sbuf b = { 0 };
-		kvt_sbuf_add(&b, "", 0);
-		for (size_t p = 0; p < n_parts; p++) {
-			json_t *t = json_object_get(json_array_get(content, p), "text");
-			kvt_sbuf_add(&b, json_string_value(t), json_string_length(t));
-		}
-		owned[k] = b.p;
-		if (b.failed) {
-			kvt_req_fail(e, "messages", NULL, "out of memory");
+	for (size_t k = 0; k < n_msgs; k++)
+		if (cut_message(msgs, k, k + 1 == n_msgs ? part : -1, &cm[k], &owned[k], e))
 			goto out;
-		}
-		cm[k].content = b.p;
-		cm[k].content_len = b.n;
-	}
-	int rc = kvt_tok_chat_encode(tok, cm, i + 1, false, &pid, &np);
+	if (tools_text && cut_tools(cm, owned, &n, tools_text, e))
+		goto out;
+	int rc = kvt_tok_chat_encode(tok, cm, n, false, &pid, &np);
 	if (rc != KVT_OK) {
 		kvt_req_fail(e, "messages", NULL, "the messages up to a cache_control breakpoint cannot be formatted (%s)",
 			     kvt_strerror(rc));
@@ -106,7 +151,7 @@ static int chat_cut(const kvt_tok *tok, json_t *msgs, size_t i, long part, const
 	*out = off + l;
 	ret = KVT_OK;
 out:
-	for (size_t k = 0; owned && k <= i; k++)
+	for (size_t k = 0; owned && k <= n_msgs; k++)
 		free(owned[k]);
 	free(owned);
 	free(pid);
@@ -114,8 +159,8 @@ out:
 	return ret;
 }
 
-int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_t *ids, uint32_t n_ids,
-		       kvt_cachectl *out, kvt_req_err *e)
+int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const char *tools_text, const int32_t *ids,
+		       uint32_t n_ids, kvt_cachectl *out, kvt_req_err *e)
 {
 	double ttl;
 	json_t *v;
@@ -140,7 +185,8 @@ int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_
 					if (!cc || json_is_null(cc))
 						continue;
 					snprintf(p, sizeof(p), "messages[%zu].content[%zu].cache_control", i, k);
-					if (parse_one(cc, p, &ttl, e) || chat_cut(tok, msgs, i, (long)k, ids, n_ids, &at, e) ||
+					if (kvt_cachectl_one(cc, p, &ttl, e) ||
+					    kvt_cachectl_chat_cut(tok, msgs, tools_text, i + 1, (long)k, ids, n_ids, &at, e) ||
 					    add(out, at, ttl, -1, p, e))
 						return KVT_EINVAL;
 				}
@@ -148,14 +194,15 @@ int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_
 			if (!cc || json_is_null(cc))
 				continue;
 			snprintf(p, sizeof(p), "messages[%zu].cache_control", i);
-			if (parse_one(cc, p, &ttl, e) || chat_cut(tok, msgs, i, -1, ids, n_ids, &at, e) ||
+			if (kvt_cachectl_one(cc, p, &ttl, e) ||
+			    kvt_cachectl_chat_cut(tok, msgs, tools_text, i + 1, -1, ids, n_ids, &at, e) ||
 			    add(out, at, ttl, -1, p, e))
 				return KVT_EINVAL;
 		}
 	}
 	if ((v = json_object_get(body, "cache_control")) && !json_is_null(v)) {
 		/* the whole prompt: its last element (completions' only way, chat's automatic one) */
-		if (parse_one(v, "cache_control", &ttl, e) || add(out, n_ids, ttl, -1, "cache_control", e))
+		if (kvt_cachectl_one(v, "cache_control", &ttl, e) || add(out, n_ids, ttl, -1, "cache_control", e))
 			return KVT_EINVAL;
 	}
 	if ((v = json_object_get(body, "prompt_cache_retention")) && !json_is_null(v)) {

@@ -17,9 +17,10 @@
  *    to route, and blocks are shared by prefix within a tenant keyed or not.
  *
  * Where a breakpoint falls in tokens: the messages up to it are formatted
- * with the chat template on their own, and the breakpoint is the length of
- * the part of that which the full prompt shares (so the template's markers
- * around the cut do not matter).
+ * with the chat template on their own, as the prompt builder formats them
+ * (tool turns, and the tools' description in the first system turn), and
+ * the breakpoint is the length of the part of that which the full prompt
+ * shares (so the template's markers around the cut do not matter).
  */
 #ifndef KVT_CACHECTL_H
 #define KVT_CACHECTL_H
@@ -40,10 +41,25 @@ typedef struct kvt_cachectl {
 
 /*
  * Read the cache-control fields of body (already validated as a chat or a
- * completions request whose prompt is ids[0..n_ids)). KVT_OK; KVT_EINVAL
+ * completions request whose prompt is ids[0..n_ids); tools_text: the tools'
+ * description the chat prompt holds, NULL for none). KVT_OK; KVT_EINVAL
  * with e filled (the field at fault, what is wrong) for a 400.
  */
-int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const int32_t *ids, uint32_t n_ids,
-		       kvt_cachectl *out, kvt_req_err *e);
+int kvt_cachectl_parse(const kvt_tok *tok, json_t *body, bool chat, const char *tools_text, const int32_t *ids,
+		       uint32_t n_ids, kvt_cachectl *out, kvt_req_err *e);
+
+/* One "cache_control" object (param names it): *ttl_s set (300 or 3600); KVT_OK, or KVT_EINVAL with e. */
+int kvt_cachectl_one(json_t *cc, const char *param, double *ttl_s, kvt_req_err *e);
+
+/*
+ * Where a chat breakpoint falls: the tokens of ids (the full prompt) that
+ * the first n_msgs messages of msgs share with it, the last of them cut
+ * after content part `part` (-1: whole), rendered as the prompt builder
+ * renders them (tool turns in the tools' format, tools_text after the first
+ * system text or as a system turn of its own; n_msgs 0 with tools_text: the
+ * tools' turn alone). KVT_OK with *out; KVT_EINVAL with e.
+ */
+int kvt_cachectl_chat_cut(const kvt_tok *tok, json_t *msgs, const char *tools_text, size_t n_msgs, long part,
+			  const int32_t *ids, uint32_t n_ids, uint32_t *out, kvt_req_err *e);
 
 #endif

@@ -58,7 +58,7 @@ void kvt_srv_job_release(gen_job *j)
 	if (j->counted)
 		atomic_fetch_sub(&j->srv->in_flight, 1);
 	j->counted = false;
-	if (j->slot >= 0) /* llama API: the slot is free again */
+	if (j->llama && j->slot >= 0) /* llama API: the slot is free again (a calloc'ed job of another API has llama false) */
 		atomic_fetch_sub(&j->srv->slot_busy[j->slot], 1);
 	j->slot = -1;
 }
@@ -79,14 +79,16 @@ void kvt_srv_job_free(gen_job *j)
 	free(j);
 }
 
-/* Earliest match of any stop string in text[from..]; -1 if none. */
-static long stop_find(const gen_job *j, const char *text, size_t n, size_t from)
+/* Earliest match of any stop string in text[from..] (*which: the string); -1 if none. */
+static long stop_find(const gen_job *j, const char *text, size_t n, size_t from, uint32_t *which)
 {
 	long best = -1;
 	for (uint32_t s = 0; s < j->q.n_stops; s++) {
 		const char *p = memmem(text + from, n - from, j->q.stops[s], j->q.stop_len[s]);
-		if (p && (best < 0 || p - text < best))
+		if (p && (best < 0 || p - text < best)) {
 			best = p - text;
+			*which = s;
+		}
 	}
 	return best;
 }
@@ -114,7 +116,7 @@ static void choice_add_text(gen_job *j, gen_choice *c, const char *s, size_t n)
 	if (!j->q.n_stops || c->stop_hit)
 		return;
 	size_t from = before >= j->q.max_stop_len ? before - j->q.max_stop_len + 1 : 0;
-	long at = stop_find(j, c->text.p ? c->text.p : "", c->text.n, from);
+	long at = stop_find(j, c->text.p ? c->text.p : "", c->text.n, from, &c->stop_idx);
 	if (at >= 0) {
 		c->text.n = (size_t)at;
 		c->text.p[at] = 0;
@@ -352,6 +354,8 @@ static json_t *job_result(gen_job *j)
 {
 	if (j->llama)
 		return kvt_llama_result(j);
+	if (j->api == KVT_SRV_API_ANTHROPIC)
+		return kvt_srv_anth_result(j);
 	json_t *choices = json_array();
 	for (uint32_t i = 0; i < j->n; i++) {
 		gen_choice *c = &j->ch[i];
@@ -444,6 +448,10 @@ static void sse_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const 
 /* Move whatever text can be sent now into SSE chunks; finish chunks for ended choices. */
 static void sse_emit(gen_job *j)
 {
+	if (j->api == KVT_SRV_API_ANTHROPIC) {
+		kvt_srv_anth_sse_emit(j);
+		return;
+	}
 	for (uint32_t i = 0; i < j->n; i++) {
 		gen_choice *c = &j->ch[i];
 		if (c->finish_sent)
@@ -534,6 +542,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		uint64_t seen = atomic_load(&j->srv->wake_seq);
 		bool progress;
 		int rc = job_poll(j, 0, &progress);
+		if (rc != KVT_OK && j->api == KVT_SRV_API_ANTHROPIC) {
+			kvt_srv_anth_sse_fail(j, "the engine failed while generating");
+			continue;
+		}
 		if (rc != KVT_OK) {
 			sse_put(j, kvt_srv_error_object(j->rid, "server_error", NULL, NULL, "the engine failed while generating"));
 			if (!j->llama)
@@ -614,4 +626,37 @@ enum MHD_Result kvt_srv_gen_stream(conn_req *r, gen_job *j)
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	MHD_add_response_header(resp, "X-Accel-Buffering", "no"); /* a proxy (nginx) must not hold events back */
 	return kvt_srv_queue(r, 200, resp);
+}
+
+/* ---- for anthropic.c ---- */
+
+bool kvt_srv_choice_failed(const gen_choice *c)
+{
+	return choice_failed(c);
+}
+
+void kvt_srv_choice_failure(const gen_choice *c, unsigned *status, const char **type, const char **code,
+			    const char **msg)
+{
+	choice_failure(c, status, type, code, msg);
+}
+
+uint32_t kvt_srv_choice_completion_tokens(const gen_choice *c)
+{
+	return choice_completion_tokens(c);
+}
+
+size_t kvt_srv_stop_holdback(const gen_job *j, const char *text, size_t n)
+{
+	return stop_holdback(j, text, n);
+}
+
+bool kvt_srv_job_all_ended(const gen_job *j)
+{
+	return job_all_ended(j);
+}
+
+json_t *kvt_srv_usage_json(const gen_job *j)
+{
+	return usage_json(j);
 }

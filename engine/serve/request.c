@@ -1218,8 +1218,11 @@ int kvt_gen_request_prompt(const kvt_req_limits *lim, const kvt_tok *tok, json_t
 	}
 	if (q->echo && (rc = echo_text(tok, json_object_get(body, "prompt"), q)) != KVT_OK)
 		return rc;
-	if (kvt_cachectl_parse(tok, body, q->chat, q->ids, q->n_ids, &q->cc, e))
-		return KVT_EINVAL;
+	char *tools_text = q->chat ? kvt_oai_tools_prompt(&q->tools) : NULL;
+	rc = kvt_cachectl_parse(tok, body, q->chat, tools_text, q->ids, q->n_ids, &q->cc, e);
+	free(tools_text);
+	if (rc != KVT_OK)
+		return rc;
 	if (q->chat && (rc = chunk_spans(lim, tok, body, q, e)) != KVT_OK)
 		return rc;
 	q->sched.prompt = q->ids;

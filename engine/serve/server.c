@@ -419,6 +419,8 @@ static const char *cors_origin(const conn_req *r)
 enum MHD_Result kvt_srv_queue(conn_req *r, unsigned status, struct MHD_Response *resp)
 {
 	MHD_add_response_header(resp, "X-Request-Id", r->rid);
+	if (kvt_srv_anth_route(r)) /* Anthropic's clients read the id from request-id */
+		MHD_add_response_header(resp, "request-id", r->rid);
 	if (r->srv->cors.n) {
 		/* the answer depends on the Origin: a cache must not hand one origin's to another */
 		MHD_add_response_header(resp, "Vary", "Origin");
@@ -447,7 +449,7 @@ enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctyp
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
 	if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
 		const char *allow = !strcmp(r->path, "/v1/completions") || !strcmp(r->path, "/v1/chat/completions") ||
-					    strstr(r->path, "/resume") ?
+					    strstr(r->path, "/resume") || kvt_srv_anth_route(r) ?
 				    "POST" :
 			    !strncmp(r->path, "/v1/sessions/", 13) ? "DELETE" :
 								     "GET, HEAD";
@@ -459,6 +461,8 @@ enum MHD_Result kvt_srv_reply_buf(conn_req *r, unsigned status, const char *ctyp
 /* Send a JSON value (stolen). */
 enum MHD_Result kvt_srv_reply_json(conn_req *r, unsigned status, json_t *v, bool retry)
 {
+	if (status >= 400 && v && kvt_srv_anth_route(r)) /* Anthropic's routes answer in Anthropic's error shape */
+		v = kvt_srv_anth_error(r, v, &status);
 	char *s = v ? json_dumps(v, SRV_JSON_FLAGS) : NULL;
 	json_decref(v);
 	if (!s) {
@@ -585,31 +589,21 @@ static int job_submit(gen_job *j, kvt_sched *sched)
 
 /*
  * POST /v1/completions and /v1/chat/completions: parse the body (pure,
- * request.h), take an in-flight slot, submit one scheduler request per
- * choice, then reply (reply.c): an SSE stream, or the connection parks until
- * every choice ended. The job owns the parsed request from here on.
+ * request.h), then run it (kvt_srv_gen_start). The job owns the parsed
+ * request from here on.
  */
 enum MHD_Result kvt_srv_generate(conn_req *r, kvt_sched *sched, const kvt_tok *tok, bool chat, int llama_slot)
 {
-	kvt_server *srv = r->srv;
-	const kvt_server_config *cfg = &srv->cfg;
-	const kvt_req_limits lim = { .n_vocab = kvt_sched_n_vocab(sched),
-				     .max_ctx = kvt_sched_max_ctx(sched),
-				     .max_tokens_limit = cfg->max_tokens_limit,
-				     .max_n = cfg->max_n,
-				     .default_max_tokens = cfg->default_max_tokens,
-				     .chunk_reuse = cfg->chunk_reuse,
-				     .chunk_min_tokens = cfg->chunk_min_tokens,
-				     .tenant_from_user = !kvt_srv_auth_on(srv) };
+	const kvt_req_limits lim = kvt_srv_req_limits(r->srv, sched);
 	kvt_req_err e = { { 0 }, { 0 }, { 0 } };
 	gen_job *j = calloc(1, sizeof(*j));
 	if (!j)
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
-	j->srv = srv;
+	j->srv = r->srv;
 	j->llama = llama_slot != KVT_SRV_NOT_LLAMA;
 	j->slot = llama_slot >= 0 ? llama_slot : -1;
 	if (j->slot >= 0) /* given back by kvt_srv_job_release */
-		atomic_fetch_add(&srv->slot_busy[j->slot], 1);
+		atomic_fetch_add(&r->srv->slot_busy[j->slot], 1);
 	json_t *body = NULL;
 	int rc = kvt_req_body_load(r->body.p, r->body.n, &body, &e);
 	if (rc == KVT_OK) {
@@ -624,25 +618,58 @@ enum MHD_Result kvt_srv_generate(conn_req *r, kvt_sched *sched, const kvt_tok *t
 		kvt_srv_job_free(j);
 		return parse_error(r, rc, &e);
 	}
+	kvt_srv_job_init(r, tok, chat ? "chatcmpl-" : "cmpl-", KVT_SRV_API_OPENAI, j);
+	return kvt_srv_gen_start(r, sched, j);
+}
+
+/* The limits a generation request is checked against: the model's and the configuration's. */
+kvt_req_limits kvt_srv_req_limits(const kvt_server *srv, kvt_sched *sched)
+{
+	const kvt_server_config *cfg = &srv->cfg;
+	return (kvt_req_limits){ .n_vocab = kvt_sched_n_vocab(sched),
+				 .max_ctx = kvt_sched_max_ctx(sched),
+				 .max_tokens_limit = cfg->max_tokens_limit,
+				 .max_n = cfg->max_n,
+				 .default_max_tokens = cfg->default_max_tokens,
+				 .chunk_reuse = cfg->chunk_reuse,
+				 .chunk_min_tokens = cfg->chunk_min_tokens,
+				 .tenant_from_user = !kvt_srv_auth_on(srv) };
+}
+
+/* A job whose request j->q is parsed: its owner, connection, reply shape (api) and id (id_prefix + random hex). */
+void kvt_srv_job_init(conn_req *r, const kvt_tok *tok, const char *id_prefix, int api, gen_job *j)
+{
+	j->srv = r->srv;
 	j->tok = tok;
 	j->req = r;
 	j->usage = r->usage;
+	j->api = api;
 	j->created = (int64_t)time(NULL);
 	memcpy(j->rid, r->rid, sizeof(j->rid));
 	kvt_srv_waiter_init(&j->w, r->con);
 	char hex[25];
 	random_hex(hex, 12);
-	snprintf(j->id, sizeof(j->id), "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
+	snprintf(j->id, sizeof(j->id), "%s%s", id_prefix, hex);
 	atomic_store(&r->n_prompt, j->q.n_ids);
+}
 
+/*
+ * Run a job (taken; kvt_srv_job_init'ed): take an in-flight slot, submit one
+ * scheduler request per choice, then reply (reply.c): an SSE stream, or the
+ * connection parks until every choice ended.
+ */
+enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j)
+{
+	kvt_server *srv = r->srv;
 	enum MHD_Result ret;
+	int rc;
 	if (atomic_load(&srv->draining)) {
 		ret = kvt_srv_reply_error(r, 503, NULL, "draining", "the server is shutting down");
 		goto out;
 	}
 	if (!kvt_srv_in_flight_take(srv)) {
 		ret = kvt_srv_reply_error(r, 503, NULL, "overloaded", "too many requests in flight (%u); retry shortly",
-					  cfg->max_concurrent);
+					  srv->cfg.max_concurrent);
 		goto out;
 	}
 	j->counted = true;
@@ -684,6 +711,8 @@ enum route {
 	R_DASHBOARD,      /* /dashboard: the live view (dashboard.h) */
 	R_LLAMA_GET,      /* llama-server's GET /props, /slots (llama_api.c) */
 	R_LLAMA_POST,     /* llama-server's POST /completion, /tokenize, /detokenize, /apply-template, /slots/{id} */
+	R_MESSAGES,       /* /v1/messages: Anthropic's Messages API (anthropic.c) */
+	R_COUNT_TOKENS,   /* /v1/messages/count_tokens (anthropic.c) */
 };
 
 /* Which route a path names; *id (sessions) points into a buffer of the caller. */
@@ -698,6 +727,8 @@ static enum route route_of(const char *path, char *id, size_t id_cap)
 		{ "/v1/stats", R_STATS },
 		{ "/v1/sessions", R_SESSIONS },
 		{ "/dashboard", R_DASHBOARD },
+		{ "/v1/messages", R_MESSAGES },
+		{ "/v1/messages/count_tokens", R_COUNT_TOKENS },
 	};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
 		if (!strcmp(path, fixed[i].path))
@@ -735,6 +766,8 @@ static const char *route_method(enum route rt)
 	case R_CHAT:
 	case R_SESSION_RESUME:
 	case R_LLAMA_POST:
+	case R_MESSAGES:
+	case R_COUNT_TOKENS:
 		return "POST";
 	case R_SESSION:
 		return "DELETE";
@@ -789,14 +822,18 @@ bool kvt_srv_key_equal(const char *a, size_t na, const char *b)
 	return diff == 0 && nb > 0;
 }
 
-/* The presented key: an API key (its tenant) or an admin key (r->admin). False: none, or unknown. */
+/*
+ * The presented key (Authorization: Bearer KEY, else Anthropic's x-api-key:
+ * KEY): an API key (its tenant) or an admin key (r->admin). False: none, or unknown.
+ */
 bool kvt_srv_authenticate(conn_req *r)
 {
 	kvt_server *srv = r->srv;
 	const char *h = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-	if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+	const char *x = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's header */
+	if ((!h || strncasecmp(h, "Bearer ", 7) != 0) && !x)
 		return false;
-	const char *k = h + 7;
+	const char *k = h && !strncasecmp(h, "Bearer ", 7) ? h + 7 : x;
 	while (*k == ' ')
 		k++;
 	size_t nk = strlen(k);
@@ -834,7 +871,8 @@ static enum MHD_Result dispatch(conn_req *r)
 		return kvt_srv_handle_dashboard(r);
 	bool need_key = kvt_srv_auth_on(srv) && (rt != R_METRICS || srv->cfg.metrics_admin);
 	if (need_key && !kvt_srv_authenticate(r))
-		return kvt_srv_reply_error(r, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
+		return kvt_srv_reply_error(r, 401, NULL, "invalid_api_key",
+					   "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)");
 	if (rt == R_METRICS && need_key && !r->admin)
 		return kvt_srv_reply_error(r, 403, NULL, "admin_key_required",
 				   "/metrics needs an admin key (server.metrics = admin)");
@@ -842,7 +880,7 @@ static enum MHD_Result dispatch(conn_req *r)
 	const kvt_tok *tok = atomic_load(&srv->tok);
 	if (!sched)
 		return kvt_srv_reply_error(r, 503, NULL, "loading", "the model is loading; retry shortly");
-	bool new_work = rt == R_COMPLETIONS || rt == R_CHAT || rt == R_SESSION_RESUME;
+	bool new_work = rt == R_COMPLETIONS || rt == R_CHAT || rt == R_SESSION_RESUME || rt == R_MESSAGES;
 	if (new_work && atomic_load(&srv->draining))
 		return kvt_srv_reply_error(r, 503, NULL, "draining", "the server is shutting down");
 	if ((rt == R_SESSION || rt == R_SESSION_RESUME) && !kvt_name_valid(id))
@@ -870,6 +908,10 @@ static enum MHD_Result dispatch(conn_req *r)
 	case R_LLAMA_GET:
 	case R_LLAMA_POST:
 		return kvt_llama_handle(r, sched, tok);
+	case R_MESSAGES:
+		return kvt_srv_handle_messages(r, sched, tok);
+	case R_COUNT_TOKENS:
+		return kvt_srv_handle_count_tokens(r, sched, tok);
 	default:
 		return kvt_srv_reply_error(r, 404, NULL, "not_found", "no route %s %s", r->method, r->path);
 	}

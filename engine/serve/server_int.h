@@ -8,7 +8,10 @@
  *   reply.c   a generation's reply: choices, stop strings, logprobs, tool
  *             calls, usage, the JSON body and the SSE stream;
  *   admin.c   every other endpoint: health, models, metrics, stats (global
- *             and a tenant's), sessions, resume, the dashboard.
+ *             and a tenant's), sessions, resume, the dashboard;
+ *   anthropic.c  Anthropic's Messages API (/v1/messages, count_tokens): the
+ *             body mapped onto the chat request, the reply, the SSE events
+ *             and the error shape of those routes.
  *
  * Nothing here is seen outside engine/serve (server.h is the API). Every
  * call runs on an MHD worker (the access handler or a content reader), except
@@ -128,6 +131,7 @@ typedef struct gen_choice {
 	size_t n_sent;              /* bytes of text already sent (streaming) */
 	uint32_t n_tokens;          /* tokens turned into text (up to the stop match) */
 	bool stop_hit;              /* a stop string matched: cancelled, text final */
+	uint32_t stop_idx;          /* with stop_hit: which of q.stops matched */
 	bool ended;                 /* the scheduler said why it ended; usage valid */
 	int finish;                 /* KVT_FINISH_* from the scheduler once ended */
 	bool role_sent;             /* chat streaming: the role delta went out */
@@ -139,6 +143,20 @@ typedef struct gen_choice {
 	kvt_sbuf ids;               /* llama job: the generated token ids, int32 (its "tokens") */
 	size_t n_ids_sent;          /* llama stream: ids already sent in a chunk */
 } gen_choice;
+
+/* The API whose shapes a generation's reply takes (gen_job.api). */
+enum kvt_srv_api {
+	KVT_SRV_API_OPENAI = 0,     /* /v1/completions, /v1/chat/completions */
+	KVT_SRV_API_ANTHROPIC = 1,  /* /v1/messages (anthropic.c) */
+};
+
+/* An Anthropic Messages stream's progress (anthropic.c). */
+typedef struct anth_sse {
+	bool started;               /* message_start went out */
+	bool text_open;             /* a text block is open: index n_blocks - 1 */
+	bool pinged;                /* the ping went out */
+	uint32_t n_blocks;          /* content blocks started so far */
+} anth_sse;
 
 /* A completion in progress: the parsed request, its n choices, the SSE output. */
 typedef struct gen_job {
@@ -160,6 +178,8 @@ typedef struct gen_job {
 	bool released;              /* kvt_srv_job_release ran: no handle, no count held */
 	bool llama;                 /* llama-server's POST /completion: its body and chunk shapes (llama_api.c) */
 	int slot;                   /* llama: the slot whose srv->slot_busy count the job holds (-1: none) */
+	int api;                    /* enum kvt_srv_api: the shape of the reply */
+	anth_sse anth;              /* KVT_SRV_API_ANTHROPIC streaming: the events sent so far */
 } gen_job;
 
 /* ---- server.c ---- */
@@ -201,6 +221,12 @@ enum MHD_Result kvt_srv_reply_error(conn_req *r, unsigned status, const char *pa
 				    ...) __attribute__((format(printf, 5, 6)));
 /* Queue a refused request's error: e's param, code ("" = null) and message, with status. */
 enum MHD_Result kvt_srv_reply_req_error(conn_req *r, unsigned status, const kvt_req_err *e);
+/* The limits a generation request is checked against (the model's, the configuration's). */
+kvt_req_limits kvt_srv_req_limits(const kvt_server *srv, kvt_sched *sched);
+/* A job whose request j->q is parsed: owner, connection, reply shape (enum kvt_srv_api), id (id_prefix + hex). */
+void kvt_srv_job_init(conn_req *r, const kvt_tok *tok, const char *id_prefix, int api, gen_job *j);
+/* Run an initialised job (taken): in-flight slot, submit, then the stream or the parked reply. */
+enum MHD_Result kvt_srv_gen_start(conn_req *r, kvt_sched *sched, gen_job *j);
 
 /* A generation's body is llama-server's POST /completion (kvt_srv_generate's llama_slot): no slot, or none at all. */
 #define KVT_SRV_LLAMA_NO_SLOT (-1)
@@ -227,6 +253,48 @@ void kvt_srv_job_free(gen_job *j);
 enum MHD_Result kvt_srv_gen_continue(conn_req *r);
 /* A streaming generation: queue the SSE response, which takes the job. */
 enum MHD_Result kvt_srv_gen_stream(conn_req *r, gen_job *j);
+/* For anthropic.c: what reply.c knows of a choice and a job. */
+bool kvt_srv_choice_failed(const gen_choice *c);
+void kvt_srv_choice_failure(const gen_choice *c, unsigned *status, const char **type, const char **code,
+			    const char **msg);
+uint32_t kvt_srv_choice_completion_tokens(const gen_choice *c);
+/* Bytes at the end of text that could be the start of a stop string (held back while streaming). */
+size_t kvt_srv_stop_holdback(const gen_job *j, const char *text, size_t n);
+bool kvt_srv_job_all_ended(const gen_job *j);
+/* The OpenAI usage object of the job (its "kvtier" member is Anthropic's usage.kvtier too). */
+json_t *kvt_srv_usage_json(const gen_job *j);
+
+/* ---- anthropic.c ---- */
+
+/*
+ * A Messages body (borrowed) into q, pure as request.h's steps are (and
+ * through them): mapped onto a chat body, parsed, its prompt built, the
+ * system-turn breakpoint added. for_count: count_tokens' body (max_tokens
+ * and model optional). KVT_OK; KVT_EINVAL with e naming the Messages field;
+ * KVT_ENOMEM. q->sched.tenant as kvt_gen_request_parse leaves it. Deinit q
+ * whatever the result.
+ */
+int kvt_anth_request(const kvt_req_limits *lim, const kvt_tok *tok, json_t *body, bool for_count,
+		     kvt_gen_request *q, kvt_req_err *e);
+
+/* POST /v1/messages: the body mapped onto the chat request, then generated as /v1/chat/completions is. */
+enum MHD_Result kvt_srv_handle_messages(conn_req *r, kvt_sched *sched, const kvt_tok *tok);
+/* POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt the template makes. */
+enum MHD_Result kvt_srv_handle_count_tokens(conn_req *r, kvt_sched *sched, const kvt_tok *tok);
+/* Is r on one of Anthropic's routes (/v1/messages and below)? Their errors take Anthropic's shape. */
+bool kvt_srv_anth_route(const conn_req *r);
+/*
+ * An error body of ours (v, taken) in Anthropic's shape, {"type": "error",
+ * "error": {"type", "message"}, "request_id"}; *status becomes Anthropic's
+ * (503 -> 529 overloaded_error). Returns the new body (NULL: out of memory).
+ */
+json_t *kvt_srv_anth_error(const conn_req *r, json_t *v, unsigned *status);
+/* The non-streaming Messages body of an ended job. */
+json_t *kvt_srv_anth_result(gen_job *j);
+/* Move what can be sent now into Anthropic's SSE events (j->out); the closing events once all ended. */
+void kvt_srv_anth_sse_emit(gen_job *j);
+/* The engine failed mid-stream: an error event, then the stream ends (j->done). */
+void kvt_srv_anth_sse_fail(gen_job *j, const char *msg);
 
 /* ---- admin.c ---- */
 
