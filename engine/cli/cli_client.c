@@ -343,6 +343,24 @@ static double num(const json_t *o, const char *key)
 	return json_number_value(json_object_get(o, key)); /* 0 when absent or not a number */
 }
 
+/* "why prompts missed": engine.misses_by_reason (usage.kvtier.miss), the reasons seen, in reason order. */
+static void print_misses(const json_t *m)
+{
+	if (!json_is_object(m))
+		return;
+	const char *key;
+	json_t *v;
+	char line[512] = "";
+	size_t n = 0;
+	double total = 0;
+	json_object_foreach((json_t *)m, key, v)
+		total += json_number_value(v);
+	json_object_foreach((json_t *)m, key, v)
+		if (json_number_value(v) > 0 && n < sizeof(line))
+			n += (size_t)snprintf(line + n, sizeof(line) - n, "%s%s %.0f", n ? ", " : "", key, json_number_value(v));
+	printf("  %-24s %.0f prompts%s%s\n", "cache misses", total, n ? ": " : "", line);
+}
+
 static void fmt_bytes(double b, char *out, size_t cap)
 {
 	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
@@ -635,6 +653,7 @@ static int render_stats(json_t *j, const char *source)
 		printf("  %-24s %.1f%% (cached / reusable %.0f)\n", "cache efficiency", 100 * num(eng, "cache_efficiency"),
 		       num(eng, "reusable_tokens"));
 		printf("  %-24s %.0f\n", "prefill tokens saved", num(eng, "prefill_tokens_saved"));
+		print_misses(json_object_get(eng, "misses_by_reason"));
 		if (json_is_object(ch)) {
 			json_t *hb = json_object_get(ch, "hit_tokens_by_tier"), *rb = json_object_get(ch, "bytes_read_by_tier");
 			char bh[48], bn[48], br[48];

@@ -134,6 +134,28 @@ static void metric_kinds(kvt_sbuf *b, const kvt_tm_stats *ts)
 	kvt_sbuf_printf(b, "kvtier_chunk_share %g\n", (double)ts->chunk_share);
 }
 
+/* Why prompts missed the cache (usage.kvtier.miss), counted once per prompt by reason. */
+static void metric_misses(kvt_sbuf *b, const kvt_tm_stats *ts)
+{
+	metric_head(b, "kvtier_cache_misses_total", "counter",
+		    "Prompts whose cached prefix ended before their last token, by the reason usage.kvtier.miss gave.");
+	for (int k = KVT_TM_MISS_NONE + 1; k < KVT_TM_MISS_COUNT; k++)
+		kvt_sbuf_printf(b, "kvtier_cache_misses_total{reason=\"%s\"} %llu\n", kvt_tm_miss_reason_name(k),
+			    (unsigned long long)ts->n_miss[k]);
+	metric_one(b, "kvtier_cache_miss_tombstones", "gauge",
+		   "Blocks remembered as gone from every tier (to explain later misses; bounded, not kept across restarts).",
+		   ts->n_tombstones);
+}
+
+/* The misses by reason, as /v1/stats's engine.misses_by_reason. */
+static json_t *stats_misses(const kvt_tm_stats *ts)
+{
+	json_t *o = json_object();
+	for (int k = KVT_TM_MISS_NONE + 1; o && k < KVT_TM_MISS_COUNT; k++)
+		json_object_set_new(o, kvt_tm_miss_reason_name(k), json_integer((json_int_t)ts->n_miss[k]));
+	return o;
+}
+
 /* The scheduler's chunk reuse counters (full-block tokens of marked spans). */
 static void metric_chunks(kvt_sbuf *b, const kvt_sched_stats *st)
 {
@@ -225,6 +247,7 @@ enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched)
 	metric_tiers(&b, "kvtier_tier_degraded", "gauge", "1 when the tier is full or read-only.", v);
 #undef TIERS
 	metric_kinds(&b, &st.tiers);
+	metric_misses(&b, &st.tiers);
 	metric_chunks(&b, &st);
 	metric_one(&b, "kvtier_index_degraded", "gauge",
 		   "1 while index transactions roll back for lack of space (their writes are kept and retried).",
@@ -458,6 +481,8 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 		ratio((double)st.completion_tokens, st.decode_s), "cached_tokens_by_tier", "hbm",
 		(json_int_t)st.cached_by_tier[KVT_TIER_HBM], "host", (json_int_t)st.cached_by_tier[KVT_TIER_HOST], "nvme",
 		(json_int_t)st.cached_by_tier[KVT_TIER_NVME], "remote", (json_int_t)st.cached_by_tier[KVT_TM_TIER_REMOTE]);
+	if (engine)
+		json_object_set_new(engine, "misses_by_reason", stats_misses(&st.tiers));
 	json_t *persist = json_pack("{s:I, s:I, s:I, s:b, s:b, s:I, s:I, s:I, s:I}", "registered",
 				    (json_int_t)st.tiers.n_registered, "persisted", (json_int_t)st.tiers.n_persisted,
 				    "failed", (json_int_t)st.tiers.n_persist_failed, "read_only", (int)st.tiers.t2_read_only,

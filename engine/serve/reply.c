@@ -310,6 +310,29 @@ static void job_update_log(gen_job *j)
 	atomic_store(&j->req->n_completion, n);
 }
 
+json_t *kvt_srv_miss_json(const kvt_sched_usage *u)
+{
+	const kvt_tm_miss *m = &u->miss;
+	if (!u->has_miss || m->reason == KVT_TM_MISS_NONE)
+		return NULL; /* a full hit (or the cache off): nothing to explain */
+	static const char *const tiers[KVT_TIER_COUNT] = { "hbm", "host", "nvme" };
+	json_t *o = json_pack("{s:i, s:s}", "at_token", (json_int_t)m->at_token, "reason",
+			      kvt_tm_miss_reason_name(m->reason));
+	if (!o)
+		return NULL;
+	if (m->reason == KVT_TM_MISS_DIVERGED && m->cached_token >= 0) {
+		json_object_set_new(o, "cached_token", json_integer(m->cached_token));
+		json_object_set_new(o, "new_token", json_integer(m->new_token));
+	}
+	if (m->tier >= 0 && m->tier < KVT_TIER_COUNT)
+		json_object_set_new(o, "tier", json_string(tiers[m->tier]));
+	if (m->when_us)
+		json_object_set_new(o, "at", json_real((double)m->when_us / 1e6));
+	if (m->reason == KVT_TM_MISS_EVICTED || m->reason == KVT_TM_MISS_CAPACITY)
+		json_object_set_new(o, "pressure", json_string(kvt_tm_pressure_name(m->pressure)));
+	return o;
+}
+
 static json_t *usage_json(const gen_job *j)
 {
 	const kvt_sched_usage *u0 = &j->ch[0].usage;
@@ -342,6 +365,9 @@ static json_t *usage_json(const gen_job *j)
 					  u0->retain_denied_tokens > 0));
 		if (j->q.cc.cache_key[0])
 			json_object_set_new(kv, "prompt_cache_key", json_string(j->q.cc.cache_key));
+		json_t *miss = kvt_srv_miss_json(u0);
+		if (miss)
+			json_object_set_new(kv, "miss", miss);
 	}
 	return json_pack("{s:i, s:i, s:i, s:{s:i}, s:o*}", "prompt_tokens", (json_int_t)j->q.n_ids,
 			 "completion_tokens", (json_int_t)completion, "total_tokens",

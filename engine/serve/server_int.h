@@ -326,6 +326,9 @@ json_t *kvt_llama_result(gen_job *j);
 /* One SSE chunk of a llama job: {"content", "stop": false, ...}; with finish, the final one (stop: true, timings). */
 json_t *kvt_llama_chunk(gen_job *j, uint32_t i, const char *text, size_t n, const char *finish);
 
+/* usage.kvtier.miss: why the cached prefix ended (reply.c; NULL on a full hit or with the cache off). */
+json_t *kvt_srv_miss_json(const kvt_sched_usage *u);
+
 /* ---- sessions_snapshot.c: slot snapshots (llama-server's slot save / restore) ---- */
 
 typedef struct kvt_slot_io {
