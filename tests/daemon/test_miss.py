@@ -17,6 +17,13 @@ on the default model and a real kvtierd (its own port and data dir, small tiers)
   corrupt   a prompt persisted (SIGTERM), its T2 records damaged on disk, the daemon
             restarted: the prompt again is "failed_verification" in T2, and nothing
             corrupt is served (cached_tokens 0)
+  capacity  no NVMe tier and a 1 MiB host tier: a prompt's blocks are dropped before
+            they were ever durable; the prompt again is "capacity" from the host tier
+  model_changed  a session turn, then a restart with another server secret (the
+            tenant salts change, as with another model or KV layout): the same
+            history is "model_changed"
+  (expired needs a retention TTL to run out: 5 minutes at least on the wire; it is
+  shown on a real manager with its own clock in test_manager_miss)
 
 Usage: test_miss.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip (no model).
 """
@@ -36,7 +43,8 @@ WORDS = ("river mountain forest ocean valley meadow harbor island desert canyon 
 
 
 def text(seed, n_words=120):
-    return " ".join(WORDS[(seed * 7 + i * 3 + i * i) % len(WORDS)] for i in range(n_words))
+    """A prompt of about n_words tokens; another seed gives another one from its first token."""
+    return "Note %d: " % seed + " ".join(WORDS[(seed * 7 + i * 3 + i * i) % len(WORDS)] for i in range(n_words))
 
 
 def daemon(build, data_dir, server="", tiers="64M", nvme="64M", context=2048):
@@ -159,7 +167,52 @@ def case_corrupt(build, tmp):
         d.stop()
 
 
-CASES = {"reasons": case_reasons, "evicted": case_evicted, "corrupt": case_corrupt}
+def case_capacity(build, tmp):
+    # no NVMe tier and a tiny host tier: what T0 pushes out, T1 can keep only a moment, never durably
+    d = daemon(build, os.path.join(tmp, "d"), tiers="16M", nvme="0", context=512)
+    with open(d.conf) as f:
+        conf = f.read().replace("[tier.host]\ncapacity = 16M", "[tier.host]\ncapacity = 1M")
+    with open(d.conf, "w") as f:
+        f.write(conf)
+    d.start()
+    try:
+        p = text(4, 200)
+        complete(d, p)
+        for i in range(16):  # more than T0 and T1 hold together
+            complete(d, text(200 + i, 200))
+        u = complete(d, p)
+        m = miss_of(u)
+        check(m and m["reason"] == "capacity" and m.get("tier") == "host",
+              "blocks dropped before they were ever durable: capacity, from the host tier: %s" % u)
+    finally:
+        d.stop()
+
+
+def case_model_changed(build, tmp):
+    # the same history under another chain root: here the server secret (tenant salts) changed
+    ddir = os.path.join(tmp, "d")
+    d = daemon(build, ddir, server="secret_file = @DATA@/secret-a\n")
+    d.start()
+    p = text(5, 150)
+    body = {"prompt": p, "max_tokens": 1, "temperature": 0, "session_id": "s1"}
+    try:
+        st, r = http("POST", d.url + "/v1/completions", body)
+        check(st == 200, "a session turn: %s %s" % (st, r))
+    finally:
+        d.stop()
+    d = daemon(build, ddir, server="secret_file = @DATA@/secret-b\n")
+    d.start()
+    try:
+        st, r = http("POST", d.url + "/v1/completions", body)
+        m = miss_of(r["usage"]) if st == 200 else None
+        check(m and m["reason"] == "model_changed" and m["at_token"] == 0,
+              "the session's history hashed under another root: model_changed: %s %s" % (st, r))
+    finally:
+        d.stop()
+
+
+CASES = {"reasons": case_reasons, "evicted": case_evicted, "corrupt": case_corrupt, "capacity": case_capacity,
+         "model_changed": case_model_changed}
 
 if __name__ == "__main__":
     sys.exit(run_cases("miss", __doc__, MODEL, CASES))
