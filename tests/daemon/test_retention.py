@@ -17,7 +17,8 @@ data dir (small tiers) and talks to it over HTTP:
              a flood of other prompts; deleting its session ends retention
   dashboard  GET /dashboard is behind the admin key; loaded in headless
              Debian chromium against the live daemon, the DOM shows the
-             numbers /v1/stats reports; a screenshot is kept (path printed)
+             numbers /v1/stats reports (tiers, tenants, sessions, why prompts
+             missed the cache); a screenshot is kept (path printed)
 
 Usage: test_retention.py BUILD_DIR [CASE ...]. Exit 0 pass, 1 fail, 77 skip
 (no model). The dashboard case needs `chromium` (scripts/install_deps.sh);
@@ -331,6 +332,11 @@ def case_dashboard(build, tmp):
         for s in want["sessions_table"]:
             row = p.rows.get("session-%s-%s" % (s["tenant"], s["id"]))
             check(row and row[0] == str(s["tokens"]), "session %s: DOM %s, /v1/stats %s" % (s["id"], row, s))
+        misses = e["misses_by_reason"]
+        check(misses["new"] >= 1, "the prompts' misses are counted: %s" % misses)
+        for reason, n in misses.items():  # "Why prompts missed the cache"
+            row = p.rows.get("miss-" + reason)
+            check(row == [str(n)], "misses %s: DOM %s, /v1/stats %s" % (reason, row, n))
         # the screenshot, kept as an artifact of the run
         out_dir = os.path.join(build, "Testing")
         os.makedirs(out_dir, exist_ok=True)
