@@ -105,6 +105,10 @@ static int promote_read_t2(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES
 		return rc;
 	}
 	if (*t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, *t1s) != KVT_OK) {
+		/* the table will not name the slot: its bytes move to the staging buffer before it goes back
+		 * (another thread may take the slot at once) */
+		memcpy(c->h_stage, buf, tm->packed_bytes);
+		buf = c->h_stage;
 		kvt_t1_unref(tm->t1, *t1s);
 		*t1s = -1;
 	}
