@@ -523,21 +523,7 @@ int kvt_tm_register_kind(kvt_tm *tm, const uint8_t hash[KVT_HASH_BYTES], const u
 	/* A new block, or a known one whose durable copy was lost (e.g. a corrupt record), is pending. */
 	if (rc == KVT_OK && (created || (e.dirty && e.slot[KVT_TIER_NVME] < 0))) {
 		pthread_mutex_lock(&tm->mu);
-		if (tm->n_pend == tm->cap_pend) {
-			uint32_t cap = tm->cap_pend ? 2 * tm->cap_pend : 256;
-			void *p = realloc(tm->pend, cap * sizeof(*tm->pend));
-			if (p) {
-				tm->pend = p;
-				tm->cap_pend = cap;
-			}
-		}
-		if (tm->n_pend < tm->cap_pend) {
-			memcpy(tm->pend[tm->n_pend].hash, hash, KVT_HASH_BYTES);
-			tm->pend[tm->n_pend].due_t = 0;
-			tm->n_pend++;
-		} else {
-			rc = KVT_ENOMEM;
-		}
+		rc = tm_pend_add_locked(tm, hash);
 		tm->st.n_registered += created;
 		if (created && tm->cfg.t3 && kvt_t3_write_policy(tm->cfg.t3) == KVT_T3_WRITE_THROUGH)
 			tm_remote_queue_locked(tm, hash);

@@ -216,6 +216,8 @@ void tm_release_tier(kvt_tm *tm, int tier);
 
 /* Fill a T2/T3 record header for the table entry e in this manager's codec. */
 void tm_record_meta(const kvt_tm *tm, const kvt_btable_entry *e, kvt_t2_block_meta *m);
+/* A registered block not yet durable joins the pending list (not due). Under tm->mu. KVT_ENOMEM. */
+int tm_pend_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES]);
 /*
  * The packed bytes of the busy-held block e (a T1/T2 payload) into dst: its
  * T1 slot copied, its T0 slot packed through c's mover (dst must then be

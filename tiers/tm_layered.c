@@ -223,12 +223,9 @@ static void lay_sort_by_t1(kvt_tm_layered *p)
 		p->units[k] = (int32_t)(p->order[k] & 0xffffffff);
 }
 
-/* Free the promotion's arrays and itself, and let the next layered promotion start. */
-static void lay_free(kvt_tm *tm, kvt_tm_layered *p)
+/* The promotion's arrays and itself (any may be NULL). */
+static void lay_arrays_free(kvt_tm_layered *p)
 {
-	pthread_mutex_lock(&tm->mu);
-	tm->lay_active = false;
-	pthread_mutex_unlock(&tm->mu);
 	free(p->hashes);
 	free(p->t0);
 	free(p->t1);
@@ -237,6 +234,15 @@ static void lay_free(kvt_tm *tm, kvt_tm_layered *p)
 	free(p->found);
 	free(p->order);
 	free(p);
+}
+
+/* Free the promotion's arrays and itself, and let the next layered promotion start. */
+static void lay_free(kvt_tm *tm, kvt_tm_layered *p)
+{
+	pthread_mutex_lock(&tm->mu);
+	tm->lay_active = false;
+	pthread_mutex_unlock(&tm->mu);
+	lay_arrays_free(p);
 }
 
 /* Give back what the promotion holds: the caller's slots (when drop_t0), our T1 references, the blocks. */
@@ -266,14 +272,7 @@ static kvt_tm_layered *lay_alloc(uint32_t n, const uint8_t (*hashes)[KVT_HASH_BY
 	p->found = malloc(n);
 	p->order = malloc(n * sizeof(int64_t));
 	if (!p->hashes || !p->t0 || !p->t1 || !p->units || !p->src || !p->found || !p->order) {
-		free(p->hashes);
-		free(p->t0);
-		free(p->t1);
-		free(p->units);
-		free(p->src);
-		free(p->found);
-		free(p->order);
-		free(p);
+		lay_arrays_free(p);
 		return NULL;
 	}
 	memcpy(p->hashes, hashes, (size_t)n * KVT_HASH_BYTES);

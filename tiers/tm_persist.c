@@ -36,6 +36,24 @@ void tm_record_meta(const kvt_tm *tm, const kvt_btable_entry *e, kvt_t2_block_me
 	m->flags = e->kind == KVT_BLOCK_CHUNK ? KVT_T2_FLAG_CHUNK : 0; /* rebuild-index and T3 keep the kind */
 }
 
+int tm_pend_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
+{
+	if (tm->n_pend == tm->cap_pend) {
+		uint32_t cap = tm->cap_pend ? 2 * tm->cap_pend : 256;
+		void *p = realloc(tm->pend, cap * sizeof(*tm->pend));
+		if (p) {
+			tm->pend = p;
+			tm->cap_pend = cap;
+		}
+	}
+	if (tm->n_pend == tm->cap_pend)
+		return KVT_ENOMEM;
+	memcpy(tm->pend[tm->n_pend].hash, h, KVT_HASH_BYTES);
+	tm->pend[tm->n_pend].due_t = 0; /* not due until its turn ends (or a flush) */
+	tm->n_pend++;
+	return KVT_OK;
+}
+
 int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
 {
 	int rc = KVT_ENOTFOUND;

@@ -99,24 +99,9 @@ static bool record_fits(const kvt_tm *tm, const kvt_t2_block_meta *m, const int3
 /* A new block joins the pending list (not yet durable), as kvt_tm_register does. */
 static int pend_add(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 {
-	int rc = KVT_OK;
 	pthread_mutex_lock(&tm->mu);
-	if (tm->n_pend == tm->cap_pend) {
-		uint32_t cap = tm->cap_pend ? 2 * tm->cap_pend : 256;
-		void *p = realloc(tm->pend, cap * sizeof(*tm->pend));
-		if (p) {
-			tm->pend = p;
-			tm->cap_pend = cap;
-		}
-	}
-	if (tm->n_pend < tm->cap_pend) {
-		memcpy(tm->pend[tm->n_pend].hash, h, KVT_HASH_BYTES);
-		tm->pend[tm->n_pend].due_t = 0;
-		tm->n_pend++;
-		tm->st.n_registered++;
-	} else {
-		rc = KVT_ENOMEM;
-	}
+	int rc = tm_pend_add_locked(tm, h);
+	tm->st.n_registered += rc == KVT_OK;
 	pthread_mutex_unlock(&tm->mu);
 	return rc;
 }
