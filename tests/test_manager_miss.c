@@ -22,6 +22,7 @@
 #include "tm_fixture.h"
 
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #define BT 16
@@ -32,14 +33,14 @@
 static const kvt_kv_layout shape = { .n_layers = 4, .n_kv_heads = 2, .head_dim = 32, .block_tokens = BT };
 static char dir[256], t2_path[300], db_path[300];
 static uint8_t model_fp[32] = { 7, 7, 1 };
-static uint64_t g_now_us = 1000000000ull; /* the retention clock */
+static _Atomic uint64_t g_now_us = 1000000000ull; /* the retention clock (read by the manager's threads) */
 static uint16_t *g_data;                  /* one block's bytes */
 static size_t g_n_el;
 
 static uint64_t test_clock(void *user)
 {
 	(void)user;
-	return g_now_us;
+	return atomic_load(&g_now_us);
 }
 
 /* T0, T1, and T2 of capacity bytes with its watermarks at 0.5 / 0.25 (or no T2 when capacity is 0). */
@@ -156,7 +157,7 @@ static void test_evicted(tm_fx *f, const uint8_t *root)
 	}
 	CHECK(kvt_tm_flush(f->tm) == KVT_OK);
 	CHECK(kvt_tm_reserve_t0(f->tm, N_T0) == KVT_OK); /* clean: the T0 copies just go */
-	g_now_us += 2000000;                             /* block 0's retention ran out */
+	atomic_fetch_add(&g_now_us, 2000000);            /* block 0's retention ran out */
 	kvt_tm_maintain(f->tm);                          /* T2 over its watermark: evict to 0.25 */
 	uint32_t n_evicted = 0, n_expired = 0;
 	for (int i = 0; i < N_SINGLE; i++) {
