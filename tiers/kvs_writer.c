@@ -169,51 +169,96 @@ static void prepare_w_locked(kvt_kvs *s, kvs_op *o, kvs_w *w, uint64_t capacity)
 	w->n = kvs_n_chunks(e->len);
 }
 
-/* Put one value's chunks; w->ok when all are durable (else the ones that were are freed). */
-static int put_value(kvt_kvs *s, kvs_w *w)
+/* The records of values w[0..n) (those with a val), in one array: chunk i of each in order. */
+typedef struct kvs_recs {
+	kvt_t2_block_meta *m;
+	kvt_rstore_rec *r;
+	kvt_rstore_loc *locs;
+	int *res;
+	uint32_t n;
+} kvs_recs;
+
+static void recs_free(kvs_recs *x)
 {
-	uint32_t n = w->n;
-	kvt_t2_block_meta *m = calloc(n, sizeof(*m));
-	kvt_rstore_rec *r = calloc(n, sizeof(*r));
-	int *res = calloc(n, sizeof(*res));
-	w->locs = calloc(n, sizeof(*w->locs));
-	int rc = KVT_ENOMEM;
-	if (m && r && res && w->locs) {
-		for (uint32_t i = 0; i < n; i++) {
-			uint64_t off = (uint64_t)i * KVT_KVS_CHUNK_BYTES, left = w->val->len - off;
-			kvs_chunk_hash(w->op->e->id, w->op->version, i, m[i].hash);
-			memcpy(m[i].parent, w->op->e->id, 32);
-			m[i].raw_bytes = (uint32_t)(left < KVT_KVS_CHUNK_BYTES ? left : KVT_KVS_CHUNK_BYTES);
-			r[i].meta = &m[i];
-			r[i].payload = w->val->data + off;
+	free(x->m);
+	free(x->r);
+	free(x->locs);
+	free(x->res);
+}
+
+static int recs_build(kvs_recs *x, kvs_w *w, size_t n)
+{
+	memset(x, 0, sizeof(*x));
+	for (size_t i = 0; i < n; i++)
+		x->n += w[i].val ? w[i].n : 0;
+	x->m = calloc(x->n + 1, sizeof(*x->m));
+	x->r = calloc(x->n + 1, sizeof(*x->r));
+	x->locs = calloc(x->n + 1, sizeof(*x->locs));
+	x->res = calloc(x->n + 1, sizeof(*x->res));
+	if (!x->m || !x->r || !x->locs || !x->res)
+		return KVT_ENOMEM;
+	uint32_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		for (uint32_t c = 0; w[i].val && c < w[i].n; c++, k++) {
+			uint64_t off = (uint64_t)c * KVT_KVS_CHUNK_BYTES, left = w[i].val->len - off;
+			kvs_chunk_hash(w[i].op->e->id, w[i].op->version, c, x->m[k].hash);
+			memcpy(x->m[k].parent, w[i].op->e->id, 32);
+			x->m[k].raw_bytes = (uint32_t)(left < KVT_KVS_CHUNK_BYTES ? left : KVT_KVS_CHUNK_BYTES);
+			x->r[k].meta = &x->m[k];
+			x->r[k].payload = w[i].val->data + off;
 		}
-		rc = s->rs.ops->put(&s->rs, n, r, w->locs, res);
-		for (uint32_t i = 0; rc != KVT_OK && i < n; i++)
-			if (res[i] == KVT_OK)
-				kvt_t2_free(s->t2, &w->locs[i]); /* no row names it: no reader can */
 	}
-	w->ok = rc == KVT_OK;
-	free(m);
-	free(r);
-	free(res);
-	return rc;
+	return KVT_OK;
+}
+
+/* Split the put's results by value: w->ok and w->locs for a value whose chunks all went; the rest freed. */
+static void recs_settle(kvt_kvs *s, kvs_recs *x, kvs_w *w, size_t n)
+{
+	uint32_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!w[i].val)
+			continue;
+		bool ok = true;
+		for (uint32_t c = 0; c < w[i].n; c++) {
+			ok = ok && x->res[k + c] == KVT_OK;
+		}
+		w[i].ok = ok && (w[i].locs = malloc(w[i].n * sizeof(*w[i].locs)));
+		if (w[i].ok)
+			memcpy(w[i].locs, x->locs + k, w[i].n * sizeof(*w[i].locs));
+		for (uint32_t c = 0; !w[i].ok && c < w[i].n; c++)
+			if (x->res[k + c] == KVT_OK)
+				kvt_t2_free(s->t2, &x->locs[k + c]); /* no row names it: no reader can */
+		k += w[i].n;
+	}
+}
+
+/* Put the records of w[0..n) (one durable batch); values that did not fit get one more try after eviction. */
+static void put_values(kvt_kvs *s, kvs_w *w, size_t n)
+{
+	kvs_recs x;
+	int rc = recs_build(&x, w, n);
+	if (rc == KVT_OK)
+		s->rs.ops->put(&s->rs, x.n, x.r, x.locs, x.res);
+	else
+		kvt_rstore_fill(x.n, x.res, rc);
+	recs_settle(s, &x, w, n);
+	recs_free(&x);
 }
 
 static void write_values(kvt_kvs *s, kvs_w *w, size_t n)
 {
+	for (size_t i = 0; i < n; i++)
+		if (w[i].val)
+			w[i].sum = XXH3_64bits(w[i].val->data, w[i].val->len);
+	put_values(s, w, n);
 	for (size_t i = 0; i < n; i++) {
-		if (!w[i].val)
+		if (!w[i].val || w[i].ok)
 			continue;
-		w[i].sum = XXH3_64bits(w[i].val->data, w[i].val->len);
-		int rc = put_value(s, &w[i]);
-		if (rc == KVT_EFULL) { /* the free space was in pieces: make more, once */
-			free(w[i].locs);
-			make_room(s, value_extents(w[i].val->len) * 2);
-			rc = put_value(s, &w[i]);
-		}
-		if (rc != KVT_OK)
-			KVT_LOGW("store: a value of %llu bytes could not be written to NVMe (%s): it stays in RAM only",
-				 (unsigned long long)w[i].val->len, kvt_strerror(rc));
+		make_room(s, value_extents(w[i].val->len) * 2); /* the free space was in pieces: make more, once */
+		put_values(s, &w[i], 1);
+		if (!w[i].ok)
+			KVT_LOGW("store: a value of %llu bytes could not be written to NVMe: it stays in RAM only",
+				 (unsigned long long)w[i].val->len);
 	}
 }
 
