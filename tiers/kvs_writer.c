@@ -59,6 +59,8 @@ kvt_kvs_ticket kvs_queue_locked(kvt_kvs *s, int kind, kvs_ent *e)
 
 void kvs_freelist_add(kvs_freelist *fl, const kvt_t2_loc *locs, uint32_t n)
 {
+	if (!n)
+		return;
 	if (fl->n + n > fl->cap) {
 		size_t cap = (fl->n + n) * 2;
 		kvt_t2_loc *l = realloc(fl->locs, cap * sizeof(*l));
