@@ -7,7 +7,10 @@
  * only; it never touches a sequence, a block or the model. Admission takes
  * the best request first (FAIR: a preempted one, then the lowest effective
  * priority, then the oldest; FIFO: the queue's order) while the T0 pool can
- * hold what is committed to the running ones. The prefill budget
+ * hold what is committed to the running ones; when the best one does not
+ * fit, FAIR admits smaller ones past it, their prompts bounded as the head
+ * prompt's delay is (head_share), so a burst of long prompts never keeps a
+ * short request waiting for T0 room. The prefill budget
  * (prefill_chunk rows a step) goes by FAIR's ranking: aged first, then
  * effective priority, shortest remaining prompt, admission order, with the
  * head prompt's turn (pick_head, head_turn) bounding how long others may
@@ -110,12 +113,56 @@ static void dequeue(kvt_sched *s, kvt_sched_handle **link, uint32_t need, double
 }
 
 /*
+ * Prompt tokens FAIR may admit past a request T0 cannot hold yet:
+ * (1 / head_share - 1) times its fill, to the nearest token (head_share is a
+ * float: 1 / 0.8f is a hair under 1.25).
+ */
+static double pass_allowance(const kvt_sched *s, const kvt_sched_handle *blocked)
+{
+	if (!(s->cfg.head_share > 0))
+		return INFINITY; /* no head bound: smaller requests always go first */
+	return round((1.0 / (double)s->cfg.head_share - 1.0) * (double)blocked->n_fill);
+}
+
+/*
+ * FAIR's backfill: the best queued request other than blocked (the best one,
+ * which T0 cannot hold next to the running ones) that T0 can hold and whose
+ * fill keeps the tokens admitted past blocked within its allowance. A burst
+ * of long prompts thus cannot keep a short request waiting at admission,
+ * and a stream of short ones cannot keep the long one out for good: once
+ * they have used its allowance, admission waits for room for it, as FIFO
+ * always does. Never past a preempted request (it resumes first). Returns
+ * the link that points at it; NULL: none.
+ */
+static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *blocked, double now)
+{
+	if (s->cfg.policy != KVT_SCHED_FAIR || blocked->preempted)
+		return NULL;
+	const double room = pass_allowance(s, blocked) - (double)blocked->overtaken;
+	const uint32_t n_slots = kvt_t0_n_slots(s->cfg.t0);
+	kvt_sched_handle **best = NULL;
+	int bp = 0;
+	for (kvt_sched_handle **pp = &s->q_head; *pp; pp = &(*pp)->next) {
+		const kvt_sched_handle *c = *pp;
+		if (c == blocked || (double)c->n_fill > room || s->t0_committed + blocks_to_commit(s, c) > n_slots)
+			continue;
+		int p = effective_priority(s, c, now);
+		if (!best || p < bp) {
+			best = pp;
+			bp = p;
+		}
+	}
+	return best;
+}
+
+/*
  * Admission, best first (queue_best): a request starts when the T0 pool can
  * hold what is committed to the running ones next to it (or nothing runs).
  * Committed is each one's fill and a block (growth past it is met by
  * preemption), or with admit_longest its longest, so that a sequence never
- * finds the pool full half way. After a preemption nothing is admitted
- * until a request ends.
+ * finds the pool full half way. When the best one does not fit, FAIR admits
+ * smaller ones past it within its allowance (queue_backfill). After a
+ * preemption nothing is admitted until a request ends.
  */
 kvt_sched_handle *sched_admit_from_queue(kvt_sched *s, bool stop)
 {
@@ -125,8 +172,15 @@ kvt_sched_handle *sched_admit_from_queue(kvt_sched *s, bool stop)
 		kvt_sched_handle **best = queue_best(s, stop, now);
 		kvt_sched_handle *h = *best;
 		uint32_t need = blocks_to_commit(s, h);
-		if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0))
-			break;
+		if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0)) {
+			kvt_sched_handle *blocked = h;
+			if (!(best = queue_backfill(s, blocked, now)))
+				break;
+			h = *best;
+			need = blocks_to_commit(s, h);
+			blocked->overtaken += h->n_fill;
+			s->st.admit_backfills++;
+		}
 		dequeue(s, best, need, now);
 		*tail = h;
 		tail = &h->next;

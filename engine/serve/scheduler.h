@@ -378,6 +378,7 @@ typedef struct kvt_sched_stats {
 	uint32_t running_peak;         /* most sequences running at once */
 	double queue_wait_sum_s;       /* sum over admissions of submit (or preemption) -> admitted */
 	uint64_t queue_waits;          /* admissions counted in it */
+	uint64_t admit_backfills;      /* of those, FAIR admissions past a better request T0 could not hold yet */
 	double queue_wait_p50_s, queue_wait_p99_s; /* over the last 1024 admissions (0 if none) */
 	uint64_t preempt_swap;         /* preemptions whose blocks were kept in the cache (reused from any tier) */
 	uint64_t preempt_recompute;    /* preemptions resumed by recomputing what left T0 */
