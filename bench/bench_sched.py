@@ -29,7 +29,9 @@ its default, configs/kvtier.conf: T0 auto, max_running 16, the server's
 limits) but for the listen port, the model, the CPU backend, the data dir and a
 64M NVMe tier; --n-long 3 --n-short 12 is then the burst of issue 49 item 5
 (all 15 fit max_running). Each run also reports the daemon's memory after the
-burst (/proc/PID/status: VmRSS and its peak VmHWM).
+burst (/proc/PID/status: VmRSS and its peak VmHWM; /v1/stats: the weights, the KV
+held in T0 and T1 and the rest, against issue 31's RSS <= weights + KV held +
+300 MB).
 
 Usage: bench/bench_sched.py [--build build] [--out FILE]
 """
@@ -185,6 +187,10 @@ def run_policy(a, tmp, policy):
         if a.burst:
             out["burst"] = burst(d.url, a)
             out["burst"]["mem_mib"] = mem_mib(d.proc.pid)
+            st, stats = http("GET", d.url + "/v1/stats")
+            if st == 200:  # issue 31's memory target: RSS <= weights + KV held + 300 MB
+                out["burst"]["mem_mib"].update({k[:-6] + "_mib": v / 1048576.0 for k, v in stats["memory"].items()
+                                                if k in ("weight_bytes", "kv_held_bytes", "other_bytes")})
         if a.steady_s > 0:
             out["steady"] = steady(d.url, a)
         st, stats = http("GET", d.url + "/v1/stats")
@@ -253,10 +259,12 @@ def main():
             (res[policy].get("burst") or res[policy].get("steady") or {}).get("long_prompt_tokens", 0)))
         for r in res[policy]["runs"]:
             if "burst" in r:
-                print("%s: burst short p99 / idle %.1fx (idle %.1f ms, p99 %.2f s); memory after it: VmRSS %.0f MiB, "
-                      "peak VmHWM %.0f MiB" % (policy, r["burst"]["short_ttft_p99_s"] / r["idle_short_ttft_s"],
-                                               r["idle_short_ttft_s"] * 1e3, r["burst"]["short_ttft_p99_s"],
-                                               r["burst"]["mem_mib"]["VmRSS"], r["burst"]["mem_mib"]["VmHWM"]))
+                m = r["burst"]["mem_mib"]
+                print("%s: burst short p99 / idle %.1fx (idle %.1f ms, p99 %.2f s); memory after it: VmRSS %.0f MiB "
+                      "(peak VmHWM %.0f) = weights %.0f + KV held %.0f + other %.0f MiB (issue 31: other <= 286 MiB)" % (
+                          policy, r["burst"]["short_ttft_p99_s"] / r["idle_short_ttft_s"], r["idle_short_ttft_s"] * 1e3,
+                          r["burst"]["short_ttft_p99_s"], m["VmRSS"], m["VmHWM"], m.get("weight_mib", 0),
+                          m.get("kv_held_mib", 0), m.get("other_mib", 0)))
     ratios = {}
     for load in ("burst", "steady"):
         f, g = res.get("fifo", {}).get(load), res.get("fair", {}).get(load)
