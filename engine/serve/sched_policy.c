@@ -7,10 +7,11 @@
  * only; it never touches a sequence, a block or the model. Admission takes
  * the best request first (FAIR: a preempted one, then the lowest effective
  * priority, then the oldest; FIFO: the queue's order) while the T0 pool can
- * hold what is committed to the running ones; when the best one does not
- * fit, FAIR admits smaller ones past it, their prompts bounded as the head
- * prompt's delay is (head_share), so a burst of long prompts never keeps a
- * short request waiting for T0 room. The prefill budget
+ * hold what is committed to the running ones; FAIR keeps a small reserve of
+ * T0 for prompts of at most one step's budget, and when the best request
+ * does not fit it admits smaller ones past it, their prompts bounded as the
+ * head prompt's delay is (head_share), so a burst of long prompts never
+ * keeps a short request waiting for T0 room. The prefill budget
  * (prefill_chunk rows a step) goes by FAIR's ranking: aged first, then
  * effective priority, shortest remaining prompt, admission order, with the
  * head prompt's turn (pick_head, head_turn) bounding how long others may
@@ -113,6 +114,30 @@ static void dequeue(kvt_sched *s, kvt_sched_handle **link, uint32_t need, double
 }
 
 /*
+ * FAIR's reserve: T0 blocks only prompts of at most one step's budget
+ * (prefill_chunk tokens) may take, so that however much of T0 long prompts
+ * hold, a short question finds room. It holds one step's budget of new
+ * prompts, each rounded up to whole blocks with the block of growth
+ * admission commits (two blocks a running place), and at most a quarter of
+ * T0 (a small T0 still runs two long prompts at once).
+ */
+static uint32_t short_reserve(const kvt_sched *s)
+{
+	const uint32_t n_slots = kvt_t0_n_slots(s->cfg.t0);
+	const uint32_t r = (s->cfg.prefill_chunk + s->block_tokens - 1) / s->block_tokens + 2 * s->cfg.max_running;
+	return r < n_slots / 4 ? r : n_slots / 4;
+}
+
+/* Whether T0 can hold h's need next to what is committed to the running ones (FAIR: a long prompt leaves the reserve). */
+static bool t0_fits(const kvt_sched *s, const kvt_sched_handle *h, uint32_t need)
+{
+	uint32_t n_slots = kvt_t0_n_slots(s->cfg.t0);
+	if (s->cfg.policy == KVT_SCHED_FAIR && h->n_fill > s->cfg.prefill_chunk)
+		n_slots -= short_reserve(s);
+	return s->t0_committed + need <= n_slots;
+}
+
+/*
  * Prompt tokens FAIR may admit past a request T0 cannot hold yet:
  * (1 / head_share - 1) times its fill, to the nearest token (head_share is a
  * float: 1 / 0.8f is a hair under 1.25).
@@ -139,12 +164,11 @@ static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *b
 	if (s->cfg.policy != KVT_SCHED_FAIR || blocked->preempted)
 		return NULL;
 	const double room = pass_allowance(s, blocked) - (double)blocked->overtaken;
-	const uint32_t n_slots = kvt_t0_n_slots(s->cfg.t0);
 	kvt_sched_handle **best = NULL;
 	int bp = 0;
 	for (kvt_sched_handle **pp = &s->q_head; *pp; pp = &(*pp)->next) {
 		const kvt_sched_handle *c = *pp;
-		if (c == blocked || (double)c->n_fill > room || s->t0_committed + blocks_to_commit(s, c) > n_slots)
+		if (c == blocked || (double)c->n_fill > room || !t0_fits(s, c, blocks_to_commit(s, c)))
 			continue;
 		int p = effective_priority(s, c, now);
 		if (!best || p < bp) {
@@ -160,9 +184,10 @@ static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *b
  * hold what is committed to the running ones next to it (or nothing runs).
  * Committed is each one's fill and a block (growth past it is met by
  * preemption), or with admit_longest its longest, so that a sequence never
- * finds the pool full half way. When the best one does not fit, FAIR admits
- * smaller ones past it within its allowance (queue_backfill). After a
- * preemption nothing is admitted until a request ends.
+ * finds the pool full half way. FAIR keeps a reserve of T0 that only short
+ * prompts may take (short_reserve), and when the best request does not fit
+ * it admits smaller ones past it within its allowance (queue_backfill).
+ * After a preemption nothing is admitted until a request ends.
  */
 kvt_sched_handle *sched_admit_from_queue(kvt_sched *s, bool stop)
 {
@@ -172,7 +197,7 @@ kvt_sched_handle *sched_admit_from_queue(kvt_sched *s, bool stop)
 		kvt_sched_handle **best = queue_best(s, stop, now);
 		kvt_sched_handle *h = *best;
 		uint32_t need = blocks_to_commit(s, h);
-		if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0)) {
+		if (!stop && s->n_running && !t0_fits(s, h, need)) {
 			kvt_sched_handle *blocked = h;
 			if (!(best = queue_backfill(s, blocked, now)))
 				break;
