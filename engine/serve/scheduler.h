@@ -29,10 +29,12 @@
  * as the head do not age: they wait to be head in turn. FIFO is the old order
  * (oldest first, taking all it can), kept as the baseline.
  * Priorities (lower first, KVT_PRIORITY_MIN..MAX) also order the queue; a
- * waiting request gains one level per priority_aging_s. When the best
- * queued request does not fit T0 next to the running ones, FAIR admits
- * smaller ones that do past it, their prompts adding up to at most the
- * same (1 / head_share - 1) times its prompt, then waits for room for it.
+ * waiting request gains one level per priority_aging_s. FAIR admits a
+ * prompt longer than prefill_chunk only while it leaves a reserve of T0 to
+ * shorter ones (one step's budget of them, at most a quarter of T0); when
+ * the best queued request does not fit T0 next to the running ones, it
+ * admits smaller ones that do past it, their prompts adding up to at most
+ * the same (1 / head_share - 1) times its prompt, then waits for room for it.
  *
  * Memory pressure: when T0 cannot hold the next step, the lowest-priority,
  * latest running sequence is preempted: its pins and T0 references are let
