@@ -21,7 +21,9 @@
  * Invariants: a request's effective priority only improves while it waits
  * (one level per priority_aging_s, never past KVT_PRIORITY_MIN); the oldest
  * running sequence is never preempted, so someone always progresses;
- * t0_committed is the sum of the running requests' committed blocks.
+ * t0_committed is the sum of the running requests' committed blocks; the
+ * prompt tokens FAIR admits past a waiting request (its overtaken) never
+ * exceed its allowance, so it waits at most for them and the running ones.
  * Admission runs under s->mu; the rest on the scheduler thread alone.
  */
 #include "sched_int.h"
