@@ -3,7 +3,11 @@
  * tests/test_model_invariant.c — DESIGN §8 invariant 1 on real models, on
  * the default fast CPU path (int8 activations, weights kept as stored): a
  * request's logits and greedy tokens are bitwise the same
- *   (a) cold, and continued from its prefix cached in T0 (shared blocks);
+ *   (a) cold, continued from its prefix cached in T0 (shared blocks), and
+ *       continued after a "restart": the prefix blocks' fp16 bytes (what the
+ *       f16 tiers keep, losslessly) copied out, then into other slots of a
+ *       new device, model and pool, placed as the scheduler places blocks
+ *       found in the cache (sched_chunks.c);
  *   (b) alone, and batched with 1, 3 and 7 other requests of other lengths
  *       (kvt_model_forward_batch for the prompt and every decode step), and
  *       its tokens through the device decode step (kvt_model_decode) alone
@@ -128,6 +132,44 @@ static void run_cached(rig *r, uint32_t n_blocks, trace *t)
 	free(scratch);
 }
 
+/* (a) after a restart: the cold run's first n_blocks blocks as bytes into fresh slots of a new rig. */
+static void run_restarted(const char *path, uint32_t n_blocks, trace *t)
+{
+	rig a, b;
+	kvt_seq cold, warm;
+	int32_t hold[5];
+	CHECK(rig_open(&a, path, 2, 256) == KVT_OK);
+	float *scratch = malloc((size_t)a.V * sizeof(float));
+	const size_t bb = kvt_t0_block_bytes(a.pool);
+	unsigned char *bytes = malloc(n_blocks * bb);
+	CHECK(kvt_seq_init(&cold, a.dev, a.pool, 1024) == KVT_OK);
+	CHECK(kvt_model_forward(a.m, &cold, prompt, N_PROMPT, scratch, 1) == KVT_OK);
+	for (uint32_t i = 0; i < n_blocks; i++)
+		kvt_dev_copy_d2h(a.dev, bytes + i * bb, (char *)kvt_t0_layout(a.pool)->pool + (size_t)cold.blocks[i] * bb, bb);
+	kvt_seq_deinit(&cold);
+	rig_close(&a);
+
+	CHECK(rig_open(&b, path, 2, 256) == KVT_OK);
+	for (int i = 0; i < 5; i++) /* other slots than the cold run's */
+		CHECK(kvt_t0_alloc(b.pool, &hold[i]) == KVT_OK);
+	CHECK(kvt_seq_init(&warm, b.dev, b.pool, 1024) == KVT_OK);
+	for (uint32_t i = 0; i < n_blocks; i++) {
+		CHECK(kvt_t0_alloc(b.pool, &warm.blocks[i]) == KVT_OK);
+		CHECK(kvt_dev_copy_h2d(b.dev, (char *)kvt_t0_layout(b.pool)->pool + (size_t)warm.blocks[i] * bb,
+				       bytes + i * bb, bb) == KVT_OK);
+	}
+	warm.n_blocks = n_blocks;
+	warm.n_tokens = n_blocks * BT;
+	warm.n_synced = 0; /* the next forward brings the device table in step */
+	CHECK(kvt_model_forward(b.m, &warm, prompt + n_blocks * BT, N_PROMPT - n_blocks * BT, t->logits, 1) == KVT_OK);
+	greedy_steps(&b, &warm, t);
+	kvt_seq_deinit(&warm);
+	for (int i = 0; i < 5; i++)
+		kvt_t0_unref(b.pool, hold[i]);
+	rig_close(&b);
+	free(bytes), free(scratch);
+}
+
 /*
  * (b): the prompt and every greedy step in one kvt_model_forward_batch with
  * n_others other sequences of other lengths (their tokens arbitrary).
@@ -218,6 +260,8 @@ static void test_model(const char *path, const char *model)
 		snprintf(what, sizeof(what), "(a) %u blocks cached in T0", nb);
 		check_trace(&r2, &ref, &t, model, what);
 	}
+	run_restarted(path, 3, &t);
+	check_trace(&r2, &ref, &t, model, "(a) 3 blocks after a restart");
 	static const uint32_t others[] = { 1, 3, 7 };
 	for (int i = 0; i < 3; i++) {
 		char what[64];
