@@ -696,6 +696,55 @@ static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *o
 	}
 }
 
+/* dot_qk16's Q6_K superblock sb (x blocks from b0): into the rows' two chains acc, acc2. */
+static inline __attribute__((always_inline)) void qk16_q6k(const int M, const uint8_t *row, const xq16 *xq, size_t K,
+							    size_t sb, size_t b0, __m256 *acc, __m256 *acc2)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	const uint8_t *blk = row + sb * 210;
+	const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
+	for (int l = 0; l < 210; l += 64)
+		prefetch_ahead(blk + l);
+	/*
+	 * The 16 scales times d, then times the scale of the x block each
+	 * 16-element sub-block falls in (scale k: x block k / 2), as
+	 * vectors once a superblock, stored for broadcast loads: the same
+	 * products (d sc) xs as one scalar each, a quarter of the
+	 * instructions (the scalar converts and multiplies per
+	 * sub-block held a Q6_K GEMV to 3.2 GB/s on an EPYC, a third
+	 * of Q4_K's rate).
+	 */
+	const __m128i s16 = _mm_loadu_si128((const __m128i *)(blk + 192));
+	const __m256 ds0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)));
+	const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))));
+	const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+	float dsx[GEMV_MAX_ROWS][16] __attribute__((aligned(32)));
+	for (int m = 0; m < M; m++) {
+		const __m256 xs = _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0);
+		_mm256_store_ps(dsx[m], _mm256_mul_ps(ds0, _mm256_permutevar8x32_ps(xs, pair0)));
+		_mm256_store_ps(dsx[m] + 8, _mm256_mul_ps(ds1, _mm256_permutevar8x32_ps(xs, pair1)));
+	}
+	for (int half = 0; half < 2; half++) {
+		__m256i q[4];
+		q6k_levels(blk, half, q, true);
+		for (int i = 0; i < 4; i++) {
+			__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
+			__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
+			const int k = 8 * half + 2 * i;
+			const size_t b = b0 + 4 * (size_t)half + (size_t)i;
+			for (int m = 0; m < M; m++) {
+				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256 pa = _mm256_cvtepi32_ps(
+					_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
+				__m256 pb = _mm256_cvtepi32_ps(
+					_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				acc[m] = _mm256_fmadd_ps(pa, _mm256_broadcast_ss(&dsx[m][k]), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(pb, _mm256_broadcast_ss(&dsx[m][k + 1]), acc2[m]);
+			}
+		}
+	}
+}
+
 /*
  * The same int16 GEMV over K-quant superblocks. x's 32-element blocks line
  * up with the sub-blocks: a Q4_K/Q5_K sub-block of 32 is one x block,
@@ -716,48 +765,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
 		if (dtype == KVT_DTYPE_Q6_K) {
-			const uint8_t *blk = row + sb * 210;
-			const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
-			for (int l = 0; l < 210; l += 64)
-				prefetch_ahead(blk + l);
-			/*
-			 * The 16 scales times d, then times the scale of the x block each
-			 * 16-element sub-block falls in (scale k: x block k / 2), as
-			 * vectors once a superblock, stored for broadcast loads: the same
-			 * products (d sc) xs as one scalar each, a quarter of the
-			 * instructions (the scalar converts and multiplies per
-			 * sub-block held a Q6_K GEMV to 3.2 GB/s on an EPYC, a third
-			 * of Q4_K's rate).
-			 */
-			const __m128i s16 = _mm_loadu_si128((const __m128i *)(blk + 192));
-			const __m256 ds0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)));
-			const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))));
-			const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-			float dsx[GEMV_MAX_ROWS][16] __attribute__((aligned(32)));
-			for (int m = 0; m < M; m++) {
-				const __m256 xs = _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0);
-				_mm256_store_ps(dsx[m], _mm256_mul_ps(ds0, _mm256_permutevar8x32_ps(xs, pair0)));
-				_mm256_store_ps(dsx[m] + 8, _mm256_mul_ps(ds1, _mm256_permutevar8x32_ps(xs, pair1)));
-			}
-			for (int half = 0; half < 2; half++) {
-				__m256i q[4];
-				q6k_levels(blk, half, q, true);
-				for (int i = 0; i < 4; i++) {
-					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
-					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
-					const int k = 8 * half + 2 * i;
-					const size_t b = b0 + 4 * (size_t)half + (size_t)i;
-					for (int m = 0; m < M; m++) {
-						const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-						__m256 pa = _mm256_cvtepi32_ps(
-							_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
-						__m256 pb = _mm256_cvtepi32_ps(
-							_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-						acc[m] = _mm256_fmadd_ps(pa, _mm256_broadcast_ss(&dsx[m][k]), acc[m]);
-						acc2[m] = _mm256_fmadd_ps(pb, _mm256_broadcast_ss(&dsx[m][k + 1]), acc2[m]);
-					}
-				}
-			}
+			qk16_q6k(M, row, xq, K, sb, b0, acc, acc2);
 			continue;
 		}
 		const bool q5 = dtype == KVT_DTYPE_Q5_K;
