@@ -2,13 +2,12 @@
  * gpu/cpu_fast.c — the CPU backend's fast paths (use_ref off): what the
  * daemon runs where no GPU is present.
  *
- *   - matmul: GEMMs through OpenBLAS (single-threaded inside a task: the
- *     backend's own workers, cpu_pool.c, own the cores), with fp16 and
- *     block-quantized weights widened tile by tile into the workspace; when
- *     only a few rows multiply them (decode) an F16C GEMV reads fp16 weights
- *     directly and an int16 GEMV reads quantized ones as stored (an int8
- *     one with act_int8, see xq8). Column
- *     slices are split into tasks on 16-column boundaries.
+ *   - matmul: one kernel per (stored type x activation mode), mm_table: the
+ *     weights read as stored by GEMVs (fp32, F16C fp16, and for the
+ *     block-quantized types x rounded per block to int16, or to int8 with
+ *     act_int8, see xq8), a few rows of x per weight row read; with int8 x
+ *     on AVX-512 VNNI an int8 GEMM for 12 rows and more, in the GEMV's exact
+ *     order. Column slices are split into tasks on 16-column boundaries.
  *   - attention on fp16 pools: blocked over KV blocks (prefill: a task per
  *     row block and KV head; decode: a task per KV head and share of its
  *     query heads), with an online softmax whose steps are fixed by absolute
@@ -16,10 +15,12 @@
  *   - the block codecs 8 values at a time (KVT_HAVE_CODEC8), giving the
  *     reference's bytes.
  *
- * Invariant: results agree with cpu_ref.c within test_dev_parity's
- * tolerances (the codecs bitwise); the split of work into tasks depends
- * only on n_threads, never on which thread runs a task, so a run repeats
- * bit for bit.
+ * Invariants: results agree with cpu_ref.c within test_dev_parity's
+ * tolerances (the codecs bitwise). The order rule of dev_impl.h: a row's
+ * matmul and attention results are bitwise the same whatever else shares
+ * the call, the thread count, the chunk, and prefill or decode (tasks own
+ * whole outputs; no sum is split by the thread count or the batch;
+ * test_cpu_invariant and test_model_invariant check it).
  */
 #include "cpu_int.h"
 
@@ -1209,11 +1210,10 @@ static void dot_rows_q8(int dtype, const uint8_t *row, const xq8 *xq, int M, siz
  * Q4_1's and Q4_K/Q5_K's mins go on in fp32 with x's sums, as in the GEMV.
  * Bounds: a lane's sum over a block is at most 32 x 255 x 127 (Q8_0's) and
  * a K-quant superblock's, times its scales, 256 x 63 x 127 x 128 < 2^29.
- * The integer sums are exact and x's sums are those of its levels
- * (xq8_block_sums), so a row's result differs from the GEMV's only in the
- * order of its float additions (test_engine_kv's int8 part checks invariant
- * 1 across the two: a decode's rows take the GEMV, a recomputation's the
- * GEMM).
+ * The integer sums are exact, x's sums are those of its levels
+ * (xq8_block_sums), and gemm8_kernel makes the GEMV's float operations in
+ * the GEMV's order, so a row's result is the GEMV's bit for bit
+ * (test_cpu_invariant).
  */
 #define KVT_HAVE_GEMM8 1
 #define GEMM8_LANES 16 /* rows of x in a vector */
