@@ -361,11 +361,13 @@ typedef struct xq8 {
 	int8_t *q;     /* [M][K] quantized x */
 	float *scale;  /* [M][K/32] per-block scale (x = scale * q; the same for the 8 blocks of a K-quant group) */
 	float *sum;    /* [M][K/32] per-block sum of x as rounded: scale x the sum of its 32 levels */
+	int16_t *lsum; /* [M][K/16] the sum of each 16 levels (|sum| <= 2032): the weights' offsets in the integers */
 } xq8;
 
 static inline size_t xq8_bytes(uint32_t M, uint32_t K)
 {
-	return (((size_t)M * K + 63) & ~(size_t)63) + 2 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float);
+	return (((size_t)M * K + 63) & ~(size_t)63) + 2 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float) +
+	       (size_t)M * (K / 16) * sizeof(int16_t);
 }
 
 static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
@@ -373,6 +375,7 @@ static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
 	xq->q = ws;
 	xq->scale = (float *)((char *)ws + (((size_t)M * K + 63) & ~(size_t)63));
 	xq->sum = xq->scale + (size_t)M * (K / KVT_QBLOCK);
+	xq->lsum = (int16_t *)(xq->sum + (size_t)M * (K / KVT_QBLOCK));
 }
 
 /*
@@ -460,10 +463,17 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 static inline void xq8_quantize(xq8 *xq, const float *x, uint32_t M, uint32_t K, int nblk)
 {
 	const uint32_t nb = K / KVT_QBLOCK;
-	for (uint32_t m = 0; m < M; m++)
+	for (uint32_t m = 0; m < M; m++) {
 		for (uint32_t b = 0; b < nb; b += (uint32_t)nblk)
 			xq8_group(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, nblk, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
 				  &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b]);
+		for (uint32_t k = 0; k < K; k += 16) {
+			int t = 0;
+			for (uint32_t j = 0; j < 16; j++)
+				t += xq->q[(size_t)m * K + k + j];
+			xq->lsum[((size_t)m * K + k) / 16] = (int16_t)t;
+		}
+	}
 }
 
 #ifdef KVT_HAVE_F16C
@@ -845,13 +855,16 @@ static inline __attribute__((always_inline)) __m256i scale_pairs(__m256i p, __m2
 #endif
 }
 
-/* The 8 int32 lanes of v summed (exact: the integers cannot overflow, see the callers' bounds). */
-static inline int32_t hsum8_epi32(__m256i v)
+/*
+ * Eight vectors' lane sums as one vector: lane i is the sum of p[i]'s lanes.
+ * Integer adds, so any grouping gives the same (exact) sums.
+ */
+static inline __attribute__((always_inline)) __m256i sum_lanes8(const __m256i p[8])
 {
-	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-	h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-	return _mm_cvtsi128_si32(h);
+	const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+	const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+	/* h0: p0..p3's low-half sums, then their high-half sums; h1 the same for p4..p7 */
+	return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
 }
 
 /* One block's sum_j q_j xq_j as 8 int32 lanes: q unsigned bytes (at most 63), xb x's int8 block. */
@@ -873,9 +886,11 @@ static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, co
  * integers and added up in int32 lanes, and the superblock then takes one
  * convert and one FMA by d xs. (A convert and an FMA per 32 elements, with x
  * scaled per 32, held the K-quant GEMV to ~28G weights/s on a Zen 4 core;
- * without them it ran 1.65x as fast.) Q6_K's levels go in centred (q - 32,
- * signed: dot_signed8), so its offset stays in the integers; Q4_K/Q5_K's
- * unsigned, their mins on the fp32 sums of x. The order every int8 kernel
+ * without them it ran 1.65x as fast.) The levels go in unsigned; Q6_K's
+ * offset of 32 comes off in the integers (32 sc times x's 16-level sums,
+ * xq8.lsum), Q4_K/Q5_K's mins go on the fp32 sums of x. Eight superblocks'
+ * integer sums are summed across their lanes at once (sum_lanes8), then one
+ * convert and one FMA for the eight. The order every int8 kernel
  * keeps (the GEMM's too, gemm8_kernel):
  *   P_sb = sum_sub sc_sub sum_j (q_j - off) xq_j   the superblock's exact int32
  *   A_l  = fma(P_sb, d_sb xs_sb, A_l)              for sb = l, l + 8, ...
@@ -888,13 +903,14 @@ static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, co
 static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const int M, const uint8_t *row,
 							   const xq8 *xq, size_t K, float *out)
 {
-	const size_t nb = K / KVT_QBLOCK;
-	float acc[GEMV_MAX_ROWS][8] __attribute__((aligned(32))); /* A_l */
-	__m256 mvec[GEMV_MAX_ROWS];
+	const size_t nb = K / KVT_QBLOCK, nsb = K / KVT_QK_BLOCK;
+	/* the integer sums and scales of 8 superblocks (lane sb mod 8), then one convert and FMA for the 8 */
+	__m256i pend[GEMV_MAX_ROWS][8];
+	float dxs[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
-	memset(acc, 0, sizeof(acc));
 	for (int m = 0; m < M; m++)
-		mvec[m] = _mm256_setzero_ps();
+		acc[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
 		__m256i isum[GEMV_MAX_ROWS];
@@ -916,7 +932,7 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 			const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
 			_Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
 				__m256i q[4];
-				q6k_levels(blk, half, q, true);
+				q6k_levels(blk, half, q, false);
 				_Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
 					/*
 					 * q[i] is x block b = 4 half + i: scales 2b and 2b+1, dwords
@@ -931,14 +947,16 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 						src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
 					for (int m = 0; m < M; m++) {
 						const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
-						/* signed levels: |q| against x with q's sign (dot_signed8); a pair at most 2 x 32 x 127 */
-						__m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q[i]),
-							_mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb), q[i]));
-						__m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(q[i + 1]),
-							_mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xb + 32)), q[i + 1]));
+						__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
+						__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
 						isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
 					}
 				}
+			}
+			/* the offset of 32 in the integers: 32 sum_s sc_s (x's levels summed over sub-block s) */
+			for (int m = 0; m < M; m++) {
+				const __m256i ls = _mm256_loadu_si256((const __m256i *)(xq->lsum + (size_t)m * (K / 16) + 16 * sb));
+				isum[m] = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(_mm256_madd_epi16(ls, s16), 5));
 			}
 		} else {
 			const bool q5 = dtype == KVT_DTYPE_Q5_K;
@@ -978,11 +996,23 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 				}
 			}
 		}
-		for (int m = 0; m < M; m++)
-			acc[m][sb & 7] = fmaf((float)hsum8_epi32(isum[m]), d * xq->scale[(size_t)m * nb + b0], acc[m][sb & 7]);
+		const int l = (int)(sb & 7);
+		for (int m = 0; m < M; m++) {
+			pend[m][l] = isum[m];
+			dxs[m][l] = d * xq->scale[(size_t)m * nb + b0];
+		}
+		if (l < 7 && sb + 1 < nsb)
+			continue;
+		for (int m = 0; m < M; m++) { /* lanes past the last superblock: 0 x 0, which fma adds as +0 */
+			for (int j = l + 1; j < 8; j++) {
+				pend[m][j] = _mm256_setzero_si256();
+				dxs[m][j] = 0;
+			}
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes8(pend[m])), _mm256_load_ps(dxs[m]), acc[m]);
+		}
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = dtype == KVT_DTYPE_Q6_K ? hsum8(_mm256_load_ps(acc[m])) : hsum8(_mm256_load_ps(acc[m])) + hsum8(mvec[m]);
+		out[m] = dtype == KVT_DTYPE_Q6_K ? hsum8(acc[m]) : hsum8(acc[m]) + hsum8(mvec[m]);
 }
 
 /*
@@ -998,24 +1028,6 @@ static inline __attribute__((always_inline)) __m256i q32_levels8(const int dtype
 	const __m128i low4 = _mm_set1_epi8(0x0f);
 	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dtype == KVT_DTYPE_Q4_1 ? 4 : 2)));
 	return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
-}
-
-/*
- * A 32-element block's levels as the int8 path multiplies them: Q4_1's
- * unsigned (0..15; its min goes on in fp32), the others signed with their
- * offset taken off (Q8_0 as stored, Q4_0's q - 8, Q5_0's q - 16), so that a
- * block's integer product is sum_j (q_j - off) xq_j: the integer the GEMM
- * (gemm8_kernel) reaches by its offset sums. The order rule (dot_q8) needs
- * the two to be the same integer.
- */
-static inline __attribute__((always_inline)) __m256i q32_levels_x8(const int dtype, const uint8_t *blk)
-{
-	const __m256i v = q32_levels8(dtype, blk);
-	if (dtype == KVT_DTYPE_Q4_0)
-		return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-	if (dtype == KVT_DTYPE_Q5_0)
-		return _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-	return v;
 }
 
 /*
@@ -1036,24 +1048,24 @@ static inline __attribute__((always_inline)) __m256i dot_signed8(__m256i v, __m2
 #endif
 }
 
-/* One block of levels v (q32_levels_x8) against x's int8 block xb: Q4_1's unsigned, the rest signed. */
+/* One block of levels v (q32_levels8) against x's int8 block xb: Q8_0's signed, the rest unsigned. */
 static inline __attribute__((always_inline)) __m256i dot_block8(const int dtype, __m256i v, const int8_t *xb)
 {
-	if (dtype == KVT_DTYPE_Q4_1)
+	if (dtype != KVT_DTYPE_Q8_0)
 		return maddubs_block(v, xb);
 	return dot_signed8(v, _mm256_loadu_si256((const __m256i *)xb));
 }
 
 /*
- * Eight vectors' lane sums as one vector: lane i is the sum of p[i]'s lanes.
- * Integer adds, so any grouping gives the same (exact) sums.
+ * Q4_0's and Q5_0's offsets (8, 16) in the integers: off times the sums of
+ * x's levels over the blocks b0 .. b0 + 7 (lane j: block b0 + j; lanes from
+ * g on 0), from x's 16-level sums (xq8.lsum, one int32 load per block).
  */
-static inline __attribute__((always_inline)) __m256i sum_lanes8(const __m256i p[8])
+static inline __attribute__((always_inline)) __m256i offset_sums8(const int dtype, const int16_t *lsum, int g)
 {
-	const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-	const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-	/* h0: p0..p3's low-half sums, then their high-half sums; h1 the same for p4..p7 */
-	return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+	const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	const __m256i s = _mm256_madd_epi16(_mm256_maskload_epi32((const int *)lsum, live), _mm256_set1_epi16(1));
+	return _mm256_slli_epi32(s, dtype == KVT_DTYPE_Q5_0 ? 4 : 3);
 }
 
 /*
@@ -1110,7 +1122,7 @@ static inline __attribute__((always_inline)) void dot_q16(const int dtype, const
  * The 32-element block types' int8 GEMV, in the order every int8 kernel
  * keeps (the GEMM's too, gemm8_kernel), so a row's result is the same
  * whatever other rows share the call:
- *   P_b = sum_j (q_j - off) xq_j           block b's exact int32 (q32_levels_x8)
+ *   P_b = sum_j (q_j - off) xq_j           block b's exact int32 (offset_sums8)
  *   A_l = fma(P_b, d_b xs_b, A_l)          for b = l, l + 8, ... (lane l = b mod 8)
  *   N_l = fma(m_b, xsum_b, N_l)            the same lanes, Q4_1 only
  *   y   = hsum8(A) (+ hsum8(N) for Q4_1)
@@ -1141,12 +1153,16 @@ static inline __attribute__((always_inline)) void dot_q8(const int dtype, const 
 			const uint8_t *blk = row + b * bs;
 			if (!(j & 1))
 				prefetch_ahead(blk);
-			const __m256i v = q32_levels_x8(dtype, blk);
+			const __m256i v = q32_levels8(dtype, blk);
 			for (int m = 0; m < M; m++)
 				p[m][j] = dot_block8(dtype, v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
 		}
-		for (int m = 0; m < M; m++)
-			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes8(p[m])), _mm256_load_ps(sv[m]), acc[m]);
+		for (int m = 0; m < M; m++) {
+			__m256i pm = sum_lanes8(p[m]);
+			if (dtype == KVT_DTYPE_Q4_0 || dtype == KVT_DTYPE_Q5_0)
+				pm = _mm256_sub_epi32(pm, offset_sums8(dtype, xq->lsum + (size_t)m * (K / 16) + 2 * b0, g));
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_load_ps(sv[m]), acc[m]);
+		}
 	}
 	for (int m = 0; m < M; m++)
 		out[m] = dtype == KVT_DTYPE_Q4_1 ? hsum8(acc[m]) + hsum8(mvec[m]) : hsum8(acc[m]);
@@ -1636,7 +1652,8 @@ static void gemm8_prep_task(void *ctx, uint32_t g, uint32_t worker)
 	const kvt_matmul_args *a = j->a;
 	const uint32_t M = a->n_rows, K = a->n_in, m0 = g * GEMM8_LANES, nb = K / KVT_QBLOCK;
 	const uint32_t rows = M - m0 < GEMM8_LANES ? M - m0 : GEMM8_LANES;
-	xq8 part = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb };
+	xq8 part = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb,
+		     j->xq8.lsum + (size_t)m0 * (K / 16) };
 	(void)worker;
 	xq8_quantize(&part, a->x + (size_t)m0 * K, rows, K, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
 	gemm8_x_group(&j->gx, &j->xq8, M, K, a->w_dtype, g);
@@ -1694,7 +1711,8 @@ static void matmul_rows(const matmul_job *j, const uint8_t *row, int m0, int mg,
 #ifdef KVT_HAVE_F16C
 	const size_t nb = (size_t)K / KVT_QBLOCK;
 	if (j->k == MM_Q8) {
-		const xq8 g = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb };
+		const xq8 g = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb,
+				j->xq8.lsum + (size_t)m0 * (K / 16) };
 		dot_rows_q8(a->w_dtype, row, &g, mg, K, out);
 	} else {
 		const xq16 g = { j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb, j->xq.sum + (size_t)m0 * nb };
