@@ -879,6 +879,98 @@ static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, co
 #endif
 }
 
+/* dot_qk8's superblock sb: each row's exact integer sum into isum, the min terms into mvec; returns d. */
+static inline __attribute__((always_inline)) float qk8_superblock(const int dtype, const int M, const uint8_t *row,
+								  const xq8 *xq, size_t K, size_t sb, __m256i *isum,
+								  __m256 *mvec)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
+	float d;
+	for (int m = 0; m < M; m++)
+		isum[m] = _mm256_setzero_si256();
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + sb * 210;
+		for (int l = 0; l < 210; l += 64)
+			prefetch_ahead(blk + l);
+		d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+		const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+		/*
+		 * Scales as int16 pairs in dwords: lo holds 0-3 and 8-11, hi 4-7 and
+		 * 12-15 (unpack works within 128-bit lanes); x block b's two
+		 * scales (2b, 2b+1) are then one dword permute away.
+		 */
+		const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+		const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
+		_Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+			__m256i q[4];
+			q6k_levels(blk, half, q, false);
+			_Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
+				/*
+				 * q[i] is x block b = 4 half + i: scales 2b and 2b+1, dwords
+				 * k and k+1 of lo or hi; q[i + 1] the next block's, the
+				 * next two dwords
+				 */
+				const int b = 4 * half + i, k = 4 * half;
+				const __m256i src = i ? hi : lo;
+				const __m256i sc = _mm256_permutevar8x32_epi32(
+					src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+				const __m256i sc1 = _mm256_permutevar8x32_epi32(
+					src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
+				for (int m = 0; m < M; m++) {
+					const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
+					__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
+					__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
+					isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+				}
+			}
+		}
+		/* the offset of 32 in the integers: 32 sum_s sc_s (x's levels summed over sub-block s) */
+		for (int m = 0; m < M; m++) {
+			const __m256i ls = _mm256_loadu_si256((const __m256i *)(xq->lsum + (size_t)m * (K / 16) + 16 * sb));
+			isum[m] = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(_mm256_madd_epi16(ls, s16), 5));
+		}
+	} else {
+		const bool q5 = dtype == KVT_DTYPE_Q5_K;
+		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+		d = _cvtsh_ss(*(const uint16_t *)blk);
+		const float dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+		const uint8_t *qs = blk + (q5 ? 48 : 16);
+		for (int l = 0; l < (q5 ? 176 : 144); l += 64)
+			prefetch_ahead(blk + l);
+		const __m128i sm = kq45_scale_bytes(blk);
+		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
+						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+		for (int m = 0; m < M; m++)
+			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
+		/* the 8 sub-block scales as int16 in both lanes; sub-block k's is broadcast by a byte shuffle */
+		const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+		_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
+			/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
+			__m256i v, v1;
+			if (q5) {
+				v = kq45_levels(qs, qh, true, sub);
+				v1 = kq45_levels(qs, qh, true, sub + 1);
+			} else {
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)),
+					      low4 = _mm256_set1_epi8(0x0f);
+				v = _mm256_and_si256(raw, low4);
+				v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+			}
+			const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 1) << 8 | 2 * sub)));
+			const __m256i sc1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 3) << 8 | (2 * sub + 2))));
+			for (int m = 0; m < M; m++) {
+				const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
+				__m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)xb));
+				__m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(xb + KVT_QBLOCK)));
+				isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+			}
+		}
+	}
+	return d;
+}
+
 /*
  * The int8 GEMV over K-quant superblocks, x rounded with one scale xs per
  * superblock (xq8_quantize's groups of 8 blocks, llama.cpp's Q8_K): each
@@ -904,112 +996,31 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 							   const xq8 *xq, size_t K, float *out)
 {
 	const size_t nb = K / KVT_QBLOCK, nsb = K / KVT_QK_BLOCK;
-	/* the integer sums and scales of 8 superblocks (lane sb mod 8), then one convert and FMA for the 8 */
-	__m256i pend[GEMV_MAX_ROWS][8];
-	float dxs[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
 	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++)
 		acc[m] = mvec[m] = _mm256_setzero_ps();
-	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
-		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
-		__m256i isum[GEMV_MAX_ROWS];
-		float d;
-		for (int m = 0; m < M; m++)
-			isum[m] = _mm256_setzero_si256();
-		if (dtype == KVT_DTYPE_Q6_K) {
-			const uint8_t *blk = row + sb * 210;
-			for (int l = 0; l < 210; l += 64)
-				prefetch_ahead(blk + l);
-			d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
-			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
-			/*
-			 * Scales as int16 pairs in dwords: lo holds 0-3 and 8-11, hi 4-7 and
-			 * 12-15 (unpack works within 128-bit lanes); x block b's two
-			 * scales (2b, 2b+1) are then one dword permute away.
-			 */
-			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
-			const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
-			_Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
-				__m256i q[4];
-				q6k_levels(blk, half, q, false);
-				_Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
-					/*
-					 * q[i] is x block b = 4 half + i: scales 2b and 2b+1, dwords
-					 * k and k+1 of lo or hi; q[i + 1] the next block's, the
-					 * next two dwords
-					 */
-					const int b = 4 * half + i, k = 4 * half;
-					const __m256i src = i ? hi : lo;
-					const __m256i sc = _mm256_permutevar8x32_epi32(
-						src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
-					const __m256i sc1 = _mm256_permutevar8x32_epi32(
-						src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
-					for (int m = 0; m < M; m++) {
-						const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
-						__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
-						__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
-						isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
-					}
-				}
-			}
-			/* the offset of 32 in the integers: 32 sum_s sc_s (x's levels summed over sub-block s) */
-			for (int m = 0; m < M; m++) {
-				const __m256i ls = _mm256_loadu_si256((const __m256i *)(xq->lsum + (size_t)m * (K / 16) + 16 * sb));
-				isum[m] = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(_mm256_madd_epi16(ls, s16), 5));
-			}
-		} else {
-			const bool q5 = dtype == KVT_DTYPE_Q5_K;
-			const uint8_t *blk = row + sb * (q5 ? 176 : 144);
-			d = _cvtsh_ss(*(const uint16_t *)blk);
-			const float dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
-			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-			const uint8_t *qs = blk + (q5 ? 48 : 16);
-			for (int l = 0; l < (q5 ? 176 : 144); l += 64)
-				prefetch_ahead(blk + l);
-			const __m128i sm = kq45_scale_bytes(blk);
-			const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
-							 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-			for (int m = 0; m < M; m++)
-				mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
-			/* the 8 sub-block scales as int16 in both lanes; sub-block k's is broadcast by a byte shuffle */
-			const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-			_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
-				/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
-				__m256i v, v1;
-				if (q5) {
-					v = kq45_levels(qs, qh, true, sub);
-					v1 = kq45_levels(qs, qh, true, sub + 1);
-				} else {
-					const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)),
-						      low4 = _mm256_set1_epi8(0x0f);
-					v = _mm256_and_si256(raw, low4);
-					v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-				}
-				const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 1) << 8 | 2 * sub)));
-				const __m256i sc1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 3) << 8 | (2 * sub + 2))));
+	/* 8 superblocks' integer sums (lane l: superblock sb0 + l; past the row's end 0 x 0, which fma adds as +0) */
+	for (size_t sb0 = 0; sb0 < nsb; sb0 += 8) {
+		__m256i pend[GEMV_MAX_ROWS][8];
+		float dxs[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+		_Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) {
+			__m256i isum[GEMV_MAX_ROWS];
+			if (sb0 + (size_t)l >= nsb) {
 				for (int m = 0; m < M; m++) {
-					const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
-					__m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)xb));
-					__m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(xb + KVT_QBLOCK)));
-					isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+					pend[m][l] = _mm256_setzero_si256();
+					dxs[m][l] = 0;
 				}
+				continue;
+			}
+			const float d = qk8_superblock(dtype, M, row, xq, K, sb0 + (size_t)l, isum, mvec);
+			for (int m = 0; m < M; m++) {
+				pend[m][l] = isum[m];
+				dxs[m][l] = d * xq->scale[(size_t)m * nb + (sb0 + (size_t)l) * (KVT_QK_BLOCK / KVT_QBLOCK)];
 			}
 		}
-		const int l = (int)(sb & 7);
-		for (int m = 0; m < M; m++) {
-			pend[m][l] = isum[m];
-			dxs[m][l] = d * xq->scale[(size_t)m * nb + b0];
-		}
-		if (l < 7 && sb + 1 < nsb)
-			continue;
-		for (int m = 0; m < M; m++) { /* lanes past the last superblock: 0 x 0, which fma adds as +0 */
-			for (int j = l + 1; j < 8; j++) {
-				pend[m][j] = _mm256_setzero_si256();
-				dxs[m][j] = 0;
-			}
+		for (int m = 0; m < M; m++)
 			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes8(pend[m])), _mm256_load_ps(dxs[m]), acc[m]);
-		}
 	}
 	for (int m = 0; m < M; m++)
 		out[m] = dtype == KVT_DTYPE_Q6_K ? hsum8(acc[m]) : hsum8(acc[m]) + hsum8(mvec[m]);
