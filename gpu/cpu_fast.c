@@ -244,7 +244,7 @@ void kvt_cpu_widen_row(int dtype, const void *row, float *dst, size_t n)
 }
 
 /*
- * The quantized GEMV (M <= GEMV_QUANT_ROWS rows of x). Converting every weight
+ * The quantized GEMV (any number of rows of x). Converting every weight
  * to fp32 costs more than reading it, so x is quantized instead — to int16,
  * one scale per 32-element block — and each block is a pair of integer
  * multiply-adds (madd_epi16) against the unpacked weights, scaled once:
@@ -567,7 +567,7 @@ static inline __attribute__((always_inline)) int block_group(const int dtype, co
 							      const uint8_t *row, size_t bs, size_t nb, size_t b0,
 							      const float *xscale, const float *xsum, float sv[][8], __m256 *mvec)
 {
-	/* int8 x: Q4_0's, Q5_0's and Q8_0's offsets are in the integers (q32_levels_x8), only Q4_1's min is not */
+	/* int8 x: Q4_0's, Q5_0's and Q8_0's offsets are in the integers (offset_sums8), only Q4_1's min is not */
 	const bool offset = x8 ? dtype == KVT_DTYPE_Q4_1 : dtype != KVT_DTYPE_Q8_0;
 	const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
 	const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));

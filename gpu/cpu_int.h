@@ -14,8 +14,8 @@
  *               the fast path runs on the worker pool; kv_store and sample
  *               on the calling thread; argmax's fast path is core's
  *               kvt_argmax_f32, on the calling thread too)
- *   cpu_fast.c  the fast paths: OpenBLAS GEMMs over widened tiles, the
- *               F16C/AVX2 GEMVs, blocked and split attention, the 8-wide
+ *   cpu_fast.c  the fast paths: the matmul kernel table (F16C/AVX2 GEMVs,
+ *               the AVX-512 int8 GEMM), blocked attention, the 8-wide
  *               codecs
  *
  * NOTE: the helpers here (dot_f32, dot_f32_f16, scale_axpy_f32) take their

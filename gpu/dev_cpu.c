@@ -8,13 +8,11 @@
  * Two paths per op, chosen by use_ref at creation:
  *   - reference: plain single-threaded loops, as readable as llama2.c; this
  *     is the oracle the parity tests trust;
- *   - fast: GEMMs through OpenBLAS, with fp16 and block-quantized weights
- *     widened tile by tile into the workspace; when only a few rows multiply
- *     them (decode) an F16C GEMV reads fp16 weights directly and an int16
- *     GEMV reads quantized ones as stored. Attention is blocked (prefill) or
- *     split across the keys (decode) with an online softmax. Every op is split
- *     into tasks for the backend's own worker threads (cpu_pool.c); OpenBLAS
- *     runs single-threaded inside a task, so one set of threads owns the cores.
+ *   - fast: matmuls read the weights as stored (F16C GEMV for fp16, int8 or
+ *     int16 GEMVs for the block-quantized types, an AVX-512 int8 GEMM in the
+ *     GEMV's order), attention blocked by absolute key position with an
+ *     online softmax, all under the order rule of dev_impl.h. Every op is
+ *     split into tasks for the backend's own worker threads (cpu_pool.c).
  * "Device" memory is ordinary 64-byte-aligned host memory, and every op
  * completes before it returns, so sync has nothing to wait for.
  */
