@@ -12,7 +12,7 @@
 #include "dev.h"
 
 /*
- * THE ORDER RULE (DESIGN.md §8.1), which every op of every backend keeps:
+ * THE ORDER RULE (DESIGN.md §8.1), which every op of a backend keeps:
  *
  *   A row's result is a pure function of that row's inputs and the model:
  *   bitwise independent of how many rows are in the call, which other rows
@@ -39,6 +39,10 @@
  * Tests labelled `invariant` check it (ctest -L invariant): kernel sweeps
  * (test_cpu_invariant, every stored type at 1-65 rows, each CPU kernel set)
  * and the real models.
+ * NOTE: the CPU backend keeps it. The CUDA backend does not yet: its matmul
+ * takes a fp32 GEMV up to GEMV_MAX_ROWS rows and fp16 tiles through cuBLAS
+ * above, and its decode attention splits the keys (cuda_matmul.cu,
+ * cuda_attn.cu; issue 49).
  */
 struct kvt_dev_ops {
 	const char *name;                                    /* backend name, e.g. "cpu" */
