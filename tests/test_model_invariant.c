@@ -9,7 +9,8 @@
  *       new device, model and pool, placed as the scheduler places blocks
  *       found in the cache (sched_chunks.c);
  *   (b) alone, and batched with 1, 3 and 7 other requests of other lengths
- *       (kvt_model_forward_batch for the prompt and every decode step), and
+ *       (kvt_model_forward_batch for the prompt and every decode step, the
+ *       others appending 1 to 3 tokens a step beside the target's one), and
  *       its tokens through the device decode step (kvt_model_decode) alone
  *       and beside 3 others;
  *   (c) on 1 thread and on 2;
@@ -196,9 +197,13 @@ static void run_batched(rig *r, uint32_t n_others, trace *t)
 	memcpy(t->logits, logits, (size_t)r->V * sizeof(float));
 	t->toks[0] = kvt_argmax(t->logits, r->V);
 	for (int s = 1; s <= N_GEN; s++) {
+		/* the target decodes; the others append 1 to 3 tokens, so its row shares steps with prompt chunks */
+		at = 0;
 		for (uint32_t i = 0; i <= n_others; i++) {
-			n[i] = 1;
-			toks[i] = i ? kvt_argmax(logits + (size_t)i * r->V, r->V) : t->toks[s - 1];
+			n[i] = i ? 1 + (i + (uint32_t)s) % 3 : 1;
+			for (uint32_t k = 0; k < n[i]; k++)
+				toks[at + k] = i ? (int32_t)((k * 31 + i * 7 + (uint32_t)s * 13) % r->V) : t->toks[s - 1];
+			at += n[i];
 		}
 		CHECK(kvt_model_forward_batch(r->m, n_others + 1, sp, n, toks, want, logits) == KVT_OK);
 		memcpy(t->logits + (size_t)s * r->V, logits, (size_t)r->V * sizeof(float));
