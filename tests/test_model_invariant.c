@@ -25,6 +25,7 @@
  */
 #include "check.h"
 #include "gguf.h"
+#include "ref_read.h"
 #include "model.h"
 #include "sampler.h"
 #include "synth_model.h"
@@ -238,7 +239,29 @@ static void check_decode_step(rig *r, const trace *ref, uint32_t n_others, const
 	free(scratch);
 }
 
-static void test_model(const char *path, const char *model)
+/*
+ * The prompt: text where a reference file has some (tests/ref's prompts, ids
+ * of this model's vocabulary, one after another from the first's BOS), else
+ * ids spread over the vocabulary.
+ */
+static void make_prompt(const char *refs, uint32_t V)
+{
+	static char line[65536];
+	FILE *f = refs ? fopen(refs, "r") : NULL;
+	uint32_t n = 0;
+	while (f && n < N_PROMPT && fgets(line, sizeof(line), f)) {
+		int32_t ids[256];
+		int k = line[0] == 'I' ? ref_parse_ids(line + 1, ids, 256, NULL) : 0;
+		for (int i = n ? 1 : 0; i < k && n < N_PROMPT; i++) /* the BOS once */
+			prompt[n++] = ids[i];
+	}
+	if (f)
+		fclose(f);
+	for (; n < N_PROMPT; n++)
+		prompt[n] = (int32_t)((n * 2654435761u + 17) % (V - 300) + 200);
+}
+
+static void test_model(const char *path, const char *refs, const char *model)
 {
 	if (access(path, R_OK)) {
 		printf("%s: %s missing, skipped\n", model, path);
@@ -251,8 +274,7 @@ static void test_model(const char *path, const char *model)
 	const size_t bytes = (size_t)(N_GEN + 1) * r2.V * sizeof(float);
 	ref.logits = malloc(bytes);
 	t.logits = malloc(bytes);
-	for (int i = 0; i < N_PROMPT; i++)
-		prompt[i] = (int32_t)((i * 2654435761u + 17) % (r2.V - 300) + 200);
+	make_prompt(refs, r2.V);
 	run_alone(&r2, &ref);
 	printf("%s: cold greedy tokens %d %d %d %d %d %d %d\n", model, ref.toks[0], ref.toks[1], ref.toks[2],
 	       ref.toks[3], ref.toks[4], ref.toks[5], ref.toks[6]);
@@ -296,8 +318,9 @@ static void test_model(const char *path, const char *model)
 
 int main(void)
 {
-	test_model(KVT_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M Q4_1");
-	test_model(KVT_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf", "Gemma 3 270M Q4_K_M");
+	test_model(KVT_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf", NULL, "SmolLM2-135M Q4_1");
+	test_model(KVT_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf", KVT_SOURCE_DIR "/tests/ref/gemma3_greedy_ref.txt",
+		   "Gemma 3 270M Q4_K_M");
 
 	char dir[] = "/tmp/kvt_invariant_XXXXXX", path[64];
 	if (!mkdtemp(dir))
@@ -317,7 +340,7 @@ int main(void)
 	c.q4_k_m_mix = true;
 	c.seed = 49;
 	CHECK(kvt_synth_llama_write(&c, path) == 0);
-	test_model(path, "synthetic Llama 3.2 1B shape (2 layers) Q4_K_M");
+	test_model(path, NULL, "synthetic Llama 3.2 1B shape (2 layers) Q4_K_M");
 	unlink(path);
 	rmdir(dir);
 	if (!n_models)
