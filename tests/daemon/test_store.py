@@ -238,7 +238,7 @@ def case_raw(build, tmp):
 
 
 def case_conns(build, tmp):
-    st = Store(build, tmp)
+    st = Store(build, tmp, extra_store="max_connections = 150\n")
     st.start()
     try:
         socks = [st.sock() for _ in range(150)]
@@ -252,12 +252,21 @@ def case_conns(build, tmp):
             v = b"v%d" % i
             good += read_exact(s, len(b"$%d\r\n" % len(v)) + len(v) + 2) == b"$%d\r\n%s\r\n" % (len(v), v)
         check(ok == 150 and good == 150, "conns: %d SETs, %d GETs of 150 right" % (ok, good))
+        # the 151st: over [store] max_connections, refused with Redis's error
+        extra = st.sock()
+        got = read_until_closed(extra)
+        check(got == b"-ERR max number of clients reached\r\n", "conns: the 151st connection got %r" % got[:60])
+        extra.close()
         code, stats = http("GET", st.d.url + "/v1/stats")
         lst = (stats.get("store") or {}).get("listener") or {}
-        check(code == 200 and lst.get("connections", 0) >= 150,
-              "conns: /v1/stats store.listener.connections %s, want >= 150" % lst.get("connections"))
+        check(code == 200 and lst.get("connections") == 150 and lst.get("connections_refused") == 1,
+              "conns: /v1/stats store.listener %s, want 150 open, 1 refused" % lst)
         for s in socks:
             s.close()
+        time.sleep(0.5)
+        code, stats = http("GET", st.d.url + "/v1/stats")
+        lst = (stats.get("store") or {}).get("listener") or {}
+        check(lst.get("connections") == 0, "conns: %s connections still open after the clients closed" % lst.get("connections"))
     finally:
         st.stop()
 
@@ -343,6 +352,14 @@ def case_auth(build, tmp):
         for name in sorted(n for n in documented if n.startswith("kvtier_store_")):
             check(name in {e[0] for e in exposed}, "docs/http-api.md lists %s, which /metrics does not expose" % name)
         check('kvtier_store_keys{tenant="b"} 2' in text, "auth: kvtier_store_keys for tenant b")
+        # kvtier stats: the store section (the admin's: every tenant; a tenant's: its own line)
+        for key, want, not_want in (("key-admin", ["tenant a", "tenant b", "connections"], []),
+                                    ("key-b", ["tenant b"], ["tenant a "])):
+            out = subprocess.run([os.path.join(build, "kvtier"), "stats", "--url", st.d.url, "--api-key", key],
+                                 capture_output=True, text=True, timeout=60)
+            check(out.returncode == 0 and "store (Redis protocol)" in out.stdout
+                  and all(w in out.stdout for w in want) and not any(w in out.stdout for w in not_want),
+                  "auth: kvtier stats with %s: %s%s" % (key, out.stdout[-600:], out.stderr[-300:]))
         ra.close()
         rb.close()
     finally:
