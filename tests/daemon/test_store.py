@@ -360,10 +360,36 @@ def case_auth(build, tmp):
             check(out.returncode == 0 and "store (Redis protocol)" in out.stdout
                   and all(w in out.stdout for w in want) and not any(w in out.stdout for w in not_want),
                   "auth: kvtier stats with %s: %s%s" % (key, out.stdout[-600:], out.stderr[-300:]))
+        dashboard_check(st, tmp)
         ra.close()
         rb.close()
     finally:
         st.stop()
+
+
+def dashboard_check(st, tmp):
+    """The dashboard's store table (headless chromium, as test_retention's dashboard case): a row per tenant
+    and the total, each cell the /v1/stats figure."""
+    from test_retention import DomValues, chromium  # noqa: E402 — the same DOM reader
+    browser = chromium()
+    if not browser:
+        check(os.environ.get("KVT_TEST_STRICT") != "1", "dashboard: no chromium (scripts/install_deps.sh installs it)")
+        print("skip: dashboard: no chromium", flush=True)
+        return
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--user-data-dir=" + os.path.join(tmp, "chromium"), "--virtual-time-budget=5000"]
+    dom = subprocess.run([browser] + flags + ["--dump-dom", st.d.url + "/dashboard?key=key-admin"],
+                         capture_output=True, text=True, timeout=120).stdout
+    code, want = http("GET", st.d.url + "/v1/stats", headers={"Authorization": "Bearer key-admin"})
+    p = DomValues()
+    p.feed(dom)
+    ks = want.get("store") or {}
+    rows = [("store-tenant-" + t["tenant"], t) for t in ks.get("tenants", [])] + [("store-total", ks.get("total"))]
+    for rid, t in rows:
+        exp = [str(t[k]) for k in ("keys", "bytes", "ram_bytes", "nvme_bytes")] + \
+              [str(t["hits_ram"] + t["hits_nvme"]), str(t["misses"]), str(t["sets"]), str(t["evicted"])]
+        check(p.rows.get(rid) == exp, "dashboard: %s: DOM %s, /v1/stats %s" % (rid, p.rows.get(rid), exp))
+    check(len(rows) == 3, "dashboard: store rows %s" % [r for r, _ in rows])
 
 
 def case_restart(build, tmp):
