@@ -231,7 +231,7 @@ static const key_def keys[] = {
 	{ "store", "listen", V_LISTEN, OFF(store_listen_host), OFF(store_listen_port), 0, 0, false, true, NULL, NULL, "",
 	  "HOST:PORT of the Redis-protocol key-value store (\"\" = off); a non-loopback address needs API keys" },
 	{ "store", "share", V_FRACTION, OFF(store_share), 0, 0, 0.9, true, false, NULL, NULL, "0.25",
-	  "fraction of [tier.host] and [tier.nvme] capacity the store takes (the KV cache keeps the rest)" },
+	  "fraction of [tier.host] and [tier.nvme] capacity that sizes the store's RAM and NVMe file (in addition to the KV cache's)" },
 	SIZE("store", "max_value", store_max_value, 1048576, 17179869184.0, "512M", "the largest value; a larger SET closes the connection"),
 	BOOLK("store", "durable", store_durable, "true", "SET answered once the value is on NVMe (false: at once, written behind)"),
 	DUR("store", "exists_lease", store_exists_lease_s, 0, 3600, false, "5", "EXISTS keeps a found key from eviction this long (0 = no lease)"),

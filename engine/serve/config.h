@@ -145,7 +145,7 @@ typedef struct kvt_config {
 	/* [store] the Redis-protocol key-value store (engine/serve/resp.h over tiers/kvstore.h; docs/store.md) */
 	char store_listen_host[256];   /* listen = HOST:PORT ("" = off, the default; port 0 = ephemeral) */
 	uint16_t store_listen_port;
-	float store_share;             /* share: fraction of [tier.host] and [tier.nvme] capacity the store takes (default 0.25) */
+	float store_share;             /* share: fraction of [tier.host] and [tier.nvme] capacity sizing the store's RAM and file (default 0.25) */
 	size_t store_max_value;        /* max_value: the largest value (default 512M) */
 	bool store_durable;            /* durable: SET answered once on NVMe (default true) */
 	double store_exists_lease_s;   /* exists_lease: EXISTS keeps a found key from eviction this long (default 5) */
