@@ -24,7 +24,8 @@ a temporary data dir removed afterwards (kept on failure). Cases:
             tenant); /v1/stats shows a tenant only its own store row; /metrics' kvtier_store_*
             families are each documented in docs/http-api.md.
   restart   SIGTERM, restart: every acknowledged value back whole; then half of a 64 MiB SET
-            sent, kill -9, restart: every acknowledged value whole, the half-sent key absent.
+            sent, kill -9, restart: every acknowledged value whole, the half-sent key absent; then
+            5 times a 4 MiB SET and kill -9 the instant its +OK arrives: the value back whole.
   evict     a full NVMe share: 3x the store's NVMe bytes written, every SET +OK, the oldest keys
             gone, the newest present, evictions counted in /v1/stats.
   hostile   negative and huge lengths, bad framing, inline garbage, a declared 1 GiB value with
@@ -421,6 +422,22 @@ def case_restart(build, tmp):
         check(not bad, "restart: after kill -9 %d values not back whole: %s" % (len(bad), bad[:5]))
         check(r.exists("half") == 0 and r.get("half") is None, "restart: the half-sent value exists")
         r.close()
+        # kill -9 the instant +OK arrives: the acknowledged value is whole after the restart (durable = true)
+        lost = 0
+        for trial in range(5):
+            key, val = "ack%d" % trial, pattern(100 + trial, (4 << 20) + trial * 4097)
+            s = st.sock()
+            s.sendall(cmd("SET", key, val))
+            ok = read_exact(s, 5)
+            os.kill(st.d.proc.pid, signal.SIGKILL)
+            st.d.proc.wait()
+            s.close()
+            check(ok == b"+OK\r\n", "restart: trial %d: SET %r" % (trial, ok))
+            st.start()
+            r = st.client()
+            lost += r.get(key) != val
+            r.close()
+        check(lost == 0, "restart: %d of 5 values acknowledged right before kill -9 lost" % lost)
     finally:
         st.stop()
 
