@@ -123,7 +123,8 @@ void kvs_sql_close(kvt_kvs *s);
 int kvs_sql_begin(kvt_kvs *s);
 int kvs_sql_commit(kvt_kvs *s);
 void kvs_sql_rollback(kvt_kvs *s);
-int kvs_sql_put(kvt_kvs *s, const kvs_ent *e, uint64_t version, uint64_t len, uint64_t sum, const kvt_t2_loc *locs,
+int kvs_sql_put(kvt_kvs *s, const kvs_ent *e, uint64_t version, uint64_t len, uint64_t sum, uint64_t expires_ms,
+		const kvt_t2_loc *locs,
 		uint32_t n_locs);
 int kvs_sql_del(kvt_kvs *s, const kvs_ent *e);
 /* Read every row into the map (marking extents used); rows that cannot be kept are deleted. */

@@ -154,7 +154,8 @@ void kvs_sql_rollback(kvt_kvs *s)
 		step_reset(s, s->st_rollback, "ROLLBACK");
 }
 
-int kvs_sql_put(kvt_kvs *s, const kvs_ent *e, uint64_t version, uint64_t len, uint64_t sum, const kvt_t2_loc *locs,
+int kvs_sql_put(kvt_kvs *s, const kvs_ent *e, uint64_t version, uint64_t len, uint64_t sum, uint64_t expires_ms,
+		const kvt_t2_loc *locs,
 		uint32_t n_locs)
 {
 	uint8_t *b = malloc((size_t)n_locs * LOC_BYTES);
@@ -168,7 +169,7 @@ int kvs_sql_put(kvt_kvs *s, const kvs_ent *e, uint64_t version, uint64_t len, ui
 	sqlite3_bind_int64(st, 3, (sqlite3_int64)version);
 	sqlite3_bind_int64(st, 4, (sqlite3_int64)len);
 	sqlite3_bind_int64(st, 5, (sqlite3_int64)sum);
-	sqlite3_bind_int64(st, 6, (sqlite3_int64)e->expires_ms);
+	sqlite3_bind_int64(st, 6, (sqlite3_int64)expires_ms);
 	sqlite3_bind_blob(st, 7, b, (int)(n_locs * LOC_BYTES), SQLITE_STATIC);
 	int rc = step_reset(s, st, "writing a row");
 	free(b);

@@ -27,6 +27,7 @@ typedef struct kvs_w {
 	kvs_op *op;
 	kvt_kvs_val *val;         /* a ref; NULL: nothing to write (skipped) */
 	uint64_t sum;             /* XXH3-64 of the value */
+	uint64_t expires_ms;      /* its expiry, as set (read under mu) */
 	kvt_t2_loc *locs;         /* [n] where its chunks went */
 	uint32_t n;
 	bool ok;                  /* every chunk durable */
@@ -58,6 +59,8 @@ kvt_kvs_ticket kvs_queue_locked(kvt_kvs *s, int kind, kvs_ent *e)
 
 void kvs_freelist_add(kvs_freelist *fl, const kvt_t2_loc *locs, uint32_t n)
 {
+	if (!n)
+		return;
 	if (fl->n + n > fl->cap) {
 		size_t cap = (fl->n + n) * 2;
 		kvt_t2_loc *l = realloc(fl->locs, cap * sizeof(*l));
@@ -165,6 +168,7 @@ static void prepare_w_locked(kvt_kvs *s, kvs_op *o, kvs_w *w, uint64_t capacity)
 		return;
 	}
 	w->val = e->ram;
+	w->expires_ms = e->expires_ms;
 	kvt_kvs_val_ref(w->val);
 	w->n = kvs_n_chunks(e->len);
 }
@@ -274,7 +278,7 @@ static int commit_rows(kvt_kvs *s, kvs_op **ops, size_t n, kvs_w *w)
 		}
 		kvs_w *x = &w[j++];
 		if (x->ok)
-			rc = kvs_sql_put(s, x->op->e, x->op->version, x->val->len, x->sum, x->locs, x->n);
+			rc = kvs_sql_put(s, x->op->e, x->op->version, x->val->len, x->sum, x->expires_ms, x->locs, x->n);
 	}
 	if (!rc)
 		rc = kvs_sql_commit(s);
