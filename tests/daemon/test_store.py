@@ -17,7 +17,9 @@ a temporary data dir removed afterwards (kept on failure). Cases:
             <key>metadata when the bytes are gone. The metadata must describe the bytes read.
   raw       8 threads, each a blocking socket as LMCache's native client uses one: fixed-size
             values, pipelined SETs then GETs, replies compared byte for byte (+OK, :1, $N).
-  conns     150 connections open at once, each SET then GET its own key.
+  conns     300 connections open at once (LMCache's redis-py pool opens up to 150; the listener must
+            take 256 and more), each SET then GET its own key; the 301st, over [store]
+            max_connections = 300, refused with Redis's error.
   big       an 80 MiB value round trip (raw socket and redis-py), then INFO and /v1/stats.
   auth      two API keys (tenants a, b) and an admin key: the same key name holds two values;
             no AUTH -> NOAUTH; a wrong key -> WRONGPASS; AUTH user pass (user "default" or the
@@ -238,11 +240,14 @@ def case_raw(build, tmp):
         st.stop()
 
 
+N_CONNS = 300
+
+
 def case_conns(build, tmp):
-    st = Store(build, tmp, extra_store="max_connections = 150\n")
+    st = Store(build, tmp, extra_store="max_connections = %d\n" % N_CONNS)
     st.start()
     try:
-        socks = [st.sock() for _ in range(150)]
+        socks = [st.sock() for _ in range(N_CONNS)]
         for i, s in enumerate(socks):
             s.sendall(cmd("SET", "c%d" % i, "v%d" % i))
         ok = sum(read_exact(s, 5) == b"+OK\r\n" for s in socks)
@@ -252,16 +257,16 @@ def case_conns(build, tmp):
         for i, s in enumerate(socks):
             v = b"v%d" % i
             good += read_exact(s, len(b"$%d\r\n" % len(v)) + len(v) + 2) == b"$%d\r\n%s\r\n" % (len(v), v)
-        check(ok == 150 and good == 150, "conns: %d SETs, %d GETs of 150 right" % (ok, good))
-        # the 151st: over [store] max_connections, refused with Redis's error
+        check(ok == N_CONNS and good == N_CONNS, "conns: %d SETs, %d GETs of %d right" % (ok, good, N_CONNS))
+        # one more: over [store] max_connections, refused with Redis's error
         extra = st.sock()
         got = read_until_closed(extra)
-        check(got == b"-ERR max number of clients reached\r\n", "conns: the 151st connection got %r" % got[:60])
+        check(got == b"-ERR max number of clients reached\r\n", "conns: connection %d got %r" % (N_CONNS + 1, got[:60]))
         extra.close()
         code, stats = http("GET", st.d.url + "/v1/stats")
         lst = (stats.get("store") or {}).get("listener") or {}
-        check(code == 200 and lst.get("connections") == 150 and lst.get("connections_refused") == 1,
-              "conns: /v1/stats store.listener %s, want 150 open, 1 refused" % lst)
+        check(code == 200 and lst.get("connections") == N_CONNS and lst.get("connections_refused") == 1,
+              "conns: /v1/stats store.listener %s, want %d open, 1 refused" % (lst, N_CONNS))
         for s in socks:
             s.close()
         time.sleep(0.5)
