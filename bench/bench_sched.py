@@ -24,6 +24,14 @@ idle short TTFT, fair long completion / fifo's, fair throughput / fifo's.
 The daemons run the CPU backend with max_running = 64 (and no connection or
 concurrency limit in the way) so all 36 requests are admitted: with the default
 16 running, 20 of the 32 short ones would wait for a slot whatever the policy.
+With --config shipped they run the shipped configuration instead (every key at
+its default, configs/kvtier.conf: T0 auto, max_running 16, the server's
+limits) but for the listen port, the model, the CPU backend, the data dir and a
+64M NVMe tier; --n-long 3 --n-short 12 is then the burst of issue 49 item 5
+(all 15 fit max_running). Each run also reports the daemon's memory after the
+burst (/proc/PID/status: VmRSS and its peak VmHWM; /v1/stats: the weights, the KV
+held in T0 and T1 and the rest, against issue 31's RSS <= weights + KV held +
+300 MB).
 
 Usage: bench/bench_sched.py [--build build] [--out FILE]
 """
@@ -137,6 +145,24 @@ def steady(url, a):
     return summarize(res, ["L%d" % i for i in range(nl)], ["S%d" % i for i in range(ns)], t_start)
 
 
+def mem_mib(pid):
+    """VmRSS and VmHWM (the peak) of a process, MiB."""
+    out = {}
+    for line in open("/proc/%d/status" % pid):
+        k = line.split(":")[0]
+        if k in ("VmRSS", "VmHWM"):
+            out[k] = int(line.split()[1]) / 1024.0
+    return out
+
+
+def shipped_conf(a, policy):
+    """The shipped configuration, but for what a benchmark must set (port, model, backend, data dir, a small T2)."""
+    return ("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\n%s[scheduler]\npolicy = %s\n%s"
+            "[tier.nvme]\ncapacity = 64M\n[index]\ndata_dir = @DATA@\n[log]\nlevel = %s\n") % (
+                MODEL, "threads = %d\n" % a.threads if a.threads else "", policy,
+                "head_share = %g\n" % a.head_share if a.head_share is not None else "", a.log_level)
+
+
 def run_policy(a, tmp, policy):
     conf = ("[server]\nlisten = 127.0.0.1:0\nmax_concurrent_requests = 256\nmax_queue = 256\n"
             "max_connections_per_ip = 0\n"
@@ -146,6 +172,8 @@ def run_policy(a, tmp, policy):
             "[index]\ndata_dir = @DATA@\n[log]\nlevel = %s\n") % (
                 MODEL, "threads = %d\n" % a.threads if a.threads else "", policy,
                 "head_share = %g\n" % a.head_share if a.head_share is not None else "", a.log_level)
+    if a.config == "shipped":
+        conf = shipped_conf(a, policy)
     d = Daemon(a.build, os.path.join(tmp, policy), conf)
     try:
         d.start()
@@ -158,6 +186,11 @@ def run_policy(a, tmp, policy):
         out = {"idle_short_ttft_s": statistics.median(ttfts)}
         if a.burst:
             out["burst"] = burst(d.url, a)
+            out["burst"]["mem_mib"] = mem_mib(d.proc.pid)
+            st, stats = http("GET", d.url + "/v1/stats")
+            if st == 200:  # issue 31's memory target: RSS <= weights + KV held + 300 MB
+                out["burst"]["mem_mib"].update({k[:-6] + "_mib": v / 1048576.0 for k, v in stats["memory"].items()
+                                                if k in ("weight_bytes", "kv_held_bytes", "other_bytes")})
         if a.steady_s > 0:
             out["steady"] = steady(d.url, a)
         st, stats = http("GET", d.url + "/v1/stats")
@@ -186,6 +219,8 @@ def main():
     ap.add_argument("--head-share", type=float, default=None, help="[scheduler] head_share (default: the daemon's)")
     ap.add_argument("--log-level", default="info", help="debug logs each step's rows and time")
     ap.add_argument("--keep-logs", default=None, help="copy each daemon's log into this folder")
+    ap.add_argument("--config", choices=("bench", "shipped"), default="bench",
+                    help="bench: T0 1G, max_running 64, no server limits; shipped: the defaults (T0 auto)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvt-bench-sched-")
@@ -205,7 +240,7 @@ def main():
              "scheduler_stats": rs[-1]["scheduler_stats"]}
         for load in ("burst", "steady"):
             if all(load in r for r in rs):
-                m[load] = {k: statistics.mean(r[load][k] for r in rs) for k in rs[0][load]}
+                m[load] = {k: statistics.mean(r[load][k] for r in rs) for k in rs[0][load] if k != "mem_mib"}
         res[policy] = m
     print("\n%-8s %-7s %10s %10s %10s %10s %12s %9s %9s %6s" % ("policy", "load", "short p50", "short p99",
                                                                   "long p50", "long p99", "long done", "total",
@@ -222,6 +257,14 @@ def main():
         print("%s: idle short TTFT %.1f ms; long prompts %d tokens" % (
             policy, res[policy]["idle_short_ttft_s"] * 1e3,
             (res[policy].get("burst") or res[policy].get("steady") or {}).get("long_prompt_tokens", 0)))
+        for r in res[policy]["runs"]:
+            if "burst" in r:
+                m = r["burst"]["mem_mib"]
+                print("%s: burst short p99 / idle %.1fx (idle %.1f ms, p99 %.2f s); memory after it: VmRSS %.0f MiB "
+                      "(peak VmHWM %.0f) = weights %.0f + KV held %.0f + other %.0f MiB (issue 31: other <= 286 MiB)" % (
+                          policy, r["burst"]["short_ttft_p99_s"] / r["idle_short_ttft_s"], r["idle_short_ttft_s"] * 1e3,
+                          r["burst"]["short_ttft_p99_s"], m["VmRSS"], m["VmHWM"], m.get("weight_mib", 0),
+                          m.get("kv_held_mib", 0), m.get("other_mib", 0)))
     ratios = {}
     for load in ("burst", "steady"):
         f, g = res.get("fifo", {}).get(load), res.get("fair", {}).get(load)

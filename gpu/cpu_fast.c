@@ -2,47 +2,33 @@
  * gpu/cpu_fast.c — the CPU backend's fast paths (use_ref off): what the
  * daemon runs where no GPU is present.
  *
- *   - matmul: GEMMs through OpenBLAS (single-threaded inside a task: the
- *     backend's own workers, cpu_pool.c, own the cores), with fp16 and
- *     block-quantized weights widened tile by tile into the workspace; when
- *     only a few rows multiply them (decode) an F16C GEMV reads fp16 weights
- *     directly and an int16 GEMV reads quantized ones as stored (an int8
- *     one with act_int8, see xq8). Column
- *     slices are split into tasks on 16-column boundaries.
+ *   - matmul: one kernel per (stored type x activation mode), mm_table: the
+ *     weights read as stored by GEMVs (fp32, F16C fp16, and for the
+ *     block-quantized types x rounded per block to int16, or to int8 with
+ *     act_int8, see xq8), a few rows of x per weight row read; with int8 x
+ *     on AVX-512 VNNI an int8 GEMM for 12 rows and more, in the GEMV's exact
+ *     order. Column slices are split into tasks on 16-column boundaries.
  *   - attention on fp16 pools: blocked over KV blocks (prefill: a task per
- *     row block and KV head) or split across the keys (decode: a task per KV
- *     head and key range, merged by kvt_cpu_attention_combine), with an
- *     online softmax. 8-bit pools take the reference's row-by-row kernel.
+ *     row block and KV head; decode: a task per KV head and share of its
+ *     query heads), with an online softmax whose steps are fixed by absolute
+ *     key position. 8-bit pools take the reference's row-by-row kernel.
  *   - the block codecs 8 values at a time (KVT_HAVE_CODEC8), giving the
  *     reference's bytes.
  *
- * Invariant: results agree with cpu_ref.c within test_dev_parity's
- * tolerances (the codecs bitwise); the split of work into tasks depends
- * only on n_threads, never on which thread runs a task, so a run repeats
- * bit for bit.
+ * Invariants: results agree with cpu_ref.c within test_dev_parity's
+ * tolerances (the codecs bitwise). The order rule of dev_impl.h: a row's
+ * matmul and attention results are bitwise the same whatever else shares
+ * the call, the thread count, the chunk, and prefill or decode (tasks own
+ * whole outputs; no sum is split by the thread count or the batch;
+ * test_cpu_invariant and test_model_invariant check it).
  */
 #include "cpu_int.h"
 
-/* Rows multiplied by an F16C GEMV at once; more go through widened tiles and sgemm. */
-#define GEMV_MAX_ROWS 4
 /*
- * Quantized weights: up to this many rows of x still take the int16 GEMV,
- * GEMV_MAX_ROWS at a time (each group reads the weight row again, from L1),
- * and up to GEMV_QUANT_ROWS_X8 the int8 one. Widening every weight to fp32
- * for sgemm costs more than that for a batch of decoding sequences or a
- * short prompt (the new tokens of a cached turn). On a Zen 4 core
- * (bench_quant --rows, an 8192 x 2048 matrix, bench/README.md) the int16
- * GEMV held ~2,200 rows/s (Q6_K ~1,550) from 8 to 64 rows where sgemm
- * rose from ~870 (16 rows) to ~1,850 (64); the int8 one 2,400-3,800 up to
- * 64 rows, about level with sgemm's ~2,640 at 256. (On an older Xeon, with
- * VNNI-less kernels, 16 int16 rows measured 0.7-0.95x sgemm.) NOTE: int16
- * stops at 32 although it was faster to 64 (Q6_K to ~48): with 64, the
- * 37-token prompt of test_engine_model moved 0.0515 from the float64 logits
- * (its limit 0.05; 0.0246 through sgemm), as a prompt's outlier activations
- * cost the rest of their 32-element block precision.
+ * Rows of x a GEMV kernel call multiplies by one weight row (more rows take
+ * several calls; each row's result is the same in any of them).
  */
-#define GEMV_QUANT_ROWS 32
-#define GEMV_QUANT_ROWS_X8 64
+#define GEMV_MAX_ROWS 4
 /*
  * How far ahead of the row being read the GEMV asks for weight bytes. A
  * decode streams every weight once per token; the hardware prefetcher alone
@@ -61,22 +47,6 @@
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p)
 {
 	__builtin_prefetch(p + GEMV_PREFETCH_BYTES, 0, 3);
-}
-
-/*
- * Weight rows widened to fp32 per sgemm call (any non-fp32 dtype): as many as
- * fit in TILE_BYTES, 256 to 4096. OpenBLAS packs all of x again for every
- * call, so a 256-row tile spent 12% of a 1B-shaped prefill on that copy.
- */
-#define TILE_BYTES ((size_t)16 << 20)
-#define TILE_MIN_ROWS 256
-#define TILE_MAX_ROWS 4096
-
-static size_t tile_rows(const kvt_matmul_args *a)
-{
-	size_t r = TILE_BYTES / (a->n_in * sizeof(float)) & ~(size_t)15;
-	r = r < TILE_MIN_ROWS ? TILE_MIN_ROWS : r > TILE_MAX_ROWS ? TILE_MAX_ROWS : r;
-	return r < a->n_out ? r : a->n_out;
 }
 
 static void f16_to_f32_row(const uint16_t *src, float *dst, size_t n)
@@ -274,7 +244,7 @@ void kvt_cpu_widen_row(int dtype, const void *row, float *dst, size_t n)
 }
 
 /*
- * The quantized GEMV (M <= GEMV_QUANT_ROWS rows of x). Converting every weight
+ * The quantized GEMV (any number of rows of x). Converting every weight
  * to fp32 costs more than reading it, so x is quantized instead — to int16,
  * one scale per 32-element block — and each block is a pair of integer
  * multiply-adds (madd_epi16) against the unpacked weights, scaled once:
@@ -391,12 +361,13 @@ typedef struct xq8 {
 	int8_t *q;     /* [M][K] quantized x */
 	float *scale;  /* [M][K/32] per-block scale (x = scale * q; the same for the 8 blocks of a K-quant group) */
 	float *sum;    /* [M][K/32] per-block sum of x as rounded: scale x the sum of its 32 levels */
-	float *sum16;  /* [M][K/16] per half-block sum of x as rounded, in element order (Q6_K's offsets) */
+	int16_t *lsum; /* [M][K/16] the sum of each 16 levels (|sum| <= 2032): the weights' offsets in the integers */
 } xq8;
 
 static inline size_t xq8_bytes(uint32_t M, uint32_t K)
 {
-	return (((size_t)M * K + 63) & ~(size_t)63) + 4 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float);
+	return (((size_t)M * K + 63) & ~(size_t)63) + 2 * (size_t)M * (K / KVT_QBLOCK) * sizeof(float) +
+	       (size_t)M * (K / 16) * sizeof(int16_t);
 }
 
 static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
@@ -404,29 +375,22 @@ static inline void xq8_init(xq8 *xq, void *ws, uint32_t M, uint32_t K)
 	xq->q = ws;
 	xq->scale = (float *)((char *)ws + (((size_t)M * K + 63) & ~(size_t)63));
 	xq->sum = xq->scale + (size_t)M * (K / KVT_QBLOCK);
-	xq->sum16 = xq->sum + (size_t)M * (K / KVT_QBLOCK);
+	xq->lsum = (int16_t *)(xq->sum + (size_t)M * (K / KVT_QBLOCK));
 }
 
 /*
- * A block's scale (its group's amax / 127), and the sum and half sums
- * (sum16, each half in element order) of x as rounded, from its levels qb:
- * scale times an exact integer sum. The weights' offsets and mins multiply
- * these sums, so every term of a product sees the same rounded x: the
- * rounding error of each x then meets its true weight (a centred level),
- * not the bare level, and the GEMV and the GEMM (whose offsets are integer
- * sums of the levels) compute the same value.
+ * A block's scale (its group's amax / 127) and the sum of x as rounded,
+ * from its levels qb: scale times an exact integer sum. The mins (Q4_1's,
+ * Q4_K/Q5_K's) multiply these sums, so every term of a product sees the same
+ * rounded x, and the GEMV and the GEMM read the same sums.
  */
-static inline void xq8_block_sums(const int8_t *qb, float amax, float *scale, float *sum, float *sum16)
+static inline void xq8_block_sums(const int8_t *qb, float amax, float *scale, float *sum)
 {
-	int s0 = 0, s1 = 0;
-	for (int j = 0; j < KVT_QBLOCK / 2; j++)
-		s0 += qb[j];
-	for (int j = KVT_QBLOCK / 2; j < KVT_QBLOCK; j++)
-		s1 += qb[j];
+	int s = 0;
+	for (int j = 0; j < KVT_QBLOCK; j++)
+		s += qb[j];
 	*scale = amax / 127.0f;
-	sum16[0] = *scale * (float)s0;
-	sum16[1] = *scale * (float)s1;
-	*sum = *scale * (float)(s0 + s1);
+	*sum = *scale * (float)s;
 }
 
 /*
@@ -435,7 +399,7 @@ static inline void xq8_block_sums(const int8_t *qb, float amax, float *scale, fl
  * amax / 127, written to each block's scale; each block's sum and half sums
  * (xq8_block_sums).
  */
-static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float *scale, float *sum, float *sum16)
+static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float *scale, float *sum)
 {
 	float amax = 0;
 	for (int j = 0; j < KVT_QBLOCK * nblk; j++)
@@ -445,7 +409,7 @@ static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float
 		const float *xb = xg + b * KVT_QBLOCK;
 		for (int j = 0; j < KVT_QBLOCK; j++)
 			qg[b * KVT_QBLOCK + j] = (int8_t)lrintf(xb[j] * inv);
-		xq8_block_sums(qg + b * KVT_QBLOCK, amax, &scale[b], &sum[b], &sum16[2 * b]);
+		xq8_block_sums(qg + b * KVT_QBLOCK, amax, &scale[b], &sum[b]);
 	}
 }
 
@@ -456,7 +420,7 @@ static inline void xq8_group_scalar(const float *xg, int nblk, int8_t *qg, float
  * group holding a NaN or an infinity, or too small for 127 / amax, takes the
  * scalar code.
  */
-static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale, float *sum, float *sum16)
+static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale, float *sum)
 {
 	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
 	__m256 a = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
@@ -467,7 +431,7 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 		a = _mm256_max_ps(a, ai);
 	}
 	if (_mm256_movemask_ps(fin) != 0xff) {
-		xq8_group_scalar(xg, nblk, qg, scale, sum, sum16);
+		xq8_group_scalar(xg, nblk, qg, scale, sum);
 		return;
 	}
 	__m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -475,7 +439,7 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 	h = _mm_max_ss(h, _mm_movehdup_ps(h));
 	const float amax = _mm_cvtss_f32(h), inv = amax > 0 ? 127.0f / amax : 0;
 	if (!(inv < INFINITY)) {
-		xq8_group_scalar(xg, nblk, qg, scale, sum, sum16);
+		xq8_group_scalar(xg, nblk, qg, scale, sum);
 		return;
 	}
 	const __m256 iv = _mm256_set1_ps(inv);
@@ -488,7 +452,7 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 		/* two packs interleave the lanes twice: dwords 0 4 1 5 2 6 3 7 back into order */
 		const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 		_mm256_storeu_si256((__m256i *)(qg + b * KVT_QBLOCK), q8);
-		xq8_block_sums(qg + b * KVT_QBLOCK, amax, &scale[b], &sum[b], &sum16[2 * b]);
+		xq8_block_sums(qg + b * KVT_QBLOCK, amax, &scale[b], &sum[b]);
 	}
 }
 #else
@@ -499,11 +463,17 @@ static inline void xq8_group(const float *xg, int nblk, int8_t *qg, float *scale
 static inline void xq8_quantize(xq8 *xq, const float *x, uint32_t M, uint32_t K, int nblk)
 {
 	const uint32_t nb = K / KVT_QBLOCK;
-	for (uint32_t m = 0; m < M; m++)
+	for (uint32_t m = 0; m < M; m++) {
 		for (uint32_t b = 0; b < nb; b += (uint32_t)nblk)
 			xq8_group(x + (size_t)m * K + (size_t)b * KVT_QBLOCK, nblk, xq->q + (size_t)m * K + (size_t)b * KVT_QBLOCK,
-				  &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b],
-				  &xq->sum16[2 * ((size_t)m * nb + b)]);
+				  &xq->scale[(size_t)m * nb + b], &xq->sum[(size_t)m * nb + b]);
+		for (uint32_t k = 0; k < K; k += 16) {
+			int t = 0;
+			for (uint32_t j = 0; j < 16; j++)
+				t += xq->q[(size_t)m * K + k + j];
+			xq->lsum[((size_t)m * K + k) / 16] = (int16_t)t;
+		}
+	}
 }
 
 #ifdef KVT_HAVE_F16C
@@ -588,15 +558,17 @@ static inline __attribute__((always_inline)) __m128i block_halves(const uint8_t 
 }
 
 /*
- * dot_q32's group of g <= 8 blocks from b0 (returned): their d
+ * dot_q32's and dot_q8's group of g <= 8 blocks from b0 (returned): their d
  * (and Q4_1's m) in one vector (block_halves) times x's block scales, stored
  * to sv so that each block's scale is a broadcast load, not a shuffle (port 5
  * was the bound); the offset terms m' sum_j x_j added to mvec per lane.
  */
-static inline __attribute__((always_inline)) int block_group(const int dtype, const int M, const uint8_t *row,
-							      size_t bs, size_t nb, size_t b0, const float *xscale,
-							      const float *xsum, float sv[][8], __m256 *mvec)
+static inline __attribute__((always_inline)) int block_group(const int dtype, const int M, const bool x8,
+							      const uint8_t *row, size_t bs, size_t nb, size_t b0,
+							      const float *xscale, const float *xsum, float sv[][8], __m256 *mvec)
 {
+	/* int8 x: Q4_0's, Q5_0's and Q8_0's offsets are in the integers (offset_sums8), only Q4_1's min is not */
+	const bool offset = x8 ? dtype == KVT_DTYPE_Q4_1 : dtype != KVT_DTYPE_Q8_0;
 	const int g = nb - b0 < 8 ? (int)(nb - b0) : 8;
 	const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 	const uint8_t *g0 = row + b0 * bs;
@@ -610,7 +582,7 @@ static inline __attribute__((always_inline)) int block_group(const int dtype, co
 		mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
 	for (int m = 0; m < M; m++) {
 		_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xscale + (size_t)m * nb + b0, live)));
-		if (dtype != KVT_DTYPE_Q8_0) /* Q8_0 has no offset term */
+		if (offset)
 			mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xsum + (size_t)m * nb + b0, live), mvec[m]);
 	}
 	return g;
@@ -735,6 +707,55 @@ static void unpack_block_new_v(int dtype, const uint8_t *row, size_t b, float *o
 	}
 }
 
+/* dot_qk16's Q6_K superblock sb (x blocks from b0): into the rows' two chains acc, acc2. */
+static inline __attribute__((always_inline)) void qk16_q6k(const int M, const uint8_t *row, const xq16 *xq, size_t K,
+							    size_t sb, size_t b0, __m256 *acc, __m256 *acc2)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	const uint8_t *blk = row + sb * 210;
+	const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
+	for (int l = 0; l < 210; l += 64)
+		prefetch_ahead(blk + l);
+	/*
+	 * The 16 scales times d, then times the scale of the x block each
+	 * 16-element sub-block falls in (scale k: x block k / 2), as
+	 * vectors once a superblock, stored for broadcast loads: the same
+	 * products (d sc) xs as one scalar each, a quarter of the
+	 * instructions (the scalar converts and multiplies per
+	 * sub-block held a Q6_K GEMV to 3.2 GB/s on an EPYC, a third
+	 * of Q4_K's rate).
+	 */
+	const __m128i s16 = _mm_loadu_si128((const __m128i *)(blk + 192));
+	const __m256 ds0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)));
+	const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))));
+	const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+	float dsx[GEMV_MAX_ROWS][16] __attribute__((aligned(32)));
+	for (int m = 0; m < M; m++) {
+		const __m256 xs = _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0);
+		_mm256_store_ps(dsx[m], _mm256_mul_ps(ds0, _mm256_permutevar8x32_ps(xs, pair0)));
+		_mm256_store_ps(dsx[m] + 8, _mm256_mul_ps(ds1, _mm256_permutevar8x32_ps(xs, pair1)));
+	}
+	for (int half = 0; half < 2; half++) {
+		__m256i q[4];
+		q6k_levels(blk, half, q, true);
+		for (int i = 0; i < 4; i++) {
+			__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
+			__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
+			const int k = 8 * half + 2 * i;
+			const size_t b = b0 + 4 * (size_t)half + (size_t)i;
+			for (int m = 0; m < M; m++) {
+				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
+				__m256 pa = _mm256_cvtepi32_ps(
+					_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
+				__m256 pb = _mm256_cvtepi32_ps(
+					_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+				acc[m] = _mm256_fmadd_ps(pa, _mm256_broadcast_ss(&dsx[m][k]), acc[m]);
+				acc2[m] = _mm256_fmadd_ps(pb, _mm256_broadcast_ss(&dsx[m][k + 1]), acc2[m]);
+			}
+		}
+	}
+}
+
 /*
  * The same int16 GEMV over K-quant superblocks. x's 32-element blocks line
  * up with the sub-blocks: a Q4_K/Q5_K sub-block of 32 is one x block,
@@ -755,48 +776,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
 		if (dtype == KVT_DTYPE_Q6_K) {
-			const uint8_t *blk = row + sb * 210;
-			const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
-			for (int l = 0; l < 210; l += 64)
-				prefetch_ahead(blk + l);
-			/*
-			 * The 16 scales times d, then times the scale of the x block each
-			 * 16-element sub-block falls in (scale k: x block k / 2), as
-			 * vectors once a superblock, stored for broadcast loads: the same
-			 * products (d sc) xs as one scalar each, a quarter of the
-			 * instructions (the scalar converts and multiplies per
-			 * sub-block held a Q6_K GEMV to 3.2 GB/s on an EPYC, a third
-			 * of Q4_K's rate).
-			 */
-			const __m128i s16 = _mm_loadu_si128((const __m128i *)(blk + 192));
-			const __m256 ds0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)));
-			const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))));
-			const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-			float dsx[GEMV_MAX_ROWS][16] __attribute__((aligned(32)));
-			for (int m = 0; m < M; m++) {
-				const __m256 xs = _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0);
-				_mm256_store_ps(dsx[m], _mm256_mul_ps(ds0, _mm256_permutevar8x32_ps(xs, pair0)));
-				_mm256_store_ps(dsx[m] + 8, _mm256_mul_ps(ds1, _mm256_permutevar8x32_ps(xs, pair1)));
-			}
-			for (int half = 0; half < 2; half++) {
-				__m256i q[4];
-				q6k_levels(blk, half, q, true);
-				for (int i = 0; i < 4; i++) {
-					__m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q[i]));
-					__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
-					const int k = 8 * half + 2 * i;
-					const size_t b = b0 + 4 * (size_t)half + (size_t)i;
-					for (int m = 0; m < M; m++) {
-						const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
-						__m256 pa = _mm256_cvtepi32_ps(
-							_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
-						__m256 pb = _mm256_cvtepi32_ps(
-							_mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-						acc[m] = _mm256_fmadd_ps(pa, _mm256_broadcast_ss(&dsx[m][k]), acc[m]);
-						acc2[m] = _mm256_fmadd_ps(pb, _mm256_broadcast_ss(&dsx[m][k + 1]), acc2[m]);
-					}
-				}
-			}
+			qk16_q6k(M, row, xq, K, sb, b0, acc, acc2);
 			continue;
 		}
 		const bool q5 = dtype == KVT_DTYPE_Q5_K;
@@ -836,7 +816,8 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 				const __m256i qa = _mm256_and_si256(w0, low4), qb = _mm256_and_si256(w1, low4);
 				const __m256i qa1 = _mm256_srli_epi16(w0, 4), qb1 = _mm256_srli_epi16(w1, 4);
 				const size_t b = b0 + (size_t)sub;
-				const bool odd = M <= 2 && (sub & 2);
+				/* NOTE: by sub-block, never by M: each row's chains are the same in a call of any size */
+				const bool odd = sub & 2;
 				for (int m = 0; m < M; m++) {
 					const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 					__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
@@ -874,6 +855,18 @@ static inline __attribute__((always_inline)) __m256i scale_pairs(__m256i p, __m2
 #endif
 }
 
+/*
+ * Eight vectors' lane sums as one vector: lane i is the sum of p[i]'s lanes.
+ * Integer adds, so any grouping gives the same (exact) sums.
+ */
+static inline __attribute__((always_inline)) __m256i sum_lanes8(const __m256i p[8])
+{
+	const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+	const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+	/* h0: p0..p3's low-half sums, then their high-half sums; h1 the same for p4..p7 */
+	return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
 /* One block's sum_j q_j xq_j as 8 int32 lanes: q unsigned bytes (at most 63), xb x's int8 block. */
 static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, const int8_t *xb)
 {
@@ -886,6 +879,98 @@ static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, co
 #endif
 }
 
+/* dot_qk8's superblock sb: each row's exact integer sum into isum, the min terms into mvec; returns d. */
+static inline __attribute__((always_inline)) float qk8_superblock(const int dtype, const int M, const uint8_t *row,
+								  const xq8 *xq, size_t K, size_t sb, __m256i *isum,
+								  __m256 *mvec)
+{
+	const size_t nb = K / KVT_QBLOCK;
+	const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
+	float d;
+	for (int m = 0; m < M; m++)
+		isum[m] = _mm256_setzero_si256();
+	if (dtype == KVT_DTYPE_Q6_K) {
+		const uint8_t *blk = row + sb * 210;
+		for (int l = 0; l < 210; l += 64)
+			prefetch_ahead(blk + l);
+		d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+		const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+		/*
+		 * Scales as int16 pairs in dwords: lo holds 0-3 and 8-11, hi 4-7 and
+		 * 12-15 (unpack works within 128-bit lanes); x block b's two
+		 * scales (2b, 2b+1) are then one dword permute away.
+		 */
+		const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+		const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
+		_Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+			__m256i q[4];
+			q6k_levels(blk, half, q, false);
+			_Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
+				/*
+				 * q[i] is x block b = 4 half + i: scales 2b and 2b+1, dwords
+				 * k and k+1 of lo or hi; q[i + 1] the next block's, the
+				 * next two dwords
+				 */
+				const int b = 4 * half + i, k = 4 * half;
+				const __m256i src = i ? hi : lo;
+				const __m256i sc = _mm256_permutevar8x32_epi32(
+					src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+				const __m256i sc1 = _mm256_permutevar8x32_epi32(
+					src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
+				for (int m = 0; m < M; m++) {
+					const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
+					__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
+					__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
+					isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+				}
+			}
+		}
+		/* the offset of 32 in the integers: 32 sum_s sc_s (x's levels summed over sub-block s) */
+		for (int m = 0; m < M; m++) {
+			const __m256i ls = _mm256_loadu_si256((const __m256i *)(xq->lsum + (size_t)m * (K / 16) + 16 * sb));
+			isum[m] = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(_mm256_madd_epi16(ls, s16), 5));
+		}
+	} else {
+		const bool q5 = dtype == KVT_DTYPE_Q5_K;
+		const uint8_t *blk = row + sb * (q5 ? 176 : 144);
+		d = _cvtsh_ss(*(const uint16_t *)blk);
+		const float dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+		const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+		const uint8_t *qs = blk + (q5 ? 48 : 16);
+		for (int l = 0; l < (q5 ? 176 : 144); l += 64)
+			prefetch_ahead(blk + l);
+		const __m128i sm = kq45_scale_bytes(blk);
+		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
+						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+		for (int m = 0; m < M; m++)
+			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
+		/* the 8 sub-block scales as int16 in both lanes; sub-block k's is broadcast by a byte shuffle */
+		const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+		_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
+			/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
+			__m256i v, v1;
+			if (q5) {
+				v = kq45_levels(qs, qh, true, sub);
+				v1 = kq45_levels(qs, qh, true, sub + 1);
+			} else {
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)),
+					      low4 = _mm256_set1_epi8(0x0f);
+				v = _mm256_and_si256(raw, low4);
+				v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+			}
+			const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 1) << 8 | 2 * sub)));
+			const __m256i sc1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 3) << 8 | (2 * sub + 2))));
+			for (int m = 0; m < M; m++) {
+				const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
+				__m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)xb));
+				__m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(xb + KVT_QBLOCK)));
+				isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+			}
+		}
+	}
+	return d;
+}
+
 /*
  * The int8 GEMV over K-quant superblocks, x rounded with one scale xs per
  * superblock (xq8_quantize's groups of 8 blocks, llama.cpp's Q8_K): each
@@ -893,116 +978,52 @@ static inline __attribute__((always_inline)) __m256i maddubs_block(__m256i q, co
  * integers and added up in int32 lanes, and the superblock then takes one
  * convert and one FMA by d xs. (A convert and an FMA per 32 elements, with x
  * scaled per 32, held the K-quant GEMV to ~28G weights/s on a Zen 4 core;
- * without them it ran 1.65x as fast.) The levels go in as unsigned bytes, so
- * Q6_K's offset of 32 moves into the fp32 sums of x, as the Q4_K/Q5_K mins:
- *   sum_j w_j x_j = d xs sum_sub sc sum_j q_j xq_j - dmin sum_sub m sum_x (Q4_K/Q5_K)
- *                                                  - 32 d sum_sub sc sum_x (Q6_K)
+ * without them it ran 1.65x as fast.) The levels go in unsigned; Q6_K's
+ * offset of 32 comes off in the integers (32 sc times x's 16-level sums,
+ * xq8.lsum), Q4_K/Q5_K's mins go on the fp32 sums of x. Eight superblocks'
+ * integer sums are summed across their lanes at once (sum_lanes8), then one
+ * convert and one FMA for the eight. The order every int8 kernel
+ * keeps (the GEMM's too, gemm8_kernel):
+ *   P_sb = sum_sub sc_sub sum_j (q_j - off) xq_j   the superblock's exact int32
+ *   A_l  = fma(P_sb, d_sb xs_sb, A_l)              for sb = l, l + 8, ...
+ *   N_l  = fnma(dmin_sb m_sb,l, xsum_sb,l, N_l)    sub-block l of each sb (Q4_K/Q5_K)
+ *   y    = hsum8(A) (+ hsum8(N))
  * Bounds: a maddubs pair is at most 2 x 63 x 127 = 16002 (short of its
  * saturation); an int32 lane gathers 32 products times their scale, at most
- * 32 x 63 x 127 x 128 < 2^25.
+ * 32 x 63 x 127 x 128 < 2^25, and P_sb 8 lanes of those.
  */
 static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const int M, const uint8_t *row,
 							   const xq8 *xq, size_t K, float *out)
 {
-	const size_t nb = K / KVT_QBLOCK;
+	const size_t nb = K / KVT_QBLOCK, nsb = K / KVT_QK_BLOCK;
 	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
 	for (int m = 0; m < M; m++)
 		acc[m] = mvec[m] = _mm256_setzero_ps();
-	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
-		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
-		__m256i isum[GEMV_MAX_ROWS];
-		float d;
-		for (int m = 0; m < M; m++)
-			isum[m] = _mm256_setzero_si256();
-		if (dtype == KVT_DTYPE_Q6_K) {
-			const uint8_t *blk = row + sb * 210;
-			for (int l = 0; l < 210; l += 64)
-				prefetch_ahead(blk + l);
-			d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
-			const __m256 dv = _mm256_set1_ps(d);
-			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
-			/*
-			 * Scales as int16 pairs in dwords: lo holds 0-3 and 8-11, hi 4-7 and
-			 * 12-15 (unpack works within 128-bit lanes); x block b's two
-			 * scales (2b, 2b+1) are then one dword permute away.
-			 */
-			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
-			const __m256i lo = _mm256_unpacklo_epi16(s16, s16), hi = _mm256_unpackhi_epi16(s16, s16);
-			const __m256 ds0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
-			const __m256 ds1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))));
-			for (int m = 0; m < M; m++) {
-				const float *s16x = xq->sum16 + 2 * ((size_t)m * nb + b0);
-				mvec[m] = _mm256_fmadd_ps(ds0, _mm256_loadu_ps(s16x), mvec[m]);
-				mvec[m] = _mm256_fmadd_ps(ds1, _mm256_loadu_ps(s16x + 8), mvec[m]);
-			}
-			_Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
-				__m256i q[4];
-				q6k_levels(blk, half, q, false);
-				_Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
-					/*
-					 * q[i] is x block b = 4 half + i: scales 2b and 2b+1, dwords
-					 * k and k+1 of lo or hi; q[i + 1] the next block's, the
-					 * next two dwords
-					 */
-					const int b = 4 * half + i, k = 4 * half;
-					const __m256i src = i ? hi : lo;
-					const __m256i sc = _mm256_permutevar8x32_epi32(
-						src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
-					const __m256i sc1 = _mm256_permutevar8x32_epi32(
-						src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
-					for (int m = 0; m < M; m++) {
-						const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
-						__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
-						__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
-						isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
-					}
-				}
-			}
-		} else {
-			const bool q5 = dtype == KVT_DTYPE_Q5_K;
-			const uint8_t *blk = row + sb * (q5 ? 176 : 144);
-			d = _cvtsh_ss(*(const uint16_t *)blk);
-			const float dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
-			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-			const uint8_t *qs = blk + (q5 ? 48 : 16);
-			for (int l = 0; l < (q5 ? 176 : 144); l += 64)
-				prefetch_ahead(blk + l);
-			const __m128i sm = kq45_scale_bytes(blk);
-			const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
-							 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-			for (int m = 0; m < M; m++)
-				mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
-			/* the 8 sub-block scales as int16 in both lanes; sub-block k's is broadcast by a byte shuffle */
-			const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-			_Pragma("GCC unroll 4") for (int sub = 0; sub < 8; sub += 2) {
-				/* sub-blocks sub and sub + 1: the low and high nibbles of the same 32 bytes (and bits of qh) */
-				__m256i v, v1;
-				if (q5) {
-					v = kq45_levels(qs, qh, true, sub);
-					v1 = kq45_levels(qs, qh, true, sub + 1);
-				} else {
-					const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 16 * sub)),
-						      low4 = _mm256_set1_epi8(0x0f);
-					v = _mm256_and_si256(raw, low4);
-					v1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-				}
-				const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 1) << 8 | 2 * sub)));
-				const __m256i sc1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 3) << 8 | (2 * sub + 2))));
+	/* 8 superblocks' integer sums (lane l: superblock sb0 + l; past the row's end 0 x 0, which fma adds as +0) */
+	for (size_t sb0 = 0; sb0 < nsb; sb0 += 8) {
+		__m256i pend[GEMV_MAX_ROWS][8];
+		float dxs[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+		_Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) {
+			__m256i isum[GEMV_MAX_ROWS];
+			if (sb0 + (size_t)l >= nsb) {
 				for (int m = 0; m < M; m++) {
-					const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
-					__m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)xb));
-					__m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(xb + KVT_QBLOCK)));
-					isum[m] = _mm256_add_epi32(isum[m], scale_pairs(p, sc, p1, sc1));
+					pend[m][l] = _mm256_setzero_si256();
+					dxs[m][l] = 0;
 				}
+				continue;
+			}
+			const float d = qk8_superblock(dtype, M, row, xq, K, sb0 + (size_t)l, isum, mvec);
+			for (int m = 0; m < M; m++) {
+				pend[m][l] = isum[m];
+				dxs[m][l] = d * xq->scale[(size_t)m * nb + (sb0 + (size_t)l) * (KVT_QK_BLOCK / KVT_QBLOCK)];
 			}
 		}
 		for (int m = 0; m < M; m++)
-			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * xq->scale[(size_t)m * nb + b0]),
-						 acc[m]);
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes8(pend[m])), _mm256_load_ps(dxs[m]), acc[m]);
 	}
 	for (int m = 0; m < M; m++)
-		out[m] = hsum8(acc[m]) + (dtype == KVT_DTYPE_Q6_K ? -32.0f * hsum8(mvec[m]) : hsum8(mvec[m]));
+		out[m] = dtype == KVT_DTYPE_Q6_K ? hsum8(acc[m]) : hsum8(acc[m]) + hsum8(mvec[m]);
 }
 
 /*
@@ -1021,48 +1042,45 @@ static inline __attribute__((always_inline)) __m256i q32_levels8(const int dtype
 }
 
 /*
- * One block of levels v (q32_levels8) against x's int8 block xb, as 8 int32
- * lanes. The byte multiply takes one unsigned operand: Q8_0's signed levels
- * go in as |q| with q's sign moved onto x (sign_epi8), exact for every byte
- * (|-128| is 128 unsigned; x's levels stay within +-127, so negating one
- * cannot overflow; without VNNI a maddubs pair is at most 2 x 128 x 127 =
- * 32512, short of its saturation).
+ * Signed levels v (|v| <= 128) against x's int8 block xb, as 8 int32 lanes.
+ * The byte multiply takes one unsigned operand: v goes in as |v| with v's
+ * sign moved onto x (sign_epi8), exact for every byte (|-128| is 128
+ * unsigned; x's levels stay within +-127, so negating one cannot overflow;
+ * without VNNI a maddubs pair is at most 2 x 128 x 127 = 32512, short of its
+ * saturation).
  */
+static inline __attribute__((always_inline)) __m256i dot_signed8(__m256i v, __m256i x)
+{
+	const __m256i xs = _mm256_sign_epi8(x, v), av = _mm256_abs_epi8(v);
+#ifdef KVT_HAVE_VNNI
+	return kvt_dpbusd256(_mm256_setzero_si256(), av, xs);
+#else
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(av, xs), _mm256_set1_epi16(1));
+#endif
+}
+
+/* One block of levels v (q32_levels8) against x's int8 block xb: Q8_0's signed, the rest unsigned. */
 static inline __attribute__((always_inline)) __m256i dot_block8(const int dtype, __m256i v, const int8_t *xb)
 {
 	if (dtype != KVT_DTYPE_Q8_0)
 		return maddubs_block(v, xb);
-	const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb), v), a = _mm256_abs_epi8(v);
-#ifdef KVT_HAVE_VNNI
-	return kvt_dpbusd256(_mm256_setzero_si256(), a, x);
-#else
-	return _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1));
-#endif
+	return dot_signed8(v, _mm256_loadu_si256((const __m256i *)xb));
 }
 
 /*
- * Block b's sum_j q_j xq_j for each of the M rows of x into p: its levels
- * unpacked once, then int16 x (q16_block, madd_block16) or int8 x (x8:
- * q32_levels8, dot_block8).
+ * Q4_0's and Q5_0's offsets (8, 16) in the integers: off times the sums of
+ * x's levels over the blocks b0 .. b0 + 7 (lane j: block b0 + j; lanes from
+ * g on 0), from x's 16-level sums (xq8.lsum, one int32 load per block).
  */
-static inline __attribute__((always_inline)) void block_products(const int dtype, const int M, const bool x8,
-								  const uint8_t *blk, const void *xq, size_t K, size_t b,
-								  __m256i *p)
+static inline __attribute__((always_inline)) __m256i offset_sums8(const int dtype, const int16_t *lsum, int g)
 {
-	if (x8) {
-		const __m256i v = q32_levels8(dtype, blk);
-		for (int m = 0; m < M; m++)
-			p[m] = dot_block8(dtype, v, (const int8_t *)xq + (size_t)m * K + b * KVT_QBLOCK);
-		return;
-	}
-	__m256i qa, qb;
-	q16_block(dtype, blk, &qa, &qb);
-	for (int m = 0; m < M; m++)
-		p[m] = madd_block16(qa, qb, (const int16_t *)xq + (size_t)m * K + b * KVT_QBLOCK);
+	const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	const __m256i s = _mm256_madd_epi16(_mm256_maskload_epi32((const int *)lsum, live), _mm256_set1_epi16(1));
+	return _mm256_slli_epi32(s, dtype == KVT_DTYPE_Q5_0 ? 4 : 3);
 }
 
 /*
- * The 32-element block types' GEMV, int16 x (dot_q16) or int8 x (dot_q8):
+ * The 32-element block types' int16 GEMV (dot_q16):
  *   sum_j w_j x_j = d xs sum_j q_j xq_j + m' sum_j x_j
  * eight blocks at a time (block_group; the products are the scalar ones,
  * d xs), the offset terms m' (Q4_1's m, Q4_0's -8 d, Q5_0's -16 d) on x's
@@ -1070,9 +1088,10 @@ static inline __attribute__((always_inline)) void block_products(const int dtype
  * NOTE: two accumulators per row (even and odd blocks): one FMA chain per row
  * would make each block wait for the last one's FMA (4 cycles), which is what
  * bounded a Q8_0 decode. Q8_0 has no offset term (m' = 0): it is skipped.
+ * Each row's float operations are the same whatever M is (the order rule).
  */
-static inline __attribute__((always_inline)) void dot_q32(const int dtype, const int M, const bool x8, const uint8_t *row,
-							   const void *q, const float *xscale, const float *xsum, size_t K,
+static inline __attribute__((always_inline)) void dot_q32(const int dtype, const int M, const uint8_t *row,
+							   const int16_t *q, const float *xscale, const float *xsum, size_t K,
 							   float *out)
 {
 	const size_t nb = K / KVT_QBLOCK;
@@ -1083,25 +1102,21 @@ static inline __attribute__((always_inline)) void dot_q32(const int dtype, const
 		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t b0 = 0; b0 < nb; b0 += 8) {
 		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
-		const int g = block_group(dtype, M, row, bs, nb, b0, xscale, xsum, sv, mvec);
-		int j = 0;
-		for (; j + 1 < g; j += 2) {
+		const int g = block_group(dtype, M, false, row, bs, nb, b0, xscale, xsum, sv, mvec);
+		for (int j = 0; j < g; j++) {
 			const size_t b = b0 + (size_t)j;
 			const uint8_t *blk = row + b * bs;
-			__m256i p[GEMV_MAX_ROWS], p1[GEMV_MAX_ROWS];
-			prefetch_ahead(blk);
-			block_products(dtype, M, x8, blk, q, K, b, p);
-			block_products(dtype, M, x8, blk + bs, q, K, b + 1, p1);
+			__m256i qa, qb;
+			if (!(j & 1))
+				prefetch_ahead(blk);
+			q16_block(dtype, blk, &qa, &qb);
 			for (int m = 0; m < M; m++) {
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[m]), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
-				acc2[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1[m]), _mm256_broadcast_ss(&sv[m][j + 1]), acc2[m]);
+				const __m256 p = _mm256_cvtepi32_ps(madd_block16(qa, qb, q + (size_t)m * K + b * KVT_QBLOCK));
+				if (j & 1)
+					acc2[m] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sv[m][j]), acc2[m]);
+				else
+					acc[m] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sv[m][j]), acc[m]);
 			}
-		}
-		for (; j < g; j++) {
-			__m256i p[GEMV_MAX_ROWS];
-			block_products(dtype, M, x8, row + (b0 + (size_t)j) * bs, q, K, b0 + (size_t)j, p);
-			for (int m = 0; m < M; m++)
-				acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[m]), _mm256_broadcast_ss(&sv[m][j]), acc[m]);
 		}
 	}
 	for (int m = 0; m < M; m++)
@@ -1111,14 +1126,57 @@ static inline __attribute__((always_inline)) void dot_q32(const int dtype, const
 static inline __attribute__((always_inline)) void dot_q16(const int dtype, const int M, const uint8_t *row,
 							   const xq16 *xq, size_t K, float *out)
 {
-	dot_q32(dtype, M, false, row, xq->q, xq->scale, xq->sum, K, out);
+	dot_q32(dtype, M, row, xq->q, xq->scale, xq->sum, K, out);
 }
 
-/* The 32-element block types with int8 x: dot_q32 with each block's levels multiplied as bytes (dot_block8). */
+/*
+ * The 32-element block types' int8 GEMV, in the order every int8 kernel
+ * keeps (the GEMM's too, gemm8_kernel), so a row's result is the same
+ * whatever other rows share the call:
+ *   P_b = sum_j (q_j - off) xq_j           block b's exact int32 (offset_sums8)
+ *   A_l = fma(P_b, d_b xs_b, A_l)          for b = l, l + 8, ... (lane l = b mod 8)
+ *   N_l = fma(m_b, xsum_b, N_l)            the same lanes, Q4_1 only
+ *   y   = hsum8(A) (+ hsum8(N) for Q4_1)
+ * Eight blocks' integer products are summed across their lanes (sum_lanes8)
+ * into one vector whose lane l is block b0 + l's P, then one convert and one
+ * FMA for the eight.
+ */
 static inline __attribute__((always_inline)) void dot_q8(const int dtype, const int M, const uint8_t *row,
 							  const xq8 *xq, size_t K, float *out)
 {
-	dot_q32(dtype, M, true, row, xq->q, xq->scale, xq->sum, K, out);
+	const size_t nb = K / KVT_QBLOCK;
+	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
+	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
+
+	for (int m = 0; m < M; m++)
+		acc[m] = mvec[m] = _mm256_setzero_ps();
+	for (size_t b0 = 0; b0 < nb; b0 += 8) {
+		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
+		const int g = block_group(dtype, M, true, row, bs, nb, b0, xq->scale, xq->sum, sv, mvec);
+		__m256i p[GEMV_MAX_ROWS][8];
+		_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+			const size_t b = b0 + (size_t)j;
+			if (j >= g) { /* the row's last group: lanes past its end are 0 (fma adds +0) */
+				for (int m = 0; m < M; m++)
+					p[m][j] = _mm256_setzero_si256();
+				continue;
+			}
+			const uint8_t *blk = row + b * bs;
+			if (!(j & 1))
+				prefetch_ahead(blk);
+			const __m256i v = q32_levels8(dtype, blk);
+			for (int m = 0; m < M; m++)
+				p[m][j] = dot_block8(dtype, v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
+		}
+		for (int m = 0; m < M; m++) {
+			__m256i pm = sum_lanes8(p[m]);
+			if (dtype == KVT_DTYPE_Q4_0 || dtype == KVT_DTYPE_Q5_0)
+				pm = _mm256_sub_epi32(pm, offset_sums8(dtype, xq->lsum + (size_t)m * (K / 16) + 2 * b0, g));
+			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_load_ps(sv[m]), acc[m]);
+		}
+	}
+	for (int m = 0; m < M; m++)
+		out[m] = dtype == KVT_DTYPE_Q4_1 ? hsum8(acc[m]) + hsum8(mvec[m]) : hsum8(acc[m]);
 }
 
 /* Constant dtype and row count for each instance, so loops unroll into registers. */
@@ -1179,11 +1237,10 @@ static void dot_rows_q8(int dtype, const uint8_t *row, const xq8 *xq, int M, siz
  * Q4_1's and Q4_K/Q5_K's mins go on in fp32 with x's sums, as in the GEMV.
  * Bounds: a lane's sum over a block is at most 32 x 255 x 127 (Q8_0's) and
  * a K-quant superblock's, times its scales, 256 x 63 x 127 x 128 < 2^29.
- * The integer sums are exact and x's sums are those of its levels
- * (xq8_block_sums), so a row's result differs from the GEMV's only in the
- * order of its float additions (test_engine_kv's int8 part checks invariant
- * 1 across the two: a decode's rows take the GEMV, a recomputation's the
- * GEMM).
+ * The integer sums are exact, x's sums are those of its levels
+ * (xq8_block_sums), and gemm8_kernel makes the GEMV's float operations in
+ * the GEMV's order, so a row's result is the GEMV's bit for bit
+ * (test_cpu_invariant).
  */
 #define KVT_HAVE_GEMM8 1
 #define GEMM8_LANES 16 /* rows of x in a vector */
@@ -1368,15 +1425,45 @@ static inline int32_t gemm8_ld32(const uint8_t *p)
 	return v;
 }
 
+/* The 8 chains' sum in hsum8's order: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)). */
+static inline __attribute__((always_inline)) __m512 gemm8_tree(const __m512 v[8])
+{
+	const __m512 t0 = _mm512_add_ps(v[0], v[4]), t1 = _mm512_add_ps(v[1], v[5]);
+	const __m512 t2 = _mm512_add_ps(v[2], v[6]), t3 = _mm512_add_ps(v[3], v[7]);
+	return _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
+}
+
+/*
+ * Block b's (a 32-element type's) or sub-block s's integer products for R
+ * weight rows against 16 rows of x: the offset sums (c) plus S bytes of
+ * levels at lv[r] + off, by vpdpbusd, 4 bytes a step.
+ */
+static inline __attribute__((always_inline)) void gemm8_block(const int R, const size_t S, __m512i c, const uint8_t *const *lv,
+							       size_t off, const uint8_t *xq, __m512i *a)
+{
+	for (int r = 0; r < R; r++)
+		a[r] = c;
+	_Pragma("GCC unroll 8") for (size_t k = 0; k < S / 4; k++) {
+		const __m512i xv = _mm512_loadu_si512(xq + k * 4 * GEMM8_LANES);
+		for (int r = 0; r < R; r++)
+			a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(gemm8_ld32(lv[r] + off + 4 * k)), xv);
+	}
+}
+
 /*
  * R decoded weight rows (from slot r0 of w) times one group of 16 rows of x
  * (gx's group g): out[r] holds the 16 rows' results for weight row r0 + r.
+ * Each lane (a row of x) follows the GEMV's order exactly (dot_q8, dot_qk8):
+ * the same exact integer per block or superblock, its float FMA into chain
+ * l = b mod 8 (sb mod 8), the mins into their own 8 chains, the chains summed
+ * as hsum8 sums its lanes. The loops run chain by chain (blocks l, l + 8,
+ * ...), so each chain is one register per weight row.
  */
 static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, const int R, const gemm8_w *w, int r0,
 								const gemm8_x *gx, size_t g, uint32_t K, __m512 *out)
 {
 	const size_t nb = K / KVT_QBLOCK, S = gemm8_sub(dtype), ns = K / S;
-	const bool off = gemm8_offset(dtype) != 0;
+	const bool off = gemm8_offset(dtype) != 0, kq = is_kquant(dtype);
 	const bool mins = dtype == KVT_DTYPE_Q4_1 || dtype == KVT_DTYPE_Q4_K || dtype == KVT_DTYPE_Q5_K;
 	const uint8_t *xq = gx->q + g * K * GEMM8_LANES;
 	const float *xs = gx->scale + g * nb * GEMM8_LANES, *xsum = gx->sum + g * nb * GEMM8_LANES;
@@ -1384,67 +1471,66 @@ static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, 
 	const uint8_t *lv[GEMM8_R];
 	const float *wd[GEMM8_R], *wm[GEMM8_R];
 	const int32_t *wsc[GEMM8_R];
-	__m512 acc[GEMM8_R], mv[GEMM8_R];
+	__m512 chain[GEMM8_R][8], nchain[GEMM8_R][8]; /* A_l and N_l per weight row */
 
 	for (int r = 0; r < R; r++) {
 		lv[r] = w->lv + (size_t)(r0 + r) * K;
 		wd[r] = w->d + (size_t)(r0 + r) * nb;
 		wm[r] = w->m + (size_t)(r0 + r) * nb;
 		wsc[r] = w->sc + (size_t)(r0 + r) * (K / 16);
-		acc[r] = mv[r] = _mm512_setzero_ps();
 	}
-	if (!is_kquant(dtype)) {
-		for (size_t b = 0; b < nb; b++) {
-			const __m512i c = off ? _mm512_loadu_si512(xc + b * GEMM8_LANES) : _mm512_setzero_si512();
-			__m512i a[GEMM8_R];
-			for (int r = 0; r < R; r++)
-				a[r] = c;
-			_Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-				const __m512i xv = _mm512_loadu_si512(xq + (b * 8 + (size_t)k) * 4 * GEMM8_LANES);
-				for (int r = 0; r < R; r++)
-					a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(gemm8_ld32(lv[r] + b * KVT_QBLOCK + 4 * k)), xv);
-			}
-			const __m512 dx = _mm512_loadu_ps(xs + b * GEMM8_LANES);
-			for (int r = 0; r < R; r++)
-				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][b]), dx), acc[r]);
-			if (mins) {
-				const __m512 sx = _mm512_loadu_ps(xsum + b * GEMM8_LANES);
-				for (int r = 0; r < R; r++)
-					mv[r] = _mm512_fmadd_ps(_mm512_set1_ps(wm[r][b]), sx, mv[r]);
-			}
-		}
-	} else {
-		const size_t per_sb = KVT_QK_BLOCK / S;
-		for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
+	/* blocks (32-element types) or superblocks (K-quants): a chain's are l, l + 8, ... */
+	const size_t n_units = kq ? K / KVT_QK_BLOCK : nb, per_sb = KVT_QK_BLOCK / S;
+	for (size_t l = 0; l < 8; l++) {
+		__m512 acc[GEMM8_R];
+		for (int r = 0; r < R; r++)
+			acc[r] = _mm512_setzero_ps();
+		for (size_t u = l; u < n_units; u += 8) {
 			__m512i isum[GEMM8_R];
-			for (int r = 0; r < R; r++)
-				isum[r] = _mm512_setzero_si512();
-			for (size_t sub = 0; sub < per_sb; sub++) {
-				const size_t s = sb * per_sb + sub;
-				const __m512i c = off ? _mm512_loadu_si512(xc + s * GEMM8_LANES) : _mm512_setzero_si512();
-				__m512i a[GEMM8_R];
+			if (!kq) {
+				const __m512i c = off ? _mm512_loadu_si512(xc + u * GEMM8_LANES) : _mm512_setzero_si512();
+				gemm8_block(R, KVT_QBLOCK, c, lv, u * KVT_QBLOCK, xq + u * KVT_QBLOCK * GEMM8_LANES, isum);
+			} else {
 				for (int r = 0; r < R; r++)
-					a[r] = c;
-				_Pragma("GCC unroll 8") for (size_t k = 0; k < S / 4; k++) {
-					const __m512i xv = _mm512_loadu_si512(xq + (s * (S / 4) + k) * 4 * GEMM8_LANES);
+					isum[r] = _mm512_setzero_si512();
+				for (size_t sub = 0; sub < per_sb; sub++) {
+					const size_t s = u * per_sb + sub;
+					const __m512i c = off ? _mm512_loadu_si512(xc + s * GEMM8_LANES) : _mm512_setzero_si512();
+					__m512i a[GEMM8_R];
+					gemm8_block(R, S, c, lv, s * S, xq + s * S * GEMM8_LANES, a);
 					for (int r = 0; r < R; r++)
-						a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(gemm8_ld32(lv[r] + s * S + 4 * k)), xv);
-				}
-				for (int r = 0; r < R; r++)
-					isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(wsc[r][s])));
-				if (mins) {
-					const __m512 sx = _mm512_loadu_ps(xsum + s * GEMM8_LANES);
-					for (int r = 0; r < R; r++)
-						mv[r] = _mm512_fnmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r]);
+						isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(wsc[r][s])));
 				}
 			}
-			const __m512 dx = _mm512_loadu_ps(xs + sb * (KVT_QK_BLOCK / KVT_QBLOCK) * GEMM8_LANES);
+			/* x's scale: per block, or the superblock's (that of its first block) */
+			const __m512 dx = _mm512_loadu_ps(xs + (kq ? u * (KVT_QK_BLOCK / KVT_QBLOCK) : u) * GEMM8_LANES);
 			for (int r = 0; r < R; r++)
-				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][sb]), dx), acc[r]);
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][u]), dx), acc[r]);
 		}
+		for (int r = 0; r < R; r++)
+			chain[r][l] = acc[r];
+	}
+	if (!mins) {
+		for (int r = 0; r < R; r++)
+			out[r] = gemm8_tree(chain[r]);
+		return;
+	}
+	/* the mins: Q4_1's chain l over blocks l, l + 8, ...; Q4_K/Q5_K's over sub-block l of every superblock */
+	for (size_t l = 0; l < 8; l++) {
+		__m512 mv[GEMM8_R];
+		for (int r = 0; r < R; r++)
+			mv[r] = _mm512_setzero_ps();
+		for (size_t s = l; s < nb; s += 8) {
+			const __m512 sx = _mm512_loadu_ps(xsum + s * GEMM8_LANES);
+			for (int r = 0; r < R; r++)
+				mv[r] = kq ? _mm512_fnmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r])
+					   : _mm512_fmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r]);
+		}
+		for (int r = 0; r < R; r++)
+			nchain[r][l] = mv[r];
 	}
 	for (int r = 0; r < R; r++)
-		out[r] = mins ? _mm512_add_ps(acc[r], mv[r]) : acc[r];
+		out[r] = _mm512_add_ps(gemm8_tree(chain[r]), gemm8_tree(nchain[r]));
 }
 
 #define GEMM8_TYPE(DT) gemm8_kernel(DT, GEMM8_R, w, r0, gx, g, K, out); return;
@@ -1484,82 +1570,87 @@ static void dot_rows_q(int dtype, const uint8_t *row, const float *x, int M, siz
 }
 #endif
 
-/* Whether the op takes the int8 GEMM (act_int8, GEMM8_MIN_ROWS rows of x or more; AVX-512 VNNI builds). */
-static bool use_gemm8(const kvt_dev *d, const kvt_matmul_args *a)
-{
-#ifdef KVT_HAVE_GEMM8
-	return d->act_int8 && is_quantized(a->w_dtype) && a->n_rows >= GEMM8_MIN_ROWS;
-#else
-	(void)d;
-	(void)a;
-	return false;
-#endif
-}
-
-/* Whether the op takes the quantized int16 GEMV (x quantized once, weights read as stored). */
-static bool use_qgemv(const kvt_dev *d, const kvt_matmul_args *a)
-{
-#ifdef KVT_HAVE_F16C
-	return is_quantized(a->w_dtype) && a->n_rows <= (d->act_int8 ? GEMV_QUANT_ROWS_X8 : GEMV_QUANT_ROWS) &&
-	       !use_gemm8(d, a);
-#else
-	(void)d;
-	(void)a;
-	return false;
-#endif
-}
-
-/* Whether the op reads each weight row once for all rows of x (a GEMV), not widened tiles and sgemm. */
-static bool use_gemv(const kvt_dev *d, const kvt_matmul_args *a)
-{
-	return a->n_rows <= GEMV_MAX_ROWS || use_qgemv(d, a);
-}
-
-#ifdef KVT_HAVE_F16C
 /*
- * Whether the quantized GEMV rounds x to int8 (the device's act_int8; every
- * quantized type has an int8 kernel). NOTE: only the F16C build has either
- * GEMV, and only it may define this (the portable package build would stop
- * on an unused function).
+ * The matmul's kernels, by (stored type x activation mode): the one place a
+ * path is chosen, once per call (mm_plan), and where the order rule of
+ * dev_impl.h holds. Every kernel here computes each output from its row of
+ * x and its weight row alone, in float operations fixed by the stored type,
+ * the activation mode and K: never by the number of rows, which rows they
+ * are, or the thread count (a task owns whole output columns, so no sum is
+ * ever split). A GEMM row therefore equals its GEMV, bit for bit:
+ *
+ *   stored type      int16 x (act_int8 off)     int8 x (act_int8, the default)
+ *   f32              dot_f32 per row             dot_f32 per row
+ *   f16              dot_f32_f16 per row         dot_f32_f16 per row
+ *   Q8_0 Q4_0 Q4_1   dot_q16, 4 rows a pass      dot_q8, 4 rows a pass; with
+ *   Q5_0                                         AVX-512 VNNI and 12+ rows the
+ *   Q4_K Q5_K Q6_K   dot_qk16                    GEMM (gemm8_kernel) in the
+ *                                                same order (dot_qk8 for K-quants)
+ *
+ * (Builds without F16C/FMA, the portable package: dot_rows_q on fp32 x for
+ * every quantized type, per row as well.) The GEMM is the only choice made
+ * by row count, and it keeps dot_q8's and dot_qk8's order exactly; no
+ * threshold picks sgemm, whose order varies with the shape.
  */
-static bool use_x8(const kvt_dev *d, const kvt_matmul_args *a)
-{
-	return d->act_int8 && use_qgemv(d, a);
-}
+typedef enum mm_kernel {
+	MM_F32,     /* fp32 weights: dot_f32 */
+	MM_F16,     /* fp16 weights: dot_f32_f16 */
+	MM_Q16,     /* quantized, x as int16 (xq16): dot_rows_q; or fp32 x in a portable build */
+	MM_Q8,      /* quantized, x as int8 (xq8): dot_rows_q8 */
+	MM_Q8_GEMM, /* MM_Q8's order, 16 rows of x a vector (AVX-512 VNNI builds) */
+} mm_kernel;
+
+/* The table: [act_int8][weight class: 0 f32, 1 f16, 2 block-quantized]. */
+static const mm_kernel mm_table[2][3] = {
+	{ MM_F32, MM_F16, MM_Q16 },
+#ifdef KVT_HAVE_F16C
+	{ MM_F32, MM_F16, MM_Q8 },
+#else
+	{ MM_F32, MM_F16, MM_Q16 }, /* no int8 kernels without AVX2 */
 #endif
+};
+
+/* The kernel for this op on this device. */
+static mm_kernel mm_plan(const kvt_dev *d, const kvt_matmul_args *a)
+{
+	const int cls = a->w_dtype == KVT_DTYPE_F32 ? 0 : a->w_dtype == KVT_DTYPE_F16 ? 1 : 2;
+	const mm_kernel k = mm_table[d->act_int8][cls];
+#ifdef KVT_HAVE_GEMM8
+	if (k == MM_Q8 && a->n_rows >= GEMM8_MIN_ROWS)
+		return MM_Q8_GEMM; /* a faster tile, the same order */
+#endif
+	return k;
+}
 
 size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a)
 {
-	if (d->use_ref || a->w_dtype == KVT_DTYPE_F32)
+	if (d->use_ref)
 		return 0;
+	switch (mm_plan(d, a)) {
 #ifdef KVT_HAVE_GEMM8
-	if (use_gemm8(d, a))
+	case MM_Q8_GEMM:
 		return gemm8_align(xq8_bytes(a->n_rows, a->n_in)) + gemm8_x_bytes(a->n_rows, a->n_in) +
 		       (size_t)d->n_threads * gemm8_w_bytes(a->n_in);
 #endif
 #ifdef KVT_HAVE_F16C
-	if (use_x8(d, a))
+	case MM_Q8:
 		return xq8_bytes(a->n_rows, a->n_in);
-	if (use_qgemv(d, a))
+	case MM_Q16:
 		return xq16_bytes(a->n_rows, a->n_in);
 #endif
-	if (a->n_rows <= GEMV_MAX_ROWS)
+	default:
 		return 0;
-	return (size_t)d->n_threads * tile_rows(a) * a->n_in * sizeof(float);
+	}
 }
 
 typedef struct matmul_job {
 	const kvt_matmul_args *a; /* the op */
+	mm_kernel k;              /* its kernel (mm_plan) */
 	uint32_t n_slices;        /* column slices */
-	float *ws;                /* per-worker tiles (the sgemm path) */
-	xq16 xq;                  /* quantized x (quantized GEMV) */
-	xq8 xq8;                  /* ... as int8 (x8) */
-	bool gemv;                /* a GEMV, not widened tiles and sgemm (use_gemv) */
-	bool x8;                  /* the int8 GEMV (use_x8) */
-	size_t tile_rows;         /* rows of each worker's tile in ws */
+	xq16 xq;                  /* quantized x (MM_Q16) */
+	xq8 xq8;                  /* ... as int8 (MM_Q8, MM_Q8_GEMM) */
 #ifdef KVT_HAVE_GEMM8
-	bool g8;                  /* the int8 GEMM (use_gemm8) */
-	gemm8_x gx;               /* ... its x */
+	gemm8_x gx;               /* MM_Q8_GEMM's x */
 	char *g8_tiles;           /* ... its per-worker weight tiles, gemm8_w_bytes apart */
 #endif
 } matmul_job;
@@ -1573,7 +1664,7 @@ static void gemm8_prep_task(void *ctx, uint32_t g, uint32_t worker)
 	const uint32_t M = a->n_rows, K = a->n_in, m0 = g * GEMM8_LANES, nb = K / KVT_QBLOCK;
 	const uint32_t rows = M - m0 < GEMM8_LANES ? M - m0 : GEMM8_LANES;
 	xq8 part = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb,
-		     j->xq8.sum16 + 2 * (size_t)m0 * nb };
+		     j->xq8.lsum + (size_t)m0 * (K / 16) };
 	(void)worker;
 	xq8_quantize(&part, a->x + (size_t)m0 * K, rows, K, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
 	gemm8_x_group(&j->gx, &j->xq8, M, K, a->w_dtype, g);
@@ -1616,73 +1707,57 @@ static void gemm8_slice(const matmul_job *j, int n0, int n1, void *tile_ws)
 }
 #endif
 
-/* y[:, n0:n1], one task's slice of output columns (OpenBLAS single-threaded). */
-static void matmul_slice(const matmul_job *j, int n0, int n1, float *tile)
+/* One weight row against rows m0 .. m0 + mg - 1 of x (mg <= GEMV_MAX_ROWS), into out[0 .. mg). */
+static void matmul_rows(const matmul_job *j, const uint8_t *row, int m0, int mg, float *out)
 {
 	const kvt_matmul_args *a = j->a;
-	const int M = (int)a->n_rows, K = (int)a->n_in, N = (int)a->n_out;
-	const float beta = a->accumulate ? 1.0f : 0.0f;
-	const size_t row_bytes = kvt_dtype_row_bytes(a->w_dtype, a->n_in);
-	const uint8_t *w = a->w;
-
-	if (a->w_dtype == KVT_DTYPE_F32) {
-		const float *wf = (const float *)a->w + (size_t)n0 * K;
-		if (M == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, K, 1.0f, wf, K, a->x, 1, beta, a->y + n0, 1);
-		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n1 - n0, K, 1.0f, a->x, K, wf, K,
-				    beta, a->y + n0, N);
+	const int K = (int)a->n_in;
+	if (j->k == MM_F32 || j->k == MM_F16) {
+		for (int m = 0; m < mg; m++) {
+			const float *x = a->x + (size_t)(m0 + m) * K;
+			out[m] = j->k == MM_F32 ? dot_f32(x, (const float *)row, K) : dot_f32_f16(x, (const uint16_t *)row, K);
+		}
 		return;
 	}
-	if (j->gemv) {
-		/* memory-bound: read each weight row once (into L1), for every input row */
-		float out[GEMV_QUANT_ROWS_X8];
 #ifdef KVT_HAVE_F16C
-		/* the quantized x, GEMV_MAX_ROWS rows a group */
-		xq16 groups[(GEMV_QUANT_ROWS + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
-		xq8 groups8[(GEMV_QUANT_ROWS_X8 + GEMV_MAX_ROWS - 1) / GEMV_MAX_ROWS];
-		const size_t nb = (size_t)K / KVT_QBLOCK;
-		for (int m0 = 0, g = 0; m0 < M && is_quantized(a->w_dtype); m0 += GEMV_MAX_ROWS, g++) {
-			if (j->x8)
-				groups8[g] = (xq8){ j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb,
-						    j->xq8.sum + (size_t)m0 * nb, j->xq8.sum16 + 2 * (size_t)m0 * nb };
-			else
-				groups[g] = (xq16){ j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb,
-						    j->xq.sum + (size_t)m0 * nb };
-		}
-#endif
-		for (int n = n0; n < n1; n++) {
-			const uint8_t *row = w + (size_t)n * row_bytes;
-			if (a->w_dtype == KVT_DTYPE_F16)
-				for (int m = 0; m < M; m++)
-					out[m] = dot_f32_f16(a->x + (size_t)m * K, (const uint16_t *)row, K);
-			else
-#ifdef KVT_HAVE_F16C
-				for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
-					const int mg = M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS;
-					if (j->x8)
-						dot_rows_q8(a->w_dtype, row, &groups8[m0 / GEMV_MAX_ROWS], mg, K, out + m0);
-					else
-						dot_rows_q(a->w_dtype, row, &groups[m0 / GEMV_MAX_ROWS], mg, K, out + m0);
-				}
+	const size_t nb = (size_t)K / KVT_QBLOCK;
+	if (j->k == MM_Q8) {
+		const xq8 g = { j->xq8.q + (size_t)m0 * K, j->xq8.scale + (size_t)m0 * nb, j->xq8.sum + (size_t)m0 * nb,
+				j->xq8.lsum + (size_t)m0 * (K / 16) };
+		dot_rows_q8(a->w_dtype, row, &g, mg, K, out);
+	} else {
+		const xq16 g = { j->xq.q + (size_t)m0 * K, j->xq.scale + (size_t)m0 * nb, j->xq.sum + (size_t)m0 * nb };
+		dot_rows_q(a->w_dtype, row, &g, mg, K, out);
+	}
 #else
-				dot_rows_q(a->w_dtype, row, a->x, M, K, out);
+	dot_rows_q(a->w_dtype, row, a->x + (size_t)m0 * K, mg, K, out);
 #endif
-			for (int m = 0; m < M; m++) {
-				float *y = &a->y[(size_t)m * N + n];
-				*y = a->accumulate ? *y + out[m] : out[m];
+}
+
+/*
+ * y[:, n0:n1], one task's slice of output columns: MATMUL_TILE weight rows
+ * at a time (they stay in L1/L2) against every group of GEMV_MAX_ROWS rows of
+ * x. With one group (decode) each weight row is read once.
+ */
+#define MATMUL_TILE 16
+static void matmul_slice(const matmul_job *j, int n0, int n1)
+{
+	const kvt_matmul_args *a = j->a;
+	const int M = (int)a->n_rows, N = (int)a->n_out;
+	const size_t row_bytes = kvt_dtype_row_bytes(a->w_dtype, a->n_in);
+	float out[GEMV_MAX_ROWS];
+	for (int t0 = n0; t0 < n1; t0 += MATMUL_TILE) {
+		const int t1 = n1 - t0 < MATMUL_TILE ? n1 : t0 + MATMUL_TILE;
+		for (int m0 = 0; m0 < M; m0 += GEMV_MAX_ROWS) {
+			const int mg = M - m0 < GEMV_MAX_ROWS ? M - m0 : GEMV_MAX_ROWS;
+			for (int n = t0; n < t1; n++) {
+				matmul_rows(j, (const uint8_t *)a->w + (size_t)n * row_bytes, m0, mg, out);
+				for (int m = 0; m < mg; m++) {
+					float *y = &a->y[(size_t)(m0 + m) * N + n];
+					*y = a->accumulate ? *y + out[m] : out[m];
+				}
 			}
 		}
-		return;
-	}
-	/* compute-bound: widen a tile of weight rows to fp32, then one sgemm per tile */
-	const int tr = (int)j->tile_rows;
-	for (int t0 = n0; t0 < n1; t0 += tr) {
-		int nt = n1 - t0 < tr ? n1 - t0 : tr;
-		for (int r = 0; r < nt; r++)
-			kvt_cpu_widen_row(a->w_dtype, w + (size_t)(t0 + r) * row_bytes, tile + (size_t)r * K, K);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nt, K, 1.0f, a->x, K, tile, K, beta,
-			    a->y + t0, N);
 	}
 }
 
@@ -1693,47 +1768,45 @@ static void matmul_task(void *ctx, uint32_t t, uint32_t worker)
 	/* slice edges on 16-column boundaries */
 	uint32_t n0 = (uint32_t)((uint64_t)N * t / j->n_slices) & ~15u;
 	uint32_t n1 = t + 1 == j->n_slices ? N : (uint32_t)((uint64_t)N * (t + 1) / j->n_slices) & ~15u;
-	float *tile = j->ws ? j->ws + (size_t)worker * j->tile_rows * j->a->n_in : NULL;
 	if (n0 >= n1)
 		return;
 #ifdef KVT_HAVE_GEMM8
-	if (j->g8) {
+	if (j->k == MM_Q8_GEMM) {
 		gemm8_slice(j, (int)n0, (int)n1, j->g8_tiles + (size_t)worker * gemm8_w_bytes(j->a->n_in));
 		return;
 	}
 #endif
-	matmul_slice(j, (int)n0, (int)n1, tile);
+	(void)worker;
+	matmul_slice(j, (int)n0, (int)n1);
 }
 
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 {
-	/* a GEMM slice of fewer than 128 columns would repack x for little work (the GEMVs and the int8 GEMM: 64) */
-	const bool gemv = use_gemv(d, a);
-	matmul_job j = { .a = a, .gemv = gemv, .n_slices = split(d, a->n_out, gemv || use_gemm8(d, a) ? 64 : 128) };
-	j.tile_rows = tile_rows(a);
+	matmul_job j = { .a = a, .k = mm_plan(d, a), .n_slices = split(d, a->n_out, 64) };
+	switch (j.k) {
 #ifdef KVT_HAVE_GEMM8
-	if (use_gemm8(d, a)) {
-		j.g8 = true;
+	case MM_Q8_GEMM: {
 		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
 		char *gws = (char *)ws + gemm8_align(xq8_bytes(a->n_rows, a->n_in));
 		gemm8_x_init(&j.gx, gws, a->n_rows, a->n_in);
 		j.g8_tiles = gws + gemm8_x_bytes(a->n_rows, a->n_in);
 		par_run(d, (a->n_rows + GEMM8_LANES - 1) / GEMM8_LANES, gemm8_prep_task, &j);
-		par_run(d, j.n_slices, matmul_task, &j);
-		return KVT_OK;
+		break;
 	}
 #endif
 #ifdef KVT_HAVE_F16C
-	j.x8 = use_x8(d, a);
-	if (j.x8) {
+	case MM_Q8:
 		xq8_init(&j.xq8, ws, a->n_rows, a->n_in);
 		xq8_quantize(&j.xq8, a->x, a->n_rows, a->n_in, is_kquant(a->w_dtype) ? KVT_QK_BLOCK / KVT_QBLOCK : 1);
-	} else if (use_qgemv(d, a)) {
+		break;
+	case MM_Q16:
 		xq16_init(&j.xq, ws, a->n_rows, a->n_in);
 		xq16_quantize(&j.xq, a->x, a->n_rows, a->n_in);
-	} else
+		break;
 #endif
-		j.ws = ws;
+	default:
+		break;
+	}
 	par_run(d, j.n_slices, matmul_task, &j);
 	return KVT_OK;
 }
@@ -1864,20 +1937,23 @@ static void pv_block(float *y, float c, const float *sc, const float *v, uint32_
 
 /*
  * Blocked causal attention, the fast path's kernel. One call covers nr query
- * rows from r0 and the G query heads h0.. that share one KV head, over the
- * KV blocks [blk0, blk1). Each KV block is widened to fp32 once and used by
- * all those queries, with an online softmax (running max and sum per query,
- * the accumulator rescaled as each block arrives), scores four keys at a time
- * and a vectorised exp. The result is either final (out) or, for a split of
- * the keys, the unnormalised partial state (m, l, acc) that
- * kvt_cpu_attention_combine() merges.
+ * rows from r0 and the ng query heads h0.. (all sharing one KV head), over
+ * the KV blocks [blk0, blk1). Each KV block is widened to fp32 once and used
+ * by all those queries, with an online softmax (running max and sum per
+ * query, the accumulator rescaled as each block arrives), scores four keys at
+ * a time and a vectorised exp.
+ * Order rule (dev_impl.h): a query's steps are one per KV block, blocks
+ * aligned to absolute positions (block_tokens), in position order, over the
+ * keys its position sees; nothing depends on the other rows or heads of the
+ * call, so a prompt's row and a decode step at the same position give the
+ * same bits, whatever the chunk, the batch or the thread count.
  */
-static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t h0, uint32_t blk0, uint32_t blk1,
-			  uint32_t worker, float *partial)
+static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t h0, uint32_t ng, uint32_t blk0,
+			  uint32_t blk1, uint32_t worker)
 {
 	const kvt_attention_args *a = j->a;
 	const kvt_kv_layout *l = a->kv;
-	const uint32_t hd = l->head_dim, bt = l->block_tokens, G = a->n_heads / l->n_kv_heads, kh = h0 / G;
+	const uint32_t hd = l->head_dim, bt = l->block_tokens, G = ng, kh = h0 / (a->n_heads / l->n_kv_heads);
 	const uint32_t nq = nr * G, n_vis_max = a->pos0 + r0 + nr;
 	float *acc = j->ws + (size_t)worker * j->ws_floats; /* [nq][hd] */
 	float *mx = acc + (size_t)ATTN_ROWS * G * hd;        /* [nq] running max */
@@ -1923,17 +1999,10 @@ static void attend_blocks(const attn_job *j, uint32_t r0, uint32_t nr, uint32_t 
 	}
 	for (uint32_t qi = 0; qi < nq; qi++) {
 		const uint32_t r = qi / G, g = qi % G;
-		if (partial) {
-			float *st = partial + (size_t)qi * (hd + 2);
-			memcpy(st, acc + (size_t)qi * hd, hd * sizeof(float));
-			st[hd] = mx[qi];
-			st[hd + 1] = sum[qi];
-		} else {
-			float *out = a->out + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
-			const float inv = 1.0f / sum[qi];
-			for (uint32_t i = 0; i < hd; i++)
-				out[i] = acc[(size_t)qi * hd + i] * inv;
-		}
+		float *out = a->out + ((size_t)(r0 + r) * a->n_heads + h0 + g) * hd;
+		const float inv = 1.0f / sum[qi];
+		for (uint32_t i = 0; i < hd; i++)
+			out[i] = acc[(size_t)qi * hd + i] * inv;
 	}
 }
 
@@ -1945,53 +2014,26 @@ void kvt_cpu_attention_prefill_task(void *ctx, uint32_t t, uint32_t worker)
 	const uint32_t n_kv = a->kv->n_kv_heads, G = a->n_heads / n_kv, bt = a->kv->block_tokens;
 	const uint32_t rb = j->n_row_blocks - 1 - t / n_kv, r0 = rb * ATTN_ROWS;
 	const uint32_t nr = a->n_rows - r0 < ATTN_ROWS ? a->n_rows - r0 : ATTN_ROWS;
-	attend_blocks(j, r0, nr, (t % n_kv) * G, attn_first_key(a, a->pos0 + r0) / bt, (a->pos0 + r0 + nr + bt - 1) / bt,
-		      worker, NULL);
+	attend_blocks(j, r0, nr, (t % n_kv) * G, G, attn_first_key(a, a->pos0 + r0) / bt, (a->pos0 + r0 + nr + bt - 1) / bt,
+		      worker);
 }
 
 /*
- * Decode (one row): task = (KV head, a share of the key blocks), the
- * flash-decoding split, so a long context keeps every thread busy even with
- * few KV heads while each K/V row is still read once per token.
+ * Decode (one row): task = (KV head, a share of its query heads), so a model
+ * with few KV heads still keeps the threads busy. NOTE: the keys are never
+ * split across tasks (a split-K merge sums in an order set by the split, which
+ * followed the thread count): each query runs attend_blocks's steps, as its
+ * row of a prompt would.
  */
 void kvt_cpu_attention_decode_task(void *ctx, uint32_t t, uint32_t worker)
 {
 	const attn_job *j = ctx;
 	const kvt_attention_args *a = j->a;
-	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
-	const uint32_t kh = t / j->n_splits, sp = t % j->n_splits;
-	const uint32_t lo = attn_first_key(a, a->pos0) / a->kv->block_tokens; /* the window's first block */
-	const uint32_t n_blk = (a->pos0 + 1 + a->kv->block_tokens - 1) / a->kv->block_tokens - lo;
-	const uint32_t b0 = lo + (uint32_t)((uint64_t)n_blk * sp / j->n_splits);
-	const uint32_t b1 = lo + (uint32_t)((uint64_t)n_blk * (sp + 1) / j->n_splits);
-	attend_blocks(j, 0, 1, kh * G, b0, b1, worker, j->partial + (size_t)t * G * (hd + 2));
-}
-
-/* Merge the splits' (acc, m, l) per query head: out = sum acc_i e^(m_i-M) / sum l_i e^(m_i-M). */
-void kvt_cpu_attention_combine(const attn_job *j)
-{
-	const kvt_attention_args *a = j->a;
-	const uint32_t G = a->n_heads / a->kv->n_kv_heads, hd = a->kv->head_dim;
-	for (uint32_t h = 0; h < a->n_heads; h++) {
-		const uint32_t kh = h / G, g = h % G;
-		float M = -INFINITY, L = 0, *out = a->out + (size_t)h * hd;
-		for (uint32_t sp = 0; sp < j->n_splits; sp++) {
-			const float *st = j->partial + ((size_t)(kh * j->n_splits + sp) * G + g) * (hd + 2);
-			M = st[hd] > M ? st[hd] : M;
-		}
-		memset(out, 0, hd * sizeof(float));
-		for (uint32_t sp = 0; sp < j->n_splits; sp++) {
-			const float *st = j->partial + ((size_t)(kh * j->n_splits + sp) * G + g) * (hd + 2);
-			if (st[hd + 1] == 0)
-				continue; /* a split with no keys */
-			const float w = expf(st[hd] - M);
-			L += st[hd + 1] * w;
-			for (uint32_t i = 0; i < hd; i++)
-				out[i] += st[i] * w;
-		}
-		for (uint32_t i = 0; i < hd; i++)
-			out[i] /= L;
-	}
+	const uint32_t G = a->n_heads / a->kv->n_kv_heads, bt = a->kv->block_tokens;
+	const uint32_t kh = t / j->n_shares, sh = t % j->n_shares;
+	const uint32_t g0 = G * sh / j->n_shares, g1 = G * (sh + 1) / j->n_shares;
+	if (g0 < g1)
+		attend_blocks(j, 0, 1, kh * G + g0, g1 - g0, attn_first_key(a, a->pos0) / bt, (a->pos0 + bt) / bt, worker);
 }
 
 #ifdef KVT_HAVE_CODEC8

@@ -14,8 +14,8 @@
  *               the fast path runs on the worker pool; kv_store and sample
  *               on the calling thread; argmax's fast path is core's
  *               kvt_argmax_f32, on the calling thread too)
- *   cpu_fast.c  the fast paths: OpenBLAS GEMMs over widened tiles, the
- *               F16C/AVX2 GEMVs, blocked and split attention, the 8-wide
+ *   cpu_fast.c  the fast paths: the matmul kernel table (F16C/AVX2 GEMVs,
+ *               the AVX-512 int8 GEMM), blocked attention, the 8-wide
  *               codecs
  *
  * NOTE: the helpers here (dot_f32, dot_f32_f16, scale_axpy_f32) take their
@@ -183,8 +183,7 @@ typedef struct attn_job {
 	float *ws;                   /* per-worker scratch */
 	size_t ws_floats;            /* floats of scratch per worker */
 	uint32_t n_row_blocks;       /* prefill: ceil(n_rows / ATTN_ROWS) */
-	uint32_t n_splits;           /* decode: key splits per KV head */
-	float *partial;              /* decode: [n_kv_heads][n_splits][group][head_dim + 2] */
+	uint32_t n_shares;           /* decode: tasks per KV head, each a share of its query heads */
 } attn_job;
 
 static inline float dot_f32(const float *a, const float *b, size_t n)
@@ -246,7 +245,6 @@ size_t kvt_cpu_matmul_workspace(const kvt_dev *d, const kvt_matmul_args *a); /* 
 int kvt_cpu_matmul_fast(kvt_dev *d, const kvt_matmul_args *a, void *ws);
 void kvt_cpu_attention_prefill_task(void *ctx, uint32_t t, uint32_t worker); /* ctx: attn_job */
 void kvt_cpu_attention_decode_task(void *ctx, uint32_t t, uint32_t worker);  /* ctx: attn_job */
-void kvt_cpu_attention_combine(const attn_job *j); /* after the decode tasks: merge their splits */
 #ifdef KVT_HAVE_CODEC8
 void kvt_cpu_pack_group8(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
 void kvt_cpu_unpack_group8(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x);

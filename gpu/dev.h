@@ -119,11 +119,10 @@ typedef struct kvt_dev_config {
 	/*
 	 * CPU: matmuls with block-quantized weights round x to int8 (as
 	 * llama.cpp does: one scale per 32 elements, per 256 for the K-quants):
-	 * the decode GEMV for every type instead of int16, and, where the CPU has
-	 * AVX-512 VNNI, an int8 GEMM for 12 rows of x and more (prompts) instead
-	 * of widened tiles and sgemm. ~2e-5 NMSE per product against ~1e-9, and
-	 * faster: decode 1.2-1.5x on Q4_K_M files, prefill 2.5-3.5x
-	 * (bench/README.md). Off: int16 GEMV, sgemm for prompts.
+	 * the GEMV for every type instead of int16, and, where the CPU has
+	 * AVX-512 VNNI, an int8 GEMM in the GEMV's order for 12 rows of x and more
+	 * (prompts). ~2e-5 NMSE per product against ~1e-9, and faster. Off: the
+	 * int16 GEMV at every row count. kvtierd's default is on.
 	 */
 	bool act_int8;
 } kvt_dev_config;

@@ -8,13 +8,11 @@
  * Two paths per op, chosen by use_ref at creation:
  *   - reference: plain single-threaded loops, as readable as llama2.c; this
  *     is the oracle the parity tests trust;
- *   - fast: GEMMs through OpenBLAS, with fp16 and block-quantized weights
- *     widened tile by tile into the workspace; when only a few rows multiply
- *     them (decode) an F16C GEMV reads fp16 weights directly and an int16
- *     GEMV reads quantized ones as stored. Attention is blocked (prefill) or
- *     split across the keys (decode) with an online softmax. Every op is split
- *     into tasks for the backend's own worker threads (cpu_pool.c); OpenBLAS
- *     runs single-threaded inside a task, so one set of threads owns the cores.
+ *   - fast: matmuls read the weights as stored (F16C GEMV for fp16, int8 or
+ *     int16 GEMVs for the block-quantized types, an AVX-512 int8 GEMM in the
+ *     GEMV's order), attention blocked by absolute key position with an
+ *     online softmax, all under the order rule of dev_impl.h. Every op is
+ *     split into tasks for the backend's own worker threads (cpu_pool.c).
  * "Device" memory is ordinary 64-byte-aligned host memory, and every op
  * completes before it returns, so sync has nothing to wait for.
  */
@@ -165,22 +163,18 @@ static size_t attn_block_floats(const kvt_attention_args *a)
 	return nq * (hd + 2) + 2 * bt * hd + bt;
 }
 
-/* Decode key splits per KV head: about two tasks per thread, at least 4 blocks each. */
-static uint32_t attn_n_splits(const kvt_dev *d, const kvt_attention_args *a)
+/* Decode tasks per KV head: shares of its query heads, about two tasks per thread in all. */
+static uint32_t attn_n_shares(const kvt_dev *d, const kvt_attention_args *a)
 {
-	const uint32_t n_blk = (a->pos0 + a->n_rows + a->kv->block_tokens - 1) / a->kv->block_tokens -
-			       attn_first_key(a, a->pos0) / a->kv->block_tokens;
+	const uint32_t G = a->n_heads / a->kv->n_kv_heads;
 	uint32_t n = (2 * (uint32_t)cpu_n_threads(d) + a->kv->n_kv_heads - 1) / a->kv->n_kv_heads;
-	if (n > n_blk / 4)
-		n = n_blk / 4;
-	return n ? n : 1;
+	return n > G ? G : n ? n : 1;
 }
 
 static size_t cpu_attention_workspace(const kvt_dev *d, const kvt_attention_args *a)
 {
 	size_t r = attn_row_floats(a), b = attn_block_floats(a);
-	size_t partial = (size_t)a->n_heads * attn_n_splits(d, a) * (a->kv->head_dim + 2);
-	return ((size_t)cpu_n_threads(d) * (r > b ? r : b) + partial) * sizeof(float);
+	return (size_t)cpu_n_threads(d) * (r > b ? r : b) * sizeof(float);
 }
 
 static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
@@ -203,10 +197,8 @@ static int cpu_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 		par_run(d, j.n_row_blocks * a->kv->n_kv_heads, kvt_cpu_attention_prefill_task, &j);
 		return KVT_OK;
 	}
-	j.n_splits = attn_n_splits(d, a);
-	j.partial = (float *)ws + (size_t)cpu_n_threads(d) * j.ws_floats;
-	par_run(d, a->kv->n_kv_heads * j.n_splits, kvt_cpu_attention_decode_task, &j);
-	kvt_cpu_attention_combine(&j);
+	j.n_shares = attn_n_shares(d, a);
+	par_run(d, a->kv->n_kv_heads * j.n_shares, kvt_cpu_attention_decode_task, &j);
 	return KVT_OK;
 }
 

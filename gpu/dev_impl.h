@@ -11,6 +11,39 @@
 
 #include "dev.h"
 
+/*
+ * THE ORDER RULE (DESIGN.md §8.1), which every op of a backend keeps:
+ *
+ *   A row's result is a pure function of that row's inputs and the model:
+ *   bitwise independent of how many rows are in the call, which other rows
+ *   they are, the thread count, the prompt chunk size ([model] batch), and
+ *   whether the row is computed in a prompt (prefill) or a decode step.
+ *
+ * So a cached prompt's reply equals the cold one's bit for bit, alone or
+ * batched, on any thread count. Concretely:
+ *   - matmul: each output's float operations are fixed by (stored type,
+ *     activation mode, K): one accumulation order (the same partial-sum lanes
+ *     and combining order) in the GEMV and in any GEMM tile, so a GEMM row
+ *     equals the GEMV of that row. Integer partial sums are exact and may be
+ *     grouped freely. No split-K set by the thread count or the batch, and no
+ *     kernel chosen by row count unless it keeps the order (a faster tile is
+ *     fine; a BLAS call whose order varies with the shape is not). The CPU's
+ *     table of kernels and their order: cpu_fast.c, mm_table.
+ *   - attention: each query sums its keys in steps fixed by absolute key
+ *     position (KV blocks aligned to positions, the same online-softmax
+ *     steps), in prefill and decode alike, whatever the chunk boundaries; work
+ *     is split across threads by query heads and rows, never across keys
+ *     (cpu_fast.c, attend_blocks).
+ *   - norms, rope, softmax, sampling: per row; no reduction across rows.
+ *   - x's rounding for quantized matmuls (int16, int8) is per row and block.
+ * Tests labelled `invariant` check it (ctest -L invariant): kernel sweeps
+ * (test_cpu_invariant, every stored type at 1-65 rows, each CPU kernel set)
+ * and the real models.
+ * NOTE: the CPU backend keeps it. The CUDA backend does not yet: its matmul
+ * takes a fp32 GEMV up to GEMV_MAX_ROWS rows and fp16 tiles through cuBLAS
+ * above, and its decode attention splits the keys (cuda_matmul.cu,
+ * cuda_attn.cu; issue 49).
+ */
 struct kvt_dev_ops {
 	const char *name;                                    /* backend name, e.g. "cpu" */
 	void (*destroy)(kvt_dev *d);                         /* free backend state */

@@ -98,7 +98,7 @@ static void test_defaults(void)
 	CHECK_EQ_INT(c.prefill_chunk, 256);
 	CHECK_EQ_INT(c.chunk_reuse, KVT_CHUNK_REUSE_MARKED);
 	CHECK_EQ_INT(c.chunk_min_tokens, 64);
-	CHECK_EQ_INT(c.act_int8, 0); /* activations = int16 */
+	CHECK_EQ_INT(c.act_int8, 1); /* activations = int8 */
 	CHECK(c.chunk_recompute == 0.15f && c.chunk_share == 0.5f);
 	CHECK(c.hbm.capacity_auto && c.hbm.capacity_bytes == 0 && c.hbm.high == 0.90f && c.hbm.low == 0.75f);
 	CHECK(c.host.capacity_auto && c.host.high == 0.90f && c.host.low == 0.80f);

@@ -57,19 +57,19 @@ static void fill(int k, float *xb)
 
 /*
  * The int8 rounding (act_int8) of nblk blocks at xg as one group (1, or 8 as
- * for the K-quants), vector against scalar: levels, scales, sums and half
- * sums; 1 if they agree bit for bit.
+ * for the K-quants), vector against scalar: levels, scales and sums; 1 if
+ * they agree bit for bit.
  */
 static int same8(const float *xg, int nblk)
 {
 	int8_t qv[8 * KVT_QBLOCK], qs[8 * KVT_QBLOCK];
-	float sv[8], ss[8], mv[8], ms[8], hv[16], hs[16];
+	float sv[8], ss[8], mv[8], ms[8];
 	memset(qv, 0x55, sizeof(qv));
 	memset(qs, 0xaa, sizeof(qs));
-	xq8_group(xg, nblk, qv, sv, mv, hv);
-	xq8_group_scalar(xg, nblk, qs, ss, ms, hs);
+	xq8_group(xg, nblk, qv, sv, mv);
+	xq8_group_scalar(xg, nblk, qs, ss, ms);
 	return !memcmp(qv, qs, (size_t)nblk * KVT_QBLOCK) && !memcmp(sv, ss, 4 * (size_t)nblk) &&
-	       !memcmp(mv, ms, 4 * (size_t)nblk) && !memcmp(hv, hs, 8 * (size_t)nblk);
+	       !memcmp(mv, ms, 4 * (size_t)nblk);
 }
 
 /* Both quantizers on xb; 1 if they agree bit for bit. */

@@ -9,6 +9,15 @@
  *    within 2 scheduler steps under the FAIR policy; under FIFO the same
  *    workload makes it wait for the long prompt's remaining chunks (which
  *    shows the measurement can tell the two apart);
+ *  - long prompts cannot keep short questions out of T0 (issue 49 item
+ *    5): three 128-token prompts on a T0 of 32 blocks; under FAIR two are
+ *    admitted and the third waits, though T0 could hold it, for the reserve
+ *    short prompts keep (a quarter of T0 here); then six 8-token questions:
+ *    the first four (32 tokens, a quarter of the waiting prompt: head_share
+ *    0.8) are admitted past it at once and get their first tokens within 2
+ *    steps, the last two wait until the first prompt ends and the waiting
+ *    one is admitted (no starvation); under FIFO all three are admitted and
+ *    the questions wait for room;
  *  - priorities order first tokens: with one running slot, queued requests
  *    start by priority (request field, then the tenant's default), and
  *    under FIFO by arrival;
@@ -246,6 +255,101 @@ static void test_longs_in_turn(void)
 	CHECKF(b[0] <= 6 && b[1] <= 12 && b[2] <= 18, "bounded: first tokens after %u, %u, %u steps", b[0], b[1], b[2]);
 }
 
+static uint32_t n_running_of(kvt_sched *s, uint32_t *queued)
+{
+	kvt_sched_stats st;
+	kvt_sched_get_stats(s, &st);
+	*queued = st.queued;
+	return st.running;
+}
+
+enum { BL = 3, BS = 6, BL_TOKENS = 128, BS_TOKENS = 8 };
+
+/*
+ * Three 128-token prompts (8 blocks + 1 committed each) on a T0 of 32
+ * blocks: FAIR admits two (its reserve for short prompts, 8 blocks, leaves
+ * 24 to long ones), FIFO three. Then six 8-token questions (2 blocks
+ * committed each). The questions' steps from submit to first token go to
+ * ttft[], the step of each first token to first[], the long prompts' to
+ * long_first[]. Returns the backfilled admissions.
+ */
+static uint64_t shorts_past_blocked(int policy, uint32_t ttft[BS], uint64_t first[BS], uint64_t long_first[BL])
+{
+	rig r;
+	rig_opts o = { .policy = policy, .t0_slots = 32, .max_running = 16, .prefill_chunk = 32 };
+	static int32_t lp[BL][BL_TOKENS], sp[BS][BS_TOKENS];
+	kvt_sched_req q;
+	kvt_sched_handle *hl[BL], *hs[BS];
+	sched_result res;
+	CHECK(rig_open(&r, &o, policy == KVT_SCHED_FAIR ? "burst-fair" : "burst-fifo") == KVT_OK);
+	for (int i = 0; i < BL; i++) {
+		sched_make_prompt(lp[i], BL_TOKENS, 40 + (uint32_t)i);
+		req_init(&q, lp[i], BL_TOKENS, 2, "long");
+		CHECK(kvt_sched_submit(r.s, &q, &hl[i]) == KVT_OK);
+	}
+	/* FAIR: two running, the third queued (the reserve); FIFO: all three running */
+	const uint32_t want = policy == KVT_SCHED_FAIR ? 2 : 3;
+	uint32_t queued = 0, running = 0;
+	for (int i = 0; i < 200000 && !(running == want && queued == BL - want); i++) {
+		running = n_running_of(r.s, &queued);
+		usleep(50);
+	}
+	CHECKF(running == want && queued == BL - want, "%u running, %u queued: expected %u long prompts in", running,
+	       queued, want);
+	for (int i = 0; i < BS; i++) {
+		sched_make_prompt(sp[i], BS_TOKENS, 60 + (uint32_t)i);
+		req_init(&q, sp[i], BS_TOKENS, 2, "short");
+		CHECK(kvt_sched_submit(r.s, &q, &hs[i]) == KVT_OK);
+	}
+	for (int i = 0; i < BS; i++) {
+		CHECK(sched_collect(hs[i], &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH);
+		ttft[i] = res.u.ttft_steps;
+		first[i] = res.u.first_step;
+	}
+	for (int i = 0; i < BL; i++) {
+		CHECK(sched_collect(hl[i], &res) == KVT_OK && res.finish == KVT_FINISH_LENGTH);
+		long_first[i] = res.u.first_step;
+	}
+	kvt_sched_stats st;
+	kvt_sched_get_stats(r.s, &st);
+	CHECK_EQ_INT(st.requests_failed, 0);
+	printf("  %s: T0 full of long prompts: the questions' first tokens after %u %u %u %u | %u %u steps "
+	       "(%llu admitted past the waiting prompt)\n",
+	       policy == KVT_SCHED_FAIR ? "fair" : "fifo", ttft[0], ttft[1], ttft[2], ttft[3], ttft[4], ttft[5],
+	       (unsigned long long)st.admit_backfills);
+	rig_close(&r);
+	return st.admit_backfills;
+}
+
+static void test_shorts_past_blocked(void)
+{
+	uint32_t fair[BS], fifo[BS];
+	uint64_t fair_first[BS], fifo_first[BS], fair_long[BL], fifo_long[BL];
+	uint64_t fair_bf = shorts_past_blocked(KVT_SCHED_FAIR, fair, fair_first, fair_long);
+	uint64_t fifo_bf = shorts_past_blocked(KVT_SCHED_FIFO, fifo, fifo_first, fifo_long);
+	/* within the allowance: 4 x 8 tokens <= (1 / 0.8 - 1) x 128 = 32 */
+	CHECK_EQ_INT(fair_bf, 4);
+	for (int i = 0; i < 4; i++)
+		CHECKF(fair[i] <= 2, "fair: question %d waited %u steps for its first token (bound 2)", i, fair[i]);
+	/*
+	 * Past the allowance the others wait until the first prompt ends and the
+	 * waiting one is admitted; they come in with it (and, shortest first,
+	 * get their first tokens before it).
+	 */
+	for (int i = 4; i < BS; i++)
+		CHECKF(fair_first[i] > fair_long[0] && fair_first[i] <= fair_long[2],
+		       "fair: question %d (past the allowance) got its first token at step %llu (the long prompts' at "
+		       "%llu, %llu, %llu)",
+		       i, (unsigned long long)fair_first[i], (unsigned long long)fair_long[0],
+		       (unsigned long long)fair_long[1], (unsigned long long)fair_long[2]);
+	/* FIFO: the three long prompts fill T0 (27 of 32 blocks): the questions wait for the first to end */
+	CHECK_EQ_INT(fifo_bf, 0);
+	for (int i = 0; i < BS; i++)
+		CHECKF(fifo_first[i] > fifo_long[0],
+		       "fifo: question %d got its first token at step %llu, before the first prompt's end (%llu)", i,
+		       (unsigned long long)fifo_first[i], (unsigned long long)fifo_long[0]);
+}
+
 /* One running slot: a blocker runs; four queued requests start by priority (FAIR) or arrival (FIFO). */
 static void priorities(int policy)
 {
@@ -384,6 +488,7 @@ int main(void)
 	test_short_behind_long();
 	test_head_bound();
 	test_longs_in_turn();
+	test_shorts_past_blocked();
 	priorities(KVT_SCHED_FAIR);
 	priorities(KVT_SCHED_FIFO);
 	test_preemption();

@@ -3,7 +3,7 @@
  *
  *   kvtier generate -m MODEL -p PROMPT [-n N] [--temp T] [--top-p P] [--top-k K]
  *                   [--seed S] [--chat] [--chat-template NAME] [--no-kv-cache] [--threads N]
- *                   [--weights f16|f32] [--activations int16|int8] [--device auto|cpu|cuda]
+ *                   [--weights f16|f32] [--activations int8|int16] [--device auto|cpu|cuda]
  *   kvtier size --model M [--context N] [--hbm BYTES --host BYTES --nvme BYTES]
  *   kvtier fsck (--data-dir DIR | -c FILE) [--dry-run]           (engine/cli/cli_index.c)
  *   kvtier rebuild-index (--data-dir DIR | -c FILE) [--model M]  (engine/cli/cli_index.c)
@@ -129,7 +129,7 @@ static int cmd_generate(int argc, char **argv)
 	const char *model_path = NULL, *prompt = NULL;
 	uint64_t n_predict = 64, top_k = 0, seed = 0, threads = 0;
 	float temp = 0, top_p = 1;
-	bool chat = false, no_kv = false, use_ref = false, act_int8 = false;
+	bool chat = false, no_kv = false, use_ref = false, act_int8 = true;
 	int weights = KVT_DTYPE_F16, device = KVT_DEV_AUTO, chat_kind = KVT_TOK_CHAT_AUTO;
 	bool keep_quantized = true;
 

@@ -339,9 +339,10 @@ static json_t *stats_sched(const kvt_sched_stats *st)
 					      json_pack("{s:i, s:I, s:f}", "priority", i + KVT_PRIORITY_MIN, "requests",
 							(json_int_t)st->ttft_by_priority_n[i], "ttft_mean_ms",
 							st->ttft_by_priority_sum_s[i] * 1e3 / (double)st->ttft_by_priority_n[i]));
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}, s:o}", "steps",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:{s:I, s:I, s:I, s:I, s:I}, s:o}", "steps",
 			 (json_int_t)st->steps, "device_steps", (json_int_t)st->device_steps, "queue_depth", (json_int_t)st->queued, "running_peak",
-			 (json_int_t)st->running_peak, "admissions", (json_int_t)st->queue_waits, "queue_wait_mean_ms",
+			 (json_int_t)st->running_peak, "admissions", (json_int_t)st->queue_waits, "admissions_backfilled",
+			 (json_int_t)st->admit_backfills, "queue_wait_mean_ms",
 			 ratio(st->queue_wait_sum_s * 1e3, (double)st->queue_waits), "queue_wait_p50_ms",
 			 st->queue_wait_p50_s * 1e3, "queue_wait_p99_ms", st->queue_wait_p99_s * 1e3, "preemptions", "swap",
 			 (json_int_t)st->preempt_swap, "recompute", (json_int_t)st->preempt_recompute, "tokens_held",

@@ -134,6 +134,7 @@ struct kvt_sched_handle {
 	bool preempted;             /* re-queued by a preemption (admission does not count it anew) */
 	uint32_t passed;            /* FAIR: steps passed over while prefilling */
 	uint32_t yielded;           /* FAIR: others' rows run while this was the head prompt */
+	uint32_t overtaken;         /* FAIR: prompt tokens admitted past it while T0 could not hold it (under s->mu) */
 	uint32_t committed;         /* T0 blocks committed at admission (t0_committed) */
 	uint64_t seq_no;            /* admission order (latest = largest) */
 	struct sched_chunk *chunks; /* [req.n_chunks] the marked spans' chunk chains (NULL: none, or preempted) */

@@ -7,7 +7,11 @@
  * only; it never touches a sequence, a block or the model. Admission takes
  * the best request first (FAIR: a preempted one, then the lowest effective
  * priority, then the oldest; FIFO: the queue's order) while the T0 pool can
- * hold what is committed to the running ones. The prefill budget
+ * hold what is committed to the running ones; FAIR keeps a small reserve of
+ * T0 for prompts of at most one step's budget, and when the best request
+ * does not fit it admits smaller ones past it, their prompts bounded as the
+ * head prompt's delay is (head_share), so a burst of long prompts never
+ * keeps a short request waiting for T0 room. The prefill budget
  * (prefill_chunk rows a step) goes by FAIR's ranking: aged first, then
  * effective priority, shortest remaining prompt, admission order, with the
  * head prompt's turn (pick_head, head_turn) bounding how long others may
@@ -17,7 +21,9 @@
  * Invariants: a request's effective priority only improves while it waits
  * (one level per priority_aging_s, never past KVT_PRIORITY_MIN); the oldest
  * running sequence is never preempted, so someone always progresses;
- * t0_committed is the sum of the running requests' committed blocks.
+ * t0_committed is the sum of the running requests' committed blocks; the
+ * prompt tokens FAIR admits past a waiting request (its overtaken) never
+ * exceed its allowance, so it waits at most for them and the running ones.
  * Admission runs under s->mu; the rest on the scheduler thread alone.
  */
 #include "sched_int.h"
@@ -110,12 +116,80 @@ static void dequeue(kvt_sched *s, kvt_sched_handle **link, uint32_t need, double
 }
 
 /*
+ * FAIR's reserve: T0 blocks only prompts of at most one step's budget
+ * (prefill_chunk tokens) may take, so that however much of T0 long prompts
+ * hold, a short question finds room. It holds one step's budget of new
+ * prompts, each rounded up to whole blocks with the block of growth
+ * admission commits (two blocks a running place), and at most a quarter of
+ * T0 (a small T0 still runs two long prompts at once).
+ */
+static uint32_t short_reserve(const kvt_sched *s)
+{
+	const uint32_t n_slots = kvt_t0_n_slots(s->cfg.t0);
+	const uint32_t r = (s->cfg.prefill_chunk + s->block_tokens - 1) / s->block_tokens + 2 * s->cfg.max_running;
+	return r < n_slots / 4 ? r : n_slots / 4;
+}
+
+/* Whether T0 can hold h's need next to what is committed to the running ones (FAIR: a long prompt leaves the reserve). */
+static bool t0_fits(const kvt_sched *s, const kvt_sched_handle *h, uint32_t need)
+{
+	uint32_t n_slots = kvt_t0_n_slots(s->cfg.t0);
+	if (s->cfg.policy == KVT_SCHED_FAIR && h->n_fill > s->cfg.prefill_chunk)
+		n_slots -= short_reserve(s);
+	return s->t0_committed + need <= n_slots;
+}
+
+/*
+ * Prompt tokens FAIR may admit past a request T0 cannot hold yet:
+ * (1 / head_share - 1) times its fill, to the nearest token (head_share is a
+ * float: 1 / 0.8f is a hair under 1.25).
+ */
+static double pass_allowance(const kvt_sched *s, const kvt_sched_handle *blocked)
+{
+	if (!(s->cfg.head_share > 0))
+		return INFINITY; /* no head bound: smaller requests always go first */
+	return round((1.0 / (double)s->cfg.head_share - 1.0) * (double)blocked->n_fill);
+}
+
+/*
+ * FAIR's backfill: the best queued request other than blocked (the best one,
+ * which T0 cannot hold next to the running ones) that T0 can hold and whose
+ * fill keeps the tokens admitted past blocked within its allowance. A burst
+ * of long prompts thus cannot keep a short request waiting at admission,
+ * and a stream of short ones cannot keep the long one out for good: once
+ * they have used its allowance, admission waits for room for it, as FIFO
+ * always does. Never past a preempted request (it resumes first). Returns
+ * the link that points at it; NULL: none.
+ */
+static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *blocked, double now)
+{
+	if (s->cfg.policy != KVT_SCHED_FAIR || blocked->preempted)
+		return NULL;
+	const double room = pass_allowance(s, blocked) - (double)blocked->overtaken;
+	kvt_sched_handle **best = NULL;
+	int bp = 0;
+	for (kvt_sched_handle **pp = &s->q_head; *pp; pp = &(*pp)->next) {
+		const kvt_sched_handle *c = *pp;
+		if (c == blocked || (double)c->n_fill > room || !t0_fits(s, c, blocks_to_commit(s, c)))
+			continue;
+		int p = effective_priority(s, c, now);
+		if (!best || p < bp) {
+			best = pp;
+			bp = p;
+		}
+	}
+	return best;
+}
+
+/*
  * Admission, best first (queue_best): a request starts when the T0 pool can
  * hold what is committed to the running ones next to it (or nothing runs).
  * Committed is each one's fill and a block (growth past it is met by
  * preemption), or with admit_longest its longest, so that a sequence never
- * finds the pool full half way. After a preemption nothing is admitted
- * until a request ends.
+ * finds the pool full half way. FAIR keeps a reserve of T0 that only short
+ * prompts may take (short_reserve), and when the best request does not fit
+ * it admits smaller ones past it within its allowance (queue_backfill).
+ * After a preemption nothing is admitted until a request ends.
  */
 kvt_sched_handle *sched_admit_from_queue(kvt_sched *s, bool stop)
 {
@@ -125,8 +199,15 @@ kvt_sched_handle *sched_admit_from_queue(kvt_sched *s, bool stop)
 		kvt_sched_handle **best = queue_best(s, stop, now);
 		kvt_sched_handle *h = *best;
 		uint32_t need = blocks_to_commit(s, h);
-		if (!stop && s->n_running && s->t0_committed + need > kvt_t0_n_slots(s->cfg.t0))
-			break;
+		if (!stop && s->n_running && !t0_fits(s, h, need)) {
+			kvt_sched_handle *blocked = h;
+			if (!(best = queue_backfill(s, blocked, now)))
+				break;
+			h = *best;
+			need = blocks_to_commit(s, h);
+			blocked->overtaken += h->n_fill;
+			s->st.admit_backfills++;
+		}
 		dequeue(s, best, need, now);
 		*tail = h;
 		tail = &h->next;

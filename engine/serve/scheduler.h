@@ -29,7 +29,12 @@
  * as the head do not age: they wait to be head in turn. FIFO is the old order
  * (oldest first, taking all it can), kept as the baseline.
  * Priorities (lower first, KVT_PRIORITY_MIN..MAX) also order the queue; a
- * waiting request gains one level per priority_aging_s.
+ * waiting request gains one level per priority_aging_s. FAIR admits a
+ * prompt longer than prefill_chunk only while it leaves a reserve of T0 to
+ * shorter ones (one step's budget of them, at most a quarter of T0); when
+ * the best queued request does not fit T0 next to the running ones, it
+ * admits smaller ones that do past it, their prompts adding up to at most
+ * the same (1 / head_share - 1) times its prompt, then waits for room for it.
  *
  * Memory pressure: when T0 cannot hold the next step, the lowest-priority,
  * latest running sequence is preempted: its pins and T0 references are let
@@ -378,6 +383,7 @@ typedef struct kvt_sched_stats {
 	uint32_t running_peak;         /* most sequences running at once */
 	double queue_wait_sum_s;       /* sum over admissions of submit (or preemption) -> admitted */
 	uint64_t queue_waits;          /* admissions counted in it */
+	uint64_t admit_backfills;      /* of those, FAIR admissions past a better request T0 could not hold yet */
 	double queue_wait_p50_s, queue_wait_p99_s; /* over the last 1024 admissions (0 if none) */
 	uint64_t preempt_swap;         /* preemptions whose blocks were kept in the cache (reused from any tier) */
 	uint64_t preempt_recompute;    /* preemptions resumed by recomputing what left T0 */

@@ -67,12 +67,12 @@ MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 BT = 16
 
 
-def daemon(build, data_dir, server="", extra=""):
-    """A kvtierd on the default model, small tiers, an ephemeral port; server: more [server] keys."""
+def daemon(build, data_dir, server="", extra="", model=""):
+    """A kvtierd on the default model, small tiers, an ephemeral port; server: more [server] keys, model: [model]."""
     return Daemon(build, data_dir,
-                  "[server]\nlisten = 127.0.0.1:0\n%s[model]\npath = %s\ndevice = cpu\ncontext = 2048\n"
+                  "[server]\nlisten = 127.0.0.1:0\n%s[model]\npath = %s\ndevice = cpu\ncontext = 2048\n%s"
                   "[tier.hbm]\ncapacity = 256M\n[tier.host]\ncapacity = 256M\n%s[tier.nvme]\ncapacity = 256M\n"
-                  "[index]\ndata_dir = @DATA@\n" % (server, MODEL, extra))
+                  "[index]\ndata_dir = @DATA@\n" % (server, MODEL, model, extra))
 
 
 def chat(d, messages, session=None, max_tokens=24, user=None, key=None):
@@ -296,7 +296,10 @@ def case_openai(build, tmp):
         else:
             print("skip openai case: no openai package")
         return
-    d = daemon(build, tmp)
+    # NOTE: int16 activations here: with the default int8 SmolLM2-135M answers this chat question
+    # in French ("L'Etoile, ..."; the int8 kernels before issue 49 did too), and the case checks the
+    # client's round trip on a known answer, not the activation mode.
+    d = daemon(build, tmp, model="activations = int16\n")
     d.start()
     try:
         c = openai.OpenAI(base_url=d.url + "/v1", api_key="unused")
