@@ -4,7 +4,7 @@
 #     scripts/complexity.sh: lizard's length and complexity ceiling, failing fast;
 #  2. a -Werror build (CUDA sources compiled too wherever nvcc exists) and
 #     every CTest test, the daemon's end-to-end tests among them (a venv with
-#     the openai and anthropic clients, jsonschema, langchain-openai and litellm in .venv-test);
+#     the openai and anthropic clients, jsonschema, langchain-openai, litellm and redis in .venv-test);
 #  3. an ASan+UBSan build running the unit, parity and fuzz-labelled tests
 #     (the fuzz label includes the libFuzzer targets, built with clang, each
 #     run for KVT_FUZZ_SECONDS: 30 s);
@@ -31,6 +31,8 @@ jobs=$(nproc)
 	.venv-test/bin/pip install -q jsonschema langchain-openai
 # test_daemon's compat case checks that litellm maps kvtier's context overflow as it maps OpenAI's.
 .venv-test/bin/python -c 'import litellm' 2>/dev/null || .venv-test/bin/pip install -q litellm
+# test_store drives the Redis-protocol store ([store]) with redis-py, the client LMCache's connector uses (PyPI).
+.venv-test/bin/python -c 'import redis' 2>/dev/null || .venv-test/bin/pip install -q redis
 export KVT_TEST_STRICT=1
 
 # The complexity ceiling (lizard, into the same venv): a function over 100 lines or CCN 30 in the

@@ -68,6 +68,10 @@ static void test_defaults(void)
 	kvt_config c;
 	kvt_config_default(&c);
 	CHECK(strcmp(c.listen_host, "127.0.0.1") == 0 && c.listen_port == 8080);
+	/* [store]: off by default */
+	CHECK(!kvt_config_store_enabled(&c) && c.store_listen_port == 0);
+	CHECK(c.store_share == 0.25f && c.store_max_value == (512u << 20) && c.store_durable);
+	CHECK(c.store_exists_lease_s == 5 && c.store_max_connections == 1024);
 	CHECK_EQ_INT(c.server_threads, 4);
 	CHECK_EQ_INT(c.max_connections, 1024);
 	CHECK_EQ_INT(c.max_connections_per_ip, 64);
@@ -199,7 +203,7 @@ static void test_errors(void)
 {
 	/* unknown section: the allowed list */
 	EXPECT_ERR("[server]\nlisten = 127.0.0.1:1\n\n[tier.ssd]\n", 4, "unknown section [tier.ssd]",
-		   "allowed: server, model, cache, scheduler, tenants, tier.hbm, tier.host, tier.nvme, tier.remote, index, log");
+		   "allowed: server, model, cache, scheduler, tenants, tier.hbm, tier.host, tier.nvme, tier.remote, store, index, log");
 	/* unknown key: the closest key of the section */
 	EXPECT_ERR("# c\n[cache]\nblok_tokens = 16\n", 3, "unknown key 'blok_tokens' in [cache]",
 		   "did you mean 'block_tokens'?", "keys of [cache]: block_tokens, persist");
@@ -250,6 +254,36 @@ static void test_errors(void)
 	EXPECT_ERR("[server]\nlisten = 127.0.0.1\n", 2, "expected HOST:PORT");
 	EXPECT_ERR("[server]\nlisten = 127.0.0.1:70000\n", 2, "0..65535");
 	EXPECT_ERR("[server]\nlisten = ::1:80\n", 2, "needs brackets");
+	/* [store] */
+	EXPECT_ERR("[store]\nlisten = localhost:6379\n", 2, "[store] listen", "numeric IPv4");
+	EXPECT_ERR("[store]\nlisten = 6379\n", 2, "[store] listen", "expected HOST:PORT");
+	EXPECT_ERR("[store]\nshare = 0\n", 2, "[store] share = 0: out of range", "allowed: > 0 .. 0.9");
+	EXPECT_ERR("[store]\nshare = 0.95\n", 2, "[store] share = 0.95: out of range");
+	EXPECT_ERR("[store]\nshare = most\n", 2, "[store] share", "not a fraction");
+	EXPECT_ERR("[store]\nmax_value = 1K\n", 2, "[store] max_value = 1K: out of range", "1M .. 16G");
+	EXPECT_ERR("[store]\nmax_value = 32G\n", 2, "[store] max_value = 32G: out of range");
+	EXPECT_ERR("[store]\ndurable = sometimes\n", 2, "[store] durable = \"sometimes\": not a boolean");
+	EXPECT_ERR("[store]\nexists_lease = 2h\n", 2, "[store] exists_lease = \"2h\": not a duration");
+	EXPECT_ERR("[store]\nexists_lease = 7200\n", 2, "[store] exists_lease = 7200: out of range");
+	EXPECT_ERR("[store]\nmax_connections = 0\n", 2, "[store] max_connections = 0: out of range");
+	EXPECT_ERR("[store]\nport = 6379\n", 2, "[store]", "port");
+	{
+		kvt_config c3;
+		char e3[256];
+		CHECKF(load_text("[store]\nlisten = 127.0.0.1:0\nshare = 0.5\nmax_value = 64M\ndurable = no\n"
+				 "exists_lease = 250ms\nmax_connections = 300\n",
+				 &c3, e3, sizeof(e3)) == KVT_OK,
+		       "%s", e3);
+		CHECK(kvt_config_store_enabled(&c3) && !strcmp(c3.store_listen_host, "127.0.0.1") && c3.store_listen_port == 0);
+		CHECK(c3.store_share == 0.5f && c3.store_max_value == (64u << 20) && !c3.store_durable);
+		CHECK(c3.store_exists_lease_s == 0.25 && c3.store_max_connections == 300);
+		CHECKF(load_text("[store]\nlisten = \"\"\n", &c3, e3, sizeof(e3)) == KVT_OK, "%s", e3);
+		CHECK(!kvt_config_store_enabled(&c3));
+		CHECKF(load_text("[store]\nlisten = [::1]:6380\n", &c3, e3, sizeof(e3)) == KVT_OK, "%s", e3);
+		CHECK(!strcmp(c3.store_listen_host, "::1") && c3.store_listen_port == 6380);
+		CHECK(kvt_config_host_loopback(c3.store_listen_host) && !kvt_config_host_loopback("0.0.0.0") &&
+		      !kvt_config_host_loopback(""));
+	}
 	/* api keys: the tenant name check, and the key is never echoed */
 	EXPECT_ERR("[server]\napi_keys = \"alice:s3cret, .bob:other\"\n", 2, "[server] api_keys", "tenant \".bob\"",
 		   "not a valid name");
@@ -538,6 +572,14 @@ static void test_validate(void)
 	c.host.low = 0.9f;
 	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
 	CHECKF(strstr(err, "[tier.host] low_watermark 0.9") && strstr(err, "must be below high_watermark 0.9"), "%s", err);
+	/* [store] listen on [server] listen's address */
+	kvt_config_default(&c);
+	snprintf(c.store_listen_host, sizeof(c.store_listen_host), "127.0.0.1");
+	c.store_listen_port = 8080;
+	CHECK_EQ_INT(kvt_config_validate(&c, err, sizeof(err)), KVT_EINVAL);
+	CHECKF(strstr(err, "[store] listen 127.0.0.1:8080 is [server] listen too"), "%s", err);
+	c.store_listen_port = 6379;
+	CHECKF(kvt_config_validate(&c, err, sizeof(err)) == KVT_OK, "%s", err);
 	/* [scheduler] priorities: one message naming the entry and what is wrong */
 	static const struct { const char *text, *needle; } bad_prio[] = {
 		{ "vip:-10, batch:101", "entry 2: priority \"101\" is not a whole number in -100..100" },

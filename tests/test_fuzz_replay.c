@@ -8,6 +8,8 @@
  *   tests/data/config_corpus/, tests/data/config_regress/ through fuzz_config
  *   tests/data/http_corpus/, tests/data/http_regress/     through fuzz_http (a live
  *   server in this process; http_regress/ may be empty: no finding yet)
+ *   tests/data/resp_corpus/, tests/data/resp_regress/     through fuzz_resp (the
+ *   Redis-protocol parser; resp_regress/ may be empty: no finding yet)
  * A *_regress/ file is an input that once crashed a fuzzer (or broke one of
  * its invariants); the targets abort on a finding, so a regression fails this
  * test by crashing it. Each directory must hold at least one file: a corpus
@@ -28,6 +30,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_http_one
 #include "fuzz_http.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_resp_one
+#include "fuzz_resp.c"
 #undef LLVMFuzzerTestOneInput
 
 /* Feed every file of tests/data/NAME to fn; how many. */
@@ -78,6 +83,8 @@ int main(void)
 	replay("config_regress", fuzz_config_one);
 	replay("http_corpus", fuzz_http_one);
 	replay_ex("http_regress", fuzz_http_one, true);
+	replay("resp_corpus", fuzz_resp_one);
+	replay_ex("resp_regress", fuzz_resp_one, true);
 	kvt_log_set_sink(NULL, NULL);
 	return check_done("test_fuzz_replay");
 }

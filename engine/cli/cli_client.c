@@ -525,6 +525,50 @@ static void c_retained(const json_t *t, char *o, size_t n)
 }
 
 /* Render a /v1/stats document (or the offline one). EX_DATAERR (printed) when it is not one. */
+/*
+ * The key-value store ([store], the Redis-protocol listener): its totals,
+ * one line per tenant (a tenant key's view holds its own row only) and the
+ * listener's counters. Nothing when the daemon runs no store.
+ */
+static void render_store(const json_t *st)
+{
+	if (!json_is_object(st))
+		return;
+	json_t *tot = json_object_get(st, "total"), *rows = json_object_get(st, "tenants");
+	json_t *ls = json_object_get(st, "listener");
+	char ram[48], ramcap[48], nv[48], nvcap[48];
+	printf("\n  store (Redis protocol)\n");
+	if (json_is_object(tot)) {
+		fmt_bytes(num(tot, "ram_bytes"), ram, sizeof(ram));
+		fmt_bytes(num(st, "ram_capacity"), ramcap, sizeof(ramcap));
+		fmt_bytes(num(st, "nvme_used"), nv, sizeof(nv));
+		fmt_bytes(num(st, "nvme_capacity"), nvcap, sizeof(nvcap));
+		printf("  %-24s %.0f keys; RAM %s of %s, NVMe %s of %s; %.0f writes pending, %.0f failed, %.0f corrupt\n",
+		       "total", num(tot, "keys"), ram, ramcap, nv, nvcap, num(st, "writes_pending"), num(st, "write_errors"),
+		       num(st, "corrupt"));
+	}
+	for (size_t i = 0; i < json_array_size(rows); i++) {
+		json_t *x = json_array_get(rows, i);
+		char b[48], label[80];
+		fmt_bytes(num(x, "bytes"), b, sizeof(b));
+		snprintf(label, sizeof(label), "tenant %s", json_string_value(json_object_get(x, "tenant")));
+		printf("  %-24s %.0f keys (%s); GET %.0f hits (RAM %.0f, NVMe %.0f), %.0f misses; %.0f SET, %.0f DEL; "
+		       "%.0f evicted, %.0f expired\n",
+		       label, num(x, "keys"), b, num(x, "hits_ram") + num(x, "hits_nvme"), num(x, "hits_ram"),
+		       num(x, "hits_nvme"), num(x, "misses"), num(x, "sets"), num(x, "dels"), num(x, "evicted"),
+		       num(x, "expired"));
+	}
+	if (json_is_object(ls)) {
+		char bi[48], bo[48];
+		fmt_bytes(num(ls, "bytes_in"), bi, sizeof(bi));
+		fmt_bytes(num(ls, "bytes_out"), bo, sizeof(bo));
+		printf("  %-24s %.0f open (%.0f accepted, %.0f refused); %.0f commands; %s in, %s out; %.0f protocol "
+		       "errors, %.0f auth failures\n",
+		       "connections", num(ls, "connections"), num(ls, "connections_total"), num(ls, "connections_refused"),
+		       num(ls, "commands"), bi, bo, num(ls, "protocol_errors"), num(ls, "auth_failures"));
+	}
+}
+
 static int render_stats(json_t *j, const char *source)
 {
 	json_t *tiers = json_object_get(j, "tiers"), *eng = json_object_get(j, "engine");
@@ -537,6 +581,7 @@ static int render_stats(json_t *j, const char *source)
 		       json_string_value(tenant), num(j, "sessions"), num(u, "requests"), num(u, "prompt_tokens"),
 		       num(u, "cached_tokens"), num(u, "completion_tokens"));
 		render_retention(json_object_get(j, "retention"), true);
+		render_store(json_object_get(j, "store"));
 		printf("(the tiers and engine numbers need an admin key: server.admin_keys)\n");
 		return 0;
 	}
@@ -618,6 +663,7 @@ static int render_stats(json_t *j, const char *source)
 		return 0;
 	}
 	render_retention(ret, g_stats_tenants);
+	render_store(json_object_get(j, "store"));
 	json_t *r3 = json_object_get(j, "remote");
 	if (json_is_object(r3)) { /* T3, shared with other nodes: its own lines (no capacity of ours to show) */
 		json_t *rt = NULL;

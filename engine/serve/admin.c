@@ -316,6 +316,7 @@ enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched)
 		    (unsigned long long)atomic_load(&r->srv->n_header_cuts),
 		    (unsigned long long)atomic_load(&r->srv->n_addr_evictions),
 		    (unsigned long long)atomic_load(&r->srv->n_addr_refusals));
+	kvt_srv_metrics_store(r->srv, &b);
 	if (b.failed) {
 		free(b.p);
 		return kvt_srv_reply_error(r, 500, NULL, NULL, "out of memory");
@@ -499,12 +500,12 @@ enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched)
 				  (int)st.index.reserve_in_use, "reserve_refused_block_rows",
 				  (json_int_t)st.index.n_reserve_refused);
 	return kvt_srv_reply_json(r, 200,
-			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*}", "tiers", tiers,
+			  json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:f, s:s, s:o*, s:o*, s:o*}", "tiers", tiers,
 				    "engine", engine, "scheduler", stats_sched(&st), "memory", stats_memory(&st), "persist",
 				    persist, "index", index, "remote", remote, "chunks", stats_chunks(&st),
 				    "sessions", (json_int_t)st.sessions, "uptime_s", kvt_now_s() - srv->t_start, "model",
 				    srv->model_id, "retention", kvt_dashboard_retention(sched, &st, NULL), "sessions_table",
-				    kvt_dashboard_sessions(sched, 100)),
+				    kvt_dashboard_sessions(sched, 100), "store", kvt_srv_stats_store(srv, NULL)),
 			  false);
 }
 
@@ -879,12 +880,13 @@ enum MHD_Result kvt_srv_handle_tenant_stats(conn_req *r, kvt_sched *sched)
 	kvt_sched_stats st;
 	kvt_sched_get_stats(sched, &st);
 	return kvt_srv_reply_json(r, 200,
-			  json_pack("{s:s, s:I, s:{s:I, s:I, s:I, s:I}, s:s, s:o*}", "tenant", r->tenant, "sessions",
+			  json_pack("{s:s, s:I, s:{s:I, s:I, s:I, s:I}, s:s, s:o*, s:o*}", "tenant", r->tenant, "sessions",
 				    (json_int_t)n, "usage", "requests", (json_int_t)atomic_load(&u->requests),
 				    "prompt_tokens", (json_int_t)atomic_load(&u->prompt_tokens), "cached_tokens",
 				    (json_int_t)atomic_load(&u->cached_tokens), "completion_tokens",
 				    (json_int_t)atomic_load(&u->completion_tokens), "model", r->srv->model_id,
-				    "retention", kvt_dashboard_retention(sched, &st, r->tenant)),
+				    "retention", kvt_dashboard_retention(sched, &st, r->tenant), "store",
+				    kvt_srv_stats_store(r->srv, r->tenant)),
 			  false);
 }
 

@@ -54,7 +54,7 @@ enum vtype {
 	V_ENUM,     /* one of names[], stored as int (values[]) */
 	V_ENUMBOOL, /* one of names[], stored as bool (values[] 0/1) */
 	V_STRING,   /* char[size] */
-	V_LISTEN,   /* HOST:PORT into listen_host/listen_port */
+	V_LISTEN,   /* HOST:PORT into a char[256] host at off and a uint16_t port at size ("" allowed with allow_auto: off) */
 	V_APIKEYS,  /* "tenant:key, ..." into a kvt_api_key[KVT_CONFIG_MAX_KEYS] at off, its count (size_t) at size */
 	V_QUOTAS,   /* "tenant:SIZE, ..., *:SIZE" into a kvt_quota_list at off */
 };
@@ -129,7 +129,7 @@ static const int chunk_values[] = { KVT_CHUNK_REUSE_OFF, KVT_CHUNK_REUSE_MARKED,
 	  "demotion stops at this fraction (< high_watermark)" }
 
 static const key_def keys[] = {
-	{ "server", "listen", V_LISTEN, 0, 0, 0, 0, false, false, NULL, NULL, "127.0.0.1:8080",
+	{ "server", "listen", V_LISTEN, OFF(listen_host), OFF(listen_port), 0, 0, false, false, NULL, NULL, "127.0.0.1:8080",
 	  "HOST:PORT to bind (numeric IPv4, or [IPv6]:PORT); port 0 = ephemeral" },
 	U32("server", "threads", server_threads, 1, 1024, "4", "HTTP worker threads; every connection is served by one of them, none is held while a request waits"),
 	U32("server", "max_connections", max_connections, 1, 1000000, "1024", "open connections, all clients together; beyond: closed at once"),
@@ -228,6 +228,15 @@ static const key_def keys[] = {
 	ENUMK("tier.remote", "write_policy", remote_write, remote_write, "write_through", "when blocks are written to T3"),
 	DUR("tier.remote", "ttl", remote_ttl_s, 0, 31536000, false, "0", "expiry of every record, seconds (0 = none)"),
 
+	{ "store", "listen", V_LISTEN, OFF(store_listen_host), OFF(store_listen_port), 0, 0, false, true, NULL, NULL, "",
+	  "HOST:PORT of the Redis-protocol key-value store (\"\" = off); a non-loopback address needs API keys" },
+	{ "store", "share", V_FRACTION, OFF(store_share), 0, 0, 0.9, true, false, NULL, NULL, "0.25",
+	  "fraction of [tier.host] and [tier.nvme] capacity that sizes the store's RAM and NVMe file (in addition to the KV cache's)" },
+	SIZE("store", "max_value", store_max_value, 1048576, 17179869184.0, "512M", "the largest value; a larger SET closes the connection"),
+	BOOLK("store", "durable", store_durable, "true", "SET answered once the value is on NVMe (false: at once, written behind)"),
+	DUR("store", "exists_lease", store_exists_lease_s, 0, 3600, false, "5", "EXISTS keeps a found key from eviction this long (0 = no lease)"),
+	U32("store", "max_connections", store_max_connections, 1, 1000000, "1024", "open store connections; beyond: refused"),
+
 	STR("index", "data_dir", data_dir, "./kvtier-data", "holds the T2 file, the index and the secret"),
 	STR("index", "path", index_path, "", "SQLite index (\"\" = DATA_DIR/index.sqlite)"),
 	SIZE("index", "reserve", index_reserve_bytes, 0, 4294967296.0, "16M",
@@ -239,7 +248,7 @@ static const key_def keys[] = {
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))
 
 static const char *const sections[] = { "server", "model", "cache", "scheduler", "tenants", "tier.hbm", "tier.host",
-					 "tier.nvme", "tier.remote", "index", "log" };
+					 "tier.nvme", "tier.remote", "store", "index", "log" };
 #define N_SECTIONS (sizeof(sections) / sizeof(sections[0]))
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -765,17 +774,17 @@ static int apply_key(kvt_config *c, const key_def *k, const char *value, const c
 	case V_LISTEN: {
 		const char *why = NULL;
 		char host[sizeof(c->listen_host)];
-		uint16_t port;
+		uint16_t port = 0;
 		memset(host, 0, sizeof(host));
-		if (!parse_listen(value, host, sizeof(host), &port, &why)) {
+		if (!(k->allow_auto && !value[0]) && !parse_listen(value, host, sizeof(host), &port, &why)) {
 			set_err(err, cap, where,
 				"[%s] %s = \"%s\": %s (allowed: HOST:PORT with a numeric host, e.g. 127.0.0.1:8080, "
 				"0.0.0.0:8080, [::1]:8080)",
 				sec, name, value, why);
 			return KVT_EINVAL;
 		}
-		memcpy(c->listen_host, host, sizeof(host));
-		c->listen_port = port;
+		memcpy(base + k->off, host, sizeof(host));
+		*(uint16_t *)(base + k->size) = port;
 		return KVT_OK;
 	}
 	case V_APIKEYS: {
@@ -1122,7 +1131,7 @@ int kvt_config_set(kvt_config *c, const char *section, const char *key, const ch
 	}
 	if (!section_known(section)) {
 		set_err(err, cap, where, "unknown section [%.64s] (allowed: server, model, cache, tier.hbm, tier.host, "
-			"tier.nvme, tier.remote, index, log)", section);
+			"tier.nvme, tier.remote, store, index, log)", section);
 		return KVT_EINVAL;
 	}
 	const key_def *k = find_key(section, key);
@@ -1186,11 +1195,21 @@ int kvt_config_nvme_capacity(const kvt_tier_config *t, uint64_t free_bytes, uint
 
 bool kvt_config_listen_loopback(const kvt_config *c)
 {
+	return kvt_config_host_loopback(c->listen_host);
+}
+
+bool kvt_config_store_enabled(const kvt_config *c)
+{
+	return c->store_listen_host[0] != '\0';
+}
+
+bool kvt_config_host_loopback(const char *host)
+{
 	struct in_addr a4;
 	struct in6_addr a6;
-	if (inet_pton(AF_INET, c->listen_host, &a4) == 1)
+	if (inet_pton(AF_INET, host, &a4) == 1)
 		return (ntohl(a4.s_addr) >> 24) == 127;
-	if (inet_pton(AF_INET6, c->listen_host, &a6) == 1)
+	if (inet_pton(AF_INET6, host, &a6) == 1)
 		return IN6_IS_ADDR_LOOPBACK(&a6) ||
 		       (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
 	return false;
@@ -1253,6 +1272,12 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap)
 	}
 	if (c->metrics_admin && !c->n_admin_keys) {
 		set_err(err, cap, where, "[server] metrics = admin needs at least one key in admin_keys");
+		return KVT_EINVAL;
+	}
+	if (kvt_config_store_enabled(c) && c->store_listen_port != 0 && c->store_listen_port == c->listen_port &&
+	    !strcmp(c->store_listen_host, c->listen_host)) {
+		set_err(err, cap, where, "[store] listen %s:%u is [server] listen too: give the store its own port",
+			c->store_listen_host, c->store_listen_port);
 		return KVT_EINVAL;
 	}
 	char why[160];
@@ -1424,12 +1449,17 @@ int kvt_config_write(const kvt_config *c, FILE *f)
 		case V_ENUM: fputs(enum_name(k, *(const int *)(base + k->off)), f); break;
 		case V_ENUMBOOL: fputs(enum_name(k, *(const bool *)(base + k->off) ? 1 : 0), f); break;
 		case V_STRING: write_string(f, base + k->off); break;
-		case V_LISTEN:
-			if (strchr(c->listen_host, ':'))
-				fprintf(f, "[%s]:%u", c->listen_host, c->listen_port);
+		case V_LISTEN: {
+			const char *h = (const char *)(base + k->off);
+			unsigned port = *(const uint16_t *)(base + k->size);
+			if (!h[0])
+				fputs("\"\"", f);
+			else if (strchr(h, ':'))
+				fprintf(f, "[%s]:%u", h, port);
 			else
-				fprintf(f, "%s:%u", c->listen_host, c->listen_port);
+				fprintf(f, "%s:%u", h, port);
 			break;
+		}
 		case V_APIKEYS: break;
 		case V_QUOTAS: {
 			const kvt_quota_list *q = (const kvt_quota_list *)(base + k->off);

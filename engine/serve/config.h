@@ -142,6 +142,15 @@ typedef struct kvt_config {
 	int remote_write;              /* write_policy = write_through|on_demote (enum kvt_t3_write) */
 	double remote_ttl_s;           /* ttl: expiry of every record, whole seconds (0 = none, default) */
 
+	/* [store] the Redis-protocol key-value store (engine/serve/resp.h over tiers/kvstore.h; docs/store.md) */
+	char store_listen_host[256];   /* listen = HOST:PORT ("" = off, the default; port 0 = ephemeral) */
+	uint16_t store_listen_port;
+	float store_share;             /* share: fraction of [tier.host] and [tier.nvme] capacity sizing the store's RAM and file (default 0.25) */
+	size_t store_max_value;        /* max_value: the largest value (default 512M) */
+	bool store_durable;            /* durable: SET answered once on NVMe (default true) */
+	double store_exists_lease_s;   /* exists_lease: EXISTS keeps a found key from eviction this long (default 5) */
+	uint32_t store_max_connections; /* max_connections (default 1024) */
+
 	/* [index] */
 	char data_dir[KVT_CONFIG_PATH_MAX];   /* data_dir (default ./kvtier-data) */
 	char index_path[KVT_CONFIG_PATH_MAX]; /* path ("" = DATA_DIR/index.sqlite) */
@@ -191,6 +200,10 @@ int kvt_config_validate(const kvt_config *c, char *err, size_t cap);
 
 /* Whether listen_host is a loopback address (127.0.0.0/8, ::1). */
 bool kvt_config_listen_loopback(const kvt_config *c);
+/* Whether host (numeric) is a loopback address; "" is not. */
+bool kvt_config_host_loopback(const char *host);
+/* Whether [store] listen is set (the Redis-protocol store is on). */
+bool kvt_config_store_enabled(const kvt_config *c);
 /*
  * The NVMe tier's size for a T2 file on a file system with free_bytes free
  * (statvfs f_bavail), where the file now has existing_bytes (0: no file yet).

@@ -23,10 +23,12 @@
 #include "index.h"
 #include "kvt_manual.h"
 #include "kvt_version.h"
+#include "kvstore.h"
 #include "model.h"
 #include "sdnotify.h"
 #include "stack.h"
 #include "t2_store.h"
+#include "resp.h"
 #include "server.h"
 #include "tokenizer.h"
 
@@ -328,6 +330,16 @@ static void raise_fd_limit(uint32_t max_connections)
  */
 static int exposure_check(const kvt_config *c, size_t n_keys, const char *path)
 {
+	if (!n_keys && !c->allow_unauthenticated && kvt_config_store_enabled(c) &&
+	    !kvt_config_host_loopback(c->store_listen_host)) {
+		const char *v6 = strchr(c->store_listen_host, ':') ? "[" : "";
+		fprintf(stderr,
+			"kvtierd: %s: store.listen = %s%s%s:%u serves the key-value store to the network with no API key. "
+			"Set server.api_keys (or api_key_file, admin_keys: clients AUTH with one), listen on a loopback "
+			"address, or set server.allow_unauthenticated = true\n",
+			path ? path : "built-in defaults", v6, c->store_listen_host, *v6 ? "]" : "", c->store_listen_port);
+		return -1;
+	}
 	if (n_keys || c->allow_unauthenticated || kvt_config_listen_loopback(c))
 		return 0;
 	const char *v6 = strchr(c->listen_host, ':') ? "[" : "";
@@ -352,6 +364,10 @@ typedef struct daemon {
 	kvt_datadir_lock *lock; /* index.data_dir's lock, held from before the stack opens until after it closes */
 	kvt_api_key *keys; /* config keys plus api_key_file */
 	size_t n_keys;
+	uint64_t host_bytes;   /* [tier.host] capacity as resolved (auto: 2 GiB) */
+	uint64_t nvme_bytes;   /* [tier.nvme] capacity as resolved (0: no NVMe tier) */
+	kvt_kvs *kvs;          /* the key-value store ([store] listen set), NULL otherwise */
+	kvt_resp *resp;        /* its Redis-protocol listener */
 } daemon_t;
 
 #define KVT_KEY_FILE_MAX (1 << 20) /* server.api_key_file: at most this many bytes (some 10,000 keys) */
@@ -674,6 +690,8 @@ static int bring_up(daemon_t *d, int *exit_code)
 	uint64_t host = c->host.capacity_bytes;
 	if (c->host.capacity_auto || !host)
 		host = 2ull << 30;
+	d->host_bytes = host;
+	d->nvme_bytes = nvme_bytes;
 	uint64_t n_t1 = host / packed;
 	if (n_t1 < 1) {
 		KVT_LOGE("tier.host capacity %llu bytes holds no block of %zu bytes", (unsigned long long)host, packed);
@@ -793,10 +811,73 @@ static int bring_up(daemon_t *d, int *exit_code)
 	return KVT_OK;
 }
 
+/*
+ * [store]: the key-value store in DATA_DIR (store.t2, store.sqlite; the data
+ * dir's lock is held) sized as share of the tiers' capacities, and its
+ * Redis-protocol listener with the HTTP API's keys.
+ */
+static int store_up(daemon_t *d, int *exit_code)
+{
+	const kvt_config *c = &d->cfg;
+	if (!kvt_config_store_enabled(c))
+		return KVT_OK;
+	kvt_kvs_config kc;
+	kvt_kvs_config_default(&kc);
+	kc.dir = c->data_dir;
+	kc.ram_bytes = (uint64_t)((double)d->host_bytes * c->store_share);
+	if (kc.ram_bytes < (1u << 20))
+		kc.ram_bytes = 1u << 20;
+	kc.nvme_bytes = (uint64_t)((double)d->nvme_bytes * c->store_share) & ~((1ull << 20) - 1);
+	kc.max_value_bytes = c->store_max_value;
+	kc.durable = c->store_durable;
+	kc.exists_lease_s = c->store_exists_lease_s;
+	kc.io_mode = c->nvme_io;
+	int rc = kvt_kvs_open(&kc, &d->kvs);
+	if (rc) {
+		*exit_code = rc == KVT_ECORRUPT ? EX_DATAERR : rc == KVT_EBUSY ? EX_TEMPFAIL : EX_IOERR;
+		return rc;
+	}
+	kvt_resp_config rcfg;
+	kvt_resp_config_default(&rcfg);
+	rcfg.host = c->store_listen_host;
+	rcfg.port = c->store_listen_port;
+	rcfg.kvs = d->kvs;
+	rcfg.keys = d->keys;
+	rcfg.n_keys = d->n_keys;
+	rcfg.admin_keys = c->admin_keys;
+	rcfg.n_admin_keys = c->n_admin_keys;
+	rcfg.max_connections = c->store_max_connections;
+	rcfg.max_value_bytes = c->store_max_value;
+	rcfg.version = KVT_VERSION;
+	if ((rc = kvt_resp_start(&rcfg, &d->resp))) {
+		*exit_code = EX_UNAVAILABLE;
+		return rc;
+	}
+	kvt_server_set_store(d->srv, d->kvs, d->resp);
+	KVT_LOGI("store: Redis protocol on %s%s%s:%u (ram %llu MiB, nvme %llu MiB, max value %llu MiB, %s, "
+		 "%s)",
+		 strchr(c->store_listen_host, ':') ? "[" : "", c->store_listen_host,
+		 strchr(c->store_listen_host, ':') ? "]" : "", kvt_resp_port(d->resp),
+		 (unsigned long long)(kc.ram_bytes >> 20), (unsigned long long)(kc.nvme_bytes >> 20),
+		 (unsigned long long)(kc.max_value_bytes >> 20), kc.durable ? "durable" : "written behind",
+		 d->n_keys + c->n_admin_keys ? "AUTH required" : "no AUTH");
+	return KVT_OK;
+}
+
+/* The store's listener first (its connections closed), then the store (everything acknowledged is on NVMe). */
+static void store_down(daemon_t *d)
+{
+	kvt_resp_stop(d->resp);
+	d->resp = NULL;
+}
+
 static void tear_down(daemon_t *d)
 {
+	store_down(d);
 	kvt_server_stop(d->srv);
 	d->srv = NULL;
+	kvt_kvs_close(d->kvs); /* after the HTTP server, which reads its figures */
+	d->kvs = NULL;
 	kvt_stack_close(&d->st); /* flushes the cache to NVMe and commits the index */
 	kvt_datadir_lock_release(d->lock); /* only once the index and T2 file are closed */
 	d->lock = NULL;
@@ -995,7 +1076,7 @@ int main(int argc, char **argv)
 		KVT_LOGW("server.listen %s:%u: serving the network with NO authentication (server.allow_unauthenticated = "
 			 "true): anyone who can reach this port reads every conversation's cache and sessions",
 			 d.cfg.listen_host, d.cfg.listen_port);
-	raise_fd_limit(d.cfg.max_connections);
+	raise_fd_limit(d.cfg.max_connections + (kvt_config_store_enabled(&d.cfg) ? d.cfg.store_max_connections : 0));
 	kvt_server_config scfg;
 	kvt_server_config_default(&scfg);
 	scfg.host = d.cfg.listen_host;
@@ -1037,7 +1118,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	KVT_LOGI("listening on %s:%u", d.cfg.listen_host, kvt_server_port(d.srv));
-	if (bring_up(&d, &code))
+	if (bring_up(&d, &code) || store_up(&d, &code))
 		goto out;
 	kvt_server_set_engine(d.srv, d.st.sched, d.tok);
 	KVT_LOGI("ready");
@@ -1074,6 +1155,7 @@ int main(int argc, char **argv)
 		kvt_sd_notify("STOPPING=1\nSTATUS=draining");
 		break;
 	}
+	store_down(&d);
 	kvt_server_drain(d.srv);
 	uint32_t cancelled = kvt_sched_drain(d.st.sched, d.cfg.drain_timeout_s);
 	double tf = kvt_now_s();

@@ -98,6 +98,14 @@ int kvt_server_start(const kvt_server_config *cfg, kvt_server **out);
 uint16_t kvt_server_port(const kvt_server *srv);
 /* The engine is ready: borrowed, must outlive the server (or kvt_server_stop first). */
 void kvt_server_set_engine(kvt_server *srv, kvt_sched *sched, const struct kvt_tok *tok);
+struct kvt_kvs;
+struct kvt_resp;
+/*
+ * The key-value store and its Redis-protocol listener ([store]), for
+ * /metrics, /v1/stats and the dashboard: borrowed, must outlive the server
+ * (stop the server before closing them). NULL, NULL: none.
+ */
+void kvt_server_set_store(kvt_server *srv, struct kvt_kvs *kvs, struct kvt_resp *resp);
 /* Refuse new work with 503 (health says "draining"); in-flight requests go on. */
 void kvt_server_drain(kvt_server *srv);
 /* Requests in flight now. */

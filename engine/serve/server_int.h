@@ -64,6 +64,8 @@ struct kvt_server {
 	atomic_ullong n_header_cuts;        /* connections cut at the header deadline */
 	atomic_ullong n_addr_evictions;     /* waiting connections closed to make room for a newer one from their address */
 	atomic_ullong n_addr_refusals;      /* new connections closed: every one of their address's had a request in flight */
+	_Atomic(struct kvt_kvs *) kvs;      /* the key-value store ([store]), NULL when off (kvt_server_set_store) */
+	_Atomic(struct kvt_resp *) resp;    /* its Redis-protocol listener, NULL when off */
 	double t_addr_log;                  /* when the per-address limit was last logged (monotonic; under mu) */
 	atomic_uint n_resume_threads;       /* session resumes running on their threads */
 	atomic_uint slot_busy[KVT_SERVER_MAX_SLOTS]; /* llama API: requests running in each slot (llama_api.c) */
@@ -304,6 +306,11 @@ enum MHD_Result kvt_srv_handle_model(conn_req *r, const char *id);
 enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched);
 enum MHD_Result kvt_srv_handle_stats(conn_req *r, kvt_sched *sched);
 enum MHD_Result kvt_srv_handle_tenant_stats(conn_req *r, kvt_sched *sched);
+struct kvt_sbuf;
+/* store_stats.c: the kvtier_store_* families (nothing when the store is off). */
+void kvt_srv_metrics_store(kvt_server *srv, struct kvt_sbuf *b);
+/* store_stats.c: /v1/stats' "store" object (tenant NULL: every row and the totals; else that tenant's row); null when off. */
+json_t *kvt_srv_stats_store(kvt_server *srv, const char *tenant);
 enum MHD_Result kvt_srv_handle_sessions(conn_req *r, kvt_sched *sched);
 enum MHD_Result kvt_srv_handle_session_delete(conn_req *r, kvt_sched *sched, const char *id);
 enum MHD_Result kvt_srv_handle_resume(conn_req *r, kvt_sched *sched, const char *id);
