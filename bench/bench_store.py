@@ -97,10 +97,18 @@ class Conn:
             n = int(line[1:])
             if n < 0:
                 return None
-            self._fill(n + 2)
-            v = bytes(self.buf[:n])
-            del self.buf[:n + 2]
-            return v
+            out = bytearray(n + 2)
+            view = memoryview(out)
+            have = min(len(self.buf), n + 2)
+            view[:have] = self.buf[:have]
+            del self.buf[:have]
+            while have < n + 2:  # straight into the value's buffer: no growing copies
+                got = self.s.recv_into(view[have:])
+                if not got:
+                    raise ConnectionError("closed")
+                have += got
+            del out[n:]
+            return out
         if line[:1] == b"-":
             raise RuntimeError(line.decode())
         return line
@@ -201,9 +209,9 @@ class Kvtier:
         self.port = free_port()
         self.d = Daemon(build, os.path.join(tmp, name),
                         "[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\n"
-                        "[tier.hbm]\ncapacity = 64M\n[tier.host]\ncapacity = %d\n[tier.nvme]\ncapacity = %d\n"
-                        "[store]\nlisten = 127.0.0.1:%d\nshare = 0.5\ndurable = %s\n"
-                        "[index]\ndata_dir = @DATA@\n" % (MODEL, ram * 2, nvme * 2, self.port,
+                        "[tier.hbm]\ncapacity = 128M\n[tier.host]\ncapacity = %d\n[tier.nvme]\ncapacity = %d\n"
+                        "[store]\nlisten = 127.0.0.1:%d\nshare = 0.9\ndurable = %s\n"
+                        "[index]\ndata_dir = @DATA@\n" % (MODEL, ram * 10 // 9, nvme * 10 // 9, self.port,
                                                           "true" if durable else "false"))
         self.data = os.path.join(tmp, name)
 
@@ -235,7 +243,7 @@ def nvme_round(k, size, keys, a):
 
 
 def one_size(size, a, servers, rounds):
-    n_keys = max(a.clients * a.depth, a.mib * 1048576 // size)
+    n_keys = max(a.clients, a.mib * 1048576 // size)
     values = [os.urandom(size) for _ in range(2)]
     rows = {name: [] for name in servers}
     for r in range(a.rounds):
@@ -280,7 +288,8 @@ def main():
     if not shutil.which("redis-server"):
         sys.exit("redis-server is not installed")
     tmp = tempfile.mkdtemp(prefix="kvt_bench_store_")
-    ram = max(1 << 30, a.mib * 1048576 * (a.rounds + 1))
+    n_sizes = len(a.sizes.split(","))
+    ram = max(1 << 30, a.mib * 1048576 * a.rounds * n_sizes * 5 // 4)  # the store keeps every value: no eviction
     nvme = ram
     servers = {"redis": Redis(tmp), "kvtier_durable": Kvtier(a.build, tmp, "kd", True, ram, nvme),
                "kvtier_async": Kvtier(a.build, tmp, "ka", False, ram, nvme)}
