@@ -46,8 +46,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_GROUP32 = 3 };
-static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x head x 32" };
+enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_GROUP32 = 3, G_KCH_V32 = 4, G_KCHA_V32 = 5, G_KCH_VTOK = 6,
+       G_KV_SPLIT = 7 };
+static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x head x 32",
+					 "K channel x block (fp16 scale), V token x 32",
+					 "K channel x block asymmetric (fp16 scale, min), V token x 32",
+					 "K channel x block (fp16 scale), V token", "K channel x block (fp16), V token x 32" };
 
 typedef struct variant {
 	int codec;   /* enum kvt_kv_codec */
@@ -86,10 +90,64 @@ static float amax_of(const uint16_t *x, size_t n)
 	return a;
 }
 
+/*
+ * One block's K of one (layer, head) in place, [token][dim]: one INT8 scale per
+ * channel over the block's tokens, stored as fp16 (so it is rounded first);
+ * asym: uint8 codes with an fp16 scale and minimum per channel.
+ */
+static void quant_k_channels(uint16_t *k, uint32_t T, uint32_t D, bool asym)
+{
+	for (uint32_t d = 0; d < D; d++) {
+		float mn = INFINITY, mx = -INFINITY;
+		for (uint32_t t = 0; t < T; t++) {
+			float x = kvt_f16_to_f32(k[(size_t)t * D + d]);
+			mn = fminf(mn, x);
+			mx = fmaxf(mx, x);
+		}
+		if (!asym) {
+			float a = fmaxf(fabsf(mn), fabsf(mx)), sc = kvt_f16_to_f32(kvt_f32_to_f16(a / KVT_INT8_MAX));
+			float inv = sc > 0 ? 1.0f / sc : 0.0f;
+			for (uint32_t t = 0; t < T; t++) {
+				uint16_t *x = &k[(size_t)t * D + d];
+				*x = kvt_f32_to_f16((float)kvt_int8_encode(kvt_f16_to_f32(*x) * inv) * sc);
+			}
+			continue;
+		}
+		float m16 = kvt_f16_to_f32(kvt_f32_to_f16(mn)), sc = kvt_f16_to_f32(kvt_f32_to_f16((mx - m16) / 255.0f));
+		float inv = sc > 0 ? 1.0f / sc : 0.0f;
+		for (uint32_t t = 0; t < T; t++) {
+			uint16_t *x = &k[(size_t)t * D + d];
+			float c = rintf((kvt_f16_to_f32(*x) - m16) * inv);
+			c = c < 0 ? 0 : (c > 255 ? 255 : c);
+			*x = kvt_f32_to_f16(m16 + c * sc);
+		}
+	}
+}
+
+/* KIVI-style: K per channel (per block), V per token (vrun = D) or per 32 dims. */
+static void quant_blocks_kivi(int g, uint16_t *kv, uint32_t n_blocks)
+{
+	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
+	const size_t seg = (size_t)T * D, vrun = g == G_KCH_VTOK ? D : kvt_codec_group_dims(KVT_KV_CODEC_INT8, D);
+	for (uint32_t b = 0; b < n_blocks; b++)
+		for (uint32_t l = 0; l < shape.n_layers; l++)
+			for (uint32_t h = 0; h < H; h++) {
+				uint16_t *k = kv + b * n_el + (((size_t)l * 2 + 0) * H + h) * seg;
+				uint16_t *v = kv + b * n_el + (((size_t)l * 2 + 1) * H + h) * seg;
+				quant_k_channels(k, T, D, g == G_KCHA_V32);
+				for (size_t off = 0; off < seg; off += vrun)
+					quant_run(KVT_KV_CODEC_INT8, v + off, vrun, amax_of(v + off, vrun));
+			}
+}
+
 /* CPU round trip of n_blocks blocks (in place) at granularity g. */
 static void quant_blocks(int codec, int g, uint16_t *kv, uint32_t n_blocks)
 {
 	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
+	if (g == G_KCH_V32 || g == G_KCHA_V32 || g == G_KCH_VTOK) {
+		quant_blocks_kivi(g, kv, n_blocks);
+		return;
+	}
 	if (g == G_TOKEN_HEAD || g == G_BLOCK_HEAD || g == G_GROUP32) {
 		/* G_GROUP32: INT8's device groups (32 dims, or the whole head when D % 32 != 0) */
 		size_t run = g == G_TOKEN_HEAD	 ? D
@@ -300,6 +358,9 @@ int main(int argc, char **argv)
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TOKEN_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_BLOCK_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TENSOR, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCH_V32, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCHA_V32, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCH_VTOK, .device = false },
 	};
 	const int n_var = (int)(sizeof(vars) / sizeof(vars[0]));
 	for (int i = 0; i < n_var; i++)
