@@ -748,7 +748,7 @@ int main(void)
 	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
 	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
 	make_chain();
-	for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+	for (int codec = 0; codec < KVT_KV_POOL_CODEC_COUNT; codec++) {
 		unlink(db_path);
 		round_trips(codec);
 	}

@@ -70,7 +70,10 @@
 
 typedef struct tm_ctx {
 	kvt_t1_mover *mv;      /* own stream and device staging */
-	unsigned char *h_stage;/* [batch][packed_bytes], pinned host */
+	unsigned char *h_stage;/* [batch][rec_bytes], pinned host */
+	kvt_t1_mover *mv_rec[KVT_KV_CODEC_COUNT]; /* one-block movers of the other codecs (NULL for t1_codec, or
+	                                              all NULL with an 8-bit T0 pool): T2 records of another format */
+	unsigned char *h_rec;  /* [1][the largest record: f16], pinned host: a T2 record read before its codec is known */
 	pthread_mutex_t mu;    /* only used by the shared inline ctx */
 } tm_ctx;
 
@@ -120,7 +123,9 @@ struct kvt_tm {
 	kvt_tm_config cfg;             /* copy (borrowed handles inside) */
 	kvt_t1_pool *t1;               /* owned */
 	size_t block_bytes;            /* the block in fp16 (the compression baseline) */
-	size_t packed_bytes;           /* T1 slot / T2 payload */
+	size_t packed_bytes;           /* T1 slot / T2 payload of t1_codec */
+	int rec_codec;                 /* codec of T2 records written from T0: F16 with t2_f16, else t1_codec */
+	size_t rec_bytes;              /* their payload bytes (>= packed_bytes) */
 	pthread_mutex_t mu;            /* see the file comment */
 	pthread_cond_t cv_work;        /* workers: a ticket queued, or stop */
 	pthread_cond_t cv_done;        /* ticket progress, busy released, flush progress */

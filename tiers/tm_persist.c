@@ -67,9 +67,12 @@ int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
 			rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
 	} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->rs2) {
 		kvt_rstore_loc l;
+		kvt_t2_block_meta m;
 		l = e->nvme;
-		(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, NULL, &dst,
+		(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, &m, &dst,
 					tm->packed_bytes, &rc);
+		if (rc == KVT_EFULL || (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.raw_bytes != tm->packed_bytes)))
+			rc = KVT_ENOTFOUND; /* a record of another format (an f16 NVMe copy): not t1_codec bytes */
 	}
 	return rc;
 }
@@ -168,13 +171,18 @@ static void pbatch_collect(kvt_tm *tm, tm_ctx *c, tm_pbatch *b, uint32_t n, uint
 			b->n_t1++;
 		} else if (e->slot[KVT_TIER_HBM] >= 0) {
 			b->pack_slots[b->n_pack] = e->slot[KVT_TIER_HBM];
-			b->pack_dst[b->n_pack] = c->h_stage + (size_t)b->n_pack * tm->packed_bytes;
+			b->pack_dst[b->n_pack] = c->h_stage + (size_t)b->n_pack * tm->rec_bytes;
 			src = b->pack_dst[b->n_pack++];
 			b->n_t0++;
 		} else {
 			continue; /* in no tier: its bytes are gone */
 		}
 		tm_record_meta(tm, e, &b->meta[b->n_w]);
+		if (e->slot[KVT_TIER_HOST] < 0) { /* packed from T0: the T2 record codec (f16 with t2_f16) */
+			b->meta[b->n_w].codec = (uint8_t)tm->rec_codec;
+			b->meta[b->n_w].scale_layout = tm_scale_layout_of(tm->rec_codec);
+			b->meta[b->n_w].raw_bytes = (uint32_t)tm->rec_bytes;
+		}
 		b->req[b->n_w].meta = &b->meta[b->n_w];
 		b->req[b->n_w].payload = src;
 		b->widx[b->n_w++] = i;
@@ -281,11 +289,12 @@ static void pbatch_account(kvt_tm *tm, const tm_pbatch *b, const tm_pdone *d, do
 	tm->st.n_persist_failed += d->n_fail;
 	/* Copies out of T1 (or straight out of T0) into T2. */
 	const uint64_t n_src_tier[2] = { b->n_t0, b->n_t1 };
+	const size_t src_bytes[2] = { tm->rec_bytes, tm->packed_bytes };
 	for (int t = KVT_TIER_HBM; t <= KVT_TIER_HOST; t++) {
 		if (!n_src_tier[t])
 			continue;
 		tm->st.tier[t].n_demotions += n_src_tier[t];
-		tm->st.tier[t].demotion_bytes += n_src_tier[t] * tm->packed_bytes;
+		tm->st.tier[t].demotion_bytes += n_src_tier[t] * src_bytes[t];
 		tm->st.tier[t].demotion_s += dt * (double)n_src_tier[t] / n_src;
 	}
 	pthread_mutex_unlock(&tm->mu);
@@ -314,8 +323,10 @@ int tm_persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HAS
 	int rc = KVT_OK;
 	if (b.n_w && b.n_pack) {
 		rc = tm_wait_compute(tm, c);
-		if (rc == KVT_OK)
+		if (rc == KVT_OK && tm->rec_codec == tm->cfg.t1_codec)
 			rc = kvt_t1_mover_pack(c->mv, b.n_pack, b.pack_slots, b.pack_dst);
+		for (uint32_t k = 0; rc == KVT_OK && tm->rec_codec != tm->cfg.t1_codec && k < b.n_pack; k++)
+			rc = kvt_t1_mover_pack(c->mv_rec[tm->rec_codec], 1, &b.pack_slots[k], &b.pack_dst[k]);
 	}
 	if (b.n_w && rc == KVT_OK) {
 		(void)tm->rs2->ops->put(tm->rs2, b.n_w, b.req, b.loc, b.res); /* step 1: bytes durable */
