@@ -1342,6 +1342,62 @@ def case_chunks(build, tmp):
         d.stop()
 
 
+def metric_value(d, name):
+    st, body = http("GET", d.url + "/metrics")
+    check(st == 200, "metrics: %s" % st)
+    text = body if isinstance(body, str) else json.dumps(body)
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def case_lossy(build, tmp):
+    """usage.kvtier.lossy_cached_tokens after a restart, per NVMe format, and its sum in /metrics and kvtier stats:
+    an fp8 host tier's NVMe records are 8-bit (the resumed tokens are lossy); [tier.nvme] dtype = f16 keeps
+    the NVMe copy exact (0 lossy, and the reply equals the cache-off one)."""
+    replies = {}
+    for name, f16_nvme in (("fp8", False), ("f16nvme", True)):
+        d = daemon(build, os.path.join(tmp, name), extra="dtype = fp8\n")
+        if f16_nvme:  # the key goes into the config's own [tier.nvme] section
+            with open(d.conf) as f:
+                conf = f.read()
+            with open(d.conf, "w") as f:
+                f.write(conf.replace("[tier.nvme]\n", "[tier.nvme]\ndtype = f16\n"))
+        d.start()
+        try:
+            msgs, _, _ = converse(d, "ls", USER_TURNS[:2])
+        finally:
+            check(d.stop() == 0, "SIGTERM exits 0")
+        d.restart()
+        try:
+            msgs.append({"role": "user", "content": USER_TURNS[2]})
+            r = chat(d, msgs, session="ls")
+            u = r["usage"]
+            cached, lossy = u["prompt_tokens_details"]["cached_tokens"], u["kvtier"]["lossy_cached_tokens"]
+            check(cached > 0 and u["kvtier"]["cached_tokens_by_tier"]["nvme"] > 0, "%s: served from NVMe: %s" % (name, u))
+            if name == "fp8":
+                check(lossy == cached, "fp8 records: every resumed token is lossy: %s" % u)
+            else:
+                check(lossy == 0, "f16 NVMe records: no lossy tokens: %s" % u)
+            m = metric_value(d, "kvtier_lossy_cached_tokens_total")
+            check(m == lossy, "%s: kvtier_lossy_cached_tokens_total %s, the response said %d" % (name, m, lossy))
+            rc, out, err = kvtier(build, "stats", "--url", d.url)
+            check(rc == 0 and ("lossy cached tokens" in out and (" %d (" % lossy) in out),
+                  "%s: kvtier stats shows the lossy tokens (%d): %s %s" % (name, lossy, out, err))
+            replies[name] = r["choices"][0]["message"]["content"]
+        finally:
+            d.stop()
+    c = daemon(build, os.path.join(tmp, "off"), extra="[cache]\nenabled = false\n")
+    c.start()
+    try:
+        off = chat(c, msgs)["choices"][0]["message"]["content"]
+        check(off == replies.get("f16nvme"), "f16 NVMe copy: the resumed reply differs from the cache-off one:\n%r\n%r"
+              % (replies.get("f16nvme"), off))
+    finally:
+        c.stop()
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
          "tenants": case_tenants, "openai": case_openai, "compat": case_compat, "noqueue": case_noqueue,
          "errors": case_errors, "exposure": case_exposure,
@@ -1349,7 +1405,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
          "keyfiles": case_keyfiles, "youngwal": case_youngwal, "frontdoor": case_frontdoor,
-         "chunks": case_chunks}
+         "chunks": case_chunks, "lossy": case_lossy}
 
 
 def main():
