@@ -13,7 +13,10 @@ For each codec ([tier.host] dtype) and mode, N two-turn conversations (a session
            conversation, then turn 2 of every one in the same process: by then each
            history's blocks have been pushed out of T0 into the host tier (T1) by the
            conversations after it, and three unrelated prompts push out the rest, so turn 2 is a T1 -> T0 promote
-           of the packed blocks (cached_host in the output says how many tokens were).
+           of the packed blocks (cached_host in the output says how many tokens were);
+  evict:   as t1, with the shipped [cache] persist = end_of_turn: a block is on NVMe when it
+           leaves T0, so it is dropped there, and turn 2 in the same process comes from the
+           NVMe records (cached_nvme) — what an in-process eviction serves on the shipped config.
 Turn 2 asks for max(--tokens) greedy tokens with logprobs, so each reply is a token list.
 A kvtierd with the cache off answers the same turn-2 messages (each distinct history once).
 Reported per codec and mode, for every length in --tokens: the conversations whose first
@@ -113,10 +116,10 @@ def run_mode(a, build, model, tmp, codec, mode, max_tokens):
     """Turn-2 results of one codec in one mode: [(messages, (tokens, ended), usage)]."""
     tag = "%s-%s" % (codec, mode)
     data = os.path.join(tmp, "data-" + tag)
-    hbm = a.hbm if mode == "t1" else "256M"
+    hbm = a.hbm if mode in ("t1", "evict") else "256M"
     nv = a.nvme_dtype if a.nvme_dtype != "same" else None
     d = Daemon(build, os.path.join(tmp, "conf-" + tag), conf(model, data, codec, hbm=hbm, nvme_dtype=nv,
-                                                                 persist="end_of_turn" if mode == "restart" else "write_back"))
+                                                                 persist="write_back" if mode == "t1" else "end_of_turn"))
     d.start()
     try:
         hist = turn1_all(d, a.n)
