@@ -23,8 +23,9 @@ Reported per codec and mode, for every length in --tokens: the conversations who
 L reply tokens equal the cache-off ones (whole-reply agreement at L; a reply that ended
 earlier must end at the same token), the first-word agreement, the mean and minimum first
 divergence position among the replies that differ, the cached tokens by tier and the lossy
-ones (usage.kvtier.lossy_cached_tokens). --nvme-dtype f16 sets [tier.nvme] dtype = f16 (the
-NVMe copy kept in f16 while T1 keeps the 8-bit one). Data dirs (512 MiB NVMe) are removed.
+ones (usage.kvtier.lossy_cached_tokens). --nvme-dtype sets [tier.nvme] dtype: same (the
+NVMe records in the host format, the default here) or f16 (the NVMe copy kept in f16 while
+T1 keeps the 8-bit one: the shipped default). Data dirs (512 MiB NVMe) are removed.
 JSON lines on stdout (and appended to --out).
 """
 import argparse
@@ -76,8 +77,8 @@ def reply_tokens(r):
     return toks, ch.get("finish_reason") != "length"
 
 
-def conf(model, data, host_dtype, cache=True, hbm="256M", nvme_dtype=None, persist="end_of_turn"):
-    nv = "dtype = %s\n" % nvme_dtype if nvme_dtype else ""
+def conf(model, data, host_dtype, cache=True, hbm="256M", nvme_dtype="same", persist="end_of_turn"):
+    nv = "dtype = %s\n" % nvme_dtype
     return ("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 512\n"
             "[cache]\nenabled = %s\npersist = %s\n[tier.hbm]\ncapacity = %s\n[tier.host]\ncapacity = 512M\ndtype = %s\n"
             "[tier.nvme]\ncapacity = 512M\n%s[index]\ndata_dir = %s\n"
@@ -117,7 +118,7 @@ def run_mode(a, build, model, tmp, codec, mode, max_tokens):
     tag = "%s-%s" % (codec, mode)
     data = os.path.join(tmp, "data-" + tag)
     hbm = a.hbm if mode in ("t1", "evict") else "256M"
-    nv = a.nvme_dtype if a.nvme_dtype != "same" else None
+    nv = a.nvme_dtype
     d = Daemon(build, os.path.join(tmp, "conf-" + tag), conf(model, data, codec, hbm=hbm, nvme_dtype=nv,
                                                                  persist="write_back" if mode == "t1" else "end_of_turn"))
     d.start()

@@ -216,7 +216,7 @@ static const key_def keys[] = {
 	{ "tier.nvme", "compression", V_ENUMBOOL, OFF(nvme_compression), 0, 0, 0, false, false, comp_names, comp_values,
 	  "none", "LZ4 per record, kept where it saves >= 15%" },
 	ENUMK("tier.nvme", "io", nvme_io, io, "auto", "auto = io_uring, else a thread pool"),
-	ENUMK("tier.nvme", "dtype", nvme_f16, nvdtype, "same",
+	ENUMK("tier.nvme", "dtype", nvme_f16, nvdtype, "f16",
 	      "records written from T0: same = [tier.host] dtype, f16 = exact (T1 keeps its 8-bit copy)"),
 	U32("tier.nvme", "io_threads", io_threads, 1, 16, "2", "promotion workers"),
 

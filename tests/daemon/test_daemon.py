@@ -1354,16 +1354,15 @@ def metric_value(d, name):
 
 def case_lossy(build, tmp):
     """usage.kvtier.lossy_cached_tokens after a restart, per NVMe format, and its sum in /metrics and kvtier stats:
-    an fp8 host tier's NVMe records are 8-bit (the resumed tokens are lossy); [tier.nvme] dtype = f16 keeps
-    the NVMe copy exact (0 lossy, and the reply equals the cache-off one)."""
+    with [tier.nvme] dtype = same an fp8 host tier's NVMe records are 8-bit (the resumed tokens are lossy);
+    with f16 (the default) the NVMe copy is exact (0 lossy, and the reply equals the cache-off one)."""
     replies = {}
-    for name, f16_nvme in (("fp8", False), ("f16nvme", True)):
+    for name, nvme_dtype in (("fp8", "same"), ("f16nvme", "f16")):
         d = daemon(build, os.path.join(tmp, name), extra="dtype = fp8\n")
-        if f16_nvme:  # the key goes into the config's own [tier.nvme] section
-            with open(d.conf) as f:
-                conf = f.read()
-            with open(d.conf, "w") as f:
-                f.write(conf.replace("[tier.nvme]\n", "[tier.nvme]\ndtype = f16\n"))
+        with open(d.conf) as f:  # the key goes into the config's own [tier.nvme] section
+            conf = f.read()
+        with open(d.conf, "w") as f:
+            f.write(conf.replace("[tier.nvme]\n", "[tier.nvme]\ndtype = %s\n" % nvme_dtype))
         d.start()
         try:
             msgs, _, _ = converse(d, "ls", USER_TURNS[:2])
