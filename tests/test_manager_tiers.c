@@ -764,6 +764,11 @@ static void old_formats_resume(void)
 		uint64_t n_rec = 0;
 		CHECK(kvt_tm_recover(f.tm, &n_rec) == KVT_OK);
 		CHECK_EQ_INT(n_rec, 2);
+		/* a record of another format exports as this manager's own (decoded, packed again) */
+		uint8_t *ex_t2 = NULL, *ex_t0 = NULL;
+		size_t n_t2 = 0, n_t0 = 0;
+		CHECKF(kvt_tm_block_export(f.tm, model_fp, hashes[0], &ex_t2, &n_t2) == KVT_OK, "export of a %s record",
+		       kvt_kv_codec_name(old));
 		int32_t slots[2] = { -1, -1 };
 		int res[2] = { -1, -1 };
 		CHECKF(kvt_tm_promote(f.tm, 2, (const uint8_t(*)[32])hashes[0], slots, res) == KVT_OK,
@@ -778,6 +783,11 @@ static void old_formats_resume(void)
 			CHECK(e.slot[KVT_TIER_HOST] < 0); /* another format: not kept in the INT8KV T1 */
 			kvt_t0_unref(f.t0, slots[b]);
 		}
+		/* ... the same bytes as the block's T0 copy (unpacked from that record) packed as int8kv */
+		CHECK(kvt_tm_block_export(f.tm, model_fp, hashes[0], &ex_t0, &n_t0) == KVT_OK);
+		CHECK(ex_t2 && ex_t0 && n_t2 == n_t0 && !memcmp(ex_t2, ex_t0, n_t0));
+		free(ex_t2);
+		free(ex_t0);
 		CHECK(kvt_tm_check(f.tm) == KVT_OK);
 		tm_fx_close(&f);
 	}

@@ -226,7 +226,8 @@ int tm_pend_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES]);
 /*
  * The packed bytes of the busy-held block e (a T1/T2 payload) into dst: its
  * T1 slot copied, its T0 slot packed through c's mover (dst must then be
- * pinned staging, e.g. c->h_stage), or its T2 record read and verified.
+ * pinned staging, e.g. c->h_stage), or its T2 record read and verified (a
+ * record of another format decoded and packed again as t1_codec).
  * KVT_ENOTFOUND when it is in no tier; the mover's or the store's error.
  */
 int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst);

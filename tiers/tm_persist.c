@@ -54,6 +54,44 @@ int tm_pend_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 	return KVT_OK;
 }
 
+/*
+ * A T2 record's bytes as t1_codec: as they are, or (a record of another
+ * format: an f16 NVMe copy, an older build's) decoded into a scratch T0 slot
+ * and packed again. KVT_ENOTFOUND when the record cannot be read as a known
+ * format or T0 has no free slot for the scratch copy.
+ */
+static int packed_from_t2(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
+{
+	kvt_rstore_loc l;
+	kvt_t2_block_meta m;
+	void *buf = c->h_rec;
+	int rc;
+	l = e->nvme;
+	(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, &m, &buf,
+				tm->block_bytes, &rc);
+	if (rc == KVT_EFULL)
+		return KVT_ENOTFOUND;
+	if (rc != KVT_OK)
+		return rc;
+	const int k = m.codec;
+	if (k < 0 || k >= KVT_KV_CODEC_COUNT || m.scale_layout != tm_scale_layout_of(k) ||
+	    m.raw_bytes != kvt_kv_packed_bytes(kvt_t0_layout(tm->cfg.t0), k) || (k != tm->cfg.t1_codec && !c->mv_rec[k]))
+		return KVT_ENOTFOUND;
+	if (k == tm->cfg.t1_codec) {
+		memcpy(dst, c->h_rec, tm->packed_bytes);
+		return KVT_OK;
+	}
+	int32_t s;
+	if (kvt_t0_alloc(tm->cfg.t0, &s) != KVT_OK)
+		return KVT_ENOTFOUND; /* no scratch slot: as a miss */
+	const void *src = c->h_rec;
+	rc = kvt_t1_mover_unpack(c->mv_rec[k], 1, &src, &s);
+	if (rc == KVT_OK)
+		rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
+	kvt_t0_unref(tm->cfg.t0, s);
+	return rc;
+}
+
 int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
 {
 	int rc = KVT_ENOTFOUND;
@@ -66,13 +104,7 @@ int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
 		if (rc == KVT_OK)
 			rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
 	} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->rs2) {
-		kvt_rstore_loc l;
-		kvt_t2_block_meta m;
-		l = e->nvme;
-		(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, &m, &dst,
-					tm->packed_bytes, &rc);
-		if (rc == KVT_EFULL || (rc == KVT_OK && (m.codec != tm->cfg.t1_codec || m.raw_bytes != tm->packed_bytes)))
-			rc = KVT_ENOTFOUND; /* a record of another format (an f16 NVMe copy): not t1_codec bytes */
+		rc = packed_from_t2(tm, c, e, dst);
 	}
 	return rc;
 }
