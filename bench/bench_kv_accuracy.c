@@ -4,7 +4,8 @@
  *
  *   bench_kv_accuracy [--model M] [--text F] [--prefix 512] [--cont 256] [--windows 4] [--threads N]
  *
- * For each window of the text (default /usr/share/common-licenses/GPL-3;
+ * For each window of the text (default bench/data/devils_dictionary.txt, public-domain prose:
+ * bench/data/README.md;
  * windows are consecutive, prefix + cont tokens each, BOS first when the
  * model asks for it):
  *   1. the reference: the prefix is prefilled in fp16 KV, then the
@@ -46,8 +47,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_GROUP32 = 3 };
-static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x head x 32" };
+#define KVT_MAX_LAYERS_BENCH 128 /* layers with a per-layer error row */
+
+enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_GROUP32 = 3, G_KCH_V32 = 4, G_KCHA_V32 = 5, G_KCH_VTOK = 6,
+       G_KV_SPLIT = 7 };
+static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x head x 32",
+					 "K channel x block (fp16 scale), V token x 32",
+					 "K channel x block asymmetric (fp16 scale, min), V token x 32 (fp16)",
+					 "K channel x block (fp16 scale), V token", "K channel x block (fp16), V token x 32" };
 
 typedef struct variant {
 	int codec;   /* enum kvt_kv_codec */
@@ -61,6 +68,8 @@ typedef struct variant {
 	double nll;                      /* summed NLL of the continuation */
 	uint64_t n_tok, n_agree;         /* scored positions, greedy agreements */
 	uint64_t n_mismatch;             /* CPU simulation vs device bytes (device rows only) */
+	double se_kl[KVT_MAX_LAYERS_BENCH], ref_kl[KVT_MAX_LAYERS_BENCH]; /* per layer: K squared error, reference */
+	double se_vl[KVT_MAX_LAYERS_BENCH], ref_vl[KVT_MAX_LAYERS_BENCH]; /* per layer: V */
 } variant;
 
 static kvt_kv_layout shape;
@@ -86,10 +95,74 @@ static float amax_of(const uint16_t *x, size_t n)
 	return a;
 }
 
+/*
+ * One block's K of one (layer, head) in place, [token][dim]: one INT8 scale per
+ * channel over the block's tokens, stored as fp16 (so it is rounded first);
+ * asym: uint8 codes with an fp16 scale and minimum per channel.
+ */
+static void quant_k_channels(uint16_t *k, uint32_t T, uint32_t D, bool asym)
+{
+	for (uint32_t d = 0; d < D; d++) {
+		float mn = INFINITY, mx = -INFINITY;
+		for (uint32_t t = 0; t < T; t++) {
+			float x = kvt_f16_to_f32(k[(size_t)t * D + d]);
+			mn = fminf(mn, x);
+			mx = fmaxf(mx, x);
+		}
+		if (!asym) {
+			float a = fmaxf(fabsf(mn), fabsf(mx)), sc = kvt_f16_to_f32(kvt_f32_to_f16(a / KVT_INT8_MAX));
+			float inv = sc > 0 ? 1.0f / sc : 0.0f;
+			for (uint32_t t = 0; t < T; t++) {
+				uint16_t *x = &k[(size_t)t * D + d];
+				*x = kvt_f32_to_f16((float)kvt_int8_encode(kvt_f16_to_f32(*x) * inv) * sc);
+			}
+			continue;
+		}
+		/* INT8KV's arithmetic (kv_codec.h), so the device row can be checked against it */
+		float m16 = kvt_f16_to_f32(kvt_f32_to_f16(mn)), sc = kvt_f16_to_f32(kvt_f32_to_f16((mx - m16) / KVT_KVK_QMAX));
+		float inv = kvt_int8kv_inv(sc);
+		for (uint32_t t = 0; t < T; t++) {
+			uint16_t *x = &k[(size_t)t * D + d];
+			*x = kvt_f32_to_f16(kvt_int8kv_k_decode(kvt_int8kv_k_encode(kvt_f16_to_f32(*x), m16, inv), m16, sc));
+		}
+	}
+}
+
+/* n values with one INT8 scale stored as fp16 (INT8KV's V). */
+static void quant_v_f16(uint16_t *x, size_t n)
+{
+	float s = kvt_f16_to_f32(kvt_f32_to_f16(amax_of(x, n) / KVT_INT8_MAX)), inv = kvt_int8kv_inv(s);
+	for (size_t i = 0; i < n; i++)
+		x[i] = kvt_f32_to_f16((float)kvt_int8_encode(kvt_f16_to_f32(x[i]) * inv) * s);
+}
+
+/* KIVI-style: K per channel (per block), V per token (vrun = D) or per 32 dims. */
+static void quant_blocks_kivi(int g, uint16_t *kv, uint32_t n_blocks)
+{
+	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
+	const size_t seg = (size_t)T * D, vrun = g == G_KCH_VTOK ? D : kvt_codec_group_dims(KVT_KV_CODEC_INT8, D);
+	for (uint32_t b = 0; b < n_blocks; b++)
+		for (uint32_t l = 0; l < shape.n_layers; l++)
+			for (uint32_t h = 0; h < H; h++) {
+				uint16_t *k = kv + b * n_el + (((size_t)l * 2 + 0) * H + h) * seg;
+				uint16_t *v = kv + b * n_el + (((size_t)l * 2 + 1) * H + h) * seg;
+				quant_k_channels(k, T, D, g == G_KCHA_V32);
+				for (size_t off = 0; off < seg; off += vrun)
+					if (g == G_KCHA_V32) /* INT8KV: the V scale is fp16 */
+						quant_v_f16(v + off, vrun);
+					else
+						quant_run(KVT_KV_CODEC_INT8, v + off, vrun, amax_of(v + off, vrun));
+			}
+}
+
 /* CPU round trip of n_blocks blocks (in place) at granularity g. */
 static void quant_blocks(int codec, int g, uint16_t *kv, uint32_t n_blocks)
 {
 	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
+	if (g == G_KCH_V32 || g == G_KCHA_V32 || g == G_KCH_VTOK) {
+		quant_blocks_kivi(g, kv, n_blocks);
+		return;
+	}
 	if (g == G_TOKEN_HEAD || g == G_BLOCK_HEAD || g == G_GROUP32) {
 		/* G_GROUP32: INT8's device groups (32 dims, or the whole head when D % 32 != 0) */
 		size_t run = g == G_TOKEN_HEAD	 ? D
@@ -143,6 +216,10 @@ static void kv_error(variant *v, const uint16_t *r, const uint16_t *q, uint32_t 
 					} else {
 						v->se_v += se;
 						v->ref_v += rr;
+					}
+					if (l < KVT_MAX_LAYERS_BENCH) {
+						(k ? v->se_vl : v->se_kl)[l] += se;
+						(k ? v->ref_vl : v->ref_kl)[l] += rr;
 					}
 					double c = rr > 0 && qq > 0 ? rq / sqrt(rr * qq) : (rr == qq ? 1.0 : 0.0);
 					v->cos_sum += c;
@@ -217,7 +294,7 @@ static int score(kvt_model *m, kvt_seq *s, const int32_t *tokens, uint32_t n, fl
 
 int main(int argc, char **argv)
 {
-	const char *model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *text_path = "/usr/share/common-licenses/GPL-3";
+	const char *model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *text_path = "bench/data/devils_dictionary.txt";
 	uint32_t n_prefix = 512, n_cont = 256, n_windows = 4;
 	int threads = 0;
 	for (int i = 1; i + 1 < argc; i += 2) {
@@ -295,11 +372,15 @@ int main(int argc, char **argv)
 		{ .codec = KVT_KV_CODEC_F16, .gran = G_TOKEN_HEAD, .device = true },
 		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TOKEN_HEAD, .device = true },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_GROUP32, .device = true },
+		{ .codec = KVT_KV_CODEC_INT8KV, .gran = G_KCHA_V32, .device = true },
 		{ .codec = KVT_KV_CODEC_FP8, .gran = G_BLOCK_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TENSOR, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TOKEN_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_BLOCK_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TENSOR, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCH_V32, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCHA_V32, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCH_VTOK, .device = false },
 	};
 	const int n_var = (int)(sizeof(vars) / sizeof(vars[0]));
 	for (int i = 0; i < n_var; i++)
@@ -405,7 +486,7 @@ int main(int argc, char **argv)
 		const char *target = "-";
 		if (v->device && v->codec == KVT_KV_CODEC_FP8)
 			target = rel <= 0.03 && cos_mean >= 0.99 && chg <= 1.0 ? "met" : "MISSED";
-		else if (v->device && v->codec == KVT_KV_CODEC_INT8)
+		else if (v->device && (v->codec == KVT_KV_CODEC_INT8 || v->codec == KVT_KV_CODEC_INT8KV))
 			target = rel <= 0.01 && chg <= 0.5 ? "met" : "MISSED";
 		else if (v->codec == KVT_KV_CODEC_F16)
 			target = rel == 0 && v->n_agree == (uint64_t)n_windows * n_cont ? "exact" : "NOT EXACT";
@@ -420,6 +501,21 @@ int main(int argc, char **argv)
 			printf("\nCPU simulation vs device, %s %s: %llu of %llu values differ",
 			       kvt_kv_codec_name(vars[vi].codec), gran_name[vars[vi].gran], (unsigned long long)vars[vi].n_mismatch,
 			       (unsigned long long)n_windows * n_pb * n_el);
+	printf("\n\nPer layer, relative L2 of K / V (%%), the device rows:\n\n| layer |");
+	for (int vi = 0; vi < n_var; vi++)
+		if (vars[vi].device)
+			printf(" %s K | %s V |", kvt_kv_codec_name(vars[vi].codec), kvt_kv_codec_name(vars[vi].codec));
+	printf("\n|---|");
+	for (int vi = 0; vi < n_var; vi++)
+		if (vars[vi].device)
+			printf("---|---|");
+	for (uint32_t l = 0; l < shape.n_layers && l < KVT_MAX_LAYERS_BENCH; l++) {
+		printf("\n| %u |", l);
+		for (int vi = 0; vi < n_var; vi++)
+			if (vars[vi].device)
+				printf(" %.3f | %.3f |", 100 * sqrt(vars[vi].se_kl[l] / vars[vi].ref_kl[l]),
+				       100 * sqrt(vars[vi].se_vl[l] / vars[vi].ref_vl[l]));
+	}
 	printf("\n(%.0f s)\n", kvt_now_s() - t_start);
 
 	for (int c = 0; c < KVT_KV_CODEC_COUNT; c++) {

@@ -13,7 +13,8 @@ fixed seed; Q8_0, or Q4_K_M's mix) with the default model's real tokenizer and c
 template, under a temporary dir removed at the end. The conversation: one long user
 message of deterministic English-like text (about HISTORY tokens), then a short follow-up.
 
-Each engine (kvtier, kvtier with `[cache] enabled = false`, llama-server) is measured as:
+Each engine (kvtier, kvtier with `[cache] enabled = false`, llama-server, and with --engines
+kvtier-f16nvme: kvtier with `[tier.nvme] dtype = f16`) is measured as:
 - startup_s: process start to the first healthy `GET /health` (polled every 20 ms);
 - rss_idle: VmRSS, RssAnon, RssFile, VmLck of the process then (MiB);
 - turn1_s: the long first turn, `max_tokens` 1 (its prefill, wall time);
@@ -24,7 +25,7 @@ Each engine (kvtier, kvtier with `[cache] enabled = false`, llama-server) is mea
   on a short prompt sent once before (so both timed replies find the same prompt cache),
   `ignore_eos` on, so both engines generate exactly DECODE tokens more;
 - rss_after: the process's memory after all of it, with kvtier's own view of its KV (T0/T1
-  bytes held, from /v1/stats) beside it.
+  bytes held, from /v1/stats) beside it, and nvme_used_bytes (the NVMe tier's records).
 --decode-only ROUNDS measures only decode_tok_s (with startup_s and the RSS): every engine
 is started at once and ROUNDS rounds alternate between them (the order rotating), the
 median reported; any GGUF works there with --model (Gemma 3, the default model).
@@ -116,8 +117,9 @@ class Engine:
             self.conf = os.path.join(self.data, "kvtier.conf")
             with open(self.conf, "w") as f:
                 f.write("[server]\nlisten = 127.0.0.1:%d\n[model]\npath = %s\ndevice = cpu\nthreads = %d\n"
-                        "context = %d\nactivations = %s\n[tier.nvme]\ncapacity = %s\n[index]\ndata_dir = %s\n%s"
-                        % (self.port, model, args.threads, args.context, args.activations, args.nvme, self.data,
+                        "context = %d\nactivations = %s\n[tier.nvme]\ncapacity = %s\n%s[index]\ndata_dir = %s\n%s"
+                        % (self.port, model, args.threads, args.context, args.activations, args.nvme,
+                           "dtype = f16\n" if kind == "kvtier-f16nvme" else "", self.data,
                            "[cache]\nenabled = false\n" if kind == "kvtier-nocache" else ""))
 
     def start(self):
@@ -154,7 +156,7 @@ class Engine:
     def chat(self, messages, max_tokens, session=None):
         body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True}
-        if session and self.kind == "kvtier":
+        if session and self.kind in ("kvtier", "kvtier-f16nvme"):
             body["session_id"] = session
         t0 = time.time()
         st, r = http("POST", self.url + "/v1/chat/completions", body)
@@ -172,6 +174,14 @@ class Engine:
             return None
         return round(sum(t.get("used_bytes", 0) for t in s.get("tiers", []) if t["name"] in ("hbm", "host"))
                      / 2 ** 20, 1)
+
+    def nvme_used(self):
+        """Bytes the NVMe tier holds (kvtier's /v1/stats), else None."""
+        if not self.kind.startswith("kvtier"):
+            return None
+        st, s = http("GET", self.url + "/v1/stats")
+        return ([t.get("used_bytes") for t in s.get("tiers", []) if t["name"] == "nvme"] or [None])[0] \
+            if st == 200 else None
 
 
 def measure(e, history_words, n_decode, seed):
@@ -199,6 +209,7 @@ def measure(e, history_words, n_decode, seed):
     res["restart_cached_tokens"] = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     res["rss_after"] = mem_of(e.proc.pid)
     res["kv_held_mib"] = e.kv_held()
+    res["nvme_used_bytes"] = e.nvme_used()
     e.stop()
     return res
 
@@ -295,6 +306,7 @@ def main():
     kinds = ["kvtier", "kvtier-nocache"] + (["llama-server"] if args.llama_server else [])
     if args.engines:
         want = args.engines.split(",")
+        kinds.insert(1, "kvtier-f16nvme")  # only when asked: [tier.nvme] dtype = f16
         bad = [k for k in want if k not in kinds]
         if bad or "kvtier" not in want:
             ap.error("--engines: %s (choose from %s, kvtier among them)" % (",".join(bad) or "no kvtier",

@@ -293,7 +293,7 @@ size_t kvt_kv_block_bytes(const kvt_kv_layout *l)
 static int check_kv(const char *op, const kvt_kv_layout *kv, uint32_t layer, const int32_t *table)
 {
 	if (!kv || !kv->pool || !kv->n_slots || !kv->block_tokens || !kv->head_dim || !kv->n_kv_heads ||
-	    kv->codec < 0 || kv->codec >= KVT_KV_CODEC_COUNT || kv->head_dim % 4) {
+	    kv->codec < 0 || kv->codec >= KVT_KV_POOL_CODEC_COUNT || kv->head_dim % 4) {
 		KVT_LOGE("dev.%s: bad KV layout (codec %d, head_dim %u)", op, kv ? kv->codec : -1, kv ? kv->head_dim : 0);
 		return KVT_EINVAL;
 	}
@@ -446,7 +446,7 @@ int kvt_dev_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, si
 
 const char *kvt_kv_codec_name(int codec)
 {
-	static const char *const names[KVT_KV_CODEC_COUNT] = { "f16", "fp8", "int8" };
+	static const char *const names[KVT_KV_CODEC_COUNT] = { "f16", "fp8", "int8", "int8kv" };
 	return codec >= 0 && codec < KVT_KV_CODEC_COUNT ? names[codec] : "?";
 }
 
@@ -467,6 +467,11 @@ size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec)
 		if (!l->head_dim)
 			return 0;
 		return n_vec * l->head_dim + n_vec * (l->head_dim / kvt_codec_group_dims(codec, l->head_dim)) * sizeof(float);
+	case KVT_KV_CODEC_INT8KV: /* codes, then per layer the fp16 K channel and V token parameters */
+		if (!l->head_dim)
+			return 0;
+		return n_vec * l->head_dim +
+		       l->n_layers * kvt_int8kv_layer_params(l->n_kv_heads, l->block_tokens, l->head_dim) * sizeof(uint16_t);
 	}
 	return 0;
 }
@@ -479,7 +484,7 @@ static int check_codec(const char *op, const kvt_kv_layout *kv, int codec, uint3
 		KVT_LOGE("dev.%s: bad KV layout", op);
 		return KVT_EINVAL;
 	}
-	if (codec < 0 || codec >= KVT_KV_CODEC_COUNT || kv->codec < 0 || kv->codec >= KVT_KV_CODEC_COUNT) {
+	if (codec < 0 || codec >= KVT_KV_CODEC_COUNT || kv->codec < 0 || kv->codec >= KVT_KV_POOL_CODEC_COUNT) {
 		KVT_LOGE("dev.%s: codec %d (pool codec %d)", op, codec, kv->codec);
 		return KVT_EINVAL;
 	}

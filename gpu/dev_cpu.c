@@ -270,6 +270,10 @@ static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
+		if (a->codec == KVT_KV_CODEC_INT8KV) { /* the plain path: one pass per block, no vectorised variant */
+			kvt_cpu_pack_int8kv(l, src, dst);
+			continue;
+		}
 		uint8_t *scales = dst + n_vec * hd; /* fp32, not necessarily aligned */
 		pack_group_fn pack = kvt_cpu_pack_group;
 #ifdef KVT_HAVE_CODEC8
@@ -293,6 +297,10 @@ static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a
 		const uint8_t *src = (const uint8_t *)a->src + b * packed;
 		if (a->codec == l->codec) {
 			memcpy(dst, src, block_bytes);
+			continue;
+		}
+		if (a->codec == KVT_KV_CODEC_INT8KV) {
+			kvt_cpu_unpack_int8kv(l, src, dst);
 			continue;
 		}
 		unpack_group_fn unpack = kvt_cpu_unpack_group;

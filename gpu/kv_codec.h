@@ -97,4 +97,58 @@ static inline KVT_HD uint32_t kvt_codec_group_dims(int codec, uint32_t head_dim)
 	return codec == KVT_KV_CODEC_INT8 && head_dim % KVT_KV_INT8_GROUP == 0 ? KVT_KV_INT8_GROUP : head_dim;
 }
 
+/*
+ * INT8KV (dev.h, "Block codecs"): K per channel, asymmetric; V per token and
+ * group, symmetric; every scale (and K minimum) stored as fp16, so the fp32
+ * values used below are those of the stored fp16 (the backend rounds them).
+ * Offsets within one packed block of L layers, H KV heads, T tokens, D dims
+ * (ng V groups per token): codes first, then per layer P fp16 values.
+ */
+#define KVT_KVK_QMAX 255.0f
+
+static inline KVT_HD uint32_t kvt_int8kv_ng(uint32_t head_dim)
+{
+	return head_dim / kvt_codec_group_dims(KVT_KV_CODEC_INT8, head_dim);
+}
+
+/* fp16 values of one layer's parameters: 2 per K channel and head, ng per V token and head. */
+static inline KVT_HD size_t kvt_int8kv_layer_params(uint32_t H, uint32_t T, uint32_t D)
+{
+	return (size_t)H * (2 * D + (size_t)T * kvt_int8kv_ng(D));
+}
+
+/* Index (in fp16 values from the parameter area's start) of K channel d's scale (+ D: its minimum). */
+static inline KVT_HD size_t kvt_int8kv_kparam(uint32_t H, uint32_t T, uint32_t D, uint32_t layer, uint32_t head,
+					      uint32_t d)
+{
+	return layer * kvt_int8kv_layer_params(H, T, D) + (size_t)head * 2 * D + d;
+}
+
+/* Index of V (layer, head, token t) group g's scale. */
+static inline KVT_HD size_t kvt_int8kv_vscale(uint32_t H, uint32_t T, uint32_t D, uint32_t layer, uint32_t head,
+					      uint32_t t, uint32_t g)
+{
+	return layer * kvt_int8kv_layer_params(H, T, D) + (size_t)H * 2 * D +
+	       ((size_t)head * T + t) * kvt_int8kv_ng(D) + g;
+}
+
+/* 1/s, or 0 for a zero scale (then every code is 0). */
+static inline KVT_HD float kvt_int8kv_inv(float s)
+{
+	return s > 0.0f ? 1.0f / s : 0.0f;
+}
+
+static inline KVT_HD uint8_t kvt_int8kv_k_encode(float x, float m, float inv)
+{
+	float c = rintf((x - m) * inv);
+	c = c < 0.0f ? 0.0f : (c > KVT_KVK_QMAX ? KVT_KVK_QMAX : c);
+	return (uint8_t)c;
+}
+
+/* fma: one rounding, so a backend that contracts a*b+c gives the same value as one that does not. */
+static inline KVT_HD float kvt_int8kv_k_decode(uint8_t c, float m, float s)
+{
+	return fmaf((float)c, s, m);
+}
+
 #endif

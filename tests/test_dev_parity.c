@@ -965,7 +965,7 @@ int main(void)
 	test_attention(3, 3, 64, 16, 200, 100); /* a window wider than the context */
 	attn_window = 0;
 	/* codec, n_kv, head_dim, block_tokens, pos0, rows */
-	for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+	for (int codec = 0; codec < KVT_KV_POOL_CODEC_COUNT; codec++) {
 		test_kv_load(codec, 1, 64, 16, 0, 1);    /* one token */
 		test_kv_load(codec, 3, 64, 16, 5, 21);   /* pos0 mid-block, partial blocks at both ends */
 		test_kv_load(codec, 2, 128, 8, 37, 9);   /* small blocks, a block boundary crossed */

@@ -869,7 +869,7 @@ int main(void)
 		char name[2] = { (char)('0' + v), 0 };
 		kvt_dev *dv = cuda ? make_dev(name) : d;
 		CHECK(dv != NULL);
-		for (int codec = 0; dv && codec < KVT_KV_CODEC_COUNT; codec++)
+		for (int codec = 0; dv && codec < KVT_KV_POOL_CODEC_COUNT; codec++)
 			test_dyn_pos(dv, codec, NULL);
 		if (dv != d)
 			kvt_dev_destroy(dv);
@@ -882,7 +882,7 @@ int main(void)
 			kvt_dev *fu = make_variant(name, "fused", st ? "1" : "0");
 			CHECK(sep && fu);
 			printf("decode kernel %d, fused combine%s:\n", v, st ? ", staged" : "");
-			for (int codec = 0; sep && fu && codec < KVT_KV_CODEC_COUNT; codec++)
+			for (int codec = 0; sep && fu && codec < KVT_KV_POOL_CODEC_COUNT; codec++)
 				test_dyn_pos(fu, codec, sep);
 			kvt_dev_destroy(fu);
 		}

@@ -587,7 +587,7 @@ static void test_kv_load(void)
 		{ 64, 1, 1, 1, 16, 2 },   { 64, 3, 57, 21, 16, 2 }, { 128, 2, 203, 9, 8, 2 },  { 40, 2, 70, 5, 16, 2 },
 		{ 96, 2, 50, 13, 16, 2 }, { 256, 2, 90, 30, 24, 2 }, { 64, 3, 100, 1, 15, 3 },
 	};
-	for (size_t cc = 0; cc < KVT_KV_CODEC_COUNT * sizeof cases / sizeof cases[0]; cc++) {
+	for (size_t cc = 0; cc < KVT_KV_POOL_CODEC_COUNT * sizeof cases / sizeof cases[0]; cc++) {
 		const size_t ci = cc % (sizeof cases / sizeof cases[0]);
 		const int codec = (int)(cc / (sizeof cases / sizeof cases[0]));
 		const uint32_t hd = cases[ci][0], H = cases[ci][1], n_ctx = cases[ci][2], R = cases[ci][3];

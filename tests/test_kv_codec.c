@@ -15,6 +15,12 @@
  *   - an 8-bit pool: kv_store writes exactly the bytes kv_pack makes of an
  *     fp16 pool holding the same tokens, and attention over it equals
  *     attention over the fp16 pool of its unpacked values;
+ *   - INT8KV (K per channel over the block, asymmetric; V per token and 32
+ *     dims; fp16 parameters): its size, every value within its bound (K: half
+ *     a step of its channel's range / 255, V: half a step of its group's
+ *     amax / 127, each plus the fp16 rounding of the parameters and result),
+ *     and, on keys with outlier channels, a K error well below INT8's;
+ *     an INT8KV pool is refused (it is a record format only);
  *   - misuse is refused with a message: packing an FP8 pool to INT8.
  */
 #include "check.h"
@@ -83,7 +89,7 @@ static void test_pack_bounds(kvt_dev *d, uint32_t head_dim)
 	uint16_t *orig = malloc(n * 2);
 	memcpy(orig, x, n * 2);
 	int32_t slots[5] = { 4, 2, 0, 1, 3 };
-	for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+	for (int codec = 0; codec < KVT_KV_POOL_CODEC_COUNT; codec++) { /* INT8KV: test_int8kv */
 		size_t pb = kvt_kv_packed_bytes(&l, codec);
 		uint8_t *stage = malloc(pb * nb);
 		kvt_kv_pack_args pa = { .kv = &l, .codec = codec, .n_blocks = nb, .h_slots = slots, .dst = stage };
@@ -369,6 +375,92 @@ static void test_fast_equals_ref(uint32_t hd)
 	kvt_dev_destroy(fast);
 }
 
+/* Relative L2 error of K (kv 0) or V (kv 1) of nb packed blocks of l after a round trip through codec. */
+static double round_trip_rel(kvt_dev *d, kvt_kv_layout *l, int codec, uint32_t nb, const uint16_t *orig, int kv,
+			     uint16_t *out)
+{
+	int32_t slots[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+	const size_t n = kvt_kv_block_bytes(l) / 2 * nb, seg = (size_t)l->block_tokens * l->head_dim;
+	uint8_t *stage = malloc(kvt_kv_packed_bytes(l, codec) * nb);
+	kvt_kv_pack_args pa = { .kv = l, .codec = codec, .n_blocks = nb, .h_slots = slots, .dst = stage };
+	kvt_kv_unpack_args ua = { .kv = l, .codec = codec, .n_blocks = nb, .h_slots = slots, .src = stage };
+	memcpy(l->pool, orig, n * 2);
+	CHECK(kvt_dev_kv_pack(d, NULL, &pa) == KVT_OK);
+	memset(l->pool, 0xff, n * 2);
+	CHECK(kvt_dev_kv_unpack(d, NULL, &ua) == KVT_OK);
+	memcpy(out, l->pool, n * 2);
+	double e2 = 0, s2 = 0;
+	for (size_t i = 0; i < n; i++) {
+		if ((int)(i / seg / l->n_kv_heads % 2) != kv)
+			continue;
+		double a = kvt_f16_to_f32(orig[i]), b = kvt_f16_to_f32(out[i]);
+		e2 += (a - b) * (a - b);
+		s2 += a * a;
+	}
+	free(stage);
+	return sqrt(e2 / s2);
+}
+
+static void test_int8kv(kvt_dev *d, uint32_t hd)
+{
+	const uint32_t nb = 4;
+	kvt_kv_layout l = pool_make(d, KVT_KV_CODEC_F16, nb, hd);
+	const uint32_t T = l.block_tokens, H = l.n_kv_heads, ng = hd % 32 ? 1 : hd / 32, gd = hd / ng;
+	const size_t n = kvt_kv_block_bytes(&l) / 2 * nb, seg = (size_t)T * hd, n_vec = (size_t)l.n_layers * 2 * H * T;
+	CHECK_EQ_INT(kvt_kv_packed_bytes(&l, KVT_KV_CODEC_INT8KV),
+		     n_vec * hd + (size_t)l.n_layers * H * (2 * hd + T * ng) * 2);
+	CHECK_EQ_INT(kvt_kv_group_dims(KVT_KV_CODEC_INT8KV, hd), 0);
+	uint16_t *orig = malloc(n * 2), *out = malloc(n * 2);
+	/* keys with outlier channels (every 7th: offset +6, 10x larger), V plain */
+	for (size_t i = 0; i < n; i++) {
+		const bool key = i / seg / H % 2 == 0, outl = key && (i % hd) % 7 == 3;
+		orig[i] = kvt_f32_to_f16(check_rng_f32(&rng) * (outl ? 10.0f : 1.0f) + (outl ? 6.0f : 0.0f));
+	}
+	orig[5] = kvt_f32_to_f16(0.0f);
+	for (uint32_t t = 0; t < T; t++) /* a K channel of equal values (scale 0) in block 1 */
+		orig[l.n_layers * 2 * H * seg + (size_t)t * hd + 1] = kvt_f32_to_f16(-2.5f);
+	double rk = round_trip_rel(d, &l, KVT_KV_CODEC_INT8KV, nb, orig, 0, out);
+	double rv = round_trip_rel(d, &l, KVT_KV_CODEC_INT8KV, nb, orig, 1, out);
+	int over = 0;
+	for (size_t base = 0; base < n; base += seg) { /* one (block, layer, K/V, head) */
+		const bool key = base / seg / H % 2 == 0;
+		for (uint32_t c = 0; c < (key ? hd : T * ng); c++) {
+			/* the values one parameter covers: a K channel over T tokens, or a V group of gd dims */
+			const size_t first = key ? base + c : base + (size_t)(c / ng) * hd + (c % ng) * gd;
+			const size_t stride = key ? hd : 1, cnt = key ? T : gd;
+			float mn = INFINITY, mx = -INFINITY, amax = 0;
+			for (size_t k = 0; k < cnt; k++) {
+				float a = kvt_f16_to_f32(orig[first + k * stride]);
+				mn = fminf(mn, a), mx = fmaxf(mx, a), amax = fmaxf(amax, fabsf(a));
+			}
+			const float step = key ? (mx - mn) / 255.0f : amax / 127.0f;
+			for (size_t k = 0; k < cnt; k++) {
+				float a = kvt_f16_to_f32(orig[first + k * stride]), b = kvt_f16_to_f32(out[first + k * stride]);
+				/* half a step, the fp16 scale (x 255 or 127 codes) and minimum, the fp16 result */
+				float bound = step * 0.5f + step * (key ? 255.0f : 127.0f) / 2048 + fabsf(mn) / 2048 * key +
+					      fabsf(a) / 1024 + 1e-6f;
+				if (!(fabsf(a - b) <= bound))
+					over++;
+			}
+		}
+	}
+	CHECKF(over == 0, "int8kv hd%u: %d values outside the bound", hd, over);
+	CHECK(out[l.n_layers * 2 * H * seg + 1] == kvt_f32_to_f16(-2.5f)); /* the constant channel is exact */
+	double rk8 = round_trip_rel(d, &l, KVT_KV_CODEC_INT8, nb, orig, 0, out);
+	CHECKF(rk < rk8 / 2, "int8kv hd%u: K error %.4f%% not well below int8's %.4f%%", hd, 100 * rk, 100 * rk8);
+	printf("int8kv hd%u round trip: K %.4f%% (int8 %.4f%%), V %.4f%%\n", hd, 100 * rk, 100 * rk8, 100 * rv);
+	/* a record format only: no pool keeps it */
+	kvt_kv_layout bad = l;
+	bad.codec = KVT_KV_CODEC_INT8KV;
+	int32_t s0 = 0;
+	uint8_t tmp[4];
+	kvt_kv_pack_args pa = { .kv = &bad, .codec = KVT_KV_CODEC_INT8KV, .n_blocks = 1, .h_slots = &s0, .dst = tmp };
+	CHECK(kvt_dev_kv_pack(d, NULL, &pa) == KVT_EINVAL);
+	free(orig);
+	free(out);
+	kvt_dev_free(d, l.pool);
+}
+
 int main(void)
 {
 	static const uint32_t hds[] = { 64, 96, 40 }; /* INT8: 2 groups, 3 groups, one group (40 % 32 != 0) */
@@ -381,9 +473,11 @@ int main(void)
 		if (kvt_dev_create(&c, &d))
 			return 1;
 		test_group_scales(d);
+		test_int8kv(d, 256); /* Gemma 3's head_dim */
 		for (int i = 0; i < 3; i++) {
 			test_pack_bounds(d, hds[i]);
 			test_q8_pool(d, hds[i]);
+			test_int8kv(d, hds[i]);
 		}
 		kvt_dev_destroy(d);
 	}

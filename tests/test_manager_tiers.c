@@ -60,6 +60,8 @@ static const kvt_t2_io_ops fault_ops = { .fdatasync = f_fdatasync };
 
 typedef tm_fx fixture;
 
+static bool fx_t2_f16; /* kvt_tm_config.t2_f16 of the next fx_open */
+
 static int fx_open(fixture *f, int codec, bool reset, int persist, float t1_high, float t1_low)
 {
 	memset(f, 0, sizeof(*f));
@@ -73,6 +75,7 @@ static int fx_open(fixture *f, int codec, bool reset, int persist, float t1_high
 	kvt_tm_config c;
 	tm_fx_config(&c, f->dev, f->t0, f->bt, f->t2, f->db, N_T1, codec);
 	c.persist = persist;
+	c.t2_f16 = fx_t2_f16;
 	c.batch_blocks = 4;
 	/* deterministic: the test drives eviction itself (watermarks never crossed, slow poll) */
 	c.high[KVT_TIER_HBM] = c.high[KVT_TIER_NVME] = 1.0f;
@@ -499,7 +502,7 @@ static void policy_and_faults(void)
 	c.low[KVT_TIER_HOST] = 0.5f;
 	c.t1_codec = 9;
 	CHECK(kvt_tm_create(&c, &tm) == KVT_EINVAL);
-	CHECK(strstr(check_log_text, "t1_codec 9 is not f16, fp8 or int8") != NULL);
+	CHECK(strstr(check_log_text, "t1_codec 9 is not f16, fp8, int8 or int8kv") != NULL);
 	c.t1_codec = KVT_KV_CODEC_INT8;
 	c.t2 = (kvt_t2_store *)1; /* any non-NULL store without an index */
 	CHECK(kvt_tm_create(&c, &tm) == KVT_EINVAL);
@@ -734,6 +737,91 @@ static void turn_durable_told(void)
 	tm_fx_close(&f);
 }
 
+/*
+ * Versioned records (manager.h, "Versioning"): a data dir written by a
+ * manager of FP8 or INT8 (today's formats) resumes under an INT8KV manager:
+ * each record decodes with its own codec straight into T0 (within that
+ * codec's bound, marked lossy, not kept in T1). With t2_f16 the records
+ * written from T0 are f16 while T1 runs INT8KV, and a restart's promotion
+ * gives the computed K/V back bit for bit, not lossy.
+ */
+static void old_formats_resume(void)
+{
+	static const int olds[] = { KVT_KV_CODEC_FP8, KVT_KV_CODEC_INT8, KVT_KV_CODEC_F16 };
+	for (int k = 0; k < 3; k++) {
+		const int old = olds[k];
+		fixture f;
+		fx_t2_f16 = old == KVT_KV_CODEC_F16; /* f16 records from an INT8KV manager's T0 */
+		unlink(db_path);
+		CHECK(fx_open(&f, fx_t2_f16 ? KVT_KV_CODEC_INT8KV : old, true, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+		engine_compute(&f, 0);
+		engine_compute(&f, 1);
+		CHECK(kvt_tm_flush(f.tm) == KVT_OK);
+		tm_fx_close(&f);
+		fx_t2_f16 = false;
+		/* the upgrade: the same data dir under an INT8KV manager */
+		CHECK(fx_open(&f, KVT_KV_CODEC_INT8KV, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+		uint64_t n_rec = 0;
+		CHECK(kvt_tm_recover(f.tm, &n_rec) == KVT_OK);
+		CHECK_EQ_INT(n_rec, 2);
+		/* a record of another format exports as this manager's own (decoded, packed again) */
+		uint8_t *ex_t2 = NULL, *ex_t0 = NULL;
+		size_t n_t2 = 0, n_t0 = 0;
+		CHECKF(kvt_tm_block_export(f.tm, model_fp, hashes[0], &ex_t2, &n_t2) == KVT_OK, "export of a %s record",
+		       kvt_kv_codec_name(old));
+		int32_t slots[2] = { -1, -1 };
+		int res[2] = { -1, -1 };
+		CHECKF(kvt_tm_promote(f.tm, 2, (const uint8_t(*)[32])hashes[0], slots, res) == KVT_OK,
+		       "records of %s under an int8kv manager", kvt_kv_codec_name(old));
+		for (int b = 0; b < 2; b++) {
+			if (res[b] != KVT_OK)
+				continue;
+			CHECKF(compare_slot(&f, old, slots[b], b) == 0, "%s record, block %d: out of its bound",
+			       kvt_kv_codec_name(old), b);
+			kvt_btable_entry e = ent(&f, b);
+			CHECK(e.t0_lossy == (old != KVT_KV_CODEC_F16));
+			CHECK(e.slot[KVT_TIER_HOST] < 0); /* another format: not kept in the INT8KV T1 */
+			kvt_t0_unref(f.t0, slots[b]);
+		}
+		/* ... the same bytes as the block's T0 copy (unpacked from that record) packed as int8kv */
+		CHECK(kvt_tm_block_export(f.tm, model_fp, hashes[0], &ex_t0, &n_t0) == KVT_OK);
+		CHECK(ex_t2 && ex_t0 && n_t2 == n_t0 && !memcmp(ex_t2, ex_t0, n_t0));
+		free(ex_t2);
+		free(ex_t0);
+		CHECK(kvt_tm_check(f.tm) == KVT_OK);
+		tm_fx_close(&f);
+	}
+	/* and INT8KV's own records round-trip through T1 and T2 within its bound */
+	unlink(db_path);
+	fixture f;
+	CHECK(fx_open(&f, KVT_KV_CODEC_INT8KV, true, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+	engine_compute(&f, 0);
+	CHECK(kvt_tm_flush(f.tm) == KVT_OK);
+	tm_fx_close(&f);
+	CHECK(fx_open(&f, KVT_KV_CODEC_INT8KV, false, KVT_PERSIST_END_OF_TURN, 1.0f, 0.5f) == 0);
+	uint64_t n_rec = 0;
+	CHECK(kvt_tm_recover(f.tm, &n_rec) == KVT_OK);
+	int32_t s0 = -1;
+	int r0 = -1;
+	CHECK(kvt_tm_promote(f.tm, 1, (const uint8_t(*)[32])hashes[0], &s0, &r0) == KVT_OK);
+	if (r0 == KVT_OK) {
+		CHECK(ent(&f, 0).slot[KVT_TIER_HOST] >= 0 && ent(&f, 0).t0_lossy); /* its own format: kept in T1 */
+		uint16_t *out = malloc(n_el * 2);
+		CHECK(kvt_dev_copy_d2h(f.dev, out, (char *)kvt_t0_layout(f.t0)->pool + (size_t)s0 * n_el * 2, n_el * 2) ==
+		      KVT_OK);
+		double e2 = 0, s2 = 0;
+		for (size_t i = 0; i < n_el; i++) {
+			double a = kvt_f16_to_f32(data[i]), b = kvt_f16_to_f32(out[i]);
+			e2 += (a - b) * (a - b);
+			s2 += a * a;
+		}
+		CHECKF(sqrt(e2 / s2) < 0.01, "int8kv T2 round trip: relative L2 %g", sqrt(e2 / s2));
+		free(out);
+		kvt_t0_unref(f.t0, s0);
+	}
+	tm_fx_close(&f);
+}
+
 int main(void)
 {
 	kvt_dev *probe;
@@ -748,7 +836,7 @@ int main(void)
 	snprintf(t2_path, sizeof(t2_path), "%s/kvtier.t2", dir);
 	snprintf(db_path, sizeof(db_path), "%s/index.sqlite", dir);
 	make_chain();
-	for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+	for (int codec = 0; codec < KVT_KV_POOL_CODEC_COUNT; codec++) {
 		unlink(db_path);
 		round_trips(codec);
 	}
@@ -758,6 +846,8 @@ int main(void)
 	policy_and_faults();
 	unlink(db_path);
 	old_int8_layout_is_miss();
+	unlink(db_path);
+	old_formats_resume();
 	unlink(db_path);
 	lru_survives_restart();
 	unlink(db_path);

@@ -128,7 +128,7 @@ int main(void)
 	for (uint32_t b = 0; b < NB; b++)
 		fill_block(in + b * n_el, &rng);
 
-	for (int codec = 0; codec < KVT_KV_CODEC_COUNT; codec++) {
+	for (int codec = 0; codec < KVT_KV_POOL_CODEC_COUNT; codec++) {
 		kvt_t1_pool *t1;
 		kvt_t1_mover *mv;
 		CHECK(kvt_t1_create(dev, &shape, codec, NB, &t1) == KVT_OK);

@@ -72,6 +72,7 @@ uint8_t tm_scale_layout_of(int codec)
 	switch (codec) {
 	case KVT_KV_CODEC_FP8: return KVT_TM_SCALE_LAYOUT_TOKEN_HEAD;
 	case KVT_KV_CODEC_INT8: return KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32;
+	case KVT_KV_CODEC_INT8KV: return KVT_TM_SCALE_LAYOUT_KCHAN_VTOK32;
 	}
 	return 0;
 }
@@ -220,9 +221,16 @@ void kvt_tm_config_default(kvt_tm_config *c)
 
 static int ctx_init(kvt_tm *tm, tm_ctx *c)
 {
+	const kvt_kv_layout *l = kvt_t0_layout(tm->cfg.t0);
 	int rc = kvt_t1_mover_create(tm->cfg.dev, tm->cfg.t0, tm->cfg.t1_codec, tm->cfg.batch_blocks, &c->mv);
 	if (rc == KVT_OK)
-		rc = kvt_dev_host_alloc(tm->cfg.dev, tm->packed_bytes * tm->cfg.batch_blocks, (void **)&c->h_stage);
+		rc = kvt_dev_host_alloc(tm->cfg.dev, tm->rec_bytes * tm->cfg.batch_blocks, (void **)&c->h_stage);
+	/* an 8-bit T0 pool takes only its own codec: then records of other formats stay misses */
+	for (int k = 0; k < KVT_KV_CODEC_COUNT && rc == KVT_OK && l->codec == KVT_KV_CODEC_F16; k++)
+		if (k != tm->cfg.t1_codec)
+			rc = kvt_t1_mover_create(tm->cfg.dev, tm->cfg.t0, k, 1, &c->mv_rec[k]);
+	if (rc == KVT_OK)
+		rc = kvt_dev_host_alloc(tm->cfg.dev, tm->block_bytes, (void **)&c->h_rec);
 	pthread_mutex_init(&c->mu, NULL);
 	return rc;
 }
@@ -230,6 +238,9 @@ static int ctx_init(kvt_tm *tm, tm_ctx *c)
 static void ctx_deinit(kvt_tm *tm, tm_ctx *c)
 {
 	kvt_t1_mover_destroy(c->mv);
+	for (int k = 0; k < KVT_KV_CODEC_COUNT; k++)
+		kvt_t1_mover_destroy(c->mv_rec[k]);
+	kvt_dev_host_free(tm->cfg.dev, c->h_rec);
 	kvt_dev_host_free(tm->cfg.dev, c->h_stage);
 	pthread_mutex_destroy(&c->mu);
 }
@@ -250,7 +261,7 @@ static int check_config(const kvt_tm_config *c)
 		return KVT_EINVAL;
 	}
 	if (c->t1_codec < 0 || c->t1_codec >= KVT_KV_CODEC_COUNT) {
-		KVT_LOGE("tm config: t1_codec %d is not f16, fp8 or int8", c->t1_codec);
+		KVT_LOGE("tm config: t1_codec %d is not f16, fp8, int8 or int8kv", c->t1_codec);
 		return KVT_EINVAL;
 	}
 	for (int t = 0; t < KVT_TIER_COUNT; t++) {
@@ -286,6 +297,10 @@ static int check_config(const kvt_tm_config *c)
 			 kvt_kv_codec_name(c->t1_codec));
 		return KVT_EINVAL;
 	}
+	if (c->t2_f16 && t0_codec != KVT_KV_CODEC_F16) {
+		KVT_LOGE("tm config: f16 T2 records need an fp16 T0 pool (T0 keeps %s)", kvt_kv_codec_name(t0_codec));
+		return KVT_EINVAL;
+	}
 	if (kvt_btable_block_tokens(c->bt) != kvt_t0_layout(c->t0)->block_tokens) {
 		KVT_LOGE("tm config: the table's blocks have %u tokens, T0's %u", kvt_btable_block_tokens(c->bt),
 			 kvt_t0_layout(c->t0)->block_tokens);
@@ -319,6 +334,8 @@ int kvt_tm_create(const kvt_tm_config *cfg, kvt_tm **out)
 	}
 	tm->block_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), KVT_KV_CODEC_F16);
 	tm->packed_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), cfg->t1_codec);
+	tm->rec_codec = cfg->t2_f16 ? KVT_KV_CODEC_F16 : cfg->t1_codec;
+	tm->rec_bytes = kvt_kv_packed_bytes(kvt_t0_layout(cfg->t0), tm->rec_codec);
 	pthread_mutex_init(&tm->mu, NULL);
 	pthread_mutex_init(&tm->pin_mu, NULL);
 	pthread_mutex_init(&tm->maint_mu, NULL);

@@ -122,6 +122,16 @@ enum kvt_persist {
 #define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD 1 /* one scale per token and KV head: FP8 (and INT8 before group scales) */
 #define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32 2 /* INT8: one scale per token, KV head and 32 dims (the whole head when
                                                head_dim is not a multiple of 32) */
+#define KVT_TM_SCALE_LAYOUT_KCHAN_VTOK32 3 /* INT8KV: K per channel over the block (fp16 scale and minimum), V per
+                                              token, KV head and 32 dims (fp16 scale) */
+/*
+ * Versioning: the (codec, scale_layout) pair of a record is its format. A
+ * promotion decodes every format above whatever the manager's own t1_codec
+ * (a record of another codec is unpacked straight into T0 with its own
+ * codec, never kept in T1), so data written by an older build (FP8 or INT8
+ * records) still resumes after the default changes; only an INT8 record of
+ * layout 1 (before group scales) is a miss.
+ */
 
 /* The remote tier's index in per-tier arrays that count it beside T0-T2 (usage, resume reports). */
 #define KVT_TM_TIER_REMOTE KVT_TIER_COUNT
@@ -135,6 +145,8 @@ typedef struct kvt_tm_config {
 	kvt_db *db;              /* borrowed; required with t2 (the durable rows) */
 	uint32_t t1_slots;       /* T1 capacity in blocks (>= 1) */
 	int t1_codec;            /* enum kvt_kv_codec of T1 and T2 records (default FP8) */
+	bool t2_f16;             /* T2 records written from T0 (end of turn, flush) are f16 (exact) while T1
+	                            keeps t1_codec; a record written from a T1 slot stays t1_codec */
 	float high[KVT_TIER_COUNT]; /* high watermark per tier, fraction of capacity in (0, 1] */
 	float low[KVT_TIER_COUNT];  /* low watermark per tier, < high */
 	int persist;             /* enum kvt_persist */

@@ -338,6 +338,13 @@ uint32_t kvt_tm_prefix_take(kvt_tm *tm, kvt_tm_prefix *p, int32_t *t0_slots)
 		kvt_tm_ticket_free(tm, p->ticket);
 		p->ticket = NULL;
 	}
+	/* a block read from NVMe is lossy as its record was: an f16 record (t2_f16) or an 8-bit one of any format */
+	for (uint32_t i = 0; i < usable; i++) {
+		kvt_btable_entry e;
+		if (res[i] == KVT_OK && p->origin[i] == KVT_TIER_NVME && kvt_btable_get(tm_bt(tm), p->hashes[i], &e) == KVT_OK &&
+		    e.slot[KVT_TIER_HBM] == t0_slots[i])
+			p->lossy[i] = e.t0_lossy;
+	}
 	uint32_t ok = count_served(p, res, false);
 	for (uint32_t i = ok; i < usable; i++) {
 		if (res[i] == KVT_OK)

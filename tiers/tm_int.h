@@ -70,7 +70,10 @@
 
 typedef struct tm_ctx {
 	kvt_t1_mover *mv;      /* own stream and device staging */
-	unsigned char *h_stage;/* [batch][packed_bytes], pinned host */
+	unsigned char *h_stage;/* [batch][rec_bytes], pinned host */
+	kvt_t1_mover *mv_rec[KVT_KV_CODEC_COUNT]; /* one-block movers of the other codecs (NULL for t1_codec, or
+	                                              all NULL with an 8-bit T0 pool): T2 records of another format */
+	unsigned char *h_rec;  /* [1][the largest record: f16], pinned host: a T2 record read before its codec is known */
 	pthread_mutex_t mu;    /* only used by the shared inline ctx */
 } tm_ctx;
 
@@ -120,7 +123,9 @@ struct kvt_tm {
 	kvt_tm_config cfg;             /* copy (borrowed handles inside) */
 	kvt_t1_pool *t1;               /* owned */
 	size_t block_bytes;            /* the block in fp16 (the compression baseline) */
-	size_t packed_bytes;           /* T1 slot / T2 payload */
+	size_t packed_bytes;           /* T1 slot / T2 payload of t1_codec */
+	int rec_codec;                 /* codec of T2 records written from T0: F16 with t2_f16, else t1_codec */
+	size_t rec_bytes;              /* their payload bytes (>= packed_bytes) */
 	pthread_mutex_t mu;            /* see the file comment */
 	pthread_cond_t cv_work;        /* workers: a ticket queued, or stop */
 	pthread_cond_t cv_done;        /* ticket progress, busy released, flush progress */
@@ -221,7 +226,8 @@ int tm_pend_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES]);
 /*
  * The packed bytes of the busy-held block e (a T1/T2 payload) into dst: its
  * T1 slot copied, its T0 slot packed through c's mover (dst must then be
- * pinned staging, e.g. c->h_stage), or its T2 record read and verified.
+ * pinned staging, e.g. c->h_stage), or its T2 record read and verified (a
+ * record of another format decoded and packed again as t1_codec).
  * KVT_ENOTFOUND when it is in no tier; the mover's or the store's error.
  */
 int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst);

@@ -118,7 +118,8 @@ static uint32_t lay_ranges(const kvt_kv_layout *l, int codec, uint32_t l0, uint3
 		return 1;
 	}
 	const size_t codes_per_layer = vec_per_layer * l->head_dim;
-	const size_t scales_per_layer = vec_per_layer * (l->head_dim / kvt_kv_group_dims(codec, l->head_dim)) * sizeof(float);
+	/* every 8-bit format keeps its scales layer after layer behind the codes (gpu/dev.h, "Block codecs") */
+	const size_t scales_per_layer = (kvt_kv_packed_bytes(l, codec) - l->n_layers * codes_per_layer) / l->n_layers;
 	off[0] = l0 * codes_per_layer;
 	len[0] = g * codes_per_layer;
 	off[1] = (size_t)l->n_layers * codes_per_layer + l0 * scales_per_layer;

@@ -54,6 +54,44 @@ int tm_pend_add_locked(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 	return KVT_OK;
 }
 
+/*
+ * A T2 record's bytes as t1_codec: as they are, or (a record of another
+ * format: an f16 NVMe copy, an older build's) decoded into a scratch T0 slot
+ * and packed again. KVT_ENOTFOUND when the record cannot be read as a known
+ * format or T0 has no free slot for the scratch copy.
+ */
+static int packed_from_t2(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
+{
+	kvt_rstore_loc l;
+	kvt_t2_block_meta m;
+	void *buf = c->h_rec;
+	int rc;
+	l = e->nvme;
+	(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, &m, &buf,
+				tm->block_bytes, &rc);
+	if (rc == KVT_EFULL)
+		return KVT_ENOTFOUND;
+	if (rc != KVT_OK)
+		return rc;
+	const int k = m.codec;
+	if (k < 0 || k >= KVT_KV_CODEC_COUNT || m.scale_layout != tm_scale_layout_of(k) ||
+	    m.raw_bytes != kvt_kv_packed_bytes(kvt_t0_layout(tm->cfg.t0), k) || (k != tm->cfg.t1_codec && !c->mv_rec[k]))
+		return KVT_ENOTFOUND;
+	if (k == tm->cfg.t1_codec) {
+		memcpy(dst, c->h_rec, tm->packed_bytes);
+		return KVT_OK;
+	}
+	int32_t s;
+	if (kvt_t0_alloc(tm->cfg.t0, &s) != KVT_OK)
+		return KVT_ENOTFOUND; /* no scratch slot: as a miss */
+	const void *src = c->h_rec;
+	rc = kvt_t1_mover_unpack(c->mv_rec[k], 1, &src, &s);
+	if (rc == KVT_OK)
+		rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
+	kvt_t0_unref(tm->cfg.t0, s);
+	return rc;
+}
+
 int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
 {
 	int rc = KVT_ENOTFOUND;
@@ -66,10 +104,7 @@ int tm_block_packed(kvt_tm *tm, tm_ctx *c, const kvt_btable_entry *e, void *dst)
 		if (rc == KVT_OK)
 			rc = kvt_t1_mover_pack(c->mv, 1, &s, &dst);
 	} else if (e->slot[KVT_TIER_NVME] >= 0 && tm->rs2) {
-		kvt_rstore_loc l;
-		l = e->nvme;
-		(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])e->hash, &l, false, NULL, &dst,
-					tm->packed_bytes, &rc);
+		rc = packed_from_t2(tm, c, e, dst);
 	}
 	return rc;
 }
@@ -168,13 +203,18 @@ static void pbatch_collect(kvt_tm *tm, tm_ctx *c, tm_pbatch *b, uint32_t n, uint
 			b->n_t1++;
 		} else if (e->slot[KVT_TIER_HBM] >= 0) {
 			b->pack_slots[b->n_pack] = e->slot[KVT_TIER_HBM];
-			b->pack_dst[b->n_pack] = c->h_stage + (size_t)b->n_pack * tm->packed_bytes;
+			b->pack_dst[b->n_pack] = c->h_stage + (size_t)b->n_pack * tm->rec_bytes;
 			src = b->pack_dst[b->n_pack++];
 			b->n_t0++;
 		} else {
 			continue; /* in no tier: its bytes are gone */
 		}
 		tm_record_meta(tm, e, &b->meta[b->n_w]);
+		if (e->slot[KVT_TIER_HOST] < 0) { /* packed from T0: the T2 record codec (f16 with t2_f16) */
+			b->meta[b->n_w].codec = (uint8_t)tm->rec_codec;
+			b->meta[b->n_w].scale_layout = tm_scale_layout_of(tm->rec_codec);
+			b->meta[b->n_w].raw_bytes = (uint32_t)tm->rec_bytes;
+		}
 		b->req[b->n_w].meta = &b->meta[b->n_w];
 		b->req[b->n_w].payload = src;
 		b->widx[b->n_w++] = i;
@@ -281,11 +321,12 @@ static void pbatch_account(kvt_tm *tm, const tm_pbatch *b, const tm_pdone *d, do
 	tm->st.n_persist_failed += d->n_fail;
 	/* Copies out of T1 (or straight out of T0) into T2. */
 	const uint64_t n_src_tier[2] = { b->n_t0, b->n_t1 };
+	const size_t src_bytes[2] = { tm->rec_bytes, tm->packed_bytes };
 	for (int t = KVT_TIER_HBM; t <= KVT_TIER_HOST; t++) {
 		if (!n_src_tier[t])
 			continue;
 		tm->st.tier[t].n_demotions += n_src_tier[t];
-		tm->st.tier[t].demotion_bytes += n_src_tier[t] * tm->packed_bytes;
+		tm->st.tier[t].demotion_bytes += n_src_tier[t] * src_bytes[t];
 		tm->st.tier[t].demotion_s += dt * (double)n_src_tier[t] / n_src;
 	}
 	pthread_mutex_unlock(&tm->mu);
@@ -314,8 +355,10 @@ int tm_persist_held(kvt_tm *tm, tm_ctx *c, uint32_t n, uint8_t (*hashes)[KVT_HAS
 	int rc = KVT_OK;
 	if (b.n_w && b.n_pack) {
 		rc = tm_wait_compute(tm, c);
-		if (rc == KVT_OK)
+		if (rc == KVT_OK && tm->rec_codec == tm->cfg.t1_codec)
 			rc = kvt_t1_mover_pack(c->mv, b.n_pack, b.pack_slots, b.pack_dst);
+		for (uint32_t k = 0; rc == KVT_OK && tm->rec_codec != tm->cfg.t1_codec && k < b.n_pack; k++)
+			rc = kvt_t1_mover_pack(c->mv_rec[tm->rec_codec], 1, &b.pack_slots[k], &b.pack_dst[k]);
 	}
 	if (b.n_w && rc == KVT_OK) {
 		(void)tm->rs2->ops->put(tm->rs2, b.n_w, b.req, b.loc, b.res); /* step 1: bytes durable */

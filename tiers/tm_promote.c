@@ -46,102 +46,118 @@ static void drop_corrupt(kvt_tm *tm, const uint8_t h[KVT_HASH_BYTES])
 }
 
 /*
- * Does a T2 record's header fit this manager (codec, scale layout, size) and
- * the table's entry (its tokens)? A record that does not is a miss, warned
- * about once.
+ * The codec of a T2 record this manager can decode (manager.h, "Versioning"):
+ * any codec whose scale layout and size are those it writes for this T0
+ * layout, with the table entry's tokens; -1 otherwise (a miss, warned about
+ * once).
  * NOTE: the scale layout must match as well as the codec and size: an INT8
  * record of layout 1 may have exactly our size (head_dim 32) and would
  * decode to wrong values without an error.
  */
-static bool record_fits(kvt_tm *tm, const kvt_t2_block_meta *m, const kvt_btable_entry *e)
+static int record_codec(kvt_tm *tm, const tm_ctx *c, const kvt_t2_block_meta *m, const kvt_btable_entry *e)
 {
-	if (m->codec == tm->cfg.t1_codec && m->scale_layout == tm_scale_layout_of(tm->cfg.t1_codec) &&
-	    m->raw_bytes == tm->packed_bytes && m->n_tokens == e->n_tokens &&
-	    !memcmp(m->tokens, e->tokens, e->n_tokens * sizeof(int32_t)))
-		return true;
+	const int k = m->codec;
+	if (k >= 0 && k < KVT_KV_CODEC_COUNT && (k == tm->cfg.t1_codec || c->mv_rec[k]) &&
+	    m->scale_layout == tm_scale_layout_of(k) && m->raw_bytes == kvt_kv_packed_bytes(kvt_t0_layout(tm->cfg.t0), k) &&
+	    m->n_tokens == e->n_tokens && !memcmp(m->tokens, e->tokens, e->n_tokens * sizeof(int32_t)))
+		return k;
 	pthread_mutex_lock(&tm->mu);
 	bool warn = !tm->warned_codec;
 	tm->warned_codec = true;
 	pthread_mutex_unlock(&tm->mu);
 	if (warn)
 		KVT_LOGW("tm: a T2 record holds codec %s, scale layout %u, %u bytes; this manager runs %s, "
-			 "scale layout %u, %zu bytes: such records are misses", kvt_kv_codec_name(m->codec),
-			 (unsigned)m->scale_layout, m->raw_bytes, kvt_kv_codec_name(tm->cfg.t1_codec),
-			 (unsigned)tm_scale_layout_of(tm->cfg.t1_codec), tm->packed_bytes);
-	return false;
+			 "scale layout %u, %zu bytes, and decodes the known formats of its layout: such records are misses",
+			 kvt_kv_codec_name(m->codec), (unsigned)m->scale_layout, m->raw_bytes,
+			 kvt_kv_codec_name(tm->cfg.t1_codec), (unsigned)tm_scale_layout_of(tm->cfg.t1_codec),
+			 tm->packed_bytes);
+	return -1;
 }
 
-/*
- * The block's packed bytes from its T2 record, read into a new T1 slot (the
- * table then names it) or, when T1 has no room, into c's staging buffer
- * (*t1s = -1). Verified: a corrupt record is dropped (drop_corrupt), one of
- * another codec or too large is a miss (KVT_ENOTFOUND).
- */
-static int promote_read_t2(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], const kvt_btable_entry *e,
-			   int32_t *t1s, const void **packed, uint64_t *bytes_from)
+/* The promotion's statistics for a T2 read that took t_start.. (kept in T1 when kept). */
+static void count_t2_read(kvt_tm *tm, const kvt_btable_entry *e, bool kept, double t_start, uint64_t *bytes_from)
 {
-	if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK) {
-		tm_evict_t1(tm, c, 1, KVT_TM_PRESSURE_ROOM);
-		if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK)
-			*t1s = -1;
-	}
-	void *buf = *t1s >= 0 ? kvt_t1_slot_ptr(tm->t1, *t1s) : (void *)c->h_stage;
-	kvt_rstore_loc l;
-	kvt_t2_block_meta m;
-	l = e->nvme;
-	double t_start = kvt_now_s();
-	int rc;
-	(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])h, &l, false, &m, &buf, tm->packed_bytes,
-				&rc);
-	if (rc == KVT_OK && !record_fits(tm, &m, e))
-		rc = KVT_ENOTFOUND;
-	else if (rc == KVT_ECORRUPT)
-		drop_corrupt(tm, h);
-	else if (rc == KVT_EFULL)
-		rc = KVT_ENOTFOUND; /* a record larger than our slots: not ours */
-	if (rc != KVT_OK) {
-		if (*t1s >= 0)
-			kvt_t1_unref(tm->t1, *t1s);
-		return rc;
-	}
-	if (*t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, *t1s) != KVT_OK) {
-		/* the table will not name the slot: its bytes move to the staging buffer before it goes back
-		 * (another thread may take the slot at once) */
-		memcpy(c->h_stage, buf, tm->packed_bytes);
-		buf = c->h_stage;
-		kvt_t1_unref(tm->t1, *t1s);
-		*t1s = -1;
-	}
 	pthread_mutex_lock(&tm->mu);
-	if (*t1s >= 0)
+	if (kept)
 		tm->st.tier[KVT_TIER_HOST].n_promotions++;
 	tm->st.tier[KVT_TIER_HOST].promotion_bytes += e->nvme.extent_bytes;
 	tm->st.tier[KVT_TIER_HOST].promotion_s += kvt_now_s() - t_start;
 	if (bytes_from)
 		bytes_from[KVT_TIER_NVME] += e->nvme.extent_bytes;
 	pthread_mutex_unlock(&tm->mu);
-	*packed = buf;
+}
+
+/*
+ * The block's packed bytes from its T2 record, read into c->h_rec and
+ * verified: a corrupt record is dropped (drop_corrupt), one this manager
+ * cannot decode is a miss (KVT_ENOTFOUND). A record of t1_codec then moves
+ * to a new T1 slot (the table names it) or, when T1 has no room, to c's
+ * staging buffer (*t1s = -1); a record of another codec (an f16 NVMe copy,
+ * or an older build's format) stays in c->h_rec, *t1s = -1. *codec gets it.
+ */
+static int promote_read_t2(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], const kvt_btable_entry *e,
+			   int32_t *t1s, const void **packed, int *codec, uint64_t *bytes_from)
+{
+	void *buf = c->h_rec;
+	kvt_rstore_loc l;
+	kvt_t2_block_meta m;
+	l = e->nvme;
+	double t_start = kvt_now_s();
+	int rc;
+	*t1s = -1;
+	(void)tm->rs2->ops->get(tm->rs2, 1, (const uint8_t(*)[KVT_HASH_BYTES])h, &l, false, &m, &buf, tm->block_bytes,
+				&rc);
+	if (rc == KVT_OK && (*codec = record_codec(tm, c, &m, e)) < 0)
+		rc = KVT_ENOTFOUND;
+	else if (rc == KVT_ECORRUPT)
+		drop_corrupt(tm, h);
+	else if (rc == KVT_EFULL)
+		rc = KVT_ENOTFOUND; /* a record larger than any block of ours: not ours */
+	if (rc != KVT_OK)
+		return rc;
+	*packed = c->h_rec;
+	if (*codec == tm->cfg.t1_codec) {
+		if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK) {
+			tm_evict_t1(tm, c, 1, KVT_TM_PRESSURE_ROOM); /* may write through h_stage, not h_rec */
+			if (kvt_t1_alloc(tm->t1, t1s) != KVT_OK)
+				*t1s = -1;
+		}
+		if (*t1s >= 0) /* the bytes first: once the table names the slot, others may read it */
+			memcpy(kvt_t1_slot_ptr(tm->t1, *t1s), c->h_rec, tm->packed_bytes);
+		if (*t1s >= 0 && kvt_btable_set_slot(tm->cfg.bt, h, KVT_TIER_HOST, *t1s) != KVT_OK) {
+			kvt_t1_unref(tm->t1, *t1s); /* the table will not name the slot: unpack from h_rec */
+			*t1s = -1;
+		}
+		if (*t1s >= 0)
+			*packed = kvt_t1_slot_ptr(tm->t1, *t1s);
+	}
+	count_t2_read(tm, e, *t1s >= 0, t_start, bytes_from);
 	return KVT_OK;
 }
 
-/* Unpack packed into the T0 slot s (ours: given back on failure), then the table names it. */
-static int promote_unpack_t0(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], const void *packed, int32_t s,
-			     int found, uint64_t *bytes_from)
+/*
+ * Unpack packed (a record of codec) into the T0 slot s (ours: given back on
+ * failure), then the table names it, lossy unless the record was f16.
+ */
+static int promote_unpack_t0(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], const void *packed, int codec,
+			     int32_t s, int found, uint64_t *bytes_from)
 {
 	double t_start = kvt_now_s();
-	int rc = kvt_t1_mover_unpack(c->mv, 1, &packed, &s);
+	kvt_t1_mover *mv = codec == tm->cfg.t1_codec ? c->mv : c->mv_rec[codec];
+	int rc = kvt_t1_mover_unpack(mv, 1, &packed, &s);
 	if (rc == KVT_OK)
-		rc = kvt_btable_set_t0_unpacked(tm->cfg.bt, h, s, tm->cfg.t1_codec != KVT_KV_CODEC_F16);
+		rc = kvt_btable_set_t0_unpacked(tm->cfg.bt, h, s, codec != KVT_KV_CODEC_F16);
 	if (rc != KVT_OK) {
 		kvt_t0_unref(tm->cfg.t0, s);
 		return rc;
 	}
+	const size_t nb = kvt_kv_packed_bytes(kvt_t0_layout(tm->cfg.t0), codec);
 	pthread_mutex_lock(&tm->mu);
 	tm->st.tier[KVT_TIER_HBM].n_promotions++;
-	tm->st.tier[KVT_TIER_HBM].promotion_bytes += tm->packed_bytes;
+	tm->st.tier[KVT_TIER_HBM].promotion_bytes += nb;
 	tm->st.tier[KVT_TIER_HBM].promotion_s += kvt_now_s() - t_start;
 	if (bytes_from && found == KVT_TIER_HOST)
-		bytes_from[KVT_TIER_HOST] += tm->packed_bytes;
+		bytes_from[KVT_TIER_HOST] += nb;
 	pthread_mutex_unlock(&tm->mu);
 	return KVT_OK;
 }
@@ -163,21 +179,23 @@ static int promote_move(kvt_tm *tm, tm_ctx *c, const uint8_t h[KVT_HASH_BYTES], 
 	}
 	const void *packed = NULL;
 	int32_t t1s = e->slot[KVT_TIER_HOST];
+	int codec = tm->cfg.t1_codec;
 	if (t1s >= 0) {
 		packed = kvt_t1_slot_ptr(tm->t1, t1s);
 	} else {
-		int rc = promote_read_t2(tm, c, h, e, &t1s, &packed, bytes_from);
+		int rc = promote_read_t2(tm, c, h, e, &t1s, &packed, &codec, bytes_from);
 		if (rc != KVT_OK) {
 			if (s0 >= 0)
 				kvt_t0_unref(tm->cfg.t0, s0);
 			return rc;
 		}
 		if (tier == KVT_TIER_HOST && t1s < 0)
-			return KVT_EFULL; /* read and verified, but no T1 room to keep it */
+			return codec == tm->cfg.t1_codec ? KVT_EFULL  /* read and verified, but no T1 room to keep it */
+							 : KVT_ENOTFOUND; /* another format: T1 cannot hold it */
 	}
 	if (tier != KVT_TIER_HBM)
 		return KVT_OK;
-	int rc = promote_unpack_t0(tm, c, h, packed, s0, found, bytes_from);
+	int rc = promote_unpack_t0(tm, c, h, packed, codec, s0, found, bytes_from);
 	if (rc == KVT_OK)
 		e->slot[KVT_TIER_HBM] = s0;
 	return rc;

@@ -696,6 +696,9 @@ static int render_stats(json_t *j, const char *source)
 		if (json_is_object(r3))
 			printf(", remote %.0f", num(bt, "remote"));
 		printf(")\n");
+		printf("  %-24s %.0f (%.1f%% of cached tokens: came back through an 8-bit record, not bit-exact)\n",
+		       "lossy cached tokens", num(eng, "lossy_cached_tokens"),
+		       cached > 0 ? 100 * num(eng, "lossy_cached_tokens") / cached : 0.0);
 		printf("  %-24s %.1f%% (cached / reusable %.0f)\n", "cache efficiency", 100 * num(eng, "cache_efficiency"),
 		       num(eng, "reusable_tokens"));
 		printf("  %-24s %.0f\n", "prefill tokens saved", num(eng, "prefill_tokens_saved"));

@@ -370,20 +370,22 @@ static int cmd_size(int argc, char **argv)
 	 * codec (kvt_kv_packed_bytes, what T1 and T2 store) over its tokens. fp16:
 	 * 2 bytes per value; FP8 E4M3 and INT8: 1 byte per value plus their fp32
 	 * scales (kv_codec.h: one per token, head and K/V for FP8; one per 32 dims
-	 * for INT8 where head_dim allows).
+	 * for INT8 where head_dim allows); INT8KV: 1 byte per value plus fp16
+	 * parameters (two per K channel and block, one per V token and 32 dims).
 	 */
 	const kvt_kv_layout kl = { .n_layers = hp.n_layer, .n_kv_heads = hp.n_head_kv, .head_dim = hp.head_dim,
 				   .block_tokens = BLOCK_TOKENS };
-	const struct { const char *name; uint64_t per_tok; } dt[3] = {
+	const struct { const char *name; uint64_t per_tok; } dt[4] = {
 		{ "fp16", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_F16) / BLOCK_TOKENS },
 		{ "fp8", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_FP8) / BLOCK_TOKENS },
-		{ "int8", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_INT8) / BLOCK_TOKENS } };
+		{ "int8", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_INT8) / BLOCK_TOKENS },
+		{ "int8kv", kvt_kv_packed_bytes(&kl, KVT_KV_CODEC_INT8KV) / BLOCK_TOKENS } };
 
 	printf("model: %s (%s, %u layers, %u KV heads x %u dims)\n", model_path, hp.arch, hp.n_layer,
 	       hp.n_head_kv, hp.head_dim);
 	printf("block: %u tokens; context: %" PRIu64 " tokens\n\n", BLOCK_TOKENS, ctx);
 	printf("dtype   bytes/token    bytes/block       one context\n");
-	for (int d = 0; d < 3; d++) {
+	for (int d = 0; d < 4; d++) {
 		printf("%-6s %12" PRIu64 " %14" PRIu64 "   ", dt[d].name, dt[d].per_tok, dt[d].per_tok * BLOCK_TOKENS);
 		print_bytes(dt[d].per_tok * ((ctx + BLOCK_TOKENS - 1) / BLOCK_TOKENS * BLOCK_TOKENS));
 		printf("\n");
@@ -394,7 +396,7 @@ static int cmd_size(int argc, char **argv)
 		for (int t = 0; t < 3; t++) {
 			if (!cap[t])
 				continue;
-			for (int d = 0; d < 3; d++) {
+			for (int d = 0; d < 4; d++) {
 				if (t == 0 && d > 0)
 					break;
 				uint64_t blocks = cap[t] / (dt[d].per_tok * BLOCK_TOKENS);

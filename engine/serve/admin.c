@@ -269,6 +269,10 @@ enum MHD_Result kvt_srv_handle_metrics(conn_req *r, kvt_sched *sched)
 		   st.prefix_hits_tokens);
 	metric_tiers(&b, "kvtier_cached_tokens_total", "counter", "Prompt tokens served from the cache, by tier.",
 		     st.cached_by_tier);
+	metric_one(&b, "kvtier_lossy_cached_tokens_total", "counter",
+		   "Cached prompt tokens whose K/V came back through an 8-bit record (not bit-exact; "
+		   "usage.kvtier.lossy_cached_tokens summed).",
+		   st.lossy_cached_tokens);
 	if (st.tiers.has_remote) {
 		const kvt_t3_stats *r3 = &st.tiers.t3;
 		metric_one(&b, "kvtier_remote_read_bytes_total", "counter", "Record bytes read from T3.", r3->bytes_in);

@@ -78,8 +78,10 @@ static const char *const device_names[] = { "auto", "cuda", "cpu", NULL };
 static const int device_values[] = { KVT_DEVICE_AUTO, KVT_DEVICE_CUDA, KVT_DEVICE_CPU };
 static const char *const persist_names[] = { "end_of_turn", "write_back", NULL };
 static const int persist_values[] = { KVT_PERSIST_END_OF_TURN, KVT_PERSIST_WRITE_BACK };
-static const char *const dtype_names[] = { "f16", "fp8", "int8", NULL };
-static const int dtype_values[] = { KVT_KV_CODEC_F16, KVT_KV_CODEC_FP8, KVT_KV_CODEC_INT8 };
+static const char *const dtype_names[] = { "f16", "fp8", "int8", "int8kv", NULL };
+static const int dtype_values[] = { KVT_KV_CODEC_F16, KVT_KV_CODEC_FP8, KVT_KV_CODEC_INT8, KVT_KV_CODEC_INT8KV };
+static const char *const nvdtype_names[] = { "same", "f16", NULL };
+static const int nvdtype_values[] = { 0, 1 };
 static const char *const io_names[] = { "auto", "uring", "threads", NULL };
 static const int io_values[] = { KVT_T2_IO_AUTO, KVT_T2_IO_URING, KVT_T2_IO_THREADS };
 static const char *const level_names[] = { "error", "warn", "info", "debug", NULL };
@@ -214,6 +216,8 @@ static const key_def keys[] = {
 	{ "tier.nvme", "compression", V_ENUMBOOL, OFF(nvme_compression), 0, 0, 0, false, false, comp_names, comp_values,
 	  "none", "LZ4 per record, kept where it saves >= 15%" },
 	ENUMK("tier.nvme", "io", nvme_io, io, "auto", "auto = io_uring, else a thread pool"),
+	ENUMK("tier.nvme", "dtype", nvme_f16, nvdtype, "f16",
+	      "records written from T0: same = [tier.host] dtype, f16 = exact (T1 keeps its 8-bit copy)"),
 	U32("tier.nvme", "io_threads", io_threads, 1, 16, "2", "promotion workers"),
 
 	BOOLK("tier.remote", "enabled", remote_enabled, "false", "T3: a Redis Cluster (or server) shared by several nodes"),

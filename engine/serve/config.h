@@ -119,6 +119,7 @@ typedef struct kvt_config {
 	/* [tier.host] capacity (auto: 2G), watermarks, dtype = f16|fp8|int8 (default fp8) */
 	kvt_tier_config host;
 	int host_dtype;                /* enum kvt_kv_codec */
+	int nvme_f16;                  /* [tier.nvme] dtype: 0 same (as host_dtype), 1 f16 (records from T0 exact) */
 	int host_promotion;            /* promotion = auto|layered|sequential (KVT_CONFIG_PROMOTION_*) */
 	uint32_t promotion_groups;     /* promotion_groups (default 4) */
 	/* [tier.nvme] */

@@ -718,6 +718,7 @@ static int bring_up(daemon_t *d, int *exit_code)
 	sc.t2.buffered_ok = true;
 	sc.tm.t1_slots = n_t1 > INT32_MAX ? INT32_MAX : (uint32_t)n_t1;
 	sc.tm.t1_codec = c->host_dtype;
+	sc.tm.t2_f16 = c->nvme_f16 == 1 && c->host_dtype != KVT_KV_CODEC_F16;
 	sc.tm.persist = c->persist;
 	sc.tm.end_turn_s = c->end_turn_s;
 	sc.tm.n_io_threads = c->io_threads;

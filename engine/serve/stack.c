@@ -46,7 +46,8 @@ int kvt_stack_open(const kvt_stack_config *c, kvt_stack *s)
 	if (c->t2_path && c->db_path && c->tm.t1_slots) {
 		kvt_t2_config tc = c->t2;
 		tc.path = c->t2_path;
-		tc.max_raw_bytes = (uint32_t)kvt_kv_packed_bytes(&shape, c->tm.t1_codec);
+		/* the largest record of any format (f16): an f16 NVMe copy, or an older build's 8-bit records */
+		tc.max_raw_bytes = (uint32_t)kvt_kv_packed_bytes(&shape, KVT_KV_CODEC_F16);
 		memcpy(tc.model_fp, c->model_fp, KVT_HASH_BYTES);
 		kvt_db_owner_id(s->db, tc.owner_id); /* the file belongs to this index, and no other */
 		if ((rc = kvt_t2_open(&tc, &s->t2))) {

@@ -7,8 +7,9 @@
  * head, token) vector: the amax of each scale group (kv_codec.h,
  * kvt_codec_group_dims: 32 dims for INT8, the whole head for FP8) by warp
  * reduction, then the shared scalar arithmetic of kv_codec.h, so codes and
- * scales match the CPU bit for bit. Slots travel by value in the kernel's
- * parameters, CODEC_SLOTS a launch.
+ * scales match the CPU bit for bit. INT8KV (K per channel over the block)
+ * takes one thread per K channel or V group instead. Slots travel by value
+ * in the kernel's parameters, CODEC_SLOTS a launch.
  */
 #include "cuda_int.cuh"
 
@@ -160,6 +161,85 @@ __global__ void kv_unpack_fast(kvt_kv_layout l, int codec, codec_slots sl, const
 	*(uint4 *)dstp = *(const uint4 *)o;
 }
 
+/*
+ * INT8KV (dev.h, kv_codec.h): one thread per K channel (layer, head, dim:
+ * its min and max over the block's tokens, then its codes) or per V group
+ * (layer, head, token, group). Grid (items / 256, blocks), 256 threads.
+ * Every parameter is rounded to fp16 before use, as on the CPU.
+ */
+__device__ static float int8kv_put(uint8_t *par, size_t i, float x)
+{
+	__half h = __float2half_rn(x);
+	memcpy(par + i * 2, &h, 2);
+	return __half2float(h);
+}
+
+__device__ static float int8kv_get(const uint8_t *par, size_t i)
+{
+	__half h;
+	memcpy(&h, par + i * 2, 2);
+	return __half2float(h);
+}
+
+__global__ void int8kv_pack_kernel(kvt_kv_layout l, codec_slots sl, uint8_t *dst, size_t packed, uint32_t n_vec)
+{
+	const uint32_t H = l.n_kv_heads, T = l.block_tokens, D = l.head_dim, ng = kvt_int8kv_ng(D), gd = D / ng;
+	const uint32_t nk = l.n_layers * H * D, nv = l.n_layers * H * T * ng;
+	const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+	if (i >= nk + nv)
+		return;
+	const __half *src = (const __half *)l.pool + (size_t)sl.slot[b] * n_vec * D;
+	uint8_t *out = dst + b * packed, *par = out + (size_t)n_vec * D;
+	if (i < nk) {
+		const uint32_t layer = i / (H * D), h = i / D % H, d = i % D;
+		const size_t base = ((size_t)(layer * 2 + 0) * H + h) * T * D + d;
+		float mn = INFINITY, mx = -INFINITY;
+		for (uint32_t t = 0; t < T; t++) {
+			float x = __half2float(src[base + (size_t)t * D]);
+			mn = x < mn ? x : mn;
+			mx = x > mx ? x : mx;
+		}
+		const size_t pi = kvt_int8kv_kparam(H, T, D, layer, h, d);
+		const float m = int8kv_put(par, pi + D, mn), inv = kvt_int8kv_inv(int8kv_put(par, pi, (mx - m) / KVT_KVK_QMAX));
+		for (uint32_t t = 0; t < T; t++)
+			out[base + (size_t)t * D] = kvt_int8kv_k_encode(__half2float(src[base + (size_t)t * D]), m, inv);
+		return;
+	}
+	const uint32_t j = i - nk, layer = j / (H * T * ng), h = j / (T * ng) % H, t = j / ng % T, g = j % ng;
+	const size_t base = (((size_t)(layer * 2 + 1) * H + h) * T + t) * D + g * gd;
+	float amax = 0.0f;
+	for (uint32_t k = 0; k < gd; k++)
+		amax = fmaxf(amax, fabsf(__half2float(src[base + k])));
+	const float inv = kvt_int8kv_inv(int8kv_put(par, kvt_int8kv_vscale(H, T, D, layer, h, t, g), amax / KVT_INT8_MAX));
+	for (uint32_t k = 0; k < gd; k++)
+		out[base + k] = (uint8_t)kvt_int8_encode(__half2float(src[base + k]) * inv);
+}
+
+__global__ void int8kv_unpack_kernel(kvt_kv_layout l, codec_slots sl, const uint8_t *src, size_t packed,
+				     uint32_t n_vec)
+{
+	const uint32_t H = l.n_kv_heads, T = l.block_tokens, D = l.head_dim, ng = kvt_int8kv_ng(D), gd = D / ng;
+	const uint32_t nk = l.n_layers * H * D, nv = l.n_layers * H * T * ng;
+	const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+	if (i >= nk + nv)
+		return;
+	__half *dst = (__half *)l.pool + (size_t)sl.slot[b] * n_vec * D;
+	const uint8_t *in = src + b * packed, *par = in + (size_t)n_vec * D;
+	if (i < nk) {
+		const uint32_t layer = i / (H * D), h = i / D % H, d = i % D;
+		const size_t base = ((size_t)(layer * 2 + 0) * H + h) * T * D + d, pi = kvt_int8kv_kparam(H, T, D, layer, h, d);
+		const float s = int8kv_get(par, pi), m = int8kv_get(par, pi + D);
+		for (uint32_t t = 0; t < T; t++)
+			dst[base + (size_t)t * D] = __float2half_rn(kvt_int8kv_k_decode(in[base + (size_t)t * D], m, s));
+		return;
+	}
+	const uint32_t j = i - nk, layer = j / (H * T * ng), h = j / (T * ng) % H, t = j / ng % T, g = j % ng;
+	const size_t base = (((size_t)(layer * 2 + 1) * H + h) * T + t) * D + g * gd;
+	const float s = int8kv_get(par, kvt_int8kv_vscale(H, T, D, layer, h, t, g));
+	for (uint32_t k = 0; k < gd; k++)
+		dst[base + k] = __float2half_rn((float)(int8_t)in[base + k] * s);
+}
+
 static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int codec, uint32_t n_blocks,
 		     const int32_t *slots, void *dst, const void *src, bool pack)
 {
@@ -184,6 +264,17 @@ static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int cod
 		memcpy(sl.slot, slots + b0, nb * sizeof(int32_t));
 		uint8_t *d8 = (uint8_t *)dst + b0 * packed;
 		const uint8_t *s8 = (const uint8_t *)src + b0 * packed;
+		if (codec == KVT_KV_CODEC_INT8KV) {
+			const uint32_t items = l->n_layers * l->n_kv_heads * (l->head_dim + l->block_tokens * kvt_int8kv_ng(l->head_dim));
+			if (pack)
+				int8kv_pack_kernel<<<dim3(div_up(items, 256), nb), 256, 0, s>>>(*l, sl, d8, packed, n_vec);
+			else
+				int8kv_unpack_kernel<<<dim3(div_up(items, 256), nb), 256, 0, s>>>(*l, sl, s8, packed, n_vec);
+			int rc = LAUNCHED(pack ? "kv_pack int8kv" : "kv_unpack int8kv");
+			if (rc)
+				return rc;
+			continue;
+		}
 		const uint32_t lpv = l->head_dim / 8;
 		const unsigned g = div_up((uint64_t)nb * n_vec * lpv, 256);
 		const bool aligned = ((uintptr_t)l->pool % 16) == 0 && ((uintptr_t)(pack ? (const void *)d8 : s8) % 8) == 0 &&

@@ -1345,6 +1345,61 @@ def case_chunks(build, tmp):
         d.stop()
 
 
+def metric_value(d, name):
+    st, body = http("GET", d.url + "/metrics")
+    check(st == 200, "metrics: %s" % st)
+    text = body if isinstance(body, str) else json.dumps(body)
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def case_lossy(build, tmp):
+    """usage.kvtier.lossy_cached_tokens after a restart, per NVMe format, and its sum in /metrics and kvtier stats:
+    with [tier.nvme] dtype = same an fp8 host tier's NVMe records are 8-bit (the resumed tokens are lossy);
+    with f16 (the default) the NVMe copy is exact (0 lossy, and the reply equals the cache-off one)."""
+    replies = {}
+    for name, nvme_dtype in (("fp8", "same"), ("f16nvme", "f16")):
+        d = daemon(build, os.path.join(tmp, name), extra="dtype = fp8\n")
+        with open(d.conf) as f:  # the key goes into the config's own [tier.nvme] section
+            conf = f.read()
+        with open(d.conf, "w") as f:
+            f.write(conf.replace("[tier.nvme]\n", "[tier.nvme]\ndtype = %s\n" % nvme_dtype))
+        d.start()
+        try:
+            msgs, _, _ = converse(d, "ls", USER_TURNS[:2])
+        finally:
+            check(d.stop() == 0, "SIGTERM exits 0")
+        d.restart()
+        try:
+            msgs.append({"role": "user", "content": USER_TURNS[2]})
+            r = chat(d, msgs, session="ls")
+            u = r["usage"]
+            cached, lossy = u["prompt_tokens_details"]["cached_tokens"], u["kvtier"]["lossy_cached_tokens"]
+            check(cached > 0 and u["kvtier"]["cached_tokens_by_tier"]["nvme"] > 0, "%s: served from NVMe: %s" % (name, u))
+            if name == "fp8":
+                check(lossy == cached, "fp8 records: every resumed token is lossy: %s" % u)
+            else:
+                check(lossy == 0, "f16 NVMe records: no lossy tokens: %s" % u)
+            m = metric_value(d, "kvtier_lossy_cached_tokens_total")
+            check(m == lossy, "%s: kvtier_lossy_cached_tokens_total %s, the response said %d" % (name, m, lossy))
+            rc, out, err = kvtier(build, "stats", "--url", d.url)
+            check(rc == 0 and ("lossy cached tokens" in out and (" %d (" % lossy) in out),
+                  "%s: kvtier stats shows the lossy tokens (%d): %s %s" % (name, lossy, out, err))
+            replies[name] = r["choices"][0]["message"]["content"]
+        finally:
+            d.stop()
+    c = daemon(build, os.path.join(tmp, "off"), extra="[cache]\nenabled = false\n")
+    c.start()
+    try:
+        off = chat(c, msgs)["choices"][0]["message"]["content"]
+        check(off == replies.get("f16nvme"), "f16 NVMe copy: the resumed reply differs from the cache-off one:\n%r\n%r"
+              % (replies.get("f16nvme"), off))
+    finally:
+        c.stop()
+
+
 CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case_sigterm,
          "tenants": case_tenants, "openai": case_openai, "compat": case_compat, "noqueue": case_noqueue,
          "errors": case_errors, "exposure": case_exposure,
@@ -1352,7 +1407,7 @@ CASES = {"conversation": case_conversation, "kill9": case_kill9, "sigterm": case
          "nvmecap": case_nvmecap, "diskfull": case_diskfull, "lostindex": case_lostindex, "perms": case_perms,
          "rawfuzz": case_rawfuzz, "diskfull_kill": case_diskfull_kill,
          "keyfiles": case_keyfiles, "youngwal": case_youngwal, "frontdoor": case_frontdoor,
-         "chunks": case_chunks}
+         "chunks": case_chunks, "lossy": case_lossy}
 
 
 def main():

@@ -192,9 +192,11 @@ def kvtier(build, *args):
 
 def case_restart(build, tmp):
     # small tiers (T2 too) so a flood of prompts pushes everything unretained out of the cache
+    # (T2: 32M, as 8M was for fp8 records: f16 records, [tier.nvme] dtype's default, are twice the size,
+    # and the shutdown flush must find room for the last turns beside the flood)
     d = Daemon(build, os.path.join(tmp, "d"),
                "[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 1024\n"
-               "[tier.hbm]\ncapacity = 24M\n[tier.host]\ncapacity = 8M\n[tier.nvme]\ncapacity = 8M\n"
+               "[tier.hbm]\ncapacity = 24M\n[tier.host]\ncapacity = 8M\n[tier.nvme]\ncapacity = 32M\n"
                "[index]\ndata_dir = @DATA@\n" % MODEL)
     d.start()
     try:
