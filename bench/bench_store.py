@@ -107,6 +107,7 @@ class Conn:
                 if not got:
                     raise ConnectionError("closed")
                 have += got
+            view.release()
             del out[n:]
             return out
         if line[:1] == b"-":
