@@ -103,7 +103,9 @@ int kvt_kvs_val_reserve(kvt_kvs_val *v, size_t cap);
 void kvt_kvs_val_ref(kvt_kvs_val *v);
 void kvt_kvs_val_unref(kvt_kvs_val *v); /* NULL: no-op */
 
-/* A write's place in the writer's order: kvt_kvs_wait blocks until it is acknowledged. */
+/* A write's place in the writer's order: kvt_kvs_wait blocks until it is acknowledged.
+ * Tickets are acknowledged in the order they were handed out (batches are taken off one
+ * queue in order), so waiting on the highest of several covers them all; 0 is always acknowledged. */
 typedef uint64_t kvt_kvs_ticket;
 
 /*
