@@ -311,7 +311,7 @@ static void decode_variants(double cbw)
 	for (; ci < sizeof classes / sizeof classes[0] && kvt_now_s() - t0 < budget; ci++) {
 		const uint32_t B = classes[ci][0], ctx = classes[ci][1] / shrink, nb = (ctx + bt - 1) / bt;
 		double f16_us[N_VARIANTS] = { 0 };
-		for (int codec = KVT_KV_CODEC_F16; codec < KVT_KV_CODEC_COUNT; codec++) {
+		for (int codec = KVT_KV_CODEC_F16; codec < KVT_KV_POOL_CODEC_COUNT; codec++) {
 			kvt_kv_layout l = { .n_layers = 1, .n_kv_heads = kvh, .head_dim = hd, .block_tokens = bt,
 					    .n_slots = B * nb };
 			l.pool = variant_pool(&l, codec);
