@@ -158,7 +158,10 @@ static double pass_allowance(const kvt_sched *s, const kvt_sched_handle *blocked
  * of long prompts thus cannot keep a short request waiting at admission,
  * and a stream of short ones cannot keep the long one out for good: once
  * they have used its allowance, admission waits for room for it, as FIFO
- * always does. Never past a preempted request (it resumes first). Returns
+ * always does. Never past a preempted request (it resumes first), and never
+ * a preempted one (its swapped-out blocks come back into T0 beside its fill:
+ * admitted early it could find the pool full with nothing to preempt, as
+ * test_sched_fair's swap pressure did under ASan). Returns
  * the link that points at it; NULL: none.
  */
 static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *blocked, double now)
@@ -170,7 +173,7 @@ static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *b
 	int bp = 0;
 	for (kvt_sched_handle **pp = &s->q_head; *pp; pp = &(*pp)->next) {
 		const kvt_sched_handle *c = *pp;
-		if (c == blocked || (double)c->n_fill > room || !t0_fits(s, c, blocks_to_commit(s, c)))
+		if (c == blocked || c->preempted || (double)c->n_fill > room || !t0_fits(s, c, blocks_to_commit(s, c)))
 			continue;
 		int p = effective_priority(s, c, now);
 		if (!best || p < bp) {
