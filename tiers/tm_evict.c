@@ -368,8 +368,10 @@ int kvt_tm_reserve_t0(kvt_tm *tm, uint32_t n_free)
 {
 	if (kvt_t0_n_free(tm->cfg.t0) >= n_free)
 		return KVT_OK;
-	/* A T0 block another thread is moving is skipped by eviction; that is transient, so retry for those. */
-	const double deadline = kvt_now_s() + 2.0;
+	/* A T0 block another thread is moving is skipped by eviction; that is transient, so retry for those
+	 * (up to 10 s: under a sanitizer on a loaded 2-core machine a move took over the 2 s this waited
+	 * before, and the scheduler then ended a request: test_sched_fair's swap pressure). */
+	const double deadline = kvt_now_s() + 10.0;
 	for (;;) {
 		bool saw_busy = false;
 		pthread_mutex_lock(&tm->ctx_inline.mu);
