@@ -447,7 +447,7 @@ void kvt_tm_ticket_free(kvt_tm *tm, kvt_tm_ticket *t); /* NULL is a no-op */
 
 /*
  * Make at least n_free T0 slots free (blocking): evicts the coldest unpinned
- * manager-held blocks, waiting (up to 2 s) for blocks other threads are
+ * manager-held blocks, waiting (up to 10 s) for blocks other threads are
  * moving. KVT_EFULL if that is not possible (everything pinned or held by
  * sequences).
  */
