@@ -159,9 +159,9 @@ static double pass_allowance(const kvt_sched *s, const kvt_sched_handle *blocked
  * and a stream of short ones cannot keep the long one out for good: once
  * they have used its allowance, admission waits for room for it, as FIFO
  * always does. Never past a preempted request (it resumes first), and never
- * a preempted one (its swapped-out blocks come back into T0 beside its fill:
- * admitted early it could find the pool full with nothing to preempt, as
- * test_sched_fair's swap pressure did under ASan). Returns
+ * a preempted one (its swapped-out blocks come back into T0 beside its fill;
+ * queue_best already takes a queued preempted request first, so this only
+ * states the rule). Returns
  * the link that points at it; NULL: none.
  */
 static kvt_sched_handle **queue_backfill(kvt_sched *s, const kvt_sched_handle *blocked, double now)
