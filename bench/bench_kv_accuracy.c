@@ -16,7 +16,8 @@
  *      T1, promoted, and new tokens computed on it.
  * Variants: the device codecs through the mover the manager uses (f16; fp8
  * with one scale per token and KV head; int8 with one scale per token, KV
- * head and 32 dims), and, for the granularity measurement, the same FP8/INT8
+ * head and 32 dims; int8kv1 and int8kv, K per channel over the block and V per
+ * token and 32 / 16 dims, dev.h), and, for the granularity measurement, the same FP8/INT8
  * arithmetic (gpu/kv_codec.h) applied on the CPU with other scales: one per
  * token and KV head (int8's format before group scales), one per block and
  * KV head (16 tokens x head_dim values), and one per tensor (a layer's K or V
@@ -50,11 +51,13 @@
 #define KVT_MAX_LAYERS_BENCH 128 /* layers with a per-layer error row */
 
 enum { G_TOKEN_HEAD = 0, G_BLOCK_HEAD = 1, G_TENSOR = 2, G_GROUP32 = 3, G_KCH_V32 = 4, G_KCHA_V32 = 5, G_KCH_VTOK = 6,
-       G_KV_SPLIT = 7 };
+       G_KV_SPLIT = 7, G_C8_V32 = 8, G_C8_V16 = 9 };
 static const char *const gran_name[] = { "token x head", "block x head", "tensor", "token x head x 32",
 					 "K channel x block (fp16 scale), V token x 32",
 					 "K channel x block asymmetric (fp16 scale, min), V token x 32 (fp16)",
-					 "K channel x block (fp16 scale), V token", "K channel x block (fp16), V token x 32" };
+					 "K channel x block (fp16 scale), V token", "K channel x block (fp16), V token x 32",
+					 "K channel x block asymmetric (fp16 min, E5M3 scale), V token x 32 (E5M3)",
+					 "K channel x block asymmetric (fp16 min, E5M3 scale), V token x 16 (E5M3)" };
 
 typedef struct variant {
 	int codec;   /* enum kvt_kv_codec */
@@ -128,6 +131,36 @@ static void quant_k_channels(uint16_t *k, uint32_t T, uint32_t D, bool asym)
 	}
 }
 
+/* Compact K: per channel, minimum as fp16 rounded down, scale as an E5M3 code rounded up. */
+static void quant_k_compact(uint16_t *k, uint32_t T, uint32_t D)
+{
+	for (uint32_t d = 0; d < D; d++) {
+		float mn = INFINITY, mx = -INFINITY;
+		for (uint32_t t = 0; t < T; t++) {
+			float x = kvt_f16_to_f32(k[(size_t)t * D + d]);
+			mn = fminf(mn, x);
+			mx = fmaxf(mx, x);
+		}
+		uint16_t mb = kvt_f32_to_f16(mn);
+		float m16 = kvt_f16_to_f32(mb);
+		if (m16 > mn) /* one fp16 step down (mn is itself an fp16 value, so this is rare) */
+			m16 = kvt_f16_to_f32((uint16_t)(mb & 0x8000 ? mb + 1 : mb - 1));
+		float sc = kvt_e5m3_decode(kvt_e5m3_encode_up((mx - m16) / KVT_KVK_QMAX)), inv = kvt_int8kv_inv(sc);
+		for (uint32_t t = 0; t < T; t++) {
+			uint16_t *x = &k[(size_t)t * D + d];
+			*x = kvt_f32_to_f16(kvt_int8kv_k_decode(kvt_int8kv_k_encode(kvt_f16_to_f32(*x), m16, inv), m16, sc));
+		}
+	}
+}
+
+/* n values with one INT8 scale stored as an E5M3 code rounded up. */
+static void quant_v_e5m3(uint16_t *x, size_t n)
+{
+	float s = kvt_e5m3_decode(kvt_e5m3_encode_up(amax_of(x, n) / KVT_INT8_MAX)), inv = kvt_int8kv_inv(s);
+	for (size_t i = 0; i < n; i++)
+		x[i] = kvt_f32_to_f16((float)kvt_int8_encode(kvt_f16_to_f32(x[i]) * inv) * s);
+}
+
 /* n values with one INT8 scale stored as fp16 (INT8KV's V). */
 static void quant_v_f16(uint16_t *x, size_t n)
 {
@@ -140,12 +173,19 @@ static void quant_v_f16(uint16_t *x, size_t n)
 static void quant_blocks_kivi(int g, uint16_t *kv, uint32_t n_blocks)
 {
 	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
-	const size_t seg = (size_t)T * D, vrun = g == G_KCH_VTOK ? D : kvt_codec_group_dims(KVT_KV_CODEC_INT8, D);
+	const size_t seg = (size_t)T * D;
+	const size_t vrun = g == G_KCH_VTOK ? D : g == G_C8_V16 ? 16 : kvt_codec_group_dims(KVT_KV_CODEC_INT8, D);
 	for (uint32_t b = 0; b < n_blocks; b++)
 		for (uint32_t l = 0; l < shape.n_layers; l++)
 			for (uint32_t h = 0; h < H; h++) {
 				uint16_t *k = kv + b * n_el + (((size_t)l * 2 + 0) * H + h) * seg;
 				uint16_t *v = kv + b * n_el + (((size_t)l * 2 + 1) * H + h) * seg;
+				if (g == G_C8_V32 || g == G_C8_V16) {
+					quant_k_compact(k, T, D);
+					for (size_t off = 0; off < seg; off += vrun)
+						quant_v_e5m3(v + off, vrun);
+					continue;
+				}
 				quant_k_channels(k, T, D, g == G_KCHA_V32);
 				for (size_t off = 0; off < seg; off += vrun)
 					if (g == G_KCHA_V32) /* INT8KV: the V scale is fp16 */
@@ -159,7 +199,7 @@ static void quant_blocks_kivi(int g, uint16_t *kv, uint32_t n_blocks)
 static void quant_blocks(int codec, int g, uint16_t *kv, uint32_t n_blocks)
 {
 	const uint32_t T = shape.block_tokens, D = shape.head_dim, H = shape.n_kv_heads;
-	if (g == G_KCH_V32 || g == G_KCHA_V32 || g == G_KCH_VTOK) {
+	if (g == G_KCH_V32 || g == G_KCHA_V32 || g == G_KCH_VTOK || g == G_C8_V32 || g == G_C8_V16) {
 		quant_blocks_kivi(g, kv, n_blocks);
 		return;
 	}
@@ -372,7 +412,8 @@ int main(int argc, char **argv)
 		{ .codec = KVT_KV_CODEC_F16, .gran = G_TOKEN_HEAD, .device = true },
 		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TOKEN_HEAD, .device = true },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_GROUP32, .device = true },
-		{ .codec = KVT_KV_CODEC_INT8KV, .gran = G_KCHA_V32, .device = true },
+		{ .codec = KVT_KV_CODEC_INT8KV1, .gran = G_KCHA_V32, .device = true },
+		{ .codec = KVT_KV_CODEC_INT8KV, .gran = G_C8_V16, .device = true },
 		{ .codec = KVT_KV_CODEC_FP8, .gran = G_BLOCK_HEAD, .device = false },
 		{ .codec = KVT_KV_CODEC_FP8, .gran = G_TENSOR, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_TOKEN_HEAD, .device = false },
@@ -381,6 +422,7 @@ int main(int argc, char **argv)
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCH_V32, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCHA_V32, .device = false },
 		{ .codec = KVT_KV_CODEC_INT8, .gran = G_KCH_VTOK, .device = false },
+		{ .codec = KVT_KV_CODEC_INT8, .gran = G_C8_V32, .device = false },
 	};
 	const int n_var = (int)(sizeof(vars) / sizeof(vars[0]));
 	for (int i = 0; i < n_var; i++)
@@ -486,7 +528,8 @@ int main(int argc, char **argv)
 		const char *target = "-";
 		if (v->device && v->codec == KVT_KV_CODEC_FP8)
 			target = rel <= 0.03 && cos_mean >= 0.99 && chg <= 1.0 ? "met" : "MISSED";
-		else if (v->device && (v->codec == KVT_KV_CODEC_INT8 || v->codec == KVT_KV_CODEC_INT8KV))
+		else if (v->device && (v->codec == KVT_KV_CODEC_INT8 || v->codec == KVT_KV_CODEC_INT8KV1 ||
+					    v->codec == KVT_KV_CODEC_INT8KV))
 			target = rel <= 0.01 && chg <= 0.5 ? "met" : "MISSED";
 		else if (v->codec == KVT_KV_CODEC_F16)
 			target = rel == 0 && v->n_agree == (uint64_t)n_windows * n_cont ? "exact" : "NOT EXACT";

@@ -229,9 +229,9 @@ void kvt_cpu_swiglu_task(void *ctx, uint32_t t, uint32_t worker);  /* ctx: elem_
 void kvt_cpu_add_task(void *ctx, uint32_t t, uint32_t worker);     /* ctx: elem_job; chunk t */
 void kvt_cpu_pack_group(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
 void kvt_cpu_unpack_group(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x);
-/* INT8KV (dev.h): one fp16 block of layout l (codec F16) to its packed record, and back. */
-void kvt_cpu_pack_int8kv(const kvt_kv_layout *l, const uint16_t *src, uint8_t *dst);
-void kvt_cpu_unpack_int8kv(const kvt_kv_layout *l, const uint8_t *src, uint16_t *dst);
+/* INT8KV or INT8KV1 (codec; dev.h): one fp16 block of layout l (codec F16) to its packed record, and back. */
+void kvt_cpu_pack_int8kv(int codec, const kvt_kv_layout *l, const uint16_t *src, uint8_t *dst);
+void kvt_cpu_unpack_int8kv(int codec, const kvt_kv_layout *l, const uint8_t *src, uint16_t *dst);
 void kvt_cpu_pack_vec(pack_group_fn pack, int codec, const uint16_t *x, uint32_t hd, uint8_t *codes, uint8_t *scales);
 void kvt_cpu_unpack_vec(unpack_group_fn unpack, int codec, const uint8_t *codes, const uint8_t *scales, uint32_t hd,
 			uint16_t *x);

@@ -248,20 +248,47 @@ void kvt_cpu_unpack_vec(unpack_group_fn unpack, int codec, const uint8_t *codes,
 }
 
 /*
- * INT8KV, one block: K channel by channel over the block's tokens, V token by
- * token in groups (kv_codec.h has the offsets and the arithmetic). The
- * parameters are fp16, so each is rounded before it is used.
+ * INT8KV and INT8KV1, one block: K channel by channel over the block's
+ * tokens, V token by token in groups (kv_codec.h has the offsets and the
+ * arithmetic). Each parameter is stored first and the stored value is the one
+ * used, so pack and unpack agree bit for bit.
  */
-/* fp16 value i of a record's parameter area (any alignment): stored, then read back as fp32. */
-static float par_put(uint8_t *par, size_t i, float x)
+static float par_f16(const uint8_t *par, size_t at)
 {
-	uint16_t h = kvt_f32_to_f16(x);
-	memcpy(par + i * 2, &h, 2);
+	uint16_t h;
+	memcpy(&h, par + at, 2);
 	return kvt_f16_to_f32(h);
 }
 
-static void int8kv_pack_k(const kvt_kv_layout *l, const uint16_t *k, uint8_t *codes, uint8_t *par, uint32_t layer,
-			  uint32_t head)
+/* A scale at byte at: INT8KV an E5M3 byte (rounded up), INT8KV1 fp16 (nearest). Returns the stored value. */
+static float scale_put(int codec, uint8_t *par, size_t at, float x)
+{
+	if (codec == KVT_KV_CODEC_INT8KV) {
+		par[at] = kvt_e5m3_encode_up(x);
+		return kvt_e5m3_decode(par[at]);
+	}
+	uint16_t h = kvt_f32_to_f16(x);
+	memcpy(par + at, &h, 2);
+	return kvt_f16_to_f32(h);
+}
+
+static float scale_get(int codec, const uint8_t *par, size_t at)
+{
+	return codec == KVT_KV_CODEC_INT8KV ? kvt_e5m3_decode(par[at]) : par_f16(par, at);
+}
+
+/* A K minimum at byte at, fp16: INT8KV rounds it down (never above the channel's minimum), INT8KV1 to nearest. */
+static float kmin_put(int codec, uint8_t *par, size_t at, float mn)
+{
+	uint16_t h = kvt_f32_to_f16(mn);
+	if (codec == KVT_KV_CODEC_INT8KV && kvt_f16_to_f32(h) > mn)
+		h = kvt_f16_bits_down(h);
+	memcpy(par + at, &h, 2);
+	return kvt_f16_to_f32(h);
+}
+
+static void int8kv_pack_k(int codec, const kvt_kv_layout *l, const uint16_t *k, uint8_t *codes, uint8_t *par,
+			  uint32_t layer, uint32_t head)
 {
 	const uint32_t T = l->block_tokens, D = l->head_dim, H = l->n_kv_heads;
 	for (uint32_t d = 0; d < D; d++) {
@@ -271,18 +298,18 @@ static void int8kv_pack_k(const kvt_kv_layout *l, const uint16_t *k, uint8_t *co
 			mn = x < mn ? x : mn;
 			mx = x > mx ? x : mx;
 		}
-		const size_t pi = kvt_int8kv_kparam(H, T, D, layer, head, d);
-		const float m = par_put(par, pi + D, mn);
-		const float inv = kvt_int8kv_inv(par_put(par, pi, (mx - m) / KVT_KVK_QMAX));
+		const float m = kmin_put(codec, par, kvt_int8kv_kmin_at(codec, H, T, D, layer, head, d), mn);
+		const float s = scale_put(codec, par, kvt_int8kv_kscale_at(codec, H, T, D, layer, head, d), (mx - m) / KVT_KVK_QMAX);
+		const float inv = kvt_int8kv_inv(s);
 		for (uint32_t t = 0; t < T; t++)
 			codes[(size_t)t * D + d] = kvt_int8kv_k_encode(kvt_f16_to_f32(k[(size_t)t * D + d]), m, inv);
 	}
 }
 
-static void int8kv_pack_v(const kvt_kv_layout *l, const uint16_t *v, uint8_t *codes, uint8_t *par, uint32_t layer,
-			  uint32_t head)
+static void int8kv_pack_v(int codec, const kvt_kv_layout *l, const uint16_t *v, uint8_t *codes, uint8_t *par,
+			  uint32_t layer, uint32_t head)
 {
-	const uint32_t T = l->block_tokens, D = l->head_dim, H = l->n_kv_heads, ng = kvt_int8kv_ng(D), gd = D / ng;
+	const uint32_t T = l->block_tokens, D = l->head_dim, H = l->n_kv_heads, ng = kvt_int8kv_ng(codec, D), gd = D / ng;
 	for (uint32_t t = 0; t < T; t++)
 		for (uint32_t g = 0; g < ng; g++) {
 			const uint16_t *x = v + (size_t)t * D + g * gd;
@@ -291,14 +318,14 @@ static void int8kv_pack_v(const kvt_kv_layout *l, const uint16_t *v, uint8_t *co
 				float a = fabsf(kvt_f16_to_f32(x[i]));
 				amax = a > amax ? a : amax;
 			}
-			const size_t pi = kvt_int8kv_vscale(H, T, D, layer, head, t, g);
-			const float inv = kvt_int8kv_inv(par_put(par, pi, amax / KVT_INT8_MAX));
+			const size_t at = kvt_int8kv_vscale_at(codec, H, T, D, layer, head, t, g);
+			const float inv = kvt_int8kv_inv(scale_put(codec, par, at, amax / KVT_INT8_MAX));
 			for (uint32_t i = 0; i < gd; i++)
 				codes[(size_t)t * D + g * gd + i] = (uint8_t)kvt_int8_encode(kvt_f16_to_f32(x[i]) * inv);
 		}
 }
 
-void kvt_cpu_pack_int8kv(const kvt_kv_layout *l, const uint16_t *src, uint8_t *dst)
+void kvt_cpu_pack_int8kv(int codec, const kvt_kv_layout *l, const uint16_t *src, uint8_t *dst)
 {
 	const uint32_t T = l->block_tokens, D = l->head_dim, H = l->n_kv_heads;
 	const size_t n_vec = (size_t)l->n_layers * 2 * H * T, seg = (size_t)T * D;
@@ -306,33 +333,28 @@ void kvt_cpu_pack_int8kv(const kvt_kv_layout *l, const uint16_t *src, uint8_t *d
 	for (uint32_t layer = 0; layer < l->n_layers; layer++)
 		for (uint32_t h = 0; h < H; h++) {
 			const size_t ko = (((size_t)layer * 2 + 0) * H + h) * seg, vo = (((size_t)layer * 2 + 1) * H + h) * seg;
-			int8kv_pack_k(l, src + ko, dst + ko, par, layer, h);
-			int8kv_pack_v(l, src + vo, dst + vo, par, layer, h);
+			int8kv_pack_k(codec, l, src + ko, dst + ko, par, layer, h);
+			int8kv_pack_v(codec, l, src + vo, dst + vo, par, layer, h);
 		}
 }
 
-void kvt_cpu_unpack_int8kv(const kvt_kv_layout *l, const uint8_t *src, uint16_t *dst)
+void kvt_cpu_unpack_int8kv(int codec, const kvt_kv_layout *l, const uint8_t *src, uint16_t *dst)
 {
-	const uint32_t T = l->block_tokens, D = l->head_dim, H = l->n_kv_heads, ng = kvt_int8kv_ng(D), gd = D / ng;
+	const uint32_t T = l->block_tokens, D = l->head_dim, H = l->n_kv_heads, ng = kvt_int8kv_ng(codec, D), gd = D / ng;
 	const size_t n_vec = (size_t)l->n_layers * 2 * H * T, seg = (size_t)T * D;
 	const uint8_t *par = src + n_vec * D;
 	for (uint32_t layer = 0; layer < l->n_layers; layer++)
 		for (uint32_t h = 0; h < H; h++) {
 			const size_t ko = (((size_t)layer * 2 + 0) * H + h) * seg, vo = (((size_t)layer * 2 + 1) * H + h) * seg;
 			for (uint32_t d = 0; d < D; d++) {
-				uint16_t s16, m16;
-				const size_t pi = kvt_int8kv_kparam(H, T, D, layer, h, d);
-				memcpy(&s16, par + pi * 2, 2);
-				memcpy(&m16, par + (pi + D) * 2, 2);
-				const float s = kvt_f16_to_f32(s16), m = kvt_f16_to_f32(m16);
+				const float s = scale_get(codec, par, kvt_int8kv_kscale_at(codec, H, T, D, layer, h, d));
+				const float m = par_f16(par, kvt_int8kv_kmin_at(codec, H, T, D, layer, h, d));
 				for (uint32_t t = 0; t < T; t++)
 					dst[ko + (size_t)t * D + d] = kvt_f32_to_f16(kvt_int8kv_k_decode(src[ko + (size_t)t * D + d], m, s));
 			}
 			for (uint32_t t = 0; t < T; t++)
 				for (uint32_t g = 0; g < ng; g++) {
-					uint16_t s16;
-					memcpy(&s16, par + kvt_int8kv_vscale(H, T, D, layer, h, t, g) * 2, 2);
-					const float s = kvt_f16_to_f32(s16);
+					const float s = scale_get(codec, par, kvt_int8kv_vscale_at(codec, H, T, D, layer, h, t, g));
 					for (uint32_t i = t * D + g * gd; i < t * D + (g + 1) * gd; i++)
 						dst[vo + i] = kvt_f32_to_f16((float)(int8_t)src[vo + i] * s);
 				}

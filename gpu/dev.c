@@ -446,7 +446,7 @@ int kvt_dev_copy_async(kvt_dev *d, kvt_stream *s, void *dst, const void *src, si
 
 const char *kvt_kv_codec_name(int codec)
 {
-	static const char *const names[KVT_KV_CODEC_COUNT] = { "f16", "fp8", "int8", "int8kv" };
+	static const char *const names[KVT_KV_CODEC_COUNT] = { "f16", "fp8", "int8", "int8kv1", "int8kv" };
 	return codec >= 0 && codec < KVT_KV_CODEC_COUNT ? names[codec] : "?";
 }
 
@@ -467,11 +467,11 @@ size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec)
 		if (!l->head_dim)
 			return 0;
 		return n_vec * l->head_dim + n_vec * (l->head_dim / kvt_codec_group_dims(codec, l->head_dim)) * sizeof(float);
-	case KVT_KV_CODEC_INT8KV: /* codes, then per layer the fp16 K channel and V token parameters */
+	case KVT_KV_CODEC_INT8KV1:
+	case KVT_KV_CODEC_INT8KV: /* codes, then per layer the K channel and V token parameters */
 		if (!l->head_dim)
 			return 0;
-		return n_vec * l->head_dim +
-		       l->n_layers * kvt_int8kv_layer_params(l->n_kv_heads, l->block_tokens, l->head_dim) * sizeof(uint16_t);
+		return n_vec * l->head_dim + l->n_layers * kvt_int8kv_layer_bytes(codec, l->n_kv_heads, l->block_tokens, l->head_dim);
 	}
 	return 0;
 }

@@ -367,15 +367,27 @@ size_t kvt_kv_block_bytes(const kvt_kv_layout *l);
  *         token and KV head, as FP8).
  *   INT8KV (KIVI-style, a T1/T2 format only: never a pool's codec): codes
  *         [layer][K,V][kv_head][token][dim] as for INT8, except that K codes
- *         are unsigned (0..255, asymmetric); then per layer, fp16 values:
- *         kparams[kv_head][scale,min][dim] (one scale and minimum per K
- *         channel over the block's tokens: keys have outlier channels) and
- *         vscales[kv_head][token][group] (V: one scale per token and group of
- *         KVT_KV_INT8_GROUP dims, the INT8 rule). K: s = fp16((max - m) /
- *         255) with m = fp16(min), code = clamp(rint((x - m) / s), 0, 255),
- *         x' = fp16(fma(code, s, m)); V: s = fp16(amax / 127), code =
+ *         are unsigned (0..255, asymmetric); then per layer:
+ *         kmin[kv_head][dim] fp16, kscale[kv_head][dim] E5M3 (one byte) (one
+ *         minimum and scale per K channel over the block's tokens: keys have
+ *         outlier channels and per-channel offsets) and
+ *         vscale[kv_head][token][group] E5M3 (V: one scale per token and group
+ *         of KVT_KVV_GROUP (16) dims; the whole head when head_dim is not a
+ *         multiple of 16). E5M3 (kv_codec.h) is a positive 8-bit float, the
+ *         fp16 bits 14..7; a scale is rounded UP to it and the K minimum DOWN
+ *         to fp16, so every value of a group stays inside its codes' range.
+ *         K: s = e5m3_up((max - m) / 255), code = clamp(rint((x - m) / s), 0,
+ *         255), x' = fp16(fma(code, s, m)); V: s = e5m3_up(amax / 127), code =
  *         clamp(rint(x / s)), x' = fp16(code * s) (1/s is 0 when s is 0).
- *         gpu/kv_codec.h writes the offsets and the arithmetic once.
+ *         Bytes per token: as INT8 on every shape whose head_dim is a
+ *         multiple of 32 (the parameters: 3 bytes per K channel per block of
+ *         16 tokens, 1 per 16 V values).
+ *   INT8KV1 (read only: records written by the first INT8KV, issue 50):
+ *         the same codes; then per layer, fp16 values kparams[kv_head][scale,
+ *         min][dim] (minimum rounded to nearest) and vscales[kv_head][token]
+ *         [group] with INT8's groups of 32. A manager never writes it; it
+ *         reads its records back (tiers/manager.h, "Versioning").
+ *         gpu/kv_codec.h writes the offsets and the arithmetic of both once.
  * kvt_kv_group_dims() gives the values per scale. A group's scale is
  * s = amax / qmax over the group's values (qmax 448 for FP8, 127 for INT8;
  * see tiers/README.md for the measurements that chose these), with
@@ -388,15 +400,16 @@ enum kvt_kv_codec {
 	KVT_KV_CODEC_F16 = 0,
 	KVT_KV_CODEC_FP8 = 1,
 	KVT_KV_CODEC_INT8 = 2,
-	KVT_KV_CODEC_INT8KV = 3, /* packed records only (T1, T2, T3); a pool is F16, FP8 or INT8 */
+	KVT_KV_CODEC_INT8KV1 = 3, /* records of the first INT8KV only (read back, never written by a manager) */
+	KVT_KV_CODEC_INT8KV = 4,  /* packed records only (T1, T2, T3); a pool is F16, FP8 or INT8 */
 	KVT_KV_CODEC_COUNT
 };
 #define KVT_KV_POOL_CODEC_COUNT 3 /* the codecs a pool (kvt_kv_layout.codec) may have: 0 .. 2 */
-const char *kvt_kv_codec_name(int codec); /* "f16", "fp8", "int8", "int8kv" */
+const char *kvt_kv_codec_name(int codec); /* "f16", "fp8", "int8", "int8kv1", "int8kv" */
 #define KVT_KV_INT8_GROUP 32 /* dims per INT8 scale when head_dim is a multiple of it */
 /* Values per fp32 scale of a packed vector: head_dim for FP8; KVT_KV_INT8_GROUP
  * for INT8, or head_dim when head_dim is not a multiple of it; 0 for F16 and
- * for INT8KV (its scales are not per vector: see above). */
+ * for INT8KV and INT8KV1 (their scales are not per vector: see above). */
 uint32_t kvt_kv_group_dims(int codec, uint32_t head_dim);
 /* Bytes of one packed block of this layout and codec. */
 size_t kvt_kv_packed_bytes(const kvt_kv_layout *l, int codec);

@@ -270,8 +270,8 @@ static int cpu_kv_pack(kvt_dev *d, kvt_stream *st, const kvt_kv_pack_args *a)
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
-		if (a->codec == KVT_KV_CODEC_INT8KV) { /* the plain path: one pass per block, no vectorised variant */
-			kvt_cpu_pack_int8kv(l, src, dst);
+		if (a->codec == KVT_KV_CODEC_INT8KV || a->codec == KVT_KV_CODEC_INT8KV1) { /* the plain path: no vectorised variant */
+			kvt_cpu_pack_int8kv(a->codec, l, src, dst);
 			continue;
 		}
 		uint8_t *scales = dst + n_vec * hd; /* fp32, not necessarily aligned */
@@ -299,8 +299,8 @@ static int cpu_kv_unpack(kvt_dev *d, kvt_stream *st, const kvt_kv_unpack_args *a
 			memcpy(dst, src, block_bytes);
 			continue;
 		}
-		if (a->codec == KVT_KV_CODEC_INT8KV) {
-			kvt_cpu_unpack_int8kv(l, src, dst);
+		if (a->codec == KVT_KV_CODEC_INT8KV || a->codec == KVT_KV_CODEC_INT8KV1) {
+			kvt_cpu_unpack_int8kv(a->codec, l, src, dst);
 			continue;
 		}
 		unpack_group_fn unpack = kvt_cpu_unpack_group;

@@ -98,38 +98,67 @@ static inline KVT_HD uint32_t kvt_codec_group_dims(int codec, uint32_t head_dim)
 }
 
 /*
- * INT8KV (dev.h, "Block codecs"): K per channel, asymmetric; V per token and
- * group, symmetric; every scale (and K minimum) stored as fp16, so the fp32
- * values used below are those of the stored fp16 (the backend rounds them).
- * Offsets within one packed block of L layers, H KV heads, T tokens, D dims
- * (ng V groups per token): codes first, then per layer P fp16 values.
+ * INT8KV and INT8KV1 (dev.h, "Block codecs"): K per channel, asymmetric; V
+ * per token and group, symmetric. Codes first, then per layer a parameter
+ * area; the functions below take the codec (KVT_KV_CODEC_INT8KV or
+ * KVT_KV_CODEC_INT8KV1) and give byte offsets within a block's parameter
+ * area (L layers, H KV heads, T tokens, D dims, ng V groups per token):
+ *   INT8KV:  per layer kmin[H][D] fp16, kscale[H][D] E5M3, vscale[H][T][ng] E5M3;
+ *   INT8KV1: per layer kscale/kmin [H][2][D] fp16, vscale[H][T][ng] fp16.
  */
 #define KVT_KVK_QMAX 255.0f
+#define KVT_KVV_GROUP 16 /* INT8KV's V dims per scale when head_dim is a multiple of it */
 
-static inline KVT_HD uint32_t kvt_int8kv_ng(uint32_t head_dim)
+/* V dims per scale. */
+static inline KVT_HD uint32_t kvt_int8kv_vgd(int codec, uint32_t head_dim)
 {
-	return head_dim / kvt_codec_group_dims(KVT_KV_CODEC_INT8, head_dim);
+	if (codec == KVT_KV_CODEC_INT8KV1)
+		return kvt_codec_group_dims(KVT_KV_CODEC_INT8, head_dim);
+	return head_dim % KVT_KVV_GROUP == 0 ? KVT_KVV_GROUP : head_dim;
 }
 
-/* fp16 values of one layer's parameters: 2 per K channel and head, ng per V token and head. */
-static inline KVT_HD size_t kvt_int8kv_layer_params(uint32_t H, uint32_t T, uint32_t D)
+static inline KVT_HD uint32_t kvt_int8kv_ng(int codec, uint32_t head_dim)
 {
-	return (size_t)H * (2 * D + (size_t)T * kvt_int8kv_ng(D));
+	return head_dim / kvt_int8kv_vgd(codec, head_dim);
 }
 
-/* Index (in fp16 values from the parameter area's start) of K channel d's scale (+ D: its minimum). */
-static inline KVT_HD size_t kvt_int8kv_kparam(uint32_t H, uint32_t T, uint32_t D, uint32_t layer, uint32_t head,
-					      uint32_t d)
+/* Bytes of one layer's parameters. */
+static inline KVT_HD size_t kvt_int8kv_layer_bytes(int codec, uint32_t H, uint32_t T, uint32_t D)
 {
-	return layer * kvt_int8kv_layer_params(H, T, D) + (size_t)head * 2 * D + d;
+	const size_t vs = (size_t)H * T * kvt_int8kv_ng(codec, D);
+	return codec == KVT_KV_CODEC_INT8KV1 ? 2 * ((size_t)H * 2 * D + vs) : (size_t)H * 3 * D + vs;
 }
 
-/* Index of V (layer, head, token t) group g's scale. */
-static inline KVT_HD size_t kvt_int8kv_vscale(uint32_t H, uint32_t T, uint32_t D, uint32_t layer, uint32_t head,
-					      uint32_t t, uint32_t g)
+/* Byte offset of K channel d's minimum (fp16) in (layer, head). */
+static inline KVT_HD size_t kvt_int8kv_kmin_at(int codec, uint32_t H, uint32_t T, uint32_t D, uint32_t layer,
+					       uint32_t head, uint32_t d)
 {
-	return layer * kvt_int8kv_layer_params(H, T, D) + (size_t)H * 2 * D +
-	       ((size_t)head * T + t) * kvt_int8kv_ng(D) + g;
+	const size_t base = layer * kvt_int8kv_layer_bytes(codec, H, T, D);
+	return codec == KVT_KV_CODEC_INT8KV1 ? base + 2 * ((size_t)head * 2 * D + D + d) : base + 2 * ((size_t)head * D + d);
+}
+
+/* Byte offset of K channel d's scale (INT8KV: one E5M3 byte; INT8KV1: fp16). */
+static inline KVT_HD size_t kvt_int8kv_kscale_at(int codec, uint32_t H, uint32_t T, uint32_t D, uint32_t layer,
+						 uint32_t head, uint32_t d)
+{
+	const size_t base = layer * kvt_int8kv_layer_bytes(codec, H, T, D);
+	return codec == KVT_KV_CODEC_INT8KV1 ? base + 2 * ((size_t)head * 2 * D + d) : base + 2 * (size_t)H * D + (size_t)head * D + d;
+}
+
+/* Byte offset of V (layer, head, token t) group g's scale (INT8KV: E5M3; INT8KV1: fp16). */
+static inline KVT_HD size_t kvt_int8kv_vscale_at(int codec, uint32_t H, uint32_t T, uint32_t D, uint32_t layer,
+						 uint32_t head, uint32_t t, uint32_t g)
+{
+	const size_t base = layer * kvt_int8kv_layer_bytes(codec, H, T, D), vi = ((size_t)head * T + t) * kvt_int8kv_ng(codec, D) + g;
+	return codec == KVT_KV_CODEC_INT8KV1 ? base + 2 * ((size_t)H * 2 * D + vi) : base + 3 * (size_t)H * D + vi;
+}
+
+/* The fp16 value just below h (bits; h finite and not the most negative). */
+static inline KVT_HD uint16_t kvt_f16_bits_down(uint16_t h)
+{
+	if ((h & 0x7FFFu) == 0)
+		return 0x8001u; /* +-0 -> the smallest negative subnormal */
+	return (h & 0x8000u) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
 }
 
 /* 1/s, or 0 for a zero scale (then every code is 0). */
@@ -149,6 +178,43 @@ static inline KVT_HD uint8_t kvt_int8kv_k_encode(float x, float m, float inv)
 static inline KVT_HD float kvt_int8kv_k_decode(uint8_t c, float m, float s)
 {
 	return fmaf((float)c, s, m);
+}
+
+/*
+ * An 8-bit unsigned scale ("E5M3": the fp16 bits 14..7 of a positive value, so
+ * 5 exponent bits of bias 15 and 3 mantissa bits, subnormals m * 2^-17). Codes
+ * 0 .. KVT_E5M3_MAX_CODE; the largest is 1.875 * 2^15 = 61440. A scale is
+ * always rounded UP to a code (the smallest code >= s), so no value of its
+ * group falls outside the codes' range; s above the largest code saturates.
+ * Steps between codes are 6.7-12.5%: on average a scale grows by ~4.5%.
+ */
+#define KVT_E5M3_MAX_CODE 0xF7u
+
+static inline KVT_HD float kvt_e5m3_decode(uint8_t c)
+{
+	uint32_t e = (uint32_t)c >> 3, m = (uint32_t)c & 7;
+	return e ? ldexpf(1.0f + (float)m * 0.125f, (int)e - 15) : (float)m * (1.0f / 131072.0f);
+}
+
+static inline KVT_HD uint8_t kvt_e5m3_encode_up(float s)
+{
+	if (!(s > 0.0f))
+		return 0;
+	uint32_t b;
+	memcpy(&b, &s, 4);
+	int e = (int)(b >> 23) - 127 + 15;
+	if (e > 30)
+		return (uint8_t)KVT_E5M3_MAX_CODE;
+	if (e < 1) {
+		/* subnormal: s * 2^17 is exact for s < 2^-14 in fp32 (>= 2^-149 * 2^17) */
+		float q = ceilf(s * 131072.0f);
+		return (uint8_t)q; /* 1 .. 8; 8 is the smallest normal code */
+	}
+	uint32_t mant = b & 0x7FFFFFu, m = mant >> 20;
+	if (mant & 0xFFFFFu)
+		m++;
+	uint32_t code = ((uint32_t)e << 3) + m; /* m == 8 carries into the exponent */
+	return (uint8_t)(code > KVT_E5M3_MAX_CODE ? KVT_E5M3_MAX_CODE : code);
 }
 
 #endif

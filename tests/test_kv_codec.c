@@ -15,12 +15,13 @@
  *   - an 8-bit pool: kv_store writes exactly the bytes kv_pack makes of an
  *     fp16 pool holding the same tokens, and attention over it equals
  *     attention over the fp16 pool of its unpacked values;
- *   - INT8KV (K per channel over the block, asymmetric; V per token and 32
- *     dims; fp16 parameters): its size, every value within its bound (K: half
- *     a step of its channel's range / 255, V: half a step of its group's
- *     amax / 127, each plus the fp16 rounding of the parameters and result),
- *     and, on keys with outlier channels, a K error well below INT8's;
- *     an INT8KV pool is refused (it is a record format only);
+ *   - INT8KV (K per channel over the block, asymmetric, fp16 minimum and
+ *     E5M3 scale; V per token and 16 dims, E5M3 scale) and INT8KV1 (the
+ *     first INT8KV: fp16 parameters, V groups of 32): its size, every value
+ *     within its bound (K: half a step of its channel's range / 255, V: half
+ *     a step of its group's amax / 127, each plus the rounding of the
+ *     parameters and the fp16 result), and, on keys with outlier channels, a
+ *     K error well below INT8's; an INT8KV pool is refused (a record format);
  *   - misuse is refused with a message: packing an FP8 pool to INT8.
  */
 #include "check.h"
@@ -401,15 +402,24 @@ static double round_trip_rel(kvt_dev *d, kvt_kv_layout *l, int codec, uint32_t n
 	return sqrt(e2 / s2);
 }
 
-static void test_int8kv(kvt_dev *d, uint32_t hd)
+/*
+ * INT8KV (codec; or INT8KV1, the first INT8KV's records): its size, every
+ * value within its bound (half a step of its group, the step grown by the
+ * parameter's rounding: fp16 for INT8KV1, E5M3 rounded up, at most 12.5%, for
+ * INT8KV), K error well below INT8's on keys with outlier channels.
+ */
+static void test_int8kv(kvt_dev *d, uint32_t hd, int codec)
 {
 	const uint32_t nb = 4;
+	const bool v1 = codec == KVT_KV_CODEC_INT8KV1;
+	const char *name = kvt_kv_codec_name(codec);
 	kvt_kv_layout l = pool_make(d, KVT_KV_CODEC_F16, nb, hd);
-	const uint32_t T = l.block_tokens, H = l.n_kv_heads, ng = hd % 32 ? 1 : hd / 32, gd = hd / ng;
+	const uint32_t T = l.block_tokens, H = l.n_kv_heads, gv = v1 ? 32 : 16, ng = hd % gv ? 1 : hd / gv, gd = hd / ng;
 	const size_t n = kvt_kv_block_bytes(&l) / 2 * nb, seg = (size_t)T * hd, n_vec = (size_t)l.n_layers * 2 * H * T;
-	CHECK_EQ_INT(kvt_kv_packed_bytes(&l, KVT_KV_CODEC_INT8KV),
-		     n_vec * hd + (size_t)l.n_layers * H * (2 * hd + T * ng) * 2);
-	CHECK_EQ_INT(kvt_kv_group_dims(KVT_KV_CODEC_INT8KV, hd), 0);
+	/* INT8KV1: fp16 scale and minimum per K channel, fp16 per V group; INT8KV: fp16 minimum and one byte, one byte */
+	CHECK_EQ_INT(kvt_kv_packed_bytes(&l, codec), n_vec * hd + (size_t)l.n_layers * H *
+							     (v1 ? (2 * hd + T * ng) * 2 : 3 * hd + T * ng));
+	CHECK_EQ_INT(kvt_kv_group_dims(codec, hd), 0);
 	uint16_t *orig = malloc(n * 2), *out = malloc(n * 2);
 	/* keys with outlier channels (every 7th: offset +6, 10x larger), V plain */
 	for (size_t i = 0; i < n; i++) {
@@ -419,8 +429,8 @@ static void test_int8kv(kvt_dev *d, uint32_t hd)
 	orig[5] = kvt_f32_to_f16(0.0f);
 	for (uint32_t t = 0; t < T; t++) /* a K channel of equal values (scale 0) in block 1 */
 		orig[l.n_layers * 2 * H * seg + (size_t)t * hd + 1] = kvt_f32_to_f16(-2.5f);
-	double rk = round_trip_rel(d, &l, KVT_KV_CODEC_INT8KV, nb, orig, 0, out);
-	double rv = round_trip_rel(d, &l, KVT_KV_CODEC_INT8KV, nb, orig, 1, out);
+	double rk = round_trip_rel(d, &l, codec, nb, orig, 0, out);
+	double rv = round_trip_rel(d, &l, codec, nb, orig, 1, out);
 	int over = 0;
 	for (size_t base = 0; base < n; base += seg) { /* one (block, layer, K/V, head) */
 		const bool key = base / seg / H % 2 == 0;
@@ -436,25 +446,25 @@ static void test_int8kv(kvt_dev *d, uint32_t hd)
 			const float step = key ? (mx - mn) / 255.0f : amax / 127.0f;
 			for (size_t k = 0; k < cnt; k++) {
 				float a = kvt_f16_to_f32(orig[first + k * stride]), b = kvt_f16_to_f32(out[first + k * stride]);
-				/* half a step, the fp16 scale (x 255 or 127 codes) and minimum, the fp16 result */
-				float bound = step * 0.5f + step * (key ? 255.0f : 127.0f) / 2048 + fabsf(mn) / 2048 * key +
-					      fabsf(a) / 1024 + 1e-6f;
+				/* half a step, the scale's rounding (x 255 or 127 codes) and the minimum's, the fp16 result */
+				float sr = v1 ? step * (key ? 255.0f : 127.0f) / 2048 : step * 0.5f * 0.125f;
+				float bound = step * 0.5f + sr + fabsf(mn) / (v1 ? 2048 : 1024) * key + fabsf(a) / 1024 + 1e-6f;
 				if (!(fabsf(a - b) <= bound))
 					over++;
 			}
 		}
 	}
-	CHECKF(over == 0, "int8kv hd%u: %d values outside the bound", hd, over);
+	CHECKF(over == 0, "%s hd%u: %d values outside the bound", name, hd, over);
 	CHECK(out[l.n_layers * 2 * H * seg + 1] == kvt_f32_to_f16(-2.5f)); /* the constant channel is exact */
 	double rk8 = round_trip_rel(d, &l, KVT_KV_CODEC_INT8, nb, orig, 0, out);
-	CHECKF(rk < rk8 / 2, "int8kv hd%u: K error %.4f%% not well below int8's %.4f%%", hd, 100 * rk, 100 * rk8);
-	printf("int8kv hd%u round trip: K %.4f%% (int8 %.4f%%), V %.4f%%\n", hd, 100 * rk, 100 * rk8, 100 * rv);
+	CHECKF(rk < rk8 / 2, "%s hd%u: K error %.4f%% not well below int8's %.4f%%", name, hd, 100 * rk, 100 * rk8);
+	printf("%s hd%u round trip: K %.4f%% (int8 %.4f%%), V %.4f%%\n", name, hd, 100 * rk, 100 * rk8, 100 * rv);
 	/* a record format only: no pool keeps it */
 	kvt_kv_layout bad = l;
-	bad.codec = KVT_KV_CODEC_INT8KV;
+	bad.codec = codec;
 	int32_t s0 = 0;
 	uint8_t tmp[4];
-	kvt_kv_pack_args pa = { .kv = &bad, .codec = KVT_KV_CODEC_INT8KV, .n_blocks = 1, .h_slots = &s0, .dst = tmp };
+	kvt_kv_pack_args pa = { .kv = &bad, .codec = codec, .n_blocks = 1, .h_slots = &s0, .dst = tmp };
 	CHECK(kvt_dev_kv_pack(d, NULL, &pa) == KVT_EINVAL);
 	free(orig);
 	free(out);
@@ -473,11 +483,14 @@ int main(void)
 		if (kvt_dev_create(&c, &d))
 			return 1;
 		test_group_scales(d);
-		test_int8kv(d, 256); /* Gemma 3's head_dim */
+		for (int codec = KVT_KV_CODEC_INT8KV1; codec <= KVT_KV_CODEC_INT8KV; codec++) {
+			test_int8kv(d, 256, codec); /* Gemma 3's head_dim */
+			for (int i = 0; i < 3; i++)
+				test_int8kv(d, hds[i], codec);
+		}
 		for (int i = 0; i < 3; i++) {
 			test_pack_bounds(d, hds[i]);
 			test_q8_pool(d, hds[i]);
-			test_int8kv(d, hds[i]);
 		}
 		kvt_dev_destroy(d);
 	}

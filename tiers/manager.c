@@ -72,7 +72,8 @@ uint8_t tm_scale_layout_of(int codec)
 	switch (codec) {
 	case KVT_KV_CODEC_FP8: return KVT_TM_SCALE_LAYOUT_TOKEN_HEAD;
 	case KVT_KV_CODEC_INT8: return KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32;
-	case KVT_KV_CODEC_INT8KV: return KVT_TM_SCALE_LAYOUT_KCHAN_VTOK32;
+	case KVT_KV_CODEC_INT8KV1: return KVT_TM_SCALE_LAYOUT_KCHAN_VTOK32;
+	case KVT_KV_CODEC_INT8KV: return KVT_TM_SCALE_LAYOUT_KCHAN8_VTOK16;
 	}
 	return 0;
 }
@@ -261,7 +262,7 @@ static int check_config(const kvt_tm_config *c)
 		return KVT_EINVAL;
 	}
 	if (c->t1_codec < 0 || c->t1_codec >= KVT_KV_CODEC_COUNT) {
-		KVT_LOGE("tm config: t1_codec %d is not f16, fp8, int8 or int8kv", c->t1_codec);
+		KVT_LOGE("tm config: t1_codec %d is not f16, fp8, int8, int8kv1 or int8kv", c->t1_codec);
 		return KVT_EINVAL;
 	}
 	for (int t = 0; t < KVT_TIER_COUNT; t++) {

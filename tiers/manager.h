@@ -122,14 +122,16 @@ enum kvt_persist {
 #define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD 1 /* one scale per token and KV head: FP8 (and INT8 before group scales) */
 #define KVT_TM_SCALE_LAYOUT_TOKEN_HEAD_32 2 /* INT8: one scale per token, KV head and 32 dims (the whole head when
                                                head_dim is not a multiple of 32) */
-#define KVT_TM_SCALE_LAYOUT_KCHAN_VTOK32 3 /* INT8KV: K per channel over the block (fp16 scale and minimum), V per
+#define KVT_TM_SCALE_LAYOUT_KCHAN_VTOK32 3 /* INT8KV1: K per channel over the block (fp16 scale and minimum), V per
                                               token, KV head and 32 dims (fp16 scale) */
+#define KVT_TM_SCALE_LAYOUT_KCHAN8_VTOK16 4 /* INT8KV: K per channel over the block (fp16 minimum, E5M3 scale), V per
+                                               token, KV head and 16 dims (E5M3 scale) */
 /*
  * Versioning: the (codec, scale_layout) pair of a record is its format. A
  * promotion decodes every format above whatever the manager's own t1_codec
  * (a record of another codec is unpacked straight into T0 with its own
- * codec, never kept in T1), so data written by an older build (FP8 or INT8
- * records) still resumes after the default changes; only an INT8 record of
+ * codec, never kept in T1), so data written by an older build (FP8, INT8 or
+ * INT8KV1 records) still resumes after the default changes; only an INT8 record of
  * layout 1 (before group scales) is a miss.
  */
 

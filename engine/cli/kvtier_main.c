@@ -370,8 +370,9 @@ static int cmd_size(int argc, char **argv)
 	 * codec (kvt_kv_packed_bytes, what T1 and T2 store) over its tokens. fp16:
 	 * 2 bytes per value; FP8 E4M3 and INT8: 1 byte per value plus their fp32
 	 * scales (kv_codec.h: one per token, head and K/V for FP8; one per 32 dims
-	 * for INT8 where head_dim allows); INT8KV: 1 byte per value plus fp16
-	 * parameters (two per K channel and block, one per V token and 32 dims).
+	 * for INT8 where head_dim allows); INT8KV: 1 byte per value plus, per
+	 * block, an fp16 minimum and a one-byte scale per K channel and a
+	 * one-byte scale per V token and 16 dims.
 	 */
 	const kvt_kv_layout kl = { .n_layers = hp.n_layer, .n_kv_heads = hp.n_head_kv, .head_dim = hp.head_dim,
 				   .block_tokens = BLOCK_TOKENS };

@@ -7,8 +7,8 @@
  * head, token) vector: the amax of each scale group (kv_codec.h,
  * kvt_codec_group_dims: 32 dims for INT8, the whole head for FP8) by warp
  * reduction, then the shared scalar arithmetic of kv_codec.h, so codes and
- * scales match the CPU bit for bit. INT8KV (K per channel over the block)
- * takes one thread per K channel or V group instead. Slots travel by value
+ * scales match the CPU bit for bit. INT8KV and INT8KV1 (K per channel over
+ * the block) take one thread per K channel or V group instead. Slots travel by value
  * in the kernel's parameters, CODEC_SLOTS a launch.
  */
 #include "cuda_int.cuh"
@@ -162,28 +162,50 @@ __global__ void kv_unpack_fast(kvt_kv_layout l, int codec, codec_slots sl, const
 }
 
 /*
- * INT8KV (dev.h, kv_codec.h): one thread per K channel (layer, head, dim:
- * its min and max over the block's tokens, then its codes) or per V group
- * (layer, head, token, group). Grid (items / 256, blocks), 256 threads.
- * Every parameter is rounded to fp16 before use, as on the CPU.
+ * INT8KV and INT8KV1 (dev.h, kv_codec.h): one thread per K channel (layer,
+ * head, dim: its min and max over the block's tokens, then its codes) or per
+ * V group (layer, head, token, group). Grid (items / 256, blocks), 256
+ * threads. Every parameter is stored first and the stored value used, with
+ * the CPU's rounding (cpu_ref.c), so the two agree bit for bit.
  */
-__device__ static float int8kv_put(uint8_t *par, size_t i, float x)
-{
-	__half h = __float2half_rn(x);
-	memcpy(par + i * 2, &h, 2);
-	return __half2float(h);
-}
-
-__device__ static float int8kv_get(const uint8_t *par, size_t i)
+__device__ static float par_f16(const uint8_t *par, size_t at)
 {
 	__half h;
-	memcpy(&h, par + i * 2, 2);
+	memcpy(&h, par + at, 2);
 	return __half2float(h);
 }
 
-__global__ void int8kv_pack_kernel(kvt_kv_layout l, codec_slots sl, uint8_t *dst, size_t packed, uint32_t n_vec)
+__device__ static float scale_put(int codec, uint8_t *par, size_t at, float x)
 {
-	const uint32_t H = l.n_kv_heads, T = l.block_tokens, D = l.head_dim, ng = kvt_int8kv_ng(D), gd = D / ng;
+	if (codec == KVT_KV_CODEC_INT8KV) {
+		par[at] = kvt_e5m3_encode_up(x);
+		return kvt_e5m3_decode(par[at]);
+	}
+	__half h = __float2half_rn(x);
+	memcpy(par + at, &h, 2);
+	return __half2float(h);
+}
+
+__device__ static float scale_get(int codec, const uint8_t *par, size_t at)
+{
+	return codec == KVT_KV_CODEC_INT8KV ? kvt_e5m3_decode(par[at]) : par_f16(par, at);
+}
+
+__device__ static float kmin_put(int codec, uint8_t *par, size_t at, float mn)
+{
+	__half h = __float2half_rn(mn);
+	uint16_t bits;
+	memcpy(&bits, &h, 2);
+	if (codec == KVT_KV_CODEC_INT8KV && __half2float(h) > mn)
+		bits = kvt_f16_bits_down(bits);
+	memcpy(par + at, &bits, 2);
+	return par_f16(par, at);
+}
+
+__global__ void int8kv_pack_kernel(kvt_kv_layout l, int codec, codec_slots sl, uint8_t *dst, size_t packed,
+				   uint32_t n_vec)
+{
+	const uint32_t H = l.n_kv_heads, T = l.block_tokens, D = l.head_dim, ng = kvt_int8kv_ng(codec, D), gd = D / ng;
 	const uint32_t nk = l.n_layers * H * D, nv = l.n_layers * H * T * ng;
 	const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
 	if (i >= nk + nv)
@@ -199,8 +221,9 @@ __global__ void int8kv_pack_kernel(kvt_kv_layout l, codec_slots sl, uint8_t *dst
 			mn = x < mn ? x : mn;
 			mx = x > mx ? x : mx;
 		}
-		const size_t pi = kvt_int8kv_kparam(H, T, D, layer, h, d);
-		const float m = int8kv_put(par, pi + D, mn), inv = kvt_int8kv_inv(int8kv_put(par, pi, (mx - m) / KVT_KVK_QMAX));
+		const float m = kmin_put(codec, par, kvt_int8kv_kmin_at(codec, H, T, D, layer, h, d), mn);
+		const float inv = kvt_int8kv_inv(
+			scale_put(codec, par, kvt_int8kv_kscale_at(codec, H, T, D, layer, h, d), (mx - m) / KVT_KVK_QMAX));
 		for (uint32_t t = 0; t < T; t++)
 			out[base + (size_t)t * D] = kvt_int8kv_k_encode(__half2float(src[base + (size_t)t * D]), m, inv);
 		return;
@@ -210,15 +233,16 @@ __global__ void int8kv_pack_kernel(kvt_kv_layout l, codec_slots sl, uint8_t *dst
 	float amax = 0.0f;
 	for (uint32_t k = 0; k < gd; k++)
 		amax = fmaxf(amax, fabsf(__half2float(src[base + k])));
-	const float inv = kvt_int8kv_inv(int8kv_put(par, kvt_int8kv_vscale(H, T, D, layer, h, t, g), amax / KVT_INT8_MAX));
+	const float inv = kvt_int8kv_inv(
+		scale_put(codec, par, kvt_int8kv_vscale_at(codec, H, T, D, layer, h, t, g), amax / KVT_INT8_MAX));
 	for (uint32_t k = 0; k < gd; k++)
 		out[base + k] = (uint8_t)kvt_int8_encode(__half2float(src[base + k]) * inv);
 }
 
-__global__ void int8kv_unpack_kernel(kvt_kv_layout l, codec_slots sl, const uint8_t *src, size_t packed,
+__global__ void int8kv_unpack_kernel(kvt_kv_layout l, int codec, codec_slots sl, const uint8_t *src, size_t packed,
 				     uint32_t n_vec)
 {
-	const uint32_t H = l.n_kv_heads, T = l.block_tokens, D = l.head_dim, ng = kvt_int8kv_ng(D), gd = D / ng;
+	const uint32_t H = l.n_kv_heads, T = l.block_tokens, D = l.head_dim, ng = kvt_int8kv_ng(codec, D), gd = D / ng;
 	const uint32_t nk = l.n_layers * H * D, nv = l.n_layers * H * T * ng;
 	const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
 	if (i >= nk + nv)
@@ -227,15 +251,16 @@ __global__ void int8kv_unpack_kernel(kvt_kv_layout l, codec_slots sl, const uint
 	const uint8_t *in = src + b * packed, *par = in + (size_t)n_vec * D;
 	if (i < nk) {
 		const uint32_t layer = i / (H * D), h = i / D % H, d = i % D;
-		const size_t base = ((size_t)(layer * 2 + 0) * H + h) * T * D + d, pi = kvt_int8kv_kparam(H, T, D, layer, h, d);
-		const float s = int8kv_get(par, pi), m = int8kv_get(par, pi + D);
+		const size_t base = ((size_t)(layer * 2 + 0) * H + h) * T * D + d;
+		const float s = scale_get(codec, par, kvt_int8kv_kscale_at(codec, H, T, D, layer, h, d));
+		const float m = par_f16(par, kvt_int8kv_kmin_at(codec, H, T, D, layer, h, d));
 		for (uint32_t t = 0; t < T; t++)
 			dst[base + (size_t)t * D] = __float2half_rn(kvt_int8kv_k_decode(in[base + (size_t)t * D], m, s));
 		return;
 	}
 	const uint32_t j = i - nk, layer = j / (H * T * ng), h = j / (T * ng) % H, t = j / ng % T, g = j % ng;
 	const size_t base = (((size_t)(layer * 2 + 1) * H + h) * T + t) * D + g * gd;
-	const float s = int8kv_get(par, kvt_int8kv_vscale(H, T, D, layer, h, t, g));
+	const float s = scale_get(codec, par, kvt_int8kv_vscale_at(codec, H, T, D, layer, h, t, g));
 	for (uint32_t k = 0; k < gd; k++)
 		dst[base + k] = __float2half_rn((float)(int8_t)in[base + k] * s);
 }
@@ -264,12 +289,13 @@ static int codec_run(kvt_dev *d, kvt_stream *st, const kvt_kv_layout *l, int cod
 		memcpy(sl.slot, slots + b0, nb * sizeof(int32_t));
 		uint8_t *d8 = (uint8_t *)dst + b0 * packed;
 		const uint8_t *s8 = (const uint8_t *)src + b0 * packed;
-		if (codec == KVT_KV_CODEC_INT8KV) {
-			const uint32_t items = l->n_layers * l->n_kv_heads * (l->head_dim + l->block_tokens * kvt_int8kv_ng(l->head_dim));
+		if (codec == KVT_KV_CODEC_INT8KV || codec == KVT_KV_CODEC_INT8KV1) {
+			const uint32_t items =
+				l->n_layers * l->n_kv_heads * (l->head_dim + l->block_tokens * kvt_int8kv_ng(codec, l->head_dim));
 			if (pack)
-				int8kv_pack_kernel<<<dim3(div_up(items, 256), nb), 256, 0, s>>>(*l, sl, d8, packed, n_vec);
+				int8kv_pack_kernel<<<dim3(div_up(items, 256), nb), 256, 0, s>>>(*l, codec, sl, d8, packed, n_vec);
 			else
-				int8kv_unpack_kernel<<<dim3(div_up(items, 256), nb), 256, 0, s>>>(*l, sl, s8, packed, n_vec);
+				int8kv_unpack_kernel<<<dim3(div_up(items, 256), nb), 256, 0, s>>>(*l, codec, sl, s8, packed, n_vec);
 			int rc = LAUNCHED(pack ? "kv_pack int8kv" : "kv_unpack int8kv");
 			if (rc)
 				return rc;
