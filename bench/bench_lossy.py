@@ -77,12 +77,16 @@ def reply_tokens(r):
     return toks, ch.get("finish_reason") != "length"
 
 
+ACTIVATIONS = ""  # [model] activations (--activations; "" = the shipped default)
+
+
 def conf(model, data, host_dtype, cache=True, hbm="256M", nvme_dtype="same", persist="end_of_turn"):
     nv = "dtype = %s\n" % nvme_dtype
-    return ("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 512\n"
+    act = "activations = %s\n" % ACTIVATIONS if ACTIVATIONS else ""
+    return ("[server]\nlisten = 127.0.0.1:0\n[model]\npath = %s\ndevice = cpu\ncontext = 512\n%s"
             "[cache]\nenabled = %s\npersist = %s\n[tier.hbm]\ncapacity = %s\n[tier.host]\ncapacity = 512M\ndtype = %s\n"
             "[tier.nvme]\ncapacity = 512M\n%s[index]\ndata_dir = %s\n"
-            % (model, "true" if cache else "false", persist, hbm, host_dtype, nv, data))
+            % (model, act, "true" if cache else "false", persist, hbm, host_dtype, nv, data))
 
 
 def turn1_all(d, n):
@@ -157,7 +161,7 @@ def first_div(out, ref):
 def summarize(a, codec, mode, out, refs, lengths, model, seconds):
     n = len(out)
     row = {"bench": "lossy", "model": os.path.basename(model), "codec": codec, "mode": mode,
-           "nvme_dtype": a.nvme_dtype, "conversations": n, "seconds": round(seconds, 1)}
+           "nvme_dtype": a.nvme_dtype, "activations": ACTIVATIONS or "default", "conversations": n, "seconds": round(seconds, 1)}
     refl = [refs[json.dumps(m)] for m, _, _ in out]
     for L in lengths:
         row["agree_%d" % L] = sum(agree_at(out[i][1], refl[i], L) for i in range(n))
@@ -193,7 +197,11 @@ def main():
     ap.add_argument("--nvme-dtype", default="same", choices=["same", "f16"])
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--activations", default="", choices=["", "int8", "int16"],
+                    help="[model] activations of every daemon (both sides); default: the shipped default")
     a = ap.parse_args()
+    global ACTIVATIONS
+    ACTIVATIONS = a.activations
     build, model = os.path.abspath(a.build), os.path.abspath(a.model)
     lengths = [int(x) for x in a.tokens.split(",")]
     max_tokens = max(lengths)

@@ -122,6 +122,29 @@ static void test_ram_only(void)
 	wipe();
 }
 
+/* KVT_KVS_MAX_TENANTS namespaces each keep their own "k"; a SET in one more is refused, nothing shared. */
+static void test_namespaces(void)
+{
+	kvt_kvs *s = open_store(8u << 20, 0, true);
+	char ns[32];
+	for (uint32_t i = 0; i < KVT_KVS_MAX_TENANTS; i++) {
+		snprintf(ns, sizeof(ns), "tenant%u", i);
+		CHECK_EQ_INT(set_wait(s, ns, "k", 64 + i, i, 0), KVT_OK);
+	}
+	CHECK_EQ_INT(set_wait(s, "one-more", "k", 10, 99, 0), KVT_EFULL);
+	CHECK(!holds(s, "one-more", "k", 10, 99));
+	CHECK_EQ_INT(kvt_kvs_exists(s, "one-more", "k", 1), 0);
+	for (uint32_t i = 0; i < KVT_KVS_MAX_TENANTS; i++) {
+		snprintf(ns, sizeof(ns), "tenant%u", i);
+		CHECKF(holds(s, ns, "k", 64 + i, i), "namespace %s keeps its own value", ns);
+	}
+	kvt_kvs_stats st;
+	kvt_kvs_stats_get(s, &st);
+	CHECK_EQ_INT(st.n_tenants, KVT_KVS_MAX_TENANTS);
+	kvt_kvs_close(s);
+	wipe();
+}
+
 static const size_t sizes[] = { 1, 4095, 4096, (4u << 20) - 1, 4u << 20, (4u << 20) + 1, 9u << 20 };
 #define N_SIZES (sizeof(sizes) / sizeof(sizes[0]))
 
@@ -373,6 +396,7 @@ int main(void)
 	kvt_log_set_level(KVT_LOG_WARN);
 	snprintf(dir, sizeof(dir), "%s/kvt_kvstore_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
 	test_ram_only();
+	test_namespaces();
 	test_reopen();
 	test_evict();
 	test_corrupt();

@@ -123,13 +123,21 @@ uint32_t kvs_n_chunks(uint64_t len)
 
 /* ---- tenants ---- */
 
-int kvs_tenant_find_or_add_locked(kvt_kvs *s, const char *ns)
+/* The namespace's tenant row, or -1. */
+static int tenant_find_locked(const kvt_kvs *s, const char *ns)
 {
 	for (uint32_t i = 0; i < s->n_ten; i++)
 		if (!strcmp(s->ten[i].ns, ns))
 			return (int)i;
-	if (s->n_ten == KVT_KVS_MAX_TENANTS)
-		return (int)KVT_KVS_MAX_TENANTS - 1; /* the last row takes the rest */
+	return -1;
+}
+
+/* The namespace's row, added if new; -1 when KVT_KVS_MAX_TENANTS namespaces exist (the row is the key's namespace). */
+int kvs_tenant_find_or_add_locked(kvt_kvs *s, const char *ns)
+{
+	int t = tenant_find_locked(s, ns);
+	if (t >= 0 || s->n_ten == KVT_KVS_MAX_TENANTS)
+		return t;
 	snprintf(s->ten[s->n_ten].ns, sizeof(s->ten[0].ns), "%s", ns);
 	return (int)s->n_ten++;
 }
@@ -317,6 +325,8 @@ int kvs_insert_loaded(kvt_kvs *s, const char *ns, const uint8_t *key, uint32_t k
 		      uint64_t sum, uint64_t expires_ms, kvt_t2_loc *locs, uint32_t n_locs)
 {
 	int t = kvs_tenant_find_or_add_locked(s, ns);
+	if (t < 0)
+		return KVT_EFULL;
 	uint64_t hv = key_hash((uint16_t)t, key, klen);
 	if (map_find(s, (uint16_t)t, key, klen, hv))
 		return KVT_EINVAL;
@@ -339,10 +349,7 @@ int kvs_insert_loaded(kvt_kvs *s, const char *ns, const uint8_t *key, uint32_t k
 /* The live entry for (ns, key), or NULL (an expired one is dropped here). */
 static kvs_ent *lookup_locked(kvt_kvs *s, const char *ns, const void *key, size_t klen)
 {
-	int t = -1;
-	for (uint32_t i = 0; i < s->n_ten; i++)
-		if (!strcmp(s->ten[i].ns, ns))
-			t = (int)i;
+	int t = tenant_find_locked(s, ns);
 	if (t < 0)
 		return NULL;
 	kvs_ent *e = map_find(s, (uint16_t)t, key, klen, key_hash((uint16_t)t, key, klen));
@@ -367,6 +374,8 @@ static bool args_ok(const kvt_kvs *s, const char *ns, size_t klen)
 static kvs_ent *set_entry_locked(kvt_kvs *s, const char *ns, const void *key, size_t klen)
 {
 	int t = kvs_tenant_find_or_add_locked(s, ns);
+	if (t < 0)
+		return NULL;
 	uint64_t hv = key_hash((uint16_t)t, key, klen);
 	kvs_ent *e = map_find(s, (uint16_t)t, key, klen, hv);
 	if (e) {
@@ -404,9 +413,10 @@ int kvt_kvs_set(kvt_kvs *s, const char *ns, const void *key, size_t klen, kvt_kv
 	}
 	kvs_ent *e = set_entry_locked(s, ns, key, klen);
 	if (!e) {
+		const int rc = tenant_find_locked(s, ns) < 0 ? KVT_EFULL : KVT_ENOMEM; /* a new namespace past the limit */
 		pthread_mutex_unlock(&s->mu);
 		kvt_kvs_val_unref(v);
-		return KVT_ENOMEM;
+		return rc;
 	}
 	ram_make_room_locked(s, v->len, e);
 	e->version = s->next_version++;
@@ -554,7 +564,8 @@ int kvt_kvs_get(kvt_kvs *s, const char *ns, const void *key, size_t klen, kvt_kv
 	int rc = get_locked(s, ns, key, klen, out, &sn, &e);
 	if (rc == KVT_ENOTFOUND) {
 		int t = kvs_tenant_find_or_add_locked(s, ns);
-		s->ten[t].misses++;
+		if (t >= 0)
+			s->ten[t].misses++;
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc != KVS_READ_NVME) {

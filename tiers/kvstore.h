@@ -59,7 +59,7 @@
 #define KVT_KVS_KEY_MAX (64u << 10)         /* bytes of a key */
 #define KVT_KVS_CHUNK_BYTES (4u << 20)      /* payload bytes of one NVMe record */
 #define KVT_KVS_MAX_VALUE_DEFAULT (512ull << 20)
-#define KVT_KVS_MAX_TENANTS 64u             /* namespaces counted apart in stats (more share the last row) */
+#define KVT_KVS_MAX_TENANTS 64u             /* namespaces a store holds (a SET in a 65th is KVT_EFULL) */
 
 typedef struct kvt_kvs kvt_kvs;
 
@@ -113,7 +113,8 @@ typedef uint64_t kvt_kvs_ticket;
  * readable at once. *ticket (may be NULL) gets the write's ticket: wait on it
  * before answering the client. ttl_ms 0: no expiry. KVT_OK; KVT_EINVAL for a
  * bad namespace, an empty or too long key, or v->len > max_value_bytes (v
- * dropped); KVT_ESTOPPED while closing.
+ * dropped); KVT_EFULL for a new namespace when KVT_KVS_MAX_TENANTS exist (each
+ * namespace keeps its own keys; none is ever shared); KVT_ESTOPPED while closing.
  */
 int kvt_kvs_set(kvt_kvs *s, const char *ns, const void *key, size_t klen, kvt_kvs_val *v, uint64_t ttl_ms,
 		kvt_kvs_ticket *ticket);

@@ -206,9 +206,9 @@ static int send_pieces(kvt_resp_conn *c, size_t i, size_t skip)
 /* Wait for every write since the last flush, then send every reply. */
 static int conn_flush(kvt_resp_conn *c)
 {
-	for (size_t i = 0; i < c->n_tickets; i++)
-		(void)kvt_kvs_wait(c->r->cfg.kvs, c->tickets[i]); /* a failed write stays in RAM: still +OK (kvstore.h) */
-	c->n_tickets = 0;
+	if (c->ticket) /* a failed write stays in RAM: still +OK (kvstore.h) */
+		(void)kvt_kvs_wait(c->r->cfg.kvs, c->ticket);
+	c->ticket = 0;
 	if (c->out.oom || !out_cut(&c->out))
 		return KVT_ENOMEM;
 	int rc = send_pieces(c, 0, 0);
@@ -272,7 +272,6 @@ static void conn_free(kvt_resp_conn *c)
 {
 	kvt_resp_parser_deinit(&c->p);
 	out_free(&c->out);
-	free(c->tickets);
 	free(c->rbuf);
 	free(c);
 }

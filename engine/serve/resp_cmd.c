@@ -16,8 +16,8 @@
  *    which redis-py (8.x defaults to RESP3) falls back to RESP2 and AUTH.
  *  - SET supports EX and PX; NX, XX, GET, KEEPTTL, EXAT and PXAT are refused
  *    with an error naming the option (nothing is stored).
- *  - A SET or DEL appends its ticket to the connection: the reply goes out
- *    only once the store acknowledged it (resp.c, conn_flush).
+ *  - A SET or DEL raises the connection's ticket to its own: the replies go
+ *    out only once the store acknowledged it (resp.c, conn_flush).
  */
 #include "resp_int.h"
 
@@ -55,17 +55,8 @@ static bool arg_ll(const kvt_resp_arg *a, long long *out)
 
 static void add_ticket(kvt_resp_conn *c, kvt_kvs_ticket t)
 {
-	if (c->n_tickets == c->cap_tickets) {
-		size_t cap = c->cap_tickets ? c->cap_tickets * 2 : 16;
-		kvt_kvs_ticket *p = realloc(c->tickets, cap * sizeof(*p));
-		if (!p) { /* cannot remember it: wait now (the flush would have) */
-			(void)kvt_kvs_wait(c->r->cfg.kvs, t);
-			return;
-		}
-		c->tickets = p;
-		c->cap_tickets = cap;
-	}
-	c->tickets[c->n_tickets++] = t;
+	if (t > c->ticket)
+		c->ticket = t;
 }
 
 /* ---- connection commands ---- */
@@ -287,6 +278,8 @@ static void cmd_set(kvt_resp_conn *c, const kvt_resp_arg *a, size_t n)
 		kvt_resp_out_str(&c->out, "+OK\r\n");
 	} else if (rc == KVT_ESTOPPED) {
 		kvt_resp_out_str(&c->out, "-ERR kvtier is shutting down\r\n");
+	} else if (rc == KVT_EFULL) {
+		kvt_resp_out_str(&c->out, "-ERR the store holds its most namespaces (64); this key's namespace is new\r\n");
 	} else {
 		kvt_resp_out_str(&c->out, "-ERR invalid key or value (empty key, or a value over [store] max_value)\r\n");
 	}

@@ -145,8 +145,8 @@ typedef struct kvt_resp_conn {
 	char name[64];             /* CLIENT SETNAME */
 	kvt_resp_parser p;
 	kvt_resp_out out;
-	kvt_kvs_ticket *tickets;   /* [n_tickets]: writes to wait on before the next flush */
-	size_t n_tickets, cap_tickets;
+	kvt_kvs_ticket ticket;     /* the highest write ticket since the last flush (0: none); waiting on it
+				      covers every earlier one (kvstore.h: tickets are acknowledged in order) */
 	uint8_t *rbuf;             /* [KVT_RESP_RBUF] read buffer */
 } kvt_resp_conn;
 
