@@ -102,7 +102,7 @@ static void test_defaults(void)
 	CHECK(c.chunk_recompute == 0.15f && c.chunk_share == 0.5f);
 	CHECK(c.hbm.capacity_auto && c.hbm.capacity_bytes == 0 && c.hbm.high == 0.90f && c.hbm.low == 0.75f);
 	CHECK(c.host.capacity_auto && c.host.high == 0.90f && c.host.low == 0.80f);
-	CHECK_EQ_INT(c.host_dtype, KVT_KV_CODEC_FP8);
+	CHECK_EQ_INT(c.host_dtype, KVT_KV_CODEC_INT8KV);
 	CHECK_EQ_INT(c.nvme_f16, 1); /* [tier.nvme] dtype = f16: the NVMe copy exact */
 	CHECK(c.nvme.capacity_auto && c.nvme.capacity_bytes == 0 && c.nvme.high == 0.95f &&
 	      c.nvme.low == 0.85f);

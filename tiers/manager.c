@@ -205,7 +205,7 @@ void kvt_tm_config_default(kvt_tm_config *c)
 {
 	memset(c, 0, sizeof(*c));
 	c->t1_slots = 256;
-	c->t1_codec = KVT_KV_CODEC_FP8;
+	c->t1_codec = KVT_KV_CODEC_INT8KV;
 	c->high[KVT_TIER_HBM] = 0.90f;
 	c->low[KVT_TIER_HBM] = 0.75f;
 	c->high[KVT_TIER_HOST] = 0.90f;

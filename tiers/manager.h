@@ -146,7 +146,7 @@ typedef struct kvt_tm_config {
 	kvt_t2_store *t2;        /* borrowed; NULL = no NVMe tier */
 	kvt_db *db;              /* borrowed; required with t2 (the durable rows) */
 	uint32_t t1_slots;       /* T1 capacity in blocks (>= 1) */
-	int t1_codec;            /* enum kvt_kv_codec of T1 and T2 records (default FP8) */
+	int t1_codec;            /* enum kvt_kv_codec of T1 and T2 records (default INT8KV) */
 	bool t2_f16;             /* T2 records written from T0 (end of turn, flush) are f16 (exact) while T1
 	                            keeps t1_codec; a record written from a T1 slot stays t1_codec */
 	float high[KVT_TIER_COUNT]; /* high watermark per tier, fraction of capacity in (0, 1] */

@@ -206,7 +206,7 @@ static const key_def keys[] = {
 
 	TIER("tier.hbm", hbm, 1, true, "auto", "0.90", "0.75"),
 	TIER("tier.host", host, 1, true, "auto", "0.90", "0.80"),
-	ENUMK("tier.host", "dtype", host_dtype, dtype, "fp8", "host (and NVMe) record format"),
+	ENUMK("tier.host", "dtype", host_dtype, dtype, "int8kv", "host (and NVMe) record format"),
 	ENUMK("tier.host", "promotion", host_promotion, promotion, "auto",
 	      "a cached prefix from T1: layered (copy per layer group, prefill overlapping it), sequential, auto = layered on a GPU"),
 	U32("tier.host", "promotion_groups", promotion_groups, 1, 256, "4", "layered: layer groups per promotion"),
