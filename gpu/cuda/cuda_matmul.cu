@@ -12,8 +12,8 @@
  *     same float as on the CPU), and accumulates x[m][k] * w[n][k] into its
  *     own partial with one explicit fmaf per element, k increasing (explicit
  *     so that no compiler contraction choice can differ between calls);
- *   - the 32 partials are combined by warp_sum's butterfly (xor 16, 8, 4,
- *     2, 1), which every lane finishes with the same bits.
+ *   - the 32 partials are combined in warp_sum's butterfly order (xor 16,
+ *     8, 4, 2, 1), by one lane from shared memory (lane_tree).
  *   A call of M rows runs the rows in passes of up to MT (template, <= 8)
  *   rows kept in registers; each pass repeats exactly the per-row steps of
  *   a pass of one row. Vector loads (16 bytes) are taken where the pointers
@@ -121,17 +121,42 @@ __device__ __forceinline__ void x8(const mm_args &a, uint32_t m, uint32_t k, flo
 }
 
 /*
+ * The sum of a warp's 32 partials p[0..31] as warp_sum's butterfly (xor 16,
+ * 8, 4, 2, 1) leaves it in lane 0, operation for operation: at step o,
+ * partial l < o becomes p[l] + p[l + o] (l ^ o = l + o there). One lane
+ * computes it from shared memory, so a pass of MT rows costs the warp one
+ * barrier instead of 5 MT shuffles (the CPU emulator's cost is its fiber
+ * switches), with the shuffles' bits.
+ */
+__device__ __forceinline__ float lane_tree(const float *p)
+{
+	float t[32];
+#pragma unroll
+	for (int i = 0; i < 32; i++)
+		t[i] = p[i];
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+		for (int l = 0; l < o; l++)
+			t[l] = t[l] + t[l + o];
+	return t[0];
+}
+
+/*
  * y[m][n] (+)= x[m] . w[n] for all M rows, MT rows a pass (the order rule
- * above); with SWIGLU y[m][n] = silu(x[m] . w[n]) * (x[m] . w2[n]). Every
- * thread of the CTA takes part in the RMSNorm reductions, so warps past N
- * leave only after the last pass.
+ * above); with SWIGLU y[m][n] = silu(x[m] . w[n]) * (x[m] . w2[n]). Each
+ * pass ends with the lanes' partials in shared memory and lane m of the
+ * column's warp summing row m's (lane_tree). Every thread of the CTA takes
+ * part in the barriers and the RMSNorm reductions, so warps past N idle
+ * through the passes.
  */
 template <int MT, int WK, bool SWIGLU>
 __global__ void __launch_bounds__(256) mm_kernel(mm_args a)
 {
 	__shared__ float sh[32];
+	__shared__ float part[MM_WARPS][SWIGLU ? 2 : 1][MT][33]; /* [warp][gate/up][row][lane], padded */
 	const uint32_t n = gemv_column(), K = a.K;
-	const int lane = threadIdx.x & 31;
+	const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
 	const bool live = n < a.N;
 	const uint8_t *row = a.w + (size_t)(live ? n : 0) * a.row_bytes;
 	const uint8_t *row2 = SWIGLU ? a.w2 + (size_t)(live ? n : 0) * a.row_bytes : NULL;
@@ -143,9 +168,7 @@ __global__ void __launch_bounds__(256) mm_kernel(mm_args a)
 			r[m] = a.nw && m < (int)rows ? rms_inv(a.x + (size_t)(m0 + m) * K, K, a.eps, sh) : 1.0f;
 			s[m] = s2[m] = 0.0f;
 		}
-		if (!live)
-			continue;
-		for (uint32_t k = lane * 8; k < K; k += 256) {
+		for (uint32_t k = lane * 8; live && k < K; k += 256) {
 			float wf[8], wf2[8];
 			w8<WK>(a.dtype, row, k, K, a.wvec, wf);
 			if (SWIGLU)
@@ -166,17 +189,20 @@ __global__ void __launch_bounds__(256) mm_kernel(mm_args a)
 		}
 #pragma unroll
 		for (int m = 0; m < MT; m++) {
-			if (m >= (int)rows)
-				break; /* uniform over the warp */
-			const float v = warp_sum(s[m]), u = SWIGLU ? warp_sum(s2[m]) : 0.0f;
-			if (lane == 0) {
-				float *o = a.y + (size_t)(m0 + m) * a.N + n;
-				if (SWIGLU)
-					*o = v / (1.0f + expf(-v)) * u; /* swiglu_kernel's silu */
-				else
-					*o = a.acc ? *o + v : v;
-			}
+			part[wi][0][m][lane] = s[m];
+			if (SWIGLU)
+				part[wi][SWIGLU][m][lane] = s2[m];
 		}
+		__syncthreads();
+		if (live && lane < (int)rows) {
+			const float v = lane_tree(part[wi][0][lane]), u = SWIGLU ? lane_tree(part[wi][SWIGLU][lane]) : 0.0f;
+			float *o = a.y + (size_t)(m0 + lane) * a.N + n;
+			if (SWIGLU)
+				*o = v / (1.0f + expf(-v)) * u; /* swiglu_kernel's silu */
+			else
+				*o = a.acc ? *o + v : v;
+		}
+		__syncthreads(); /* part is the next pass's */
 	}
 }
 
