@@ -492,8 +492,8 @@ int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace
  *
  * norm_matmul: y = matmul(rmsnorm(x; norm_w, eps), w) (+ y when
  * mm.accumulate): RMSNorm fused into the GEMM that reads it (on CUDA, fp16
- * weights: the matmul kernel recomputes the row norm per CTA). mm.x is the
- * un-normalised input.
+ * weights, up to 8 rows: the matmul kernel recomputes the row norm per CTA).
+ * mm.x is the un-normalised input.
  */
 typedef struct kvt_norm_matmul_args {
 	kvt_matmul_args mm;  /* the GEMM; mm.x not yet normalised, y must not alias it */
@@ -506,8 +506,8 @@ int kvt_dev_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *d_works
 /*
  * matmul_swiglu: y = swiglu(gate = xn . w_gate, up = xn . w_up) with xn =
  * rmsnorm(x; norm_w, eps), or x itself when norm_w is NULL: the FFN's two
- * input GEMMs and their activation in one (on CUDA, with fp16 weights: one
- * kernel reading both weight rows of an output).
+ * input GEMMs and their activation in one (on CUDA, at up to 8 rows with
+ * fp16 weights: one kernel reading both weight rows of an output).
  */
 typedef struct kvt_matmul_swiglu_args {
 	uint32_t n_rows;      /* M */

@@ -45,7 +45,8 @@
  *     256 with explicit fmaf in k order, the lanes combine by one butterfly,
  *     and a call of M rows runs the rows in passes of up to 8 that repeat a
  *     one-row pass's steps exactly. The fused norm_matmul / matmul_swiglu
- *     are that kernel with the RMSNorm / SwiGLU of the plain ops.
+ *     are that kernel with the RMSNorm / SwiGLU of the plain ops (the same
+ *     bits as composing them, which more than 8 rows do).
  *   - attention: keys in tiles of 32 inside chunks of ATTN_CHUNK (256)
  *     absolute positions, an online softmax per chunk and the chunks merged
  *     in position order by one merge function; a prompt's rows merge inside

@@ -19,11 +19,12 @@
  *   a pass of one row. Vector loads (16 bytes) are taken where the pointers
  *   allow; they change how bytes arrive, not the order of the sums. No
  *   cuBLAS: its kernel (and so its order) changed with the shape.
- *   - fused (norm_matmul, matmul_swiglu; fp16 weights): the same kernel with
- *     the RMSNorm of its input rows (every CTA reduces each row's sum of
- *     squares with rms_inv, as rmsnorm_kernel does) and/or the up weights'
- *     column and SwiGLU, in one kernel, bit for bit what the plain ops it
- *     replaces write. Other stored types compose the plain ops (dev.c).
+ *   - fused (norm_matmul, matmul_swiglu; fp16 weights, up to
+ *     FUSED_MAX_ROWS rows): the same kernel with the RMSNorm of its input
+ *     rows (every CTA reduces each row's sum of squares with rms_inv, as
+ *     rmsnorm_kernel does) and/or the up weights' column and SwiGLU, in one
+ *     kernel, bit for bit what the plain ops it replaces write. Other stored
+ *     types and more rows compose the plain ops (dev.c), with the same bits.
  *
  * Grid mapping: CTAs of 256 threads (8 warps); warp w of CTA b computes
  * output column b * 8 + w (gemv_column), all M rows of it.
@@ -259,9 +260,18 @@ int kvt_cuda_matmul(kvt_dev *d, const kvt_matmul_args *m, void *ws)
 
 /* ---- fused ops (dev.h: each bit-identical to this backend's plain ops it replaces) ---- */
 
+/*
+ * Rows up to which the fused ops run fused. Each CTA of the fused kernel
+ * reduces every row's RMSNorm itself, which pays at decode's few rows; more
+ * rows compose the plain ops (dev.c: rmsnorm_kernel once per row, then this
+ * file's matmul), whose bits are the fused kernel's, so a row's result does
+ * not depend on which side of this bound its call falls.
+ */
+#define FUSED_MAX_ROWS 8
+
 int kvt_cuda_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws)
 {
-	if (a->mm.w_dtype != KVT_DTYPE_F16)
+	if (a->mm.w_dtype != KVT_DTYPE_F16 || a->mm.n_rows > FUSED_MAX_ROWS)
 		return KVT_DEV_COMPOSE;
 	launch_mm<WK_F16, false>(C(d)->stream, mm_of(&a->mm, NULL, a->norm_w, a->eps));
 	return LAUNCHED("matmul (rmsnorm fused)");
@@ -269,7 +279,7 @@ int kvt_cuda_norm_matmul(kvt_dev *d, const kvt_norm_matmul_args *a, void *ws)
 
 int kvt_cuda_matmul_swiglu(kvt_dev *d, const kvt_matmul_swiglu_args *a, void *ws)
 {
-	if (a->w_dtype != KVT_DTYPE_F16)
+	if (a->w_dtype != KVT_DTYPE_F16 || a->n_rows > FUSED_MAX_ROWS)
 		return KVT_DEV_COMPOSE;
 	kvt_matmul_args m = {};
 	m.n_rows = a->n_rows, m.n_in = a->n_in, m.n_out = a->n_out, m.w_dtype = a->w_dtype;
