@@ -9,6 +9,8 @@
 #   bench/device_check.sh                 # everything below, figures to $OUT
 #   bench/device_check.sh --attention     # parity, then decode attention only (all kernels)
 # In order: the parity test (every op against the CPU reference, decode kernels 1-3);
+# test_gpu_invariant (the order rule of gpu/dev_impl.h: a GEMM row equals its GEMV for every
+# stored type and the fused ops, a prompt row's attention equals its decode step, bitwise);
 # test_gpu_graph (decode steps as CUDA graphs: tokens, counters, fused ops);
 # bench_gpu's JSON lines (decode attention on each decode kernel, then every decode
 # variant -- kernel x separate/fused combine x staging -- per batch x context class and
@@ -29,7 +31,7 @@ if [ "${1:-}" = "--bundle" ]; then
 	# x86-64-v3 (AVX2, FMA, F16C) rather than -march=native: the GPU machine's CPU may differ.
 	cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON -DKVT_NATIVE=OFF \
 		-DCMAKE_C_FLAGS=-march=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES="${KVT_CUDA_ARCHS:-90}" >/dev/null
-	bins="test_gpu_parity test_gpu_graph bench_gpu test_t1_pool test_manager_tiers test_manager_model test_sched kvtierd"
+	bins="test_gpu_parity test_gpu_invariant test_gpu_graph bench_gpu test_t1_pool test_manager_tiers test_manager_model test_sched kvtierd"
 	bins="$bins test_manager_layered test_sched_layered"
 	cmake --build build-device -j"$(nproc)" --target $bins
 	rm -rf .device .device.tar.xz
@@ -73,10 +75,14 @@ stage() { # NAME CAP: prints the stage's header and sets T (its seconds); 1 when
 		return 1
 	fi
 }
-parity=1 graph=1 rest=0
+parity=1 invariant=1 graph=1 rest=0
 if stage "parity" "${KVT_PARITY_S:-120}"; then
 	timeout "$T" test_gpu_parity 2>&1 | tee "$out/parity.txt"
 	parity=${PIPESTATUS[0]}
+fi
+if stage "order rule (test_gpu_invariant)" "${KVT_INVARIANT_S:-60}"; then
+	timeout "$T" test_gpu_invariant 2>&1 | tee "$out/invariant.txt"
+	invariant=${PIPESTATUS[0]}
 fi
 if stage "graphs, counters, fused ops, batch 64/128" "${KVT_GRAPH_S:-90}"; then
 	(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout "$T" test_gpu_graph) 2>&1 | tee "$out/graph.txt"
@@ -104,8 +110,7 @@ if [ "${1:-}" != "--attention" ]; then
 		rm -f /tmp/resume_synth.gguf
 	fi
 	# test_sched's batching check (6 requests together = each alone) assumes a row's result
-	# does not depend on the batch; cuBLAS may pick other kernels for other row counts, so a
-	# failure there on a GPU is a finding to read, not necessarily a bug.
+	# does not depend on the batch: the order rule, which test_gpu_invariant checks op by op.
 	for t in test_t1_pool test_manager_tiers test_manager_model test_sched test_manager_layered test_sched_layered; do
 		if stage "$t on the CUDA backend" "${KVT_TIER_S:-60}"; then
 			(cd /tmp && KVTIER_TEST_DEVICE=cuda timeout "$T" "$t") >"$out/$t.txt" 2>&1
@@ -133,6 +138,6 @@ echo "== summary (every target with its measured ratio; unmeasured ones named; $
 python3 bench/device_summary.py "$out/bench_gpu.jsonl" "$out/parity.txt" "$out/graph.txt" --sweep "$out/batch_sweep.jsonl" \
 	--json "$out/summary.jsonl" |
 	tee "$out/summary.txt"
-echo "parity exit status: $parity; graph test: $graph; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
+echo "parity exit status: $parity; order rule (invariant): $invariant; graph test: $graph; tier tests and daemon: $([ $rest = 0 ] && echo ok || echo FAILED)"
 echo "device check: $(($(date +%s) - t_start)) s"
-[ "$parity" = 0 ] && [ "$graph" = 0 ] && [ "$rest" = 0 ]
+[ "$parity" = 0 ] && [ "$invariant" = 0 ] && [ "$graph" = 0 ] && [ "$rest" = 0 ]

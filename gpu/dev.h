@@ -504,9 +504,9 @@ int kvt_dev_attention(kvt_dev *d, const kvt_attention_args *a, void *d_workspace
  * fused kernels give bit-identical results to its own unfused ops.
  *
  * norm_matmul: y = matmul(rmsnorm(x; norm_w, eps), w) (+ y when
- * mm.accumulate): RMSNorm fused into the GEMM that reads it (on CUDA: the
- * GEMV recomputes the row norm per CTA; the tensor-core path fuses it with
- * the cast of its input to fp16). mm.x is the un-normalised input.
+ * mm.accumulate): RMSNorm fused into the GEMM that reads it (on CUDA, fp16
+ * weights, up to 8 rows: the matmul kernel recomputes the row norm per CTA).
+ * mm.x is the un-normalised input.
  */
 typedef struct kvt_norm_matmul_args {
 	kvt_matmul_args mm;  /* the GEMM; mm.x not yet normalised, y must not alias it */

@@ -37,12 +37,25 @@
  *   - norms, rope, softmax, sampling: per row; no reduction across rows.
  *   - x's rounding for quantized matmuls (int16, int8) is per row and block.
  * Tests labelled `invariant` check it (ctest -L invariant): kernel sweeps
- * (test_cpu_invariant, every stored type at 1-65 rows, each CPU kernel set)
- * and the real models.
- * NOTE: the CPU backend keeps it. The CUDA backend does not yet: its matmul
- * takes a fp32 GEMV up to GEMV_MAX_ROWS rows and fp16 tiles through cuBLAS
- * above, and its decode attention splits the keys (cuda_matmul.cu,
- * cuda_attn.cu; issue 49).
+ * (test_cpu_invariant, every stored type at 1-65 rows, each CPU kernel set;
+ * test_gpu_invariant_emu, the CUDA kernels) and the real models.
+ * Both backends keep it. The CUDA backend (cuda_matmul.cu, cuda_attn.cu):
+ *   - matmul: one kernel for every row count and stored type, no cuBLAS; a
+ *     warp owns an output column, lane l sums elements 8l .. 8l+7 of every
+ *     256 with explicit fmaf in k order, the lanes combine by one butterfly,
+ *     and a call of M rows runs the rows in passes of up to 8 that repeat a
+ *     one-row pass's steps exactly. The fused norm_matmul / matmul_swiglu
+ *     are that kernel with the RMSNorm / SwiGLU of the plain ops (the same
+ *     bits as composing them, which more than 8 rows do).
+ *   - attention: keys in tiles of 32 inside chunks of ATTN_CHUNK (256)
+ *     absolute positions, an online softmax per chunk and the chunks merged
+ *     in position order by one merge function; a prompt's rows merge inside
+ *     the CTA, a decode step runs a CTA per chunk and a fold kernel merges
+ *     with the same function in the same order. The split decode kernels
+ *     1-3 (their splits follow the SM count) break the rule and run only
+ *     when KVT_CUDA_DECODE names one (bench comparisons).
+ *   test_gpu_invariant checks it (on a GPU, and as test_gpu_invariant_emu on
+ *   the CPU emulator).
  */
 struct kvt_dev_ops {
 	const char *name;                                    /* backend name, e.g. "cpu" */

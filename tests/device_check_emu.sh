@@ -13,7 +13,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/kvt_device_check_emu_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin" "$work/out"
-for t in test_gpu_parity test_gpu_graph test_t1_pool test_manager_tiers test_manager_model test_sched \
+for t in test_gpu_parity test_gpu_invariant test_gpu_graph test_t1_pool test_manager_tiers test_manager_model test_sched \
 	test_manager_layered test_sched_layered bench_gpu; do
 	[ -x "$build/${t}_emu" ] || { echo "missing $build/${t}_emu"; exit 1; }
 	ln -s "$build/${t}_emu" "$work/bin/$t"
@@ -22,7 +22,7 @@ ln -s "$build/kvtierd" "$work/bin/kvtierd"
 cd "$src" || exit 1
 touch "$work/marker"
 OUT="$work/out" KVT_DEVICE_BIN="$work/bin" KVT_SMOKE_DEVICES=cpu KVT_SMOKE_DIR="$work/smoke" \
-	KVT_CHECK_S=400 KVT_PARITY_S=12 KVT_GRAPH_S=12 KVT_BENCH_S=12 KVT_SWEEP_S=12 KVT_RESUME_S=12 \
+	KVT_CHECK_S=400 KVT_PARITY_S=12 KVT_INVARIANT_S=12 KVT_GRAPH_S=12 KVT_BENCH_S=12 KVT_SWEEP_S=12 KVT_RESUME_S=12 \
 	KVT_TIER_S=10 KVT_SMOKE_S=60 KVT_SDPA_S=10 bash bench/device_check.sh >"$work/log" 2>&1
 echo "device_check.sh exit status: $? (not checked: the caps cut the stages short)"
 # the stages the caps cut short leave their scratch folders in /tmp: remove what this run made
@@ -30,7 +30,7 @@ echo "device_check.sh exit status: $? (not checked: the caps cut the stages shor
 find /tmp -maxdepth 1 -name 'kvt_*' -newer "$work/marker" ! -path "$work" -exec rm -rf {} +
 cat "$work/log"
 ok=0
-for h in "== parity" "== graphs, counters" "== benchmarks" "== batch sweep" "== resume TTFT" \
+for h in "== parity" "== order rule (test_gpu_invariant)" "== graphs, counters" "== benchmarks" "== batch sweep" "== resume TTFT" \
 	"== test_t1_pool on the CUDA backend" "== test_sched_layered on the CUDA backend" "== kvtierd on cuda and cpu" \
 	"== pytorch sdpa" "== summary" "parity exit status:" "device check:"; do
 	grep -qF -- "$h" "$work/log" || { echo "FAIL: no '$h' in the output"; ok=1; }

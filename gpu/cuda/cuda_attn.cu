@@ -1,23 +1,34 @@
 /*
  * gpu/cuda/cuda_attn.cu — paged causal GQA attention on the CUDA backend.
  *
- *   - decode (one query row): flash-decoding. The keys of each KV head are
- *     split into chunks across CTAs; within a CTA each group of lanes owns
- *     one key at a time (head_dim / 8 lanes, 16-byte loads) and keeps its own
- *     online softmax for every query head of the GQA group, so K and V are
- *     read once per KV head. A second kernel merges the chunks, or the last
- *     CTA of each head does (the fused combine, counted by d_tickets).
- *     Kernel 1 splits by keys; kernels 2 and 3 by whole blocks, optionally
- *     staging table entries and 8-bit scales in shared memory;
- *     decode_choices says which variant each shape class runs.
- *   - prefill: a CTA takes a tile of query rows of one KV head, stages 32
- *     keys at a time in shared memory and runs an online softmax per query
- *     vector (one warp per vector, a lane per key), skipping key tiles past
- *     the tile's last position (causal).
+ *   - every call by default (prefill and decode): the order-invariant
+ *     chunked kernel (attn_prefill_kernel, attention_chunked). A CTA takes a
+ *     tile of query rows of one KV head, stages 32 keys at a time in shared
+ *     memory and runs an online softmax per query vector (one warp per
+ *     vector, a lane per key) over each chunk of ATTN_CHUNK absolute
+ *     positions, merging the chunks in position order. A decode (one row)
+ *     runs a CTA per chunk and attn_fold_kernel merges their partials in the
+ *     same order with the same arithmetic.
+ *   - decode kernels 1-3 (KVT_CUDA_DECODE=1|2|3 only: bench comparisons):
+ *     flash-decoding. The keys of each KV head are split into chunks across
+ *     CTAs, as many as the SMs (and the kernel's occupancy) suggest; within a
+ *     CTA each group of lanes owns one key at a time (head_dim / 8 lanes,
+ *     16-byte loads) and keeps its own online softmax for every query head of
+ *     the GQA group, so K and V are read once per KV head. A second kernel
+ *     merges the chunks, or the last CTA of each head does (the fused
+ *     combine, counted by d_tickets). Kernel 1 splits by keys; kernels 2 and
+ *     3 by whole blocks, optionally staging table entries and 8-bit scales in
+ *     shared memory.
  *
- * Invariant: every variant of a call gives the same result bit for bit
- * when the plan changes only the combine or the staging (the splits are the
- * same), which tests/test_gpu_parity.c checks per variant.
+ * Invariants. The order rule of dev_impl.h holds on the default path: a
+ * query row's keys are summed in steps fixed by absolute position (tiles of
+ * 32 inside chunks of ATTN_CHUNK, chunks merged in order), so the row's
+ * output is the same bits in a prompt of any chunk size, alone or with
+ * other rows, and in a decode step, on any GPU (test_gpu_invariant). Kernels
+ * 1-3 do not keep it (their splits follow the SM count). Among those, every
+ * variant of a call gives the same result bit for bit when the plan changes
+ * only the combine or the staging (the splits are the same), which
+ * tests/test_gpu_parity.c checks per variant.
  */
 #include "cuda_int.cuh"
 
@@ -636,23 +647,153 @@ __global__ void attn_combine2_kernel(const float *ws, float *out, uint32_t n_hea
 }
 
 /*
- * Prefill attention. Grid (n_kv_heads, row tiles); 4 warps. The CTA's query
- * vectors are QT rows x G heads (at most 32), staged in shared memory; key
- * tiles of 32 are staged as fp32. Warp w owns query vectors w, w + 4, ...;
- * within a warp lane j scores key j of the tile, then lanes split the
- * dimensions for the weighted sum of V.
+ * The order-invariant attention (every prefill, and decode unless
+ * KVT_CUDA_DECODE forces one of the split kernels above). Grid (n_kv_heads,
+ * row tiles, chunks); 4 warps. The CTA's query vectors are QT rows x G heads
+ * (at most 32), staged in shared memory; key tiles of 32 are staged as fp32.
+ * Warp w owns query vectors w, w + 4, ...; within a warp lane j scores key j
+ * of the tile, then lanes split the dimensions for the weighted sum of V.
+ *
+ * Order rule (dev_impl.h): a query vector's keys are cut into chunks of
+ * ATTN_CHUNK absolute positions (chunk c: [c * ATTN_CHUNK, (c + 1) *
+ * ATTN_CHUNK)) and each chunk into tiles of PF_KEYS positions, both aligned
+ * to absolute positions. Each chunk is an online softmax of its own over its
+ * tiles in position order (pf_tile_step, which skips a tile with no key
+ * the vector sees), and the chunks' partials { max, sum, acc } are merged in
+ * chunk order by pf_fold. Prefill (SPLIT false) runs a tile of rows through
+ * every chunk in one CTA and merges as it goes; decode (SPLIT, one row) runs
+ * one chunk a CTA (grid z), writes each partial to ws ([chunk][query head]
+ * { max, sum, acc[D] }), and attn_fold_kernel merges them with the same
+ * pf_fold in the same order. Nothing depends on the other rows of the call,
+ * the row tile, the chunk of the prompt or the number of SMs, so a row gives
+ * the same bits in a prompt of any chunk size and in a decode step. Sums use
+ * explicit fmaf, so no compiler contraction choice differs between the
+ * instantiations.
  */
 #define PF_KEYS 32
 #define PF_VECS 32
-template <int DPL> /* dims per lane: head_dim / 32, rounded up */
-__global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_attention_args a, uint32_t qt)
+#define ATTN_CHUNK 256 /* positions per chunk (a multiple of PF_KEYS) */
+
+/* Stage key tile [t0, t0 + PF_KEYS) of KV head kh as fp32: K in sk ([key][D + 1]), V in sv; keys past last are 0. */
+__device__ __forceinline__ void pf_load_tile(const kvt_kv_layout &l, const kvt_attention_args &a, uint32_t kh,
+					     uint32_t t0, uint32_t last, float *sk, float *sv)
+{
+	const uint32_t D = l.head_dim, bt = l.block_tokens;
+	for (uint32_t i = threadIdx.x; i < PF_KEYS * D; i += blockDim.x) {
+		uint32_t kk = i / D, dd = i % D, p = t0 + kk;
+		float kvk = 0.0f, kvv = 0.0f;
+		if (p <= last) {
+			int32_t slot = a.block_table[p / bt];
+			if (l.codec != KVT_KV_CODEC_F16) {
+				const uint8_t *blk = q_block(l, slot);
+				const size_t vk = q_vi(l, a.layer, 0, kh, p % bt);
+				const size_t vv = q_vi(l, a.layer, 1, kh, p % bt);
+				kvk = q_decode(l.codec, blk[vk * D + dd]) * *(const float *)(blk + q_scale_off(l, vk, dd));
+				kvv = q_decode(l.codec, blk[vv * D + dd]) * *(const float *)(blk + q_scale_off(l, vv, dd));
+			} else {
+				const __half *pool = (const __half *)l.pool;
+				kvk = __half2float(pool[kv_off(l, slot, a.layer, 0, kh, p % bt) + dd]);
+				kvv = __half2float(pool[kv_off(l, slot, a.layer, 1, kh, p % bt) + dd]);
+			}
+		}
+		sk[kk * (D + 1) + dd] = kvk;
+		sv[kk * D + dd] = kvv;
+	}
+}
+
+/*
+ * One query vector (qv, at position pos, first visible key first) over the
+ * staged tile from t0: the online-softmax step of the order rule (whole warp;
+ * lane j scores key t0 + j, lane l keeps dims l, l + 32, ... of acc).
+ */
+template <int DPL>
+__device__ __forceinline__ void pf_tile_step(const float *qv, const float *sk, const float *sv, uint32_t D,
+					     uint32_t t0, uint32_t pos, uint32_t first, int lane, float &mx, float &sum,
+					     float (&acc)[DPL])
+{
+	const uint32_t p = t0 + lane;
+	float s = -INFINITY;
+	if (p <= pos && p >= first) {
+		s = 0.0f;
+		const float *kv = sk + lane * (D + 1);
+		for (uint32_t dd = 0; dd < D; dd++)
+			s = fmaf(qv[dd], kv[dd], s);
+	}
+	const float tm = warp_max(s);
+	if (tm == -INFINITY)
+		return; /* no visible key in this tile for this vector (uniform over the warp) */
+	const float nm = fmaxf(mx, tm);
+	const float pw = s == -INFINITY ? 0.0f : expf(s - nm);
+	const float c = expf(mx - nm);
+	sum = fmaf(sum, c, warp_sum(pw));
+#pragma unroll
+	for (int e = 0; e < DPL; e++)
+		acc[e] *= c;
+	for (int kk = 0; kk < PF_KEYS; kk++) {
+		const float pk = __shfl_sync(0xffffffffu, pw, kk);
+		if (pk == 0.0f)
+			continue;
+#pragma unroll
+		for (int e = 0; e < DPL; e++) {
+			const uint32_t dd = lane + 32 * e;
+			if (dd < D)
+				acc[e] = fmaf(pk, sv[kk * D + dd], acc[e]);
+		}
+	}
+	mx = nm;
+}
+
+/*
+ * Merge a chunk's partial (max m, sum l) into the running (M, L): the
+ * weights of the running values (*cM) and of the chunk's (*cm); false when
+ * the chunk saw no key (m = -inf: nothing to merge). Then every value v of
+ * the running state R becomes pf_merge(R, cM, v, cm). Prefill and
+ * attn_fold_kernel both merge with these two, chunk by chunk in order.
+ */
+__device__ __forceinline__ bool pf_fold(float &M, float &L, float m, float l, float *cM, float *cm)
+{
+	if (m == -INFINITY)
+		return false;
+	const float nM = fmaxf(M, m);
+	*cM = expf(M - nM); /* 0 for the first chunk (M = -inf) */
+	*cm = expf(m - nM);
+	L = fmaf(L, *cM, l * *cm);
+	M = nM;
+	return true;
+}
+
+__device__ __forceinline__ float pf_merge(float r, float cr, float v, float cv) { return fmaf(r, cr, v * cv); }
+
+/* The chunks [*c0, *c1) a tile of rows from r0 (last: its last position) visits; SPLIT: chunk blockIdx.z of them only. */
+template <bool SPLIT>
+__device__ __forceinline__ bool pf_chunks(const kvt_attention_args &a, uint32_t first_pos, uint32_t last,
+					  uint32_t *c0, uint32_t *c1)
+{
+	*c0 = attn_first_key(a, first_pos) / ATTN_CHUNK;
+	*c1 = last / ATTN_CHUNK + 1;
+	if (SPLIT) {
+		*c0 += blockIdx.z;
+		if (*c0 >= *c1)
+			return false; /* a graph's launch sized for a longer context */
+		*c1 = *c0 + 1;
+	}
+	return true;
+}
+
+template <int DPL, bool SPLIT> /* dims per lane: head_dim / 32, rounded up; SPLIT: one row, one chunk a CTA */
+__global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_attention_args a, uint32_t qt,
+							   float *ws)
 {
 	constexpr int VPW = PF_VECS / 4; /* query vectors per warp, at most */
 	extern __shared__ float shm[];
-	const uint32_t D = l.head_dim, G = a.n_heads / l.n_kv_heads, bt = l.block_tokens;
+	const uint32_t D = l.head_dim, G = a.n_heads / l.n_kv_heads;
 	const uint32_t kh = blockIdx.x, r0 = blockIdx.y * qt;
 	const uint32_t rows = min(qt, a.n_rows - r0), nv = rows * G;
 	const uint32_t pos0 = pos0_of(a.d_pos0, a.pos0);
+	const uint32_t last = pos0 + r0 + rows - 1; /* the tile's last visible key */
+	uint32_t c0, c1;
+	if (!pf_chunks<SPLIT>(a, pos0 + r0, last, &c0, &c1))
+		return; /* uniform over the CTA */
 	float *sq = shm;                     /* [PF_VECS][D] */
 	float *sk = sq + PF_VECS * D;        /* [PF_KEYS][D + 1] */
 	float *sv = sk + PF_KEYS * (D + 1);  /* [PF_KEYS][D] */
@@ -662,92 +803,145 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(kvt_kv_layout l, kvt_
 		uint32_t v = i / D, dd = i % D, r = v / G, g = v % G;
 		sq[i] = a.q[((size_t)(r0 + r) * a.n_heads + kh * G + g) * D + dd] * a.scale;
 	}
-	float mx[VPW], sum[VPW], acc[VPW][DPL];
+	float RM[VPW], RL[VPW], RA[VPW][DPL]; /* the running merge of the chunks so far */
 #pragma unroll
 	for (int j = 0; j < VPW; j++) {
-		mx[j] = -INFINITY;
-		sum[j] = 0.0f;
+		RM[j] = -INFINITY;
+		RL[j] = 0.0f;
 #pragma unroll
 		for (int e = 0; e < DPL; e++)
-			acc[j][e] = 0.0f;
+			RA[j][e] = 0.0f;
 	}
-	const uint32_t last = pos0 + r0 + rows - 1; /* the tile's last visible key */
 	/* the tile's first visible key (its first row's window start), rounded down to a key tile */
-	for (uint32_t t0 = attn_first_key(a, pos0 + r0) / PF_KEYS * PF_KEYS; t0 <= last; t0 += PF_KEYS) {
-		__syncthreads();
-		for (uint32_t i = threadIdx.x; i < PF_KEYS * D; i += blockDim.x) {
-			uint32_t kk = i / D, dd = i % D, p = t0 + kk;
-			float kvk = 0.0f, kvv = 0.0f;
-			if (p <= last) {
-				int32_t slot = a.block_table[p / bt];
-				if (l.codec != KVT_KV_CODEC_F16) {
-					const uint8_t *blk = q_block(l, slot);
-					const size_t vk = q_vi(l, a.layer, 0, kh, p % bt);
-					const size_t vv = q_vi(l, a.layer, 1, kh, p % bt);
-					kvk = q_decode(l.codec, blk[vk * D + dd]) * *(const float *)(blk + q_scale_off(l, vk, dd));
-					kvv = q_decode(l.codec, blk[vv * D + dd]) * *(const float *)(blk + q_scale_off(l, vv, dd));
-				} else {
-					const __half *pool = (const __half *)l.pool;
-					kvk = __half2float(pool[kv_off(l, slot, a.layer, 0, kh, p % bt) + dd]);
-					kvv = __half2float(pool[kv_off(l, slot, a.layer, 1, kh, p % bt) + dd]);
-				}
-			}
-			sk[kk * (D + 1) + dd] = kvk;
-			sv[kk * D + dd] = kvv;
-		}
-		__syncthreads();
+	const uint32_t t_first = attn_first_key(a, pos0 + r0) / PF_KEYS * PF_KEYS;
+	for (uint32_t c = c0; c < c1; c++) {
+		float mx[VPW], sum[VPW], acc[VPW][DPL];
 #pragma unroll
 		for (int j = 0; j < VPW; j++) {
-			uint32_t v = w + 4 * j;
-			if (v >= nv)
-				break;
-			uint32_t pos = pos0 + r0 + v / G;
-			uint32_t p = t0 + lane;
-			float s = -INFINITY;
-			if (p <= pos && p >= attn_first_key(a, pos)) {
-				s = 0.0f;
-				const float *qv = sq + v * D, *kv = sk + lane * (D + 1);
-				for (uint32_t dd = 0; dd < D; dd++)
-					s += qv[dd] * kv[dd];
-			}
-			float tm = warp_max(s);
-			if (tm == -INFINITY)
-				continue; /* no visible key in this tile for this row */
-			float nm = fmaxf(mx[j], tm);
-			float pw = s == -INFINITY ? 0.0f : expf(s - nm);
-			float c = expf(mx[j] - nm);
-			sum[j] = sum[j] * c + warp_sum(pw);
+			mx[j] = -INFINITY;
+			sum[j] = 0.0f;
 #pragma unroll
 			for (int e = 0; e < DPL; e++)
-				acc[j][e] *= c;
-			for (int kk = 0; kk < PF_KEYS; kk++) {
-				float pk = __shfl_sync(0xffffffffu, pw, kk);
-				if (pk == 0.0f)
-					continue;
+				acc[j][e] = 0.0f;
+		}
+		const uint32_t t_end = min((c + 1) * ATTN_CHUNK - 1, last);
+		for (uint32_t t0 = max(c * ATTN_CHUNK, t_first); t0 <= t_end; t0 += PF_KEYS) {
+			__syncthreads(); /* the last tile's readers (and the q staging) are done */
+			pf_load_tile(l, a, kh, t0, last, sk, sv);
+			__syncthreads();
 #pragma unroll
-				for (int e = 0; e < DPL; e++) {
-					uint32_t dd = lane + 32 * e;
-					if (dd < D)
-						acc[j][e] += pk * sv[kk * D + dd];
-				}
+			for (int j = 0; j < VPW; j++) {
+				const uint32_t v = w + 4 * j, pos = pos0 + r0 + v / G;
+				if (v >= nv)
+					break;
+				pf_tile_step<DPL>(sq + v * D, sk, sv, D, t0, pos, attn_first_key(a, pos), lane, mx[j], sum[j],
+						  acc[j]);
 			}
-			mx[j] = nm;
+		}
+#pragma unroll
+		for (int j = 0; j < VPW; j++) {
+			const uint32_t v = w + 4 * j;
+			if (v >= nv)
+				break;
+			if (SPLIT) { /* one row: v is the query head's index in the KV head's group */
+				float *p = ws + ((size_t)blockIdx.z * a.n_heads + kh * G + v) * (D + 2);
+				if (lane == 0)
+					p[0] = mx[j], p[1] = sum[j];
+#pragma unroll
+				for (int e = 0; e < DPL; e++)
+					if (lane + 32 * e < (int)D)
+						p[2 + lane + 32 * e] = acc[j][e];
+				continue;
+			}
+			float cM, cm;
+			if (pf_fold(RM[j], RL[j], mx[j], sum[j], &cM, &cm))
+#pragma unroll
+				for (int e = 0; e < DPL; e++)
+					RA[j][e] = pf_merge(RA[j][e], cM, acc[j][e], cm);
 		}
 	}
 #pragma unroll
 	for (int j = 0; j < VPW; j++) {
-		uint32_t v = w + 4 * j;
-		if (v >= nv)
+		const uint32_t v = w + 4 * j;
+		if (SPLIT || v >= nv)
 			break;
-		uint32_t r = v / G, g = v % G;
+		const uint32_t r = v / G, g = v % G;
 		float *o = a.out + ((size_t)(r0 + r) * a.n_heads + kh * G + g) * D;
 #pragma unroll
 		for (int e = 0; e < DPL; e++) {
-			uint32_t dd = lane + 32 * e;
+			const uint32_t dd = lane + 32 * e;
 			if (dd < D)
-				o[dd] = acc[j][e] / sum[j];
+				o[dd] = RA[j][e] / RL[j];
 		}
 	}
+}
+
+/*
+ * Decode's merge of the chunk partials of attn_prefill_kernel<SPLIT> (grid
+ * n_heads, a thread per dim): pf_fold over the chunks in order, as the
+ * prefill kernel merges them, then acc / sum.
+ */
+__global__ void attn_fold_kernel(const float *ws, kvt_attention_args a, uint32_t D)
+{
+	const uint32_t h = blockIdx.x, pos = pos0_of(a.d_pos0, a.pos0);
+	const uint32_t n_chunks = pos / ATTN_CHUNK + 1 - attn_first_key(a, pos) / ATTN_CHUNK;
+	for (uint32_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
+		float M = -INFINITY, L = 0.0f, A = 0.0f, cM, cm;
+		for (uint32_t z = 0; z < n_chunks; z++) {
+			const float *p = ws + ((size_t)z * a.n_heads + h) * (D + 2);
+			if (pf_fold(M, L, p[0], p[1], &cM, &cm))
+				A = pf_merge(A, cM, p[2 + dd], cm);
+		}
+		a.out[(size_t)h * D + dd] = A / L;
+	}
+}
+
+/* Chunks a decode at positions up to pos_max takes at most (the workspace's and a graph launch's bound). */
+static uint32_t attn_max_chunks(uint32_t pos_max) { return pos_max / ATTN_CHUNK + 1; }
+
+/* The order-invariant path (attn_prefill_kernel): any rows; one row splits over chunks, then attn_fold_kernel. */
+static int attention_chunked(kvt_dev *d, const kvt_attention_args *a, float *ws)
+{
+	cuda_dev *c = C(d);
+	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
+	if (G > PF_VECS) {
+		KVT_LOGE("cuda attention: %u query heads per KV head (at most %d)", G, PF_VECS);
+		return KVT_EUNSUPPORTED;
+	}
+	const uint32_t qt = G >= PF_VECS ? 1 : PF_VECS / G;
+	const bool split = a->n_rows == 1 && ws;
+	/* one row: a CTA per chunk of the window (a graph: of the bound, from position 0) */
+	const uint32_t nz = !split ? 1
+			    : a->d_pos0 ? attn_max_chunks(a->pos0)
+					: a->pos0 / ATTN_CHUNK + 1 - attn_first_key(*a, a->pos0) / ATTN_CHUNK;
+	const size_t shm = ((size_t)PF_VECS * D + (size_t)PF_KEYS * (D + 1) + (size_t)PF_KEYS * D) * sizeof(float);
+	const dim3 grid(a->kv->n_kv_heads, div_up(a->n_rows, qt), nz);
+#define PF(DPL)                                                                                              \
+	do {                                                                                                 \
+		if (split) {                                                                                 \
+			cudaFuncSetAttribute(attn_prefill_kernel<DPL, true>,                                 \
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);         \
+			attn_prefill_kernel<DPL, true><<<grid, 128, shm, c->stream>>>(*a->kv, *a, qt, ws);   \
+		} else {                                                                             \
+			cudaFuncSetAttribute(attn_prefill_kernel<DPL, false>,                                \
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);         \
+			attn_prefill_kernel<DPL, false><<<grid, 128, shm, c->stream>>>(*a->kv, *a, qt, ws);  \
+		}                                                                                            \
+	} while (0)
+	if (D <= 32)
+		PF(1);
+	else if (D <= 64)
+		PF(2);
+	else if (D <= 128)
+		PF(4);
+	else
+		PF(8);
+#undef PF
+	int rc = LAUNCHED("attention (chunked)");
+	if (rc || !split)
+		return rc;
+	attn_fold_kernel<<<a->n_heads, D < 128 ? 64 : 128, 0, c->stream>>>(ws, *a, D);
+	return LAUNCHED("attention fold");
 }
 
 /*
@@ -786,26 +980,31 @@ static bool decode_ok(const kvt_attention_args *a)
  * in the window; under a graph, the bound the launch is sized for). The
  * attention op sees one sequence, so batch is not a key: bench_gpu times
  * every variant per batch x context class and bench/device_summary.py
- * prints the rows a GPU run says to write here. Until one has, every row is
- * the default measured on 2026-11-30 (kernel 1, separate combine).
+ * prints the rows a GPU run says to write here. Every row is
+ * kernel 0: the order-invariant chunked path (attention_chunked), the
+ * only one that keeps dev_impl.h's order rule. Kernels 1-3 split the keys
+ * by the SM count and their occupancy, so a decode's bits differ from the
+ * same row's in a prompt and between GPUs: they stay for bench_gpu's
+ * comparisons, and a row naming one here would break the rule (a GPU run's
+ * device_summary.py rows must not be pasted in until they keep it).
  * KVT_CUDA_DECODE=1|2|3, KVT_CUDA_COMBINE=separate|fused and
  * KVT_CUDA_STAGE=0|1 override the table for every call (read at create).
  */
 struct decode_choice {
 	bool q8;          /* the row is for 8-bit pools (fp8, int8); else fp16 */
 	uint32_t min_ctx; /* from this context up (rows of a kind in increasing order) */
-	int version;      /* decode kernel 1, 2 or 3 */
+	int version;      /* 0: the chunked kernel (order-invariant); split kernel 1, 2 or 3 */
 	bool fused;       /* combine in the last CTA of each head; else attn_combine*_kernel */
 	bool staged;      /* kernel 2/3: decode2_stage before each round of the key loop */
 };
 static const decode_choice decode_choices[] = {
 	/* q8     from ctx  kernel fused  staged */
-	{ false, 0, 1, false, false },
-	{ false, 8192, 1, false, false },
-	{ false, 32768, 1, false, false },
-	{ true, 0, 1, false, false },
-	{ true, 8192, 1, false, false },
-	{ true, 32768, 1, false, false },
+	{ false, 0, 0, false, false },
+	{ false, 8192, 0, false, false },
+	{ false, 32768, 0, false, false },
+	{ true, 0, 0, false, false },
+	{ true, 8192, 0, false, false },
+	{ true, 32768, 0, false, false },
 };
 
 /* The variant of a decode call: decode_choices' row, then what the environment forces. */
@@ -932,8 +1131,11 @@ size_t kvt_cuda_attention_workspace(const kvt_dev *d, const kvt_attention_args *
 {
 	kvt_attention_args one = *a;
 	one.n_rows = 1;
+	/* the chunked path's partials: one per chunk up to the last row's position */
+	const uint32_t chunks = attn_max_chunks(a->pos0 + (a->n_rows ? a->n_rows - 1 : 0));
+	const size_t chunked = (size_t)chunks * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
 	if (!decode_ok(&one))
-		return 0;
+		return chunked;
 	uint32_t most = decode_may_use((const cuda_dev *)d, a, 1) ? decode_want((const cuda_dev *)d, a) : 0;
 	for (int v = 2; v <= 3; v++)
 		if (decode_may_use((const cuda_dev *)d, a, v)) {
@@ -942,7 +1144,8 @@ size_t kvt_cuda_attention_workspace(const kvt_dev *d, const kvt_attention_args *
 			const uint32_t n = div_up((uint64_t)occ * ((const cuda_dev *)d)->n_sm, a->kv->n_kv_heads);
 			most = n > most ? n : most;
 		}
-	return (size_t)most * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
+	const size_t split = (size_t)most * a->n_heads * (a->kv->head_dim + 2) * sizeof(float);
+	return split > chunked ? split : chunked;
 }
 
 template <int D, int G>
@@ -977,7 +1180,7 @@ static bool launch_decode_g(cudaStream_t st, const kvt_attention_args *a, uint32
 int kvt_cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 {
 	cuda_dev *c = C(d);
-	const uint32_t D = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
+	const uint32_t D = a->kv->head_dim;
 	if (D > MAX_HEAD_DIM) {
 		KVT_LOGE("cuda attention: head_dim %u over %d", D, MAX_HEAD_DIM);
 		return KVT_EUNSUPPORTED;
@@ -1008,7 +1211,7 @@ int kvt_cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 											 a->n_heads, D, n);
 		return LAUNCHED("attention combine (2)");
 	}
-	if (decode_ok(a)) {
+	if (decode_ok(a) && p.version == 1) {
 		uint32_t kps, n = decode_splits(c, a, &kps);
 		if (a->d_pos0) { /* a graph: the most splits any length up to the bound takes, sized in the kernel */
 			kps = decode_want(c, a);
@@ -1028,27 +1231,5 @@ int kvt_cuda_attention(kvt_dev *d, const kvt_attention_args *a, void *ws)
 			return LAUNCHED("attention combine");
 		}
 	}
-	uint32_t qt = G >= PF_VECS ? 1 : PF_VECS / G;
-	if (G > PF_VECS) {
-		KVT_LOGE("cuda attention: %u query heads per KV head (at most %d)", G, PF_VECS);
-		return KVT_EUNSUPPORTED;
-	}
-	size_t shm = ((size_t)PF_VECS * D + (size_t)PF_KEYS * (D + 1) + (size_t)PF_KEYS * D) * sizeof(float);
-	dim3 grid(a->kv->n_kv_heads, div_up(a->n_rows, qt));
-#define PF(DPL)                                                                                              \
-	do {                                                                                                 \
-		cudaFuncSetAttribute(attn_prefill_kernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,   \
-				     (int)shm);                                                              \
-		attn_prefill_kernel<DPL><<<grid, 128, shm, c->stream>>>(*a->kv, *a, qt);                     \
-	} while (0)
-	if (D <= 32)
-		PF(1);
-	else if (D <= 64)
-		PF(2);
-	else if (D <= 128)
-		PF(4);
-	else
-		PF(8);
-#undef PF
-	return LAUNCHED("attention prefill");
+	return attention_chunked(d, a, (float *)ws);
 }

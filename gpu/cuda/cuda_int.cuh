@@ -6,8 +6,9 @@
  * one file per family:
  *
  *   cuda_mem.cu     memory, copies, streams, events, graphs
- *   cuda_matmul.cu  GEMM (cuBLAS), GEMV (fp16 and kept quantized weights),
- *                   the fused RMSNorm+GEMV and gate+up+SwiGLU GEMVs
+ *   cuda_matmul.cu  matmul (fp32, fp16 and kept quantized weights) in one
+ *                   batch-invariant kernel, the fused RMSNorm+matmul and
+ *                   gate+up+SwiGLU
  *   cuda_rows.cu    RMSNorm, RoPE, SwiGLU, add, embedding
  *   cuda_kv.cu      K/V stores into the paged pool and loads out of it,
  *                   fused RoPE + store
@@ -65,10 +66,7 @@ extern "C" {
 
 #include <type_traits>
 
-#define GEMV_MAX_ROWS 8 /* rows up to which a matmul is a GEMV (decode); more: cuBLAS */
 #define DECODE_TICKETS 1024 /* KV heads the fused combine counts CTAs for (more: the combine kernel) */
-/* Weight elements widened to fp16 per GEMM tile by default (bounds the workspace to 32 MiB). */
-#define QTILE_ELEMS (16u << 20)
 
 struct kvt_stream {
 	cudaStream_t s;
@@ -91,7 +89,6 @@ typedef struct cuda_dev {
 	cublasHandle_t blas;   /* bound to stream */
 	int32_t *d_flag;       /* one int the embedding kernel reports a bad id through */
 	int decode_version;    /* 1, 2 or 3: which decode-attention kernel (KVT_CUDA_DECODE); 0: decode_choices' */
-	uint32_t qtile_elems;  /* quantized weights widened to fp16 per GEMM tile (KVT_CUDA_QTILE; tests) */
 	int decode2_occ[3][6][3]; /* CTAs per SM of each attn_decode2_kernel, 0 until asked */
 	bool capturing;        /* between capture_begin and capture_end (compute stream) */
 	bool capture_bad;      /* an op refused to run while capturing: the capture fails */
@@ -268,6 +265,21 @@ __device__ float block_reduce(float v, float *sh)
 
 __device__ inline float block_sum(float v, float *sh) { return block_reduce<false>(v, sh); }
 __device__ inline float block_max(float v, float *sh) { return block_reduce<true>(v, sh); }
+
+/*
+ * 1 / sqrt(mean(x^2) + eps) over a row of n floats, reduced by the whole CTA
+ * (every thread calls it; sh: 32 floats of shared memory) in one order fixed
+ * by n and the CTA size: rmsnorm_kernel's and the fused matmuls' (256
+ * threads both), so a fused RMSNorm gives the plain op's bits.
+ */
+__device__ __forceinline__ float rms_inv(const float *xr, uint32_t n, float eps, float *sh)
+{
+	float ss = 0.0f;
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		ss = fmaf(xr[i], xr[i], ss);
+	ss = block_sum(ss, sh);
+	return 1.0f / sqrtf(ss / (float)n + eps);
+}
 
 /* ---- block-quantized weights: Q5_0 and the K-quants (layouts in dev.h) ---- */
 

@@ -3,8 +3,7 @@
  * constructor: the device, the compute stream, cuBLAS bound to it, the
  * embedding's bad-id flag and the fused combine's tickets, and the test and
  * bench overrides read from the environment once, at create
- * (KVT_CUDA_DECODE, KVT_CUDA_COMBINE, KVT_CUDA_STAGE, KVT_CUDA_STAGE_BLOCKS,
- * KVT_CUDA_QTILE).
+ * (KVT_CUDA_DECODE, KVT_CUDA_COMBINE, KVT_CUDA_STAGE, KVT_CUDA_STAGE_BLOCKS).
  *
  * Every op of struct kvt_dev_ops is filled in (tests/test_dev_ops_checklist.c
  * names each op's parity case).
@@ -124,8 +123,6 @@ extern "C" int kvt_dev_cuda_create(const kvt_dev_config *cfg, kvt_dev **out)
 		KVT_LOGW("KVT_CUDA_STAGE=%s: not 0 or 1; using the table's", ds);
 	const char *sbk = getenv("KVT_CUDA_STAGE_BLOCKS"); /* tests: small rounds to cover the rounds */
 	c->stage_blocks = sbk && atol(sbk) > 0 ? (uint32_t)atol(sbk) : 0;
-	const char *qt = getenv("KVT_CUDA_QTILE"); /* tests: small tiles to cover the tiling */
-	c->qtile_elems = qt && atol(qt) > 0 ? (uint32_t)atol(qt) : QTILE_ELEMS;
 	snprintf(c->base.name, sizeof c->base.name, "cuda (%.48s, sm_%d%d, %.0f GiB)", prop.name, prop.major,
 		 prop.minor, (double)prop.totalGlobalMem / (1u << 30));
 	*out = &c->base;

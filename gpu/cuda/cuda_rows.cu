@@ -18,11 +18,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, uint32_
 	__shared__ float sh[32];
 	const float *xr = x + (size_t)blockIdx.x * n;
 	float *yr = y + (size_t)blockIdx.x * n;
-	float ss = 0.0f;
-	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
-		ss += xr[i] * xr[i];
-	ss = block_sum(ss, sh);
-	float r = 1.0f / sqrtf(ss / (float)n + eps);
+	const float r = rms_inv(xr, n, eps, sh);
 	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
 		yr[i] = xr[i] * r * w[i];
 }
