@@ -5,8 +5,8 @@ cache off and, when one is given, llama.cpp's llama-server, in one run.
     python3 bench/bench_scale.py [--build build] [--shape llama3.2-1b|llama3-8b]
         [--type q8_0|q4_k_m] [--threads 2] [--history 2048,8192] [--decode 64]
         [--llama-server PATH] [--peer-no-repack] [--engines LIST] [--model SHAPE.gguf] [--layers N]
-        [--activations int16|int8] [--decode-only ROUNDS] [--first-start ROUNDS]
-        [--out bench/results/scale-....json]
+        [--activations default|int16|int8] [--decode-only ROUNDS [--prefill-tokens N]]
+        [--first-start ROUNDS] [--alt-build DIR] [--out bench/results/scale-....json]
 
 The model: `BUILD/bench_shape_model` writes a GGUF of the shape (random weights from a
 fixed seed; Q8_0, or Q4_K_M's mix) with the default model's real tokenizer and chat
@@ -28,7 +28,14 @@ kvtier-f16nvme: kvtier with `[tier.nvme] dtype = f16`) is measured as:
   bytes held, from /v1/stats) beside it, and nvme_used_bytes (the NVMe tier's records).
 --decode-only ROUNDS measures only decode_tok_s (with startup_s and the RSS): every engine
 is started at once and ROUNDS rounds alternate between them (the order rotating), the
-median reported; any GGUF works there with --model (Gemma 3, the default model).
+median reported; any GGUF works there with --model (Gemma 3, the default model). With
+--prefill-tokens N each of those rounds first times a fresh prompt of about N tokens (text
+new in every round, so no engine holds it; `max_tokens` 1): prefill_tok_s = (prompt_tokens -
+cached_tokens) / wall time of that request (the chat template's few shared tokens may be
+cached; both counts are kept in the rows).
+--activations default writes no `activations` line (kvtier's own default); int16 / int8 set it.
+--alt-build DIR adds the engine kvtier-alt: DIR's kvtierd with the same config and
+`activations = int8` (e.g. a build of an older tree, to compare kernels in the same rounds).
 --first-start ROUNDS measures only startup_s on an empty data dir (kvtier's first start
 hashes the model for its fingerprint): the model is read once first, so it is in the page
 cache for every engine, then each round starts and stops each engine once in a fresh work
@@ -112,19 +119,22 @@ class Engine:
         self.url = "http://127.0.0.1:%d" % self.port
         self.log = os.path.join(work, kind + ".log")
         if kind.startswith("kvtier"):
+            act = "int8" if kind == "kvtier-alt" else args.activations
             self.data = os.path.join(work, kind + "-data")
             os.makedirs(self.data, exist_ok=True)
             self.conf = os.path.join(self.data, "kvtier.conf")
             with open(self.conf, "w") as f:
                 f.write("[server]\nlisten = 127.0.0.1:%d\n[model]\npath = %s\ndevice = cpu\nthreads = %d\n"
-                        "context = %d\nactivations = %s\n[tier.nvme]\ncapacity = %s\n%s[index]\ndata_dir = %s\n%s"
-                        % (self.port, model, args.threads, args.context, args.activations, args.nvme,
+                        "context = %d\n%s[tier.nvme]\ncapacity = %s\n%s[index]\ndata_dir = %s\n%s"
+                        % (self.port, model, args.threads, args.context,
+                           "" if act == "default" else "activations = %s\n" % act, args.nvme,
                            "dtype = f16\n" if kind == "kvtier-f16nvme" else "", self.data,
                            "[cache]\nenabled = false\n" if kind == "kvtier-nocache" else ""))
 
     def start(self):
         if self.kind.startswith("kvtier"):
-            cmd = [os.path.join(self.args.build, "kvtierd"), "-c", self.conf]
+            build = self.args.alt_build if self.kind == "kvtier-alt" else self.args.build
+            cmd = [os.path.join(build, "kvtierd"), "-c", self.conf]
         else:
             cmd = [self.args.llama_server, "-m", self.model, "--port", str(self.port), "--host", "127.0.0.1",
                    "-t", str(self.args.threads), "-c", str(self.args.context), "-np", "1"]
@@ -214,19 +224,36 @@ def measure(e, history_words, n_decode, seed):
     return res
 
 
-def decode_rounds(engines, n_decode, rounds):
+def prefill_once(e, words, seed, row):
+    """One fresh prompt of about WORDS * 1.25 tokens, `max_tokens` 1: its prefill tok/s."""
+    msgs = [{"role": "user", "content": english(words, seed) + "\nSum that up in one line."}]
+    dt, r = e.chat(msgs, 1)
+    n = r["usage"]["prompt_tokens"]
+    cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+    row["prefill"].append(round((n - cached) / max(dt, 1e-9), 2))
+    row["prefill_s"].append(round(dt, 3))
+    row["prompt_tokens"], row["prefill_cached_tokens"] = n, row.get("prefill_cached_tokens", []) + [cached]
+
+
+def decode_rounds(engines, n_decode, rounds, prefill_words=0):
     """Decode tok/s of every engine, all started at once and measured in alternating rounds
-    (the order rotates each round), so a slow spell of the shared machine hits each engine."""
+    (the order rotates each round), so a slow spell of the shared machine hits each engine.
+    With PREFILL_WORDS, each round first times a prompt new to every engine (prefill_once)."""
     short = [{"role": "user", "content": "Count slowly from one to a hundred."}]
     out = {}
     for e in engines:
         out[e.kind] = {"engine": e.kind, "startup_s": round(e.start(), 3), "decode": []}
+        if prefill_words:
+            out[e.kind].update(prefill=[], prefill_s=[])
         out[e.kind]["rss_idle"] = mem_of(e.proc.pid)
         e.chat(short, 1)  # once first, so the timed replies find the same prompt cache
     for r in range(rounds):
         order = engines[r % len(engines):] + engines[:r % len(engines)]
         for e in order:
             time.sleep(0.5)  # the other servers' workers settle
+            if prefill_words:
+                prefill_once(e, prefill_words, 1000 + r, out[e.kind])
+                time.sleep(0.5)
             t1, _ = e.chat(short, 1)
             tn, rep = e.chat(short, n_decode + 1)
             n = rep["usage"]["completion_tokens"]
@@ -236,6 +263,9 @@ def decode_rounds(engines, n_decode, rounds):
     for e in engines:
         d = sorted(out[e.kind]["decode"])
         out[e.kind]["decode_tok_s"] = d[len(d) // 2]
+        if prefill_words:
+            p = sorted(out[e.kind]["prefill"])
+            out[e.kind]["prefill_tok_s"] = p[len(p) // 2]
         out[e.kind]["rss_after"] = mem_of(e.proc.pid)
         e.stop()
     return [out[e.kind] for e in engines]
@@ -292,8 +322,12 @@ def main():
     ap.add_argument("--model", default=None, help="use this GGUF of the shape (bench_shape_model's output) "
                     "instead of writing one")
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--activations", default="int16", choices=["int16", "int8"],
-                    help="kvtier's [model] activations (int8: rounded as llama.cpp rounds them)")
+    ap.add_argument("--activations", default="default", choices=["default", "int16", "int8"],
+                    help="kvtier's [model] activations (default: no line, kvtier's own default)")
+    ap.add_argument("--prefill-tokens", type=int, default=0, metavar="N",
+                    help="with --decode-only: each round also times the prefill of a fresh ~N-token prompt")
+    ap.add_argument("--alt-build", default=None, metavar="DIR",
+                    help="add the engine kvtier-alt: DIR/kvtierd, same config, activations = int8")
     ap.add_argument("--decode-only", type=int, default=0, metavar="ROUNDS",
                     help="only decode tok/s (and start-up, idle RSS): every engine started at once, ROUNDS "
                     "alternating rounds of DECODE tokens on a short prompt, medians; no history turns")
@@ -303,7 +337,10 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
-    kinds = ["kvtier", "kvtier-nocache"] + (["llama-server"] if args.llama_server else [])
+    kinds = ["kvtier", "kvtier-nocache"] + (["kvtier-alt"] if args.alt_build else []) \
+        + (["llama-server"] if args.llama_server else [])
+    if args.alt_build:
+        args.alt_build = os.path.abspath(args.alt_build)
     if args.engines:
         want = args.engines.split(",")
         kinds.insert(1, "kvtier-f16nvme")  # only when asked: [tier.nvme] dtype = f16
@@ -312,6 +349,11 @@ def main():
             ap.error("--engines: %s (choose from %s, kvtier among them)" % (",".join(bad) or "no kvtier",
                                                                              ",".join(kinds)))
         kinds = [k for k in kinds if k in want]
+    load_start = os.getloadavg()
+    peer_version = None
+    if args.llama_server:
+        v = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True)
+        peer_version = " ".join((v.stdout + v.stderr).split())[-200:]
     work = tempfile.mkdtemp(prefix="kvt_bench_scale_")
     rows = []
     try:
@@ -327,7 +369,7 @@ def main():
         if args.decode_only:
             engines = [Engine(k, args, model, work) for k in kinds]
             try:
-                rows = decode_rounds(engines, args.decode, args.decode_only)
+                rows = decode_rounds(engines, args.decode, args.decode_only, int(args.prefill_tokens * 0.8))
             finally:
                 for e in engines:
                     e.stop()
@@ -360,6 +402,9 @@ def main():
         pass
     summary = {"machine": cpu, "cpus": os.cpu_count(), "peer_repack": not args.peer_no_repack,
                "decode_only_rounds": args.decode_only, "decode": args.decode,
+               "prefill_tokens": args.prefill_tokens, "alt_build": args.alt_build,
+               "llama_server": args.llama_server, "llama_server_version": peer_version,
+               "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
                "activations": args.activations,
                "model": os.path.basename(args.model) if args.model else None,
                "shape": None if args.model else args.shape, "type": None if args.model else args.type,
@@ -370,7 +415,7 @@ def main():
         for peer in [k for k in kinds if k != "kvtier"]:
             a, b = by["kvtier"], by[peer]
             rat = {"history": h, "vs": peer}
-            for f in ("startup_s", "turn1_s", "cached_s", "restart_s", "decode_tok_s"):
+            for f in ("startup_s", "turn1_s", "cached_s", "restart_s", "decode_tok_s", "prefill_tok_s"):
                 if f in a:
                     rat[f] = round(a[f] / b[f], 3) if b[f] else None
             rat["rss_after"] = round(a["rss_after"]["VmRSS"] / b["rss_after"]["VmRSS"], 3)
