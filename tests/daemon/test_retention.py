@@ -38,7 +38,7 @@ from kvtierd_proc import SKIPS, Daemon, check, http, run_cases  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 BT = 16
-HOST_BLOCK = 195840  # an fp8 host record of SmolLM2-135M (tiers/README.md): what a retained block counts
+HOST_BLOCK = 207360  # an int8kv host record of SmolLM2-135M ([tier.host] dtype's default; kvtier size): what a retained block counts
 SYSTEM = ("You are a careful assistant who answers questions about oceans, rivers, lakes, "
           "mountains and forests in plain, short words. ") * 4
 
