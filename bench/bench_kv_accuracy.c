@@ -98,6 +98,18 @@ static float amax_of(const uint16_t *x, size_t n)
 	return a;
 }
 
+/* The minimum and maximum of K channel d over a block's T tokens ([token][dim]). */
+static void channel_range(const uint16_t *k, uint32_t T, uint32_t D, uint32_t d, float *mn, float *mx)
+{
+	*mn = INFINITY;
+	*mx = -INFINITY;
+	for (uint32_t t = 0; t < T; t++) {
+		float x = kvt_f16_to_f32(k[(size_t)t * D + d]);
+		*mn = fminf(*mn, x);
+		*mx = fmaxf(*mx, x);
+	}
+}
+
 /*
  * One block's K of one (layer, head) in place, [token][dim]: one INT8 scale per
  * channel over the block's tokens, stored as fp16 (so it is rounded first);
@@ -106,12 +118,8 @@ static float amax_of(const uint16_t *x, size_t n)
 static void quant_k_channels(uint16_t *k, uint32_t T, uint32_t D, bool asym)
 {
 	for (uint32_t d = 0; d < D; d++) {
-		float mn = INFINITY, mx = -INFINITY;
-		for (uint32_t t = 0; t < T; t++) {
-			float x = kvt_f16_to_f32(k[(size_t)t * D + d]);
-			mn = fminf(mn, x);
-			mx = fmaxf(mx, x);
-		}
+		float mn, mx;
+		channel_range(k, T, D, d, &mn, &mx);
 		if (!asym) {
 			float a = fmaxf(fabsf(mn), fabsf(mx)), sc = kvt_f16_to_f32(kvt_f32_to_f16(a / KVT_INT8_MAX));
 			float inv = sc > 0 ? 1.0f / sc : 0.0f;
@@ -135,12 +143,8 @@ static void quant_k_channels(uint16_t *k, uint32_t T, uint32_t D, bool asym)
 static void quant_k_compact(uint16_t *k, uint32_t T, uint32_t D)
 {
 	for (uint32_t d = 0; d < D; d++) {
-		float mn = INFINITY, mx = -INFINITY;
-		for (uint32_t t = 0; t < T; t++) {
-			float x = kvt_f16_to_f32(k[(size_t)t * D + d]);
-			mn = fminf(mn, x);
-			mx = fmaxf(mx, x);
-		}
+		float mn, mx;
+		channel_range(k, T, D, d, &mn, &mx);
 		uint16_t mb = kvt_f32_to_f16(mn);
 		float m16 = kvt_f16_to_f32(mb);
 		if (m16 > mn) /* one fp16 step down (mn is itself an fp16 value, so this is rare) */
