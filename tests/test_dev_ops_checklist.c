@@ -32,7 +32,7 @@ static const op_cases cases[] = {
 	{ "destroy", "kvt_dev_destroy",
 	  { "test_gpu_parity.c:test_decode_variants", "test_gpu_graph.c:test_decode_fused" } },
 	{ "supports_dtype", "kvt_dev_supports_dtype", { "test_gpu_graph.c:test_random_model" } },
-	{ "alloc", "kvt_dev_alloc", { "test_gpu_parity.c:up", "test_gpu_parity.c:test_matmul_quant" } },
+	{ "alloc", "kvt_dev_alloc", { "test_gpu_parity.c:up", "test_gpu_parity.c:ws" } },
 	{ "free", "kvt_dev_free", { "test_gpu_parity.c:test_copies", "test_gpu_parity.c:both_free" } },
 	{ "copy_h2d", "kvt_dev_copy_h2d", { "test_gpu_parity.c:up", "test_gpu_parity.c:test_attention" } },
 	{ "copy_d2h", "kvt_dev_copy_d2h", { "test_gpu_parity.c:down", "test_gpu_graph.c:test_capture_rules" } },
