@@ -1441,11 +1441,11 @@ static inline __attribute__((always_inline)) __m512 gemm8_tree(const __m512 v[8]
 static inline __attribute__((always_inline)) void gemm8_block(const int R, const size_t S, __m512i c, const uint8_t *const *lv,
 							       size_t off, const uint8_t *xq, __m512i *a)
 {
-	for (int r = 0; r < R; r++)
+	_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 		a[r] = c;
 	_Pragma("GCC unroll 8") for (size_t k = 0; k < S / 4; k++) {
 		const __m512i xv = _mm512_loadu_si512(xq + k * 4 * GEMM8_LANES);
-		for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(gemm8_ld32(lv[r] + off + 4 * k)), xv);
 	}
 }
@@ -1473,7 +1473,7 @@ static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, 
 	const int32_t *wsc[GEMM8_R];
 	__m512 chain[GEMM8_R][8], nchain[GEMM8_R][8]; /* A_l and N_l per weight row */
 
-	for (int r = 0; r < R; r++) {
+	_Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
 		lv[r] = w->lv + (size_t)(r0 + r) * K;
 		wd[r] = w->d + (size_t)(r0 + r) * nb;
 		wm[r] = w->m + (size_t)(r0 + r) * nb;
@@ -1483,7 +1483,7 @@ static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, 
 	const size_t n_units = kq ? K / KVT_QK_BLOCK : nb, per_sb = KVT_QK_BLOCK / S;
 	for (size_t l = 0; l < 8; l++) {
 		__m512 acc[GEMM8_R];
-		for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			acc[r] = _mm512_setzero_ps();
 		for (size_t u = l; u < n_units; u += 8) {
 			__m512i isum[GEMM8_R];
@@ -1491,45 +1491,45 @@ static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, 
 				const __m512i c = off ? _mm512_loadu_si512(xc + u * GEMM8_LANES) : _mm512_setzero_si512();
 				gemm8_block(R, KVT_QBLOCK, c, lv, u * KVT_QBLOCK, xq + u * KVT_QBLOCK * GEMM8_LANES, isum);
 			} else {
-				for (int r = 0; r < R; r++)
+				_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 					isum[r] = _mm512_setzero_si512();
 				for (size_t sub = 0; sub < per_sb; sub++) {
 					const size_t s = u * per_sb + sub;
 					const __m512i c = off ? _mm512_loadu_si512(xc + s * GEMM8_LANES) : _mm512_setzero_si512();
 					__m512i a[GEMM8_R];
 					gemm8_block(R, S, c, lv, s * S, xq + s * S * GEMM8_LANES, a);
-					for (int r = 0; r < R; r++)
+					_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 						isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(a[r], _mm512_set1_epi32(wsc[r][s])));
 				}
 			}
 			/* x's scale: per block, or the superblock's (that of its first block) */
 			const __m512 dx = _mm512_loadu_ps(xs + (kq ? u * (KVT_QK_BLOCK / KVT_QBLOCK) : u) * GEMM8_LANES);
-			for (int r = 0; r < R; r++)
+			_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][u]), dx), acc[r]);
 		}
-		for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			chain[r][l] = acc[r];
 	}
 	if (!mins) {
-		for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			out[r] = gemm8_tree(chain[r]);
 		return;
 	}
 	/* the mins: Q4_1's chain l over blocks l, l + 8, ...; Q4_K/Q5_K's over sub-block l of every superblock */
 	for (size_t l = 0; l < 8; l++) {
 		__m512 mv[GEMM8_R];
-		for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			mv[r] = _mm512_setzero_ps();
 		for (size_t s = l; s < nb; s += 8) {
 			const __m512 sx = _mm512_loadu_ps(xsum + s * GEMM8_LANES);
-			for (int r = 0; r < R; r++)
+			_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 				mv[r] = kq ? _mm512_fnmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r])
 					   : _mm512_fmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r]);
 		}
-		for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			nchain[r][l] = mv[r];
 	}
-	for (int r = 0; r < R; r++)
+	_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 		out[r] = _mm512_add_ps(gemm8_tree(chain[r]), gemm8_tree(nchain[r]));
 }
 
