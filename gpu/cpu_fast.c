@@ -580,7 +580,7 @@ static inline __attribute__((always_inline)) int block_group(const int dtype, co
 		mv = _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));
 	else if (dtype == KVT_DTYPE_Q4_0)
 		mv = _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
-	for (int m = 0; m < M; m++) {
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 		_mm256_store_ps(sv[m], _mm256_mul_ps(dv, _mm256_maskload_ps(xscale + (size_t)m * nb + b0, live)));
 		if (offset)
 			mvec[m] = _mm256_fmadd_ps(mv, _mm256_maskload_ps(xsum + (size_t)m * nb + b0, live), mvec[m]);
@@ -730,7 +730,7 @@ static inline __attribute__((always_inline)) void qk16_q6k(const int M, const ui
 	const __m256 ds1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))));
 	const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
 	float dsx[GEMV_MAX_ROWS][16] __attribute__((aligned(32)));
-	for (int m = 0; m < M; m++) {
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 		const __m256 xs = _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0);
 		_mm256_store_ps(dsx[m], _mm256_mul_ps(ds0, _mm256_permutevar8x32_ps(xs, pair0)));
 		_mm256_store_ps(dsx[m] + 8, _mm256_mul_ps(ds1, _mm256_permutevar8x32_ps(xs, pair1)));
@@ -743,7 +743,7 @@ static inline __attribute__((always_inline)) void qk16_q6k(const int M, const ui
 			__m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q[i], 1));
 			const int k = 8 * half + 2 * i;
 			const size_t b = b0 + 4 * (size_t)half + (size_t)i;
-			for (int m = 0; m < M; m++) {
+			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 				const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 				__m256 pa = _mm256_cvtepi32_ps(
 					_mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i *)xb)));
@@ -771,7 +771,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 	/* two FMA chains per row (acc, acc2), as dot_q16; mvec: the Q4_K/Q5_K min terms, per sub-block lane */
 	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], acc3[GEMV_MAX_ROWS], acc4[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		acc[m] = acc2[m] = acc3[m] = acc4[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t sb = 0; sb < K / KVT_QK_BLOCK; sb++) {
 		const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK); /* first x block of the superblock */
@@ -798,7 +798,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
 						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
 		float dsx[GEMV_MAX_ROWS][8] __attribute__((aligned(32))); /* broadcast loads per sub-block, as dot_q32 */
-		for (int m = 0; m < M; m++) {
+		_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 			_mm256_store_ps(dsx[m], _mm256_mul_ps(dsv, _mm256_loadu_ps(xq->scale + (size_t)m * nb + b0)));
 			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
 		}
@@ -818,7 +818,7 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 				const size_t b = b0 + (size_t)sub;
 				/* NOTE: by sub-block, never by M: each row's chains are the same in a call of any size */
 				const bool odd = sub & 2;
-				for (int m = 0; m < M; m++) {
+				_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 					const int16_t *xb = xq->q + (size_t)m * K + b * KVT_QBLOCK;
 					__m256i p = madd_block16(qa, qb, xb), p1 = madd_block16(qa1, qb1, xb + KVT_QBLOCK);
 					__m256 *a = odd ? &acc3[m] : &acc[m], *a2 = odd ? &acc4[m] : &acc2[m];
@@ -833,14 +833,14 @@ static inline __attribute__((always_inline)) void dot_qk16(const int dtype, cons
 			__m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
 			__m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
 			const size_t b = b0 + (size_t)sub;
-			for (int m = 0; m < M; m++) {
+			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 				__m256i p = madd_block16(qa, qb, xq->q + (size_t)m * K + b * KVT_QBLOCK);
 				__m256 *a = sub & 1 ? &acc2[m] : &acc[m];
 				*a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&dsx[m][sub]), *a);
 			}
 		}
 	}
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		out[m] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[m], acc2[m]), _mm256_add_ps(acc3[m], acc4[m]))) +
 			 hsum8(mvec[m]);
 }
@@ -887,7 +887,7 @@ static inline __attribute__((always_inline)) float qk8_superblock(const int dtyp
 	const size_t nb = K / KVT_QBLOCK;
 	const size_t b0 = sb * (KVT_QK_BLOCK / KVT_QBLOCK);
 	float d;
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		isum[m] = _mm256_setzero_si256();
 	if (dtype == KVT_DTYPE_Q6_K) {
 		const uint8_t *blk = row + sb * 210;
@@ -917,7 +917,7 @@ static inline __attribute__((always_inline)) float qk8_superblock(const int dtyp
 					src, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
 				const __m256i sc1 = _mm256_permutevar8x32_epi32(
 					src, _mm256_setr_epi32(k + 2, k + 2, k + 2, k + 2, k + 3, k + 3, k + 3, k + 3));
-				for (int m = 0; m < M; m++) {
+				_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 					const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)b) * KVT_QBLOCK;
 					__m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)xb));
 					__m256i p1 = _mm256_maddubs_epi16(q[i + 1], _mm256_loadu_si256((const __m256i *)(xb + 32)));
@@ -926,7 +926,7 @@ static inline __attribute__((always_inline)) float qk8_superblock(const int dtyp
 			}
 		}
 		/* the offset of 32 in the integers: 32 sum_s sc_s (x's levels summed over sub-block s) */
-		for (int m = 0; m < M; m++) {
+		_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 			const __m256i ls = _mm256_loadu_si256((const __m256i *)(xq->lsum + (size_t)m * (K / 16) + 16 * sb));
 			isum[m] = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(_mm256_madd_epi16(ls, s16), 5));
 		}
@@ -942,7 +942,7 @@ static inline __attribute__((always_inline)) float qk8_superblock(const int dtyp
 		const __m128i sm = kq45_scale_bytes(blk);
 		const __m256 msv = _mm256_mul_ps(_mm256_set1_ps(dmin),
 						 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-		for (int m = 0; m < M; m++)
+		_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 			mvec[m] = _mm256_fnmadd_ps(msv, _mm256_loadu_ps(xq->sum + (size_t)m * nb + b0), mvec[m]);
 		/* the 8 sub-block scales as int16 in both lanes; sub-block k's is broadcast by a byte shuffle */
 		const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
@@ -960,7 +960,7 @@ static inline __attribute__((always_inline)) float qk8_superblock(const int dtyp
 			}
 			const __m256i sc = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 1) << 8 | 2 * sub)));
 			const __m256i sc1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((2 * sub + 3) << 8 | (2 * sub + 2))));
-			for (int m = 0; m < M; m++) {
+			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 				const int8_t *xb = xq->q + (size_t)m * K + (b0 + (size_t)sub) * KVT_QBLOCK;
 				__m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)xb));
 				__m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(xb + KVT_QBLOCK)));
@@ -998,7 +998,7 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 	const size_t nb = K / KVT_QBLOCK, nsb = K / KVT_QK_BLOCK;
 	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		acc[m] = mvec[m] = _mm256_setzero_ps();
 	/* 8 superblocks' integer sums (lane l: superblock sb0 + l; past the row's end 0 x 0, which fma adds as +0) */
 	for (size_t sb0 = 0; sb0 < nsb; sb0 += 8) {
@@ -1007,22 +1007,22 @@ static inline __attribute__((always_inline)) void dot_qk8(const int dtype, const
 		_Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) {
 			__m256i isum[GEMV_MAX_ROWS];
 			if (sb0 + (size_t)l >= nsb) {
-				for (int m = 0; m < M; m++) {
+				_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 					pend[m][l] = _mm256_setzero_si256();
 					dxs[m][l] = 0;
 				}
 				continue;
 			}
 			const float d = qk8_superblock(dtype, M, row, xq, K, sb0 + (size_t)l, isum, mvec);
-			for (int m = 0; m < M; m++) {
+			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 				pend[m][l] = isum[m];
 				dxs[m][l] = d * xq->scale[(size_t)m * nb + (sb0 + (size_t)l) * (KVT_QK_BLOCK / KVT_QBLOCK)];
 			}
 		}
-		for (int m = 0; m < M; m++)
+		_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes8(pend[m])), _mm256_load_ps(dxs[m]), acc[m]);
 	}
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		out[m] = dtype == KVT_DTYPE_Q6_K ? hsum8(acc[m]) : hsum8(acc[m]) + hsum8(mvec[m]);
 }
 
@@ -1098,7 +1098,7 @@ static inline __attribute__((always_inline)) void dot_q32(const int dtype, const
 	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
 	__m256 acc[GEMV_MAX_ROWS], acc2[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		acc[m] = acc2[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t b0 = 0; b0 < nb; b0 += 8) {
 		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
@@ -1110,7 +1110,7 @@ static inline __attribute__((always_inline)) void dot_q32(const int dtype, const
 			if (!(j & 1))
 				prefetch_ahead(blk);
 			q16_block(dtype, blk, &qa, &qb);
-			for (int m = 0; m < M; m++) {
+			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 				const __m256 p = _mm256_cvtepi32_ps(madd_block16(qa, qb, q + (size_t)m * K + b * KVT_QBLOCK));
 				if (j & 1)
 					acc2[m] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&sv[m][j]), acc2[m]);
@@ -1119,7 +1119,7 @@ static inline __attribute__((always_inline)) void dot_q32(const int dtype, const
 			}
 		}
 	}
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		out[m] = hsum8(_mm256_add_ps(acc[m], acc2[m])) + (dtype != KVT_DTYPE_Q8_0 ? hsum8(mvec[m]) : 0.0f);
 }
 
@@ -1148,7 +1148,7 @@ static inline __attribute__((always_inline)) void dot_q8(const int dtype, const 
 	const size_t bs = dtype == KVT_DTYPE_Q8_0 ? 34 : dtype == KVT_DTYPE_Q5_0 ? 22 : dtype == KVT_DTYPE_Q4_1 ? 20 : 18;
 	__m256 acc[GEMV_MAX_ROWS], mvec[GEMV_MAX_ROWS];
 
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		acc[m] = mvec[m] = _mm256_setzero_ps();
 	for (size_t b0 = 0; b0 < nb; b0 += 8) {
 		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
@@ -1157,7 +1157,7 @@ static inline __attribute__((always_inline)) void dot_q8(const int dtype, const 
 		_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
 			const size_t b = b0 + (size_t)j;
 			if (j >= g) { /* the row's last group: lanes past its end are 0 (fma adds +0) */
-				for (int m = 0; m < M; m++)
+				_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 					p[m][j] = _mm256_setzero_si256();
 				continue;
 			}
@@ -1165,17 +1165,17 @@ static inline __attribute__((always_inline)) void dot_q8(const int dtype, const 
 			if (!(j & 1))
 				prefetch_ahead(blk);
 			const __m256i v = q32_levels8(dtype, blk);
-			for (int m = 0; m < M; m++)
+			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 				p[m][j] = dot_block8(dtype, v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
 		}
-		for (int m = 0; m < M; m++) {
+		_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
 			__m256i pm = sum_lanes8(p[m]);
 			if (dtype == KVT_DTYPE_Q4_0 || dtype == KVT_DTYPE_Q5_0)
 				pm = _mm256_sub_epi32(pm, offset_sums8(dtype, xq->lsum + (size_t)m * (K / 16) + 2 * b0, g));
 			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_load_ps(sv[m]), acc[m]);
 		}
 	}
-	for (int m = 0; m < M; m++)
+	_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
 		out[m] = dtype == KVT_DTYPE_Q4_1 ? hsum8(acc[m]) + hsum8(mvec[m]) : hsum8(acc[m]);
 }
 
