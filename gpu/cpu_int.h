@@ -226,6 +226,7 @@ int kvt_cpu_matmul_ref(const kvt_matmul_args *a);
 void kvt_cpu_rmsnorm_task(void *ctx, uint32_t m, uint32_t worker); /* ctx: kvt_rmsnorm_args; row m */
 void kvt_cpu_rope_task(void *ctx, uint32_t m, uint32_t worker);    /* ctx: kvt_rope_args; row m */
 void kvt_cpu_swiglu_task(void *ctx, uint32_t t, uint32_t worker);  /* ctx: elem_job; chunk t */
+void kvt_cpu_swiglu_fast_task(void *ctx, uint32_t t, uint32_t worker); /* the same, vectorised (cpu_fast.c) */
 void kvt_cpu_add_task(void *ctx, uint32_t t, uint32_t worker);     /* ctx: elem_job; chunk t */
 void kvt_cpu_pack_group(int codec, const uint16_t *x, uint32_t n, uint8_t *codes, float *scale);
 void kvt_cpu_unpack_group(int codec, const uint8_t *codes, float s, uint32_t n, uint16_t *x);

@@ -101,7 +101,7 @@ static int cpu_rope(kvt_dev *d, const kvt_rope_args *a)
 static int cpu_swiglu(kvt_dev *d, const kvt_swiglu_args *a)
 {
 	elem_job j = { .args = a, .n = a->n, .n_tasks = split(d, a->n, 4096) };
-	par_run(d, j.n_tasks, kvt_cpu_swiglu_task, &j);
+	par_run(d, j.n_tasks, d->use_ref ? kvt_cpu_swiglu_task : kvt_cpu_swiglu_fast_task, &j);
 	return KVT_OK;
 }
 

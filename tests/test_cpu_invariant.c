@@ -96,6 +96,34 @@ static void test_dtype(kvt_dev *devs[2][2], int dt)
 	free(wf), free(x), free(w), free(ref), free(ref2);
 }
 
+/*
+ * The gated FFN's activations (SiLU, GELU-tanh) are per element: a call over
+ * n elements on 1 or 2 threads (tasks split at different places), and a call
+ * over a stretch starting at an odd offset (its vectors of 8 and its padded
+ * tail fall elsewhere), give each element the same bits.
+ */
+static void test_activations(kvt_dev *devs[2][2])
+{
+	const size_t n = 50021, off = 3, len = 4101;
+	float *g = malloc(n * 4), *u = malloc(n * 4), *y[2] = { malloc(n * 4), malloc(n * 4) }, *ys = malloc(len * 4);
+	for (size_t i = 0; i < n; i++) {
+		g[i] = 20.0f * check_rng_f32(&rng); /* -20 .. 20 */
+		u[i] = 4.0f * check_rng_f32(&rng);
+	}
+	for (int act = 0; act < 2; act++) {
+		const int kind = act ? KVT_ACT_GELU_TANH : KVT_ACT_SILU;
+		for (int t = 0; t < 2; t++) {
+			kvt_swiglu_args a = { .n = n, .gate = g, .up = u, .y = y[t], .act = kind };
+			CHECK(kvt_dev_swiglu(devs[1][t], &a) == KVT_OK);
+		}
+		CHECKF(!memcmp(y[0], y[1], n * 4), "activation %d: 1 and 2 threads differ", act);
+		kvt_swiglu_args s = { .n = len, .gate = g + off, .up = u + off, .y = ys, .act = kind };
+		CHECK(kvt_dev_swiglu(devs[1][1], &s) == KVT_OK);
+		CHECKF(!memcmp(ys, y[0] + off, len * 4), "activation %d: a stretch at offset %zu differs", act, off);
+	}
+	free(g), free(u), free(y[0]), free(y[1]), free(ys);
+}
+
 int main(void)
 {
 	kvt_dev *devs[2][2]; /* [act_int8][threads - 1] */
@@ -129,6 +157,7 @@ int main(void)
 	);
 	for (int dt = 0; dt < KVT_DTYPE_COUNT; dt++)
 		test_dtype(devs, dt);
+	test_activations(devs);
 	for (int mode = 0; mode < 2; mode++)
 		for (int t = 0; t < 2; t++)
 			kvt_dev_destroy(devs[mode][t]);
