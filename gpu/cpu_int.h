@@ -224,6 +224,7 @@ typedef void (*unpack_group_fn)(int codec, const uint8_t *codes, float s, uint32
 float kvt_cpu_row_elem(int dtype, const void *row, size_t k); /* element k of a row of any dtype */
 int kvt_cpu_matmul_ref(const kvt_matmul_args *a);
 void kvt_cpu_rmsnorm_task(void *ctx, uint32_t m, uint32_t worker); /* ctx: kvt_rmsnorm_args; row m */
+void kvt_cpu_rmsnorm_fast_task(void *ctx, uint32_t m, uint32_t worker); /* the same, vectorised (cpu_fast.c) */
 void kvt_cpu_rope_task(void *ctx, uint32_t m, uint32_t worker);    /* ctx: kvt_rope_args; row m */
 void kvt_cpu_swiglu_task(void *ctx, uint32_t t, uint32_t worker);  /* ctx: elem_job; chunk t */
 void kvt_cpu_swiglu_fast_task(void *ctx, uint32_t t, uint32_t worker); /* the same, vectorised (cpu_fast.c) */

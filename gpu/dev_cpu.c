@@ -88,7 +88,7 @@ static int cpu_matmul(kvt_dev *d, const kvt_matmul_args *a, void *ws)
 
 static int cpu_rmsnorm(kvt_dev *d, const kvt_rmsnorm_args *a)
 {
-	par_run(d, a->n_rows, kvt_cpu_rmsnorm_task, (void *)a);
+	par_run(d, a->n_rows, d->use_ref ? kvt_cpu_rmsnorm_task : kvt_cpu_rmsnorm_fast_task, (void *)a);
 	return KVT_OK;
 }
 
