@@ -1699,6 +1699,15 @@ static void gemm8_slice(const matmul_job *j, int n0, int n1, void *tile_ws)
 			const size_t ml = M - g * GEMM8_LANES < GEMM8_LANES ? M - g * GEMM8_LANES : GEMM8_LANES;
 			for (size_t l = 0; l < ml; l++) {
 				float *y = a->y + (g * GEMM8_LANES + l) * N + (size_t)t0;
+				if (nt == GEMM8_TILE) { /* column l of tmp, 16 floats by one gather */
+					const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+									       _mm512_set1_epi32(GEMM8_LANES));
+					__m512 v = _mm512_i32gather_ps(idx, &tmp[0][l], 4);
+					if (a->accumulate)
+						v = _mm512_add_ps(_mm512_loadu_ps(y), v);
+					_mm512_storeu_ps(y, v);
+					continue;
+				}
 				for (int r = 0; r < nt; r++)
 					y[r] = a->accumulate ? y[r] + tmp[r][l] : tmp[r][l];
 			}
@@ -1946,11 +1955,42 @@ void kvt_cpu_rmsnorm_fast_task(void *ctx, uint32_t m, uint32_t worker)
 }
 #endif
 
+#ifdef __AVX512F__
+/*
+ * Scores of q against 8 consecutive rows of k (hd a multiple of 16): 8
+ * independent chains of 16 lanes (dot4_f32's 4 chains of 8 waited on the
+ * FMA's latency), each folded to 8 lanes and the 8 summed by hadd trees.
+ */
+static inline __m256 dot8_f32(const float *q, const float *k, size_t hd)
+{
+	__m512 a[8];
+	_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+		a[j] = _mm512_setzero_ps();
+	for (size_t i = 0; i < hd; i += 16) {
+		const __m512 qv = _mm512_loadu_ps(q + i);
+		_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+			a[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + (size_t)j * hd + i), a[j]);
+	}
+	__m256 h[8];
+	_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+		h[j] = _mm256_add_ps(_mm512_castps512_ps256(a[j]),
+				     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[j]), 1)));
+	const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+	const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+	return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+#endif
+
 /* sc[k] = q . kb[k] * scale for k < n; returns the largest. */
 static float block_scores(const float *q, const float *kb, uint32_t n, size_t hd, float scale, float *sc)
 {
 	uint32_t k = 0;
 	float bmax = -INFINITY;
+#ifdef __AVX512F__
+	if (hd % 16 == 0)
+		for (; k + 8 <= n; k += 8)
+			_mm256_storeu_ps(sc + k, _mm256_mul_ps(dot8_f32(q, kb + (size_t)k * hd, hd), _mm256_set1_ps(scale)));
+#endif
 #ifdef KVT_HAVE_F16C
 	if (hd % 8 == 0)
 		for (; k + 4 <= n; k += 4)
