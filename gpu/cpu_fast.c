@@ -1482,9 +1482,9 @@ static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, 
 	/* blocks (32-element types) or superblocks (K-quants): a chain's are l, l + 8, ... */
 	const size_t n_units = kq ? K / KVT_QK_BLOCK : nb, per_sb = KVT_QK_BLOCK / S;
 	for (size_t l = 0; l < 8; l++) {
-		__m512 acc[GEMM8_R];
+		__m512 acc[GEMM8_R], mv[GEMM8_R];
 		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
-			acc[r] = _mm512_setzero_ps();
+			acc[r] = mv[r] = _mm512_setzero_ps();
 		for (size_t u = l; u < n_units; u += 8) {
 			__m512i isum[GEMM8_R];
 			if (!kq) {
@@ -1506,25 +1506,31 @@ static inline __attribute__((always_inline)) void gemm8_kernel(const int dtype, 
 			const __m512 dx = _mm512_loadu_ps(xs + (kq ? u * (KVT_QK_BLOCK / KVT_QBLOCK) : u) * GEMM8_LANES);
 			_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(_mm512_set1_ps(wd[r][u]), dx), acc[r]);
+			if (mins && !kq) { /* Q4_1's min chain l runs over the same blocks, in the same order */
+				const __m512 sx = _mm512_loadu_ps(xsum + u * GEMM8_LANES);
+				_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+					mv[r] = _mm512_fmadd_ps(_mm512_set1_ps(wm[r][u]), sx, mv[r]);
+			}
 		}
-		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
 			chain[r][l] = acc[r];
+			nchain[r][l] = mv[r];
+		}
 	}
 	if (!mins) {
 		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			out[r] = gemm8_tree(chain[r]);
 		return;
 	}
-	/* the mins: Q4_1's chain l over blocks l, l + 8, ...; Q4_K/Q5_K's over sub-block l of every superblock */
-	for (size_t l = 0; l < 8; l++) {
+	/* the mins: Q4_1's chain l over blocks l, l + 8, ... (summed above); Q4_K/Q5_K's over sub-block l of every superblock */
+	for (size_t l = 0; kq && l < 8; l++) {
 		__m512 mv[GEMM8_R];
 		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			mv[r] = _mm512_setzero_ps();
 		for (size_t s = l; s < nb; s += 8) {
 			const __m512 sx = _mm512_loadu_ps(xsum + s * GEMM8_LANES);
 			_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
-				mv[r] = kq ? _mm512_fnmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r])
-					   : _mm512_fmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r]);
+				mv[r] = _mm512_fnmadd_ps(_mm512_set1_ps(wm[r][s]), sx, mv[r]);
 		}
 		_Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 			nchain[r][l] = mv[r];
