@@ -1153,23 +1153,20 @@ static inline __attribute__((always_inline)) void dot_q8(const int dtype, const 
 	for (size_t b0 = 0; b0 < nb; b0 += 8) {
 		float sv[GEMV_MAX_ROWS][8] __attribute__((aligned(32)));
 		const int g = block_group(dtype, M, true, row, bs, nb, b0, xq->scale, xq->sum, sv, mvec);
-		__m256i p[GEMV_MAX_ROWS][8];
+		/* the 8 blocks' levels decoded once, then row by row (p for all rows at once spilled) */
+		__m256i v[8];
 		_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-			const size_t b = b0 + (size_t)j;
-			if (j >= g) { /* the row's last group: lanes past its end are 0 (fma adds +0) */
-				_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-					p[m][j] = _mm256_setzero_si256();
-				continue;
-			}
-			const uint8_t *blk = row + b * bs;
-			if (!(j & 1))
+			const uint8_t *blk = row + (b0 + (size_t)j) * bs;
+			if (j < g && !(j & 1))
 				prefetch_ahead(blk);
-			const __m256i v = q32_levels8(dtype, blk);
-			_Pragma("GCC unroll 4") for (int m = 0; m < M; m++)
-				p[m][j] = dot_block8(dtype, v, xq->q + (size_t)m * K + b * KVT_QBLOCK);
+			v[j] = j < g ? q32_levels8(dtype, blk) : _mm256_setzero_si256();
 		}
 		_Pragma("GCC unroll 4") for (int m = 0; m < M; m++) {
-			__m256i pm = sum_lanes8(p[m]);
+			__m256i p[8];
+			_Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) /* the row's last group: lanes past its end are 0 */
+				p[j] = j < g ? dot_block8(dtype, v[j], xq->q + (size_t)m * K + (b0 + (size_t)j) * KVT_QBLOCK)
+					     : _mm256_setzero_si256();
+			__m256i pm = sum_lanes8(p);
 			if (dtype == KVT_DTYPE_Q4_0 || dtype == KVT_DTYPE_Q5_0)
 				pm = _mm256_sub_epi32(pm, offset_sums8(dtype, xq->lsum + (size_t)m * (K / 16) + 2 * b0, g));
 			acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_load_ps(sv[m]), acc[m]);
