@@ -2028,43 +2028,45 @@ static float block_exp(float *sc, uint32_t n, float m)
 	return sum;
 }
 
+/*
+ * pv_block's columns [i, i + LANES W) of y, held in W registers across the n
+ * rows: NAME for one vector type (VEC of LANES floats, its intrinsics by
+ * prefix P). Each element's operations are the same at any width, so are
+ * its bits.
+ */
+#define PV_COLS(NAME, VEC, LANES, P)                                                                          \
+	static inline __attribute__((always_inline)) void NAME(float *y, VEC vc, const float *sc, const float *v,   \
+								uint32_t n, size_t hd, size_t i, const int W)       \
+	{                                                                                                     \
+		VEC acc[8];                                                                                   \
+		_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)                                           \
+			acc[j] = P##_mul_ps(vc, P##_loadu_ps(y + i + LANES * j));                             \
+		for (uint32_t k = 0; k < n; k++) {                                                            \
+			const VEC p = P##_set1_ps(sc[k]);                                                     \
+			const float *vk = v + (size_t)k * hd + i;                                             \
+			_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)                                   \
+				acc[j] = P##_fmadd_ps(p, P##_loadu_ps(vk + LANES * j), acc[j]);               \
+		}                                                                                             \
+		_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)                                           \
+			P##_storeu_ps(y + i + LANES * j, acc[j]);                                             \
+	}                                                                                                     \
+	/* columns from i on, 8 then 4 registers at a time; returns the first column left */                 \
+	static size_t NAME##_span(float *y, float c, const float *sc, const float *v, uint32_t n, size_t hd, size_t i) \
+	{                                                                                                     \
+		const VEC vc = P##_set1_ps(c);                                                                \
+		for (; i + 8 * LANES <= hd; i += 8 * LANES)                                                   \
+			NAME(y, vc, sc, v, n, hd, i, 8);                                                      \
+		for (; i + 4 * LANES <= hd; i += 4 * LANES)                                                   \
+			NAME(y, vc, sc, v, n, hd, i, 4);                                                      \
+		return i;                                                                                     \
+	}
 #ifdef KVT_HAVE_F16C
-/* pv_block's columns [i, i + 8 W) of y, held in W registers across the n rows. */
-static inline __attribute__((always_inline)) void pv_cols(float *y, __m256 vc, const float *sc, const float *v, uint32_t n,
-							   size_t hd, size_t i, const int W)
-{
-	__m256 acc[8];
-	_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)
-		acc[j] = _mm256_mul_ps(vc, _mm256_loadu_ps(y + i + 8 * j));
-	for (uint32_t k = 0; k < n; k++) {
-		const __m256 p = _mm256_set1_ps(sc[k]);
-		const float *vk = v + (size_t)k * hd + i;
-		_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)
-			acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8 * j), acc[j]);
-	}
-	_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)
-		_mm256_storeu_ps(y + i + 8 * j, acc[j]);
-}
+PV_COLS(pv_cols, __m256, 8, _mm256)
 #endif
-
 #ifdef __AVX512F__
-/* pv_cols with 16 floats a register: each element's operations are the same, so are its bits. */
-static inline __attribute__((always_inline)) void pv_cols16(float *y, __m512 vc, const float *sc, const float *v, uint32_t n,
-							     size_t hd, size_t i, const int W)
-{
-	__m512 acc[8];
-	_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)
-		acc[j] = _mm512_mul_ps(vc, _mm512_loadu_ps(y + i + 16 * j));
-	for (uint32_t k = 0; k < n; k++) {
-		const __m512 p = _mm512_set1_ps(sc[k]);
-		const float *vk = v + (size_t)k * hd + i;
-		_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)
-			acc[j] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vk + 16 * j), acc[j]);
-	}
-	_Pragma("GCC unroll 8") for (int j = 0; j < W; j++)
-		_mm512_storeu_ps(y + i + 16 * j, acc[j]);
-}
+PV_COLS(pv_cols16, __m512, 16, _mm512)
 #endif
+#undef PV_COLS
 
 /*
  * y = c y + sum_k sc[k] v[k] over n rows v[k] of hd floats: per element the
@@ -2076,18 +2078,10 @@ static void pv_block(float *y, float c, const float *sc, const float *v, uint32_
 {
 	size_t i = 0;
 #ifdef __AVX512F__
-	const __m512 vc16 = _mm512_set1_ps(c);
-	for (; i + 128 <= hd; i += 128)
-		pv_cols16(y, vc16, sc, v, n, hd, i, 8);
-	for (; i + 64 <= hd; i += 64)
-		pv_cols16(y, vc16, sc, v, n, hd, i, 4);
+	i = pv_cols16_span(y, c, sc, v, n, hd, i); /* 128 and 64 columns at a time */
 #endif
 #ifdef KVT_HAVE_F16C
-	const __m256 vc = _mm256_set1_ps(c);
-	for (; i + 64 <= hd; i += 64)
-		pv_cols(y, vc, sc, v, n, hd, i, 8);
-	for (; i + 32 <= hd; i += 32)
-		pv_cols(y, vc, sc, v, n, hd, i, 4);
+	i = pv_cols_span(y, c, sc, v, n, hd, i); /* 64 and 32 */
 #endif
 	if (i < hd) {
 		scale_axpy_f32(y + i, c, sc[0], v + i, hd - i);
