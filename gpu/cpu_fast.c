@@ -1681,6 +1681,10 @@ static void gemm8_slice(const matmul_job *j, int n0, int n1, void *tile_ws)
 	const size_t row_bytes = kvt_dtype_row_bytes(a->w_dtype, K), G = (M + GEMM8_LANES - 1) / GEMM8_LANES;
 	const uint8_t *wq = a->w;
 	float tmp[GEMM8_TILE][GEMM8_LANES] __attribute__((aligned(64)));
+	/* a column of tmp: offsets r * GEMM8_LANES, one vector for a whole tile */
+	_Static_assert(GEMM8_TILE == 16, "a tile's column is one 16-float gather");
+	const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+					       _mm512_set1_epi32(GEMM8_LANES));
 	gemm8_w w;
 
 	gemm8_w_init(&w, tile_ws, K);
@@ -1703,9 +1707,7 @@ static void gemm8_slice(const matmul_job *j, int n0, int n1, void *tile_ws)
 			for (size_t l = 0; l < ml; l++) {
 				float *y = a->y + (g * GEMM8_LANES + l) * N + (size_t)t0;
 				if (nt == GEMM8_TILE) { /* column l of tmp, 16 floats by one gather */
-					const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-									       _mm512_set1_epi32(GEMM8_LANES));
-					__m512 v = _mm512_i32gather_ps(idx, &tmp[0][l], 4);
+					__m512 v = _mm512_i32gather_ps(col, &tmp[0][l], 4);
 					if (a->accumulate)
 						v = _mm512_add_ps(_mm512_loadu_ps(y), v);
 					_mm512_storeu_ps(y, v);
@@ -1939,9 +1941,9 @@ void kvt_cpu_rmsnorm_fast_task(void *ctx, uint32_t m, uint32_t worker)
 		s0 = _mm256_fmadd_pd(lo, lo, s0);
 		s1 = _mm256_fmadd_pd(hi, hi, s1);
 	}
-	double part[4], ss = 0;
+	double part[4];
 	_mm256_storeu_pd(part, _mm256_add_pd(s0, s1));
-	ss = (part[0] + part[2]) + (part[1] + part[3]);
+	double ss = (part[0] + part[2]) + (part[1] + part[3]);
 	for (; i < n; i++)
 		ss += (double)x[i] * x[i];
 	const float r = 1.0f / sqrtf((float)(ss / n) + a->eps);
